@@ -1,0 +1,83 @@
+// Argument validation shared by every CPU kernel. The Python twin is torch_ascend_moe/_checks.py:
+// both produce the same words, so an error reads the same in eager, in a fake under torch.compile,
+// and in the CUDA/NPU backends.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <string>
+
+namespace ascend_moe {
+
+// "torch.bfloat16": the Python spelling, so C++ and Python messages match.
+inline std::string dtype_name(at::ScalarType t) {
+  return std::string("torch.") + std::string(c10::getDtypeNames(t).first);
+}
+
+inline std::string shape_str(at::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+// "<op>: argument '<arg>' <what>: expected <expected>, got <actual>"
+#define AM_CHECK_ARG(cond, op, arg, what, expected, actual)                                  \
+  TORCH_CHECK_VALUE((cond), op, ": argument '", arg, "' ", what, ": expected ", expected, \
+                    ", got ", actual)
+
+inline bool is_gemm_dtype(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble;
+}
+
+constexpr const char* kGemmDtypes = "one of torch.bfloat16, torch.float16, torch.float32, torch.float64";
+
+inline void check_rank(const char* op, const char* arg, const at::Tensor& t, int64_t rank,
+                       const char* layout) {
+  AM_CHECK_ARG(t.dim() == rank, op, arg, "rank", std::to_string(rank) + "-D " + layout,
+               std::to_string(t.dim()) + "-D tensor of shape " + shape_str(t.sizes()));
+}
+
+inline void check_same_device(const char* op, const char* arg, const at::Tensor& t,
+                              const at::Tensor& ref) {
+  AM_CHECK_ARG(t.device() == ref.device(), op, arg, "device", ref.device().str() + " (same as 'a')",
+               t.device().str());
+}
+
+inline void check_dim_size(const char* op, const char* arg, const at::Tensor& t, int64_t dim,
+                           const std::string& what, int64_t expected, const std::string& source) {
+  AM_CHECK_ARG(t.size(dim) == expected, op, arg, "size(" + std::to_string(dim) + ") (" + what + ")",
+               std::to_string(expected) + " (" + source + ")", t.size(dim));
+}
+
+// Floating operands of the BF16 family: a's dtype decides, b must match it.
+inline void check_operand_dtypes(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  AM_CHECK_ARG(is_gemm_dtype(a.scalar_type()), op, "a", "dtype", kGemmDtypes, dtype_name(a.scalar_type()));
+  AM_CHECK_ARG(b.scalar_type() == a.scalar_type(), op, "b", "dtype",
+               dtype_name(a.scalar_type()) + " (same as 'a')", dtype_name(b.scalar_type()));
+}
+
+// Output dtype: out_dtype if given, else c's dtype, else a's dtype; c must agree with it.
+inline at::ScalarType resolve_out_dtype(const char* op, const at::Tensor& a,
+                                        const std::optional<at::Tensor>& c,
+                                        std::optional<at::ScalarType> out_dtype) {
+  if (out_dtype.has_value()) {
+    AM_CHECK_ARG(is_gemm_dtype(*out_dtype), op, "out_dtype", "value", kGemmDtypes, dtype_name(*out_dtype));
+  }
+  at::ScalarType resolved = out_dtype.value_or(c.has_value() ? c->scalar_type() : a.scalar_type());
+  if (c.has_value()) {
+    AM_CHECK_ARG(c->scalar_type() == resolved, op, "c", "dtype", dtype_name(resolved) + " (out_dtype)",
+                 dtype_name(c->scalar_type()));
+  }
+  return resolved;
+}
+
+inline void check_accumulator(const char* op, const std::optional<at::Tensor>& c, const at::Tensor& a,
+                              at::IntArrayRef out_shape) {
+  if (!c.has_value()) return;
+  check_same_device(op, "c", *c, a);
+  AM_CHECK_ARG(c->sizes() == out_shape, op, "c", "shape", shape_str(out_shape) + " (the output shape)",
+               shape_str(c->sizes()));
+}
+
+}  // namespace ascend_moe

@@ -1,0 +1,211 @@
+// CPU kernels of the gemm family (bf16_gemm, bf16_bmm, bf16_einsum).
+//
+// All three reduce to one 2-D worker, `matmul_into`, that computes out = alpha * a @ b^T + c with
+// FP32 accumulation (FP64 for FP64 operands) and a single rounding into the output dtype.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "checks.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kGemm = "ascend_moe::bf16_gemm";
+constexpr const char* kBmm = "ascend_moe::bf16_bmm";
+constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
+
+// Below this many rows ATen's native BF16/FP16 GEMM (a GEMV-like, memory-bound kernel) beats converting
+// panels of B to FP32; above it MKL's SGEMM on converted panels is several times faster (bench gemm).
+constexpr int64_t kNativeReducedMaxRows = 4;
+// FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
+// and to avoid a full FP32 copy of large weights.
+constexpr int64_t kPanelElements = int64_t{1} << 20;
+
+bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// FP32 copy of a panel of B, keeping B's majorness so the copy streams through memory.
+at::Tensor panel_to_float(const at::Tensor& panel) {
+  const bool mn_major = panel.stride(0) == 1 && panel.size(1) > 1;
+  if (mn_major) {
+    return panel.t().to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous).t();
+  }
+  return panel.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+}
+
+// out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c). `out` is row-major and may be a slice of a bigger output.
+void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                 double alpha) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (c.has_value()) {
+      out.copy_(*c);
+    } else {
+      out.zero_();
+    }
+    return;
+  }
+  const at::ScalarType in_t = a.scalar_type();
+  const double beta = c.has_value() ? 1.0 : 0.0;  // beta == 0 makes addmm ignore its input entirely
+
+  if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows) {
+    at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
+    return;
+  }
+
+  const at::ScalarType acc_t = in_t == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor acc = out.scalar_type() == acc_t ? out : at::empty({M, N}, a.options().dtype(acc_t));
+  if (c.has_value()) acc.copy_(*c);
+
+  if (!is_reduced(in_t)) {
+    const at::Tensor a_acc = a.to(acc_t);
+    at::addmm_out(acc, acc, a_acc, b.to(acc_t).t(), beta, alpha);
+  } else {
+    // Convert A once and B panel by panel: the SGEMM on FP32 panels accumulates exactly in FP32.
+    const at::Tensor a_f = a.to(at::kFloat);
+    const int64_t panel_rows = std::clamp<int64_t>(kPanelElements / std::max<int64_t>(K, 1) / 16 * 16, 16, N);
+    for (int64_t n0 = 0; n0 < N; n0 += panel_rows) {
+      const int64_t rows = std::min(panel_rows, N - n0);
+      at::Tensor acc_panel = acc.narrow(1, n0, rows);
+      at::addmm_out(acc_panel, acc_panel, a_f, panel_to_float(b.narrow(0, n0, rows)).t(), beta, alpha);
+    }
+  }
+  if (!acc.is_same(out)) out.copy_(acc);
+}
+
+void check_gemm(const at::Tensor& a, const at::Tensor& b) {
+  check_rank(kGemm, "a", a, 2, "[M, K]");
+  check_rank(kGemm, "b", b, 2, "[N, K]");
+  check_operand_dtypes(kGemm, a, b);
+  check_same_device(kGemm, "b", b, a);
+  check_dim_size(kGemm, "b", b, 1, "K", a.size(1), "a.size(1)");
+}
+
+at::Tensor bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                         double alpha, std::optional<at::ScalarType> out_dtype) {
+  check_gemm(a, b);
+  const at::ScalarType out_t = resolve_out_dtype(kGemm, a, c, out_dtype);
+  const std::array<int64_t, 2> shape{a.size(0), b.size(0)};
+  check_accumulator(kGemm, c, a, shape);
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  matmul_into(out, a, b, c, alpha);
+  return out;
+}
+
+void check_bmm(const at::Tensor& a, const at::Tensor& b) {
+  check_rank(kBmm, "a", a, 3, "[B, M, K]");
+  check_rank(kBmm, "b", b, 3, "[B, N, K]");
+  check_operand_dtypes(kBmm, a, b);
+  check_same_device(kBmm, "b", b, a);
+  check_dim_size(kBmm, "b", b, 0, "batch", a.size(0), "a.size(0)");
+  check_dim_size(kBmm, "b", b, 2, "K", a.size(2), "a.size(2)");
+}
+
+// out[i] = alpha * a[i] @ b[i]^T (+ c[i]) for every batch index, into a preallocated [B, M, N] output.
+void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+              double alpha) {
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    at::Tensor out_i = out.select(0, i);
+    matmul_into(out_i, a.select(0, i), b.select(0, i),
+                c.has_value() ? std::optional<at::Tensor>(c->select(0, i)) : std::nullopt, alpha);
+  }
+}
+
+at::Tensor bf16_bmm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                        double alpha, std::optional<at::ScalarType> out_dtype) {
+  check_bmm(a, b);
+  const at::ScalarType out_t = resolve_out_dtype(kBmm, a, c, out_dtype);
+  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
+  check_accumulator(kBmm, c, a, shape);
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  bmm_into(out, a, b, c, alpha);
+  return out;
+}
+
+// The supported equations; each is a batched GEMM on permuted views (see bf16_einsum_cpu).
+constexpr std::array<const char*, 4> kEquations{"bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"};
+
+std::string supported_equations() {
+  std::string s = "one of";
+  for (size_t i = 0; i < kEquations.size(); ++i) s += std::string(i ? ", '" : " '") + kEquations[i] + "'";
+  return s;
+}
+
+// Checks ranks and that every subscript letter has one size across a and b; returns the output shape.
+std::vector<int64_t> check_einsum(const std::string& equation, const at::Tensor& a, const at::Tensor& b) {
+  AM_CHECK_ARG(std::find(kEquations.begin(), kEquations.end(), equation) != kEquations.end(), kEinsum,
+               "equation", "value", supported_equations(), "'" + equation + "'");
+  const std::string sa = equation.substr(0, 3), sb = equation.substr(4, 3), so = equation.substr(9);
+  check_rank(kEinsum, "a", a, 3, ("[" + sa + "]").c_str());
+  check_rank(kEinsum, "b", b, 3, ("[" + sb + "]").c_str());
+  check_operand_dtypes(kEinsum, a, b);
+  check_same_device(kEinsum, "b", b, a);
+  for (int64_t j = 0; j < 3; ++j) {
+    const auto i = sa.find(sb[j]);
+    if (i != std::string::npos) {
+      check_dim_size(kEinsum, "b", b, j, std::string("'") + sb[j] + "'", a.size(i),
+                     "a.size(" + std::to_string(i) + ")");
+    }
+  }
+  std::vector<int64_t> shape;
+  for (char l : so) {
+    const auto i = sa.find(l);
+    shape.push_back(i != std::string::npos ? a.size(i) : b.size(sb.find(l)));
+  }
+  return shape;
+}
+
+at::Tensor bf16_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, const at::Tensor& b,
+                           const std::optional<at::Tensor>& c, double alpha,
+                           std::optional<at::ScalarType> out_dtype) {
+  const std::string equation(equation_view);
+  const std::vector<int64_t> shape = check_einsum(equation, a, b);
+  const at::ScalarType out_t = resolve_out_dtype(kEinsum, a, c, out_dtype);
+  check_accumulator(kEinsum, c, a, shape);
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+
+  if (equation == "bmk,bnk->mn") {
+    // Sum over s of A[s] @ B[s]^T is one GEMM over the flattened (s, k) reduction axis.
+    const int64_t S = a.size(0), K = a.size(2);
+    const at::Tensor a2 = a.permute({1, 0, 2}).reshape({a.size(1), S * K});
+    const at::Tensor b2 = b.permute({1, 0, 2}).reshape({b.size(1), S * K});
+    matmul_into(out, a2, b2, c, alpha);
+    return out;
+  }
+  // The three per-head equations: batch over h, write through a permuted view of the output.
+  at::Tensor a_h, b_h, out_h;
+  std::optional<at::Tensor> c_h;
+  if (equation == "bhr,hdr->bhd") {  // out[h] (B x D) = A[:, h] (B x R) @ W[h] (D x R)^T
+    a_h = a.transpose(0, 1);
+    b_h = b;
+    out_h = out.transpose(0, 1);
+    if (c.has_value()) c_h = c->transpose(0, 1);
+  } else if (equation == "bhd,hdr->bhr") {  // out[h] (B x R) = A[:, h] (B x D) @ W[h] (D x R)
+    a_h = a.transpose(0, 1);
+    b_h = b.transpose(1, 2);
+    out_h = out.transpose(0, 1);
+    if (c.has_value()) c_h = c->transpose(0, 1);
+  } else {  // "bhd,bhr->hdr": out[h] (D x R) = A[:, h]^T (D x B) @ B[:, h] (B x R)
+    a_h = a.permute({1, 2, 0});
+    b_h = b.permute({1, 2, 0});
+    out_h = out;
+    c_h = c;
+  }
+  // Each out_h[h] is a row-major slice (unit column stride), which the worker writes in place.
+  bmm_into(out_h, a_h, b_h, c_h, alpha);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("bf16_gemm", &bf16_gemm_cpu);
+  m.impl("bf16_bmm", &bf16_bmm_cpu);
+  m.impl("bf16_einsum", &bf16_einsum_cpu);
+}
+
+}  // namespace ascend_moe

@@ -1,0 +1,29 @@
+// Makes the extension importable as `torch_ascend_moe._C`; loading it runs the static TORCH_LIBRARY
+// registrations. It also records how it was built, for `python -m torch_ascend_moe info`.
+#include <Python.h>
+#include <torch/version.h>
+
+#define AM_STR2(x) #x
+#define AM_STR(x) AM_STR2(x)
+
+static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+
+PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* m = PyModule_Create(&ascend_moe_module);
+  if (m == nullptr) return nullptr;
+  PyModule_AddStringConstant(m, "built_with_torch", TORCH_VERSION);
+#if defined(__clang__)
+  PyModule_AddStringConstant(m, "compiler", "clang " __clang_version__);
+#elif defined(__GNUC__)
+  PyModule_AddStringConstant(m, "compiler", "gcc " __VERSION__);
+#else
+  PyModule_AddStringConstant(m, "compiler", "unknown");
+#endif
+#if defined(_OPENMP)
+  PyModule_AddIntConstant(m, "openmp", 1);
+#else
+  PyModule_AddIntConstant(m, "openmp", 0);
+#endif
+  PyModule_AddStringConstant(m, "cxx_standard", AM_STR(__cplusplus));
+  return m;
+}

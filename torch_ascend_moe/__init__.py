@@ -1,0 +1,20 @@
+"""torch_ascend_moe: DeepSeek's MoE kernels as first-class PyTorch operators (``torch.ops.ascend_moe.*``).
+
+Importing the package registers every op (schemas and CPU kernels from the ``_C`` extension), its fake,
+autograd formula and FLOP formula, plus CUDA/NPU kernels where those runtimes are installed. It probes no
+device and compiles nothing, so ``torch.export.load`` and AOTInductor packages work right after it.
+"""
+
+import torch
+
+from torch_ascend_moe import _C  # noqa: F401  (loads the schemas and CPU kernels)
+from torch_ascend_moe import autograd, flops, meta  # noqa: F401  (fakes, backward and FLOP formulas)
+from torch_ascend_moe import backends
+from torch_ascend_moe.ops import bf16_bmm, bf16_einsum, bf16_gemm
+
+__version__ = "0.1.0"
+NAMESPACE = "ascend_moe"
+
+backends.register_available()
+
+__all__ = ["NAMESPACE", "bf16_bmm", "bf16_einsum", "bf16_gemm", "torch"]

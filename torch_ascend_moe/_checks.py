@@ -1,0 +1,69 @@
+"""Argument validation shared by fakes and Python kernels; the C++ twin is ``csrc/ops/checks.h``.
+
+Messages read ``<op>: argument '<arg>' <what>: expected <expected>, got <actual>`` everywhere, so a bad
+call fails with the same words in eager (C++ kernel), under ``torch.compile`` (fake) and on CUDA/NPU.
+Conditions may be SymBools: ``torch._check_value`` turns them into guards or runtime asserts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+GEMM_DTYPES_TEXT = "one of " + ", ".join(str(d) for d in GEMM_DTYPES)
+
+
+def concrete(x):
+    """The example value of a symbolic size (what eager would print), else ``x`` itself."""
+    hint = getattr(getattr(x, "node", None), "hint", None) if isinstance(x, torch.SymInt) else None
+    return x if hint is None else hint
+
+
+def message(op: str, arg: str, what: str, expected: object, actual: object) -> str:
+    return f"{op}: argument '{arg}' {what}: expected {concrete(expected)}, got {concrete(actual)}"
+
+
+def check_arg(cond, op: str, arg: str, what: str, expected: object, actual: object) -> None:
+    """Raise ValueError with the shared message unless ``cond`` holds."""
+    torch._check_value(cond, lambda: message(op, arg, what, expected, actual))
+
+
+def shape_str(shape: Sequence) -> str:
+    return "[" + ", ".join(str(concrete(s)) for s in shape) + "]"
+
+
+def check_rank(op: str, arg: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    check_arg(t.dim() == rank, op, arg, "rank", f"{rank}-D {layout}", f"{t.dim()}-D tensor of shape {shape_str(t.shape)}")
+
+
+def check_same_device(op: str, arg: str, t: torch.Tensor, ref: torch.Tensor) -> None:
+    check_arg(t.device == ref.device, op, arg, "device", f"{ref.device} (same as 'a')", t.device)
+
+
+def check_dim_size(op: str, arg: str, t: torch.Tensor, dim: int, what: str, expected, source: str) -> None:
+    check_arg(t.shape[dim] == expected, op, arg, f"size({dim}) ({what})", f"{concrete(expected)} ({source})", t.shape[dim])
+
+
+def check_operand_dtypes(op: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    check_arg(a.dtype in GEMM_DTYPES, op, "a", "dtype", GEMM_DTYPES_TEXT, a.dtype)
+    check_arg(b.dtype == a.dtype, op, "b", "dtype", f"{a.dtype} (same as 'a')", b.dtype)
+
+
+def resolve_out_dtype(op: str, a: torch.Tensor, c: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.dtype:
+    """out_dtype if given, else c's dtype, else a's dtype; c must agree with it."""
+    if out_dtype is not None:
+        check_arg(out_dtype in GEMM_DTYPES, op, "out_dtype", "value", GEMM_DTYPES_TEXT, out_dtype)
+    resolved = out_dtype if out_dtype is not None else (c.dtype if c is not None else a.dtype)
+    if c is not None:
+        check_arg(c.dtype == resolved, op, "c", "dtype", f"{resolved} (out_dtype)", c.dtype)
+    return resolved
+
+
+def check_accumulator(op: str, c: torch.Tensor | None, a: torch.Tensor, out_shape: Sequence) -> None:
+    if c is None:
+        return
+    check_same_device(op, "c", c, a)
+    same = c.dim() == len(out_shape) and all(x == y for x, y in zip(c.shape, out_shape))
+    check_arg(same, op, "c", "shape", f"{shape_str(out_shape)} (the output shape)", shape_str(c.shape))

@@ -1,0 +1,38 @@
+"""Per-device kernels beyond the C++ CPU ones, registered only where the runtime exists.
+
+``register_available()`` runs at import and stays cheap: it asks whether torch was *built* with CUDA
+(no device is initialised) and whether ``torch_npu`` is installed. NPU kernels register only after
+``import torch_npu`` succeeds, because "npu" is not a dispatch key before torch_npu renames PrivateUse1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+REGISTERED: dict[str, bool] = {"cuda": False, "npu": False}
+
+
+def register_available() -> dict[str, bool]:
+    import torch
+
+    if torch.backends.cuda.is_built() and not REGISTERED["cuda"]:
+        from torch_ascend_moe.backends import cuda
+
+        cuda.register()
+        REGISTERED["cuda"] = True
+    if not REGISTERED["npu"] and ("torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None):
+        REGISTERED["npu"] = register_npu()
+    return dict(REGISTERED)
+
+
+def register_npu() -> bool:
+    """Register the NPU kernels if ``import torch_npu`` works (it needs CANN); return whether it did."""
+    try:
+        import torch_npu  # noqa: F401  (renames PrivateUse1 to "npu")
+    except Exception:  # ImportError, or CANN missing: torch_npu raises various errors then.
+        return False
+    from torch_ascend_moe.backends import npu
+
+    npu.register()
+    return True

@@ -1,0 +1,71 @@
+"""Device-generic kernels of the gemm family (torch ops only: cuBLAS on CUDA, ACLNN on Ascend).
+
+``native_reduced`` selects the accelerator path where the vendor BLAS multiplies BF16/FP16 with an FP32
+accumulator and rounds once (cuBLAS, ACLNN matmul); otherwise operands are upcast and multiplied in the
+accumulator dtype, which is exact-accumulation on any device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with exactly the fake's strides (``contiguous()`` keeps odd strides on size-1 dims)."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    if t.stride() == tuple(reversed(expected)):
+        return t
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _baddbmm(a, b, c, alpha, out_dtype, native_reduced):
+    """``alpha * a @ b^T + c`` on 3-D operands; the one routine behind all three ops."""
+    beta = 0.0 if c is None else 1.0
+    if native_reduced and a.dtype in _REDUCED and out_dtype == a.dtype:
+        base = c if c is not None else a.new_empty(a.shape[0], a.shape[1], b.shape[1])
+        return torch.baddbmm(base, a, b.transpose(1, 2), beta=beta, alpha=alpha)
+    acc = _acc_dtype(a.dtype)
+    base = c.to(acc) if c is not None else a.new_empty(a.shape[0], a.shape[1], b.shape[1], dtype=acc)
+    out = torch.baddbmm(base, a.to(acc), b.to(acc).transpose(1, 2), beta=beta, alpha=alpha)
+    return out.to(out_dtype)
+
+
+def bf16_gemm(a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+    _, dtype = gemm_signature(a, b, c, out_dtype)
+    c3 = None if c is None else c.unsqueeze(0)
+    return _row_major(_baddbmm(a.unsqueeze(0), b.unsqueeze(0), c3, alpha, dtype, native_reduced).squeeze(0))
+
+
+def bf16_bmm(a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+    _, dtype = bmm_signature(a, b, c, out_dtype)
+    return _row_major(_baddbmm(a, b, c, alpha, dtype, native_reduced))
+
+
+def bf16_einsum(equation, a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+    _, dtype = einsum_signature(equation, a, b, c, out_dtype)
+    if equation == "bmk,bnk->mn":
+        m, n = a.shape[1], b.shape[1]
+        a2 = a.permute(1, 0, 2).reshape(1, m, -1)
+        b2 = b.permute(1, 0, 2).reshape(1, n, -1)
+        c3 = None if c is None else c.unsqueeze(0)
+        return _row_major(_baddbmm(a2, b2, c3, alpha, dtype, native_reduced).squeeze(0))
+    # Per-head equations as a batched GEMM over h, mirroring csrc/ops/gemm_cpu.cpp.
+    if equation == "bhr,hdr->bhd":
+        a_h, b_h, c_h, to_out = a.transpose(0, 1), b, c, (lambda t: t.transpose(0, 1))
+    elif equation == "bhd,hdr->bhr":
+        a_h, b_h, c_h, to_out = a.transpose(0, 1), b.transpose(1, 2), c, (lambda t: t.transpose(0, 1))
+    else:  # "bhd,bhr->hdr"
+        a_h, b_h, c_h, to_out = a.permute(1, 2, 0), b.permute(1, 2, 0), c, (lambda t: t)
+    c_h = None if c is None else to_out(c)
+    return _row_major(to_out(_baddbmm(a_h, b_h, c_h, alpha, dtype, native_reduced)))

@@ -1,0 +1,7 @@
+"""Fake (meta) implementations of every ascend_moe op, one module per family.
+
+``csrc/ops/library.cpp`` names each family's module in ``set_python_module``, so tracing an op before
+its fakes are imported fails with a hint to import that module.
+"""
+
+from torch_ascend_moe.meta import gemm  # noqa: F401

@@ -1,0 +1,269 @@
+"""The op-contract harness: one ``OpSpec`` per op, checked the same way for every family.
+
+A family's test module lists its specs and parametrizes over ``CHECKS``; each check takes
+``(spec, device, tmp_path)`` and raises ``AssertionError`` with a useful message on failure:
+
+    numerics     every sample vs the fp64 reference (DeepGEMM's calc_diff and thresholds), C++ and portable
+    opcheck      torch.library.opcheck, all four test utils, with and without requires_grad
+    gradcheck    float64 gradcheck of every differentiable input
+    compile      torch.compile(fullgraph=True, dynamic=True) forward+backward parity, one graph, op in it
+    export       torch.export (dynamic dims) + save, then load and run in a fresh subprocess
+    aoti         AOTInductor package, loaded in a fresh subprocess with only the C++ library (slow)
+    bad_inputs   each bad call raises the same error text in eager, in the fake, under compile, portably
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torch_ascend_moe.testing import calc_diff
+
+# calc_diff bounds per operand dtype: DeepGEMM's BF16 threshold; FP32/FP64 accumulate far tighter.
+THRESHOLDS = {torch.bfloat16: 1e-5, torch.float16: 1e-5, torch.float32: 1e-10, torch.float64: 1e-20}
+
+
+@dataclasses.dataclass
+class SampleInput:
+    """Positional arguments of one op call, exactly as the schema orders them."""
+
+    args: tuple
+    name: str = ""
+
+
+@dataclasses.dataclass
+class BadInput:
+    """A call that must fail with ``error`` whose text matches ``match`` on every path."""
+
+    args: tuple
+    match: str
+    name: str
+    error: type[Exception] = ValueError
+
+
+@dataclasses.dataclass
+class OpSpec:
+    """Everything the harness needs to check one op.
+
+    ``sample_inputs(device, dtype, requires_grad=False, small=False)`` yields ``SampleInput``s; ``small``
+    ones keep gradcheck and opcheck fast. ``reference`` computes in fp64 with the op's signature.
+    ``portable`` is the device-generic kernel that CUDA/NPU register (checked on CPU here).
+    """
+
+    name: str
+    sample_inputs: Callable[..., list[SampleInput]]
+    reference: Callable[..., torch.Tensor]
+    bad_inputs: Callable[[str], list[BadInput]]
+    portable: Callable[..., torch.Tensor] | None = None
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+
+    @property
+    def op(self) -> torch._ops.OpOverload:
+        return getattr(torch.ops.ascend_moe, self.name).default
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class OpModule(torch.nn.Module):
+    """Calls the op with a sample's non-tensor arguments baked in and its tensors as inputs."""
+
+    def __init__(self, op, args: tuple):
+        super().__init__()
+        self.op = op
+        self.positions = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor)]
+        self.template = [None if isinstance(x, torch.Tensor) else x for x in args]
+
+    def forward(self, *tensors):
+        args = list(self.template)
+        for i, t in zip(self.positions, tensors):
+            args[i] = t
+        return self.op(*args)
+
+    def tensors(self, args: tuple) -> tuple[torch.Tensor, ...]:
+        return tuple(args[i] for i in self.positions)
+
+
+def _expect_error(fn: Callable[[], object], error: type[Exception] | None, match: str, where: str) -> None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the type is checked below)
+        if error is not None and not isinstance(e, error):
+            raise AssertionError(f"{where}: expected {error.__name__}, got {type(e).__name__}: {e}") from e
+        if not re.search(match, str(e)):
+            raise AssertionError(f"{where}: error text does not match {match!r}: {e}") from e
+        return
+    raise AssertionError(f"{where}: expected an error matching {match!r}, got none")
+
+
+def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    for dtype in spec.dtypes:
+        for s in spec.sample_inputs(device, dtype):
+            ref = spec.reference(*s.args)
+            fake_shape = None
+            with FakeTensorMode() as mode:
+                fake_args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
+                fake_shape = spec.op(*fake_args)
+            kernels = {"kernel": spec.op}
+            if spec.portable is not None:
+                kernels["portable"] = spec.portable
+                kernels["portable upcast"] = lambda *a: spec.portable(*a, native_reduced=False)
+            for kind, fn in kernels.items():
+                out = fn(*s.args)
+                where = f"{spec.name}[{s.name}, {dtype}] {kind}"
+                assert out.shape == ref.shape, f"{where}: shape {list(out.shape)} != {list(ref.shape)}"
+                assert out.shape == fake_shape.shape and out.dtype == fake_shape.dtype, f"{where}: fake disagrees"
+                assert out.stride() == fake_shape.stride(), f"{where}: strides {out.stride()} != fake's"
+                diff = calc_diff(out, ref)
+                assert diff < THRESHOLDS[dtype], f"{where}: calc_diff {diff:.3g} >= {THRESHOLDS[dtype]:g}"
+
+
+def check_opcheck(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    for dtype in spec.dtypes:
+        for requires_grad in (False, True):
+            for s in spec.sample_inputs(device, dtype, requires_grad=requires_grad, small=True):
+                torch.library.opcheck(spec.op, s.args)
+
+
+def _grad_inputs(args: tuple) -> list[int]:
+    return [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def check_gradcheck(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    for s in spec.sample_inputs(device, torch.float64, requires_grad=True, small=True):
+        positions = _grad_inputs(s.args)
+
+        def fn(*tensors, s=s, positions=positions):
+            args = list(s.args)
+            for i, t in zip(positions, tensors):
+                args[i] = t
+            return spec.op(*args)
+
+        assert torch.autograd.gradcheck(fn, tuple(s.args[i] for i in positions)), f"{spec.name}[{s.name}]"
+
+
+def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    for s in spec.sample_inputs(device, torch.float32, requires_grad=True, small=True)[:3]:
+        torch._dynamo.reset()
+        module = OpModule(spec.op, s.args)
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=counter)
+        tensors = module.tensors(s.args)
+        eager, out = module(*tensors), compiled(*tensors)
+        where = f"{spec.name}[{s.name}] compiled"
+        torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=lambda m: f"{where}: {m}")
+        graphs = [g for g in counter.graphs if f"ascend_moe.{spec.name}" in g.code]
+        assert len(graphs) == 1, f"{where}: the op is in {len(graphs)} graphs, expected 1"
+        inputs = [t for t in tensors if t.requires_grad]
+        if inputs and eager.numel():
+            grad = torch.randn_like(eager)
+            expected = torch.autograd.grad(eager, inputs, grad)
+            got = torch.autograd.grad(out, inputs, grad)
+            for e, g in zip(expected, got):
+                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6, msg=lambda m: f"{where} backward: {m}")
+
+
+def _export(spec: OpSpec, device: str):
+    s = spec.sample_inputs(device, torch.float32, small=True)[0]
+    module = OpModule(spec.op, s.args)
+    tensors = module.tensors(s.args)
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
+    ep = torch.export.export(module, tensors, dynamic_shapes=(dims,))  # one spec per *tensors entry
+    assert f"ascend_moe.{spec.name}" in str(ep.graph), f"{spec.name}: op not in the exported graph"
+    return ep, tensors, module(*tensors)
+
+
+def _run_fresh(script: str, *argv: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *argv], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0 and "ROUNDTRIP OK" in result.stdout, (
+        f"fresh process failed (rc={result.returncode}):\n{result.stdout}\n{result.stderr}"
+    )
+
+
+def check_export(spec: OpSpec, device: str, tmp_path: Path) -> None:
+    ep, tensors, expected = _export(spec, device)
+    program, data = tmp_path / f"{spec.name}.pt2", tmp_path / f"{spec.name}.data"
+    torch.export.save(ep, program)
+    torch.save({"inputs": tensors, "expected": expected}, data)
+    _run_fresh(
+        """
+        import sys, torch, torch_ascend_moe
+        ep = torch.export.load(sys.argv[1])
+        data = torch.load(sys.argv[2])
+        torch.testing.assert_close(ep.module()(*data["inputs"]), data["expected"], rtol=0, atol=0)
+        print("ROUNDTRIP OK")
+        """,
+        str(program),
+        str(data),
+    )
+
+
+def check_aoti(spec: OpSpec, device: str, tmp_path: Path) -> None:
+    import torch_ascend_moe
+
+    ep, tensors, expected = _export(spec, device)
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / f"{spec.name}_aoti.pt2"))
+    data = tmp_path / f"{spec.name}_aoti.data"
+    torch.save({"inputs": tensors, "expected": expected}, data)
+    # Only the C++ library is loaded: a deployment needs no Python fakes or autograd.
+    _run_fresh(
+        """
+        import sys, torch
+        torch.ops.load_library(sys.argv[3])
+        runner = torch._inductor.aoti_load_package(sys.argv[1])
+        data = torch.load(sys.argv[2])
+        torch.testing.assert_close(runner(*data["inputs"]), data["expected"], rtol=0, atol=0)
+        print("ROUNDTRIP OK")
+        """,
+        package,
+        str(data),
+        torch_ascend_moe._C.__file__,
+    )
+
+
+def check_bad_inputs(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    for bad in spec.bad_inputs(device):
+        where = f"{spec.name}[{bad.name}]"
+        _expect_error(lambda: spec.op(*bad.args), bad.error, bad.match, f"{where} eager")
+        if spec.portable is not None:
+            _expect_error(lambda: spec.portable(*bad.args), bad.error, bad.match, f"{where} portable")
+
+        def fake_call():
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                spec.op(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in bad.args))
+
+        _expect_error(fake_call, bad.error, bad.match, f"{where} fake")
+        torch._dynamo.reset()
+        module = OpModule(spec.op, bad.args)
+        compiled = torch.compile(module, fullgraph=True, dynamic=True)
+        # Dynamo wraps the fake's error; its text must survive.
+        _expect_error(lambda: compiled(*module.tensors(bad.args)), None, bad.match, f"{where} compiled")
+
+
+CHECKS: dict[str, Callable[[OpSpec, str, Path], None]] = {
+    "numerics": check_numerics,
+    "opcheck": check_opcheck,
+    "gradcheck": check_gradcheck,
+    "compile": check_compile,
+    "export": check_export,
+    "aoti": check_aoti,
+    "bad_inputs": check_bad_inputs,
+}
+SLOW_CHECKS = frozenset({"aoti"})
+
+
+def devices() -> list[str]:
+    """Devices the harness runs on here: CPU always, CUDA when present."""
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
