@@ -1,4 +1,5 @@
 """Builds torch_ascend_moe._C: every op schema and the CPU kernels (csrc/ops)."""
+
 import glob
 import os
 

@@ -7,9 +7,13 @@ device and compiles nothing, so ``torch.export.load`` and AOTInductor packages w
 
 import torch
 
-from torch_ascend_moe import _C  # noqa: F401  (loads the schemas and CPU kernels)
-from torch_ascend_moe import autograd, flops, meta  # noqa: F401  (fakes, backward and FLOP formulas)
-from torch_ascend_moe import backends
+from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas)
+    _C,  # noqa: F401  (loads the schemas and CPU kernels)
+    autograd,
+    backends,
+    flops,
+    meta,
+)
 from torch_ascend_moe.ops import bf16_bmm, bf16_einsum, bf16_gemm
 
 __version__ = "0.1.0"

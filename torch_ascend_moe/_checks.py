@@ -35,7 +35,9 @@ def shape_str(shape: Sequence) -> str:
 
 
 def check_rank(op: str, arg: str, t: torch.Tensor, rank: int, layout: str) -> None:
-    check_arg(t.dim() == rank, op, arg, "rank", f"{rank}-D {layout}", f"{t.dim()}-D tensor of shape {shape_str(t.shape)}")
+    check_arg(
+        t.dim() == rank, op, arg, "rank", f"{rank}-D {layout}", f"{t.dim()}-D tensor of shape {shape_str(t.shape)}"
+    )
 
 
 def check_same_device(op: str, arg: str, t: torch.Tensor, ref: torch.Tensor) -> None:
@@ -43,7 +45,9 @@ def check_same_device(op: str, arg: str, t: torch.Tensor, ref: torch.Tensor) -> 
 
 
 def check_dim_size(op: str, arg: str, t: torch.Tensor, dim: int, what: str, expected, source: str) -> None:
-    check_arg(t.shape[dim] == expected, op, arg, f"size({dim}) ({what})", f"{concrete(expected)} ({source})", t.shape[dim])
+    check_arg(
+        t.shape[dim] == expected, op, arg, f"size({dim}) ({what})", f"{concrete(expected)} ({source})", t.shape[dim]
+    )
 
 
 def check_operand_dtypes(op: str, a: torch.Tensor, b: torch.Tensor) -> None:

@@ -42,11 +42,7 @@ def _bmm_backward(ctx, grad):
     a, b = ctx.saved_tensors
     g = grad.to(a.dtype)
     ga = bf16_bmm(g, b.transpose(1, 2), alpha=ctx.alpha, out_dtype=a.dtype) if _needs(ctx, 0) else None
-    gb = (
-        bf16_bmm(g.transpose(1, 2), a.transpose(1, 2), alpha=ctx.alpha, out_dtype=b.dtype)
-        if _needs(ctx, 1)
-        else None
-    )
+    gb = bf16_bmm(g.transpose(1, 2), a.transpose(1, 2), alpha=ctx.alpha, out_dtype=b.dtype) if _needs(ctx, 1) else None
     return ga, gb, _grad_c(ctx, grad), None, None
 
 

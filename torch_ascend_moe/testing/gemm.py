@@ -49,7 +49,11 @@ def gemm_samples(device, dtype, requires_grad=False, small=False) -> list[Sample
         a = make_operand((m, k), dtype, device, mn_major=a_t, requires_grad=requires_grad, generator=g)
         b = make_operand((n, k), dtype, device, mn_major=b_t, requires_grad=requires_grad, generator=g)
         c_dtype = out_dtype or dtype
-        c = make_operand((m, n), c_dtype, device, requires_grad=requires_grad, generator=g, scale=32) if with_c else None
+        c = (
+            make_operand((m, n), c_dtype, device, requires_grad=requires_grad, generator=g, scale=32)
+            if with_c
+            else None
+        )
         name = f"M{m}N{n}K{k}{'-aT' if a_t else ''}{'-bT' if b_t else ''}{'-c' if with_c else ''}-{out_dtype}"
         samples.append(SampleInput((a, b, c, alpha, out_dtype), name))
     return samples
@@ -68,7 +72,11 @@ def bmm_samples(device, dtype, requires_grad=False, small=False) -> list[SampleI
         a = make_operand((bs, m, k), dtype, device, mn_major=a_t, requires_grad=requires_grad, generator=g)
         b = make_operand((bs, n, k), dtype, device, mn_major=b_t, requires_grad=requires_grad, generator=g)
         c_dtype = out_dtype or dtype
-        c = make_operand((bs, m, n), c_dtype, device, requires_grad=requires_grad, generator=g, scale=32) if with_c else None
+        c = (
+            make_operand((bs, m, n), c_dtype, device, requires_grad=requires_grad, generator=g, scale=32)
+            if with_c
+            else None
+        )
         name = f"B{bs}M{m}N{n}K{k}{'-aT' if a_t else ''}{'-bT' if b_t else ''}{'-c' if with_c else ''}-{out_dtype}"
         samples.append(SampleInput((a, b, c, alpha, out_dtype), name))
     return samples
@@ -118,7 +126,9 @@ def _bf16(*shape, device="cpu", dtype=torch.bfloat16):
 def gemm_bad_inputs(device) -> list[BadInput]:
     a, b = _bf16(4, 16, device=device), _bf16(8, 16, device=device)
     return [
-        BadInput((a.to(torch.int32), b, None, 1.0, None), r"argument 'a' dtype: expected one of torch\.bfloat16", "int a"),
+        BadInput(
+            (a.to(torch.int32), b, None, 1.0, None), r"argument 'a' dtype: expected one of torch\.bfloat16", "int a"
+        ),
         BadInput((a, b.float(), None, 1.0, None), r"argument 'b' dtype: expected torch\.bfloat16", "mixed dtypes"),
         BadInput((a, _bf16(8, 12, device=device), None, 1.0, None), r"argument 'b' size\(1\) \(K\): expected 16", "K"),
         BadInput((_bf16(2, 4, 16, device=device), b, None, 1.0, None), r"argument 'a' rank: expected 2-D", "rank"),

@@ -161,7 +161,7 @@ def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> No
         tensors = module.tensors(s.args)
         eager, out = module(*tensors), compiled(*tensors)
         where = f"{spec.name}[{s.name}] compiled"
-        torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=lambda m: f"{where}: {m}")
+        torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=lambda m, where=where: f"{where}: {m}")
         graphs = [g for g in counter.graphs if f"ascend_moe.{spec.name}" in g.code]
         assert len(graphs) == 1, f"{where}: the op is in {len(graphs)} graphs, expected 1"
         inputs = [t for t in tensors if t.requires_grad]
@@ -170,7 +170,9 @@ def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> No
             expected = torch.autograd.grad(eager, inputs, grad)
             got = torch.autograd.grad(out, inputs, grad)
             for e, g in zip(expected, got):
-                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6, msg=lambda m: f"{where} backward: {m}")
+                torch.testing.assert_close(
+                    g, e, rtol=1e-6, atol=1e-6, msg=lambda m, where=where: f"{where} backward: {m}"
+                )
 
 
 def _export(spec: OpSpec, device: str):
@@ -235,21 +237,25 @@ def check_aoti(spec: OpSpec, device: str, tmp_path: Path) -> None:
 
 def check_bad_inputs(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     for bad in spec.bad_inputs(device):
-        where = f"{spec.name}[{bad.name}]"
-        _expect_error(lambda: spec.op(*bad.args), bad.error, bad.match, f"{where} eager")
-        if spec.portable is not None:
-            _expect_error(lambda: spec.portable(*bad.args), bad.error, bad.match, f"{where} portable")
+        _check_bad_input(spec, bad)
 
-        def fake_call():
-            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-                spec.op(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in bad.args))
 
-        _expect_error(fake_call, bad.error, bad.match, f"{where} fake")
-        torch._dynamo.reset()
-        module = OpModule(spec.op, bad.args)
-        compiled = torch.compile(module, fullgraph=True, dynamic=True)
-        # Dynamo wraps the fake's error; its text must survive.
-        _expect_error(lambda: compiled(*module.tensors(bad.args)), None, bad.match, f"{where} compiled")
+def _check_bad_input(spec: OpSpec, bad: BadInput) -> None:
+    where = f"{spec.name}[{bad.name}]"
+    _expect_error(lambda: spec.op(*bad.args), bad.error, bad.match, f"{where} eager")
+    if spec.portable is not None:
+        _expect_error(lambda: spec.portable(*bad.args), bad.error, bad.match, f"{where} portable")
+
+    def fake_call():
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            spec.op(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in bad.args))
+
+    _expect_error(fake_call, bad.error, bad.match, f"{where} fake")
+    torch._dynamo.reset()
+    module = OpModule(spec.op, bad.args)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    # Dynamo wraps the fake's error; its text must survive.
+    _expect_error(lambda: compiled(*module.tensors(bad.args)), None, bad.match, f"{where} compiled")
 
 
 CHECKS: dict[str, Callable[[OpSpec, str, Path], None]] = {

@@ -2,3 +2,27 @@
 
 They run on CPU too, which is how CI checks them against the C++ kernels and the fp64 references.
 """
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.portable import gemm
+
+KERNELS = {
+    "bf16_gemm": gemm.bf16_gemm,
+    "bf16_bmm": gemm.bf16_bmm,
+    "bf16_einsum": gemm.bf16_einsum,
+}
+
+_libraries: dict[str, torch.library.Library] = {}
+
+
+def register_kernels(dispatch_key: str, overrides: dict | None = None) -> None:
+    """Register every portable kernel (or its device-specific override) on ``dispatch_key``, once."""
+    if dispatch_key in _libraries:
+        return
+    lib = torch.library.Library("ascend_moe", "IMPL")
+    for name, fn in (KERNELS | (overrides or {})).items():
+        lib.impl(name, fn, dispatch_key)
+    _libraries[dispatch_key] = lib

@@ -1,0 +1,140 @@
+"""The package as a whole: cheap import, live registrations, backends, CLI, FLOP counting, golden graph."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+from torch.utils.flop_counter import FlopCounterMode
+
+import torch_ascend_moe
+from torch_ascend_moe import backends, cli
+from torch_ascend_moe.backends import portable
+
+OPS = ["bf16_bmm", "bf16_einsum", "bf16_gemm"]
+
+
+def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_import_is_cheap():
+    """No device probing or NPU import at import time, so export/AOTI loaders can import it freely."""
+    script = (
+        "import sys, torch\n"
+        "import torch_ascend_moe\n"
+        "assert 'torch_npu' not in sys.modules\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "assert 'torch._inductor.compile_fx' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    result = _python("-c", script)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def test_every_op_is_registered_with_all_capabilities():
+    assert cli.op_names() == OPS
+    for name in OPS:
+        caps = cli.capabilities(name)
+        assert caps["CPU"] and caps["fake"] and caps["autograd"] and caps["flops"] and caps["pt2"], (name, caps)
+
+
+def test_missing_fakes_hint_names_the_family_module():
+    """With only the C++ library loaded, compiling fails with a hint to import the family's fake module."""
+    script = (
+        "import sys, torch\n"
+        "torch.ops.load_library(sys.argv[1])\n"
+        "a = torch.randn(2, 4)\n"
+        "try:\n"
+        "    torch.compile(lambda a: torch.ops.ascend_moe.bf16_gemm(a, a), fullgraph=True)(a)\n"
+        "except Exception as e:\n"
+        "    print(e)\n"
+    )
+    result = _python("-c", script, torch_ascend_moe._C.__file__)
+    assert "torch_ascend_moe.meta.gemm" in result.stdout, result.stdout + result.stderr
+
+
+def test_backend_registration_hooks():
+    assert backends.REGISTERED["npu"] is False  # torch_npu cannot be imported here
+    assert backends.register_npu() is False
+    # Registering the portable kernels on a device key makes the dispatcher see them there.
+    portable.register_kernels("CUDA")
+    for name in OPS:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_moe::{name}", "CUDA")
+
+
+def test_flop_counter_counts_gemm_flops():
+    a, b = torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    x, w = torch.randn(3, 4, 16, dtype=torch.bfloat16), torch.randn(4, 8, 16, dtype=torch.bfloat16)
+    with FlopCounterMode(display=False) as counter:
+        torch_ascend_moe.bf16_gemm(a, b)
+        torch_ascend_moe.bf16_bmm(x, x)
+        torch_ascend_moe.bf16_einsum("bhr,hdr->bhd", x, w)
+    assert counter.get_total_flops() == 2 * 8 * 16 * 32 + 2 * 3 * 4 * 4 * 16 + 2 * 3 * 4 * 16 * 8
+
+
+def test_cli_info_json():
+    result = _python("-m", "torch_ascend_moe", "info", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["build"]["torch"] == torch.__version__
+    assert sorted(info["ops"]) == OPS
+    assert all(info["ops"][n]["CPU"] and info["ops"][n]["autograd"] for n in OPS)
+
+
+def test_cli_info_table_and_bench(tmp_path):
+    table = _python("-m", "torch_ascend_moe", "info")
+    assert table.returncode == 0 and "bf16_gemm" in table.stdout and "autograd" in table.stdout
+    out = tmp_path / "bench.json"
+    bench = _python("-m", "torch_ascend_moe", "bench", "gemm", "--quick", "--min-run-time", "0.02", "--json", str(out))
+    assert bench.returncode == 0, bench.stderr
+    assert "speedup" in bench.stdout
+    rows = json.loads(out.read_text())
+    assert len(rows) == 3 and all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 and r["speedup"] > 0 for r in rows)
+
+
+def test_cli_rejects_unknown_family():
+    result = _python("-m", "torch_ascend_moe", "bench", "nope")
+    assert result.returncode != 0 and "invalid choice" in result.stderr
+
+
+def test_exported_graph_is_stable():
+    """Golden FX graph of a linear layer on bf16_gemm: the op appears once, with its arguments."""
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8, 16, dtype=torch.bfloat16))
+
+        def forward(self, x, bias):
+            return torch_ascend_moe.bf16_gemm(x, self.weight, bias, alpha=0.5, out_dtype=torch.float32)
+
+    ep = torch.export.export(Linear(), (torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(4, 8)))
+    assert_expected_inline(
+        str(ep.graph_module.code).strip(),
+        """\
+def forward(self, p_weight, x, bias):
+    bf16_gemm = torch.ops.ascend_moe.bf16_gemm.default(x, p_weight, bias, 0.5, torch.float32);  x = p_weight = bias = None
+    return (bf16_gemm,)""",
+    )
+
+
+@pytest.mark.skipif(not (Path(__file__).parents[2] / "shared/tools/op_audit.py").exists(), reason="no ../shared")
+def test_op_audit_passes():
+    """The project's own op-contract audit (../shared/tools/op_audit.py) finds nothing missing."""
+    root = Path(__file__).parents[1]
+    result = _python(str(root.parent / "shared/tools/op_audit.py"), cwd=root)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_clean():
+    """Style is part of the contract (design §8): ruff lint and format find nothing."""
+    ruff = pytest.importorskip("ruff")
+    root = Path(__file__).parents[1]
+    binary = Path(ruff.find_ruff_bin())
+    for args in (["check", "."], ["format", "--check", "."]):
+        result = subprocess.run([str(binary), *args], cwd=root, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,149 @@
+"""``python -m torch_ascend_moe {info,bench}`` (also the ``torch-ascend-moe`` console script)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+import torch_ascend_moe
+from torch_ascend_moe import NAMESPACE, backends, bench
+
+_KERNEL_KEYS = {"CPU": "CPU", "CUDA": "CUDA", "NPU": "PrivateUse1"}
+
+
+def op_names() -> list[str]:
+    """Every op registered in the ascend_moe namespace, read from the dispatcher."""
+    prefix = NAMESPACE + "::"
+    return sorted(n[len(prefix) :] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+def capabilities(name: str) -> dict[str, bool]:
+    """What the live registrations provide for ``ascend_moe::name``."""
+    from torch._library.simple_registry import singleton
+    from torch.utils.flop_counter import flop_registry
+
+    qualname = f"{NAMESPACE}::{name}"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    caps = {device: has(qualname, key) for device, key in _KERNEL_KEYS.items()}
+    caps["fake"] = singleton.find(qualname).fake_impl.kernel is not None or has(qualname, "Meta")
+    caps["autograd"] = has(qualname, "Autograd") or has(qualname, "AutogradCPU")
+    packet = getattr(torch.ops.ascend_moe, name)
+    caps["flops"] = packet in flop_registry or packet.default in flop_registry
+    caps["pt2"] = torch.Tag.pt2_compliant_tag in packet.default.tags
+    return caps
+
+
+def build_info() -> dict[str, object]:
+    ext = torch_ascend_moe._C
+    return {
+        "torch_ascend_moe": torch_ascend_moe.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "extension": ext.__file__,
+        "built with torch": ext.built_with_torch,
+        "compiler": ext.compiler,
+        "OpenMP": bool(ext.openmp),
+        "CPU threads": torch.get_num_threads(),
+        "CPU capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def backend_info() -> dict[str, str]:
+    cuda = "not built"
+    if torch.backends.cuda.is_built():
+        cuda = f"{torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else "built, no device"
+    npu = "torch_npu not installed"
+    if backends.REGISTERED["npu"]:
+        npu = "registered (torch_npu imported)"
+    elif "torch_npu" in sys.modules or _installed("torch_npu"):
+        npu = "torch_npu installed but not importable (CANN missing?)"
+    return {
+        "cpu": "C++ kernels",
+        "cuda": cuda + (", kernels registered" if backends.REGISTERED["cuda"] else ""),
+        "npu": npu,
+    }
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def cmd_info(args, console: Console) -> int:
+    if args.json:
+        print(
+            json.dumps(
+                {"build": build_info(), "backends": backend_info(), "ops": {n: capabilities(n) for n in op_names()}},
+                indent=2,
+                default=str,
+            )
+        )
+        return 0
+    table = Table(title="build", show_header=False)
+    for k, v in {**build_info(), **{f"backend {k}": v for k, v in backend_info().items()}}.items():
+        table.add_row(k, str(v))
+    console.print(table)
+    names = op_names()
+    matrix = Table(title=f"torch.ops.{NAMESPACE}: {len(names)} ops (live registrations)")
+    columns = list(capabilities(names[0])) if names else []
+    matrix.add_column("op")
+    for col in columns:
+        matrix.add_column(col, justify="center")
+    for name in names:
+        caps = capabilities(name)
+        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns))
+    console.print(matrix)
+    return 0
+
+
+def cmd_bench(args, console: Console) -> int:
+    cases = bench.cases(args.family, quick=args.quick)
+    results = [
+        bench.run_case(c, args.min_run_time) for c in track(cases, description=f"bench {args.family}", console=console)
+    ]
+    table = Table(title=f"bench {args.family}: {torch.get_num_threads()} CPU threads, speedup = baseline time / ours")
+    for col in ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup"):
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for r in results:
+        table.add_row(
+            r.case,
+            f"{r.ours_ms:.3f}",
+            f"{r.ours_tflops:.4f}",
+            r.baseline,
+            f"{r.baseline_ms:.3f}",
+            f"{r.baseline_tflops:.4f}",
+            f"{r.speedup:.2f}x",
+        )
+    console.print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{**r.__dict__, "speedup": r.speedup} for r in results], f, indent=2)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_ascend_moe", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, build, backends and the capability matrix of every op")
+    info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    b = sub.add_parser("bench", help="time a family's ops against PyTorch baselines measured in the same run")
+    b.add_argument("family", choices=bench.FAMILIES)
+    b.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
+    b.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    args = parser.parse_args(argv)
+    # Wide enough for the tables when piped (rich assumes 80 columns without a terminal).
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    return {"info": cmd_info, "bench": cmd_bench}[args.command](args, console)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""DeepGEMM(-Ascend)-compatible API over torch.ops.ascend_moe: code written for ``import deep_gemm`` runs
+unchanged with ``import torch_ascend_moe.deep_gemm as deep_gemm``.
+
+Functions keep upstream's signatures and out-parameter semantics (they write ``d`` and return None);
+the math lives in the ops, so every call also works under torch.compile and autograd-free export.
+"""
+
+from torch_ascend_moe.deep_gemm import epilogue, testing, utils
+from torch_ascend_moe.deep_gemm.gemm import (
+    aclnn_bf16_gemm_nn,
+    aclnn_bf16_gemm_nt,
+    aclnn_bf16_gemm_tn,
+    aclnn_bf16_gemm_tt,
+    bf16_bmm,
+    bf16_gemm_nn,
+    bf16_gemm_nt,
+    bf16_gemm_tn,
+    bf16_gemm_tt,
+    cublaslt_gemm_nn,
+    cublaslt_gemm_nt,
+    cublaslt_gemm_tn,
+    cublaslt_gemm_tt,
+    einsum,
+)
+from torch_ascend_moe.deep_gemm.runtime import (
+    get_deterministic_algorithms,
+    get_num_sms,
+    get_pdl,
+    get_tc_util,
+    set_block_size_multiple_of,
+    set_ignore_compile_dims,
+    set_num_sms,
+    set_pdl,
+    set_tc_util,
+    use_deterministic_algorithms,
+)
+from torch_ascend_moe.deep_gemm.utils import align, ceil_div, get_tma_aligned_size
+
+__version__ = "2.6.1+ascend_moe"
+
+__all__ = [
+    "aclnn_bf16_gemm_nn",
+    "aclnn_bf16_gemm_nt",
+    "aclnn_bf16_gemm_tn",
+    "aclnn_bf16_gemm_tt",
+    "align",
+    "bf16_bmm",
+    "bf16_gemm_nn",
+    "bf16_gemm_nt",
+    "bf16_gemm_tn",
+    "bf16_gemm_tt",
+    "ceil_div",
+    "cublaslt_gemm_nn",
+    "cublaslt_gemm_nt",
+    "cublaslt_gemm_tn",
+    "cublaslt_gemm_tt",
+    "einsum",
+    "epilogue",
+    "get_deterministic_algorithms",
+    "get_num_sms",
+    "get_pdl",
+    "get_tc_util",
+    "get_tma_aligned_size",
+    "set_block_size_multiple_of",
+    "set_ignore_compile_dims",
+    "set_num_sms",
+    "set_pdl",
+    "set_tc_util",
+    "testing",
+    "use_deterministic_algorithms",
+    "utils",
+]

@@ -1,0 +1,180 @@
+"""DeepGEMM(-Ascend)'s dense BF16 entry points: out-parameter wrappers over the gemm-family ops.
+
+Semantics follow upstream (specs/deepgemm_api.md §2.4-2.5, §3.2-3.3, §7, §16.2): ``D`` and ``C`` are
+row-major, ``C`` may be ``D`` itself (in-place accumulation), ``M == 0`` or ``N == 0`` writes nothing,
+``K == 0`` writes ``C`` (or zeros). The suffix letters say how A and B are given: ``nt`` = ``A[M,K]``,
+``B[N,K]``; ``nn`` = ``B[K,N]``; ``tn`` = ``A[K,M]``; ``tt`` = both transposed. All math is in the ops.
+``compiled_dims`` only tunes JIT kernels upstream; it is accepted and has no effect here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.deep_gemm.epilogue import resolve_alpha
+from torch_ascend_moe.meta.gemm import einsum_signature
+from torch_ascend_moe.ops.gemm import bf16_bmm as _bmm_op
+from torch_ascend_moe.ops.gemm import bf16_einsum as _einsum_op
+from torch_ascend_moe.ops.gemm import bf16_gemm as _gemm_op
+
+_OUT_DTYPES = (torch.bfloat16, torch.float32)
+_OUT_DTYPES_TEXT = "torch.bfloat16 or torch.float32"
+
+
+def _check_dtype(api: str, name: str, t: torch.Tensor, allowed: tuple, text: str) -> None:
+    ck.check_arg(t.dtype in allowed, api, name, "dtype", text, t.dtype)
+
+
+def _check_major(api: str, name: str, t: torch.Tensor) -> None:
+    # Upstream reads majorness from strides: one of the last two must be unit (K-major or MN-major).
+    ck.check_arg(
+        t.stride(-1) == 1 or t.stride(-2) == 1,
+        api,
+        name,
+        "strides",
+        "stride(-1) == 1 (K-major) or stride(-2) == 1 (MN-major)",
+        list(t.stride()),
+    )
+
+
+def _check_out(api: str, d: torch.Tensor, c: torch.Tensor | None, shape: list) -> None:
+    _check_dtype(api, "d", d, _OUT_DTYPES, _OUT_DTYPES_TEXT)
+    ck.check_arg(list(d.shape) == list(shape), api, "d", "shape", ck.shape_str(shape), ck.shape_str(d.shape))
+    ck.check_arg(d.stride(-1) == 1, api, "d", "stride(-1)", "1 (row-major output)", d.stride(-1))
+    if c is None:
+        return
+    ck.check_arg(c.dtype == d.dtype, api, "c", "dtype", f"{d.dtype} (same as 'd')", c.dtype)
+    ck.check_arg(list(c.shape) == list(shape), api, "c", "shape", ck.shape_str(shape), ck.shape_str(c.shape))
+    ck.check_arg(c.stride(-1) == 1, api, "c", "stride(-1)", "1 (row-major accumulator)", c.stride(-1))
+    if c is not d and torch._C._is_alias_of(c, d):
+        # Upstream allows C to share D's memory only as the very same view (in-place accumulation).
+        ck.check_arg(
+            c.stride() == d.stride() and c.storage_offset() == d.storage_offset(),
+            api,
+            "c",
+            "layout",
+            "the same view as 'd' when it shares d's memory",
+            f"strides {list(c.stride())}",
+        )
+
+
+def _dense_gemm(api, a, b, d, c, alpha, epilogue, *, operand_dtypes=(torch.bfloat16,)):
+    """``d := alpha * a @ b^T + c`` over logical ``a[M,K]``, ``b[N,K]`` (views already transposed)."""
+    text = " or ".join(str(t) for t in operand_dtypes)
+    for name, t in (("a", a), ("b", b)):
+        ck.check_rank(api, name, t, 2, "matrix")
+        _check_dtype(api, name, t, operand_dtypes, text)
+        _check_major(api, name, t)
+    ck.check_dim_size(api, "b", b, 1, "K", a.shape[1], "a's K")
+    _check_out(api, d, c, [a.shape[0], b.shape[0]])
+    scale = resolve_alpha(api, alpha, epilogue)
+    if d.numel() == 0:
+        return
+    d.copy_(_gemm_op(a, b, c, alpha=scale, out_dtype=d.dtype))
+
+
+def bf16_gemm_nt(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None) -> None:
+    """``d = alpha * a @ b^T (+ c)`` with ``a[M, K]``, ``b[N, K]`` BF16; ``d`` BF16 or FP32 ``[M, N]``."""
+    _dense_gemm("deep_gemm.bf16_gemm_nt", a, b, d, c, alpha, epilogue)
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None) -> None:
+    """``d = alpha * a @ b (+ c)`` with ``a[M, K]``, ``b[K, N]``."""
+    _dense_gemm("deep_gemm.bf16_gemm_nn", a, b.mT, d, c, alpha, epilogue)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None) -> None:
+    """``d = alpha * a^T @ b (+ c)`` with ``a[K, M]``, ``b[K, N]`` (the weight-gradient layout)."""
+    _dense_gemm("deep_gemm.bf16_gemm_tn", a.mT, b.mT, d, c, alpha, epilogue)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None) -> None:
+    """``d = alpha * a^T @ b^T (+ c)`` with ``a[K, M]``, ``b[N, K]``."""
+    _dense_gemm("deep_gemm.bf16_gemm_tt", a.mT, b, d, c, alpha, epilogue)
+
+
+# cuBLASLt (CUDA) and ACLNN (Ascend) reference GEMMs: same conventions, dtype taken from the tensors.
+_BLAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _blas_gemm(api, a, b, d, c):
+    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise NotImplementedError(f"{api}: FP8 operands are not supported by the BF16 family; use fp8_gemm_*")
+    _dense_gemm(api, a, b, d, c, None, None, operand_dtypes=_BLAS_DTYPES)
+
+
+def cublaslt_gemm_nt(a, b, d, c=None) -> None:
+    """Vendor-BLAS GEMM ``d = a @ b^T (+ c)``; upstream's cuBLASLt baseline."""
+    _blas_gemm("deep_gemm.cublaslt_gemm_nt", a, b, d, c)
+
+
+def cublaslt_gemm_nn(a, b, d, c=None) -> None:
+    _blas_gemm("deep_gemm.cublaslt_gemm_nn", a, b.mT, d, c)
+
+
+def cublaslt_gemm_tn(a, b, d, c=None) -> None:
+    _blas_gemm("deep_gemm.cublaslt_gemm_tn", a.mT, b.mT, d, c)
+
+
+def cublaslt_gemm_tt(a, b, d, c=None) -> None:
+    _blas_gemm("deep_gemm.cublaslt_gemm_tt", a.mT, b, d, c)
+
+
+# DeepGEMM-Ascend's names for the ACLNN-backed reference GEMMs.
+aclnn_bf16_gemm_nt, aclnn_bf16_gemm_nn = bf16_gemm_nt, bf16_gemm_nn
+aclnn_bf16_gemm_tn, aclnn_bf16_gemm_tt = bf16_gemm_tn, bf16_gemm_tt
+
+
+def bf16_bmm(a, b, d, c=None, compiled_dims="nk", epilogue=None) -> None:
+    """DeepGEMM-Ascend's batched GEMM ``d[i] = a[i] @ b[i]^T (+ c[i])``; ``a[B,M,K]``, ``b[B,N,K]``."""
+    api = "deep_gemm.bf16_bmm"
+    for name, t in (("a", a), ("b", b)):
+        ck.check_rank(api, name, t, 3, "[B, MN, K]")
+        _check_dtype(api, name, t, (torch.bfloat16,), "torch.bfloat16")
+        _check_major(api, name, t)
+    ck.check_dim_size(api, "b", b, 0, "batch", a.shape[0], "a's batch")
+    ck.check_dim_size(api, "b", b, 2, "K", a.shape[2], "a's K")
+    _check_out(api, d, c, [a.shape[0], a.shape[1], b.shape[1]])
+    scale = resolve_alpha(api, None, epilogue)
+    if d.numel() == 0:
+        return
+    d.copy_(_bmm_op(a, b, c, alpha=scale, out_dtype=d.dtype))
+
+
+_EINSUM_EXPRS = ("bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
+
+
+def einsum(expr, a, b, d, c=None, use_cublaslt=False, epilogue=None) -> None:
+    """DeepGEMM's BF16 einsum: ``d (+)= einsum(expr, a, b)`` for its fixed expressions.
+
+    ``'bmk,bnk->mn'``: FP32 ``d`` accumulates and requires ``c is d``; BF16 ``d`` takes no ``c``, and
+    ``use_cublaslt`` must be False. ``'bhr,hdr->bhd'`` / ``'bhd,hdr->bhr'``: no ``c``.
+    ``'bhd,bhr->hdr'`` (DeepGEMM-Ascend): optional ``c``.
+    """
+    api = "deep_gemm.einsum"
+    ck.check_arg(
+        expr in _EINSUM_EXPRS, api, "expr", "value", "one of " + ", ".join(map(repr, _EINSUM_EXPRS)), repr(expr)
+    )
+    _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
+    _check_dtype(api, "b", b, (torch.bfloat16,), "torch.bfloat16")
+    if expr == "bmk,bnk->mn":
+        ck.check_arg(not use_cublaslt, api, "use_cublaslt", "value", "False for 'bmk,bnk->mn'", use_cublaslt)
+        if d.dtype == torch.float32:
+            ck.check_arg(
+                c is d,
+                api,
+                "c",
+                "value",
+                "c is d (FP32 output accumulates in place)",
+                "another tensor" if c is not None else None,
+            )
+        else:
+            ck.check_arg(c is None, api, "c", "value", "None for a BF16 output", "a tensor")
+    elif expr != "bhd,bhr->hdr":
+        ck.check_arg(c is None, api, "c", "value", f"None for {expr!r}", "a tensor")
+    shape, _ = einsum_signature(expr, a, b, c, d.dtype)  # the op's own rank and size checks
+    _check_out(api, d, c, list(shape))
+    scale = resolve_alpha(api, None, epilogue)
+    if d.numel():
+        d.copy_(_einsum_op(expr, a, b, c, alpha=scale, out_dtype=d.dtype))

@@ -1,0 +1,79 @@
+"""DeepGEMM's runtime configuration (specs/deepgemm_api.md §13).
+
+Upstream these tune JIT kernel selection (SM count, tensor-core utilisation, PDL, baked dimensions,
+block sizes). None changes numerics; our kernels take their parallelism from PyTorch, so the values are
+validated, stored and returned, and otherwise have no effect. ``use_deterministic_algorithms`` is
+DeepGEMM-Ascend's switch: every kernel here is deterministic, so both settings compute the same result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_state: dict[str, object] = {
+    "num_sms": 0,
+    "tc_util": 0,
+    "pdl": False,
+    "ignore_compile_dims": False,
+    "block_size_multiple_of": (1, 1),
+    "deterministic": False,
+}
+
+
+def _device_sms() -> int:
+    """Streaming multiprocessors of the current CUDA device, else the CPU threads PyTorch uses."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return torch.get_num_threads()
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Cap the SMs kernels may use (0 = all); must lie in ``[0, device SMs]``."""
+    limit = _device_sms()
+    if not 0 <= int(num_sms) <= limit:
+        raise ValueError(f"deep_gemm.set_num_sms: argument 'num_sms' value: expected 0..{limit}, got {num_sms}")
+    _state["num_sms"] = int(num_sms)
+
+
+def get_num_sms() -> int:
+    return int(_state["num_sms"]) or _device_sms()
+
+
+def set_tc_util(tc_util: int) -> None:
+    """Assumed tensor-core utilisation in percent (0..100) for upstream's heuristics."""
+    if not 0 <= int(tc_util) <= 100:
+        raise ValueError(f"deep_gemm.set_tc_util: argument 'tc_util' value: expected 0..100, got {tc_util}")
+    _state["tc_util"] = int(tc_util)
+
+
+def get_tc_util() -> int:
+    return int(_state["tc_util"]) or 100
+
+
+def set_pdl(enable: bool) -> None:
+    _state["pdl"] = bool(enable)
+
+
+def get_pdl() -> bool:
+    return bool(_state["pdl"])
+
+
+def set_ignore_compile_dims(value: bool) -> None:
+    _state["ignore_compile_dims"] = bool(value)
+
+
+def set_block_size_multiple_of(value: int | tuple[int, int]) -> None:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or any(int(v) < 1 for v in pair):
+        raise ValueError(
+            f"deep_gemm.set_block_size_multiple_of: argument 'value': expected a positive int or pair, got {value!r}"
+        )
+    _state["block_size_multiple_of"] = (int(pair[0]), int(pair[1]))
+
+
+def use_deterministic_algorithms(enabled: bool) -> None:
+    _state["deterministic"] = bool(enabled)
+
+
+def get_deterministic_algorithms() -> bool:
+    return bool(_state["deterministic"])
