@@ -138,3 +138,10 @@ def test_ruff_clean():
     for args in (["check", "."], ["format", "--check", "."]):
         result = subprocess.run([str(binary), *args], cwd=root, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_example_runs():
+    """The README's Python example is executed as written."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(example, "README.md", "exec"), {})

@@ -3,7 +3,10 @@
 // All three reduce to one 2-D worker, `matmul_into`, that computes out = alpha * a @ b^T + c with
 // FP32 accumulation (FP64 for FP64 operands) and a single rounding into the output dtype.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <array>
@@ -18,14 +21,120 @@ constexpr const char* kGemm = "ascend_moe::bf16_gemm";
 constexpr const char* kBmm = "ascend_moe::bf16_bmm";
 constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
 
-// Below this many rows ATen's native BF16/FP16 GEMM (a GEMV-like, memory-bound kernel) beats converting
-// panels of B to FP32; above it MKL's SGEMM on converted panels is several times faster (bench gemm).
+// Up to this many rows a BF16 GEMM is memory-bound: the streaming kernel below reads B once and wins;
+// above it MKL's SGEMM on FP32 panels of B is faster (bench gemm). FP16 keeps ATen's kernel for few rows.
+constexpr int64_t kStreamingMaxRows = 8;  // at most 16 (stream_rows_k_major's sums)
 constexpr int64_t kNativeReducedMaxRows = 4;
 // FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
 // and to avoid a full FP32 copy of large weights.
 constexpr int64_t kPanelElements = int64_t{1} << 20;
 
 bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// ---- streaming BF16 kernel for few rows: reads B once, converts in registers, FP32 accumulators ----
+// target_clones builds an AVX2+FMA and a baseline version and picks one at load time, so the wheel
+// stays portable while AVX2 machines get 8-wide FMAs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AM_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define AM_VECTOR_CLONES
+#endif
+
+constexpr int64_t kStreamChunk = 512;  // elements of a B row (or column block) converted at a time
+
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+// acc[m * ldacc + j] = sum_k a[m, k] * B[j, k] for K-major B (row j at b + j * ldb). Four rows of B go
+// together: four independent FMA chains hide FMA latency, and each load of A serves four rows.
+AM_VECTOR_CLONES void stream_rows_k_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
+                                          int64_t rows, float* acc, int64_t ldacc) {
+  constexpr int64_t kRows = 4;
+  float buf[kRows][kStreamChunk];
+  for (int64_t j0 = 0; j0 < rows; j0 += kRows) {
+    const int64_t nr = std::min(kRows, rows - j0);
+    float sums[16][kRows] = {};  // M <= kStreamingMaxRows <= 16
+    for (int64_t k0 = 0; k0 < K; k0 += kStreamChunk) {
+      const int64_t len = std::min(kStreamChunk, K - k0);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const uint16_t* brow = b + (j0 + std::min(r, nr - 1)) * ldb + k0;  // repeat the last row as padding
+#pragma omp simd
+        for (int64_t k = 0; k < len; ++k) buf[r][k] = bf16_to_float(brow[k]);
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        const float* arow = a + m * K + k0;
+        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int64_t k = 0; k < len; ++k) {
+          s0 += arow[k] * buf[0][k];
+          s1 += arow[k] * buf[1][k];
+          s2 += arow[k] * buf[2][k];
+          s3 += arow[k] * buf[3][k];
+        }
+        sums[m][0] += s0;
+        sums[m][1] += s1;
+        sums[m][2] += s2;
+        sums[m][3] += s3;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t r = 0; r < nr; ++r) acc[m * ldacc + j0 + r] = sums[m][r];
+    }
+  }
+}
+
+// acc[m * ldacc + j] = sum_k a[m, k] * B[k][j] for MN-major B (row k of the stored [K, N] at b + k * ldb).
+AM_VECTOR_CLONES void stream_cols_mn_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
+                                           int64_t cols, float* acc, int64_t ldacc) {
+  float buf[kStreamChunk];
+  for (int64_t m = 0; m < M; ++m) std::fill(acc + m * ldacc, acc + m * ldacc + cols, 0.f);
+  for (int64_t k = 0; k < K; ++k) {
+    const uint16_t* brow = b + k * ldb;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) buf[j] = bf16_to_float(brow[j]);
+    for (int64_t m = 0; m < M; ++m) {
+      const float w = a[m * K + k];
+      float* arow = acc + m * ldacc;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) arow[j] += w * buf[j];
+    }
+  }
+}
+
+bool streams(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kBFloat16 && a.size(0) <= kStreamingMaxRows && (b.stride(1) == 1 || b.stride(0) == 1);
+}
+
+// out = alpha * a @ b^T (+ c) for BF16 a[M<=8, K], b[N, K] with a unit stride, parallel over N.
+void streaming_matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                           const std::optional<at::Tensor>& c, double alpha) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  const at::Tensor a_f = a.to(at::kFloat).contiguous();
+  const bool k_major = b.stride(1) == 1;
+  const int64_t ldb = k_major ? b.stride(0) : b.stride(1);
+  const auto* b_ptr = reinterpret_cast<const uint16_t*>(b.const_data_ptr<at::BFloat16>());
+  at::Tensor acc = at::empty({M, N}, a.options().dtype(at::kFloat));
+  float* acc_ptr = acc.data_ptr<float>();
+  const float* a_ptr = a_f.const_data_ptr<float>();
+  // Grain: enough B bytes per task to amortise scheduling, small enough to balance two to many cores.
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    if (k_major) {
+      stream_rows_k_major(a_ptr, M, K, b_ptr + n0 * ldb, ldb, n1 - n0, acc_ptr + n0, N);
+      return;
+    }
+    for (int64_t j0 = n0; j0 < n1; j0 += kStreamChunk) {
+      stream_cols_mn_major(a_ptr, M, K, b_ptr + j0, ldb, std::min(kStreamChunk, n1 - j0), acc_ptr + j0, N);
+    }
+  });
+  if (alpha != 1.0) acc.mul_(alpha);
+  if (c.has_value()) acc.add_(*c);
+  out.copy_(acc);
+}
 
 // FP32 copy of a panel of B, keeping B's majorness so the copy streams through memory.
 at::Tensor panel_to_float(const at::Tensor& panel) {
@@ -52,7 +161,11 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
   const at::ScalarType in_t = a.scalar_type();
   const double beta = c.has_value() ? 1.0 : 0.0;  // beta == 0 makes addmm ignore its input entirely
 
-  if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows) {
+  if (streams(a, b)) {
+    streaming_matmul_into(out, a, b, c, alpha);
+    return;
+  }
+  if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1) {
     at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
     return;
   }

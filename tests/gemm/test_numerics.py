@@ -112,3 +112,20 @@ def test_single_rounding_with_accumulator():
         ref = (a[:m].double() @ b.double().T + c[:m].double()).to(torch.bfloat16)
         mismatch = (out != ref).float().mean().item()
         assert mismatch < 0.01, f"M={m}: {mismatch:.2%} of elements differ from the once-rounded reference"
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9])
+@pytest.mark.parametrize("b_mn_major", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_few_row_kernel_boundaries(m, b_mn_major, out_dtype):
+    """The streaming few-row kernel (M <= 8) and the panel kernel (M > 8): N not a multiple of the 4-row
+    group, K not a multiple of the 512-element chunk, column blocks wider than one chunk, alpha and c."""
+    g = torch.Generator().manual_seed(m)
+    n, k = 1031, 1100
+    a = make_operand((m, k), torch.bfloat16, "cpu", mn_major=True, generator=g)
+    b = make_operand((n, k), torch.bfloat16, "cpu", mn_major=b_mn_major, generator=g)
+    c = make_operand((m, n), out_dtype, "cpu", generator=g, scale=4)
+    out = bf16_gemm(a, b, c, alpha=-0.75, out_dtype=out_dtype)
+    ref = -0.75 * (a.double() @ b.double().T) + c.double()
+    threshold = EXACT_THRESHOLD if out_dtype == torch.float32 else BF16_THRESHOLD
+    assert calc_diff(out, ref) < threshold
