@@ -15,44 +15,69 @@ GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 GEMM_DTYPES_TEXT = "one of " + ", ".join(str(d) for d in GEMM_DTYPES)
 
 
-def concrete(x):
-    """The example value of a symbolic size (what eager would print), else ``x`` itself."""
-    hint = getattr(getattr(x, "node", None), "hint", None) if isinstance(x, torch.SymInt) else None
-    return x if hint is None else hint
+def _text(x) -> str:
+    """Format a message value; a symbolic size prints as the int eager would show."""
+    x = x() if callable(x) else x
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(_text(v) for v in x) + "]"
+    if isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool):
+        # Dynamo cannot print a size it is tracing (it sees SymInts as ints); fakes print the example
+        # value (specializing it is harmless: this runs only on the failure path).
+        return "<traced size>" if torch.compiler.is_dynamo_compiling() else str(int(x))
+    return str(x)
 
 
 def message(op: str, arg: str, what: str, expected: object, actual: object) -> str:
-    return f"{op}: argument '{arg}' {what}: expected {concrete(expected)}, got {concrete(actual)}"
+    return f"{op}: argument '{arg}' {what}: expected {_text(expected)}, got {_text(actual)}"
 
 
 def check_arg(cond, op: str, arg: str, what: str, expected: object, actual: object) -> None:
-    """Raise ValueError with the shared message unless ``cond`` holds."""
-    torch._check_value(cond, lambda: message(op, arg, what, expected, actual))
+    """Raise ValueError with the shared message unless ``cond`` holds.
+
+    ``expected``/``actual`` may be zero-argument callables, formatted only on failure. A symbolic
+    condition in a fake becomes a guard or runtime assert (``torch._check_value``); while Dynamo traces
+    (compat functions under torch.compile) it is branched on, since Dynamo cannot take a message closure
+    over tensors.
+    """
+    if isinstance(cond, torch.SymBool) and not torch.compiler.is_dynamo_compiling():
+        torch._check_value(cond, lambda: message(op, arg, what, expected, actual))
+    elif not cond:
+        raise ValueError(message(op, arg, what, expected, actual))
 
 
 def shape_str(shape: Sequence) -> str:
-    return "[" + ", ".join(str(concrete(s)) for s in shape) + "]"
+    return _text(list(shape))
 
 
 def check_rank(op: str, arg: str, t: torch.Tensor, rank: int, layout: str) -> None:
     check_arg(
-        t.dim() == rank, op, arg, "rank", f"{rank}-D {layout}", f"{t.dim()}-D tensor of shape {shape_str(t.shape)}"
+        t.dim() == rank,
+        op,
+        arg,
+        "rank",
+        f"{rank}-D {layout}",
+        lambda: f"{t.dim()}-D tensor of shape {shape_str(t.shape)}",
     )
 
 
 def check_same_device(op: str, arg: str, t: torch.Tensor, ref: torch.Tensor) -> None:
-    check_arg(t.device == ref.device, op, arg, "device", f"{ref.device} (same as 'a')", t.device)
+    check_arg(t.device == ref.device, op, arg, "device", lambda: f"{ref.device} (same as 'a')", t.device)
 
 
 def check_dim_size(op: str, arg: str, t: torch.Tensor, dim: int, what: str, expected, source: str) -> None:
     check_arg(
-        t.shape[dim] == expected, op, arg, f"size({dim}) ({what})", f"{concrete(expected)} ({source})", t.shape[dim]
+        t.shape[dim] == expected,
+        op,
+        arg,
+        f"size({dim}) ({what})",
+        lambda: f"{_text(expected)} ({source})",
+        lambda: t.shape[dim],
     )
 
 
 def check_operand_dtypes(op: str, a: torch.Tensor, b: torch.Tensor) -> None:
     check_arg(a.dtype in GEMM_DTYPES, op, "a", "dtype", GEMM_DTYPES_TEXT, a.dtype)
-    check_arg(b.dtype == a.dtype, op, "b", "dtype", f"{a.dtype} (same as 'a')", b.dtype)
+    check_arg(b.dtype == a.dtype, op, "b", "dtype", lambda: f"{a.dtype} (same as 'a')", b.dtype)
 
 
 def resolve_out_dtype(op: str, a: torch.Tensor, c: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.dtype:
@@ -61,7 +86,7 @@ def resolve_out_dtype(op: str, a: torch.Tensor, c: torch.Tensor | None, out_dtyp
         check_arg(out_dtype in GEMM_DTYPES, op, "out_dtype", "value", GEMM_DTYPES_TEXT, out_dtype)
     resolved = out_dtype if out_dtype is not None else (c.dtype if c is not None else a.dtype)
     if c is not None:
-        check_arg(c.dtype == resolved, op, "c", "dtype", f"{resolved} (out_dtype)", c.dtype)
+        check_arg(c.dtype == resolved, op, "c", "dtype", lambda: f"{resolved} (out_dtype)", c.dtype)
     return resolved
 
 
@@ -70,4 +95,4 @@ def check_accumulator(op: str, c: torch.Tensor | None, a: torch.Tensor, out_shap
         return
     check_same_device(op, "c", c, a)
     same = c.dim() == len(out_shape) and all(x == y for x, y in zip(c.shape, out_shape))
-    check_arg(same, op, "c", "shape", f"{shape_str(out_shape)} (the output shape)", shape_str(c.shape))
+    check_arg(same, op, "c", "shape", lambda: f"{shape_str(out_shape)} (the output shape)", lambda: shape_str(c.shape))

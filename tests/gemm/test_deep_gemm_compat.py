@@ -172,17 +172,33 @@ def test_einsum_expressions_and_rules():
         deep_gemm.einsum("bhr,hdr->bhd", a, w, out, c=out)
 
 
+def _accumulate(a, b, d):
+    deep_gemm.bf16_gemm_nt(a, b, d, c=d)
+    return d
+
+
 def test_compat_under_compile(operands):
     a, b = operands
+    compiled = torch.compile(_accumulate, fullgraph=True, dynamic=True)
+    for m in (16, 9, 3):  # new sizes reuse the dynamic graph
+        d_eager, d_compiled = torch.ones(m, 24), torch.ones(m, 24)
+        _accumulate(a[:m], b, d_eager)
+        compiled(a[:m], b, d_compiled)
+        assert torch.equal(d_eager, d_compiled)
 
-    def step(a, b, d):
-        deep_gemm.bf16_gemm_nt(a, b, d, c=d)
-        return d
 
-    d_eager, d_compiled = torch.ones(16, 24), torch.ones(16, 24)
-    step(a, b, d_eager)
-    torch.compile(step, fullgraph=True)(a, b, d_compiled)
-    assert torch.equal(d_eager, d_compiled)
+@pytest.mark.parametrize(
+    "case,match",
+    [("non-contiguous d", r"argument 'd' stride\(-1\)"), ("mismatched K", r"argument 'b' size\(1\) \(K\)")],
+)
+def test_compat_bad_inputs_under_compile(operands, case, match):
+    a, b = operands
+    args = {"non-contiguous d": (a, b, torch.empty(24, 16).t()), "mismatched K": (a, b[:, :32], torch.empty(16, 24))}[
+        case
+    ]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=match):
+        torch.compile(_accumulate, fullgraph=True, dynamic=True)(*args)
 
 
 def test_runtime_config_and_helpers():

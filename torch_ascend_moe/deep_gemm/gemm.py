@@ -40,13 +40,17 @@ def _check_major(api: str, name: str, t: torch.Tensor) -> None:
 
 def _check_out(api: str, d: torch.Tensor, c: torch.Tensor | None, shape: list) -> None:
     _check_dtype(api, "d", d, _OUT_DTYPES, _OUT_DTYPES_TEXT)
-    ck.check_arg(list(d.shape) == list(shape), api, "d", "shape", ck.shape_str(shape), ck.shape_str(d.shape))
-    ck.check_arg(d.stride(-1) == 1, api, "d", "stride(-1)", "1 (row-major output)", d.stride(-1))
+    ck.check_arg(
+        list(d.shape) == list(shape), api, "d", "shape", lambda: ck.shape_str(shape), lambda: ck.shape_str(d.shape)
+    )
+    ck.check_arg(d.stride(-1) == 1, api, "d", "stride(-1)", "1 (row-major output)", lambda: d.stride(-1))
     if c is None:
         return
-    ck.check_arg(c.dtype == d.dtype, api, "c", "dtype", f"{d.dtype} (same as 'd')", c.dtype)
-    ck.check_arg(list(c.shape) == list(shape), api, "c", "shape", ck.shape_str(shape), ck.shape_str(c.shape))
-    ck.check_arg(c.stride(-1) == 1, api, "c", "stride(-1)", "1 (row-major accumulator)", c.stride(-1))
+    ck.check_arg(c.dtype == d.dtype, api, "c", "dtype", lambda: f"{d.dtype} (same as 'd')", c.dtype)
+    ck.check_arg(
+        list(c.shape) == list(shape), api, "c", "shape", lambda: ck.shape_str(shape), lambda: ck.shape_str(c.shape)
+    )
+    ck.check_arg(c.stride(-1) == 1, api, "c", "stride(-1)", "1 (row-major accumulator)", lambda: c.stride(-1))
     if c is not d and torch._C._is_alias_of(c, d):
         # Upstream allows C to share D's memory only as the very same view (in-place accumulation).
         ck.check_arg(
