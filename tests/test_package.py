@@ -145,3 +145,11 @@ def test_readme_example_runs():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     example = readme.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(example, "README.md", "exec"), {})
+
+
+def test_console_script():
+    script = Path(sys.executable).parent / "torch-ascend-moe"
+    if not script.exists():
+        pytest.skip("package not installed with its console script in this environment")
+    result = subprocess.run([str(script), "info", "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and sorted(json.loads(result.stdout)["ops"]) == OPS, result.stderr

@@ -23,7 +23,7 @@ constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
 
 // Up to this many rows a BF16 GEMM is memory-bound: the streaming kernel below reads B once and wins;
 // above it MKL's SGEMM on FP32 panels of B is faster (bench gemm). FP16 keeps ATen's kernel for few rows.
-constexpr int64_t kStreamingMaxRows = 8;  // at most 16 (stream_rows_k_major's sums)
+constexpr int64_t kStreamingMaxRows = 8;
 constexpr int64_t kNativeReducedMaxRows = 4;
 // FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
 // and to avoid a full FP32 copy of large weights.
@@ -40,7 +40,7 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 #define AM_VECTOR_CLONES
 #endif
 
-constexpr int64_t kStreamChunk = 512;  // elements of a B row (or column block) converted at a time
+constexpr int64_t kStreamColumns = 1024;  // MN-major B: columns per pass (accumulators stay in L1/L2)
 
 inline float bf16_to_float(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
@@ -50,57 +50,59 @@ inline float bf16_to_float(uint16_t bits) {
 }
 
 // acc[m * ldacc + j] = sum_k a[m, k] * B[j, k] for K-major B (row j at b + j * ldb). Four rows of B go
-// together: four independent FMA chains hide FMA latency, and each load of A serves four rows.
+// together: four independent FMA chains hide FMA latency, and each load of A serves four rows. B is
+// converted in registers; its four rows (4 * K * 2 bytes) stay in L1/L2 while every row of A passes.
 AM_VECTOR_CLONES void stream_rows_k_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
                                           int64_t rows, float* acc, int64_t ldacc) {
-  constexpr int64_t kRows = 4;
-  float buf[kRows][kStreamChunk];
-  for (int64_t j0 = 0; j0 < rows; j0 += kRows) {
-    const int64_t nr = std::min(kRows, rows - j0);
-    float sums[16][kRows] = {};  // M <= kStreamingMaxRows <= 16
-    for (int64_t k0 = 0; k0 < K; k0 += kStreamChunk) {
-      const int64_t len = std::min(kStreamChunk, K - k0);
-      for (int64_t r = 0; r < kRows; ++r) {
-        const uint16_t* brow = b + (j0 + std::min(r, nr - 1)) * ldb + k0;  // repeat the last row as padding
-#pragma omp simd
-        for (int64_t k = 0; k < len; ++k) buf[r][k] = bf16_to_float(brow[k]);
-      }
-      for (int64_t m = 0; m < M; ++m) {
-        const float* arow = a + m * K + k0;
-        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-        for (int64_t k = 0; k < len; ++k) {
-          s0 += arow[k] * buf[0][k];
-          s1 += arow[k] * buf[1][k];
-          s2 += arow[k] * buf[2][k];
-          s3 += arow[k] * buf[3][k];
-        }
-        sums[m][0] += s0;
-        sums[m][1] += s1;
-        sums[m][2] += s2;
-        sums[m][3] += s3;
-      }
-    }
+  for (int64_t j0 = 0; j0 < rows; j0 += 4) {
+    const int64_t nr = std::min<int64_t>(4, rows - j0);
+    // Short tails repeat the last row rather than branching inside the vector loop.
+    const uint16_t* b0 = b + j0 * ldb;
+    const uint16_t* b1 = b + (j0 + std::min<int64_t>(1, nr - 1)) * ldb;
+    const uint16_t* b2 = b + (j0 + std::min<int64_t>(2, nr - 1)) * ldb;
+    const uint16_t* b3 = b + (j0 + std::min<int64_t>(3, nr - 1)) * ldb;
     for (int64_t m = 0; m < M; ++m) {
-      for (int64_t r = 0; r < nr; ++r) acc[m * ldacc + j0 + r] = sums[m][r];
+      const float* arow = a + m * K;
+      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = arow[k];
+        s0 += x * bf16_to_float(b0[k]);
+        s1 += x * bf16_to_float(b1[k]);
+        s2 += x * bf16_to_float(b2[k]);
+        s3 += x * bf16_to_float(b3[k]);
+      }
+      const float sums[4] = {s0, s1, s2, s3};
+      for (int64_t r = 0; r < nr; ++r) acc[m * ldacc + j0 + r] = sums[r];
     }
   }
 }
 
 // acc[m * ldacc + j] = sum_k a[m, k] * B[k][j] for MN-major B (row k of the stored [K, N] at b + k * ldb).
+// Four rows of B per pass: one load/store of the accumulator serves four FMAs.
 AM_VECTOR_CLONES void stream_cols_mn_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
                                            int64_t cols, float* acc, int64_t ldacc) {
-  float buf[kStreamChunk];
   for (int64_t m = 0; m < M; ++m) std::fill(acc + m * ldacc, acc + m * ldacc + cols, 0.f);
-  for (int64_t k = 0; k < K; ++k) {
-    const uint16_t* brow = b + k * ldb;
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const uint16_t *b0 = b + k * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+    for (int64_t m = 0; m < M; ++m) {
+      const float w0 = a[m * K + k], w1 = a[m * K + k + 1], w2 = a[m * K + k + 2], w3 = a[m * K + k + 3];
+      float* arow = acc + m * ldacc;
 #pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) buf[j] = bf16_to_float(brow[j]);
+      for (int64_t j = 0; j < cols; ++j) {
+        arow[j] += w0 * bf16_to_float(b0[j]) + w1 * bf16_to_float(b1[j]) + w2 * bf16_to_float(b2[j]) +
+                   w3 * bf16_to_float(b3[j]);
+      }
+    }
+  }
+  for (; k < K; ++k) {
+    const uint16_t* brow = b + k * ldb;
     for (int64_t m = 0; m < M; ++m) {
       const float w = a[m * K + k];
       float* arow = acc + m * ldacc;
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) arow[j] += w * buf[j];
+      for (int64_t j = 0; j < cols; ++j) arow[j] += w * bf16_to_float(brow[j]);
     }
   }
 }
@@ -127,8 +129,8 @@ void streaming_matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tenso
       stream_rows_k_major(a_ptr, M, K, b_ptr + n0 * ldb, ldb, n1 - n0, acc_ptr + n0, N);
       return;
     }
-    for (int64_t j0 = n0; j0 < n1; j0 += kStreamChunk) {
-      stream_cols_mn_major(a_ptr, M, K, b_ptr + j0, ldb, std::min(kStreamChunk, n1 - j0), acc_ptr + j0, N);
+    for (int64_t j0 = n0; j0 < n1; j0 += kStreamColumns) {
+      stream_cols_mn_major(a_ptr, M, K, b_ptr + j0, ldb, std::min(kStreamColumns, n1 - j0), acc_ptr + j0, N);
     }
   });
   if (alpha != 1.0) acc.mul_(alpha);

@@ -153,26 +153,29 @@ def check_gradcheck(spec: OpSpec, device: str, tmp_path: Path | None = None) -> 
 def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    for s in spec.sample_inputs(device, torch.float32, requires_grad=True, small=True)[:3]:
-        torch._dynamo.reset()
-        module = OpModule(spec.op, s.args)
-        counter = CompileCounterWithBackend("inductor")
-        compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=counter)
-        tensors = module.tensors(s.args)
-        eager, out = module(*tensors), compiled(*tensors)
-        where = f"{spec.name}[{s.name}] compiled"
-        torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=lambda m, where=where: f"{where}: {m}")
-        graphs = [g for g in counter.graphs if f"ascend_moe.{spec.name}" in g.code]
-        assert len(graphs) == 1, f"{where}: the op is in {len(graphs)} graphs, expected 1"
-        inputs = [t for t in tensors if t.requires_grad]
-        if inputs and eager.numel():
-            grad = torch.randn_like(eager)
-            expected = torch.autograd.grad(eager, inputs, grad)
-            got = torch.autograd.grad(out, inputs, grad)
-            for e, g in zip(expected, got):
-                torch.testing.assert_close(
-                    g, e, rtol=1e-6, atol=1e-6, msg=lambda m, where=where: f"{where} backward: {m}"
-                )
+    for dtype in spec.dtypes:
+        # FP32 samples also check the compiled backward; reduced-precision ones the forward.
+        requires_grad = dtype == torch.float32
+        for s in spec.sample_inputs(device, dtype, requires_grad=requires_grad, small=True)[:3]:
+            torch._dynamo.reset()
+            module = OpModule(spec.op, s.args)
+            counter = CompileCounterWithBackend("inductor")
+            compiled = torch.compile(module, fullgraph=True, dynamic=True, backend=counter)
+            tensors = module.tensors(s.args)
+            eager, out = module(*tensors), compiled(*tensors)
+            where = f"{spec.name}[{s.name}, {dtype}] compiled"
+            torch.testing.assert_close(out, eager, rtol=0, atol=0, msg=lambda m, where=where: f"{where}: {m}")
+            graphs = [g for g in counter.graphs if f"ascend_moe.{spec.name}" in g.code]
+            assert len(graphs) == 1, f"{where}: the op is in {len(graphs)} graphs, expected 1"
+            inputs = [t for t in tensors if t.requires_grad]
+            if inputs and eager.numel():
+                grad = torch.randn_like(eager)
+                expected = torch.autograd.grad(eager, inputs, grad)
+                got = torch.autograd.grad(out, inputs, grad)
+                for e, g in zip(expected, got):
+                    torch.testing.assert_close(
+                        g, e, rtol=1e-6, atol=1e-6, msg=lambda m, where=where: f"{where} backward: {m}"
+                    )
 
 
 def _export(spec: OpSpec, device: str):
