@@ -1,0 +1,58 @@
+"""Low-precision encodings and quantizers: FP8 E4M3, FP4 E2M1 (two codes per byte), UE8M0 scales.
+
+Plain torch functions (Dynamo traces and fuses them), with DeepGEMM's exact semantics
+(specs/deepgemm_api.md §2.2, §12): they are the reference quantizers of the FP8/FP4 GEMM family and
+back ``torch_ascend_moe.deep_gemm.utils``.
+"""
+
+from torch_ascend_moe.quant.casts import (
+    cast_back_from_fp4,
+    dequantize_fp8,
+    per_block_cast_to_fp8,
+    per_channel_cast_to_fp8,
+    per_custom_dims_cast_to_fp8,
+    per_token_cast_to_fp4,
+    per_token_cast_to_fp8,
+    transpose_packed_fp4,
+)
+from torch_ascend_moe.quant.encodings import (
+    E2M1_VALUES,
+    FP4_MAX,
+    FP8_MAX,
+    ceil_to_ue8m0,
+    decode_e2m1,
+    encode_e2m1,
+    pack_e2m1,
+    pack_ue8m0_to_int,
+    pack_ue8m0_to_int16,
+    repack_ue8m0,
+    scales_to_float,
+    unpack_e2m1,
+    unpack_ue8m0_from_int,
+    unpack_ue8m0_from_int16,
+)
+
+__all__ = [
+    "E2M1_VALUES",
+    "FP4_MAX",
+    "FP8_MAX",
+    "cast_back_from_fp4",
+    "ceil_to_ue8m0",
+    "decode_e2m1",
+    "dequantize_fp8",
+    "encode_e2m1",
+    "pack_e2m1",
+    "pack_ue8m0_to_int",
+    "pack_ue8m0_to_int16",
+    "per_block_cast_to_fp8",
+    "per_channel_cast_to_fp8",
+    "per_custom_dims_cast_to_fp8",
+    "per_token_cast_to_fp4",
+    "per_token_cast_to_fp8",
+    "repack_ue8m0",
+    "scales_to_float",
+    "transpose_packed_fp4",
+    "unpack_e2m1",
+    "unpack_ue8m0_from_int",
+    "unpack_ue8m0_from_int16",
+]

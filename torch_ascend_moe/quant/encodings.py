@@ -1,0 +1,146 @@
+"""Bit-exact encodings: E2M1 codes and their packing, UE8M0 exponents and their int32/int16 packings.
+
+* E2M1: code ``s e e m``; bit 3 the sign, bits 0-2 index ``E2M1_VALUES``. Rounding follows DeepGEMM's
+  reference: the magnitude code counts the midpoints ``|x|`` strictly exceeds, so ties go to the smaller
+  magnitude (0.75 -> 0.5, 2.5 -> 2), and a negative value that rounds to zero has no sign bit.
+* Packed FP4: byte ``j`` holds element ``2j`` in its low nibble and ``2j + 1`` in its high nibble.
+* UE8M0: an unsigned biased exponent, value ``2^(e - 127)``; 0 means ``2^-127``, 255 is NaN (PyTorch's
+  ``float8_e8m0fnu`` has exactly these semantics, so decoding goes through it).
+* int32 packing (upstream): scale ``4i + j`` along K is byte ``j`` (bits ``8j..8j+7``) of int32 ``i``.
+  int16 packing (DeepGEMM-Ascend "ue8m0x2"): scale ``2i + j`` is byte ``j`` of int16 ``i``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP4_MAX = 6.0  # largest E2M1 magnitude
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_PACKINGS = {torch.int32: 4, torch.int16: 2}
+
+
+def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8 in 0..15) of ``x`` (already scaled into [-6, 6]), one per element."""
+    magnitude = x.abs().float()
+    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for midpoint in _E2M1_MIDPOINTS:
+        code += (magnitude > midpoint).to(torch.uint8)
+    sign = ((x < 0) & (code != 0)).to(torch.uint8) << 3
+    return code | sign
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """FP32 values of E2M1 codes (uint8, low 4 bits used)."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    codes = codes.to(torch.int64)
+    magnitude = table[codes & 7]
+    return torch.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Two codes per byte along the last dim (even length): ``[..., n]`` -> uint8 ``[..., n / 2]``."""
+    ck.check_arg(codes.shape[-1] % 2 == 0, "pack_e2m1", "codes", "size(-1)", "an even number", codes.shape[-1])
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_e2m1``; accepts uint8, int8 (upstream) or ``float4_e2m1fn_x2`` bytes."""
+    if packed.dtype != torch.uint8:
+        packed = packed.view(torch.uint8)
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def _float_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.float().contiguous().view(torch.int32)
+
+
+def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= |x| (biased exponent clamped to [1, 254]), as FP32."""
+    bits = _float_bits(x)
+    exponent = (bits >> 23) & 0xFF
+    exponent = exponent + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return (exponent.clamp(1, 254) << 23).view(torch.float32)
+
+
+def _ue8m0_codes(api: str, sf: torch.Tensor) -> torch.Tensor:
+    """UE8M0 codes (uint8) of FP32 scales that must be positive powers of two (or +0.0, code 0)."""
+    bits = _float_bits(sf)
+    exact = bool(((bits & ~(0xFF << 23)) == 0).all())  # no sign bit, no mantissa
+    ck.check_arg(exact, api, "sf", "values", "positive powers of two (UE8M0 needs a zero mantissa)", "other values")
+    return ((bits >> 23) & 0xFF).to(torch.uint8)
+
+
+def _pack_codes(api: str, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    per = _PACKINGS[dtype]
+    ck.check_arg(codes.shape[-1] % per == 0, api, "sf", "size(-1)", f"a multiple of {per}", codes.shape[-1])
+    return codes.contiguous().view(dtype)
+
+
+def pack_ue8m0_to_int(sf: torch.Tensor) -> torch.Tensor:
+    """FP32 powers of two ``[..., 4n]`` -> int32 ``[..., n]`` (upstream's packing)."""
+    return _pack_codes("pack_ue8m0_to_int", _ue8m0_codes("pack_ue8m0_to_int", sf), torch.int32)
+
+
+def pack_ue8m0_to_int16(sf: torch.Tensor) -> torch.Tensor:
+    """FP32 powers of two ``[..., 2n]`` -> int16 ``[..., n]`` (DeepGEMM-Ascend's ue8m0x2 packing)."""
+    return _pack_codes("pack_ue8m0_to_int16", _ue8m0_codes("pack_ue8m0_to_int16", sf), torch.int16)
+
+
+def _unpack_codes(api: str, packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    ck.check_arg(packed.dtype == dtype, api, "packed", "dtype", dtype, packed.dtype)
+    return packed.contiguous().view(torch.uint8)
+
+
+def _codes_to_float(codes: torch.Tensor) -> torch.Tensor:
+    return codes.view(torch.float8_e8m0fnu).float()
+
+
+def unpack_ue8m0_from_int(packed: torch.Tensor) -> torch.Tensor:
+    """int32 ``[..., n]`` -> FP32 ``[..., 4n]``, one scale per byte (code 0 -> 2^-127, 255 -> NaN)."""
+    return _codes_to_float(_unpack_codes("unpack_ue8m0_from_int", packed, torch.int32))
+
+
+def unpack_ue8m0_from_int16(packed: torch.Tensor) -> torch.Tensor:
+    """int16 ``[..., n]`` -> FP32 ``[..., 2n]``."""
+    return _codes_to_float(_unpack_codes("unpack_ue8m0_from_int16", packed, torch.int16))
+
+
+def repack_ue8m0(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Convert between the int32 (4 per word) and int16 (2 per word) UE8M0 packings, bit-exactly.
+
+    The byte sequence along the last dim is kept; going to int32 pads it with code 0 to a multiple of 4.
+    """
+    ck.check_arg(
+        packed.dtype in _PACKINGS, "repack_ue8m0", "packed", "dtype", "torch.int32 or torch.int16", packed.dtype
+    )
+    ck.check_arg(dtype in _PACKINGS, "repack_ue8m0", "dtype", "value", "torch.int32 or torch.int16", dtype)
+    codes = packed.contiguous().view(torch.uint8)
+    per = _PACKINGS[dtype]
+    tail = (-codes.shape[-1]) % per
+    if tail:
+        codes = torch.nn.functional.pad(codes, (0, tail))
+    return codes.view(dtype)
+
+
+def scales_to_float(sf: torch.Tensor) -> torch.Tensor:
+    """FP32 scales from any supported format: FP32, ``float8_e8m0fnu``, packed int32 or int16 UE8M0.
+
+    Packed formats expand along the last dim (4 or 2 scales per element).
+    """
+    if sf.dtype == torch.float32:
+        return sf
+    if sf.dtype == torch.float8_e8m0fnu:
+        return sf.float()
+    if sf.dtype == torch.int32:
+        return unpack_ue8m0_from_int(sf)
+    if sf.dtype == torch.int16:
+        return unpack_ue8m0_from_int16(sf)
+    raise ValueError(
+        "scales_to_float: argument 'sf' dtype: expected torch.float32, torch.float8_e8m0fnu, torch.int32 or "
+        f"torch.int16, got {sf.dtype}"
+    )
