@@ -122,3 +122,10 @@ def test_compat_names_are_the_reference_quantizers():
     ):
         assert getattr(deep_gemm, name) is getattr(quant, name)
         assert getattr(deep_gemm.utils, name) is getattr(quant, name)
+
+
+@pytest.mark.parametrize("shape", [(0, 128), (3, 0), (0, 0)])
+def test_empty_inputs(shape):
+    for cast in (quant.per_token_cast_to_fp8, quant.per_block_cast_to_fp8, quant.per_token_cast_to_fp4):
+        data, sf = cast(torch.zeros(shape), True)
+        assert data.shape[0] == shape[0] and sf.shape[-1] == -(-shape[1] // 128)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm",)
+FAMILIES = ("gemm", "fp8_gemm")
 
 
 @dataclasses.dataclass

@@ -58,9 +58,10 @@ def per_token_cast_to_fp8(
     _check_2d(api, x)
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
     m, n = x.shape
-    groups = _pad_last(x.float(), gran_k).view(m, -1, gran_k)
+    groups = _pad_last(x.float(), gran_k).view(m, -(-n // gran_k), gran_k)
     sf = _scale(groups.abs().amax(dim=-1), FP8_MAX, use_ue8m0)
-    q = (groups * (1.0 / sf).unsqueeze(-1)).to(torch.float8_e4m3fn).view(m, -1)[:, :n].contiguous()
+    q = (groups * (1.0 / sf).unsqueeze(-1)).to(torch.float8_e4m3fn).view(m, -(-n // gran_k) * gran_k)
+    q = q[:, :n].contiguous()
     return q, pack_ue8m0_to_int(sf) if use_packed_ue8m0 else sf
 
 
@@ -125,9 +126,9 @@ def per_token_cast_to_fp4(
     m, n = x.shape
     ck.check_arg(n % 2 == 0, api, "x", "size(1)", "an even number (two E2M1 codes per byte)", n)
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
-    groups = _pad_last(x.float(), gran_k).view(m, -1, gran_k)
+    groups = _pad_last(x.float(), gran_k).view(m, -(-n // gran_k), gran_k)
     sf = _scale(groups.abs().amax(dim=-1), FP4_MAX, use_ue8m0)
-    codes = encode_e2m1(groups * (1.0 / sf).unsqueeze(-1)).view(m, -1)[:, :n]
+    codes = encode_e2m1(groups * (1.0 / sf).unsqueeze(-1)).view(m, -(-n // gran_k) * gran_k)[:, :n]
     packed = pack_e2m1(codes).view(torch.int8)
     if use_packed_ue8m0:
         sf = pack_ue8m0_to_int(F.pad(sf, (0, (-sf.shape[-1]) % 4), value=1.0))

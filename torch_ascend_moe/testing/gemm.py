@@ -163,8 +163,32 @@ def einsum_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# The portable kernels run both their accelerator path (native BF16 GEMM) and their upcast path.
+_VARIANTS = ({}, {"native_reduced": False})
+
 SPECS = [
-    OpSpec("bf16_gemm", gemm_samples, references.gemm_reference, gemm_bad_inputs, portable.bf16_gemm),
-    OpSpec("bf16_bmm", bmm_samples, references.bmm_reference, bmm_bad_inputs, portable.bf16_bmm),
-    OpSpec("bf16_einsum", einsum_samples, references.einsum_reference, einsum_bad_inputs, portable.bf16_einsum),
+    OpSpec(
+        "bf16_gemm",
+        gemm_samples,
+        references.gemm_reference,
+        gemm_bad_inputs,
+        portable.bf16_gemm,
+        portable_variants=_VARIANTS,
+    ),
+    OpSpec(
+        "bf16_bmm",
+        bmm_samples,
+        references.bmm_reference,
+        bmm_bad_inputs,
+        portable.bf16_bmm,
+        portable_variants=_VARIANTS,
+    ),
+    OpSpec(
+        "bf16_einsum",
+        einsum_samples,
+        references.einsum_reference,
+        einsum_bad_inputs,
+        portable.bf16_einsum,
+        portable_variants=_VARIANTS,
+    ),
 ]

@@ -4,7 +4,8 @@ A family's test module lists its specs and parametrizes over ``CHECKS``; each ch
 ``(spec, device, tmp_path)`` and raises ``AssertionError`` with a useful message on failure:
 
     numerics     every sample vs the fp64 reference (DeepGEMM's calc_diff and thresholds), C++ and portable
-    opcheck      torch.library.opcheck, all four test utils, with and without requires_grad
+    opcheck      torch.library.opcheck, all four test utils, with and without requires_grad (test_schema
+                 done bitwise for FP8 inputs, which SchemaCheckMode's allclose cannot compare)
     gradcheck    float64 gradcheck of every differentiable input
     compile      torch.compile(fullgraph=True, dynamic=True) forward+backward parity, one graph, op in it
     export       torch.export (dynamic dims) + save, then load and run in a fresh subprocess
@@ -19,6 +20,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import unittest
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,7 +57,8 @@ class OpSpec:
 
     ``sample_inputs(device, dtype, requires_grad=False, small=False)`` yields ``SampleInput``s; ``small``
     ones keep gradcheck and opcheck fast. ``reference`` computes in fp64 with the op's signature.
-    ``portable`` is the device-generic kernel that CUDA/NPU register (checked on CPU here).
+    ``portable`` is the device-generic kernel that CUDA/NPU register (checked on CPU here), called with
+    each of ``portable_variants`` as extra keyword arguments.
     """
 
     name: str
@@ -64,6 +67,8 @@ class OpSpec:
     bad_inputs: Callable[[str], list[BadInput]]
     portable: Callable[..., torch.Tensor] | None = None
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float32)
+    gradcheck: bool = True
+    portable_variants: tuple[dict, ...] = ({},)
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -113,9 +118,8 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
                 fake_args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
                 fake_shape = spec.op(*fake_args)
             kernels = {"kernel": spec.op}
-            if spec.portable is not None:
-                kernels["portable"] = spec.portable
-                kernels["portable upcast"] = lambda *a: spec.portable(*a, native_reduced=False)
+            for variant in spec.portable_variants if spec.portable is not None else ():
+                kernels[f"portable {variant}"] = lambda *a, variant=variant: spec.portable(*a, **variant)
             for kind, fn in kernels.items():
                 out = fn(*s.args)
                 where = f"{spec.name}[{s.name}, {dtype}] {kind}"
@@ -126,11 +130,34 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
                 assert diff < THRESHOLDS[dtype], f"{where}: calc_diff {diff:.3g} >= {THRESHOLDS[dtype]:g}"
 
 
+_OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+# SchemaCheckMode compares inputs with torch.allclose, which has no CPU kernel for these dtypes.
+_NO_ALLCLOSE = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8).clone()
+
+
+def _check_schema_bitwise(spec: OpSpec, args: tuple) -> None:
+    """What opcheck's test_schema checks, done bitwise: no input is mutated, the output aliases none."""
+    tensors = [x for x in args if isinstance(x, torch.Tensor)]
+    before = [(_bytes(t), t.stride()) for t in tensors]
+    out = spec.op(*args)
+    for t, (data, stride) in zip(tensors, before):
+        assert t.stride() == stride and torch.equal(_bytes(t), data), f"{spec.name}: an input was mutated"
+        assert not torch._C._is_alias_of(out, t), f"{spec.name}: the output aliases an input"
+
+
 def check_opcheck(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     for dtype in spec.dtypes:
         for requires_grad in (False, True):
             for s in spec.sample_inputs(device, dtype, requires_grad=requires_grad, small=True):
-                torch.library.opcheck(spec.op, s.args)
+                utils = _OPCHECK_UTILS
+                if any(isinstance(x, torch.Tensor) and x.dtype in _NO_ALLCLOSE for x in s.args):
+                    utils = utils[1:]
+                    _check_schema_bitwise(spec, s.args)
+                torch.library.opcheck(spec.op, s.args, test_utils=utils)
 
 
 def _grad_inputs(args: tuple) -> list[int]:
@@ -138,6 +165,8 @@ def _grad_inputs(args: tuple) -> list[int]:
 
 
 def check_gradcheck(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    if not spec.gradcheck:
+        raise unittest.SkipTest(f"{spec.name} has no float64 path to gradcheck (see its OpSpec)")
     for s in spec.sample_inputs(device, torch.float64, requires_grad=True, small=True):
         positions = _grad_inputs(s.args)
 

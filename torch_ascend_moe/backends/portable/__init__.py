@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import gemm
+from torch_ascend_moe.backends.portable import fp8_gemm, gemm
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
     "bf16_bmm": gemm.bf16_bmm,
     "bf16_einsum": gemm.bf16_einsum,
+    "fp8_gemm": fp8_gemm.fp8_gemm,
 }
 
 _libraries: dict[str, torch.library.Library] = {}

@@ -1,0 +1,37 @@
+"""The fp8_gemm family: block-scaled FP8 / FP4 GEMMs with FP32 accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_fp8_gemm = torch.ops.ascend_moe.fp8_gemm.default
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    recipe_a: Sequence[int] = (1, 128),
+    recipe_b: Sequence[int] = (128, 128),
+    alpha: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``D = alpha * deq(A) @ deq(B)^T + C`` with ``deq(X)[r, k] = X[r, k] * sf[r // gran_mn, k // gran_k]``.
+
+    ``a``/``b`` are ``float8_e4m3fn`` ``[MN, K]`` (any majorness) or packed FP4 ``uint8 [MN, K/2]``
+    (K-major; FP4 A needs FP4 B). Scales are FP32 or ``float8_e8m0fnu`` of shape
+    ``[ceil(MN / gran_mn), K / gran_k]``; ``recipe_*`` is ``(gran_mn, gran_k)`` (default: DeepSeek-V3's
+    1x128 activations, 128x128 weight blocks). Output BF16 unless ``out_dtype``/``c`` say FP32.
+
+    >>> from torch_ascend_moe.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    >>> a, sfa = per_token_cast_to_fp8(torch.randn(4, 256), use_ue8m0=False)
+    >>> b, sfb = per_block_cast_to_fp8(torch.randn(8, 256), use_ue8m0=False)
+    >>> fp8_gemm(a, sfa, b, sfb).shape
+    torch.Size([4, 8])
+    """
+    return _fp8_gemm(a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)
