@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "checks.h"
 
@@ -50,19 +52,67 @@ void check_operand(const char* name, const char* sf_name, const at::Tensor& x, c
                shape_str(sf_shape) + " (ceil(MN / gran_mn), K / gran_k)", shape_str(sf.sizes()));
 }
 
-// Byte -> FP32 tables: FP8 E4M3 (all 256 codes) and a byte of two E2M1 codes (low nibble first).
-// Table lookups beat ATen's generic Float8 conversion by an order of magnitude on CPU.
-const std::array<float, 256>& e4m3_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
-    return t;
-  }();
-  return table;
+// ---- streaming kernel for few rows of A (decode): reads the quantized B once, decodes in registers ----
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define AM_VECTOR_CLONES
+#endif
+
+constexpr int64_t kStreamingMaxRows = 8;
+
+inline float from_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
 }
 
-constexpr std::array<float, 16> kE2M1{0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                                      -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+inline uint32_t from_bits_u(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+// Select without a branch (a ternary blocks GCC's vectorizer here): a where mask is all ones, else b.
+inline uint32_t select_bits(bool take_a, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(take_a);
+  return (a & mask) | (b & ~mask);
+}
+
+// E4M3 (bias 7, subnormals mant * 2^-9). NaN codes never come from the quantizers and are not special.
+inline float e4m3_to_float(uint32_t v) {
+  const uint32_t sign = (v & 0x80u) << 24, exp = (v >> 3) & 0xFu, mant = v & 7u;
+  const uint32_t normal = sign | ((exp + 120u) << 23) | (mant << 20);
+  const uint32_t sub = sign | from_bits_u(static_cast<float>(static_cast<int32_t>(mant)) * 0.001953125f);
+  return from_bits(select_bits(exp != 0, normal, sub));
+}
+
+// E2M1 code (low 4 bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6 with bit 3 the sign.
+inline float e2m1_to_float(uint32_t code) {
+  const uint32_t sign = (code & 8u) << 28, exp = (code >> 1) & 3u, mant = code & 1u;
+  const uint32_t normal = sign | ((exp + 126u) << 23) | (mant << 22);
+  const uint32_t sub = sign | (mant * 0x3F000000u);  // +-0.5 or +-0
+  return from_bits(select_bits(exp != 0, normal, sub));
+}
+
+// dst[i, :] = decode(src[i, :]) for `rows` rows of K values (K / 2 bytes per row for FP4).
+AM_VECTOR_CLONES void decode_rows(const uint8_t* src, int64_t rows, int64_t K, bool fp4, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* out = dst + i * K;
+    if (fp4) {
+      const uint8_t* row = src + i * (K / 2);
+#pragma omp simd
+      for (int64_t j = 0; j < K / 2; ++j) {
+        out[2 * j] = e2m1_to_float(row[j] & 0xFu);
+        out[2 * j + 1] = e2m1_to_float(static_cast<uint32_t>(row[j]) >> 4);
+      }
+    } else {
+      const uint8_t* row = src + i * K;
+#pragma omp simd
+      for (int64_t k = 0; k < K; ++k) out[k] = e4m3_to_float(row[k]);
+    }
+  }
+}
 
 // FP32 [rows, K] = deq(x[r0 : r0 + rows]).
 at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk, int64_t r0,
@@ -74,26 +124,68 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
   const uint8_t* src = bytes.const_data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   const bool fp4 = is_fp4(x);
-  const float* lut = e4m3_table().data();
+  const int64_t row_bytes = fp4 ? K / 2 : K;
   at::parallel_for(0, rows, 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (fp4) {
-        const uint8_t* row = src + i * (K / 2);
-        for (int64_t j = 0; j < K / 2; ++j) {
-          dst[i * K + 2 * j] = kE2M1[row[j] & 0xF];
-          dst[i * K + 2 * j + 1] = kE2M1[row[j] >> 4];
-        }
-      } else {
-        const uint8_t* row = src + i * K;
-        for (int64_t j = 0; j < K; ++j) dst[i * K + j] = lut[row[j]];
-      }
-    }
+    decode_rows(src + i0 * row_bytes, i1 - i0, K, fp4, dst + i0 * K);
   });
   // Scale rows r0..r0+rows-1 use scale rows (r0 + i) / gmn: gather them, then broadcast over each K block.
   const at::Tensor idx = at::arange(r0, r0 + rows, x.options().dtype(at::kLong)).div_(gmn, "floor");
   const at::Tensor scales = sf.to(at::kFloat).index_select(0, idx);  // [rows, K / gk]
   out.view({rows, K / gk, gk}).mul_(scales.unsqueeze(-1));
   return out;
+}
+
+// acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n of this task.
+AM_VECTOR_CLONES void stream_scaled_rows(const float* a, int64_t M, int64_t K, const uint8_t* b, int64_t ldb, bool fp4,
+                                         const float* sfb, int64_t gmn, int64_t gk, int64_t n0, int64_t n1,
+                                         float* acc, int64_t N, float* buf) {
+  const int64_t nkb = K / gk;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = b + n * ldb;
+    const float* scales = sfb + (n / gmn) * nkb;
+    float sums[kStreamingMaxRows] = {};
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t k0 = kb * gk;
+      if (fp4) {
+        const uint8_t* bytes = row + k0 / 2;
+#pragma omp simd
+        for (int64_t j = 0; j < gk / 2; ++j) {
+          buf[2 * j] = e2m1_to_float(bytes[j] & 0xFu);
+          buf[2 * j + 1] = e2m1_to_float(static_cast<uint32_t>(bytes[j]) >> 4);
+        }
+      } else {
+#pragma omp simd
+        for (int64_t k = 0; k < gk; ++k) buf[k] = e4m3_to_float(row[k0 + k]);
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        const float* arow = a + m * K + k0;
+        float partial = 0.f;
+#pragma omp simd reduction(+ : partial)
+        for (int64_t k = 0; k < gk; ++k) partial += arow[k] * buf[k];
+        sums[m] += partial * scales[kb];
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) acc[m * N + n] = sums[m];
+  }
+}
+
+// acc = deq(A) @ deq(B)^T for M <= kStreamingMaxRows and K-major B, parallel over N.
+void streaming_fp8_gemm(at::Tensor& acc, const at::Tensor& a_deq, const at::Tensor& b, const at::Tensor& sfb,
+                        at::IntArrayRef recipe_b) {
+  const int64_t M = a_deq.size(0), K = a_deq.size(1), N = b.size(0);
+  const at::Tensor b_bytes = b.view(at::kByte);
+  const at::Tensor sfb_f = sfb.to(at::kFloat).contiguous();
+  const bool fp4 = is_fp4(b);
+  const int64_t gmn = recipe_b[0], gk = recipe_b[1];
+  const float* a_ptr = a_deq.const_data_ptr<float>();
+  const uint8_t* b_ptr = b_bytes.const_data_ptr<uint8_t>();
+  const float* s_ptr = sfb_f.const_data_ptr<float>();
+  float* acc_ptr = acc.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    std::vector<float> buf(gk);
+    stream_scaled_rows(a_ptr, M, K, b_ptr, b_bytes.stride(0), fp4, s_ptr, gmn, gk, n0, n1, acc_ptr, N, buf.data());
+  });
 }
 
 at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
@@ -126,7 +218,13 @@ at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Te
   } else {
     acc.zero_();
   }
-  if (K > 0) {
+  const bool k_major_b = b.stride(1) == 1 || N == 1;
+  if (K > 0 && M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
+    const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
+    at::Tensor partial = at::empty(shape, a.options().dtype(at::kFloat));
+    streaming_fp8_gemm(partial, a_deq, b, sfb, recipe_b);
+    acc.add_(partial, alpha);
+  } else if (K > 0) {
     const bool whole_a = M * K <= kWholeAElements;
     const int64_t a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
     const at::Tensor a_whole = whole_a ? dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M) : at::Tensor();

@@ -35,7 +35,7 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 // target_clones builds an AVX2+FMA and a baseline version and picks one at load time, so the wheel
 // stays portable while AVX2 machines get 8-wide FMAs.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AM_VECTOR_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define AM_VECTOR_CLONES
 #endif
