@@ -5,6 +5,9 @@
 // operand is made, and the product accumulates in FP32 with one final rounding.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <torch/library.h>
 
 #include <algorithm>
@@ -95,23 +98,57 @@ inline float e2m1_to_float(uint32_t code) {
   return from_bits(select_bits(exp != 0, normal, sub));
 }
 
-// dst[i, :] = decode(src[i, :]) for `rows` rows of K values (K / 2 bytes per row for FP4).
-AM_VECTOR_CLONES void decode_rows(const uint8_t* src, int64_t rows, int64_t K, bool fp4, float* dst) {
-  for (int64_t i = 0; i < rows; ++i) {
-    float* out = dst + i * K;
-    if (fp4) {
-      const uint8_t* row = src + i * (K / 2);
-#pragma omp simd
-      for (int64_t j = 0; j < K / 2; ++j) {
-        out[2 * j] = e2m1_to_float(row[j] & 0xFu);
-        out[2 * j + 1] = e2m1_to_float(static_cast<uint32_t>(row[j]) >> 4);
-      }
-    } else {
-      const uint8_t* row = src + i * K;
-#pragma omp simd
-      for (int64_t k = 0; k < K; ++k) out[k] = e4m3_to_float(row[k]);
-    }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AM_HAVE_F16C_PATH 1
+// E4M3 -> FP32 through the F16C unit: moving the sign to bit 15 and the 7 exponent/mantissa bits to bits
+// 7..13 gives an FP16 whose value is the E4M3 value * 2^-8 (biases 15 vs 7), subnormals included; one
+// vcvtph2ps and a multiply by 256 finish it. About twice as fast as the bit-twiddling decoder.
+__attribute__((target("avx2,fma,f16c"))) void decode_e4m3_f16c(const uint8_t* src, int64_t n, float* out) {
+  const __m128i sign_mask = _mm_set1_epi16(static_cast<short>(0x8000));
+  const __m128i magnitude_mask = _mm_set1_epi16(0x7F);
+  const __m256 two_pow_8 = _mm256_set1_ps(256.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    const __m128i half = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 8), sign_mask),
+                                      _mm_slli_epi16(_mm_and_si128(w, magnitude_mask), 7));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(half), two_pow_8));
   }
+  for (; i < n; ++i) out[i] = e4m3_to_float(src[i]);
+}
+
+bool has_f16c_path() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                         __builtin_cpu_supports("fma");
+  return ok;
+}
+#endif
+
+// Decodes one K block (gk values) of a quantized row into FP32.
+inline void decode_block(const uint8_t* row, int64_t k0, int64_t gk, bool fp4, float* out) {
+#ifdef AM_HAVE_F16C_PATH
+  if (!fp4 && has_f16c_path()) {
+    decode_e4m3_f16c(row + k0, gk, out);
+    return;
+  }
+#endif
+  if (fp4) {
+    const uint8_t* bytes = row + k0 / 2;
+#pragma omp simd
+    for (int64_t j = 0; j < gk / 2; ++j) {
+      out[2 * j] = e2m1_to_float(bytes[j] & 0xFu);
+      out[2 * j + 1] = e2m1_to_float(static_cast<uint32_t>(bytes[j]) >> 4);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < gk; ++k) out[k] = e4m3_to_float(row[k0 + k]);
+  }
+}
+
+// dst[i, :] = decode(src[i, :]) for `rows` rows of K values (`row_bytes` bytes each).
+AM_VECTOR_CLONES void decode_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t K, bool fp4,
+                                  float* dst) {
+  for (int64_t i = 0; i < rows; ++i) decode_block(src + i * row_bytes, 0, K, fp4, dst + i * K);
 }
 
 // FP32 [rows, K] = deq(x[r0 : r0 + rows]).
@@ -126,7 +163,7 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
   const bool fp4 = is_fp4(x);
   const int64_t row_bytes = fp4 ? K / 2 : K;
   at::parallel_for(0, rows, 16, [&](int64_t i0, int64_t i1) {
-    decode_rows(src + i0 * row_bytes, i1 - i0, K, fp4, dst + i0 * K);
+    decode_rows(src + i0 * row_bytes, i1 - i0, row_bytes, K, fp4, dst + i0 * K);
   });
   // Scale rows r0..r0+rows-1 use scale rows (r0 + i) / gmn: gather them, then broadcast over each K block.
   const at::Tensor idx = at::arange(r0, r0 + rows, x.options().dtype(at::kLong)).div_(gmn, "floor");
@@ -135,37 +172,51 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
   return out;
 }
 
-// acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n of this task.
+// acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
+// Four rows of B at a time: four independent FMA chains, and each load of A serves four rows. `buf`
+// holds 4 * gk floats.
 AM_VECTOR_CLONES void stream_scaled_rows(const float* a, int64_t M, int64_t K, const uint8_t* b, int64_t ldb, bool fp4,
                                          const float* sfb, int64_t gmn, int64_t gk, int64_t n0, int64_t n1,
                                          float* acc, int64_t N, float* buf) {
   const int64_t nkb = K / gk;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = b + n * ldb;
-    const float* scales = sfb + (n / gmn) * nkb;
-    float sums[kStreamingMaxRows] = {};
+  float* b0 = buf;
+  float* b1 = buf + gk;
+  float* b2 = buf + 2 * gk;
+  float* b3 = buf + 3 * gk;
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int64_t nr = std::min<int64_t>(4, n1 - n);
+    // Short tails repeat the last row rather than branching inside the vector loops.
+    const int64_t rows[4] = {n, n + std::min<int64_t>(1, nr - 1), n + std::min<int64_t>(2, nr - 1),
+                             n + std::min<int64_t>(3, nr - 1)};
+    float sums[kStreamingMaxRows][4] = {};
     for (int64_t kb = 0; kb < nkb; ++kb) {
       const int64_t k0 = kb * gk;
-      if (fp4) {
-        const uint8_t* bytes = row + k0 / 2;
-#pragma omp simd
-        for (int64_t j = 0; j < gk / 2; ++j) {
-          buf[2 * j] = e2m1_to_float(bytes[j] & 0xFu);
-          buf[2 * j + 1] = e2m1_to_float(static_cast<uint32_t>(bytes[j]) >> 4);
-        }
-      } else {
-#pragma omp simd
-        for (int64_t k = 0; k < gk; ++k) buf[k] = e4m3_to_float(row[k0 + k]);
+      float* bufs[4] = {b0, b1, b2, b3};
+      float scales[4];
+      for (int r = 0; r < 4; ++r) {
+        decode_block(b + rows[r] * ldb, k0, gk, fp4, bufs[r]);
+        scales[r] = sfb[(rows[r] / gmn) * nkb + kb];
       }
       for (int64_t m = 0; m < M; ++m) {
         const float* arow = a + m * K + k0;
-        float partial = 0.f;
-#pragma omp simd reduction(+ : partial)
-        for (int64_t k = 0; k < gk; ++k) partial += arow[k] * buf[k];
-        sums[m] += partial * scales[kb];
+        float p0 = 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
+#pragma omp simd reduction(+ : p0, p1, p2, p3)
+        for (int64_t k = 0; k < gk; ++k) {
+          const float x = arow[k];
+          p0 += x * b0[k];
+          p1 += x * b1[k];
+          p2 += x * b2[k];
+          p3 += x * b3[k];
+        }
+        sums[m][0] += p0 * scales[0];
+        sums[m][1] += p1 * scales[1];
+        sums[m][2] += p2 * scales[2];
+        sums[m][3] += p3 * scales[3];
       }
     }
-    for (int64_t m = 0; m < M; ++m) acc[m * N + n] = sums[m];
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t r = 0; r < nr; ++r) acc[m * N + n + r] = sums[m][r];
+    }
   }
 }
 
@@ -183,7 +234,7 @@ void streaming_fp8_gemm(at::Tensor& acc, const at::Tensor& a_deq, const at::Tens
   float* acc_ptr = acc.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    std::vector<float> buf(gk);
+    std::vector<float> buf(4 * gk);
     stream_scaled_rows(a_ptr, M, K, b_ptr, b_bytes.stride(0), fp4, s_ptr, gmn, gk, n0, n1, acc_ptr, N, buf.data());
   });
 }
