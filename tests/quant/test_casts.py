@@ -129,3 +129,9 @@ def test_empty_inputs(shape):
     for cast in (quant.per_token_cast_to_fp8, quant.per_block_cast_to_fp8, quant.per_token_cast_to_fp4):
         data, sf = cast(torch.zeros(shape), True)
         assert data.shape[0] == shape[0] and sf.shape[-1] == -(-shape[1] // 128)
+
+
+def test_packed_fp4_is_row_major_even_from_transposed_codes():
+    codes = torch.randint(0, 16, (6, 8), dtype=torch.uint8).t()  # a transposed view
+    packed = quant.pack_e2m1(codes)
+    assert packed.is_contiguous() and torch.equal(quant.unpack_e2m1(packed), codes)

@@ -6,6 +6,16 @@ the math lives in the ops, so every call also works under torch.compile and auto
 """
 
 from torch_ascend_moe.deep_gemm import epilogue, testing, utils
+from torch_ascend_moe.deep_gemm.fp8_gemm import (
+    fp8_fp4_gemm_nn,
+    fp8_fp4_gemm_nt,
+    fp8_fp4_gemm_tn,
+    fp8_fp4_gemm_tt,
+    fp8_gemm_nn,
+    fp8_gemm_nt,
+    fp8_gemm_tn,
+    fp8_gemm_tt,
+)
 from torch_ascend_moe.deep_gemm.gemm import (
     aclnn_bf16_gemm_nn,
     aclnn_bf16_gemm_nt,
@@ -72,6 +82,14 @@ __all__ = [
     "cublaslt_gemm_tt",
     "einsum",
     "epilogue",
+    "fp8_fp4_gemm_nn",
+    "fp8_fp4_gemm_nt",
+    "fp8_fp4_gemm_tn",
+    "fp8_fp4_gemm_tt",
+    "fp8_gemm_nn",
+    "fp8_gemm_nt",
+    "fp8_gemm_tn",
+    "fp8_gemm_tt",
     "get_deterministic_algorithms",
     "get_num_sms",
     "get_pdl",

@@ -45,7 +45,8 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """Two codes per byte along the last dim (even length): ``[..., n]`` -> uint8 ``[..., n / 2]``."""
     ck.check_arg(codes.shape[-1] % 2 == 0, "pack_e2m1", "codes", "size(-1)", "an even number", codes.shape[-1])
     codes = codes.to(torch.uint8)
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    # Elementwise results follow the input's strides: make the packed bytes row-major whatever came in.
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
