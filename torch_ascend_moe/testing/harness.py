@@ -305,3 +305,21 @@ SLOW_CHECKS = frozenset({"aoti"})
 def devices() -> list[str]:
     """Devices the harness runs on here: CPU always, CUDA when present."""
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def contract_test(specs: list[OpSpec]):
+    """A pytest test running every check on every spec and device; a family's test module binds it:
+
+    ``test_op_contract = contract_test(SPECS)``. The slow checks carry the ``slow`` marker.
+    """
+    import pytest
+
+    checks = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CHECKS else n for n in CHECKS]
+
+    @pytest.mark.parametrize("device", devices())
+    @pytest.mark.parametrize("check", checks)
+    @pytest.mark.parametrize("spec", specs, ids=str)
+    def test_op_contract(spec, check, device, tmp_path):
+        CHECKS[check](spec, device, tmp_path)
+
+    return test_op_contract
