@@ -1,8 +1,9 @@
 // CPU kernel of the fp8_gemm family: block-scaled FP8/FP4 GEMM.
 //
-// B (the weight, usually the larger operand) is dequantized panel by panel into FP32 and multiplied with
-// MKL's SGEMM; A is dequantized once when small, else per row panel too. No full FP32 copy of a large
-// operand is made, and the product accumulates in FP32 with one final rounding.
+// Up to 8 rows of A (decode) a streaming kernel reads the quantized B once and decodes it in registers.
+// Otherwise B (the weight, usually the larger operand) is dequantized panel by panel into FP32 and
+// multiplied with MKL's SGEMM; A is dequantized once when small, else per row panel too. No full FP32
+// copy of a large operand is made, and the product accumulates in FP32 with one final rounding.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
