@@ -44,38 +44,20 @@ from torch_ascend_moe.deep_gemm.runtime import (
     set_tc_util,
     use_deterministic_algorithms,
 )
-from torch_ascend_moe.deep_gemm.utils import (
-    align,
-    cast_back_from_fp4,
-    ceil_div,
-    ceil_to_ue8m0,
-    get_tma_aligned_size,
-    pack_ue8m0_to_int,
-    per_block_cast_to_fp8,
-    per_channel_cast_to_fp8,
-    per_custom_dims_cast_to_fp8,
-    per_token_cast_to_fp4,
-    per_token_cast_to_fp8,
-    transpose_packed_fp4,
-    unpack_ue8m0_from_int,
-)
+from torch_ascend_moe.deep_gemm.utils.math import *  # noqa: F403  (upstream's star export)
 
 __version__ = "2.6.1+ascend_moe"
 
-__all__ = [
+__all__ = utils.math.__all__ + [
     "aclnn_bf16_gemm_nn",
     "aclnn_bf16_gemm_nt",
     "aclnn_bf16_gemm_tn",
     "aclnn_bf16_gemm_tt",
-    "align",
     "bf16_bmm",
     "bf16_gemm_nn",
     "bf16_gemm_nt",
     "bf16_gemm_tn",
     "bf16_gemm_tt",
-    "cast_back_from_fp4",
-    "ceil_div",
-    "ceil_to_ue8m0",
     "cublaslt_gemm_nn",
     "cublaslt_gemm_nt",
     "cublaslt_gemm_tn",
@@ -94,21 +76,12 @@ __all__ = [
     "get_num_sms",
     "get_pdl",
     "get_tc_util",
-    "get_tma_aligned_size",
-    "pack_ue8m0_to_int",
-    "per_block_cast_to_fp8",
-    "per_channel_cast_to_fp8",
-    "per_custom_dims_cast_to_fp8",
-    "per_token_cast_to_fp4",
-    "per_token_cast_to_fp8",
     "set_block_size_multiple_of",
     "set_ignore_compile_dims",
     "set_num_sms",
     "set_pdl",
     "set_tc_util",
     "testing",
-    "transpose_packed_fp4",
-    "unpack_ue8m0_from_int",
     "use_deterministic_algorithms",
     "utils",
 ]

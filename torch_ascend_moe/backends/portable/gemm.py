@@ -62,10 +62,10 @@ def bf16_einsum(equation, a, b, c=None, alpha=1.0, out_dtype=None, *, native_red
         return _row_major(_baddbmm(a2, b2, c3, alpha, dtype, native_reduced).squeeze(0))
     # Per-head equations as a batched GEMM over h, mirroring csrc/ops/gemm_cpu.cpp.
     if equation == "bhr,hdr->bhd":
-        a_h, b_h, c_h, to_out = a.transpose(0, 1), b, c, (lambda t: t.transpose(0, 1))
+        a_h, b_h, to_out = a.transpose(0, 1), b, (lambda t: t.transpose(0, 1))
     elif equation == "bhd,hdr->bhr":
-        a_h, b_h, c_h, to_out = a.transpose(0, 1), b.transpose(1, 2), c, (lambda t: t.transpose(0, 1))
+        a_h, b_h, to_out = a.transpose(0, 1), b.transpose(1, 2), (lambda t: t.transpose(0, 1))
     else:  # "bhd,bhr->hdr"
-        a_h, b_h, c_h, to_out = a.permute(1, 2, 0), b.permute(1, 2, 0), c, (lambda t: t)
+        a_h, b_h, to_out = a.permute(1, 2, 0), b.permute(1, 2, 0), (lambda t: t)
     c_h = None if c is None else to_out(c)
     return _row_major(to_out(_baddbmm(a_h, b_h, c_h, alpha, dtype, native_reduced)))

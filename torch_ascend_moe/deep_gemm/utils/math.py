@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torch_ascend_moe.quant import (  # noqa: F401  (re-exported with upstream's names and signatures)
+from torch_ascend_moe.quant import (  # re-exported with upstream's names and signatures
     cast_back_from_fp4,
     ceil_to_ue8m0,
     pack_ue8m0_to_int,
@@ -14,6 +14,23 @@ from torch_ascend_moe.quant import (  # noqa: F401  (re-exported with upstream's
     transpose_packed_fp4,
     unpack_ue8m0_from_int,
 )
+
+# The one list of what upstream star-exports from deep_gemm.utils.math (and deep_gemm itself).
+__all__ = [
+    "align",
+    "cast_back_from_fp4",
+    "ceil_div",
+    "ceil_to_ue8m0",
+    "get_tma_aligned_size",
+    "pack_ue8m0_to_int",
+    "per_block_cast_to_fp8",
+    "per_channel_cast_to_fp8",
+    "per_custom_dims_cast_to_fp8",
+    "per_token_cast_to_fp4",
+    "per_token_cast_to_fp8",
+    "transpose_packed_fp4",
+    "unpack_ue8m0_from_int",
+]
 
 
 def ceil_div(x: int, y: int) -> int:
