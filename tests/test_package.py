@@ -14,7 +14,16 @@ import torch_ascend_moe
 from torch_ascend_moe import backends, cli
 from torch_ascend_moe.backends import portable
 
-OPS = ["bf16_bmm", "bf16_einsum", "bf16_gemm", "fp8_gemm"]
+OPS = [
+    "bf16_bmm",
+    "bf16_einsum",
+    "bf16_gemm",
+    "fp8_bmm",
+    "fp8_einsum",
+    "fp8_gemm",
+    "fp8_linear",
+    "fp8_quant_gemm",
+]
 
 
 def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:

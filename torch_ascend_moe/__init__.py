@@ -14,11 +14,31 @@ from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas
     flops,
     meta,
 )
-from torch_ascend_moe.ops import bf16_bmm, bf16_einsum, bf16_gemm, fp8_gemm
+from torch_ascend_moe.ops import (
+    bf16_bmm,
+    bf16_einsum,
+    bf16_gemm,
+    fp8_bmm,
+    fp8_einsum,
+    fp8_gemm,
+    fp8_linear,
+    fp8_quant_gemm,
+)
 
 __version__ = "0.1.0"
 NAMESPACE = "ascend_moe"
 
 backends.register_available()
 
-__all__ = ["NAMESPACE", "bf16_bmm", "bf16_einsum", "bf16_gemm", "fp8_gemm", "torch"]
+__all__ = [
+    "NAMESPACE",
+    "bf16_bmm",
+    "bf16_einsum",
+    "bf16_gemm",
+    "fp8_bmm",
+    "fp8_einsum",
+    "fp8_gemm",
+    "fp8_linear",
+    "fp8_quant_gemm",
+    "torch",
+]

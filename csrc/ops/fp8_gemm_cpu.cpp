@@ -12,49 +12,72 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <functional>
+#include <tuple>
 #include <array>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "checks.h"
+#include "fp8_gemm.h"
 
 namespace ascend_moe {
-namespace {
-
-constexpr const char* kOp = "ascend_moe::fp8_gemm";
-constexpr int64_t kPanelElements = int64_t{1} << 20;    // FP32 elements of a dequantized panel
-constexpr int64_t kWholeAElements = int64_t{1} << 22;   // dequantize A at once below this size
 
 bool is_fp4(const at::Tensor& t) { return t.scalar_type() == at::kByte; }
 
-// Logical K of an operand: FP4 stores two values per byte along K.
-int64_t logical_k(const at::Tensor& t) { return is_fp4(t) ? 2 * t.size(1) : t.size(1); }
+int64_t logical_k(const at::Tensor& t) { return is_fp4(t) ? 2 * t.size(-1) : t.size(-1); }
 
-std::string recipe_str(at::IntArrayRef r) { return shape_str(r); }
-
-void check_operand(const char* name, const char* sf_name, const at::Tensor& x, const at::Tensor& sf,
-                   at::IntArrayRef recipe, const at::Tensor& ref) {
-  check_rank(kOp, name, x, 2, "[MN, K] (FP8) or [MN, K/2] (FP4 packed in uint8)");
-  AM_CHECK_ARG(x.scalar_type() == at::kFloat8_e4m3fn || x.scalar_type() == at::kByte, kOp, name, "dtype",
+void check_fp8_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
+                       const at::Tensor& sf, at::IntArrayRef recipe, const at::Tensor& ref, bool batched) {
+  const int64_t lead = batched ? 1 : 0;
+  check_rank(op, name, x, 2 + lead,
+             batched ? "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)"
+                     : "[MN, K] (FP8) or [MN, K/2] (FP4 packed in uint8)");
+  AM_CHECK_ARG(x.scalar_type() == at::kFloat8_e4m3fn || x.scalar_type() == at::kByte, op, name, "dtype",
                "torch.float8_e4m3fn, or torch.uint8 (packed FP4)", dtype_name(x.scalar_type()));
   if (is_fp4(x)) {
-    AM_CHECK_ARG(x.stride(1) == 1, kOp, name, "stride(1)", "1 (packed FP4 is K-major)", x.stride(1));
+    AM_CHECK_ARG(x.stride(-1) == 1, op, name, "stride(" + std::to_string(1 + lead) + ")",
+                 "1 (packed FP4 is K-major)", x.stride(-1));
   }
-  check_same_device(kOp, name, x, ref);
-  check_same_device(kOp, sf_name, sf, ref);
+  check_same_device(op, name, x, ref);
+  check_same_device(op, sf_name, sf, ref);
   const std::string recipe_name = std::string("recipe_") + name;
-  AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, kOp, recipe_name.c_str(), "value",
-               "[gran_mn, gran_k] with positive entries", recipe_str(recipe));
-  const int64_t mn = x.size(0), k = logical_k(x), gmn = recipe[0], gk = recipe[1];
-  AM_CHECK_ARG(k % gk == 0, kOp, name, "K", "a multiple of gran_k=" + std::to_string(gk), k);
-  AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, kOp, sf_name, "dtype",
+  AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, op, recipe_name.c_str(), "value",
+               "[gran_mn, gran_k] with positive entries", shape_str(recipe));
+  const int64_t mn = x.size(lead), k = logical_k(x), gmn = recipe[0], gk = recipe[1];
+  AM_CHECK_ARG(k % gk == 0, op, name, "K", "a multiple of gran_k=" + std::to_string(gk), k);
+  AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
                "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
                dtype_name(sf.scalar_type()));
-  const std::vector<int64_t> sf_shape{(mn + gmn - 1) / gmn, k / gk};
-  AM_CHECK_ARG(sf.sizes() == at::IntArrayRef(sf_shape), kOp, sf_name, "shape",
-               shape_str(sf_shape) + " (ceil(MN / gran_mn), K / gran_k)", shape_str(sf.sizes()));
+  std::vector<int64_t> sf_shape{(mn + gmn - 1) / gmn, k / gk};
+  if (batched) sf_shape.insert(sf_shape.begin(), x.size(0));
+  AM_CHECK_ARG(sf.sizes() == at::IntArrayRef(sf_shape), op, sf_name, "shape",
+               shape_str(sf_shape) + (batched ? " (G, ceil(MN / gran_mn), K / gran_k)" : " (ceil(MN / gran_mn), K / gran_k)"),
+               shape_str(sf.sizes()));
 }
+
+at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
+                                      std::optional<at::ScalarType> out_dtype, at::ScalarType fallback) {
+  if (out_dtype.has_value()) {
+    AM_CHECK_ARG(*out_dtype == at::kBFloat16 || *out_dtype == at::kFloat, op, "out_dtype", "value",
+                 "torch.bfloat16 or torch.float32", dtype_name(*out_dtype));
+  }
+  const at::ScalarType out_t = out_dtype.value_or(c.has_value() ? c->scalar_type() : fallback);
+  if (c.has_value()) {
+    AM_CHECK_ARG(c->scalar_type() == out_t, op, "c", "dtype", dtype_name(out_t) + " (out_dtype)",
+                 dtype_name(c->scalar_type()));
+  }
+  return out_t;
+}
+
+namespace {
+
+constexpr const char* kOp = "ascend_moe::fp8_gemm";
+constexpr const char* kBmm = "ascend_moe::fp8_bmm";
+constexpr const char* kEinsum = "ascend_moe::fp8_einsum";
+constexpr int64_t kPanelElements = int64_t{1} << 20;    // FP32 elements of a dequantized panel
+constexpr int64_t kWholeAElements = int64_t{1} << 22;   // dequantize A at once below this size
 
 // ---- streaming kernel for few rows of A (decode): reads the quantized B once, decodes in registers ----
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -240,64 +263,190 @@ void streaming_fp8_gemm(at::Tensor& acc, const at::Tensor& a_deq, const at::Tens
   });
 }
 
-at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
-                        const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
-                        double alpha, std::optional<at::ScalarType> out_dtype) {
-  check_operand("a", "sfa", a, sfa, recipe_a, a);
-  check_operand("b", "sfb", b, sfb, recipe_b, a);
-  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), kOp, "a", "dtype",
-               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
-  AM_CHECK_ARG(logical_k(b) == logical_k(a), kOp, "b", "K", std::to_string(logical_k(a)) + " (a's K)",
-               logical_k(b));
-  if (out_dtype.has_value()) {
-    AM_CHECK_ARG(*out_dtype == at::kBFloat16 || *out_dtype == at::kFloat, kOp, "out_dtype", "value",
-                 "torch.bfloat16 or torch.float32", dtype_name(*out_dtype));
-  }
-  const at::ScalarType out_t = out_dtype.value_or(c.has_value() ? c->scalar_type() : at::kBFloat16);
-  if (c.has_value()) {
-    AM_CHECK_ARG(c->scalar_type() == out_t, kOp, "c", "dtype", dtype_name(out_t) + " (out_dtype)",
-                 dtype_name(c->scalar_type()));
-  }
-  const int64_t M = a.size(0), N = b.size(0), K = logical_k(a);
-  const std::array<int64_t, 2> shape{M, N};
-  check_accumulator(kOp, c, a, shape);
+}  // namespace
 
-  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
-  if (M == 0 || N == 0) return out;
-  at::Tensor acc = out_t == at::kFloat ? out : at::empty(shape, a.options().dtype(at::kFloat));
-  if (c.has_value()) {
-    acc.copy_(*c);
+void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                         const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
+  const int64_t M = a.size(0), N = b.size(0), K = logical_k(a);
+  if (M == 0 || N == 0 || K == 0) return;
+  const bool k_major_b = b.stride(1) == 1 || N == 1;
+  if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
+    const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
+    at::Tensor partial = at::empty({M, N}, a.options().dtype(at::kFloat));
+    streaming_fp8_gemm(partial, a_deq, b, sfb, recipe_b);
+    acc.add_(partial, alpha);
+    return;
+  }
+  const bool whole_a = M * K <= kWholeAElements;
+  const int64_t a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
+  const at::Tensor a_whole = whole_a ? dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M) : at::Tensor();
+  const int64_t b_rows = std::clamp<int64_t>(kPanelElements / K / 16 * 16, 16, N);
+  for (int64_t n0 = 0; n0 < N; n0 += b_rows) {
+    const int64_t nr = std::min(b_rows, N - n0);
+    const at::Tensor b_panel = dequantize_rows(b, sfb, recipe_b[0], recipe_b[1], n0, nr);
+    for (int64_t m0 = 0; m0 < M; m0 += a_rows) {
+      const int64_t mr = std::min(a_rows, M - m0);
+      const at::Tensor a_panel = whole_a ? a_whole : dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], m0, mr);
+      at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, n0, nr);
+      at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, alpha);
+    }
+  }
+}
+
+at::Tensor with_fp32_accumulator(at::IntArrayRef shape, at::ScalarType out_t, const at::Tensor& init,
+                                 const at::TensorOptions& options, const std::function<void(at::Tensor&)>& body) {
+  at::Tensor out = at::empty(shape, options.dtype(out_t));
+  if (out.numel() == 0) return out;
+  at::Tensor acc = out_t == at::kFloat ? out : at::empty(shape, options.dtype(at::kFloat));
+  if (init.defined()) {
+    acc.copy_(init);
   } else {
     acc.zero_();
   }
-  const bool k_major_b = b.stride(1) == 1 || N == 1;
-  if (K > 0 && M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
-    const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
-    at::Tensor partial = at::empty(shape, a.options().dtype(at::kFloat));
-    streaming_fp8_gemm(partial, a_deq, b, sfb, recipe_b);
-    acc.add_(partial, alpha);
-  } else if (K > 0) {
-    const bool whole_a = M * K <= kWholeAElements;
-    const int64_t a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
-    const at::Tensor a_whole = whole_a ? dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M) : at::Tensor();
-    const int64_t b_rows = std::clamp<int64_t>(kPanelElements / K / 16 * 16, 16, N);
-    for (int64_t n0 = 0; n0 < N; n0 += b_rows) {
-      const int64_t nr = std::min(b_rows, N - n0);
-      const at::Tensor b_panel = dequantize_rows(b, sfb, recipe_b[0], recipe_b[1], n0, nr);
-      for (int64_t m0 = 0; m0 < M; m0 += a_rows) {
-        const int64_t mr = std::min(a_rows, M - m0);
-        const at::Tensor a_panel = whole_a ? a_whole : dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], m0, mr);
-        at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, n0, nr);
-        at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, alpha);
-      }
+  body(acc);
+  if (!acc.is_same(out)) out.copy_(acc);
+  return out;
+}
+
+namespace {
+
+// Checks both operands and their pairing; returns the output dtype.
+at::ScalarType check_fp8_pair(const char* op, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                              const at::Tensor& sfb, const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a,
+                              at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype, bool batched) {
+  check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, batched);
+  if (batched) {
+    check_rank(op, "b", b, 3, "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)");
+    check_dim_size(op, "b", b, 0, "batch", a.size(0), "a.size(0)");
+  }
+  check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, batched);
+  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
+               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
+  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)",
+               logical_k(b));
+  return check_scaled_out_dtype(op, c, out_dtype, at::kBFloat16);
+}
+
+at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                        const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+                        double alpha, std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType out_t = check_fp8_pair(kOp, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, false);
+  const std::array<int64_t, 2> shape{a.size(0), b.size(0)};
+  check_accumulator(kOp, c, a, shape);
+  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
+    fp8_gemm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
+  });
+}
+
+// acc[g] += alpha * deq(a[g]) @ deq(b[g])^T for every group (all operands already checked).
+void bmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                    const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
+  for (int64_t g = 0; g < a.size(0); ++g) {
+    at::Tensor acc_g = acc.select(0, g);
+    fp8_gemm_accumulate(acc_g, a.select(0, g), sfa.select(0, g), b.select(0, g), sfb.select(0, g), recipe_a,
+                        recipe_b, alpha);
+  }
+}
+
+at::Tensor fp8_bmm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
+                       const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+                       double alpha, std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType out_t = check_fp8_pair(kBmm, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, true);
+  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
+  check_accumulator(kBmm, c, a, shape);
+  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
+    bmm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
+  });
+}
+
+// fp8_einsum's equations: each is a batched GEMM over h after permuting data and scales together.
+constexpr std::array<const char*, 3> kFp8Equations{"bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"};
+
+// Scale shape of an einsum operand: its own subscripts, h kept, the output letter divided by gran_mn
+// (rounded up), the contracted letter divided by gran_k.
+std::vector<int64_t> einsum_scale_shape(const std::string& subs, const at::Tensor& x, char mn_letter,
+                                        at::IntArrayRef recipe) {
+  std::vector<int64_t> shape;
+  for (int64_t j = 0; j < 3; ++j) {
+    const int64_t size = x.size(j);
+    shape.push_back(subs[j] == 'h' ? size : subs[j] == mn_letter ? (size + recipe[0] - 1) / recipe[0] : size / recipe[1]);
+  }
+  return shape;
+}
+
+at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, const at::Tensor& sfa,
+                          const at::Tensor& b, const at::Tensor& sfb, const std::optional<at::Tensor>& c,
+                          at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha,
+                          std::optional<at::ScalarType> out_dtype) {
+  const std::string equation(equation_view);
+  std::string expected = "one of";
+  for (size_t i = 0; i < kFp8Equations.size(); ++i) expected += std::string(i ? ", '" : " '") + kFp8Equations[i] + "'";
+  AM_CHECK_ARG(std::find(kFp8Equations.begin(), kFp8Equations.end(), equation) != kFp8Equations.end(), kEinsum,
+               "equation", "value", expected, "'" + equation + "'");
+  const std::string sa = equation.substr(0, 3), sb = equation.substr(4, 3), so = equation.substr(9);
+  // The letters: h batches; m is a's output letter, n b's; k is contracted.
+  char m = 0, n = 0, k = 0;
+  for (char l : sa) {
+    if (l != 'h' && so.find(l) != std::string::npos) m = l;
+    if (l != 'h' && so.find(l) == std::string::npos) k = l;
+  }
+  for (char l : sb) {
+    if (l != 'h' && so.find(l) != std::string::npos) n = l;
+  }
+  for (const auto& [name, x, subs] : {std::tuple{"a", &a, sa}, std::tuple{"b", &b, sb}}) {
+    check_rank(kEinsum, name, *x, 3, ("[" + subs + "]").c_str());
+    AM_CHECK_ARG(x->scalar_type() == at::kFloat8_e4m3fn, kEinsum, name, "dtype",
+                 "torch.float8_e4m3fn (fp8_einsum takes FP8 operands)", dtype_name(x->scalar_type()));
+  }
+  check_same_device(kEinsum, "b", b, a);
+  for (int64_t j = 0; j < 3; ++j) {
+    const auto i = sa.find(sb[j]);
+    if (i != std::string::npos) {
+      check_dim_size(kEinsum, "b", b, j, std::string("'") + sb[j] + "'", a.size(i), "a.size(" + std::to_string(i) + ")");
     }
   }
-  if (!acc.is_same(out)) out.copy_(acc);
+  const std::array<int64_t, 3> perm_a{static_cast<int64_t>(sa.find('h')), static_cast<int64_t>(sa.find(m)),
+                                      static_cast<int64_t>(sa.find(k))};
+  const std::array<int64_t, 3> perm_b{static_cast<int64_t>(sb.find('h')), static_cast<int64_t>(sb.find(n)),
+                                      static_cast<int64_t>(sb.find(k))};
+  const std::array<int64_t, 3> perm_out{static_cast<int64_t>(so.find('h')), static_cast<int64_t>(so.find(m)),
+                                        static_cast<int64_t>(so.find(n))};
+  for (const auto& [name, sf_name, x, sf, subs, letter, recipe] :
+       {std::tuple{"a", "sfa", &a, &sfa, sa, m, recipe_a}, std::tuple{"b", "sfb", &b, &sfb, sb, n, recipe_b}}) {
+    const std::string recipe_name = std::string("recipe_") + name;
+    AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, kEinsum, recipe_name.c_str(), "value",
+                 "[gran_mn, gran_k] with positive entries", shape_str(recipe));
+    const int64_t kdim = static_cast<int64_t>(subs.find(k));
+    AM_CHECK_ARG(x->size(kdim) % recipe[1] == 0, kEinsum, name, "size(" + std::to_string(kdim) + ") ('" + k + "')",
+                 "a multiple of gran_k=" + std::to_string(recipe[1]), x->size(kdim));
+    const std::vector<int64_t> sf_shape = einsum_scale_shape(subs, *x, letter, recipe);
+    AM_CHECK_ARG(sf->sizes() == at::IntArrayRef(sf_shape), kEinsum, sf_name, "shape",
+                 shape_str(sf_shape) + " ([" + subs + "] with '" + letter + "' / gran_mn rounded up, '" + k +
+                     "' / gran_k)",
+                 shape_str(sf->sizes()));
+  }
+  const at::Tensor a_h = a.permute(perm_a), sfa_h = sfa.permute(perm_a);
+  const at::Tensor b_h = b.permute(perm_b), sfb_h = sfb.permute(perm_b);
+  const at::ScalarType out_t = check_fp8_pair(kEinsum, a_h, sfa_h, b_h, sfb_h, c, recipe_a, recipe_b, out_dtype, true);
+  std::vector<int64_t> shape;
+  for (char l : so) shape.push_back(l == n ? b.size(sb.find(l)) : a.size(sa.find(l)));
+  check_accumulator(kEinsum, c, a, shape);
+  const std::array<int64_t, 3> bmm_shape{a_h.size(0), a_h.size(1), b_h.size(1)};
+  // Accumulate in the batched layout, then write through a permuted view of the einsum-layout output.
+  const at::Tensor acc = with_fp32_accumulator(
+      bmm_shape, at::kFloat, c.has_value() ? c->permute(perm_out) : at::Tensor(), a.options(),
+      [&](at::Tensor& acc) { bmm_accumulate(acc, a_h, sfa_h, b_h, sfb_h, recipe_a, recipe_b, alpha); });
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  out.permute(perm_out).copy_(acc);
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) { m.impl("fp8_gemm", &fp8_gemm_cpu); }
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("fp8_gemm", &fp8_gemm_cpu);
+  m.impl("fp8_bmm", &fp8_bmm_cpu);
+  m.impl("fp8_einsum", &fp8_einsum_cpu);
+}
 
 }  // namespace ascend_moe

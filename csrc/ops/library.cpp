@@ -27,4 +27,28 @@ TORCH_LIBRARY(ascend_moe, m) {
       "fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, int[2] recipe_a=[1, 128], "
       "int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  m.def(
+      "fp8_bmm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, int[2] recipe_a=[1, 128], "
+      "int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Scales keep their operand's subscripts: h whole, the output letter / gran_mn, the contracted one / gran_k.
+  m.def(
+      "fp8_einsum(str equation, Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, "
+      "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
+  // ---- fp8_linear family: high-precision inputs quantized to FP8 inside the op, then fp8_gemm ----
+  // Differentiable w.r.t. the high-precision inputs (straight-through estimator for the casts).
+  m.set_python_module("torch_ascend_moe.meta.fp8_linear");
+  // Inference: x [M, K] (BF16/FP32) cast per token in 1 x gran_k groups; b pre-quantized as in fp8_gemm.
+  m.def(
+      "fp8_quant_gemm(Tensor x, Tensor b, Tensor sfb, Tensor? c=None, int gran_k=128, "
+      "int[2] recipe_b=[128, 128], bool use_ue8m0=False, float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Training: y = x @ weight^T + bias with x 1 x block per token and weight block x block (DeepSeek-V3);
+  // fp8_backward picks FP8 (requantized gradients) or high-precision dgrad/wgrad GEMMs.
+  m.def(
+      "fp8_linear(Tensor x, Tensor weight, Tensor? bias=None, int block=128, bool use_ue8m0=False, "
+      "bool fp8_backward=True) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }

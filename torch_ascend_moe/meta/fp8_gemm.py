@@ -1,4 +1,5 @@
-"""Fake of ``fp8_gemm`` and the validation its Python kernels share (twin of ``csrc/ops/fp8_gemm_cpu.cpp``)."""
+"""Fakes of the fp8_gemm family (``fp8_gemm``, ``fp8_bmm``, ``fp8_einsum``) and the validation their
+Python kernels share (twin of ``csrc/ops/fp8_gemm_cpu.cpp``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import torch
 from torch_ascend_moe import _checks as ck
 
 OP = "ascend_moe::fp8_gemm"
+BMM = "ascend_moe::fp8_bmm"
+EINSUM = "ascend_moe::fp8_einsum"
+EQUATIONS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
 SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
 
 
@@ -16,11 +20,14 @@ def is_fp4(t: torch.Tensor) -> bool:
 
 def logical_k(t: torch.Tensor):
     """K of an operand: packed FP4 stores two values per byte along K."""
-    return 2 * t.shape[1] if is_fp4(t) else t.shape[1]
+    return 2 * t.shape[-1] if is_fp4(t) else t.shape[-1]
 
 
-def _check_operand(name: str, sf_name: str, x, sf, recipe, ref) -> None:
-    ck.check_rank(OP, name, x, 2, "[MN, K] (FP8) or [MN, K/2] (FP4 packed in uint8)")
+def check_operand(name: str, sf_name: str, x, sf, recipe, ref, op: str = OP, batched: bool = False) -> None:
+    """One scaled operand: data ``[MN, K]`` (``[G, MN, K]`` when batched), its scales and recipe."""
+    lead = 1 if batched else 0
+    layout = "[MN, K] (FP8) or [MN, K/2] (FP4 packed in uint8)"
+    ck.check_rank(op, name, x, 2 + lead, layout.replace("[", "[G, ") if batched else layout)
     ck.check_arg(
         x.dtype in (torch.float8_e4m3fn, torch.uint8),
         OP,
@@ -30,20 +37,15 @@ def _check_operand(name: str, sf_name: str, x, sf, recipe, ref) -> None:
         x.dtype,
     )
     if is_fp4(x):
-        ck.check_arg(x.stride(1) == 1, OP, name, "stride(1)", "1 (packed FP4 is K-major)", lambda: x.stride(1))
-    ck.check_same_device(OP, name, x, ref)
-    ck.check_same_device(OP, sf_name, sf, ref)
-    ck.check_arg(
-        len(recipe) == 2 and recipe[0] > 0 and recipe[1] > 0,
-        OP,
-        f"recipe_{name}",
-        "value",
-        "[gran_mn, gran_k] with positive entries",
-        lambda: list(recipe),
-    )
-    mn, k = x.shape[0], logical_k(x)
+        ck.check_arg(
+            x.stride(-1) == 1, op, name, f"stride({1 + lead})", "1 (packed FP4 is K-major)", lambda: x.stride(-1)
+        )
+    ck.check_same_device(op, name, x, ref)
+    ck.check_same_device(op, sf_name, sf, ref)
+    check_recipe(op, name, recipe)
+    mn, k = x.shape[lead], logical_k(x)
     gmn, gk = recipe
-    ck.check_arg(k % gk == 0, OP, name, "K", f"a multiple of gran_k={gk}", lambda: k)
+    ck.check_arg(k % gk == 0, op, name, "K", f"a multiple of gran_k={gk}", lambda: k)
     ck.check_arg(
         sf.dtype in SCALE_DTYPES,
         OP,
@@ -52,50 +54,165 @@ def _check_operand(name: str, sf_name: str, x, sf, recipe, ref) -> None:
         "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
         sf.dtype,
     )
-    expected = [(mn + gmn - 1) // gmn, k // gk]
-    same = sf.dim() == 2 and sf.shape[0] == expected[0] and sf.shape[1] == expected[1]
+    expected = [x.shape[0]] * lead + [(mn + gmn - 1) // gmn, k // gk]
+    check_scale_shape(op, sf_name, sf, expected, "(G, ceil(MN / gran_mn), K / gran_k)"[0 if batched else 4 :])
+
+
+def check_recipe(op: str, name: str, recipe) -> None:
     ck.check_arg(
-        same,
-        OP,
-        sf_name,
-        "shape",
-        lambda: f"{ck.shape_str(expected)} (ceil(MN / gran_mn), K / gran_k)",
-        lambda: ck.shape_str(sf.shape),
+        len(recipe) == 2 and recipe[0] > 0 and recipe[1] > 0,
+        op,
+        f"recipe_{name}",
+        "value",
+        "[gran_mn, gran_k] with positive entries",
+        lambda: list(recipe),
     )
 
 
-def fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
-    _check_operand("a", "sfa", a, sfa, recipe_a, a)
-    _check_operand("b", "sfb", b, sfb, recipe_b, a)
+def check_scale_shape(op: str, sf_name: str, sf, expected: list, how: str) -> None:
+    same = sf.dim() == len(expected) and all(s == e for s, e in zip(sf.shape, expected))
+    ck.check_arg(same, op, sf_name, "shape", lambda: f"{ck.shape_str(expected)} {how}", lambda: ck.shape_str(sf.shape))
+
+
+def check_scaled_out_dtype(op: str, c, out_dtype, fallback: torch.dtype) -> torch.dtype:
+    """out_dtype if given, else c's dtype, else ``fallback``; BF16 or FP32 only, and c must agree."""
+    if out_dtype is not None:
+        ck.check_arg(
+            out_dtype in (torch.bfloat16, torch.float32),
+            op,
+            "out_dtype",
+            "value",
+            "torch.bfloat16 or torch.float32",
+            out_dtype,
+        )
+    dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else fallback)
+    if c is not None:
+        ck.check_arg(c.dtype == dtype, op, "c", "dtype", lambda: f"{dtype} (out_dtype)", c.dtype)
+    return dtype
+
+
+def _check_pair(op, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, batched=False) -> torch.dtype:
+    check_operand("a", "sfa", a, sfa, recipe_a, a, op, batched)
+    if batched:
+        ck.check_rank(op, "b", b, 3, "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)")
+        ck.check_dim_size(op, "b", b, 0, "batch", a.shape[0], "a.size(0)")
+    check_operand("b", "sfb", b, sfb, recipe_b, a, op, batched)
     ck.check_arg(
         not (is_fp4(a) and not is_fp4(b)),
-        OP,
+        op,
         "a",
         "dtype",
         "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)",
         "torch.uint8 (packed FP4)",
     )
     ck.check_arg(
-        logical_k(b) == logical_k(a), OP, "b", "K", lambda: f"{ck._text(logical_k(a))} (a's K)", lambda: logical_k(b)
+        logical_k(b) == logical_k(a), op, "b", "K", lambda: f"{ck._text(logical_k(a))} (a's K)", lambda: logical_k(b)
     )
-    if out_dtype is not None:
-        ck.check_arg(
-            out_dtype in (torch.bfloat16, torch.float32),
-            OP,
-            "out_dtype",
-            "value",
-            "torch.bfloat16 or torch.float32",
-            out_dtype,
-        )
-    dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else torch.bfloat16)
-    if c is not None:
-        ck.check_arg(c.dtype == dtype, OP, "c", "dtype", lambda: f"{dtype} (out_dtype)", c.dtype)
+    return check_scaled_out_dtype(op, c, out_dtype, torch.bfloat16)
+
+
+def fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
+    dtype = _check_pair(OP, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     shape = [a.shape[0], b.shape[0]]
     ck.check_accumulator(OP, c, a, shape)
+    return shape, dtype
+
+
+def fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
+    dtype = _check_pair(BMM, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, batched=True)
+    shape = [a.shape[0], a.shape[1], b.shape[1]]
+    ck.check_accumulator(BMM, c, a, shape)
+    return shape, dtype
+
+
+def einsum_plan(equation: str) -> tuple[str, str, str, list, list, list]:
+    """Subscripts of a, b, out and the permutations putting each in batched-GEMM order (h, m|n, k)."""
+    sa, sb, so = equation[0:3], equation[4:7], equation[9:]
+    m = next(x for x in sa if x != "h" and x in so)
+    n = next(x for x in sb if x != "h" and x in so)
+    k = next(x for x in sa if x != "h" and x not in so)
+    return (
+        sa,
+        sb,
+        so,
+        [sa.index(x) for x in "h" + m + k],
+        [sb.index(x) for x in "h" + n + k],
+        [so.index(x) for x in "h" + m + n],
+    )
+
+
+def fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
+    expected = "one of " + ", ".join(f"'{e}'" for e in EQUATIONS)
+    ck.check_arg(equation in EQUATIONS, EINSUM, "equation", "value", expected, f"'{equation}'")
+    sa, sb, so, perm_a, perm_b, _ = einsum_plan(equation)
+    k = sa[perm_a[2]]
+    for name, x, subs in (("a", a, sa), ("b", b, sb)):
+        ck.check_rank(EINSUM, name, x, 3, f"[{subs}]")
+        ck.check_arg(
+            x.dtype == torch.float8_e4m3fn,
+            EINSUM,
+            name,
+            "dtype",
+            "torch.float8_e4m3fn (fp8_einsum takes FP8 operands)",
+            x.dtype,
+        )
+    ck.check_same_device(EINSUM, "b", b, a)
+    for j, label in enumerate(sb):
+        i = sa.find(label)
+        if i >= 0:
+            ck.check_dim_size(EINSUM, "b", b, j, f"'{label}'", a.shape[i], f"a.size({i})")
+    for name, sf_name, x, sf, subs, perm, recipe in (
+        ("a", "sfa", a, sfa, sa, perm_a, recipe_a),
+        ("b", "sfb", b, sfb, sb, perm_b, recipe_b),
+    ):
+        check_recipe(EINSUM, name, recipe)
+        kdim, letter = subs.index(k), subs[perm[1]]
+        ck.check_arg(
+            x.shape[kdim] % recipe[1] == 0,
+            EINSUM,
+            name,
+            f"size({kdim}) ('{k}')",
+            f"a multiple of gran_k={recipe[1]}",
+            lambda x=x, kdim=kdim: x.shape[kdim],
+        )
+        scale_shape = [
+            x.shape[j] if c_ == "h" else -(-x.shape[j] // recipe[0]) if c_ == letter else x.shape[j] // recipe[1]
+            for j, c_ in enumerate(subs)
+        ]
+        how = f"([{subs}] with '{letter}' / gran_mn rounded up, '{k}' / gran_k)"
+        check_scale_shape(EINSUM, sf_name, sf, scale_shape, how)
+    dtype = _check_pair(
+        EINSUM,
+        a.permute(perm_a),
+        sfa.permute(perm_a),
+        b.permute(perm_b),
+        sfb.permute(perm_b),
+        c,
+        recipe_a,
+        recipe_b,
+        out_dtype,
+        batched=True,
+    )
+    shape = [b.shape[sb.index(x)] if x not in sa else a.shape[sa.index(x)] for x in so]
+    ck.check_accumulator(EINSUM, c, a, shape)
     return shape, dtype
 
 
 @torch.library.register_fake(OP)
 def _fp8_gemm_fake(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
     shape, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(BMM)
+def _fp8_bmm_fake(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+    shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(EINSUM)
+def _fp8_einsum_fake(
+    equation, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None
+):
+    shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)

@@ -1,6 +1,16 @@
 """Typed Python entry points to the ascend_moe ops, one module per family."""
 
-from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
+from torch_ascend_moe.ops.fp8_gemm import fp8_bmm, fp8_einsum, fp8_gemm
+from torch_ascend_moe.ops.fp8_linear import fp8_linear, fp8_quant_gemm
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
 
-__all__ = ["bf16_bmm", "bf16_einsum", "bf16_gemm", "fp8_gemm"]
+__all__ = [
+    "bf16_bmm",
+    "bf16_einsum",
+    "bf16_gemm",
+    "fp8_bmm",
+    "fp8_einsum",
+    "fp8_gemm",
+    "fp8_linear",
+    "fp8_quant_gemm",
+]

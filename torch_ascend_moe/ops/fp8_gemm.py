@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 
 _fp8_gemm = torch.ops.ascend_moe.fp8_gemm.default
+_fp8_bmm = torch.ops.ascend_moe.fp8_bmm.default
+_fp8_einsum = torch.ops.ascend_moe.fp8_einsum.default
 
 
 def fp8_gemm(
@@ -35,3 +37,47 @@ def fp8_gemm(
     torch.Size([4, 8])
     """
     return _fp8_gemm(a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)
+
+
+def fp8_bmm(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    recipe_a: Sequence[int] = (1, 128),
+    recipe_b: Sequence[int] = (128, 128),
+    alpha: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Batched ``fp8_gemm``: ``D[g] = alpha * deq(A[g]) @ deq(B[g])^T + C[g]``.
+
+    ``a`` is ``[G, M, K]``, ``b`` ``[G, N, K]`` (FP8, or packed FP4 ``uint8`` with K halved), scales
+    ``[G, ceil(MN / gran_mn), K / gran_k]``; everything else as ``fp8_gemm``.
+    """
+    return _fp8_bmm(a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)
+
+
+def fp8_einsum(
+    equation: str,
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    c: torch.Tensor | None = None,
+    *,
+    recipe_a: Sequence[int] = (1, 128),
+    recipe_b: Sequence[int] = (128, 128),
+    alpha: float = 1.0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """DeepGEMM's ``fp8_einsum`` equations on FP8 operands: ``'bhr,hdr->bhd'``, ``'bhd,hdr->bhr'``, ``'bhd,bhr->hdr'``.
+
+    Each is a batched GEMM over ``h``. A scale tensor keeps its operand's subscripts: ``h`` whole, the
+    operand's output letter divided by ``gran_mn`` (rounded up) and the contracted letter by ``gran_k``.
+    DeepSeek's uses: ``'bhr,hdr->bhd'`` with per-token ``sfa[B, H, R/128]`` and block ``sfb[H, D/128,
+    R/128]``; ``'bhd,bhr->hdr'`` (a weight gradient over tokens) with ``recipe_a = recipe_b = (1, 128)``,
+    i.e. ``sfa[B/128, H, D]``, ``sfb[B/128, H, R]``.
+    """
+    return _fp8_einsum(equation, a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)

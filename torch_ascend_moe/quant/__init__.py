@@ -6,6 +6,7 @@ back ``torch_ascend_moe.deep_gemm.utils``.
 """
 
 from torch_ascend_moe.quant.casts import (
+    block_cast_to_fp8,
     cast_back_from_fp4,
     dequantize_fp8,
     per_block_cast_to_fp8,
@@ -33,6 +34,7 @@ from torch_ascend_moe.quant.encodings import (
 )
 
 __all__ = [
+    "block_cast_to_fp8",
     "E2M1_VALUES",
     "FP4_MAX",
     "FP8_MAX",

@@ -42,6 +42,29 @@ def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return F.pad(x, (0, (-x.shape[-1]) % multiple))
 
 
+def block_cast_to_fp8(x: torch.Tensor, block: Sequence[int], use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``block = (rows, cols)`` blocks: ``x[m, n]`` -> (E4M3 ``[m, n]``, ``sf[ceil(m/rows), ceil(n/cols)]``).
+
+    The one cast behind per-token ``(1, g)``, per-channel ``(g, 1)`` and per-block ``(g, g)`` scaling,
+    and the C++ quantizer of the ``fp8_linear`` ops computes the same bits.
+
+    >>> q, sf = block_cast_to_fp8(torch.randn(4, 256), (1, 128), use_ue8m0=True)
+    >>> q.dtype, sf.shape
+    (torch.float8_e4m3fn, torch.Size([4, 2]))
+    """
+    api = "block_cast_to_fp8"
+    _check_2d(api, x)
+    ck.check_arg(
+        len(block) == 2 and block[0] > 0 and block[1] > 0, api, "block", "value", "(rows, cols), positive", block
+    )
+    (m, n), (gr, gc) = x.shape, block
+    padded = F.pad(x.float(), (0, (-n) % gc, 0, (-m) % gr))
+    blocks = padded.view(padded.shape[0] // gr, gr, padded.shape[1] // gc, gc)
+    sf = _scale(blocks.abs().amax(dim=(1, 3)), FP8_MAX, use_ue8m0)
+    q = (blocks * (1.0 / sf)[:, None, :, None]).to(torch.float8_e4m3fn).view_as(padded)
+    return q[:m, :n].contiguous(), sf
+
+
 def per_token_cast_to_fp8(
     x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128, use_packed_ue8m0: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,11 +80,7 @@ def per_token_cast_to_fp8(
     api = "per_token_cast_to_fp8"
     _check_2d(api, x)
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
-    m, n = x.shape
-    groups = _pad_last(x.float(), gran_k).view(m, -(-n // gran_k), gran_k)
-    sf = _scale(groups.abs().amax(dim=-1), FP8_MAX, use_ue8m0)
-    q = (groups * (1.0 / sf).unsqueeze(-1)).to(torch.float8_e4m3fn).view(m, -(-n // gran_k) * gran_k)
-    q = q[:, :n].contiguous()
+    q, sf = block_cast_to_fp8(x, (1, gran_k), use_ue8m0)
     return q, pack_ue8m0_to_int(sf) if use_packed_ue8m0 else sf
 
 
@@ -69,23 +88,14 @@ def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128)
     """Per-column groups of ``gran_k`` rows: ``x[m, n]`` (``m % gran_k == 0``) -> (E4M3, ``sf[m/gran_k, n]``)."""
     api = "per_channel_cast_to_fp8"
     _check_2d(api, x)
-    m, n = x.shape
-    ck.check_arg(m % gran_k == 0, api, "x", "size(0)", f"a multiple of gran_k={gran_k}", m)
-    groups = x.float().view(m // gran_k, gran_k, n)
-    sf = _scale(groups.abs().amax(dim=1), FP8_MAX, use_ue8m0)
-    return (groups * (1.0 / sf).unsqueeze(1)).to(torch.float8_e4m3fn).view(m, n), sf
+    ck.check_arg(x.shape[0] % gran_k == 0, api, "x", "size(0)", f"a multiple of gran_k={gran_k}", x.shape[0])
+    return block_cast_to_fp8(x, (gran_k, 1), use_ue8m0)
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """``gran_k x gran_k`` blocks: ``x[m, n]`` -> (E4M3 ``[m, n]``, ``sf[ceil(m/gran_k), ceil(n/gran_k)]``)."""
-    api = "per_block_cast_to_fp8"
-    _check_2d(api, x)
-    m, n = x.shape
-    padded = F.pad(x.float(), (0, (-n) % gran_k, 0, (-m) % gran_k))
-    blocks = padded.view(padded.shape[0] // gran_k, gran_k, padded.shape[1] // gran_k, gran_k)
-    sf = _scale(blocks.abs().amax(dim=(1, 3)), FP8_MAX, use_ue8m0)
-    q = (blocks * (1.0 / sf)[:, None, :, None]).to(torch.float8_e4m3fn).view_as(padded)
-    return q[:m, :n].contiguous(), sf
+    _check_2d("per_block_cast_to_fp8", x)
+    return block_cast_to_fp8(x, (gran_k, gran_k), use_ue8m0)
 
 
 def per_custom_dims_cast_to_fp8(

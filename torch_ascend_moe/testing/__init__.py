@@ -14,7 +14,7 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     >>> calc_diff(torch.ones(4), torch.ones(4))
     0.0
     """
-    x, y = x.double(), y.double()
+    x, y = x.detach().double(), y.detach().double()
     denominator = (x * x + y * y).sum()
     if denominator == 0:
         return 0.0

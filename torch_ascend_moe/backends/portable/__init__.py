@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import fp8_gemm, gemm
+from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
     "bf16_bmm": gemm.bf16_bmm,
     "bf16_einsum": gemm.bf16_einsum,
     "fp8_gemm": fp8_gemm.fp8_gemm,
+    "fp8_bmm": fp8_gemm.fp8_bmm,
+    "fp8_einsum": fp8_gemm.fp8_einsum,
+    "fp8_quant_gemm": fp8_linear.fp8_quant_gemm,
+    "fp8_linear": fp8_linear.fp8_linear,
 }
 
 _libraries: dict[str, torch.library.Library] = {}

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature, is_fp4
+from torch_ascend_moe.meta.fp8_gemm import (
+    einsum_plan,
+    fp8_bmm_signature,
+    fp8_einsum_signature,
+    fp8_gemm_signature,
+    is_fp4,
+)
 from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
 
 
 def dequantize(x: torch.Tensor, sf: torch.Tensor, recipe) -> torch.Tensor:
-    """FP32 ``deq(x)[r, k] = x[r, k] * sf[r // gran_mn, k // gran_k]`` (x FP8, or packed FP4 in uint8)."""
+    """FP32 ``deq(x)[..., r, k] = x[..., r, k] * sf[..., r // gran_mn, k // gran_k]`` (FP8, or packed FP4 in uint8)."""
     values = decode_e2m1(unpack_e2m1(x)) if is_fp4(x) else x.float()
     gmn, gk = recipe
-    scales = sf.float().repeat_interleave(gmn, dim=0)[: values.shape[0]].repeat_interleave(gk, dim=1)
+    scales = sf.float().repeat_interleave(gmn, dim=-2)[..., : values.shape[-2], :].repeat_interleave(gk, dim=-1)
     return values * scales
 
 
@@ -25,3 +31,30 @@ def fp8_gemm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alp
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
     acc = torch.addmm(acc, dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b).t(), alpha=alpha)
     return acc.to(dtype)
+
+
+def fp8_bmm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+    shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
+    a_deq, b_deq = dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b)
+    return torch.baddbmm(acc, a_deq, b_deq.transpose(1, 2), alpha=alpha).to(dtype)
+
+
+def fp8_einsum(equation, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+    shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    _, _, _, perm_a, perm_b, perm_out = einsum_plan(equation)
+    c_h = None if c is None else c.permute(perm_out).float()
+    d_h = fp8_bmm(
+        a.permute(perm_a),
+        sfa.permute(perm_a),
+        b.permute(perm_b),
+        sfb.permute(perm_b),
+        c_h,
+        recipe_a,
+        recipe_b,
+        alpha,
+        torch.float32,
+    )
+    out = torch.empty(shape, dtype=dtype, device=a.device)
+    out.permute(perm_out).copy_(d_h)
+    return out
