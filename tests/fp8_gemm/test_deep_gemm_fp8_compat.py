@@ -99,3 +99,13 @@ def test_bad_inputs(data):
         deep_gemm.fp8_gemm_nt(a, b, torch.empty(N, M).t())
     with pytest.raises(ValueError, match=r"argument 'sfb' shape"):
         deep_gemm.fp8_fp4_gemm_nt(a, b4, d, recipe_a=(1, 128), recipe_b=(1, 128))
+    # Mismatched packings: a packed scale count that does not cover K, and two packings in one call.
+    x512 = torch.randn(M, 512)
+    a8, sfa8 = quant.per_token_cast_to_fp8(x512, True, gran_k=32)  # 16 scales per row
+    b8, sfb8 = quant.per_token_cast_to_fp8(torch.randn(N, 512), True, gran_k=32)
+    with pytest.raises(ValueError, match=r"argument 'sfa' shape: expected \[16, 16\]"):
+        deep_gemm.fp8_gemm_nt((a8, quant.pack_ue8m0_to_int(sfa8[:, :8])), (b8, sfb8), d, recipe=(1, 1, 32))
+    with pytest.raises(ValueError, match=r"argument 'sfb' dtype: expected torch.int32 \(the same UE8M0 packing"):
+        deep_gemm.fp8_gemm_nt(
+            (a8, quant.pack_ue8m0_to_int(sfa8)), (b8, quant.pack_ue8m0_to_int16(sfb8)), d, recipe=(1, 1, 32)
+        )

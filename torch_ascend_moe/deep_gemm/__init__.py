@@ -7,6 +7,8 @@ the math lives in the ops, so every call also works under torch.compile and auto
 
 from torch_ascend_moe.deep_gemm import epilogue, testing, utils
 from torch_ascend_moe.deep_gemm.fp8_gemm import (
+    fp8_bmm,
+    fp8_einsum,
     fp8_fp4_gemm_nn,
     fp8_fp4_gemm_nt,
     fp8_fp4_gemm_tn,
@@ -32,13 +34,22 @@ from torch_ascend_moe.deep_gemm.gemm import (
     cublaslt_gemm_tt,
     einsum,
 )
+from torch_ascend_moe.deep_gemm.layout import (
+    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_tensor,
+    transform_sf_into_required_layout,
+)
 from torch_ascend_moe.deep_gemm.runtime import (
     get_deterministic_algorithms,
+    get_mk_alignment_for_contiguous_layout,
     get_num_sms,
     get_pdl,
     get_tc_util,
+    get_theoretical_mk_alignment_for_contiguous_layout,
     set_block_size_multiple_of,
     set_ignore_compile_dims,
+    set_mk_alignment_for_contiguous_layout,
     set_num_sms,
     set_pdl,
     set_tc_util,
@@ -64,6 +75,8 @@ __all__ = utils.math.__all__ + [
     "cublaslt_gemm_tt",
     "einsum",
     "epilogue",
+    "fp8_bmm",
+    "fp8_einsum",
     "fp8_fp4_gemm_nn",
     "fp8_fp4_gemm_nt",
     "fp8_fp4_gemm_tn",
@@ -73,15 +86,22 @@ __all__ = utils.math.__all__ + [
     "fp8_gemm_tn",
     "fp8_gemm_tt",
     "get_deterministic_algorithms",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
     "get_pdl",
     "get_tc_util",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
     "set_block_size_multiple_of",
     "set_ignore_compile_dims",
+    "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
     "set_pdl",
     "set_tc_util",
     "testing",
+    "transform_sf_into_required_layout",
     "use_deterministic_algorithms",
     "utils",
 ]

@@ -1,10 +1,14 @@
-"""DeepGEMM(-Ascend)'s block-scaled dense GEMMs: ``fp8_fp4_gemm_{nt,nn,tn,tt}`` and the ``fp8_gemm_*`` aliases.
+"""DeepGEMM(-Ascend)'s block-scaled GEMMs: ``fp8_fp4_gemm_{nt,nn,tn,tt}`` (aliases ``fp8_gemm_*``), ``fp8_bmm``
+and ``fp8_einsum``.
 
 Operands are ``(data, scale factors)`` tuples as upstream (specs/deepgemm_api.md §2.3, §3.1, §16.2):
 data FP8 E4M3, or packed FP4 as ``int8`` (upstream), ``uint8`` or ``float4_e2m1fn_x2`` (Ascend tests);
 scales FP32, ``float8_e8m0fnu``, UE8M0 packed 4 per ``int32`` (upstream) or 2 per ``int16`` (Ascend).
 The layout letters transpose data and scales together, as upstream's wrappers do; a transposed packed
-FP4 operand is repacked along K. The math is ``ascend_moe::fp8_gemm``.
+FP4 operand is repacked along K. The math is the ``ascend_moe::fp8_gemm`` family's ops.
+
+An FP8 ``d`` takes the ``FP8Quantization(sfd)`` epilogue (``fp8_einsum``: ``d = (D, SFD)``); see
+``deep_gemm.epilogue`` for its contract.
 
 FP32 scales are used verbatim whatever ``disable_ue8m0_cast`` says: that is upstream's SM90 behaviour
 and exact; SM100 would round them up to powers of two (a no-op for the UE8M0 scales its tests use).
@@ -15,8 +19,11 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe.deep_gemm.epilogue import resolve_alpha
+from torch_ascend_moe.deep_gemm.epilogue import FP8Quantization, resolve_alpha, write_fp8_output
 from torch_ascend_moe.deep_gemm.gemm import _check_out
+from torch_ascend_moe.meta.fp8_gemm import einsum_plan
+from torch_ascend_moe.ops.fp8_gemm import fp8_bmm as _fp8_bmm_op
+from torch_ascend_moe.ops.fp8_gemm import fp8_einsum as _fp8_einsum_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op
 from torch_ascend_moe.quant import scales_to_float, transpose_packed_fp4
 
@@ -44,6 +51,19 @@ def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, k_blocks: i
         if k_blocks is not None:
             sf = sf[..., :k_blocks]
     return data, sf
+
+
+def _check_packings(api: str, sfa: torch.Tensor, sfb: torch.Tensor) -> None:
+    """Packed UE8M0 scales of one call use one packing (int32 upstream, int16 Ascend), never a mix."""
+    packed = (torch.int32, torch.int16)
+    ck.check_arg(
+        not (sfa.dtype in packed and sfb.dtype in packed and sfa.dtype != sfb.dtype),
+        api,
+        "sfb",
+        "dtype",
+        lambda: f"{sfa.dtype} (the same UE8M0 packing as sfa)",
+        sfb.dtype,
+    )
 
 
 def _resolve_recipes(api: str, recipe, recipe_a, recipe_b, sfb: torch.Tensor):
@@ -75,15 +95,107 @@ def _resolve_recipes(api: str, recipe, recipe_a, recipe_b, sfb: torch.Tensor):
 def _scaled_gemm(api, a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a_t=False, b_t=False) -> None:
     a_data, sfa = _pair(api, "a", a)
     b_data, sfb = _pair(api, "b", b)
+    _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     k = (a_data.shape[0] if a_t else a_data.shape[1]) * (2 if a_data.dtype in _FP4_DTYPES and not a_t else 1)
     a_data, sfa = _logical(a_data, sfa, a_t, -(-k // ra[1]))
     b_data, sfb = _logical(b_data, sfb, b_t, -(-k // rb[1]))
-    _check_out(api, d, c, [a_data.shape[0], b_data.shape[0]])
-    scale = resolve_alpha(api, alpha, epilogue)
-    if d.numel() == 0:
+    shape = [a_data.shape[0], b_data.shape[0]]
+    scale = resolve_alpha(api, alpha, epilogue, fp8_output=True)
+    _write(
+        api,
+        d,
+        c,
+        shape,
+        epilogue,
+        lambda dtype: _fp8_gemm_op(a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, alpha=scale, out_dtype=dtype),
+    )
+
+
+def _write(api, d, c, shape, epilogue, compute) -> None:
+    """``d := compute(d.dtype)``, or with FP8Quantization the FP32 result cast into ``d`` and ``sfd``."""
+    if isinstance(epilogue, FP8Quantization):
+        ck.check_arg(c is None, api, "c", "value", "None with an FP8Quantization epilogue", "a tensor")
+        ck.check_arg(
+            list(d.shape) == list(shape), api, "d", "shape", lambda: ck.shape_str(shape), lambda: ck.shape_str(d.shape)
+        )
+        write_fp8_output(api, compute(torch.float32), d, epilogue.sfd)
         return
-    d.copy_(_fp8_gemm_op(a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, alpha=scale, out_dtype=d.dtype))
+    _check_out(api, d, c, shape)
+    if d.numel():
+        d.copy_(compute(d.dtype))
+
+
+def _recipes_3(api: str, recipe) -> tuple[list, list]:
+    ck.check_arg(len(recipe) == 3, api, "recipe", "value", "(gran_m, gran_n, gran_k)", tuple(recipe))
+    return [recipe[0], recipe[2]], [recipe[1], recipe[2]]
+
+
+def fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk", epilogue=None) -> None:
+    """DeepGEMM-Ascend's batched scaled GEMM ``d[i] = deq(A[i]) @ deq(B[i])^T (+ c[i])``.
+
+    ``a = (A[B, M, K], sfa[B, ceil(M/gm), K-blocks])``, ``b = (B[B, N, K], sfb)``; FP8 or packed FP4 data,
+    scales FP32 / e8m0 / packed int32 or int16 along K. ``d`` BF16/FP32, or FP8 with ``FP8Quantization``.
+    """
+    api = "deep_gemm.fp8_bmm"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    _check_packings(api, sfa, sfb)
+    ra, rb = _recipes_3(api, recipe)
+    ck.check_rank(api, "a", a_data, 3, "[B, M, K]")
+    ck.check_rank(api, "b", b_data, 3, "[B, N, K]")
+    k = a_data.shape[-1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
+    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
+    b_data, sfb = _logical(b_data, sfb, False, -(-k // rb[1]))
+    scale = resolve_alpha(api, None, epilogue, fp8_output=True)
+    shape = [a_data.shape[0], a_data.shape[1], b_data.shape[1]]
+    _write(
+        api,
+        d,
+        c,
+        shape,
+        epilogue,
+        lambda dtype: _fp8_bmm_op(a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, alpha=scale, out_dtype=dtype),
+    )
+
+
+def fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)) -> None:
+    """DeepGEMM's ``fp8_einsum`` (``'bhr,hdr->bhd'``, ``'bhd,hdr->bhr'``, ``'bhd,bhr->hdr'``) on
+    ``(data, sf)`` pairs; ``recipe = (gran_m, gran_n, gran_k)`` maps to ``a``'s output letter, ``b``'s
+    output letter and the contracted letter (scales keep their operand's subscripts, e.g.
+    ``sfa[B, H, R/128]``, ``sfb[H, D/128, R/128]``). ``d`` BF16/FP32 (``'bhd,bhr->hdr'`` upstream: FP32
+    with ``c is d``), or a ``(D, SFD)`` pair for FP8 output (DeepGEMM-Ascend).
+    """
+    api = "deep_gemm.fp8_einsum"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    ra, rb = _recipes_3(api, recipe)
+    epilogue = None
+    if isinstance(d, (tuple, list)):
+        d, sfd = _pair(api, "d", d)
+        epilogue = FP8Quantization(sfd)
+    ck.check_arg(
+        expr in _EINSUM_EXPRS, api, "expr", "value", "one of " + ", ".join(map(repr, _EINSUM_EXPRS)), repr(expr)
+    )
+    sa, sb, so, perm_a, perm_b, _ = einsum_plan(expr)
+    k_letter = sa[perm_a[2]]
+    # Packed UE8M0 scales run along the last dim: unpack when that is the contracted letter.
+    if sa[-1] == k_letter:
+        a_data, sfa = _logical(a_data, sfa, False, -(-a_data.shape[-1] // ra[1]))
+    if sb[-1] == k_letter:
+        b_data, sfb = _logical(b_data, sfb, False, -(-b_data.shape[-1] // rb[1]))
+    shape = [a_data.shape[sa.index(x)] if x in sa else b_data.shape[sb.index(x)] for x in so]
+    _write(
+        api,
+        d,
+        c,
+        shape,
+        epilogue,
+        lambda dtype: _fp8_einsum_op(expr, a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, out_dtype=dtype),
+    )
+
+
+_EINSUM_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
 
 
 def fp8_fp4_gemm_nt(

@@ -77,3 +77,24 @@ def use_deterministic_algorithms(enabled: bool) -> None:
 
 def get_deterministic_algorithms() -> bool:
     return bool(_state["deterministic"])
+
+
+def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
+    """Row alignment of groups in contiguous (psum) layouts; also the k-grouped K alignment (default 128)."""
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(
+            f"set_mk_alignment_for_contiguous_layout: argument 'alignment': expected a positive int, got {alignment!r}"
+        )
+    _state["mk_alignment"] = alignment
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    return int(_state.get("mk_alignment", 128))
+
+
+def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
+    """SM100's smallest block (from 224 down in steps of 32) still covering ``expected_m`` rows."""
+    block = 224
+    while expected_m is not None and block > 32 and block - 32 >= expected_m:
+        block -= 32
+    return block
