@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     info = sub.add_parser("info", help="versions, build, backends and the capability matrix of every op")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     b = sub.add_parser("bench", help="time a family's ops against PyTorch baselines measured in the same run")
-    b.add_argument("family", choices=bench.FAMILIES)
+    b.add_argument("family", choices=(*bench.FAMILIES, *bench.GROUPS))
     b.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
     b.add_argument("--json", metavar="PATH", help="also write the results to PATH")

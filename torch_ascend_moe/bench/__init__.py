@@ -13,7 +13,9 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm")
+FAMILIES = ("gemm", "fp8_gemm", "fp8_linear")
+# Names that run several families: ``bench fp8`` covers every FP8 op.
+GROUPS = {"fp8": ("fp8_gemm", "fp8_linear")}
 
 
 @dataclasses.dataclass
@@ -57,6 +59,9 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
 
 
 def cases(family: str, quick: bool = False) -> list[Case]:
+    if family in GROUPS:
+        return [c for f in GROUPS[family] for c in cases(f, quick)]
     if family not in FAMILIES:
-        raise ValueError(f"bench: argument 'family' value: expected one of {', '.join(FAMILIES)}, got {family!r}")
+        expected = ", ".join((*FAMILIES, *GROUPS))
+        raise ValueError(f"bench: argument 'family' value: expected one of {expected}, got {family!r}")
     return importlib.import_module(f"torch_ascend_moe.bench.{family}").cases(quick)
