@@ -23,6 +23,11 @@ OPS = [
     "fp8_gemm",
     "fp8_linear",
     "fp8_quant_gemm",
+    "k_grouped_bf16_gemm",
+    "m_grouped_bf16_gemm",
+    "m_grouped_bf16_gemm_masked",
+    "moe_permute",
+    "moe_unpermute",
 ]
 
 

@@ -23,6 +23,11 @@ from torch_ascend_moe.ops import (
     fp8_gemm,
     fp8_linear,
     fp8_quant_gemm,
+    k_grouped_bf16_gemm,
+    m_grouped_bf16_gemm,
+    m_grouped_bf16_gemm_masked,
+    moe_permute,
+    moe_unpermute,
 )
 
 __version__ = "0.1.0"
@@ -40,5 +45,10 @@ __all__ = [
     "fp8_gemm",
     "fp8_linear",
     "fp8_quant_gemm",
+    "k_grouped_bf16_gemm",
+    "m_grouped_bf16_gemm",
+    "m_grouped_bf16_gemm_masked",
+    "moe_permute",
+    "moe_unpermute",
     "torch",
 ]

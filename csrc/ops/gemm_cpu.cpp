@@ -13,6 +13,7 @@
 #include <string>
 
 #include "checks.h"
+#include "gemm.h"
 
 namespace ascend_moe {
 namespace {
@@ -147,7 +148,8 @@ at::Tensor panel_to_float(const at::Tensor& panel) {
   return panel.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
-// out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c). `out` is row-major and may be a slice of a bigger output.
+}  // namespace
+
 void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
                  double alpha) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
@@ -191,6 +193,8 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
   }
   if (!acc.is_same(out)) out.copy_(acc);
 }
+
+namespace {
 
 void check_gemm(const at::Tensor& a, const at::Tensor& b) {
   check_rank(kGemm, "a", a, 2, "[M, K]");

@@ -51,4 +51,33 @@ TORCH_LIBRARY(ascend_moe, m) {
       "fp8_linear(Tensor x, Tensor weight, Tensor? bias=None, int block=128, bool use_ue8m0=False, "
       "bool fp8_backward=True) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+
+  // ---- grouped family: MoE grouped GEMMs over expert segments (specs/deepgemm_api.md §4-6) ----
+  // layout: psum=True -> int32 [G] cumulative group ends (torch._grouped_mm's offs), group g spans rows
+  // [align(end_{g-1}, alignment), end_g); psum=False -> int32 [rows] group id per row, -1 = padding.
+  // Rows outside every group are zeros in the output.
+  m.set_python_module("torch_ascend_moe.meta.grouped");
+  // D[i] = A[i] @ B[group(i)]^T: A [M, K], B [G, N, K] (any majorness) -> D [M, N].
+  m.def(
+      "m_grouped_bf16_gemm(Tensor a, Tensor b, Tensor layout, bool psum=True, int alignment=1, "
+      "ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // D[g, i] = A[g, i] @ B[g]^T for i < masked_m[g]; rows at or beyond masked_m[g] are zeros.
+  m.def(
+      "m_grouped_bf16_gemm_masked(Tensor a, Tensor b, Tensor masked_m, ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // D[g] = C[g] + sum over rows s of group g of A[s]^T B[s]: A [S, M], B [S, N] -> D [G, M, N] (weight grads).
+  m.def(
+      "k_grouped_bf16_gemm(Tensor a, Tensor b, Tensor layout, int num_groups, bool psum=True, int alignment=1, "
+      "Tensor? c=None, ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
+  // ---- moe_routing family: tokens into expert-contiguous order and back ----
+  m.set_python_module("torch_ascend_moe.meta.moe_routing");
+  // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).
+  m.def(
+      "moe_permute(Tensor x, Tensor topk_idx, int num_experts, int alignment=1) -> (Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1).
+  m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None) -> Tensor", {at::Tag::pt2_compliant_tag});
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm
+from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, moe_routing
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
@@ -18,6 +18,11 @@ KERNELS = {
     "fp8_einsum": fp8_gemm.fp8_einsum,
     "fp8_quant_gemm": fp8_linear.fp8_quant_gemm,
     "fp8_linear": fp8_linear.fp8_linear,
+    "m_grouped_bf16_gemm": grouped.m_grouped_bf16_gemm,
+    "m_grouped_bf16_gemm_masked": grouped.m_grouped_bf16_gemm_masked,
+    "k_grouped_bf16_gemm": grouped.k_grouped_bf16_gemm,
+    "moe_permute": moe_routing.moe_permute,
+    "moe_unpermute": moe_routing.moe_unpermute,
 }
 
 _libraries: dict[str, torch.library.Library] = {}

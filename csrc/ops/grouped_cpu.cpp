@@ -1,0 +1,158 @@
+// CPU kernels of the grouped family: MoE grouped GEMMs (m-grouped contiguous, m-grouped masked,
+// k-grouped), one C++ loop over expert segments calling the gemm family's worker (`matmul_into`), so no
+// per-expert Python sits on the hot path.
+//
+// Layouts (specs/deepgemm_api.md §4, §6): psum = cumulative group ends [G] (torch._grouped_mm's `offs`),
+// group g spans rows [align(end_{g-1}, alignment), end_g); ids = one group id per row [M], -1 = padding.
+// Rows outside every group are written as zeros.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <vector>
+
+#include "checks.h"
+#include "gemm.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kMGrouped = "ascend_moe::m_grouped_bf16_gemm";
+constexpr const char* kMasked = "ascend_moe::m_grouped_bf16_gemm_masked";
+constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
+
+struct Segment {
+  int64_t group, begin, end;  // rows [begin, end) belong to `group`
+};
+
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+void check_layout_tensor(const char* op, const at::Tensor& layout, bool psum, int64_t length, const at::Tensor& ref) {
+  check_rank(op, "layout", layout, 1, psum ? "[G] (cumulative group ends)" : "[M] (group id per row, -1 = padding)");
+  AM_CHECK_ARG(layout.scalar_type() == at::kInt, op, "layout", "dtype", "torch.int32", dtype_name(layout.scalar_type()));
+  check_same_device(op, "layout", layout, ref);
+  check_dim_size(op, "layout", layout, 0, psum ? "groups" : "rows", length, psum ? "b's groups" : "rows of a");
+}
+
+// The rows of each group, validated against the data (eager only: a fake cannot see values).
+std::vector<Segment> layout_segments(const char* op, const at::Tensor& layout, bool psum, int64_t alignment,
+                                     int64_t rows, int64_t groups) {
+  const at::Tensor values = layout.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* v = values.const_data_ptr<int64_t>();
+  std::vector<Segment> segments;
+  if (psum) {
+    int64_t prev = 0;
+    for (int64_t g = 0; g < values.numel(); ++g) {
+      const int64_t start = align_up(prev, alignment);
+      AM_CHECK_ARG(v[g] >= start && v[g] <= rows, op, "layout", "values",
+                   "cumulative group ends (psum): layout[g] >= align(layout[g-1], alignment=" +
+                       std::to_string(alignment) + ") and <= " + std::to_string(rows) + " rows",
+                   "layout[" + std::to_string(g) + "] = " + std::to_string(v[g]) + " (group start " +
+                       std::to_string(start) + ")");
+      segments.push_back({g, start, v[g]});
+      prev = v[g];
+    }
+    return segments;
+  }
+  for (int64_t i = 0; i < values.numel();) {
+    const int64_t g = v[i];
+    AM_CHECK_ARG(g >= -1 && g < groups, op, "layout", "values",
+                 "group ids in [-1, " + std::to_string(groups) + ") (-1 = padding row)",
+                 "layout[" + std::to_string(i) + "] = " + std::to_string(g));
+    int64_t j = i + 1;
+    while (j < values.numel() && v[j] == g) ++j;
+    if (g >= 0) segments.push_back({g, i, j});
+    i = j;
+  }
+  return segments;
+}
+
+void check_alignment(const char* op, int64_t alignment) {
+  AM_CHECK_ARG(alignment > 0, op, "alignment", "value", "a positive integer", alignment);
+}
+
+at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, bool psum,
+                                   int64_t alignment, std::optional<at::ScalarType> out_dtype) {
+  check_rank(kMGrouped, "a", a, 2, "[M, K]");
+  check_rank(kMGrouped, "b", b, 3, "[G, N, K]");
+  check_operand_dtypes(kMGrouped, a, b);
+  check_same_device(kMGrouped, "b", b, a);
+  check_dim_size(kMGrouped, "b", b, 2, "K", a.size(1), "a.size(1)");
+  check_alignment(kMGrouped, alignment);
+  check_layout_tensor(kMGrouped, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const at::ScalarType out_t = resolve_out_dtype(kMGrouped, a, std::nullopt, out_dtype);
+  at::Tensor out = at::zeros({a.size(0), b.size(1)}, a.options().dtype(out_t));
+  for (const Segment& s : layout_segments(kMGrouped, layout, psum, alignment, a.size(0), b.size(0))) {
+    if (s.end == s.begin) continue;
+    at::Tensor rows = out.narrow(0, s.begin, s.end - s.begin);
+    matmul_into(rows, a.narrow(0, s.begin, s.end - s.begin), b.select(0, s.group), std::nullopt, 1.0);
+  }
+  return out;
+}
+
+at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& masked_m,
+                                          std::optional<at::ScalarType> out_dtype) {
+  check_rank(kMasked, "a", a, 3, "[G, M_max, K]");
+  check_rank(kMasked, "b", b, 3, "[G, N, K]");
+  check_operand_dtypes(kMasked, a, b);
+  check_same_device(kMasked, "b", b, a);
+  check_dim_size(kMasked, "b", b, 0, "groups", a.size(0), "a.size(0)");
+  check_dim_size(kMasked, "b", b, 2, "K", a.size(2), "a.size(2)");
+  check_rank(kMasked, "masked_m", masked_m, 1, "[G]");
+  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, kMasked, "masked_m", "dtype", "torch.int32",
+               dtype_name(masked_m.scalar_type()));
+  check_same_device(kMasked, "masked_m", masked_m, a);
+  check_dim_size(kMasked, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
+  const at::ScalarType out_t = resolve_out_dtype(kMasked, a, std::nullopt, out_dtype);
+  // Rows at or beyond masked_m[g] are not computed; they are written as zeros.
+  at::Tensor out = at::zeros({a.size(0), a.size(1), b.size(1)}, a.options().dtype(out_t));
+  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* mv = m.const_data_ptr<int64_t>();
+  for (int64_t g = 0; g < a.size(0); ++g) {
+    AM_CHECK_ARG(mv[g] >= 0 && mv[g] <= a.size(1), kMasked, "masked_m", "values",
+                 "in [0, M_max=" + std::to_string(a.size(1)) + "]",
+                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(mv[g]));
+    if (mv[g] == 0) continue;
+    at::Tensor rows = out.select(0, g).narrow(0, 0, mv[g]);
+    matmul_into(rows, a.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), std::nullopt, 1.0);
+  }
+  return out;
+}
+
+at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
+                                   int64_t num_groups, bool psum, int64_t alignment, const std::optional<at::Tensor>& c,
+                                   std::optional<at::ScalarType> out_dtype) {
+  check_rank(kKGrouped, "a", a, 2, "[S, M] (rows are the grouped reduction axis)");
+  check_rank(kKGrouped, "b", b, 2, "[S, N]");
+  check_operand_dtypes(kKGrouped, a, b);
+  check_same_device(kKGrouped, "b", b, a);
+  check_dim_size(kKGrouped, "b", b, 0, "S", a.size(0), "a.size(0)");
+  check_alignment(kKGrouped, alignment);
+  AM_CHECK_ARG(num_groups >= 0, kKGrouped, "num_groups", "value", "a non-negative integer", num_groups);
+  check_layout_tensor(kKGrouped, layout, psum, psum ? num_groups : a.size(0), a);
+  const at::ScalarType out_t = resolve_out_dtype(kKGrouped, a, c, out_dtype);
+  const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
+  check_accumulator(kKGrouped, c, a, shape);
+  // One accumulator for all segments of a group: a group split into several runs still rounds once.
+  const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor acc = c.has_value() ? c->to(acc_t, false, /*copy=*/true) : at::zeros(shape, a.options().dtype(acc_t));
+  for (const Segment& s : layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups)) {
+    if (s.end == s.begin) continue;
+    at::Tensor acc_g = acc.select(0, s.group);
+    const int64_t len = s.end - s.begin;
+    matmul_into(acc_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), acc_g, 1.0);
+  }
+  return acc.scalar_type() == out_t ? acc : acc.to(out_t);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("m_grouped_bf16_gemm", &m_grouped_bf16_gemm_cpu);
+  m.impl("m_grouped_bf16_gemm_masked", &m_grouped_bf16_gemm_masked_cpu);
+  m.impl("k_grouped_bf16_gemm", &k_grouped_bf16_gemm_cpu);
+}
+
+}  // namespace ascend_moe

@@ -1,0 +1,148 @@
+// CPU kernels of the moe_routing family: token permutation into expert-contiguous order (the layout the
+// grouped GEMMs take) and its weighted inverse. torch_npu's npu_moe_init_routing_v2 / npu_moe_token_unpermute
+// do the same on Ascend.
+//
+// moe_permute: (token t, choice j) pairs go to their expert's segment in (t, j) order (a stable counting
+// sort); segments start at multiples of `alignment`; the output has the static capacity
+// T*k + (E-1)*(alignment-1) rows, padding rows are zero; topk_idx -1 drops a pair (row_map -1).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "checks.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kPermute = "ascend_moe::moe_permute";
+constexpr const char* kUnpermute = "ascend_moe::moe_unpermute";
+
+bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
+
+// out[t] += w[t, j] * y[map[t, j]] for tokens t0..t1 (pragmas cannot sit inside AT_DISPATCH's macro).
+template <typename T>
+void gather_weighted(const T* y, const T* w, const int32_t* map, int64_t k, int64_t H, int64_t t0, int64_t t1,
+                     T* out) {
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = map[t * k + j];
+      if (r < 0) continue;
+      const T wt = w ? w[t * k + j] : T(1);
+      const T* row = y + r * H;
+      T* o = out + t * H;
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) o[h] += wt * row[h];
+    }
+  }
+}
+
+// Rows of moe_permute's output: every routed pair plus the most alignment padding E segments can need.
+int64_t moe_permute_capacity(int64_t tokens, int64_t topk, int64_t experts, int64_t alignment) {
+  return tokens * topk + std::max<int64_t>(experts - 1, 0) * (alignment - 1);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor& x, const at::Tensor& topk_idx,
+                                                                int64_t num_experts, int64_t alignment) {
+  check_rank(kPermute, "x", x, 2, "[T, H]");
+  AM_CHECK_ARG(is_float(x.scalar_type()), kPermute, "x", "dtype", kGemmDtypes, dtype_name(x.scalar_type()));
+  check_rank(kPermute, "topk_idx", topk_idx, 2, "[T, k]");
+  AM_CHECK_ARG(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, kPermute, "topk_idx",
+               "dtype", "torch.int32 or torch.int64", dtype_name(topk_idx.scalar_type()));
+  AM_CHECK_ARG(topk_idx.device() == x.device(), kPermute, "topk_idx", "device", x.device().str() + " (same as 'x')",
+               topk_idx.device().str());
+  check_dim_size(kPermute, "topk_idx", topk_idx, 0, "T", x.size(0), "x.size(0)");
+  AM_CHECK_ARG(num_experts > 0, kPermute, "num_experts", "value", "a positive integer", num_experts);
+  AM_CHECK_ARG(alignment > 0, kPermute, "alignment", "value", "a positive integer", alignment);
+  const int64_t T = x.size(0), k = topk_idx.size(1), H = x.size(1), E = num_experts;
+  const at::Tensor idx = topk_idx.to(at::kLong).contiguous();
+  const int64_t* ids = idx.const_data_ptr<int64_t>();
+  std::vector<int64_t> counts(E, 0);
+  for (int64_t i = 0; i < T * k; ++i) {
+    AM_CHECK_ARG(ids[i] >= -1 && ids[i] < E, kPermute, "topk_idx", "values",
+                 "expert ids in [-1, " + std::to_string(E) + ") (-1 = not routed)",
+                 "topk_idx[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(ids[i]));
+    if (ids[i] >= 0) ++counts[ids[i]];
+  }
+  at::Tensor offs = at::empty({E}, topk_idx.options().dtype(at::kInt));
+  std::vector<int64_t> next(E);
+  int64_t end = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    next[e] = (end + alignment - 1) / alignment * alignment;
+    end = next[e] + counts[e];
+    offs.data_ptr<int32_t>()[e] = static_cast<int32_t>(end);
+  }
+  at::Tensor row_map = at::empty({T, k}, topk_idx.options().dtype(at::kInt));
+  int32_t* rm = row_map.data_ptr<int32_t>();
+  for (int64_t i = 0; i < T * k; ++i) rm[i] = ids[i] >= 0 ? static_cast<int32_t>(next[ids[i]]++) : -1;
+  const int64_t capacity = moe_permute_capacity(T, k, E, alignment);
+  at::Tensor out = at::zeros({capacity, H}, x.options());
+  const at::Tensor xc = x.contiguous();
+  const int64_t row_bytes = H * static_cast<int64_t>(x.element_size());
+  const char* src = static_cast<const char*>(xc.const_data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t r = rm[t * k + j];
+        if (r >= 0) std::memcpy(dst + r * row_bytes, src + t * row_bytes, row_bytes);
+      }
+    }
+  });
+  return {out, row_map, offs};
+}
+
+// out[t] = sum_j w[t, j] * y[row_map[t, j]] over routed pairs, accumulated in FP32 (FP64 for FP64 y).
+at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
+                             const std::optional<at::Tensor>& topk_weights) {
+  check_rank(kUnpermute, "y", y, 2, "[R, H]");
+  AM_CHECK_ARG(is_float(y.scalar_type()), kUnpermute, "y", "dtype", kGemmDtypes, dtype_name(y.scalar_type()));
+  check_rank(kUnpermute, "row_map", row_map, 2, "[T, k]");
+  AM_CHECK_ARG(row_map.scalar_type() == at::kInt, kUnpermute, "row_map", "dtype", "torch.int32",
+               dtype_name(row_map.scalar_type()));
+  AM_CHECK_ARG(row_map.device() == y.device(), kUnpermute, "row_map", "device", y.device().str() + " (same as 'y')",
+               row_map.device().str());
+  const int64_t T = row_map.size(0), k = row_map.size(1), H = y.size(1), R = y.size(0);
+  const at::ScalarType acc_t = y.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor w;
+  if (topk_weights.has_value()) {
+    AM_CHECK_ARG(topk_weights->sizes() == row_map.sizes(), kUnpermute, "topk_weights", "shape",
+                 shape_str(row_map.sizes()) + " (row_map's shape)", shape_str(topk_weights->sizes()));
+    AM_CHECK_ARG(is_float(topk_weights->scalar_type()), kUnpermute, "topk_weights", "dtype", kGemmDtypes,
+                 dtype_name(topk_weights->scalar_type()));
+    AM_CHECK_ARG(topk_weights->device() == y.device(), kUnpermute, "topk_weights", "device",
+                 y.device().str() + " (same as 'y')", topk_weights->device().str());
+    w = topk_weights->to(acc_t).contiguous();
+  }
+  const at::Tensor rm = row_map.contiguous();
+  const int32_t* map = rm.const_data_ptr<int32_t>();
+  for (int64_t i = 0; i < T * k; ++i) {
+    AM_CHECK_ARG(map[i] >= -1 && map[i] < R, kUnpermute, "row_map", "values",
+                 "rows of y in [-1, " + std::to_string(R) + ") (-1 = not routed)",
+                 "row_map[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(map[i]));
+  }
+  const at::Tensor yc = y.to(acc_t).contiguous();
+  at::Tensor acc = at::zeros({T, H}, y.options().dtype(acc_t));
+  AT_DISPATCH_FLOATING_TYPES(acc_t, "moe_unpermute", [&] {
+    const scalar_t* ys = yc.const_data_ptr<scalar_t>();
+    const scalar_t* ws = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* out = acc.data_ptr<scalar_t>();
+    at::parallel_for(0, T, 16,
+                     [&](int64_t t0, int64_t t1) { gather_weighted(ys, ws, map, k, H, t0, t1, out); });
+  });
+  return acc.scalar_type() == y.scalar_type() ? acc : acc.to(y.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("moe_permute", &moe_permute_cpu);
+  m.impl("moe_unpermute", &moe_unpermute_cpu);
+}
+
+}  // namespace ascend_moe

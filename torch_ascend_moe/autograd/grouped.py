@@ -1,0 +1,78 @@
+"""Backward of the grouped family, closed under differentiation (compiled backward graphs hold our ops).
+
+m-grouped ``D[i] = A[i] B[g(i)]^T``: ``dA`` is the m-grouped GEMM of ``dD`` with ``B[g]`` transposed (a view),
+``dB[g] = sum_{i in g} dD[i]^T A[i]`` is the k-grouped GEMM. k-grouped ``D[g] = C[g] + sum A[s]^T B[s]``:
+``dA[s] = B[s] dD[g]^T`` and ``dB[s] = A[s] dD[g]`` are m-grouped GEMMs. Masked: rows beyond ``masked_m``
+do not touch the output, so their gradient is zero (and their values, possibly garbage, are masked out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.ops.gemm import bf16_bmm
+from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm, m_grouped_bf16_gemm_masked
+
+
+def _needs(ctx, i: int) -> bool:
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+def _with_defaults(inputs, defaults) -> tuple:
+    # The dispatcher drops trailing arguments left at their defaults.
+    return (*inputs, *defaults[len(inputs) :])
+
+
+def _m_setup(ctx, inputs, output):
+    a, b, layout, psum, alignment, _ = _with_defaults(inputs, (None, None, None, True, 1, None))
+    ctx.save_for_backward(a, b, layout)
+    ctx.psum, ctx.alignment = psum, alignment
+
+
+def _m_backward(ctx, grad):
+    a, b, layout = ctx.saved_tensors
+    kw = {"psum": ctx.psum, "alignment": ctx.alignment}
+    grad_a = m_grouped_bf16_gemm(grad, b.transpose(1, 2), layout, out_dtype=a.dtype, **kw) if _needs(ctx, 0) else None
+    grad_b = k_grouped_bf16_gemm(grad, a, layout, b.shape[0], out_dtype=b.dtype, **kw) if _needs(ctx, 1) else None
+    return grad_a, grad_b, None, None, None, None
+
+
+def _masked_setup(ctx, inputs, output):
+    a, b, masked_m = inputs[:3]
+    ctx.save_for_backward(a, b, masked_m)
+
+
+def _masked_backward(ctx, grad):
+    a, b, masked_m = ctx.saved_tensors
+    grad_a = (
+        m_grouped_bf16_gemm_masked(grad, b.transpose(1, 2), masked_m, out_dtype=a.dtype) if _needs(ctx, 0) else None
+    )
+    grad_b = None
+    if _needs(ctx, 1):
+        valid = (torch.arange(a.shape[1], device=a.device) < masked_m.unsqueeze(1)).unsqueeze(-1)
+        g, x = torch.where(valid, grad, 0).to(a.dtype), torch.where(valid, a, 0)
+        grad_b = bf16_bmm(g.transpose(1, 2), x.transpose(1, 2), out_dtype=b.dtype)
+    return grad_a, grad_b, None, None
+
+
+def _k_setup(ctx, inputs, output):
+    a, b, layout, num_groups, psum, alignment, c, _ = _with_defaults(
+        inputs, (None, None, None, None, True, 1, None, None)
+    )
+    ctx.save_for_backward(a, b, layout)
+    ctx.psum, ctx.alignment = psum, alignment
+    ctx.c_dtype = None if c is None else c.dtype
+
+
+def _k_backward(ctx, grad):
+    a, b, layout = ctx.saved_tensors
+    kw = {"psum": ctx.psum, "alignment": ctx.alignment}
+    grad_a = m_grouped_bf16_gemm(b, grad, layout, out_dtype=a.dtype, **kw) if _needs(ctx, 0) else None
+    grad_b = m_grouped_bf16_gemm(a, grad.transpose(1, 2), layout, out_dtype=b.dtype, **kw) if _needs(ctx, 1) else None
+    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, 6) else None
+    return grad_a, grad_b, None, None, None, None, grad_c, None
+
+
+torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm", _m_backward, setup_context=_m_setup)
+torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm_masked", _masked_backward, setup_context=_masked_setup)
+torch.library.register_autograd("ascend_moe::k_grouped_bf16_gemm", _k_backward, setup_context=_k_setup)

@@ -1,0 +1,58 @@
+"""Backward of the moe_routing family, with static shapes (no data-dependent sizes in compiled graphs).
+
+``moe_permute`` copies rows, so its gradient sums the copies back: ``moe_unpermute`` without weights.
+``moe_unpermute``: ``dy[row_map[t, j]] = w[t, j] * dout[t]`` (an index_add into a buffer with one spare
+row that unrouted pairs point at) and ``dw[t, j] = <dout[t], y[row_map[t, j]]>``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.ops.moe_routing import moe_unpermute
+
+
+def _needs(ctx, i: int) -> bool:
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.x_dtype = inputs[0].dtype
+
+
+def _permute_backward(ctx, grad, grad_row_map, grad_offs):
+    (row_map,) = ctx.saved_tensors
+    grad_x = moe_unpermute(grad.to(ctx.x_dtype), row_map) if _needs(ctx, 0) else None
+    return grad_x, None, None, None
+
+
+def _unpermute_setup(ctx, inputs, output):
+    y, row_map = inputs[:2]
+    weights = inputs[2] if len(inputs) > 2 else None
+    ctx.has_weights = weights is not None
+    ctx.save_for_backward(y, row_map, weights if weights is not None else y.new_empty(0))
+
+
+def _unpermute_backward(ctx, grad):
+    y, row_map, weights = ctx.saved_tensors
+    acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
+    rows = y.shape[0]
+    idx = torch.where(row_map >= 0, row_map.long(), rows)  # unrouted pairs -> the spare row
+    g = grad.to(acc_t)
+    grad_y = grad_w = None
+    if _needs(ctx, 0):
+        contrib = g.unsqueeze(1).expand(-1, row_map.shape[1], -1)
+        if ctx.has_weights:
+            contrib = contrib * weights.to(acc_t).unsqueeze(-1)
+        buf = torch.zeros(rows + 1, y.shape[1], dtype=acc_t, device=y.device)
+        buf.index_add_(0, idx.flatten(), contrib.reshape(-1, y.shape[1]))
+        grad_y = buf[:rows].to(y.dtype)
+    if ctx.has_weights and _needs(ctx, 2):
+        padded = torch.cat([y.to(acc_t), y.new_zeros(1, y.shape[1], dtype=acc_t)])
+        grad_w = (padded[idx] * g.unsqueeze(1)).sum(-1).to(weights.dtype)
+    return grad_y, None, grad_w
+
+
+torch.library.register_autograd("ascend_moe::moe_permute", _permute_backward, setup_context=_permute_setup)
+torch.library.register_autograd("ascend_moe::moe_unpermute", _unpermute_backward, setup_context=_unpermute_setup)

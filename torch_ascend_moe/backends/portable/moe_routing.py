@@ -1,0 +1,63 @@
+"""Device-generic MoE routing with vectorized torch ops (a stable sort by expert; host work is O(E))."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.meta.moe_routing import PERMUTE, UNPERMUTE, permute_signature, unpermute_signature
+
+
+def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
+    if values.numel() == 0:
+        return
+    bad = (values < -1) | (values >= high)
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        t, j = divmod(i, values.shape[1])
+        ck.check_arg(
+            False,
+            op,
+            arg,
+            "values",
+            f"{what} in [-1, {high}) (-1 = not routed)",
+            f"{arg}[{t}, {j}] = {int(values.flatten()[i])}",
+        )
+
+
+def moe_permute(x, topk_idx, num_experts, alignment=1):
+    capacity = permute_signature(x, topk_idx, num_experts, alignment)
+    _check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    t, k = topk_idx.shape
+    ids = topk_idx.long().flatten()
+    key = torch.where(ids >= 0, ids, num_experts)  # unrouted pairs sort last
+    order = torch.argsort(key, stable=True)  # by expert, then (t, j): the C++ kernel's order
+    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts].tolist()
+    starts, ends, end = [], [], 0
+    for count in counts:
+        starts.append(-(-end // alignment) * alignment)
+        end = starts[-1] + count
+        ends.append(end)
+    sorted_key = key[order]
+    first = torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), device=x.device)
+    routed = sorted_key < num_experts
+    start_of = torch.tensor(starts + [0], device=x.device)
+    rank = torch.arange(ids.numel(), device=x.device) - first[sorted_key.clamp(max=num_experts - 1)]
+    dest = torch.where(routed, start_of[sorted_key] + rank, -1)
+    row_map = torch.full_like(ids, -1)
+    row_map[order] = dest
+    out = torch.zeros(capacity, x.shape[1], dtype=x.dtype, device=x.device)
+    out[dest[routed]] = x[order[routed] // k]
+    offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
+    return out, row_map.view(t, k).to(torch.int32), offs
+
+
+def moe_unpermute(y, row_map, topk_weights=None):
+    unpermute_signature(y, row_map, topk_weights)
+    _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+    acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
+    rows = row_map.long()
+    gathered = y.to(acc_t)[rows.clamp(min=0)] * (rows >= 0).unsqueeze(-1)
+    if topk_weights is not None:
+        gathered = gathered * topk_weights.to(acc_t).unsqueeze(-1)
+    return gathered.sum(1).to(y.dtype)

@@ -1,0 +1,22 @@
+"""FLOP formulas of the grouped family. Group sizes are data, so these count every row of the buffers
+(padding included): an upper bound, exact for full layouts."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+
+@register_flop_formula(torch.ops.ascend_moe.m_grouped_bf16_gemm)
+def m_grouped_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * b_shape[1] * a_shape[1]
+
+
+@register_flop_formula(torch.ops.ascend_moe.m_grouped_bf16_gemm_masked)
+def masked_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1] * a_shape[2]
+
+
+@register_flop_formula(torch.ops.ascend_moe.k_grouped_bf16_gemm)
+def k_grouped_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]

@@ -1,0 +1,132 @@
+"""Fakes of the grouped family and the validation its Python kernels share (twin of ``csrc/ops/grouped_cpu.cpp``).
+
+Output shapes depend only on input shapes (padding rows are zeros), so every op has a static-shape fake.
+Layout *values* (sorted psum ends, ids in range, ``masked_m <= M_max``) are data: the kernels check them
+eagerly (``layout_segments`` here and in C++); a fake cannot, so a traced graph relies on the kernel's check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+
+M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
+MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
+K_GROUPED = "ascend_moe::k_grouped_bf16_gemm"
+
+
+def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
+    ck.check_rank(
+        op, "layout", layout, 1, "[G] (cumulative group ends)" if psum else "[M] (group id per row, -1 = padding)"
+    )
+    ck.check_arg(layout.dtype == torch.int32, op, "layout", "dtype", "torch.int32", layout.dtype)
+    ck.check_same_device(op, "layout", layout, ref)
+    ck.check_dim_size(
+        op, "layout", layout, 0, "groups" if psum else "rows", length, "b's groups" if psum else "rows of a"
+    )
+
+
+def _check_alignment(op: str, alignment: int) -> None:
+    ck.check_arg(alignment > 0, op, "alignment", "value", "a positive integer", alignment)
+
+
+def layout_segments(op: str, layout: torch.Tensor, psum: bool, alignment: int, rows: int, groups: int) -> list:
+    """``[(group, begin, end)]`` row ranges of a layout, validated against its values (eager kernels only)."""
+    values = layout.tolist()
+    segments = []
+    if psum:
+        prev = 0
+        for g, end in enumerate(values):
+            start = -(-prev // alignment) * alignment
+            ck.check_arg(
+                start <= end <= rows,
+                op,
+                "layout",
+                "values",
+                f"cumulative group ends (psum): layout[g] >= align(layout[g-1], alignment={alignment}) "
+                f"and <= {rows} rows",
+                f"layout[{g}] = {end} (group start {start})",
+            )
+            segments.append((g, start, end))
+            prev = end
+        return segments
+    i = 0
+    while i < len(values):
+        g = values[i]
+        ck.check_arg(
+            -1 <= g < groups,
+            op,
+            "layout",
+            "values",
+            f"group ids in [-1, {groups}) (-1 = padding row)",
+            f"layout[{i}] = {g}",
+        )
+        j = i + 1
+        while j < len(values) and values[j] == g:
+            j += 1
+        if g >= 0:
+            segments.append((g, i, j))
+        i = j
+    return segments
+
+
+def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list, torch.dtype]:
+    op = M_GROUPED
+    ck.check_rank(op, "a", a, 2, "[M, K]")
+    ck.check_rank(op, "b", b, 3, "[G, N, K]")
+    ck.check_operand_dtypes(op, a, b)
+    ck.check_same_device(op, "b", b, a)
+    ck.check_dim_size(op, "b", b, 2, "K", a.shape[1], "a.size(1)")
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
+    return [a.shape[0], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
+
+
+def masked_signature(a, b, masked_m, out_dtype) -> tuple[list, torch.dtype]:
+    op = MASKED
+    ck.check_rank(op, "a", a, 3, "[G, M_max, K]")
+    ck.check_rank(op, "b", b, 3, "[G, N, K]")
+    ck.check_operand_dtypes(op, a, b)
+    ck.check_same_device(op, "b", b, a)
+    ck.check_dim_size(op, "b", b, 0, "groups", a.shape[0], "a.size(0)")
+    ck.check_dim_size(op, "b", b, 2, "K", a.shape[2], "a.size(2)")
+    ck.check_rank(op, "masked_m", masked_m, 1, "[G]")
+    ck.check_arg(masked_m.dtype == torch.int32, op, "masked_m", "dtype", "torch.int32", masked_m.dtype)
+    ck.check_same_device(op, "masked_m", masked_m, a)
+    ck.check_dim_size(op, "masked_m", masked_m, 0, "groups", a.shape[0], "a.size(0)")
+    return [a.shape[0], a.shape[1], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
+
+
+def k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype) -> tuple[list, torch.dtype]:
+    op = K_GROUPED
+    ck.check_rank(op, "a", a, 2, "[S, M] (rows are the grouped reduction axis)")
+    ck.check_rank(op, "b", b, 2, "[S, N]")
+    ck.check_operand_dtypes(op, a, b)
+    ck.check_same_device(op, "b", b, a)
+    ck.check_dim_size(op, "b", b, 0, "S", a.shape[0], "a.size(0)")
+    _check_alignment(op, alignment)
+    ck.check_arg(num_groups >= 0, op, "num_groups", "value", "a non-negative integer", num_groups)
+    check_layout_tensor(op, layout, psum, num_groups if psum else a.shape[0], a)
+    dtype = ck.resolve_out_dtype(op, a, c, out_dtype)
+    shape = [num_groups, a.shape[1], b.shape[1]]
+    ck.check_accumulator(op, c, a, shape)
+    return shape, dtype
+
+
+@torch.library.register_fake(M_GROUPED)
+def _m_grouped_fake(a, b, layout, psum=True, alignment=1, out_dtype=None):
+    shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(MASKED)
+def _masked_fake(a, b, masked_m, out_dtype=None):
+    shape, dtype = masked_signature(a, b, masked_m, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(K_GROUPED)
+def _k_grouped_fake(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
+    shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    return a.new_empty(shape, dtype=dtype)

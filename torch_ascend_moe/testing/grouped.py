@@ -1,0 +1,252 @@
+"""Sample inputs, fp64 references, bad inputs and harness specs of the grouped family.
+
+Layouts cover DeepGEMM's cases scaled down: psum with and without alignment gaps, per-row ids with -1
+padding rows, empty groups, one group holding every token, and MN-major expert weights. Rows of ``a``
+outside every group (and beyond ``masked_m``) hold large values: a kernel that read them as valid rows
+would be far off the reference, which is zero there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.portable import grouped as portable
+from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+_POISON = 1e4  # scale of the values placed in rows no group owns
+
+
+def _int32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def psum_layout(counts: list[int], alignment: int) -> tuple[torch.Tensor, int]:
+    """(cumulative ends, total rows) of groups of ``counts`` rows starting at multiples of ``alignment``."""
+    ends, end = [], 0
+    for count in counts:
+        end = -(-end // alignment) * alignment + count
+        ends.append(end)
+    return _int32(ends), -(-end // alignment) * alignment
+
+
+def ids_layout(counts: list[int], alignment: int) -> torch.Tensor:
+    """Per-row group ids of the same segments, -1 on padding rows (DeepGEMM's m_indices)."""
+    ids = []
+    for g, count in enumerate(counts):
+        ids += [g] * count + [-1] * ((-count) % alignment)
+    return _int32(ids)
+
+
+# (counts per group, alignment, psum, b MN-major)
+_M_CASES = [
+    ([5, 0, 9, 3], 1, True, False),
+    ([5, 0, 9, 3], 8, True, True),
+    ([6, 2, 0, 7], 4, False, False),
+    ([0, 17, 0], 1, True, False),  # one group holds every token
+    ([0, 0], 1, True, False),  # no tokens at all
+]
+_M_CASES_SMALL = [([2, 0, 3], 1, True, False), ([3, 1], 4, False, True), ([1, 2], 2, True, False)]
+
+
+def _rows_of(layout, psum, alignment, rows, groups) -> torch.Tensor:
+    """Boolean mask of rows some group owns."""
+    owned = torch.zeros(rows, dtype=torch.bool)
+    for _, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, rows, groups):
+        owned[begin:end] = True
+    return owned
+
+
+def m_grouped_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(20)
+    n, k = (6, 16) if small else (40, 96)
+    samples = []
+    for counts, alignment, psum, mn_major in _M_CASES_SMALL if small else _M_CASES:
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        a = torch.randn(rows, k, generator=g)
+        owned = _rows_of(layout, psum, alignment, rows, len(counts))
+        a[~owned] = _POISON * torch.randn(int((~owned).sum()), k, generator=g)
+        b = torch.randn(len(counts), n, k, generator=g)
+        if mn_major:
+            b = b.transpose(1, 2).contiguous().transpose(1, 2)
+        a, b = a.to(dtype).to(device), b.to(dtype).to(device)
+        a.requires_grad_(requires_grad)
+        b.requires_grad_(requires_grad)
+        name = f"{'psum' if psum else 'ids'} counts={counts} align={alignment}{' bT' if mn_major else ''}"
+        samples.append(SampleInput((a, b, layout.to(device), psum, alignment, None), name))
+    return samples
+
+
+def m_grouped_reference(a, b, layout, psum=True, alignment=1, out_dtype=None):
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
+        out[begin:end] = a[begin:end].detach().double() @ b[grp].detach().double().T
+    return out
+
+
+def m_grouped_bad_inputs(device) -> list[BadInput]:
+    a, b = torch.randn(8, 16), torch.randn(3, 4, 16)
+    ok = _int32([2, 5, 8])
+    return [
+        BadInput((a, b, ok.long(), True, 1, None), r"argument 'layout' dtype: expected torch.int32", "dtype"),
+        BadInput((a, b, ok[:2], True, 1, None), r"argument 'layout' size\(0\) \(groups\): expected 3", "psum length"),
+        BadInput((a, b, ok, False, 1, None), r"argument 'layout' size\(0\) \(rows\): expected 8", "ids length"),
+        BadInput(
+            (a, b, _int32([4, 2, 8]), True, 1, None),
+            r"layout\[1\] = 2 \(group start 4\)",
+            "unsorted psum",
+            data_dependent=True,
+        ),
+        BadInput(
+            (a, b, _int32([2, 5, 9]), True, 1, None),
+            r"and <= 8 rows, got layout\[2\] = 9",
+            "psum > M",
+            data_dependent=True,
+        ),
+        BadInput(
+            (a, b, _int32([3, 2, 8]), True, 4, None),
+            r"layout\[1\] = 2 \(group start 4\)",
+            "aligned start",
+            data_dependent=True,
+        ),
+        BadInput(
+            (a, b, _int32([0, 0, 1, 1, 3, 2, -1, -1]), False, 1, None),
+            r"group ids in \[-1, 3\).*layout\[4\] = 3",
+            "id >= G",
+            data_dependent=True,
+        ),
+        BadInput((a, b[:, :, :8], ok, True, 1, None), r"argument 'b' size\(2\) \(K\): expected 16", "K"),
+        BadInput((a, b, ok, True, 0, None), r"argument 'alignment' value", "alignment"),
+        BadInput((a.int(), b, ok, True, 1, None), r"argument 'a' dtype", "a dtype"),
+    ]
+
+
+# (G, M_max, masked_m)
+_MASKED_CASES = [(3, 7, [7, 0, 3]), (2, 5, [1, 5]), (4, 1, [0, 0, 1, 0])]
+_MASKED_CASES_SMALL = [(2, 3, [3, 1]), (3, 2, [0, 2, 1])]
+
+
+def masked_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(21)
+    n, k = (5, 8) if small else (24, 64)
+    samples = []
+    for groups, m_max, masked in _MASKED_CASES_SMALL if small else _MASKED_CASES:
+        a = torch.randn(groups, m_max, k, generator=g)
+        for grp, m in enumerate(masked):
+            a[grp, m:] *= _POISON
+        b = torch.randn(groups, n, k, generator=g)
+        a, b = (
+            a.to(dtype).to(device).requires_grad_(requires_grad),
+            b.to(dtype).to(device).requires_grad_(requires_grad),
+        )
+        samples.append(SampleInput((a, b, _int32(masked).to(device), None), f"G{groups} M_max{m_max} masked={masked}"))
+    return samples
+
+
+def masked_reference(a, b, masked_m, out_dtype=None):
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float64)
+    for grp, m in enumerate(masked_m.tolist()):
+        out[grp, :m] = a[grp, :m].detach().double() @ b[grp].detach().double().T
+    return out
+
+
+def masked_bad_inputs(device) -> list[BadInput]:
+    a, b, m = torch.randn(2, 4, 8), torch.randn(2, 3, 8), _int32([4, 1])
+    return [
+        BadInput(
+            (a, b, _int32([5, 1]), None),
+            r"argument 'masked_m' values: expected in \[0, M_max=4\], got masked_m\[0\] = 5",
+            "m > M_max",
+            data_dependent=True,
+        ),
+        BadInput((a, b, m.long(), None), r"argument 'masked_m' dtype: expected torch.int32", "dtype"),
+        BadInput((a, b[:1], m, None), r"argument 'b' size\(0\) \(groups\): expected 2", "groups"),
+        BadInput((a, b, m[:1], None), r"argument 'masked_m' size\(0\) \(groups\): expected 2", "masked_m length"),
+        BadInput((a[0], b, m, None), r"argument 'a' rank: expected 3-D", "rank"),
+    ]
+
+
+# (counts per group, alignment, psum, with c)
+_K_CASES = [
+    ([6, 0, 11, 3], 1, True, True),
+    ([6, 2, 0, 7], 4, True, False),
+    ([4, 3, 0, 5], 2, False, True),
+    ([0, 0], 1, True, True),
+]
+_K_CASES_SMALL = [([2, 0, 3], 1, True, True), ([3, 1], 2, False, False), ([1, 2], 4, True, False)]
+
+
+def k_grouped_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(22)
+    m, n = (4, 5) if small else (24, 40)
+    samples = []
+    for counts, alignment, psum, with_c in _K_CASES_SMALL if small else _K_CASES:
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        owned = _rows_of(layout, psum, alignment, rows, len(counts))
+        a, b = torch.randn(rows, m, generator=g), torch.randn(rows, n, generator=g)
+        a[~owned] *= _POISON
+        b[~owned] *= _POISON
+        c = (
+            torch.randn(len(counts), m, n, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+            if with_c
+            else None
+        )
+        a, b = (
+            a.to(dtype).to(device).requires_grad_(requires_grad),
+            b.to(dtype).to(device).requires_grad_(requires_grad),
+        )
+        name = f"{'psum' if psum else 'ids'} counts={counts} align={alignment}{' +c' if with_c else ''}"
+        samples.append(SampleInput((a, b, layout.to(device), len(counts), psum, alignment, c, None), name))
+    return samples
+
+
+def k_grouped_reference(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
+    out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float64)
+    if c is not None:
+        out += c.detach().double()
+    for grp, begin, end in layout_segments(K_GROUPED, layout, psum, alignment, a.shape[0], num_groups):
+        out[grp] += a[begin:end].detach().double().T @ b[begin:end].detach().double()
+    return out
+
+
+def k_grouped_bad_inputs(device) -> list[BadInput]:
+    a, b, ok = torch.randn(8, 4), torch.randn(8, 5), _int32([2, 5, 8])
+    return [
+        BadInput((a, b, ok, 2, True, 1, None, None), r"argument 'layout' size\(0\) \(groups\): expected 2", "G"),
+        BadInput((a, b[:7], ok, 3, True, 1, None, None), r"argument 'b' size\(0\) \(S\): expected 8", "S"),
+        BadInput(
+            (a, b, _int32([2, 1, 8]), 3, True, 1, None, None),
+            r"layout\[1\] = 1 \(group start 2\)",
+            "unsorted",
+            data_dependent=True,
+        ),
+        BadInput((a, b, ok, 3, True, 1, torch.zeros(3, 4, 4), None), r"argument 'c' shape: expected \[3, 4, 5\]", "c"),
+        BadInput((a, b, ok, -1, True, 1, None, None), r"argument 'num_groups' value", "num_groups"),
+    ]
+
+
+SPECS = [
+    OpSpec(
+        "m_grouped_bf16_gemm",
+        m_grouped_samples,
+        m_grouped_reference,
+        m_grouped_bad_inputs,
+        portable.m_grouped_bf16_gemm,
+    ),
+    OpSpec(
+        "m_grouped_bf16_gemm_masked",
+        masked_samples,
+        masked_reference,
+        masked_bad_inputs,
+        portable.m_grouped_bf16_gemm_masked,
+    ),
+    OpSpec(
+        "k_grouped_bf16_gemm",
+        k_grouped_samples,
+        k_grouped_reference,
+        k_grouped_bad_inputs,
+        portable.k_grouped_bf16_gemm,
+    ),
+]

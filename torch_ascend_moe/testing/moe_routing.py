@@ -1,0 +1,119 @@
+"""Sample inputs, references, bad inputs and harness specs of the moe_routing family.
+
+Routings include unrouted pairs (-1, as DeepEP marks experts of other ranks), experts nobody chose,
+alignment padding and int32/int64 ids. The permute reference is a plain loop over (token, choice) pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.portable import moe_routing as portable
+from torch_ascend_moe.meta.moe_routing import permute_capacity
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+
+def random_topk(tokens: int, topk: int, experts: int, generator: torch.Generator, drop: float = 0.2) -> torch.Tensor:
+    """Distinct experts per token (as a router's top-k), some pairs dropped to -1."""
+    scores = torch.rand(tokens, experts, generator=generator)
+    idx = scores.topk(topk, dim=1).indices
+    dropped = torch.rand(tokens, topk, generator=generator) < drop
+    return torch.where(dropped, -1, idx)
+
+
+# (T, H, k, E, alignment, id dtype)
+_PERMUTE_CASES = [(9, 16, 2, 4, 1, torch.int64), (13, 24, 3, 6, 4, torch.int32), (1, 8, 1, 3, 8, torch.int64)]
+_PERMUTE_CASES_SMALL = [(4, 3, 2, 3, 1, torch.int64), (5, 2, 2, 4, 2, torch.int32)]
+
+
+def permute_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(30)
+    samples = []
+    for t, h, k, e, alignment, id_dtype in _PERMUTE_CASES_SMALL if small else _PERMUTE_CASES:
+        x = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        idx = random_topk(t, k, e, g).to(id_dtype).to(device)
+        samples.append(SampleInput((x, idx, e, alignment), f"T{t} H{h} k{k} E{e} align={alignment} {id_dtype}"))
+    return samples
+
+
+def permute_reference(x, topk_idx, num_experts, alignment=1):
+    t, k = topk_idx.shape
+    pairs = [(int(topk_idx[i, j]), i, j) for i in range(t) for j in range(k) if int(topk_idx[i, j]) >= 0]
+    out = torch.zeros(permute_capacity(t, k, num_experts, alignment), x.shape[1], dtype=torch.float64)
+    row_map = torch.full((t, k), -1, dtype=torch.int32)
+    offs, end = [], 0
+    for expert in range(num_experts):
+        row = -(-end // alignment) * alignment
+        for e, i, j in pairs:
+            if e == expert:
+                out[row] = x[i].detach().double()
+                row_map[i, j] = row
+                row += 1
+        end = row
+        offs.append(end)
+    return out, row_map, torch.tensor(offs, dtype=torch.int32)
+
+
+def permute_bad_inputs(device) -> list[BadInput]:
+    x, idx = torch.randn(4, 8), torch.tensor([[0, 1], [2, -1], [1, 0], [2, 2]])
+    return [
+        BadInput((x, idx.float(), 3, 1), r"argument 'topk_idx' dtype: expected torch.int32 or torch.int64", "dtype"),
+        BadInput((x, idx[:3], 3, 1), r"argument 'topk_idx' size\(0\) \(T\): expected 4", "T"),
+        BadInput((x, idx, 0, 1), r"argument 'num_experts' value", "E"),
+        BadInput((x, idx, 3, 0), r"argument 'alignment' value", "alignment"),
+        BadInput(
+            (x, idx, 2, 1),
+            r"argument .topk_idx. values: expected expert ids in \[-1, 2\).*got topk_idx\[1, 0\] = 2",
+            "id >= E",
+            data_dependent=True,
+        ),
+    ]
+
+
+def unpermute_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(31)
+    samples = []
+    for i, (t, h, k, e, alignment, _) in enumerate(_PERMUTE_CASES_SMALL if small else _PERMUTE_CASES):
+        idx = random_topk(t, k, e, g)
+        _, row_map, _ = portable.moe_permute(torch.zeros(t, 1), idx, e, alignment)
+        y = torch.randn(permute_capacity(t, k, e, alignment), h, generator=g).to(dtype).to(device)
+        w = torch.rand(t, k, generator=g).to(dtype).to(device) if i % 2 == 0 else None
+        y.requires_grad_(requires_grad)
+        if w is not None:
+            w.requires_grad_(requires_grad)
+        samples.append(
+            SampleInput((y, row_map.to(device), w), f"T{t} H{h} k{k} E{e}{' weighted' if w is not None else ''}")
+        )
+    return samples
+
+
+def unpermute_reference(y, row_map, topk_weights=None):
+    out = torch.zeros(row_map.shape[0], y.shape[1], dtype=torch.float64)
+    for t in range(row_map.shape[0]):
+        for j in range(row_map.shape[1]):
+            r = int(row_map[t, j])
+            if r >= 0:
+                w = 1.0 if topk_weights is None else float(topk_weights[t, j])
+                out[t] += w * y[r].detach().double()
+    return out
+
+
+def unpermute_bad_inputs(device) -> list[BadInput]:
+    y, rm, w = torch.randn(6, 4), torch.tensor([[0, 1], [2, -1]], dtype=torch.int32), torch.rand(2, 2)
+    return [
+        BadInput((y, rm.long(), w), r"argument 'row_map' dtype: expected torch.int32", "dtype"),
+        BadInput((y, rm, w[:1]), r"argument 'topk_weights' shape: expected \[2, 2\] \(row_map's shape\)", "w shape"),
+        BadInput((y[0], rm, w), r"argument 'y' rank: expected 2-D", "rank"),
+        BadInput(
+            (y, rm + 5, w),
+            r"argument 'row_map' values: expected rows of y in \[-1, 6\) \(-1 = not routed\), got row_map\[0, 1\] = 6",
+            "row >= R",
+            data_dependent=True,
+        ),
+    ]
+
+
+SPECS = [
+    OpSpec("moe_permute", permute_samples, permute_reference, permute_bad_inputs, portable.moe_permute),
+    OpSpec("moe_unpermute", unpermute_samples, unpermute_reference, unpermute_bad_inputs, portable.moe_unpermute),
+]
