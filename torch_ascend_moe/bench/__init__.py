@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm", "fp8_linear")
+FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped")
 # Names that run several families: ``bench fp8`` covers every FP8 op.
 GROUPS = {"fp8": ("fp8_gemm", "fp8_linear")}
 

@@ -1,0 +1,87 @@
+"""Benchmark cases of the grouped and moe_routing families on MoE-like shapes with skewed expert loads.
+
+Baselines, measured in the same run: a per-expert Python loop of ``torch.mm`` (what a plain PyTorch MoE
+does) and ``torch._grouped_mm`` (PyTorch's grouped GEMM, with the same psum ``offs``), both in BF16; the
+routing ops against the same permutation written with torch ops (sort + index copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.portable import moe_routing as torch_routing
+from torch_ascend_moe.bench import Case
+from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm
+from torch_ascend_moe.ops.moe_routing import moe_permute
+from torch_ascend_moe.testing.grouped import psum_layout
+
+
+def _skewed_counts(experts: int, tokens: int, seed: int) -> list[int]:
+    """Token counts per expert drawn from a Dirichlet(0.5): a few hot experts, some nearly idle."""
+    g = torch.Generator().manual_seed(seed)
+    shares = torch._standard_gamma(torch.full((experts,), 0.5), generator=g)
+    return [int(x) for x in (shares / shares.sum() * tokens).tolist()]
+
+
+def _m_case(experts, tokens, n, k, baseline: str) -> Case:
+    def setup():
+        counts = _skewed_counts(experts, tokens, experts + tokens)
+        offs, rows = psum_layout(counts, 1)
+        a, b = torch.randn(rows, k).bfloat16(), torch.randn(experts, n, k).bfloat16()
+        ends = offs.tolist()
+
+        def loop():
+            out, start = torch.empty(rows, n, dtype=torch.bfloat16), 0
+            for e, end in enumerate(ends):
+                out[start:end] = torch.mm(a[start:end], b[e].T)
+                start = end
+            return out
+
+        base = loop if baseline == "loop" else (lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs))
+        return (lambda: m_grouped_bf16_gemm(a, b, offs)), base
+
+    name = "per-expert torch.mm loop" if baseline == "loop" else "torch._grouped_mm"
+    return Case(f"m_grouped E{experts} T{tokens} N{n} K{k}", 2 * tokens * n * k, setup, f"{name} bf16")
+
+
+def _k_case(experts, tokens, m, n) -> Case:
+    def setup():
+        offs, rows = psum_layout(_skewed_counts(experts, tokens, experts * 3), 1)
+        dy, x = torch.randn(rows, m).bfloat16(), torch.randn(rows, n).bfloat16()
+        ends = offs.tolist()
+
+        def loop():
+            out, start = torch.empty(experts, m, n, dtype=torch.bfloat16), 0
+            for e, end in enumerate(ends):
+                out[e] = torch.mm(dy[start:end].T, x[start:end])
+                start = end
+            return out
+
+        return (lambda: k_grouped_bf16_gemm(dy, x, offs, experts)), loop
+
+    return Case(
+        f"k_grouped (wgrad) E{experts} T{tokens} M{m} N{n}", 2 * tokens * m * n, setup, "per-expert torch.mm loop bf16"
+    )
+
+
+def _permute_case(tokens, hidden, topk, experts) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(tokens, hidden).bfloat16()
+        idx = torch.rand(tokens, experts, generator=g).topk(topk, dim=1).indices
+        return (lambda: moe_permute(x, idx, experts)), (lambda: torch_routing.moe_permute(x, idx, experts))
+
+    return Case(f"moe_permute T{tokens} H{hidden} k{topk} E{experts}", 0, setup, "torch sort + index copy")
+
+
+def cases(quick: bool = False) -> list[Case]:
+    if quick:
+        return [_m_case(8, 128, 256, 256, "loop"), _k_case(8, 128, 128, 256), _permute_case(64, 256, 2, 8)]
+    return [
+        _m_case(16, 2048, 1408, 2048, "loop"),
+        _m_case(16, 2048, 1408, 2048, "grouped_mm"),
+        _m_case(64, 256, 1408, 2048, "loop"),
+        _m_case(64, 256, 1408, 2048, "grouped_mm"),
+        _k_case(16, 2048, 1408, 2048),
+        _permute_case(4096, 2048, 8, 64),
+    ]

@@ -1,0 +1,72 @@
+"""``GroupedExperts``: E SwiGLU experts with stacked weights, run as grouped GEMMs over permuted tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm
+from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+
+
+class GroupedExperts(nn.Module):
+    """``num_experts`` SwiGLU experts ``down(silu(gate(x)) * up(x))`` evaluated for routed tokens.
+
+    Weights are stacked per expert: ``gate_up_proj [E, 2*I, H]`` (gate rows first, then up; the layout
+    of Hugging Face's fused Mixtral/Qwen-MoE experts transposed to ``[out, in]`` like ``nn.Linear``) and
+    ``down_proj [E, H, I]``. ``forward(x [T, H], topk_idx [T, k], topk_weights [T, k])`` permutes tokens
+    into expert order (``moe_permute``), runs two grouped GEMMs over the psum layout, and combines with
+    the routing weights (``moe_unpermute``); ``topk_idx`` ``-1`` entries (tokens routed elsewhere) are
+    skipped. Every step is an ascend_moe op, so it trains through autograd and compiles to one graph for
+    all routings of the same shapes.
+
+    >>> experts = GroupedExperts(4, 64, 32)
+    >>> x, idx = torch.randn(5, 64), torch.tensor([[0, 1], [2, 3], [1, -1], [0, 0], [3, 2]])
+    >>> experts(x, idx, torch.rand(5, 2)).shape
+    torch.Size([5, 64])
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        alignment: int = 1,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if num_experts <= 0 or hidden_size <= 0 or intermediate_size <= 0:
+            raise ValueError(
+                "GroupedExperts: arguments 'num_experts', 'hidden_size', 'intermediate_size': expected positive "
+                f"integers, got {num_experts}, {hidden_size}, {intermediate_size}"
+            )
+        factory = {"device": device, "dtype": dtype}
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.alignment = alignment
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's default init, expert by expert.
+        for weight in (self.gate_up_proj, self.down_proj):
+            bound = 1 / math.sqrt(weight.shape[-1])
+            nn.init.uniform_(weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        permuted, row_map, offs = moe_permute(x, topk_idx, self.num_experts, alignment=self.alignment)
+        gate_up = m_grouped_bf16_gemm(permuted, self.gate_up_proj, offs, alignment=self.alignment)
+        gate, up = gate_up.chunk(2, dim=-1)
+        hidden = m_grouped_bf16_gemm(F.silu(gate) * up, self.down_proj, offs, alignment=self.alignment)
+        return moe_unpermute(hidden, row_map, topk_weights)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+            f"intermediate_size={self.intermediate_size}, alignment={self.alignment}"
+        )
