@@ -26,6 +26,8 @@ OPS = [
     "k_grouped_bf16_gemm",
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
+    "m_grouped_fp8_gemm",
+    "m_grouped_fp8_gemm_masked",
     "moe_permute",
     "moe_unpermute",
 ]

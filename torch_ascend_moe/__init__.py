@@ -26,6 +26,8 @@ from torch_ascend_moe.ops import (
     k_grouped_bf16_gemm,
     m_grouped_bf16_gemm,
     m_grouped_bf16_gemm_masked,
+    m_grouped_fp8_gemm,
+    m_grouped_fp8_gemm_masked,
     moe_permute,
     moe_unpermute,
 )
@@ -48,6 +50,8 @@ __all__ = [
     "k_grouped_bf16_gemm",
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
+    "m_grouped_fp8_gemm",
+    "m_grouped_fp8_gemm_masked",
     "moe_permute",
     "moe_unpermute",
     "torch",

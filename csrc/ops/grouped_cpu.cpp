@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "fp8_gemm.h"
 #include "gemm.h"
 
 namespace ascend_moe {
@@ -22,6 +23,8 @@ namespace {
 constexpr const char* kMGrouped = "ascend_moe::m_grouped_bf16_gemm";
 constexpr const char* kMasked = "ascend_moe::m_grouped_bf16_gemm_masked";
 constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
+constexpr const char* kMGroupedFp8 = "ascend_moe::m_grouped_fp8_gemm";
+constexpr const char* kMaskedFp8 = "ascend_moe::m_grouped_fp8_gemm_masked";
 
 struct Segment {
   int64_t group, begin, end;  // rows [begin, end) belong to `group`
@@ -147,12 +150,82 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   return acc.scalar_type() == out_t ? acc : acc.to(out_t);
 }
 
+// Grouped A scales are per row (gran_mn 1): a block of rows could straddle two experts.
+void check_row_scales(const char* op, at::IntArrayRef recipe_a) {
+  AM_CHECK_ARG(recipe_a.size() == 2 && recipe_a[0] == 1, op, "recipe_a", "value",
+               "[1, gran_k] (per-row A scales: a row block could straddle two experts)", shape_str(recipe_a));
+}
+
+// Scaled operands of the grouped FP8 GEMMs; returns the output dtype.
+at::ScalarType check_grouped_fp8(const char* op, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                 const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+                                 bool a_batched, std::optional<at::ScalarType> out_dtype) {
+  check_row_scales(op, recipe_a);
+  check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, a_batched);
+  check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
+  if (a_batched) check_dim_size(op, "b", b, 0, "groups", a.size(0), "a.size(0)");
+  check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, true);
+  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
+               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
+  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)", logical_k(b));
+  return check_scaled_out_dtype(op, std::nullopt, out_dtype, at::kBFloat16);
+}
+
+at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                  const at::Tensor& sfb, const at::Tensor& layout, bool psum, int64_t alignment,
+                                  at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+                                  std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType out_t = check_grouped_fp8(kMGroupedFp8, a, sfa, b, sfb, recipe_a, recipe_b, false, out_dtype);
+  check_alignment(kMGroupedFp8, alignment);
+  check_layout_tensor(kMGroupedFp8, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const std::array<int64_t, 2> shape{a.size(0), b.size(1)};
+  const auto segments = layout_segments(kMGroupedFp8, layout, psum, alignment, a.size(0), b.size(0));
+  return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+    for (const Segment& s : segments) {
+      if (s.end == s.begin) continue;
+      const int64_t len = s.end - s.begin;
+      at::Tensor rows = acc.narrow(0, s.begin, len);
+      fp8_gemm_accumulate(rows, a.narrow(0, s.begin, len), sfa.narrow(0, s.begin, len), b.select(0, s.group),
+                          sfb.select(0, s.group), recipe_a, recipe_b, 1.0);
+    }
+  });
+}
+
+at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                         const at::Tensor& sfb, const at::Tensor& masked_m, at::IntArrayRef recipe_a,
+                                         at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType out_t = check_grouped_fp8(kMaskedFp8, a, sfa, b, sfb, recipe_a, recipe_b, true, out_dtype);
+  check_rank(kMaskedFp8, "masked_m", masked_m, 1, "[G]");
+  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, kMaskedFp8, "masked_m", "dtype", "torch.int32",
+               dtype_name(masked_m.scalar_type()));
+  check_same_device(kMaskedFp8, "masked_m", masked_m, a);
+  check_dim_size(kMaskedFp8, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
+  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* mv = m.const_data_ptr<int64_t>();
+  for (int64_t g = 0; g < a.size(0); ++g) {
+    AM_CHECK_ARG(mv[g] >= 0 && mv[g] <= a.size(1), kMaskedFp8, "masked_m", "values",
+                 "in [0, M_max=" + std::to_string(a.size(1)) + "]",
+                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(mv[g]));
+  }
+  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
+  return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+    for (int64_t g = 0; g < a.size(0); ++g) {
+      if (mv[g] == 0) continue;
+      at::Tensor rows = acc.select(0, g).narrow(0, 0, mv[g]);
+      fp8_gemm_accumulate(rows, a.select(0, g).narrow(0, 0, mv[g]), sfa.select(0, g).narrow(0, 0, mv[g]),
+                          b.select(0, g), sfb.select(0, g), recipe_a, recipe_b, 1.0);
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("m_grouped_bf16_gemm", &m_grouped_bf16_gemm_cpu);
   m.impl("m_grouped_bf16_gemm_masked", &m_grouped_bf16_gemm_masked_cpu);
   m.impl("k_grouped_bf16_gemm", &k_grouped_bf16_gemm_cpu);
+  m.impl("m_grouped_fp8_gemm", &m_grouped_fp8_gemm_cpu);
+  m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);
 }
 
 }  // namespace ascend_moe

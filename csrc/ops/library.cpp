@@ -72,6 +72,16 @@ TORCH_LIBRARY(ascend_moe, m) {
       "Tensor? c=None, ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
 
+  // Scaled variants (operands and scales as in fp8_gemm; A scales per row, recipe_a = [1, gran_k]).
+  m.def(
+      "m_grouped_fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor layout, bool psum=True, "
+      "int alignment=1, int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "m_grouped_fp8_gemm_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor masked_m, "
+      "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
   // ---- moe_routing family: tokens into expert-contiguous order and back ----
   m.set_python_module("torch_ascend_moe.meta.moe_routing");
   // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).

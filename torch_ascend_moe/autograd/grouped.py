@@ -73,6 +73,33 @@ def _k_backward(ctx, grad):
     return grad_a, grad_b, None, None, None, None, grad_c, None
 
 
+def _scaled_setup(ctx, inputs, output):
+    pass
+
+
+def _scaled_backward_for(op: str, n_args: int):
+    """Backward of a grouped FP8 op: quantized operands carry no gradient, and scales are refused."""
+
+    def backward(ctx, grad):
+        for i, name in ((1, "sfa"), (3, "sfb")):
+            if _needs(ctx, i):
+                raise RuntimeError(
+                    f"ascend_moe::{op}: argument '{name}' requires grad, but scale factors are not differentiable "
+                    "here; train BF16/FP32 experts with m_grouped_bf16_gemm (or fp8_linear-style casts) instead"
+                )
+        return (None,) * n_args
+
+    return backward
+
+
 torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm", _m_backward, setup_context=_m_setup)
 torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm_masked", _masked_backward, setup_context=_masked_setup)
 torch.library.register_autograd("ascend_moe::k_grouped_bf16_gemm", _k_backward, setup_context=_k_setup)
+torch.library.register_autograd(
+    "ascend_moe::m_grouped_fp8_gemm", _scaled_backward_for("m_grouped_fp8_gemm", 10), setup_context=_scaled_setup
+)
+torch.library.register_autograd(
+    "ascend_moe::m_grouped_fp8_gemm_masked",
+    _scaled_backward_for("m_grouped_fp8_gemm_masked", 8),
+    setup_context=_scaled_setup,
+)

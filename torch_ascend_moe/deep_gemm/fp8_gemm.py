@@ -44,7 +44,12 @@ def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, k_blocks: i
     if fp4:
         data = data.view(torch.uint8)
     if transposed:
-        data = transpose_packed_fp4(data).view(torch.uint8) if fp4 else data.mT
+        if fp4:  # packed codes are repacked along the new K, group by group
+            groups = data.reshape(-1, *data.shape[-2:])
+            data = torch.stack([transpose_packed_fp4(x) for x in groups]).view(torch.uint8)
+            data = data.view(*sf.shape[:-2], *data.shape[-2:])
+        else:
+            data = data.mT
         sf = sf.mT
     if sf.dtype in (torch.int32, torch.int16):
         sf = scales_to_float(sf)  # packed along K: unpacking may leave padding entries at the end

@@ -98,3 +98,7 @@ def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = 
     while expected_m is not None and block > 32 and block - 32 >= expected_m:
         block -= 32
     return block
+
+
+# Upstream's older names for the same setting (the m- and k-grouped alignments are one value).
+get_m_alignment_for_contiguous_layout = get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout

@@ -20,3 +20,28 @@ def masked_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 @register_flop_formula(torch.ops.ascend_moe.k_grouped_bf16_gemm)
 def k_grouped_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_gemm)
+def m_grouped_fp8_flops(
+    a_shape,
+    sfa_shape,
+    b_shape,
+    sfb_shape,
+    layout_shape,
+    psum=True,
+    alignment=1,
+    recipe_a=(1, 128),
+    *args,
+    out_shape=None,
+    **kwargs,
+) -> int:
+    # K from the scales (packed FP4 halves the data's K).
+    return 2 * a_shape[0] * b_shape[1] * sfa_shape[1] * recipe_a[1]
+
+
+@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_gemm_masked)
+def masked_fp8_flops(
+    a_shape, sfa_shape, b_shape, sfb_shape, masked_shape, recipe_a=(1, 128), *args, out_shape=None, **kwargs
+) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1] * sfa_shape[2] * recipe_a[1]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.meta.fp8_gemm import check_operand, check_scaled_out_dtype, is_fp4, logical_k
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
 MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
 K_GROUPED = "ascend_moe::k_grouped_bf16_gemm"
+M_GROUPED_FP8 = "ascend_moe::m_grouped_fp8_gemm"
+MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
 
 
 def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
@@ -114,6 +117,51 @@ def k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     return shape, dtype
 
 
+def _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, a_batched, out_dtype) -> torch.dtype:
+    ck.check_arg(
+        len(recipe_a) == 2 and recipe_a[0] == 1,
+        op,
+        "recipe_a",
+        "value",
+        "[1, gran_k] (per-row A scales: a row block could straddle two experts)",
+        lambda: list(recipe_a),
+    )
+    check_operand("a", "sfa", a, sfa, recipe_a, a, op, a_batched)
+    ck.check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)")
+    if a_batched:
+        ck.check_dim_size(op, "b", b, 0, "groups", a.shape[0], "a.size(0)")
+    check_operand("b", "sfb", b, sfb, recipe_b, a, op, True)
+    ck.check_arg(
+        not (is_fp4(a) and not is_fp4(b)),
+        op,
+        "a",
+        "dtype",
+        "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)",
+        "torch.uint8 (packed FP4)",
+    )
+    ck.check_arg(
+        logical_k(b) == logical_k(a), op, "b", "K", lambda: f"{ck._text(logical_k(a))} (a's K)", lambda: logical_k(b)
+    )
+    return check_scaled_out_dtype(op, None, out_dtype, torch.bfloat16)
+
+
+def m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    dtype = _check_grouped_fp8(M_GROUPED_FP8, a, sfa, b, sfb, recipe_a, recipe_b, False, out_dtype)
+    _check_alignment(M_GROUPED_FP8, alignment)
+    check_layout_tensor(M_GROUPED_FP8, layout, psum, b.shape[0] if psum else a.shape[0], a)
+    return [a.shape[0], b.shape[1]], dtype
+
+
+def masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    op = MASKED_FP8
+    dtype = _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, True, out_dtype)
+    ck.check_rank(op, "masked_m", masked_m, 1, "[G]")
+    ck.check_arg(masked_m.dtype == torch.int32, op, "masked_m", "dtype", "torch.int32", masked_m.dtype)
+    ck.check_same_device(op, "masked_m", masked_m, a)
+    ck.check_dim_size(op, "masked_m", masked_m, 0, "groups", a.shape[0], "a.size(0)")
+    return [a.shape[0], a.shape[1], b.shape[1]], dtype
+
+
 @torch.library.register_fake(M_GROUPED)
 def _m_grouped_fake(a, b, layout, psum=True, alignment=1, out_dtype=None):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
@@ -129,4 +177,18 @@ def _masked_fake(a, b, masked_m, out_dtype=None):
 @torch.library.register_fake(K_GROUPED)
 def _k_grouped_fake(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(M_GROUPED_FP8)
+def _m_grouped_fp8_fake(
+    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
+):
+    shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(MASKED_FP8)
+def _masked_fp8_fake(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)

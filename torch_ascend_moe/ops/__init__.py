@@ -3,7 +3,13 @@
 from torch_ascend_moe.ops.fp8_gemm import fp8_bmm, fp8_einsum, fp8_gemm
 from torch_ascend_moe.ops.fp8_linear import fp8_linear, fp8_quant_gemm
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
-from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm, m_grouped_bf16_gemm_masked
+from torch_ascend_moe.ops.grouped import (
+    k_grouped_bf16_gemm,
+    m_grouped_bf16_gemm,
+    m_grouped_bf16_gemm_masked,
+    m_grouped_fp8_gemm,
+    m_grouped_fp8_gemm_masked,
+)
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
 __all__ = [
@@ -18,6 +24,8 @@ __all__ = [
     "k_grouped_bf16_gemm",
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
+    "m_grouped_fp8_gemm",
+    "m_grouped_fp8_gemm_masked",
     "moe_permute",
     "moe_unpermute",
 ]

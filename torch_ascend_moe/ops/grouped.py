@@ -8,11 +8,15 @@ production; FP16/FP32/FP64 accepted), accumulation in FP32 and one rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _m_grouped = torch.ops.ascend_moe.m_grouped_bf16_gemm.default
 _masked = torch.ops.ascend_moe.m_grouped_bf16_gemm_masked.default
 _k_grouped = torch.ops.ascend_moe.k_grouped_bf16_gemm.default
+_m_grouped_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm.default
+_masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
 
 
 def m_grouped_bf16_gemm(
@@ -57,3 +61,36 @@ def k_grouped_bf16_gemm(
     This is an expert weight gradient: ``a`` = output gradients, ``b`` = inputs, rows grouped by expert.
     """
     return _k_grouped(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+
+
+def m_grouped_fp8_gemm(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    layout: torch.Tensor,
+    *,
+    psum: bool = True,
+    alignment: int = 1,
+    recipe_a: Sequence[int] = (1, 128),
+    recipe_b: Sequence[int] = (128, 128),
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Scaled ``m_grouped_bf16_gemm``: FP8 (or packed FP4) ``a[M, K]`` with per-row scales ``sfa[M, K/gk]``,
+    expert weights ``b[G, N, K]`` with ``sfb[G, ceil(N/gn), K/gk]`` (formats as ``fp8_gemm``)."""
+    return _m_grouped_fp8(a, sfa, b, sfb, layout, psum, alignment, list(recipe_a), list(recipe_b), out_dtype)
+
+
+def m_grouped_fp8_gemm_masked(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    masked_m: torch.Tensor,
+    *,
+    recipe_a: Sequence[int] = (1, 128),
+    recipe_b: Sequence[int] = (128, 128),
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Scaled ``m_grouped_bf16_gemm_masked``: ``a[G, M_max, K]`` with ``sfa[G, M_max, K/gk]``."""
+    return _masked_fp8(a, sfa, b, sfb, masked_m, list(recipe_a), list(recipe_b), out_dtype)

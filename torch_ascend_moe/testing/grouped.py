@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.portable import grouped as portable
+from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
+from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
 _POISON = 1e4  # scale of the values placed in rows no group owns
@@ -227,6 +229,127 @@ def k_grouped_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+def _quantize_experts(w: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    parts = [quantize(w[e], fmt) for e in range(w.shape[0])]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), parts[0][2]
+
+
+# (counts per group, alignment, psum, format index of testing.fp8_gemm._FORMATS)
+_M_FP8_CASES = [([5, 0, 9, 3], 1, True, 0), ([6, 2, 0, 7], 4, False, 1), ([3, 4, 2], 8, True, 2), ([0, 6], 1, True, 3)]
+_M_FP8_CASES_SMALL = [([2, 0, 3], 1, True, 0), ([1, 2], 2, False, 2)]
+
+
+def m_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(23)
+    n, k = (8, 128) if small else (40, 256)
+    samples = []
+    for counts, alignment, psum, fmt_index in _M_FP8_CASES_SMALL if small else _M_FP8_CASES:
+        name, fa, fb = _FORMATS[fmt_index]
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        x = torch.randn(rows, k, generator=g)
+        x[~_rows_of(layout, psum, alignment, rows, len(counts))] *= _POISON
+        a, sfa, recipe_a = quantize(x, fa)
+        b, sfb, recipe_b = _quantize_experts(torch.randn(len(counts), n, k, generator=g), fb)
+        args = tuple(t.to(device) for t in (a, sfa, b, sfb, layout))
+        label = f"{'psum' if psum else 'ids'} counts={counts} align={alignment} {name}"
+        samples.append(SampleInput((*args, psum, alignment, recipe_a, recipe_b, dtype), label))
+    return samples
+
+
+def m_grouped_fp8_reference(
+    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
+):
+    a_deq = dequantize(a, sfa, recipe_a).double()
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
+        out[begin:end] = a_deq[begin:end] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+    return out
+
+
+def m_grouped_fp8_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(24)
+    a, sfa, ra = quantize(torch.randn(8, 256, generator=g), _FORMATS[0][1])
+    b, sfb, rb = _quantize_experts(torch.randn(3, 16, 256, generator=g), _FORMATS[0][2])
+    ok = _int32([2, 5, 8])
+    return [
+        BadInput(
+            (a, sfa, b, sfb, ok, True, 1, [128, 128], rb, None),
+            r"argument 'recipe_a' value: expected \[1, gran_k\]",
+            "row scales",
+        ),
+        BadInput(
+            (a, sfa, b, sfb[:, :, :1], ok, True, 1, ra, rb, None), r"argument 'sfb' shape: expected \[3, 1, 2\]", "sfb"
+        ),
+        BadInput((a, sfa, b[0], sfb[0], ok, True, 1, ra, rb, None), r"argument 'b' rank: expected 3-D", "b rank"),
+        BadInput(
+            (a, sfa, b, sfb, ok[:2], True, 1, ra, rb, None),
+            r"argument 'layout' size\(0\) \(groups\): expected 3",
+            "layout",
+        ),
+        BadInput(
+            (a, sfa, b, sfb, _int32([5, 2, 8]), True, 1, ra, rb, None),
+            r"layout\[1\] = 2 \(group start 5\)",
+            "unsorted",
+            data_dependent=True,
+        ),
+        BadInput((a, sfa, b, sfb, ok, True, 1, ra, rb, torch.float16), r"argument 'out_dtype' value", "out_dtype"),
+    ]
+
+
+# (G, M_max, masked_m, format index)
+_MASKED_FP8_CASES = [(3, 7, [7, 0, 3], 0), (2, 5, [1, 5], 2), (2, 4, [4, 2], 3)]
+_MASKED_FP8_CASES_SMALL = [(2, 3, [3, 1], 0), (2, 2, [0, 2], 1)]
+
+
+def masked_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(25)
+    n, k = (8, 128) if small else (24, 256)
+    samples = []
+    for groups, m_max, masked, fmt_index in _MASKED_FP8_CASES_SMALL if small else _MASKED_FP8_CASES:
+        name, fa, fb = _FORMATS[fmt_index]
+        x = torch.randn(groups, m_max, k, generator=g)
+        for grp, m in enumerate(masked):
+            x[grp, m:] *= _POISON
+        a, sfa, recipe_a = _quantize_experts(x, fa)
+        b, sfb, recipe_b = _quantize_experts(torch.randn(groups, n, k, generator=g), fb)
+        args = tuple(t.to(device) for t in (a, sfa, b, sfb, _int32(masked)))
+        samples.append(
+            SampleInput((*args, recipe_a, recipe_b, dtype), f"G{groups} M_max{m_max} masked={masked} {name}")
+        )
+    return samples
+
+
+def masked_fp8_reference(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+    out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float64)
+    for grp, m in enumerate(masked_m.tolist()):
+        a_deq = dequantize(a[grp], sfa[grp], recipe_a).double()
+        out[grp, :m] = a_deq[:m] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+    return out
+
+
+def masked_fp8_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(26)
+    a, sfa, ra = _quantize_experts(torch.randn(2, 4, 128, generator=g), _FORMATS[0][1])
+    b, sfb, rb = _quantize_experts(torch.randn(2, 8, 128, generator=g), _FORMATS[0][2])
+    return [
+        BadInput(
+            (a, sfa, b, sfb, _int32([5, 1]), ra, rb, None),
+            r"argument 'masked_m' values: expected in \[0, M_max=4\]",
+            "m > M_max",
+            data_dependent=True,
+        ),
+        BadInput(
+            (a, sfa, b[:1], sfb[:1], _int32([4, 1]), ra, rb, None),
+            r"argument 'b' size\(0\) \(groups\): expected 2",
+            "G",
+        ),
+        BadInput((a, sfa, b, sfb, _int32([4]), ra, rb, None), r"argument 'masked_m' size\(0\)", "masked_m"),
+    ]
+
+
+_FP8_NO_GRADCHECK = "quantized operands carry no gradient (train BF16 experts or cast inside an fp8_linear-style op)"
+
 SPECS = [
     OpSpec(
         "m_grouped_bf16_gemm",
@@ -248,5 +371,21 @@ SPECS = [
         k_grouped_reference,
         k_grouped_bad_inputs,
         portable.k_grouped_bf16_gemm,
+    ),
+    OpSpec(
+        "m_grouped_fp8_gemm",
+        m_grouped_fp8_samples,
+        m_grouped_fp8_reference,
+        m_grouped_fp8_bad_inputs,
+        portable.m_grouped_fp8_gemm,
+        gradcheck=_FP8_NO_GRADCHECK,
+    ),
+    OpSpec(
+        "m_grouped_fp8_gemm_masked",
+        masked_fp8_samples,
+        masked_fp8_reference,
+        masked_fp8_bad_inputs,
+        portable.m_grouped_fp8_gemm_masked,
+        gradcheck=_FP8_NO_GRADCHECK,
     ),
 ]

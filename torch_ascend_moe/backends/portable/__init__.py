@@ -21,6 +21,8 @@ KERNELS = {
     "m_grouped_bf16_gemm": grouped.m_grouped_bf16_gemm,
     "m_grouped_bf16_gemm_masked": grouped.m_grouped_bf16_gemm_masked,
     "k_grouped_bf16_gemm": grouped.k_grouped_bf16_gemm,
+    "m_grouped_fp8_gemm": grouped.m_grouped_fp8_gemm,
+    "m_grouped_fp8_gemm_masked": grouped.m_grouped_fp8_gemm_masked,
     "moe_permute": moe_routing.moe_permute,
     "moe_unpermute": moe_routing.moe_unpermute,
 }

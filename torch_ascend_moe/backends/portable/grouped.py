@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     M_GROUPED,
+    M_GROUPED_FP8,
     MASKED,
+    MASKED_FP8,
     k_grouped_signature,
     layout_segments,
+    m_grouped_fp8_signature,
     m_grouped_signature,
+    masked_fp8_signature,
     masked_signature,
 )
 
@@ -30,16 +35,42 @@ def m_grouped_bf16_gemm(a, b, layout, psum=True, alignment=1, out_dtype=None):
     return out
 
 
+def _masked_rows(op: str, masked_m: torch.Tensor, m_max: int) -> list[int]:
+    values = masked_m.tolist()
+    for g, m in enumerate(values):
+        if not 0 <= m <= m_max:
+            raise ValueError(
+                f"{op}: argument 'masked_m' values: expected in [0, M_max={m_max}], got masked_m[{g}] = {m}"
+            )
+    return values
+
+
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype=None):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
-    for g, m in enumerate(masked_m.tolist()):
-        ok = 0 <= m <= a.shape[1]
-        where = f"masked_m[{g}] = {m}"
-        if not ok:
-            raise ValueError(f"{MASKED}: argument 'masked_m' values: expected in [0, M_max={a.shape[1]}], got {where}")
+    for g, m in enumerate(_masked_rows(MASKED, masked_m, a.shape[1])):
         if m:
             out[g, :m] = bf16_gemm(a[g, :m], b[g], None, 1.0, dtype)
+    return out
+
+
+def m_grouped_fp8_gemm(
+    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
+):
+    shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    out = torch.zeros(shape, dtype=dtype, device=a.device)
+    for g, begin, end in layout_segments(M_GROUPED_FP8, layout, psum, alignment, a.shape[0], b.shape[0]):
+        if end > begin:
+            out[begin:end] = fp8_gemm(a[begin:end], sfa[begin:end], b[g], sfb[g], None, recipe_a, recipe_b, 1.0, dtype)
+    return out
+
+
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    out = torch.zeros(shape, dtype=dtype, device=a.device)
+    for g, m in enumerate(_masked_rows(MASKED_FP8, masked_m, a.shape[1])):
+        if m:
+            out[g, :m] = fp8_gemm(a[g, :m], sfa[g, :m], b[g], sfb[g], None, recipe_a, recipe_b, 1.0, dtype)
     return out
 
 

@@ -1,0 +1,158 @@
+"""torch_ascend_moe.deep_gemm's grouped GEMMs with upstream's calling conventions."""
+
+import pytest
+import torch
+
+import torch_ascend_moe.deep_gemm as deep_gemm
+from torch_ascend_moe import quant
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.grouped import ids_layout, psum_layout
+
+ALIGN = 32
+COUNTS = [40, 0, 75, 9]
+
+
+@pytest.fixture(autouse=True)
+def alignment():
+    old = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    deep_gemm.set_mk_alignment_for_contiguous_layout(ALIGN)
+    yield
+    deep_gemm.set_mk_alignment_for_contiguous_layout(old)
+
+
+def _segments():
+    start = 0
+    for g, count in enumerate(COUNTS):
+        start = -(-start // ALIGN) * ALIGN
+        yield g, start, start + count
+        start += count
+
+
+def _reference(a, b):
+    rows = a.shape[0]
+    ref = torch.zeros(rows, b.shape[1], dtype=torch.float64)
+    for g, s, e in _segments():
+        ref[s:e] = a[s:e].double() @ b[g].double().T
+    return ref
+
+
+def _inputs(seed=0, k=128, n=64):
+    g = torch.Generator().manual_seed(seed)
+    _, rows = psum_layout(COUNTS, ALIGN)
+    return torch.randn(rows, k, generator=g), torch.randn(len(COUNTS), n, k, generator=g)
+
+
+def test_bf16_ids_and_psum_layouts():
+    a, b = (t.bfloat16() for t in _inputs())
+    ref = _reference(a, b)
+    ids = ids_layout(COUNTS, ALIGN)
+    psum, _ = psum_layout(COUNTS, ALIGN)
+    for layout, use_psum in ((ids, False), (psum, True)):
+        d = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=use_psum)
+        assert calc_diff(d, ref) < 1e-5  # padding rows included: zero in both
+    d_nn = torch.empty_like(d)
+    deep_gemm.m_grouped_bf16_gemm_nn_contiguous(a, b.transpose(1, 2).contiguous(), d_nn, psum, use_psum_layout=True)
+    assert torch.equal(d_nn, d)
+
+
+def test_psum_padding_untouched_without_ensure_zero_padding():
+    a, b = (t.bfloat16() for t in _inputs(1))
+    psum, _ = psum_layout(COUNTS, ALIGN)
+    d = torch.full((a.shape[0], b.shape[1]), 7.0, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, ensure_zero_padding=False)
+    owned = torch.zeros(a.shape[0], dtype=torch.bool)
+    for g, s, e in _segments():
+        owned[s:e] = True
+        assert calc_diff(d[s:e], a[s:e].double() @ b[g].double().T) < 1e-5 if e > s else True
+    assert (d[~owned] == 7).all()
+
+
+@pytest.mark.parametrize("fp4", [False, True])
+def test_fp8_and_fp4_contiguous(fp4):
+    x, w = _inputs(2, k=256)
+    a = quant.per_token_cast_to_fp8(x, use_ue8m0=fp4, gran_k=32 if fp4 else 128)
+    if fp4:
+        parts = [quant.per_token_cast_to_fp4(w[g], True, gran_k=32) for g in range(w.shape[0])]
+        recipe = {"recipe_a": (1, 32), "recipe_b": (1, 32)}
+    else:
+        parts = [quant.per_block_cast_to_fp8(w[g], False) for g in range(w.shape[0])]
+        recipe = {}
+    b = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    psum, _ = psum_layout(COUNTS, ALIGN)
+    d = torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16)
+    deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, **recipe)
+    for g, s, e in _segments():
+        if e > s:
+            assert calc_diff(d[s:e], x[s:e].double() @ w[g].double().T) < (1e-2 if fp4 else 1e-3)
+    if not fp4:  # the nn form: B given [G, K, N] with its scales transposed
+        d_nn = torch.empty_like(d)
+        b_nn = (b[0].transpose(1, 2).contiguous(), b[1].transpose(1, 2).contiguous())
+        deep_gemm.m_grouped_fp8_gemm_nn_contiguous(a, b_nn, d_nn, psum, use_psum_layout=True)
+        assert torch.equal(d_nn, d)
+
+
+def test_masked_rows_beyond_masked_m_untouched():
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(3, 16, 128, generator=g), torch.randn(3, 24, 128, generator=g)
+    masked = torch.tensor([16, 0, 5], dtype=torch.int32)
+    d = torch.full((3, 16, 24), 5.0, dtype=torch.bfloat16)
+    deep_gemm.m_grouped_bf16_gemm_nt_masked(a.bfloat16(), b.bfloat16(), d, masked, expected_m=8)
+    fa = [quant.per_token_cast_to_fp8(a[i], False) for i in range(3)]
+    fb = [quant.per_block_cast_to_fp8(b[i], False) for i in range(3)]
+    d8 = torch.full((3, 16, 24), 5.0, dtype=torch.bfloat16)
+    deep_gemm.fp8_m_grouped_gemm_nt_masked(
+        (torch.stack([x[0] for x in fa]), torch.stack([x[1] for x in fa])),
+        (torch.stack([x[0] for x in fb]), torch.stack([x[1] for x in fb])),
+        d8,
+        masked,
+        expected_m=8,
+    )
+    for grp, m in enumerate(masked.tolist()):
+        ref = a[grp, :m].double() @ b[grp].double().T
+        if m:
+            assert calc_diff(d[grp, :m], ref) < 1e-5 and calc_diff(d8[grp, :m], ref) < 1e-3
+        assert (d[grp, m:] == 5).all() and (d8[grp, m:] == 5).all()
+
+
+@pytest.mark.parametrize("use_psum", [False, True])
+def test_k_grouped_accumulates_in_place(use_psum):
+    g = torch.Generator().manual_seed(4)
+    ks = [64, 0, 96, 32]
+    if use_psum:
+        layout, rows = psum_layout([60, 0, 90, 20], ALIGN)
+        ranges = [(s, e) for _, s, e in _segments_of([60, 0, 90, 20])]
+    else:
+        layout, rows = torch.tensor(ks, dtype=torch.int32), sum(ks)
+        ends = torch.tensor(ks).cumsum(0).tolist()
+        ranges = list(zip([0] + ends[:-1], ends))
+    a, b = torch.randn(rows, 24, generator=g).bfloat16(), torch.randn(rows, 40, generator=g).bfloat16()
+    c = 10 * torch.randn(4, 24, 40, generator=g)
+    d = c.clone()
+    deep_gemm.k_grouped_bf16_gemm_tn_contiguous(
+        a, b, d, None if use_psum else ks, layout, c=d, use_psum_layout=use_psum
+    )
+    for grp, (s, e) in enumerate(ranges):
+        ref = c[grp].double() + a[s:e].double().T @ b[s:e].double()
+        assert calc_diff(d[grp], ref) < 1e-5
+
+
+def _segments_of(counts):
+    start = 0
+    for g, count in enumerate(counts):
+        start = -(-start // ALIGN) * ALIGN
+        yield g, start, start + count
+        start += count
+
+
+def test_bad_inputs_and_aliases():
+    a, b = (t.bfloat16() for t in _inputs(5))
+    d = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="argument 'expected_m_for_psum_layout'"):
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, ids_layout(COUNTS, ALIGN), expected_m_for_psum_layout=64)
+    with pytest.raises(ValueError, match=r"argument 'a' size\(0\) \(M\): expected a multiple of the contiguous-layout"):
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a[:-1], b, d[:-1], ids_layout(COUNTS, ALIGN)[:-1])
+    with pytest.raises(ValueError, match="argument 'c' value"):
+        deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, a, torch.empty(1, 128, 128), [160], torch.tensor([160]))
+    assert deep_gemm.bf16_m_grouped_gemm_nt_masked is deep_gemm.m_grouped_bf16_gemm_nt_masked
+    assert deep_gemm.get_m_alignment_for_contiguous_layout() == ALIGN

@@ -1,0 +1,310 @@
+"""DeepGEMM(-Ascend)'s grouped GEMMs for MoE (specs/deepgemm_api.md §4-6, §16.2) over the grouped-family ops.
+
+- ``m_grouped_*_gemm_{nt,nn}_contiguous``: ``grouped_layout`` is one expert id per row (``-1`` = padding,
+  ``M`` a multiple of the alignment) or, with ``use_psum_layout``, cumulative group ends whose segments
+  start at multiples of ``get_mk_alignment_for_contiguous_layout()``. Padding rows of ``d`` are written as
+  zeros with ``ensure_zero_padding=True`` (and always for id layouts, as DeepGEMM's tests expect), left
+  untouched with ``False``. ``expected_m_for_psum_layout`` is a hint (psum only), ignored.
+- ``m_grouped_*_gemm_nt_masked``: rows at or beyond ``masked_m[g]`` of ``d`` are left untouched.
+- ``k_grouped_bf16_gemm_tn_contiguous``: ``d[g] = c[g] + a[rows_g]^T b[rows_g]``; ``c`` is required (as
+  upstream asserts; pass ``c=d`` to accumulate in place).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.deep_gemm.fp8_gemm import _FP4_DTYPES, _check_packings, _logical, _pair, _resolve_recipes
+from torch_ascend_moe.deep_gemm.gemm import _check_dtype, _check_out
+from torch_ascend_moe.deep_gemm.runtime import get_mk_alignment_for_contiguous_layout
+from torch_ascend_moe.ops.grouped import (
+    k_grouped_bf16_gemm as _k_grouped_op,
+)
+from torch_ascend_moe.ops.grouped import (
+    m_grouped_bf16_gemm as _m_grouped_op,
+)
+from torch_ascend_moe.ops.grouped import (
+    m_grouped_bf16_gemm_masked as _masked_op,
+)
+from torch_ascend_moe.ops.grouped import (
+    m_grouped_fp8_gemm as _m_grouped_fp8_op,
+)
+from torch_ascend_moe.ops.grouped import (
+    m_grouped_fp8_gemm_masked as _masked_fp8_op,
+)
+
+
+def _owned_rows(layout: torch.Tensor, psum: bool, alignment: int, rows: int) -> torch.Tensor:
+    """[rows] bool: rows some group owns (tensor ops, so this also traces)."""
+    r = torch.arange(rows, device=layout.device)
+    if not psum:
+        return layout >= 0
+    ends = layout.long()
+    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = (prev + alignment - 1) // alignment * alignment
+    return ((r[:, None] >= starts) & (r[:, None] < ends)).any(dim=1)
+
+
+def _layout_args(api, a_rows, grouped_layout, use_psum_layout, expected_m_for_psum_layout) -> int:
+    alignment = get_mk_alignment_for_contiguous_layout()
+    ck.check_arg(
+        expected_m_for_psum_layout is None or use_psum_layout,
+        api,
+        "expected_m_for_psum_layout",
+        "value",
+        "None unless use_psum_layout=True",
+        expected_m_for_psum_layout,
+    )
+    if not use_psum_layout:
+        ck.check_arg(
+            a_rows % alignment == 0,
+            api,
+            "a",
+            "size(0) (M)",
+            f"a multiple of the contiguous-layout alignment {alignment}",
+            a_rows,
+        )
+    return alignment
+
+
+def _write_rows(d: torch.Tensor, out: torch.Tensor, keep: torch.Tensor | None) -> None:
+    """d := out, or only the rows where ``keep`` is True (``keep`` has d's shape minus its last dim)."""
+    d.copy_(out if keep is None else torch.where(keep.unsqueeze(-1), out, d))
+
+
+def _m_grouped_bf16(api, a, b, d, grouped_layout, use_psum_layout, ensure_zero_padding, expected_m) -> None:
+    _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
+    _check_dtype(api, "b", b, (torch.bfloat16,), "torch.bfloat16")
+    alignment = _layout_args(api, a.shape[0], grouped_layout, use_psum_layout, expected_m)
+    ck.check_rank(api, "b", b, 3, "[G, N, K]")
+    _check_out(api, d, None, [a.shape[0], b.shape[1]])
+    if a.shape[0] == 0:
+        return
+    out = _m_grouped_op(a, b, grouped_layout, psum=use_psum_layout, alignment=alignment, out_dtype=d.dtype)
+    keep = (
+        None if ensure_zero_padding or not use_psum_layout else _owned_rows(grouped_layout, True, alignment, a.shape[0])
+    )
+    _write_rows(d, out, keep)
+
+
+def m_grouped_bf16_gemm_nt_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    compiled_dims="nk",
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+    expected_m_for_psum_layout=None,
+) -> None:
+    """``d[i] = a[i] @ b[g(i)]^T``: ``a[M, K]``, ``b[G, N, K]``, ``d[M, N]``."""
+    _m_grouped_bf16(
+        "deep_gemm.m_grouped_bf16_gemm_nt_contiguous",
+        a,
+        b,
+        d,
+        grouped_layout,
+        use_psum_layout,
+        ensure_zero_padding,
+        expected_m_for_psum_layout,
+    )
+
+
+def m_grouped_bf16_gemm_nn_contiguous(
+    a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False, ensure_zero_padding=True
+) -> None:
+    """As ``_nt`` with ``b[G, K, N]``."""
+    _m_grouped_bf16(
+        "deep_gemm.m_grouped_bf16_gemm_nn_contiguous",
+        a,
+        b.transpose(1, 2),
+        d,
+        grouped_layout,
+        use_psum_layout,
+        ensure_zero_padding,
+        None,
+    )
+
+
+def _m_grouped_fp8(
+    api,
+    a,
+    b,
+    d,
+    grouped_layout,
+    recipe,
+    recipe_a,
+    recipe_b,
+    use_psum_layout,
+    ensure_zero_padding,
+    expected_m,
+    b_t=False,
+) -> None:
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    _check_packings(api, sfa, sfb)
+    ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
+    alignment = _layout_args(api, a_data.shape[0], grouped_layout, use_psum_layout, expected_m)
+    k = a_data.shape[1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
+    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
+    b_data, sfb = _logical(b_data, sfb, b_t, -(-k // rb[1]))
+    _check_out(api, d, None, [a_data.shape[0], b_data.shape[1]])
+    if a_data.shape[0] == 0:
+        return
+    out = _m_grouped_fp8_op(
+        a_data,
+        sfa,
+        b_data,
+        sfb,
+        grouped_layout,
+        psum=use_psum_layout,
+        alignment=alignment,
+        recipe_a=ra,
+        recipe_b=rb,
+        out_dtype=d.dtype,
+    )
+    keep = (
+        None
+        if ensure_zero_padding or not use_psum_layout
+        else _owned_rows(grouped_layout, True, alignment, a_data.shape[0])
+    )
+    _write_rows(d, out, keep)
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+    expected_m_for_psum_layout=None,
+) -> None:
+    """Scaled ``m_grouped_bf16_gemm_nt_contiguous``: ``a = (A[M, K], sfa)``, ``b = (B[G, N, K], sfb)``."""
+    _m_grouped_fp8(
+        "deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous",
+        a,
+        b,
+        d,
+        grouped_layout,
+        recipe,
+        recipe_a,
+        recipe_b,
+        use_psum_layout,
+        ensure_zero_padding,
+        expected_m_for_psum_layout,
+    )
+
+
+def m_grouped_fp8_fp4_gemm_nn_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+) -> None:
+    """As ``_nt`` with ``b = (B[G, K, N], sfb[G, K-blocks, N-blocks])``."""
+    _m_grouped_fp8(
+        "deep_gemm.m_grouped_fp8_fp4_gemm_nn_contiguous",
+        a,
+        b,
+        d,
+        grouped_layout,
+        recipe,
+        recipe_a,
+        recipe_b,
+        use_psum_layout,
+        ensure_zero_padding,
+        None,
+        b_t=True,
+    )
+
+
+def _valid_rows(masked_m: torch.Tensor, m_max: int) -> torch.Tensor:
+    return torch.arange(m_max, device=masked_m.device) < masked_m.unsqueeze(1)
+
+
+def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk") -> None:
+    """``d[g, i] = a[g, i] @ b[g]^T`` for ``i < masked_m[g]``; other rows of ``d`` untouched."""
+    api = "deep_gemm.m_grouped_bf16_gemm_nt_masked"
+    _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
+    ck.check_arg(expected_m > 0, api, "expected_m", "value", "a positive hint", expected_m)
+    _check_out(api, d, None, [a.shape[0], a.shape[1], b.shape[1]])
+    out = _masked_op(a, b, masked_m, out_dtype=d.dtype)
+    _write_rows(d, out, _valid_rows(masked_m, a.shape[1]))
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(
+    a,
+    b,
+    d,
+    masked_m,
+    expected_m,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+) -> None:
+    """Scaled ``m_grouped_bf16_gemm_nt_masked``: ``a = (A[G, M_max, K], sfa)``, ``b = (B[G, N, K], sfb)``."""
+    api = "deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    _check_packings(api, sfa, sfb)
+    ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
+    ck.check_arg(expected_m > 0, api, "expected_m", "value", "a positive hint", expected_m)
+    k = a_data.shape[-1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
+    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
+    b_data, sfb = _logical(b_data, sfb, False, -(-k // rb[1]))
+    _check_out(api, d, None, [a_data.shape[0], a_data.shape[1], b_data.shape[1]])
+    out = _masked_fp8_op(a_data, sfa, b_data, sfb, masked_m, recipe_a=ra, recipe_b=rb, out_dtype=d.dtype)
+    _write_rows(d, out, _valid_rows(masked_m, a_data.shape[1]))
+
+
+def k_grouped_bf16_gemm_tn_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, compiled_dims="mn", use_psum_layout=False
+) -> None:
+    """``d[g] = c[g] + a[rows_g]^T @ b[rows_g]``: ``a[sum_k, M]``, ``b[sum_k, N]``, ``d[G, M, N]``.
+
+    Non-psum: ``grouped_layout`` = per-group K sizes (each a multiple of the alignment, summing to
+    ``a.size(0)``); psum: cumulative ends, groups starting at aligned offsets.
+    """
+    api = "deep_gemm.k_grouped_bf16_gemm_tn_contiguous"
+    _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
+    ck.check_arg(c is not None, api, "c", "value", "a tensor (upstream requires c; pass c=d to accumulate)", None)
+    alignment = get_mk_alignment_for_contiguous_layout()
+    groups = grouped_layout.shape[0]
+    _check_out(api, d, c, [groups, a.shape[1], b.shape[1]])
+    if use_psum_layout:
+        ends = grouped_layout
+    else:
+        ck.check_arg(
+            ks_cpu is not None and len(ks_cpu) == groups, api, "ks_cpu", "value", f"a list of {groups} sizes", ks_cpu
+        )
+        ck.check_arg(
+            all(k % alignment == 0 for k in ks_cpu), api, "ks_cpu", "value", f"multiples of {alignment}", list(ks_cpu)
+        )
+        ck.check_arg(sum(ks_cpu) == a.shape[0], api, "ks_cpu", "sum", a.shape[0], sum(ks_cpu))
+        ends = grouped_layout.cumsum(0).to(torch.int32)
+    out = _k_grouped_op(
+        a, b, ends, groups, c, psum=True, alignment=alignment if use_psum_layout else 1, out_dtype=d.dtype
+    )
+    d.copy_(out)
+
+
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
+m_grouped_fp8_gemm_nt_masked = fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
