@@ -28,6 +28,7 @@ OPS = [
     "m_grouped_bf16_gemm_masked",
     "m_grouped_fp8_gemm",
     "m_grouped_fp8_gemm_masked",
+    "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
 ]

@@ -28,6 +28,7 @@ from torch_ascend_moe.ops import (
     m_grouped_bf16_gemm_masked,
     m_grouped_fp8_gemm,
     m_grouped_fp8_gemm_masked,
+    m_grouped_fp8_linear,
     moe_permute,
     moe_unpermute,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "m_grouped_bf16_gemm_masked",
     "m_grouped_fp8_gemm",
     "m_grouped_fp8_gemm_masked",
+    "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
     "torch",

@@ -14,6 +14,7 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
+#include "fp8_linear.h"
 
 namespace ascend_moe {
 namespace {
@@ -71,6 +72,8 @@ void scale_to_e4m3(const T* x, int64_t R, int64_t C, int64_t gr, int64_t gc, con
   });
 }
 
+}  // namespace
+
 // (E4M3 [R, C], FP32 scales [ceil(R / gr), ceil(C / gc)]) of x in gr x gc blocks, bit-identical to the
 // Python reference casts (quant.block_cast_to_fp8): amax per block floored at 1e-4 and divided by 448,
 // optionally rounded up to a power of two, x multiplied by the scale's reciprocal. Two fused passes over
@@ -98,6 +101,8 @@ std::pair<at::Tensor, at::Tensor> quantize_blocks(const at::Tensor& x_in, int64_
   }));
   return {q, sf};
 }
+
+namespace {
 
 void check_high_precision(const char* op, const char* name, const at::Tensor& x, const char* layout) {
   check_rank(op, name, x, 2, layout);

@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
+#include "fp8_linear.h"
 #include "gemm.h"
 
 namespace ascend_moe {
@@ -25,6 +26,7 @@ constexpr const char* kMasked = "ascend_moe::m_grouped_bf16_gemm_masked";
 constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
 constexpr const char* kMGroupedFp8 = "ascend_moe::m_grouped_fp8_gemm";
 constexpr const char* kMaskedFp8 = "ascend_moe::m_grouped_fp8_gemm_masked";
+constexpr const char* kLinearFp8 = "ascend_moe::m_grouped_fp8_linear";
 
 struct Segment {
   int64_t group, begin, end;  // rows [begin, end) belong to `group`
@@ -218,6 +220,41 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
   });
 }
 
+// Training path of FP8 experts: x cast per token (1 x block), each expert's weight in block x block blocks
+// (DeepSeek-V3's recipe), then the scaled segments; high-precision inputs, output in x's dtype.
+at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& layout, bool psum,
+                                    int64_t alignment, int64_t block, bool use_ue8m0, bool fp8_backward) {
+  check_rank(kLinearFp8, "x", x, 2, "[M, K]");
+  AM_CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, kLinearFp8, "x", "dtype",
+               "torch.bfloat16 or torch.float32", dtype_name(x.scalar_type()));
+  check_rank(kLinearFp8, "weight", weight, 3, "[G, N, K]");
+  AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinearFp8, "weight", "dtype",
+               dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
+  check_same_device(kLinearFp8, "weight", weight, x);
+  check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
+  AM_CHECK_ARG(block > 0, kLinearFp8, "block", "value", "a positive integer", block);
+  AM_CHECK_ARG(x.size(1) % block == 0, kLinearFp8, "x", "size(1) (K)", "a multiple of block=" + std::to_string(block),
+               x.size(1));
+  check_alignment(kLinearFp8, alignment);
+  check_layout_tensor(kLinearFp8, layout, psum, psum ? weight.size(0) : x.size(0), x);
+  const auto segments = layout_segments(kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
+  const std::array<int64_t, 2> shape{x.size(0), weight.size(1)};
+  return with_fp32_accumulator(shape, x.scalar_type(), at::Tensor(), x.options(), [&](at::Tensor& acc) {
+    const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
+    const std::array<int64_t, 2> recipe_x{1, block}, recipe_w{block, block};
+    std::vector<std::pair<at::Tensor, at::Tensor>> experts(weight.size(0));
+    for (const Segment& s : segments) {
+      if (s.end == s.begin) continue;
+      auto& w = experts[s.group];
+      if (!w.first.defined()) w = quantize_blocks(weight.select(0, s.group), block, block, use_ue8m0);
+      const int64_t len = s.end - s.begin;
+      at::Tensor rows = acc.narrow(0, s.begin, len);
+      fp8_gemm_accumulate(rows, xq.narrow(0, s.begin, len), xs.narrow(0, s.begin, len), w.first, w.second, recipe_x,
+                          recipe_w, 1.0);
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
@@ -226,6 +263,7 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("k_grouped_bf16_gemm", &k_grouped_bf16_gemm_cpu);
   m.impl("m_grouped_fp8_gemm", &m_grouped_fp8_gemm_cpu);
   m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);
+  m.impl("m_grouped_fp8_linear", &m_grouped_fp8_linear_cpu);
 }
 
 }  // namespace ascend_moe

@@ -82,6 +82,13 @@ TORCH_LIBRARY(ascend_moe, m) {
       "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
 
+  // FP8 experts for training: BF16/FP32 x [M, K] and weight [G, N, K] cast inside (x 1 x block per token,
+  // weights block x block), straight-through gradients; fp8_backward picks an FP8 or input-precision dgrad.
+  m.def(
+      "m_grouped_fp8_linear(Tensor x, Tensor weight, Tensor layout, bool psum=True, int alignment=1, int block=128, "
+      "bool use_ue8m0=False, bool fp8_backward=True) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
   // ---- moe_routing family: tokens into expert-contiguous order and back ----
   m.set_python_module("torch_ascend_moe.meta.moe_routing");
   // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).

@@ -9,9 +9,16 @@ do not touch the output, so their gradient is zero (and their values, possibly g
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from torch_ascend_moe.ops.gemm import bf16_bmm
-from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm, m_grouped_bf16_gemm_masked
+from torch_ascend_moe.ops.grouped import (
+    k_grouped_bf16_gemm,
+    m_grouped_bf16_gemm,
+    m_grouped_bf16_gemm_masked,
+    m_grouped_fp8_gemm,
+)
+from torch_ascend_moe.quant import block_cast_to_fp8
 
 
 def _needs(ctx, i: int) -> bool:
@@ -73,6 +80,44 @@ def _k_backward(ctx, grad):
     return grad_a, grad_b, None, None, None, None, grad_c, None
 
 
+def _linear_setup(ctx, inputs, output):
+    x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward = _with_defaults(
+        inputs, (None, None, None, True, 1, 128, False, True)
+    )
+    ctx.save_for_backward(x, weight, layout)
+    ctx.psum, ctx.alignment, ctx.block, ctx.use_ue8m0, ctx.fp8_backward = (
+        psum,
+        alignment,
+        block,
+        use_ue8m0,
+        fp8_backward,
+    )
+
+
+def _linear_backward(ctx, grad):
+    """Straight-through: dx = dD @ W[g] (FP8: dD cast 1 x block per token, W[g]^T in block x block blocks,
+    N zero-padded to whole blocks), dW[g] = sum_{i in g} dD[i]^T x[i] in the input precision."""
+    x, weight, layout = ctx.saved_tensors
+    kw = {"psum": ctx.psum, "alignment": ctx.alignment}
+    g, blk = grad.to(x.dtype), ctx.block
+    grad_x = grad_w = None
+    if _needs(ctx, 0):
+        if ctx.fp8_backward:
+            pad = (-weight.shape[1]) % blk
+            qg, sg = block_cast_to_fp8(F.pad(g, (0, pad)), (1, blk), ctx.use_ue8m0)
+            casts = [block_cast_to_fp8(F.pad(w, (0, 0, 0, pad)), (blk, blk), ctx.use_ue8m0) for w in weight]
+            qw = torch.stack([c[0] for c in casts]).transpose(1, 2)  # [G, K, N]: MN-major views
+            sw = torch.stack([c[1] for c in casts]).transpose(1, 2)
+            grad_x = m_grouped_fp8_gemm(
+                qg, sg, qw, sw, layout, recipe_a=(1, blk), recipe_b=(blk, blk), out_dtype=torch.float32, **kw
+            ).to(x.dtype)
+        else:
+            grad_x = m_grouped_bf16_gemm(g, weight.transpose(1, 2), layout, out_dtype=x.dtype, **kw)
+    if _needs(ctx, 1):
+        grad_w = k_grouped_bf16_gemm(g, x, layout, weight.shape[0], out_dtype=weight.dtype, **kw)
+    return grad_x, grad_w, None, None, None, None, None, None
+
+
 def _scaled_setup(ctx, inputs, output):
     pass
 
@@ -103,3 +148,4 @@ torch.library.register_autograd(
     _scaled_backward_for("m_grouped_fp8_gemm_masked", 8),
     setup_context=_scaled_setup,
 )
+torch.library.register_autograd("ascend_moe::m_grouped_fp8_linear", _linear_backward, setup_context=_linear_setup)

@@ -45,3 +45,8 @@ def masked_fp8_flops(
     a_shape, sfa_shape, b_shape, sfb_shape, masked_shape, recipe_a=(1, 128), *args, out_shape=None, **kwargs
 ) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1] * sfa_shape[2] * recipe_a[1]
+
+
+@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_linear)
+def m_grouped_fp8_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * x_shape[0] * w_shape[1] * x_shape[1]

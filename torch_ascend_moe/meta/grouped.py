@@ -17,6 +17,7 @@ MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
 K_GROUPED = "ascend_moe::k_grouped_bf16_gemm"
 M_GROUPED_FP8 = "ascend_moe::m_grouped_fp8_gemm"
 MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
+LINEAR_FP8 = "ascend_moe::m_grouped_fp8_linear"
 
 
 def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
@@ -162,6 +163,23 @@ def masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype
     return [a.shape[0], a.shape[1], b.shape[1]], dtype
 
 
+def m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block) -> list:
+    op = LINEAR_FP8
+    ck.check_rank(op, "x", x, 2, "[M, K]")
+    ck.check_arg(
+        x.dtype in (torch.bfloat16, torch.float32), op, "x", "dtype", "torch.bfloat16 or torch.float32", x.dtype
+    )
+    ck.check_rank(op, "weight", weight, 3, "[G, N, K]")
+    ck.check_arg(weight.dtype == x.dtype, op, "weight", "dtype", lambda: f"{x.dtype} (same as 'x')", weight.dtype)
+    ck.check_same_device(op, "weight", weight, x)
+    ck.check_dim_size(op, "weight", weight, 2, "K", x.shape[1], "x.size(1)")
+    ck.check_arg(block > 0, op, "block", "value", "a positive integer", block)
+    ck.check_arg(x.shape[1] % block == 0, op, "x", "size(1) (K)", f"a multiple of block={block}", lambda: x.shape[1])
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, weight.shape[0] if psum else x.shape[0], x)
+    return [x.shape[0], weight.shape[1]]
+
+
 @torch.library.register_fake(M_GROUPED)
 def _m_grouped_fake(a, b, layout, psum=True, alignment=1, out_dtype=None):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
@@ -192,3 +210,10 @@ def _m_grouped_fp8_fake(
 def _masked_fp8_fake(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake(LINEAR_FP8)
+def _m_grouped_fp8_linear_fake(
+    x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True
+):
+    return x.new_empty(m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block))

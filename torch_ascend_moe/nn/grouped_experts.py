@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
 
@@ -23,6 +23,11 @@ class GroupedExperts(nn.Module):
     skipped. Every step is an ascend_moe op, so it trains through autograd and compiles to one graph for
     all routings of the same shapes.
 
+    ``fp8=True`` runs both expert GEMMs in FP8 with DeepSeek-V3's recipe (``m_grouped_fp8_linear``: tokens
+    1 x ``block`` per token, weights ``block`` x ``block``; the parameters stay BF16/FP32 masters and train
+    through straight-through gradients, dgrad in FP8 unless ``fp8_backward=False``); ``hidden_size`` and
+    ``intermediate_size`` must then be multiples of ``block``.
+
     >>> experts = GroupedExperts(4, 64, 32)
     >>> x, idx = torch.randn(5, 64), torch.tensor([[0, 1], [2, 3], [1, -1], [0, 0], [3, 2]])
     >>> experts(x, idx, torch.rand(5, 2)).shape
@@ -36,6 +41,10 @@ class GroupedExperts(nn.Module):
         intermediate_size: int,
         *,
         alignment: int = 1,
+        fp8: bool = False,
+        block: int = 128,
+        use_ue8m0: bool = False,
+        fp8_backward: bool = True,
         device=None,
         dtype=None,
     ) -> None:
@@ -45,6 +54,12 @@ class GroupedExperts(nn.Module):
                 "GroupedExperts: arguments 'num_experts', 'hidden_size', 'intermediate_size': expected positive "
                 f"integers, got {num_experts}, {hidden_size}, {intermediate_size}"
             )
+        if fp8 and (block <= 0 or hidden_size % block or intermediate_size % block):
+            raise ValueError(
+                f"GroupedExperts: arguments 'hidden_size', 'intermediate_size': expected multiples of block={block} "
+                f"with fp8=True, got {hidden_size}, {intermediate_size}"
+            )
+        self.fp8, self.block, self.use_ue8m0, self.fp8_backward = fp8, block, use_ue8m0, fp8_backward
         factory = {"device": device, "dtype": dtype}
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.alignment = alignment
@@ -60,13 +75,26 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         permuted, row_map, offs = moe_permute(x, topk_idx, self.num_experts, alignment=self.alignment)
-        gate_up = m_grouped_bf16_gemm(permuted, self.gate_up_proj, offs, alignment=self.alignment)
-        gate, up = gate_up.chunk(2, dim=-1)
-        hidden = m_grouped_bf16_gemm(F.silu(gate) * up, self.down_proj, offs, alignment=self.alignment)
+        gate, up = self._grouped(permuted, self.gate_up_proj, offs).chunk(2, dim=-1)
+        hidden = self._grouped(F.silu(gate) * up, self.down_proj, offs)
         return moe_unpermute(hidden, row_map, topk_weights)
+
+    def _grouped(self, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        if not self.fp8:
+            return m_grouped_bf16_gemm(x, weight, offs, alignment=self.alignment)
+        return m_grouped_fp8_linear(
+            x,
+            weight,
+            offs,
+            alignment=self.alignment,
+            block=self.block,
+            use_ue8m0=self.use_ue8m0,
+            fp8_backward=self.fp8_backward,
+        )
 
     def extra_repr(self) -> str:
         return (
             f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
             f"intermediate_size={self.intermediate_size}, alignment={self.alignment}"
+            + (f", fp8=True, block={self.block}, use_ue8m0={self.use_ue8m0}" if self.fp8 else "")
         )

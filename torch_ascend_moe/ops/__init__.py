@@ -9,6 +9,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_bf16_gemm_masked,
     m_grouped_fp8_gemm,
     m_grouped_fp8_gemm_masked,
+    m_grouped_fp8_linear,
 )
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
@@ -26,6 +27,7 @@ __all__ = [
     "m_grouped_bf16_gemm_masked",
     "m_grouped_fp8_gemm",
     "m_grouped_fp8_gemm_masked",
+    "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
 ]

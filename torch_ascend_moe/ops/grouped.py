@@ -17,6 +17,7 @@ _masked = torch.ops.ascend_moe.m_grouped_bf16_gemm_masked.default
 _k_grouped = torch.ops.ascend_moe.k_grouped_bf16_gemm.default
 _m_grouped_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm.default
 _masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
+_linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
 
 
 def m_grouped_bf16_gemm(
@@ -94,3 +95,21 @@ def m_grouped_fp8_gemm_masked(
 ) -> torch.Tensor:
     """Scaled ``m_grouped_bf16_gemm_masked``: ``a[G, M_max, K]`` with ``sfa[G, M_max, K/gk]``."""
     return _masked_fp8(a, sfa, b, sfb, masked_m, list(recipe_a), list(recipe_b), out_dtype)
+
+
+def m_grouped_fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    layout: torch.Tensor,
+    *,
+    psum: bool = True,
+    alignment: int = 1,
+    block: int = 128,
+    use_ue8m0: bool = False,
+    fp8_backward: bool = True,
+) -> torch.Tensor:
+    """FP8 experts for training: ``m_grouped_bf16_gemm`` computed in FP8 with DeepSeek-V3's recipe, BF16/FP32
+    ``x`` and ``weight [G, N, K]`` cast inside the op. Straight-through gradients: dgrad in FP8 on the
+    requantized gradient (or in the input precision with ``fp8_backward=False``), wgrad in the input precision.
+    """
+    return _linear_fp8(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward)

@@ -348,6 +348,79 @@ def masked_fp8_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# (counts per group, alignment, psum, block, use_ue8m0)
+_LINEAR_FP8_CASES = [
+    ([5, 0, 9, 3], 1, True, 128, False),
+    ([6, 2, 0, 7], 4, False, 32, True),
+    ([0, 11], 8, True, 64, False),
+]
+_LINEAR_FP8_CASES_SMALL = [([2, 0, 3], 1, True, 128, False), ([1, 2], 2, False, 32, True)]
+
+
+def m_grouped_fp8_linear_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(27)
+    n, k = (8, 128) if small else (40, 256)
+    samples = []
+    for i, (counts, alignment, psum, block, ue8m0) in enumerate(
+        _LINEAR_FP8_CASES_SMALL if small else _LINEAR_FP8_CASES
+    ):
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        x = torch.randn(rows, k, generator=g)
+        x[~_rows_of(layout, psum, alignment, rows, len(counts))] *= _POISON
+        w = torch.randn(len(counts), n, k, generator=g) / k**0.5
+        x, w = (t.to(dtype).to(device).requires_grad_(requires_grad) for t in (x, w))
+        label = (
+            f"{'psum' if psum else 'ids'} counts={counts} align={alignment} block={block}{' ue8m0' if ue8m0 else ''}"
+        )
+        samples.append(SampleInput((x, w, layout.to(device), psum, alignment, block, ue8m0, i % 2 == 0), label))
+    return samples
+
+
+def m_grouped_fp8_linear_reference(
+    x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True
+):
+    from torch_ascend_moe.quant import block_cast_to_fp8
+
+    xq, xs = block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)
+    x_deq = dequantize(xq, xs, (1, block)).double()
+    out = torch.zeros(x.shape[0], weight.shape[1], dtype=torch.float64)
+    for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, x.shape[0], weight.shape[0]):
+        wq, ws = block_cast_to_fp8(weight[grp].detach(), (block, block), use_ue8m0)
+        out[begin:end] = x_deq[begin:end] @ dequantize(wq, ws, (block, block)).double().T
+    return out
+
+
+def m_grouped_fp8_linear_bad_inputs(device) -> list[BadInput]:
+    x, w, ok = torch.randn(8, 256), torch.randn(3, 16, 256), _int32([2, 5, 8])
+    return [
+        BadInput(
+            (x.double(), w, ok, True, 1, 128, False, True),
+            r"argument 'x' dtype: expected torch.bfloat16 or torch.float32",
+            "x",
+        ),
+        BadInput(
+            (x, w.bfloat16(), ok, True, 1, 128, False, True),
+            r"argument 'weight' dtype: expected torch.float32 \(same as 'x'\)",
+            "w",
+        ),
+        BadInput(
+            (x, w, ok, True, 1, 96, False, True),
+            r"argument 'x' size\(1\) \(K\): expected a multiple of block=96",
+            "block",
+        ),
+        BadInput(
+            (x, w[:, :, :128], ok, True, 1, 128, False, True), r"argument 'weight' size\(2\) \(K\): expected 256", "K"
+        ),
+        BadInput(
+            (x, w, _int32([2, 9, 8]), True, 1, 128, False, True),
+            r"and <= 8 rows, got layout\[1\] = 9",
+            "psum > M",
+            data_dependent=True,
+        ),
+    ]
+
+
 _FP8_NO_GRADCHECK = "quantized operands carry no gradient (train BF16 experts or cast inside an fp8_linear-style op)"
 
 SPECS = [
@@ -387,5 +460,13 @@ SPECS = [
         masked_fp8_bad_inputs,
         portable.m_grouped_fp8_gemm_masked,
         gradcheck=_FP8_NO_GRADCHECK,
+    ),
+    OpSpec(
+        "m_grouped_fp8_linear",
+        m_grouped_fp8_linear_samples,
+        m_grouped_fp8_linear_reference,
+        m_grouped_fp8_linear_bad_inputs,
+        portable.m_grouped_fp8_linear,
+        gradcheck="the FP8 casts are piecewise constant; the straight-through gradients are tested in tests/grouped",
     ),
 ]

@@ -23,6 +23,7 @@ KERNELS = {
     "k_grouped_bf16_gemm": grouped.k_grouped_bf16_gemm,
     "m_grouped_fp8_gemm": grouped.m_grouped_fp8_gemm,
     "m_grouped_fp8_gemm_masked": grouped.m_grouped_fp8_gemm_masked,
+    "m_grouped_fp8_linear": grouped.m_grouped_fp8_linear,
     "moe_permute": moe_routing.moe_permute,
     "moe_unpermute": moe_routing.moe_unpermute,
 }

@@ -13,17 +13,20 @@ from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
+    LINEAR_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
     k_grouped_signature,
     layout_segments,
+    m_grouped_fp8_linear_signature,
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
     masked_signature,
 )
+from torch_ascend_moe.quant import block_cast_to_fp8
 
 
 def m_grouped_bf16_gemm(a, b, layout, psum=True, alignment=1, out_dtype=None):
@@ -82,3 +85,16 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum=True, alignment=1, c=None
         if end > begin:
             acc[g] += a[begin:end].to(acc_t).T @ b[begin:end].to(acc_t)
     return acc.to(dtype)
+
+
+def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True):
+    shape = m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
+    xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
+    out = torch.zeros(shape, dtype=torch.float32, device=x.device)
+    for g, begin, end in layout_segments(LINEAR_FP8, layout, psum, alignment, x.shape[0], weight.shape[0]):
+        if end > begin:
+            wq, ws = block_cast_to_fp8(weight[g], (block, block), use_ue8m0)
+            out[begin:end] = fp8_gemm(
+                xq[begin:end], xs[begin:end], wq, ws, None, [1, block], [block, block], 1.0, torch.float32
+            )
+    return out.to(x.dtype)
