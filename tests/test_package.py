@@ -24,6 +24,7 @@ OPS = [
     "fp8_linear",
     "fp8_quant_gemm",
     "k_grouped_bf16_gemm",
+    "k_grouped_fp8_gemm",
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
     "m_grouped_fp8_gemm",

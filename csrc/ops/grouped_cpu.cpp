@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -27,6 +29,7 @@ constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
 constexpr const char* kMGroupedFp8 = "ascend_moe::m_grouped_fp8_gemm";
 constexpr const char* kMaskedFp8 = "ascend_moe::m_grouped_fp8_gemm_masked";
 constexpr const char* kLinearFp8 = "ascend_moe::m_grouped_fp8_linear";
+constexpr const char* kKGroupedFp8 = "ascend_moe::k_grouped_fp8_gemm";
 
 struct Segment {
   int64_t group, begin, end;  // rows [begin, end) belong to `group`
@@ -255,6 +258,60 @@ at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weigh
   });
 }
 
+// FP32 [len, MN] = x[rows] * sf[scale rows] with one scale row per gran_k rows of the group (the group's
+// own K blocks: the last may be partial).
+at::Tensor dequantize_k_block(const at::Tensor& x, const at::Tensor& sf, int64_t begin, int64_t len, int64_t sf_row,
+                              int64_t gran_k) {
+  const int64_t blocks = (len + gran_k - 1) / gran_k;
+  const at::Tensor scales = sf.narrow(0, sf_row, blocks).to(at::kFloat).repeat_interleave(gran_k, 0).narrow(0, 0, len);
+  return x.narrow(0, begin, len).to(at::kFloat).mul_(scales);
+}
+
+// Weight gradients in FP8: D[g] = C[g] + deq(A)[rows_g]^T deq(B)[rows_g], A [S, M] and B [S, N] FP8 with
+// per-channel scales along the grouped axis: each group's ceil(k_g / gran_k) scale rows follow each other.
+at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
+                                  const at::Tensor& sfb, const at::Tensor& layout, int64_t num_groups,
+                                  int64_t alignment, int64_t gran_k, const std::optional<at::Tensor>& c,
+                                  std::optional<at::ScalarType> out_dtype) {
+  for (const auto& [name, sf_name, x, sf] : {std::tuple{"a", "sfa", &a, &sfa}, std::tuple{"b", "sfb", &b, &sfb}}) {
+    check_rank(kKGroupedFp8, name, *x, 2, "[S, MN] (rows are the grouped reduction axis)");
+    AM_CHECK_ARG(x->scalar_type() == at::kFloat8_e4m3fn, kKGroupedFp8, name, "dtype", "torch.float8_e4m3fn",
+                 dtype_name(x->scalar_type()));
+    check_same_device(kKGroupedFp8, name, *x, a);
+    check_rank(kKGroupedFp8, sf_name, *sf, 2, "[sum_g ceil(k_g / gran_k), MN]");
+    AM_CHECK_ARG(sf->scalar_type() == at::kFloat || sf->scalar_type() == at::kFloat8_e8m0fnu, kKGroupedFp8, sf_name,
+                 "dtype", "torch.float32 or torch.float8_e8m0fnu", dtype_name(sf->scalar_type()));
+    check_same_device(kKGroupedFp8, sf_name, *sf, a);
+    check_dim_size(kKGroupedFp8, sf_name, *sf, 1, "MN", x->size(1), std::string(name) + ".size(1)");
+  }
+  check_dim_size(kKGroupedFp8, "b", b, 0, "S", a.size(0), "a.size(0)");
+  AM_CHECK_ARG(gran_k > 0, kKGroupedFp8, "gran_k", "value", "a positive integer", gran_k);
+  check_alignment(kKGroupedFp8, alignment);
+  AM_CHECK_ARG(num_groups >= 0, kKGroupedFp8, "num_groups", "value", "a non-negative integer", num_groups);
+  check_layout_tensor(kKGroupedFp8, layout, true, num_groups, a);
+  const at::ScalarType out_t = check_scaled_out_dtype(kKGroupedFp8, c, out_dtype, at::kFloat);
+  const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
+  check_accumulator(kKGroupedFp8, c, a, shape);
+  const auto segments = layout_segments(kKGroupedFp8, layout, true, alignment, a.size(0), num_groups);
+  int64_t scale_rows = 0;
+  for (const Segment& s : segments) scale_rows += (s.end - s.begin + gran_k - 1) / gran_k;
+  for (const auto& [sf_name, sf] : {std::pair{"sfa", &sfa}, std::pair{"sfb", &sfb}}) {
+    AM_CHECK_ARG(sf->size(0) == scale_rows, kKGroupedFp8, sf_name, "size(0)",
+                 std::to_string(scale_rows) + " (sum over groups of ceil(k_g / gran_k))", sf->size(0));
+  }
+  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
+    int64_t sf_row = 0;
+    for (const Segment& s : segments) {
+      const int64_t len = s.end - s.begin;
+      if (len == 0) continue;
+      const at::Tensor a_deq = dequantize_k_block(a, sfa, s.begin, len, sf_row, gran_k);
+      const at::Tensor b_deq = dequantize_k_block(b, sfb, s.begin, len, sf_row, gran_k);
+      acc.select(0, s.group).addmm_(a_deq.t(), b_deq);
+      sf_row += (len + gran_k - 1) / gran_k;
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
@@ -264,6 +321,7 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("m_grouped_fp8_gemm", &m_grouped_fp8_gemm_cpu);
   m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);
   m.impl("m_grouped_fp8_linear", &m_grouped_fp8_linear_cpu);
+  m.impl("k_grouped_fp8_gemm", &k_grouped_fp8_gemm_cpu);
 }
 
 }  // namespace ascend_moe

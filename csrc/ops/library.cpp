@@ -89,6 +89,13 @@ TORCH_LIBRARY(ascend_moe, m) {
       "bool use_ue8m0=False, bool fp8_backward=True) -> Tensor",
       {at::Tag::pt2_compliant_tag});
 
+  // FP8 weight gradients: D[g] = C[g] + deq(A)[rows_g]^T deq(B)[rows_g] over a psum layout; A [S, M] and
+  // B [S, N] FP8 with per-channel scales along S, each group's ceil(k_g / gran_k) scale rows in turn.
+  m.def(
+      "k_grouped_fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor layout, int num_groups, int alignment=1, "
+      "int gran_k=128, Tensor? c=None, ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
   // ---- moe_routing family: tokens into expert-contiguous order and back ----
   m.set_python_module("torch_ascend_moe.meta.moe_routing");
   // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).

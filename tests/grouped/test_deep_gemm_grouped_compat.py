@@ -156,3 +156,69 @@ def test_bad_inputs_and_aliases():
         deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, a, torch.empty(1, 128, 128), [160], torch.tensor([160]))
     assert deep_gemm.bf16_m_grouped_gemm_nt_masked is deep_gemm.m_grouped_bf16_gemm_nt_masked
     assert deep_gemm.get_m_alignment_for_contiguous_layout() == ALIGN
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("use_psum", [False, True])
+def test_k_grouped_fp8_tn(packed, use_psum):
+    from torch_ascend_moe.testing.grouped import k_grouped_quantize
+
+    g = torch.Generator().manual_seed(6)
+    if use_psum:
+        counts = [70, 0, 130, 33]
+        layout, rows = psum_layout(counts, ALIGN)
+        ranges = [(s, e) for _, s, e in _segments_of(counts)]
+    else:
+        ks = [128, 0, 256, 64]
+        rows, ends = sum(ks), torch.tensor(ks).cumsum(0).tolist()
+        layout, ranges = torch.tensor(ks, dtype=torch.int32), list(zip([0] + ends[:-1], ends))
+    psum_ends = layout if use_psum else layout.cumsum(0).to(torch.int32)
+    x, y = torch.randn(rows, 24, generator=g), torch.randn(rows, 40, generator=g)
+    align = ALIGN if use_psum else 1
+    a = k_grouped_quantize(x, psum_ends, align, 32, packed)
+    b = k_grouped_quantize(y, psum_ends, align, 32, packed)
+    if packed:  # upstream's SM100 format: 4 scale rows of a group per int32 row
+        counts_k = [e - s for s, e in ranges]
+
+        def pack(sf):
+            out, off = [], 0
+            for k in counts_k:
+                n = -(-k // 32)
+                part = torch.nn.functional.pad(sf[off : off + n], (0, 0, 0, (-n) % 4), value=1.0)
+                out.append(quant.pack_ue8m0_to_int(part.T.contiguous()).T)
+                off += n
+            return torch.cat(out)
+
+        a, b = (a[0], pack(a[1])), (b[0], pack(b[1]))
+    c = 10 * torch.randn(4, 24, 40, generator=g)
+    d = c.clone()
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous(
+        a, b, d, None if use_psum else ks, layout, c=d, recipe=(1, 1, 32), use_psum_layout=use_psum
+    )
+    for grp, (s, e) in enumerate(ranges):
+        ref = c[grp].double() + x[s:e].double().T @ y[s:e].double()
+        assert calc_diff(d[grp], ref) < 1e-3, grp
+
+
+def test_k_grouped_fp8_nt_flat_form_matches_tn():
+    from torch_ascend_moe.testing.grouped import k_grouped_quantize
+
+    g = torch.Generator().manual_seed(7)
+    ks = [128, 256]
+    layout = torch.tensor(ks, dtype=torch.int32)
+    x, y = torch.randn(384, 16, generator=g), torch.randn(384, 8, generator=g)
+    ends = layout.cumsum(0).to(torch.int32)
+    (xa, sa), (yb, sb) = (k_grouped_quantize(t, ends, 1, 128, False) for t in (x, y))
+    d_tn = torch.zeros(2, 16, 8)
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous((xa, sa), (yb, sb), d_tn, ks, layout, c=d_tn)
+
+    def flat(data):  # each group as a row-major [MN, k_g] block, blocks concatenated
+        parts, off = [], 0
+        for k in ks:
+            parts.append(data[off : off + k].T.contiguous().flatten())
+            off += k
+        return torch.cat(parts)
+
+    d_nt = torch.zeros(2, 16, 8)
+    deep_gemm.k_grouped_fp8_gemm_nt_contiguous((flat(xa), sa.T), (flat(yb), sb.T), d_nt, ks, layout, c=d_nt)
+    assert torch.equal(d_nt, d_tn)

@@ -148,4 +148,23 @@ torch.library.register_autograd(
     _scaled_backward_for("m_grouped_fp8_gemm_masked", 8),
     setup_context=_scaled_setup,
 )
+
+
+def _k_fp8_setup(ctx, inputs, output):
+    c = inputs[8] if len(inputs) > 8 else None
+    ctx.c_dtype = None if c is None else c.dtype
+
+
+def _k_fp8_backward(ctx, grad):
+    for i, name in ((1, "sfa"), (3, "sfb")):
+        if _needs(ctx, i):
+            raise RuntimeError(
+                f"ascend_moe::k_grouped_fp8_gemm: argument '{name}' requires grad, but scale factors are not "
+                "differentiable here"
+            )
+    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, 8) else None
+    return None, None, None, None, None, None, None, None, grad_c, None
+
+
+torch.library.register_autograd("ascend_moe::k_grouped_fp8_gemm", _k_fp8_backward, setup_context=_k_fp8_setup)
 torch.library.register_autograd("ascend_moe::m_grouped_fp8_linear", _linear_backward, setup_context=_linear_setup)

@@ -22,6 +22,9 @@ from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm as _k_grouped_op,
 )
 from torch_ascend_moe.ops.grouped import (
+    k_grouped_fp8_gemm as _k_grouped_fp8_op,
+)
+from torch_ascend_moe.ops.grouped import (
     m_grouped_bf16_gemm as _m_grouped_op,
 )
 from torch_ascend_moe.ops.grouped import (
@@ -33,6 +36,7 @@ from torch_ascend_moe.ops.grouped import (
 from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_gemm_masked as _masked_fp8_op,
 )
+from torch_ascend_moe.quant import scales_to_float
 
 
 def _owned_rows(layout: torch.Tensor, psum: bool, alignment: int, rows: int) -> torch.Tensor:
@@ -284,24 +288,89 @@ def k_grouped_bf16_gemm_tn_contiguous(
     api = "deep_gemm.k_grouped_bf16_gemm_tn_contiguous"
     _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
     ck.check_arg(c is not None, api, "c", "value", "a tensor (upstream requires c; pass c=d to accumulate)", None)
-    alignment = get_mk_alignment_for_contiguous_layout()
     groups = grouped_layout.shape[0]
     _check_out(api, d, c, [groups, a.shape[1], b.shape[1]])
+    ends, alignment = _k_grouped_ends(
+        api, a.shape[0], ks_cpu, grouped_layout, use_psum_layout, get_mk_alignment_for_contiguous_layout()
+    )
+    out = _k_grouped_op(a, b, ends, groups, c, psum=True, alignment=alignment, out_dtype=d.dtype)
+    d.copy_(out)
+
+
+def _k_grouped_ends(api, a_rows, ks_cpu, grouped_layout, use_psum_layout, alignment) -> tuple[torch.Tensor, int]:
+    """(psum ends, alignment) of upstream's k-grouped layout (per-group sizes, or psum ends)."""
+    groups = grouped_layout.shape[0]
     if use_psum_layout:
-        ends = grouped_layout
-    else:
-        ck.check_arg(
-            ks_cpu is not None and len(ks_cpu) == groups, api, "ks_cpu", "value", f"a list of {groups} sizes", ks_cpu
-        )
-        ck.check_arg(
-            all(k % alignment == 0 for k in ks_cpu), api, "ks_cpu", "value", f"multiples of {alignment}", list(ks_cpu)
-        )
-        ck.check_arg(sum(ks_cpu) == a.shape[0], api, "ks_cpu", "sum", a.shape[0], sum(ks_cpu))
-        ends = grouped_layout.cumsum(0).to(torch.int32)
-    out = _k_grouped_op(
-        a, b, ends, groups, c, psum=True, alignment=alignment if use_psum_layout else 1, out_dtype=d.dtype
+        return grouped_layout, alignment
+    ck.check_arg(
+        ks_cpu is not None and len(ks_cpu) == groups, api, "ks_cpu", "value", f"a list of {groups} sizes", ks_cpu
+    )
+    ck.check_arg(
+        all(k % alignment == 0 for k in ks_cpu), api, "ks_cpu", "value", f"multiples of {alignment}", list(ks_cpu)
+    )
+    ck.check_arg(sum(ks_cpu) == a_rows, api, "ks_cpu", "sum", a_rows, sum(ks_cpu))
+    return grouped_layout.cumsum(0).to(torch.int32), 1
+
+
+def _k_grouped_scales(sf: torch.Tensor, ends: list[int], alignment: int, gran_k: int) -> torch.Tensor:
+    """FP32 per-channel scales from FP32 / e8m0 ones, or from int32 UE8M0 packed 4 rows per row per group."""
+    if sf.dtype != torch.int32:
+        return scales_to_float(sf)
+    rows, start, offset = [], 0, 0
+    for end in ends:
+        start = -(-start // alignment) * alignment
+        n = -(-(end - start) // gran_k)
+        packed = -(-n // 4)
+        rows.append(scales_to_float(sf[offset : offset + packed].T.contiguous()).T[:n])
+        offset, start = offset + packed, end
+    return torch.cat(rows) if rows else sf.new_empty(0, sf.shape[1], dtype=torch.float32)
+
+
+def k_grouped_fp8_gemm_tn_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), compiled_dims="mn", use_psum_layout=False
+) -> None:
+    """FP8 weight gradients ``d[g] = c[g] + deq(A)[rows_g]^T deq(B)[rows_g]``: ``a = (A[sum_k, M], sfa)``,
+    ``b = (B[sum_k, N], sfb)`` with per-channel scales along K (FP32 ``[S', MN]`` or int32 packed per group),
+    ``recipe = (1, 1, gran_k)``, ``d[G, M, N]`` FP32 with ``c`` required (``c=d`` accumulates)."""
+    api = "deep_gemm.k_grouped_fp8_gemm_tn_contiguous"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    ck.check_arg(
+        len(recipe) == 3 and recipe[0] == 1 and recipe[1] == 1, api, "recipe", "value", "(1, 1, gran_k)", tuple(recipe)
+    )
+    ck.check_arg(c is not None, api, "c", "value", "a tensor (upstream requires c; pass c=d to accumulate)", None)
+    groups = grouped_layout.shape[0]
+    _check_out(api, d, c, [groups, a_data.shape[1], b_data.shape[1]])
+    ends, alignment = _k_grouped_ends(
+        api, a_data.shape[0], ks_cpu, grouped_layout, use_psum_layout, get_mk_alignment_for_contiguous_layout()
+    )
+    gran_k = recipe[2]
+    if sfa.dtype == torch.int32 or sfb.dtype == torch.int32:
+        host_ends = ends.tolist()
+        sfa, sfb = (_k_grouped_scales(sf, host_ends, alignment, gran_k) for sf in (sfa, sfb))
+    out = _k_grouped_fp8_op(
+        a_data, sfa, b_data, sfb, ends, groups, c, alignment=alignment, gran_k=gran_k, out_dtype=d.dtype
     )
     d.copy_(out)
+
+
+def k_grouped_fp8_gemm_nt_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), compiled_dims="mn", use_psum_layout=False
+) -> None:
+    """SM90's K-major flat form (a deprecated shim on Ascend): group g of ``A`` is a row-major ``[M, k_g]`` block
+    of a flat buffer, scales ``[M, sum_k / gran_k]``; transposed and forwarded to the ``_tn`` form."""
+    api = "deep_gemm.k_grouped_fp8_gemm_nt_contiguous"
+    ck.check_arg(not use_psum_layout, api, "use_psum_layout", "value", "False (the nt form has no psum layout)", True)
+    ck.check_arg(ks_cpu is not None, api, "ks_cpu", "value", "the per-group K sizes", None)
+    tn = []
+    for name, operand, mn in (("a", a, d.shape[1]), ("b", b, d.shape[2])):
+        data, sf = _pair(api, name, operand)
+        blocks, offset = [], 0
+        for k in ks_cpu:
+            blocks.append(data.flatten()[offset * mn : (offset + k) * mn].view(mn, k).T)
+            offset += k
+        tn.append((torch.cat(blocks) if blocks else data.new_empty(0, mn), sf.T))
+    k_grouped_fp8_gemm_tn_contiguous(tn[0], tn[1], d, ks_cpu, grouped_layout, c, recipe, use_psum_layout=False)
 
 
 m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous

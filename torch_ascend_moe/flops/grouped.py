@@ -50,3 +50,8 @@ def masked_fp8_flops(
 @register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_linear)
 def m_grouped_fp8_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * x_shape[0] * w_shape[1] * x_shape[1]
+
+
+@register_flop_formula(torch.ops.ascend_moe.k_grouped_fp8_gemm)
+def k_grouped_fp8_flops(a_shape, sfa_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]

@@ -18,6 +18,7 @@ K_GROUPED = "ascend_moe::k_grouped_bf16_gemm"
 M_GROUPED_FP8 = "ascend_moe::m_grouped_fp8_gemm"
 MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
 LINEAR_FP8 = "ascend_moe::m_grouped_fp8_linear"
+K_GROUPED_FP8 = "ascend_moe::k_grouped_fp8_gemm"
 
 
 def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
@@ -180,6 +181,35 @@ def m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block) ->
     return [x.shape[0], weight.shape[1]]
 
 
+def k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    """Shapes and dtypes; the scale row count (sum of ceil(k_g / gran_k)) depends on layout values."""
+    op = K_GROUPED_FP8
+    for name, sf_name, x, sf in (("a", "sfa", a, sfa), ("b", "sfb", b, sfb)):
+        ck.check_rank(op, name, x, 2, "[S, MN] (rows are the grouped reduction axis)")
+        ck.check_arg(x.dtype == torch.float8_e4m3fn, op, name, "dtype", "torch.float8_e4m3fn", x.dtype)
+        ck.check_same_device(op, name, x, a)
+        ck.check_rank(op, sf_name, sf, 2, "[sum_g ceil(k_g / gran_k), MN]")
+        ck.check_arg(
+            sf.dtype in (torch.float32, torch.float8_e8m0fnu),
+            op,
+            sf_name,
+            "dtype",
+            "torch.float32 or torch.float8_e8m0fnu",
+            sf.dtype,
+        )
+        ck.check_same_device(op, sf_name, sf, a)
+        ck.check_dim_size(op, sf_name, sf, 1, "MN", x.shape[1], f"{name}.size(1)")
+    ck.check_dim_size(op, "b", b, 0, "S", a.shape[0], "a.size(0)")
+    ck.check_arg(gran_k > 0, op, "gran_k", "value", "a positive integer", gran_k)
+    _check_alignment(op, alignment)
+    ck.check_arg(num_groups >= 0, op, "num_groups", "value", "a non-negative integer", num_groups)
+    check_layout_tensor(op, layout, True, num_groups, a)
+    dtype = check_scaled_out_dtype(op, c, out_dtype, torch.float32)
+    shape = [num_groups, a.shape[1], b.shape[1]]
+    ck.check_accumulator(op, c, a, shape)
+    return shape, dtype
+
+
 @torch.library.register_fake(M_GROUPED)
 def _m_grouped_fake(a, b, layout, psum=True, alignment=1, out_dtype=None):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
@@ -217,3 +247,9 @@ def _m_grouped_fp8_linear_fake(
     x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True
 ):
     return x.new_empty(m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block))
+
+
+@torch.library.register_fake(K_GROUPED_FP8)
+def _k_grouped_fp8_fake(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    return a.new_empty(shape, dtype=dtype)

@@ -5,6 +5,7 @@ from torch_ascend_moe.ops.fp8_linear import fp8_linear, fp8_quant_gemm
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
 from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm,
+    k_grouped_fp8_gemm,
     m_grouped_bf16_gemm,
     m_grouped_bf16_gemm_masked,
     m_grouped_fp8_gemm,
@@ -23,6 +24,7 @@ __all__ = [
     "fp8_linear",
     "fp8_quant_gemm",
     "k_grouped_bf16_gemm",
+    "k_grouped_fp8_gemm",
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
     "m_grouped_fp8_gemm",

@@ -18,6 +18,7 @@ _k_grouped = torch.ops.ascend_moe.k_grouped_bf16_gemm.default
 _m_grouped_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm.default
 _masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
 _linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
+_k_grouped_fp8 = torch.ops.ascend_moe.k_grouped_fp8_gemm.default
 
 
 def m_grouped_bf16_gemm(
@@ -113,3 +114,25 @@ def m_grouped_fp8_linear(
     requantized gradient (or in the input precision with ``fp8_backward=False``), wgrad in the input precision.
     """
     return _linear_fp8(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward)
+
+
+def k_grouped_fp8_gemm(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    layout: torch.Tensor,
+    num_groups: int,
+    c: torch.Tensor | None = None,
+    *,
+    alignment: int = 1,
+    gran_k: int = 128,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """FP8 weight gradients ``D[g] = C[g] + deq(A)[rows_g]^T deq(B)[rows_g]`` over a psum layout.
+
+    ``a[S, M]``, ``b[S, N]`` FP8 E4M3 with per-channel scales along ``S``: each group contributes
+    ``ceil(k_g / gran_k)`` consecutive scale rows (``sfa[S', M]``, ``sfb[S', N]``) computed over its own rows.
+    Output FP32 unless ``out_dtype``/``c`` say BF16.
+    """
+    return _k_grouped_fp8(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)

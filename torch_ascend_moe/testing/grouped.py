@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
@@ -421,6 +422,88 @@ def m_grouped_fp8_linear_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+def k_grouped_quantize(x: torch.Tensor, layout: torch.Tensor, alignment: int, gran_k: int, use_ue8m0: bool):
+    """FP8 data and per-channel scales of a k-grouped operand: each group's rows cast in gran_k x 1 blocks."""
+    data = torch.full(x.shape, 448.0).to(torch.float8_e4m3fn)  # gap rows: values no group may read
+    scales = []
+    for _, begin, end in layout_segments(K_GROUPED, layout, True, alignment, x.shape[0], layout.numel()):
+        if end > begin:
+            q, sf = quant.block_cast_to_fp8(x[begin:end], (gran_k, 1), use_ue8m0)
+            data[begin:end] = q
+            scales.append(sf)
+    return data, torch.cat(scales) if scales else torch.empty(0, x.shape[1])
+
+
+# (counts per group, alignment, gran_k, use_ue8m0, with c)
+_K_FP8_CASES = [
+    ([200, 0, 77, 130], 32, 128, False, True),
+    ([64, 33, 0, 96], 32, 32, True, False),
+    ([0, 0], 1, 128, False, True),
+]
+_K_FP8_CASES_SMALL = [([40, 0, 17], 8, 32, False, True), ([33, 5], 1, 32, True, False)]
+
+
+def k_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(28)
+    m, n = (4, 6) if small else (24, 40)
+    samples = []
+    for counts, alignment, gran_k, ue8m0, with_c in _K_FP8_CASES_SMALL if small else _K_FP8_CASES:
+        layout, rows = psum_layout(counts, alignment)
+        a, sfa = k_grouped_quantize(torch.randn(rows, m, generator=g), layout, alignment, gran_k, ue8m0)
+        b, sfb = k_grouped_quantize(torch.randn(rows, n, generator=g), layout, alignment, gran_k, ue8m0)
+        c = (10 * torch.randn(len(counts), m, n, generator=g)).to(dtype) if with_c else None
+        args = tuple(t.to(device) for t in (a, sfa, b, sfb, layout))
+        c = None if c is None else c.to(device).requires_grad_(requires_grad)
+        label = f"counts={counts} align={alignment} gran_k={gran_k}{' ue8m0' if ue8m0 else ''}{' +c' if with_c else ''}"
+        samples.append(SampleInput((*args, len(counts), alignment, gran_k, c, dtype), label))
+    return samples
+
+
+def k_grouped_fp8_reference(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+    out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float64)
+    if c is not None:
+        out += c.detach().double()
+    row = 0
+    for grp, begin, end in layout_segments(K_GROUPED, layout, True, alignment, a.shape[0], num_groups):
+        n, blocks = end - begin, -(-(end - begin) // gran_k)
+
+        def deq(x, sf, row=row, begin=begin, end=end, n=n, blocks=blocks):
+            return x[begin:end].double() * sf[row : row + blocks].double().repeat_interleave(gran_k, dim=0)[:n]
+
+        out[grp] += deq(a, sfa).T @ deq(b, sfb)
+        row += blocks
+    return out
+
+
+def k_grouped_fp8_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(29)
+    layout, rows = psum_layout([40, 20], 8)
+    a, sfa = k_grouped_quantize(torch.randn(rows, 4, generator=g), layout, 8, 32, False)
+    b, sfb = k_grouped_quantize(torch.randn(rows, 6, generator=g), layout, 8, 32, False)
+    return [
+        BadInput(
+            (a.float(), sfa, b, sfb, layout, 2, 8, 32, None, None),
+            r"argument 'a' dtype: expected torch.float8_e4m3fn",
+            "dtype",
+        ),
+        BadInput(
+            (a, sfa[:, :2], b, sfb, layout, 2, 8, 32, None, None),
+            r"argument 'sfa' size\(1\) \(MN\): expected 4",
+            "sfa MN",
+        ),
+        BadInput(
+            (a, sfa, b, sfb, layout, 3, 8, 32, None, None), r"argument 'layout' size\(0\) \(groups\): expected 3", "G"
+        ),
+        BadInput(
+            (a, sfa[:-1], b, sfb, layout, 2, 8, 32, None, None),
+            r"argument 'sfa' size\(0\): expected 3 \(sum over groups of ceil\(k_g / gran_k\)\)",
+            "scale rows",
+            data_dependent=True,
+        ),
+        BadInput((a, sfa, b, sfb, layout, 2, 8, 32, None, torch.float16), r"argument 'out_dtype' value", "out_dtype"),
+    ]
+
+
 _FP8_NO_GRADCHECK = "quantized operands carry no gradient (train BF16 experts or cast inside an fp8_linear-style op)"
 
 SPECS = [
@@ -468,5 +551,13 @@ SPECS = [
         m_grouped_fp8_linear_bad_inputs,
         portable.m_grouped_fp8_linear,
         gradcheck="the FP8 casts are piecewise constant; the straight-through gradients are tested in tests/grouped",
+    ),
+    OpSpec(
+        "k_grouped_fp8_gemm",
+        k_grouped_fp8_samples,
+        k_grouped_fp8_reference,
+        k_grouped_fp8_bad_inputs,
+        portable.k_grouped_fp8_gemm,
+        gradcheck="only c is differentiable (the identity), and outputs are BF16/FP32, with no float64 path",
     ),
 ]

@@ -24,6 +24,7 @@ KERNELS = {
     "m_grouped_fp8_gemm": grouped.m_grouped_fp8_gemm,
     "m_grouped_fp8_gemm_masked": grouped.m_grouped_fp8_gemm_masked,
     "m_grouped_fp8_linear": grouped.m_grouped_fp8_linear,
+    "k_grouped_fp8_gemm": grouped.k_grouped_fp8_gemm,
     "moe_permute": moe_routing.moe_permute,
     "moe_unpermute": moe_routing.moe_unpermute,
 }

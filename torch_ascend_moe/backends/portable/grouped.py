@@ -13,11 +13,13 @@ from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
+    K_GROUPED_FP8,
     LINEAR_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
     m_grouped_fp8_linear_signature,
@@ -98,3 +100,26 @@ def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, u
                 xq[begin:end], xs[begin:end], wq, ws, None, [1, block], [block, block], 1.0, torch.float32
             )
     return out.to(x.dtype)
+
+
+def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
+    rows = sum(-(-(end - begin) // gran_k) for _, begin, end in segments)
+    for name, sf in (("sfa", sfa), ("sfb", sfb)):
+        if sf.shape[0] != rows:
+            raise ValueError(
+                f"{K_GROUPED_FP8}: argument '{name}' size(0): expected {rows} (sum over groups of ceil(k_g / gran_k)), "
+                f"got {sf.shape[0]}"
+            )
+    acc = c.to(torch.float32, copy=True) if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
+    row = 0
+    for g, begin, end in segments:
+        n = end - begin
+        if n == 0:
+            continue
+        blocks = -(-n // gran_k)
+        scales_a, scales_b = (sf[row : row + blocks].float().repeat_interleave(gran_k, dim=0)[:n] for sf in (sfa, sfb))
+        acc[g] += (a[begin:end].float() * scales_a).T @ (b[begin:end].float() * scales_b)
+        row += blocks
+    return acc.to(dtype)
