@@ -5,7 +5,7 @@ Functions keep upstream's signatures and out-parameter semantics (they write ``d
 the math lives in the ops, so every call also works under torch.compile and autograd-free export.
 """
 
-from torch_ascend_moe.deep_gemm import epilogue, testing, utils
+from torch_ascend_moe.deep_gemm import epilogue, legacy, testing, utils
 from torch_ascend_moe.deep_gemm.fp8_gemm import (
     fp8_bmm,
     fp8_einsum,
@@ -117,6 +117,7 @@ __all__ = utils.math.__all__ + [
     "get_tc_util",
     "get_theoretical_mk_alignment_for_contiguous_layout",
     "k_grouped_bf16_gemm_tn_contiguous",
+    "legacy",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
     "m_grouped_bf16_gemm_nn_contiguous",
