@@ -56,11 +56,12 @@ def test_bf16_ids_and_psum_layouts():
     assert torch.equal(d_nn, d)
 
 
-def test_psum_padding_untouched_without_ensure_zero_padding():
+@pytest.mark.parametrize("use_psum", [True, False], ids=["psum", "ids"])
+def test_padding_untouched_without_ensure_zero_padding(use_psum):
     a, b = (t.bfloat16() for t in _inputs(1))
-    psum, _ = psum_layout(COUNTS, ALIGN)
+    layout = psum_layout(COUNTS, ALIGN)[0] if use_psum else ids_layout(COUNTS, ALIGN)
     d = torch.full((a.shape[0], b.shape[1]), 7.0, dtype=torch.bfloat16)
-    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, psum, use_psum_layout=True, ensure_zero_padding=False)
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=use_psum, ensure_zero_padding=False)
     owned = torch.zeros(a.shape[0], dtype=torch.bool)
     for g, s, e in _segments():
         owned[s:e] = True

@@ -86,9 +86,7 @@ def _m_grouped_bf16(api, a, b, d, grouped_layout, use_psum_layout, ensure_zero_p
     if a.shape[0] == 0:
         return
     out = _m_grouped_op(a, b, grouped_layout, psum=use_psum_layout, alignment=alignment, out_dtype=d.dtype)
-    keep = (
-        None if ensure_zero_padding or not use_psum_layout else _owned_rows(grouped_layout, True, alignment, a.shape[0])
-    )
+    keep = None if ensure_zero_padding else _owned_rows(grouped_layout, use_psum_layout, alignment, a.shape[0])
     _write_rows(d, out, keep)
 
 
@@ -168,11 +166,8 @@ def _m_grouped_fp8(
         recipe_b=rb,
         out_dtype=d.dtype,
     )
-    keep = (
-        None
-        if ensure_zero_padding or not use_psum_layout
-        else _owned_rows(grouped_layout, True, alignment, a_data.shape[0])
-    )
+    rows = a_data.shape[0]
+    keep = None if ensure_zero_padding else _owned_rows(grouped_layout, use_psum_layout, alignment, rows)
     _write_rows(d, out, keep)
 
 
