@@ -23,6 +23,7 @@ OPS = [
     "fp8_gemm",
     "fp8_linear",
     "fp8_quant_gemm",
+    "hc_prenorm_gemm",
     "k_grouped_bf16_gemm",
     "k_grouped_fp8_gemm",
     "m_grouped_bf16_gemm",

@@ -104,4 +104,8 @@ TORCH_LIBRARY(ascend_moe, m) {
       {at::Tag::pt2_compliant_tag});
   // out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1).
   m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+
+  // ---- hc_prenorm family: mHC pre-norm GEMM (d = a @ tf32(b)^T, sqr_sum = sum_k a^2; per-split partials) ----
+  m.set_python_module("torch_ascend_moe.meta.hc_prenorm");
+  m.def("hc_prenorm_gemm(Tensor a, Tensor b, int? num_splits=None) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
 }

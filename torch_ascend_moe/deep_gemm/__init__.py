@@ -50,6 +50,7 @@ from torch_ascend_moe.deep_gemm.grouped import (
     m_grouped_fp8_gemm_nt_contiguous,
     m_grouped_fp8_gemm_nt_masked,
 )
+from torch_ascend_moe.deep_gemm.hc_prenorm import tf32_hc_prenorm_gemm
 from torch_ascend_moe.deep_gemm.layout import (
     get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
     get_mn_major_tma_aligned_packed_ue8m0_tensor,
@@ -117,9 +118,9 @@ __all__ = utils.math.__all__ + [
     "get_tc_util",
     "get_theoretical_mk_alignment_for_contiguous_layout",
     "k_grouped_bf16_gemm_tn_contiguous",
-    "legacy",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
+    "legacy",
     "m_grouped_bf16_gemm_nn_contiguous",
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
@@ -136,6 +137,7 @@ __all__ = utils.math.__all__ + [
     "set_pdl",
     "set_tc_util",
     "testing",
+    "tf32_hc_prenorm_gemm",
     "transform_sf_into_required_layout",
     "use_deterministic_algorithms",
     "utils",

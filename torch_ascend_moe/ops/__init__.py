@@ -12,6 +12,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_gemm_masked,
     m_grouped_fp8_linear,
 )
+from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "fp8_gemm",
     "fp8_linear",
     "fp8_quant_gemm",
+    "hc_prenorm_gemm",
     "k_grouped_bf16_gemm",
     "k_grouped_fp8_gemm",
     "m_grouped_bf16_gemm",

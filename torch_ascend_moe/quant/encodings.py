@@ -159,3 +159,9 @@ def scales_to_float(sf: torch.Tensor) -> torch.Tensor:
         "scales_to_float: argument 'sf' dtype: expected torch.float32, torch.float8_e8m0fnu, torch.int32 or "
         f"torch.int16, got {sf.dtype}"
     )
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """FP32 ``x`` rounded to TF32 (10 mantissa bits, nearest, ties away from zero), as tensor cores read it."""
+    rounded = ((_float_bits(x) + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(x), rounded, x)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, moe_routing
+from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, hc_prenorm, moe_routing
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
@@ -26,6 +26,7 @@ KERNELS = {
     "m_grouped_fp8_linear": grouped.m_grouped_fp8_linear,
     "k_grouped_fp8_gemm": grouped.k_grouped_fp8_gemm,
     "moe_permute": moe_routing.moe_permute,
+    "hc_prenorm_gemm": hc_prenorm.hc_prenorm_gemm,
     "moe_unpermute": moe_routing.moe_unpermute,
 }
 
