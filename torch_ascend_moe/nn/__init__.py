@@ -2,5 +2,6 @@
 
 from torch_ascend_moe.nn.fp8_linear import FP8Linear, convert_to_fp8_linear
 from torch_ascend_moe.nn.grouped_experts import GroupedExperts
+from torch_ascend_moe.nn.hyper_connection import HyperConnection, sinkhorn
 
-__all__ = ["FP8Linear", "GroupedExperts", "convert_to_fp8_linear"]
+__all__ = ["FP8Linear", "GroupedExperts", "HyperConnection", "convert_to_fp8_linear", "sinkhorn"]
