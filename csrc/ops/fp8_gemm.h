@@ -18,6 +18,9 @@ int64_t logical_k(const at::Tensor& t);
 void check_fp8_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
                        const at::Tensor& sf, at::IntArrayRef recipe, const at::Tensor& ref, bool batched);
 
+// Operands that may meet: FP4 A needs FP4 B (FP4 x FP8 is unsupported upstream), and one logical K.
+void check_fp8_pairing(const char* op, const at::Tensor& a, const at::Tensor& b);
+
 // out_dtype if given, else c's dtype, else `fallback`; BF16 or FP32 only, and c must agree.
 at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
                                       std::optional<at::ScalarType> out_dtype, at::ScalarType fallback);

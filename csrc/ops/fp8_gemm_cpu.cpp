@@ -57,6 +57,13 @@ void check_fp8_operand(const char* op, const char* name, const char* sf_name, co
                shape_str(sf.sizes()));
 }
 
+void check_fp8_pairing(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
+               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
+  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)",
+               logical_k(b));
+}
+
 at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
                                       std::optional<at::ScalarType> out_dtype, at::ScalarType fallback) {
   if (out_dtype.has_value()) {
@@ -320,10 +327,7 @@ at::ScalarType check_fp8_pair(const char* op, const at::Tensor& a, const at::Ten
     check_dim_size(op, "b", b, 0, "batch", a.size(0), "a.size(0)");
   }
   check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, batched);
-  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
-               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
-  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)",
-               logical_k(b));
+  check_fp8_pairing(op, a, b);
   return check_scaled_out_dtype(op, c, out_dtype, at::kBFloat16);
 }
 

@@ -100,6 +100,25 @@ at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   return out;
 }
 
+void check_masked_m(const char* op, const at::Tensor& masked_m, const at::Tensor& a) {
+  check_rank(op, "masked_m", masked_m, 1, "[G]");
+  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, op, "masked_m", "dtype", "torch.int32",
+               dtype_name(masked_m.scalar_type()));
+  check_same_device(op, "masked_m", masked_m, a);
+  check_dim_size(op, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
+}
+
+// masked_m's values, each checked to lie in [0, M_max] (eager only: a fake cannot see values).
+std::vector<int64_t> masked_rows(const char* op, const at::Tensor& masked_m, int64_t m_max) {
+  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> rows(m.const_data_ptr<int64_t>(), m.const_data_ptr<int64_t>() + m.numel());
+  for (size_t g = 0; g < rows.size(); ++g) {
+    AM_CHECK_ARG(rows[g] >= 0 && rows[g] <= m_max, op, "masked_m", "values", "in [0, M_max=" + std::to_string(m_max) + "]",
+                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(rows[g]));
+  }
+  return rows;
+}
+
 at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& masked_m,
                                           std::optional<at::ScalarType> out_dtype) {
   check_rank(kMasked, "a", a, 3, "[G, M_max, K]");
@@ -108,20 +127,12 @@ at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor&
   check_same_device(kMasked, "b", b, a);
   check_dim_size(kMasked, "b", b, 0, "groups", a.size(0), "a.size(0)");
   check_dim_size(kMasked, "b", b, 2, "K", a.size(2), "a.size(2)");
-  check_rank(kMasked, "masked_m", masked_m, 1, "[G]");
-  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, kMasked, "masked_m", "dtype", "torch.int32",
-               dtype_name(masked_m.scalar_type()));
-  check_same_device(kMasked, "masked_m", masked_m, a);
-  check_dim_size(kMasked, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
+  check_masked_m(kMasked, masked_m, a);
   const at::ScalarType out_t = resolve_out_dtype(kMasked, a, std::nullopt, out_dtype);
+  const std::vector<int64_t> mv = masked_rows(kMasked, masked_m, a.size(1));
   // Rows at or beyond masked_m[g] are not computed; they are written as zeros.
   at::Tensor out = at::zeros({a.size(0), a.size(1), b.size(1)}, a.options().dtype(out_t));
-  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* mv = m.const_data_ptr<int64_t>();
   for (int64_t g = 0; g < a.size(0); ++g) {
-    AM_CHECK_ARG(mv[g] >= 0 && mv[g] <= a.size(1), kMasked, "masked_m", "values",
-                 "in [0, M_max=" + std::to_string(a.size(1)) + "]",
-                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(mv[g]));
     if (mv[g] == 0) continue;
     at::Tensor rows = out.select(0, g).narrow(0, 0, mv[g]);
     matmul_into(rows, a.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), std::nullopt, 1.0);
@@ -170,9 +181,7 @@ at::ScalarType check_grouped_fp8(const char* op, const at::Tensor& a, const at::
   check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
   if (a_batched) check_dim_size(op, "b", b, 0, "groups", a.size(0), "a.size(0)");
   check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, true);
-  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
-               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
-  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)", logical_k(b));
+  check_fp8_pairing(op, a, b);
   return check_scaled_out_dtype(op, std::nullopt, out_dtype, at::kBFloat16);
 }
 
@@ -200,18 +209,8 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
                                          const at::Tensor& sfb, const at::Tensor& masked_m, at::IntArrayRef recipe_a,
                                          at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype) {
   const at::ScalarType out_t = check_grouped_fp8(kMaskedFp8, a, sfa, b, sfb, recipe_a, recipe_b, true, out_dtype);
-  check_rank(kMaskedFp8, "masked_m", masked_m, 1, "[G]");
-  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, kMaskedFp8, "masked_m", "dtype", "torch.int32",
-               dtype_name(masked_m.scalar_type()));
-  check_same_device(kMaskedFp8, "masked_m", masked_m, a);
-  check_dim_size(kMaskedFp8, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
-  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* mv = m.const_data_ptr<int64_t>();
-  for (int64_t g = 0; g < a.size(0); ++g) {
-    AM_CHECK_ARG(mv[g] >= 0 && mv[g] <= a.size(1), kMaskedFp8, "masked_m", "values",
-                 "in [0, M_max=" + std::to_string(a.size(1)) + "]",
-                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(mv[g]));
-  }
+  check_masked_m(kMaskedFp8, masked_m, a);
+  const std::vector<int64_t> mv = masked_rows(kMaskedFp8, masked_m, a.size(1));
   const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
   return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
     for (int64_t g = 0; g < a.size(0); ++g) {

@@ -91,12 +91,8 @@ def check_scaled_out_dtype(op: str, c, out_dtype, fallback: torch.dtype) -> torc
     return dtype
 
 
-def _check_pair(op, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, batched=False) -> torch.dtype:
-    check_operand("a", "sfa", a, sfa, recipe_a, a, op, batched)
-    if batched:
-        ck.check_rank(op, "b", b, 3, "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)")
-        ck.check_dim_size(op, "b", b, 0, "batch", a.shape[0], "a.size(0)")
-    check_operand("b", "sfb", b, sfb, recipe_b, a, op, batched)
+def check_fp8_pairing(op: str, a, b) -> None:
+    """Operands that may meet: FP4 A needs FP4 B (FP4 x FP8 is unsupported upstream), and one logical K."""
     ck.check_arg(
         not (is_fp4(a) and not is_fp4(b)),
         op,
@@ -108,6 +104,15 @@ def _check_pair(op, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, batched=Fa
     ck.check_arg(
         logical_k(b) == logical_k(a), op, "b", "K", lambda: f"{ck._text(logical_k(a))} (a's K)", lambda: logical_k(b)
     )
+
+
+def _check_pair(op, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, batched=False) -> torch.dtype:
+    check_operand("a", "sfa", a, sfa, recipe_a, a, op, batched)
+    if batched:
+        ck.check_rank(op, "b", b, 3, "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)")
+        ck.check_dim_size(op, "b", b, 0, "batch", a.shape[0], "a.size(0)")
+    check_operand("b", "sfb", b, sfb, recipe_b, a, op, batched)
+    check_fp8_pairing(op, a, b)
     return check_scaled_out_dtype(op, c, out_dtype, torch.bfloat16)
 
 

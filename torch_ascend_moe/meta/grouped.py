@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe.meta.fp8_gemm import check_operand, check_scaled_out_dtype, is_fp4, logical_k
+from torch_ascend_moe.meta.fp8_gemm import check_fp8_pairing, check_operand, check_scaled_out_dtype
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
 MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
@@ -88,6 +88,13 @@ def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list,
     return [a.shape[0], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
 
 
+def _check_masked_m(op: str, masked_m, a) -> None:
+    ck.check_rank(op, "masked_m", masked_m, 1, "[G]")
+    ck.check_arg(masked_m.dtype == torch.int32, op, "masked_m", "dtype", "torch.int32", masked_m.dtype)
+    ck.check_same_device(op, "masked_m", masked_m, a)
+    ck.check_dim_size(op, "masked_m", masked_m, 0, "groups", a.shape[0], "a.size(0)")
+
+
 def masked_signature(a, b, masked_m, out_dtype) -> tuple[list, torch.dtype]:
     op = MASKED
     ck.check_rank(op, "a", a, 3, "[G, M_max, K]")
@@ -96,10 +103,7 @@ def masked_signature(a, b, masked_m, out_dtype) -> tuple[list, torch.dtype]:
     ck.check_same_device(op, "b", b, a)
     ck.check_dim_size(op, "b", b, 0, "groups", a.shape[0], "a.size(0)")
     ck.check_dim_size(op, "b", b, 2, "K", a.shape[2], "a.size(2)")
-    ck.check_rank(op, "masked_m", masked_m, 1, "[G]")
-    ck.check_arg(masked_m.dtype == torch.int32, op, "masked_m", "dtype", "torch.int32", masked_m.dtype)
-    ck.check_same_device(op, "masked_m", masked_m, a)
-    ck.check_dim_size(op, "masked_m", masked_m, 0, "groups", a.shape[0], "a.size(0)")
+    _check_masked_m(op, masked_m, a)
     return [a.shape[0], a.shape[1], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
 
 
@@ -133,17 +137,7 @@ def _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, a_batched, out_dt
     if a_batched:
         ck.check_dim_size(op, "b", b, 0, "groups", a.shape[0], "a.size(0)")
     check_operand("b", "sfb", b, sfb, recipe_b, a, op, True)
-    ck.check_arg(
-        not (is_fp4(a) and not is_fp4(b)),
-        op,
-        "a",
-        "dtype",
-        "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)",
-        "torch.uint8 (packed FP4)",
-    )
-    ck.check_arg(
-        logical_k(b) == logical_k(a), op, "b", "K", lambda: f"{ck._text(logical_k(a))} (a's K)", lambda: logical_k(b)
-    )
+    check_fp8_pairing(op, a, b)
     return check_scaled_out_dtype(op, None, out_dtype, torch.bfloat16)
 
 
@@ -157,10 +151,7 @@ def m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, r
 def masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     op = MASKED_FP8
     dtype = _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, True, out_dtype)
-    ck.check_rank(op, "masked_m", masked_m, 1, "[G]")
-    ck.check_arg(masked_m.dtype == torch.int32, op, "masked_m", "dtype", "torch.int32", masked_m.dtype)
-    ck.check_same_device(op, "masked_m", masked_m, a)
-    ck.check_dim_size(op, "masked_m", masked_m, 0, "groups", a.shape[0], "a.size(0)")
+    _check_masked_m(op, masked_m, a)
     return [a.shape[0], a.shape[1], b.shape[1]], dtype
 
 
