@@ -33,6 +33,10 @@ from torch_ascend_moe.ops import (
     m_grouped_fp8_linear,
     moe_permute,
     moe_unpermute,
+    mqa_logits,
+    mqa_topk,
+    paged_mqa_logits,
+    paged_mqa_logits_metadata,
 )
 
 __version__ = "0.1.0"
@@ -60,5 +64,9 @@ __all__ = [
     "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
+    "mqa_logits",
+    "mqa_topk",
+    "paged_mqa_logits",
+    "paged_mqa_logits_metadata",
     "torch",
 ]

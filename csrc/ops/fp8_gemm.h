@@ -25,6 +25,13 @@ void check_fp8_pairing(const char* op, const at::Tensor& a, const at::Tensor& b)
 at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
                                       std::optional<at::ScalarType> out_dtype, at::ScalarType fallback);
 
+// dst[i, :K] = FP32 values of `rows` FP8 (E4M3) or packed FP4 (E2M1) rows of `row_bytes` bytes, unscaled.
+void decode_quantized_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t K, bool fp4, float* dst);
+
+// FP32 [rows, K] = deq(x[r0 : r0 + rows]) with scales sf[ceil(MN / gmn), K / gk] (FP32 or E8M0).
+at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk, int64_t r0,
+                           int64_t rows);
+
 // acc (FP32 [M, N]) += alpha * deq(a) @ deq(b)^T, a and b checked. Never dequantizes a large operand
 // whole: B goes panel by panel (or streams, for a few rows of A).
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,

@@ -182,6 +182,13 @@ AM_VECTOR_CLONES void decode_rows(const uint8_t* src, int64_t rows, int64_t row_
   for (int64_t i = 0; i < rows; ++i) decode_block(src + i * row_bytes, 0, K, fp4, dst + i * K);
 }
 
+}  // namespace
+
+void decode_quantized_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t K, bool fp4,
+                           float* dst) {
+  decode_rows(src, rows, row_bytes, K, fp4, dst);
+}
+
 // FP32 [rows, K] = deq(x[r0 : r0 + rows]).
 at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk, int64_t r0,
                            int64_t rows) {
@@ -202,6 +209,8 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
   out.view({rows, K / gk, gk}).mul_(scales.unsqueeze(-1));
   return out;
 }
+
+namespace {
 
 // acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
 // Four rows of B at a time: four independent FMA chains, and each load of A serves four rows. `buf`

@@ -3,7 +3,8 @@
 A family's test module lists its specs and parametrizes over ``CHECKS``; each check takes
 ``(spec, device, tmp_path)`` and raises ``AssertionError`` with a useful message on failure:
 
-    numerics     every sample vs the fp64 reference (DeepGEMM's calc_diff and thresholds), C++ and portable
+    numerics     every sample vs the fp64 reference (DeepGEMM's calc_diff and thresholds; non-finite entries,
+                 e.g. masked -inf logits, exactly equal), C++ and portable
     opcheck      torch.library.opcheck, all four test utils, with and without requires_grad (test_schema
                  done bitwise for FP8 inputs, which SchemaCheckMode's allclose cannot compare)
     gradcheck    float64 gradcheck of every differentiable input
@@ -131,7 +132,11 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
                     assert out.shape == fake.shape and out.dtype == fake.dtype, f"{where}: fake disagrees"
                     assert out.stride() == fake.stride(), f"{where}: strides {out.stride()} != fake's"
                     if out.is_floating_point():
-                        diff = calc_diff(out, r)
+                        # Masked entries (-inf) must sit exactly where the reference has them.
+                        finite = torch.isfinite(r)
+                        same = torch.equal(torch.isfinite(out), finite) and torch.equal(out[~finite], r[~finite].to(out))
+                        assert same, f"{where}: non-finite entries differ from the reference's"
+                        diff = calc_diff(out[finite], r[finite])
                         assert diff < THRESHOLDS[dtype], f"{where}: calc_diff {diff:.3g} >= {THRESHOLDS[dtype]:g}"
                     else:  # index outputs are exact
                         assert torch.equal(out, r.to(out.dtype)), f"{where}: {out.tolist()} != {r.tolist()}"

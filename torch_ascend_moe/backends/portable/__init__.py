@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, hc_prenorm, moe_routing
+from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, hc_prenorm, moe_routing, mqa_logits
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
@@ -28,6 +28,11 @@ KERNELS = {
     "moe_permute": moe_routing.moe_permute,
     "hc_prenorm_gemm": hc_prenorm.hc_prenorm_gemm,
     "moe_unpermute": moe_routing.moe_unpermute,
+    "mqa_logits": mqa_logits.mqa_logits,
+    "mqa_logits_backward": mqa_logits.mqa_logits_backward,
+    "paged_mqa_logits": mqa_logits.paged_mqa_logits,
+    "paged_mqa_logits_metadata": mqa_logits.paged_mqa_logits_metadata,
+    "mqa_topk": mqa_logits.mqa_topk,
 }
 
 _libraries: dict[str, torch.library.Library] = {}

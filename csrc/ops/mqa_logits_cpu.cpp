@@ -1,0 +1,677 @@
+// CPU kernels of the mqa_logits family: DeepSeek's sparse-attention "lightning indexer" scores
+// (specs/deepgemm_api.md §8, §16.2).
+//
+//   logits[i, j] = sum_h weights[i, h] * relu(deq(q)[i, h, :] . deq(k)[j, :])   for ks[i] <= j < ke[i]
+//
+// and exactly -inf elsewhere. The [S, H, S_kv] scores are never materialized: queries go in tiles of
+// about 256 (query, head) rows, KV in chunks of kChunk tokens; one SGEMM per (tile, chunk) gives a
+// [rows, chunk] score block that is reduced over heads at once. The tiling depends only on the shapes,
+// never on the thread count, so repeated calls are bitwise equal. The backward recomputes the scores the
+// same way (dq and dweights in a pass over query tiles, dk in a pass over KV chunks) and stores nothing
+// of size S x H x S_kv either.
+//
+// Operands: q [S, H, D], k [S_kv, D] in BF16/FP32/FP64 (no scales), or FP8 E4M3 / packed FP4 (uint8,
+// [.., D/2]) with FP32 or E8M0 scales [.., D / g] (one per 1 x g block; FP8 q may omit them = 1). FP8 and
+// FP4 accumulate in FP32; FP64 operands in FP64 (gradcheck).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "checks.h"
+#include "fp8_gemm.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kOp = "ascend_moe::mqa_logits";
+constexpr const char* kBackward = "ascend_moe::mqa_logits_backward";
+constexpr const char* kPaged = "ascend_moe::paged_mqa_logits";
+constexpr const char* kMetadata = "ascend_moe::paged_mqa_logits_metadata";
+constexpr const char* kTopk = "ascend_moe::mqa_topk";
+constexpr int64_t kTileRows = 256;  // (query, head) rows per score block
+constexpr int64_t kChunk = 512;     // KV tokens per score block
+constexpr int64_t kScheduleSplit = 256;  // KV tokens per unit of the paged schedule (upstream's split)
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define AM_VECTOR_CLONES
+#endif
+
+bool is_quantized(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte;
+}
+
+bool is_float_operand(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
+
+// Logical D of a q or k operand (packed FP4 stores two values per byte).
+int64_t head_dim(const at::Tensor& t) { return is_fp4(t) ? 2 * t.size(-1) : t.size(-1); }
+
+// Validates one operand (`lead` leading dims before D) and its optional scales; returns the block size g.
+int64_t check_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
+                      const std::optional<at::Tensor>& sf, int64_t rank, const char* layout, const at::Tensor& ref) {
+  check_rank(op, name, x, rank, layout);
+  const at::ScalarType t = x.scalar_type();
+  AM_CHECK_ARG(is_float_operand(t) || is_quantized(x), op, name, "dtype",
+               "torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn or torch.uint8 (packed FP4)",
+               dtype_name(t));
+  AM_CHECK_ARG(x.device() == ref.device(), op, name, "device", ref.device().str() + " (same as 'q')",
+               x.device().str());
+  const int64_t D = head_dim(x);
+  if (!is_quantized(x)) {
+    AM_CHECK_ARG(!sf.has_value(), op, sf_name, "value", "None for a " + dtype_name(t) + " operand",
+                 "a tensor");
+    return D;
+  }
+  if (!sf.has_value()) {
+    AM_CHECK_ARG(!is_fp4(x), op, sf_name, "value", "scales for a packed FP4 operand", "None");
+    return D;
+  }
+  AM_CHECK_ARG(sf->scalar_type() == at::kFloat || sf->scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
+               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
+               dtype_name(sf->scalar_type()));
+  AM_CHECK_ARG(sf->device() == ref.device(), op, sf_name, "device", ref.device().str() + " (same as 'q')",
+               sf->device().str());
+  std::vector<int64_t> lead(x.sizes().begin(), x.sizes().end() - 1);
+  const bool lead_ok = sf->dim() == rank && std::equal(lead.begin(), lead.end(), sf->sizes().begin());
+  const int64_t nb = sf->dim() == rank ? sf->size(-1) : 0;
+  std::string expected = shape_str(lead);
+  expected = expected.substr(0, expected.size() - 1) + ", D / g] with g dividing D=" + std::to_string(D);
+  AM_CHECK_ARG(lead_ok && nb > 0 && D % nb == 0, op, sf_name, "shape", expected, shape_str(sf->sizes()));
+  return D / nb;
+}
+
+// The computation dtype of an (q, k) pair: FP64 for FP64 operands, else FP32.
+at::ScalarType acc_dtype(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// q and k are both high precision (one dtype) or both quantized (FP8 and FP4 may mix).
+void check_pairing(const char* op, const at::Tensor& q, const at::Tensor& k, int64_t D, int64_t Dk) {
+  if (is_quantized(q)) {
+    AM_CHECK_ARG(is_quantized(k), op, "k", "dtype", "torch.float8_e4m3fn or torch.uint8 (packed FP4), as 'q' is",
+                 dtype_name(k.scalar_type()));
+  } else {
+    AM_CHECK_ARG(k.scalar_type() == q.scalar_type(), op, "k", "dtype",
+                 dtype_name(q.scalar_type()) + " (same as 'q')", dtype_name(k.scalar_type()));
+  }
+  AM_CHECK_ARG(Dk == D, op, "k", "head dim (D)", std::to_string(D) + " (q's D)", Dk);
+}
+
+// weights [rows, H]; returns the logits dtype (default: the weights' dtype).
+at::ScalarType check_weights(const char* op, const at::Tensor& w, const at::Tensor& q, int64_t rows, int64_t H,
+                             const char* rows_what, std::optional<at::ScalarType> logits_dtype) {
+  check_rank(op, "weights", w, 2, "[rows, H]");
+  const bool fp64 = q.scalar_type() == at::kDouble;
+  if (fp64) {
+    AM_CHECK_ARG(w.scalar_type() == at::kDouble, op, "weights", "dtype", "torch.float64 (with float64 q)",
+                 dtype_name(w.scalar_type()));
+  } else {
+    AM_CHECK_ARG(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, op, "weights", "dtype",
+                 "torch.float32 or torch.bfloat16", dtype_name(w.scalar_type()));
+  }
+  AM_CHECK_ARG(w.device() == q.device(), op, "weights", "device", q.device().str() + " (same as 'q')",
+               w.device().str());
+  AM_CHECK_ARG(w.size(0) == rows && w.size(1) == H, op, "weights", "shape",
+               shape_str({rows, H}) + " (" + rows_what + ", H)", shape_str(w.sizes()));
+  const at::ScalarType out_t = logits_dtype.value_or(w.scalar_type());
+  if (fp64) {
+    AM_CHECK_ARG(out_t == at::kDouble, op, "logits_dtype", "value", "torch.float64 (with float64 q)",
+                 dtype_name(out_t));
+  } else if (w.scalar_type() == at::kBFloat16) {
+    AM_CHECK_ARG(out_t == at::kBFloat16, op, "logits_dtype", "value", "torch.bfloat16 (with BF16 weights)",
+                 dtype_name(out_t));
+  } else {
+    AM_CHECK_ARG(out_t == at::kFloat || out_t == at::kBFloat16, op, "logits_dtype", "value",
+                 "torch.float32 or torch.bfloat16", dtype_name(out_t));
+  }
+  return out_t;
+}
+
+void check_index_vector(const char* op, const char* name, const at::Tensor& t, int64_t length, const char* what,
+                        const at::Tensor& ref) {
+  check_rank(op, name, t, 1, "[S] (one per query)");
+  AM_CHECK_ARG(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, name, "dtype",
+               "torch.int32 or torch.int64", dtype_name(t.scalar_type()));
+  AM_CHECK_ARG(t.device() == ref.device(), op, name, "device", ref.device().str() + " (same as 'q')",
+               t.device().str());
+  check_dim_size(op, name, t, 0, what, length, "q.size(0)");
+}
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
+}
+
+// The ranges [ks[i], ke[i]) checked against the data (a fake cannot see values).
+void check_ranges(const char* op, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t S_kv,
+                  int64_t max_seqlen_k) {
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const std::string at_i = "[" + std::to_string(i) + "]";
+    AM_CHECK_ARG(ks[i] >= 0 && ks[i] <= ke[i], op, "ks", "values", "0 <= ks[i] <= ke[i]",
+                 "ks" + at_i + "=" + std::to_string(ks[i]) + ", ke" + at_i + "=" + std::to_string(ke[i]));
+    AM_CHECK_ARG(ke[i] <= S_kv, op, "ke", "values", "ke[i] <= S_kv=" + std::to_string(S_kv) + " (k.size(0))",
+                 "ke" + at_i + "=" + std::to_string(ke[i]));
+    if (max_seqlen_k > 0) {
+      AM_CHECK_ARG(ke[i] - ks[i] <= max_seqlen_k, op, "max_seqlen_k", "value",
+                   "at least ke[i] - ks[i] for every query (compressed logits)",
+                   std::to_string(max_seqlen_k) + " < ke" + at_i + " - ks" + at_i + "=" +
+                       std::to_string(ke[i] - ks[i]));
+    }
+  }
+}
+
+struct Shapes {
+  int64_t S, H, D, S_kv, gq, gk;
+  at::ScalarType out_t;
+};
+
+Shapes check_mqa(const char* op, const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
+                 const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
+                 const at::Tensor& ke, int64_t max_seqlen_k, std::optional<at::ScalarType> logits_dtype) {
+  const int64_t gq = check_operand(op, "q", "q_sf", q, q_sf, 3, "[S, H, D] (or [S, H, D/2] packed FP4)", q);
+  const int64_t gk = check_operand(op, "k", "k_sf", k, k_sf, 2, "[S_kv, D] (or [S_kv, D/2] packed FP4)", q);
+  const int64_t D = head_dim(q);
+  check_pairing(op, q, k, D, head_dim(k));
+  const int64_t S = q.size(0), H = q.size(1);
+  AM_CHECK_ARG(H > 0 && D > 0, op, "q", "shape", "H > 0 heads of D > 0", shape_str(q.sizes()));
+  const at::ScalarType out_t = check_weights(op, weights, q, S, H, "S", logits_dtype);
+  check_index_vector(op, "ks", ks, S, "S", q);
+  check_index_vector(op, "ke", ke, S, "S", q);
+  AM_CHECK_ARG(max_seqlen_k >= 0, op, "max_seqlen_k", "value", "0 (full [S, S_kv] logits) or positive (compressed)",
+               max_seqlen_k);
+  return {S, H, D, k.size(0), gq, gk, out_t};
+}
+
+// deq(x) for rows [r0, r0 + rows) of a [R, D(/2)] operand, in `acc` (FP32, or FP64 for FP64 data).
+at::Tensor dequantize(const at::Tensor& x2, const std::optional<at::Tensor>& sf2, int64_t g, int64_t r0, int64_t rows,
+                      at::ScalarType acc) {
+  if (!is_quantized(x2)) return x2.narrow(0, r0, rows).to(acc).contiguous();
+  const at::Tensor sf = sf2.has_value() ? *sf2 : at::ones({x2.size(0), 1}, x2.options().dtype(at::kFloat));
+  return dequantize_rows(x2, sf, 1, g, r0, rows);
+}
+
+// Rows of an operand flattened to [R, D(/2)], and its scales to [R, D / g].
+at::Tensor rows_of(const at::Tensor& x) { return x.reshape({-1, x.size(-1)}); }
+std::optional<at::Tensor> rows_of(const std::optional<at::Tensor>& sf) {
+  if (!sf.has_value()) return std::nullopt;
+  return sf->reshape({-1, sf->size(-1)});
+}
+
+// out[c] = sum_h w[h] * max(s[h, c], 0) over `n` columns of `H` score rows (row stride ld).
+template <typename T>
+AM_VECTOR_CLONES void reduce_heads(const T* s, int64_t ld, const T* w, int64_t H, int64_t n, T* out) {
+  for (int64_t c = 0; c < n; ++c) out[c] = T(0);
+  for (int64_t h = 0; h < H; ++h) {
+    const T wh = w[h];
+    const T* row = s + h * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < n; ++c) out[c] += wh * std::max(row[c], T(0));
+  }
+}
+
+// Backward of reduce_heads in place: dw[h] += sum_c g[c] * relu(s[h, c]); s[h, c] becomes g[c] * w[h] * [s > 0].
+template <typename T>
+AM_VECTOR_CLONES void backprop_heads(T* s, int64_t ld, const T* w, int64_t H, int64_t n, const T* g, T* dw) {
+  for (int64_t h = 0; h < H; ++h) {
+    const T wh = w[h];
+    T* row = s + h * ld;
+    T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+    for (int64_t c = 0; c < n; ++c) {
+      const T x = row[c];
+      acc += g[c] * std::max(x, T(0));
+      row[c] = x > T(0) ? g[c] * wh : T(0);
+    }
+    if (dw != nullptr) dw[h] += acc;
+  }
+}
+
+// The tiling shared by forward and backward: query tiles of ~kTileRows (query, head) rows.
+int64_t queries_per_tile(int64_t H) { return std::max<int64_t>(1, kTileRows / H); }
+
+// The KV span [lo, hi) that queries [i0, i1) need (lo >= hi when none).
+std::pair<int64_t, int64_t> tile_span(const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t i0,
+                                      int64_t i1) {
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+  for (int64_t i = i0; i < i1; ++i) {
+    if (ke[i] > ks[i]) {
+      lo = std::min(lo, ks[i]);
+      hi = std::max(hi, ke[i]);
+    }
+  }
+  return {lo, hi};
+}
+
+template <typename T>
+void mqa_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
+                 const at::Tensor& w, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H,
+                 bool compressed, at::Tensor& out) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t S = static_cast<int64_t>(ks.size()), ncols = out.size(1), qt = queries_per_tile(H);
+  const at::Tensor wf = w.to(acc).contiguous();
+  const T* wp = wf.const_data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, (S + qt - 1) / qt, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> row(kChunk);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
+      const auto [lo, hi] = tile_span(ks, ke, i0, i1);
+      if (lo >= hi) continue;
+      const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
+      for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+        const int64_t jc = std::min(kChunk, hi - j0);
+        const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
+        const T* sp = s.const_data_ptr<T>();
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
+          if (a >= b) continue;
+          reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
+          T* dst = op + i * ncols + (compressed ? a - ks[i] : a);
+          std::memcpy(dst, row.data(), sizeof(T) * (b - a));
+        }
+      }
+    }
+  });
+}
+
+at::Tensor mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
+                          const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
+                          const at::Tensor& ke, int64_t max_seqlen_k, std::optional<at::ScalarType> logits_dtype) {
+  const Shapes sh = check_mqa(kOp, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype);
+  const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
+  check_ranges(kOp, ksv, kev, sh.S_kv, max_seqlen_k);
+  const at::ScalarType acc = acc_dtype(q);
+  const int64_t ncols = max_seqlen_k > 0 ? max_seqlen_k : sh.S_kv;
+  at::Tensor out = at::full({sh.S, ncols}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+  const at::Tensor kd = dequantize(rows_of(k), rows_of(k_sf), sh.gk, 0, sh.S_kv, acc);
+  if (acc == at::kDouble) {
+    mqa_forward<double>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, out);
+  } else {
+    mqa_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, out);
+  }
+  return out.scalar_type() == sh.out_t ? out : out.to(sh.out_t);
+}
+
+template <typename T>
+void mqa_backward(const at::Tensor& gd, const at::Tensor& qd, const at::Tensor& kd, const at::Tensor& w,
+                  const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H, bool compressed,
+                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dw) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t S = static_cast<int64_t>(ks.size()), S_kv = kd.size(0), ncols = gd.size(1);
+  const int64_t qt = queries_per_tile(H), tiles = (S + qt - 1) / qt;
+  const at::Tensor wf = w.to(acc).contiguous();
+  const T* wp = wf.const_data_ptr<T>();
+  const T* gp = gd.const_data_ptr<T>();
+  // P[(i, h), j] = g[i, j] * w[i, h] * [s > 0] for one (tile, chunk) block, in place of the scores.
+  auto block = [&](int64_t i0, int64_t i1, int64_t j0, int64_t jc, T* dwp) {
+    at::Tensor s = at::mm(qd.narrow(0, i0 * H, (i1 - i0) * H), kd.narrow(0, j0, jc).t());
+    T* sp = s.data_ptr<T>();
+    std::vector<T> g(jc);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
+      std::fill(g.begin(), g.end(), T(0));
+      if (a < b) std::memcpy(g.data() + (a - j0), gp + i * ncols + (compressed ? a - ks[i] : a), sizeof(T) * (b - a));
+      backprop_heads<T>(sp + (i - i0) * H * jc, jc, wp + i * H, H, jc, g.data(), dwp ? dwp + i * H : nullptr);
+    }
+    return s;
+  };
+  const bool need_q = dq.numel() > 0, need_w = dw.numel() > 0, need_k = dk.numel() > 0;
+  if (need_q || need_w) {
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
+        const auto [lo, hi] = tile_span(ks, ke, i0, i1);
+        for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+          const int64_t jc = std::min(kChunk, hi - j0);
+          const at::Tensor p = block(i0, i1, j0, jc, need_w ? dw.data_ptr<T>() : nullptr);
+          if (need_q) dq.narrow(0, i0 * H, (i1 - i0) * H).addmm_(p, kd.narrow(0, j0, jc));
+        }
+      }
+    });
+  }
+  if (need_k) {
+    std::vector<std::pair<int64_t, int64_t>> spans(tiles);
+    for (int64_t t = 0; t < tiles; ++t) spans[t] = tile_span(ks, ke, t * qt, std::min(S, (t + 1) * qt));
+    at::parallel_for(0, (S_kv + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t j0 = c * kChunk, jc = std::min(kChunk, S_kv - j0);
+        at::Tensor dk_c = dk.narrow(0, j0, jc);
+        for (int64_t t = 0; t < tiles; ++t) {
+          if (spans[t].first >= std::min(spans[t].second, j0 + jc) || spans[t].second <= j0) continue;
+          const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
+          const at::Tensor p = block(i0, i1, j0, jc, nullptr);
+          dk_c.addmm_(p.t(), qd.narrow(0, i0 * H, (i1 - i0) * H));
+        }
+      }
+    });
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mqa_logits_backward_cpu(
+    const at::Tensor& grad, const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
+    const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks, const at::Tensor& ke,
+    int64_t max_seqlen_k, std::array<bool, 3> output_mask) {
+  const Shapes sh = check_mqa(kBackward, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, std::nullopt);
+  const int64_t ncols = max_seqlen_k > 0 ? max_seqlen_k : sh.S_kv;
+  check_rank(kBackward, "grad", grad, 2, "[S, columns] (the logits' gradient)");
+  AM_CHECK_ARG(grad.size(0) == sh.S && grad.size(1) == ncols, kBackward, "grad", "shape",
+               shape_str({sh.S, ncols}) + " (the logits' shape)", shape_str(grad.sizes()));
+  AM_CHECK_ARG(is_float_operand(grad.scalar_type()), kBackward, "grad", "dtype",
+               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(grad.scalar_type()));
+  const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
+  check_ranges(kBackward, ksv, kev, sh.S_kv, max_seqlen_k);
+  const at::ScalarType acc = acc_dtype(q);
+  const auto opts = q.options().dtype(acc);
+  at::Tensor dq = output_mask[0] ? at::zeros({sh.S * sh.H, sh.D}, opts) : at::empty({0}, opts);
+  at::Tensor dk = output_mask[1] ? at::zeros({sh.S_kv, sh.D}, opts) : at::empty({0}, opts);
+  at::Tensor dw = output_mask[2] ? at::zeros({sh.S, sh.H}, opts) : at::empty({0}, opts);
+  // The backward passes revisit every query tile per KV chunk: dequantize q once (S x H x D, not x S_kv).
+  const at::Tensor qd = dequantize(rows_of(q), rows_of(q_sf), sh.gq, 0, sh.S * sh.H, acc);
+  const at::Tensor kd = dequantize(rows_of(k), rows_of(k_sf), sh.gk, 0, sh.S_kv, acc);
+  const at::Tensor gd = grad.to(acc).contiguous();
+  if (acc == at::kDouble) {
+    mqa_backward<double>(gd, qd, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, dq, dk, dw);
+  } else {
+    mqa_backward<float>(gd, qd, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, dq, dk, dw);
+  }
+  if (output_mask[0]) dq = dq.view({sh.S, sh.H, sh.D});
+  return {dq, dk, dw};
+}
+
+// ---- paged decode ----
+
+// Per-token scale bytes of a cache block: DeepGEMM stores 4 (FP8: one FP32; FP4: four UE8M0 codes, one per
+// 32 values), the Ascend fused page layout D / 32 (one UE8M0 code per 32 values, int16-packed in pairs).
+struct CacheFormat {
+  int64_t block_kv, data_bytes, sf_bytes, block_stride;
+  bool fp4, fp32_scale;
+};
+
+CacheFormat check_cache(const at::Tensor& cache, int64_t D, bool ascend, const at::Tensor& q) {
+  check_rank(kPaged, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)");
+  AM_CHECK_ARG(cache.scalar_type() == at::kByte, kPaged, "kv_cache", "dtype", "torch.uint8",
+               dtype_name(cache.scalar_type()));
+  AM_CHECK_ARG(cache.device() == q.device(), kPaged, "kv_cache", "device", q.device().str() + " (same as 'q')",
+               cache.device().str());
+  const int64_t row = cache.size(3);
+  const int64_t sf_bytes = ascend ? D / 32 : 4;
+  const bool fp8 = row == D + sf_bytes, fp4 = row == D / 2 + sf_bytes;
+  const bool d_ok = ascend ? D % 64 == 0 : (D % 2 == 0 && (fp8 || D % 32 == 0) && (fp8 || D <= 128));
+  AM_CHECK_ARG(d_ok && (fp8 || fp4), kPaged, "kv_cache", "size(3) (bytes per token)",
+               std::string(ascend ? "D + D/32 (FP8) or D/2 + D/32 (FP4) with D % 64 == 0"
+                                  : "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)") +
+                   " for D=" + std::to_string(D),
+               row);
+  AM_CHECK_ARG(cache.size(2) == 1, kPaged, "kv_cache", "size(2) (KV heads)", 1, cache.size(2));
+  AM_CHECK_ARG(cache.stride(3) == 1 && cache.stride(1) == row, kPaged, "kv_cache", "strides (1, 3)",
+               "(" + std::to_string(row) + ", 1): token rows packed in each block",
+               "(" + std::to_string(cache.stride(1)) + ", " + std::to_string(cache.stride(3)) + ")");
+  const int64_t block_kv = cache.size(1);
+  AM_CHECK_ARG(cache.size(0) <= 1 || cache.stride(0) >= block_kv * row, kPaged, "kv_cache", "stride(0)",
+               "at least block_kv * bytes per token = " + std::to_string(block_kv * row), cache.stride(0));
+  return {block_kv, fp8 ? D : D / 2, sf_bytes, cache.stride(0), !fp8, !ascend && fp8};
+}
+
+// deq of tokens [0, n) of one physical block into dst [n, D] (FP32).
+void dequantize_block(const uint8_t* block, const CacheFormat& f, int64_t D, int64_t n, float* dst) {
+  decode_quantized_rows(block, n, f.data_bytes, D, f.fp4, dst);
+  const uint8_t* sf = block + f.block_kv * f.data_bytes;
+  for (int64_t t = 0; t < n; ++t) {
+    float* r = dst + t * D;
+    if (f.fp32_scale) {
+      float s;
+      std::memcpy(&s, sf + t * f.sf_bytes, sizeof(float));
+      for (int64_t d = 0; d < D; ++d) r[d] *= s;
+    } else {
+      for (int64_t d = 0; d < D; ++d) {
+        const uint8_t code = sf[t * f.sf_bytes + d / 32];
+        r[d] *= std::ldexp(1.f, static_cast<int>(code) - 127);
+      }
+    }
+  }
+}
+
+template <typename T>
+void paged_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& cache,
+                   const CacheFormat& f, const at::Tensor& w, const std::vector<int64_t>& lens,
+                   const std::vector<int64_t>& table, int64_t max_blocks, int64_t B, int64_t next_n, int64_t H,
+                   int64_t D, at::Tensor& out) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t ncols = out.size(1), chunk_blocks = std::max<int64_t>(1, kChunk / f.block_kv);
+  const at::Tensor wf = w.to(acc).contiguous();
+  const T* wp = wf.const_data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const uint8_t* base = cache.const_data_ptr<uint8_t>();
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<T> row(chunk_blocks * f.block_kv);
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t L = 0;
+      for (int64_t t = 0; t < next_n; ++t) L = std::max(L, std::min(lens[b * next_n + t], ncols));
+      if (L == 0) continue;
+      const at::Tensor qd = dequantize(q2, qsf2, gq, b * next_n * H, next_n * H, acc);
+      const int64_t nblocks = (L + f.block_kv - 1) / f.block_kv;
+      for (int64_t p0 = 0; p0 < nblocks; p0 += chunk_blocks) {
+        const int64_t pc = std::min(chunk_blocks, nblocks - p0), j0 = p0 * f.block_kv;
+        const int64_t jc = std::min(pc * f.block_kv, L - j0);
+        at::Tensor kf = at::empty({jc, D}, at::kFloat);
+        for (int64_t p = 0; p < pc; ++p) {
+          const int64_t phys = table[b * max_blocks + p0 + p];
+          dequantize_block(base + phys * f.block_stride, f, D, std::min(f.block_kv, jc - p * f.block_kv),
+                           kf.data_ptr<float>() + p * f.block_kv * D);
+        }
+        const at::Tensor s = at::mm(qd, kf.to(acc).t());  // [next_n * H, jc]
+        const T* sp = s.const_data_ptr<T>();
+        for (int64_t t = 0; t < next_n; ++t) {
+          const int64_t r = b * next_n + t, n = std::min(std::min(lens[r], ncols) - j0, jc);
+          if (n <= 0) continue;
+          reduce_heads<T>(sp + t * H * jc, jc, wp + r * H, H, n, row.data());
+          std::memcpy(op + r * ncols + j0, row.data(), sizeof(T) * n);
+        }
+      }
+    }
+  });
+}
+
+at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache,
+                                const at::Tensor& weights, const at::Tensor& context_lens,
+                                const at::Tensor& block_table, int64_t max_context_len,
+                                const std::optional<at::Tensor>& indices, bool ascend_kv_layout,
+                                std::optional<at::ScalarType> logits_dtype) {
+  const int64_t gq = check_operand(kPaged, "q", "q_sf", q, q_sf, 4,
+                                   "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q);
+  const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = head_dim(q);
+  AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, kPaged, "q", "shape", "next_n > 0, H > 0, D > 0",
+               shape_str(q.sizes()));
+  const CacheFormat f = check_cache(kv_cache, D, ascend_kv_layout, q);
+  const at::ScalarType out_t = check_weights(kPaged, weights, q, B * next_n, H, "B * next_n", logits_dtype);
+  check_rank(kPaged, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
+  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, kPaged, "context_lens", "dtype", "torch.int32",
+               dtype_name(context_lens.scalar_type()));
+  AM_CHECK_ARG(context_lens.size(0) == B && context_lens.size(1) == next_n, kPaged, "context_lens", "shape",
+               shape_str({B, next_n}) + " (B, next_n of q)", shape_str(context_lens.sizes()));
+  check_rank(kPaged, "block_table", block_table, 2, "[B, max_blocks]");
+  AM_CHECK_ARG(block_table.scalar_type() == at::kInt, kPaged, "block_table", "dtype", "torch.int32",
+               dtype_name(block_table.scalar_type()));
+  check_dim_size(kPaged, "block_table", block_table, 0, "B", B, "q.size(0)");
+  AM_CHECK_ARG(max_context_len >= 0, kPaged, "max_context_len", "value", "a non-negative integer", max_context_len);
+  if (indices.has_value()) {
+    AM_CHECK_ARG(next_n == 1, kPaged, "indices", "value", "None unless next_n == 1 (varlen: one query per row)",
+                 "a tensor with next_n=" + std::to_string(next_n));
+    check_rank(kPaged, "indices", *indices, 1, "[B] (request id per query token)");
+    AM_CHECK_ARG(indices->scalar_type() == at::kInt, kPaged, "indices", "dtype", "torch.int32",
+                 dtype_name(indices->scalar_type()));
+    check_dim_size(kPaged, "indices", *indices, 0, "B", B, "q.size(0)");
+  }
+  const std::vector<int64_t> lens = to_vector(context_lens), table = to_vector(block_table);
+  const int64_t max_blocks = block_table.size(1), num_blocks = kv_cache.size(0);
+  for (int64_t r = 0; r < B * next_n; ++r) {
+    const int64_t L = lens[r], b = r / next_n;
+    AM_CHECK_ARG(L >= 0 && L <= max_context_len && L <= max_blocks * f.block_kv, kPaged, "context_lens", "values",
+                 "0 <= context_lens[b, t] <= min(max_context_len=" + std::to_string(max_context_len) +
+                     ", block_table.size(1) * block_kv=" + std::to_string(max_blocks * f.block_kv) + ")",
+                 "context_lens[" + std::to_string(b) + ", " + std::to_string(r % next_n) + "]=" + std::to_string(L));
+    for (int64_t p = 0; p < (L + f.block_kv - 1) / f.block_kv; ++p) {
+      const int64_t id = table[b * max_blocks + p];
+      AM_CHECK_ARG(id >= 0 && id < num_blocks, kPaged, "block_table", "values",
+                   "physical block ids in [0, num_blocks=" + std::to_string(num_blocks) + ")",
+                   "block_table[" + std::to_string(b) + ", " + std::to_string(p) + "]=" + std::to_string(id));
+    }
+  }
+  if (indices.has_value()) {
+    // Upstream reads one block-table row per run of equal indices: rows of a run must agree.
+    const std::vector<int64_t> ids = to_vector(*indices);
+    for (int64_t r = 1; r < B; ++r) {
+      const bool same_run = ids[r] == ids[r - 1];
+      AM_CHECK_ARG(!same_run || std::equal(table.begin() + r * max_blocks, table.begin() + (r + 1) * max_blocks,
+                                           table.begin() + (r - 1) * max_blocks),
+                   kPaged, "block_table", "values", "equal rows for query tokens of one request (equal indices)",
+                   "rows " + std::to_string(r - 1) + " and " + std::to_string(r) + " differ");
+    }
+  }
+  const at::ScalarType acc = acc_dtype(q);
+  at::Tensor out =
+      at::full({B * next_n, max_context_len}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+  if (acc == at::kDouble) {
+    paged_forward<double>(rows_of(q), rows_of(q_sf), gq, kv_cache, f, weights, lens, table, max_blocks, B, next_n, H, D,
+                          out);
+  } else {
+    paged_forward<float>(rows_of(q), rows_of(q_sf), gq, kv_cache, f, weights, lens, table, max_blocks, B, next_n, H, D,
+                         out);
+  }
+  return out.scalar_type() == out_t ? out : out.to(out_t);
+}
+
+// ---- schedule metadata ----
+
+at::Tensor paged_mqa_logits_metadata_cpu(const at::Tensor& context_lens, int64_t block_kv, int64_t num_sms,
+                                         const std::optional<at::Tensor>& indices) {
+  check_rank(kMetadata, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
+  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, kMetadata, "context_lens", "dtype", "torch.int32",
+               dtype_name(context_lens.scalar_type()));
+  AM_CHECK_ARG(block_kv > 0, kMetadata, "block_kv", "value", "a positive integer", block_kv);
+  AM_CHECK_ARG(num_sms > 0, kMetadata, "num_sms", "value", "a positive integer", num_sms);
+  if (indices.has_value()) {
+    check_rank(kMetadata, "indices", *indices, 1, "[B] (request id per query token)");
+    AM_CHECK_ARG(indices->scalar_type() == at::kInt, kMetadata, "indices", "dtype", "torch.int32",
+                 dtype_name(indices->scalar_type()));
+    check_dim_size(kMetadata, "indices", *indices, 0, "B", context_lens.size(0), "context_lens.size(0)");
+  }
+  // Requests: batch rows, or runs of equal indices (varlen). A request's KV extent is its last token's length;
+  // its work is ceil(extent / 256) units per query token it schedules separately (each token of a varlen run).
+  const std::vector<int64_t> lens = to_vector(context_lens);
+  const int64_t B = context_lens.size(0), next_n = context_lens.size(1);
+  std::vector<int64_t> ids = indices.has_value() ? to_vector(*indices) : std::vector<int64_t>();
+  std::vector<int64_t> units;
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b + 1;
+    while (indices.has_value() && e < B && ids[e] == ids[b]) ++e;
+    const int64_t extent = next_n > 0 ? std::max<int64_t>(0, lens[(e - 1) * next_n + next_n - 1]) : 0;
+    units.push_back((extent + kScheduleSplit - 1) / kScheduleSplit * (e - b));
+    b = e;
+  }
+  int64_t total = 0;
+  for (int64_t u : units) total += u;
+  at::Tensor meta = at::empty({num_sms + 1, 2}, context_lens.options().device(at::kCPU));
+  int32_t* m = meta.data_ptr<int32_t>();
+  int64_t request = 0, consumed = 0;  // units before `request`
+  for (int64_t sm = 0; sm <= num_sms; ++sm) {
+    const int64_t start = sm * (total / num_sms) + std::min(sm, total % num_sms);
+    while (request < static_cast<int64_t>(units.size()) && consumed + units[request] <= start && start < total) {
+      consumed += units[request++];
+    }
+    const bool done = start >= total;
+    m[2 * sm] = static_cast<int32_t>(done ? static_cast<int64_t>(units.size()) : request);
+    m[2 * sm + 1] = static_cast<int32_t>(done ? 0 : start - consumed);
+  }
+  return meta.to(context_lens.device());
+}
+
+// ---- top-k selection over the logits ----
+
+template <typename T>
+void topk_rows(const at::Tensor& logits, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t topk,
+               bool compressed, at::Tensor& idx, at::Tensor& val) {
+  const int64_t S = logits.size(0), ncols = logits.size(1);
+  const T* lp = logits.const_data_ptr<T>();
+  int32_t* ip = idx.data_ptr<int32_t>();
+  T* vp = val.data_ptr<T>();
+  at::parallel_for(0, S, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> cand;
+    for (int64_t i = r0; i < r1; ++i) {
+      // Columns c of row i hold KV position j = c (full) or ks[i] + c (compressed).
+      const int64_t c0 = compressed ? 0 : ks[i], c1 = compressed ? ke[i] - ks[i] : ke[i];
+      const T* row = lp + i * ncols;
+      cand.resize(c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) cand[c - c0] = c;
+      const int64_t n = std::min<int64_t>(topk, c1 - c0);
+      // Largest first (NaN counts as +inf), ties to the lower position: deterministic.
+      auto key = [&](int64_t c) {
+        const double x = static_cast<double>(row[c]);
+        return std::isnan(x) ? std::numeric_limits<double>::infinity() : x;
+      };
+      std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), [&](int64_t a, int64_t b) {
+        const double x = key(a), y = key(b);
+        return x != y ? x > y : a < b;
+      });
+      for (int64_t t = 0; t < topk; ++t) {
+        const bool have = t < n;
+        ip[i * topk + t] = have ? static_cast<int32_t>(compressed ? cand[t] + ks[i] : cand[t]) : -1;
+        vp[i * topk + t] = have ? row[cand[t]] : -std::numeric_limits<T>::infinity();
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> mqa_topk_cpu(const at::Tensor& logits, const at::Tensor& ks, const at::Tensor& ke,
+                                                int64_t topk, bool compressed) {
+  check_rank(kTopk, "logits", logits, 2, "[S, columns]");
+  AM_CHECK_ARG(is_float_operand(logits.scalar_type()), kTopk, "logits", "dtype",
+               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(logits.scalar_type()));
+  auto check_vector = [&](const char* name, const at::Tensor& t) {
+    check_rank(kTopk, name, t, 1, "[S] (one per query)");
+    AM_CHECK_ARG(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, kTopk, name, "dtype",
+                 "torch.int32 or torch.int64", dtype_name(t.scalar_type()));
+    AM_CHECK_ARG(t.device() == logits.device(), kTopk, name, "device",
+                 logits.device().str() + " (same as 'logits')", t.device().str());
+    check_dim_size(kTopk, name, t, 0, "S", logits.size(0), "logits.size(0)");
+  };
+  check_vector("ks", ks);
+  check_vector("ke", ke);
+  AM_CHECK_ARG(topk > 0, kTopk, "topk", "value", "a positive integer", topk);
+  const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
+  for (size_t i = 0; i < ksv.size(); ++i) {
+    const std::string at_i = "[" + std::to_string(i) + "]";
+    AM_CHECK_ARG(ksv[i] >= 0 && ksv[i] <= kev[i], kTopk, "ks", "values", "0 <= ks[i] <= ke[i]",
+                 "ks" + at_i + "=" + std::to_string(ksv[i]) + ", ke" + at_i + "=" + std::to_string(kev[i]));
+    const int64_t need = compressed ? kev[i] - ksv[i] : kev[i];
+    AM_CHECK_ARG(need <= logits.size(1), kTopk, "ke", "values",
+                 std::string(compressed ? "ke[i] - ks[i]" : "ke[i]") + " <= logits.size(1)=" +
+                     std::to_string(logits.size(1)),
+                 "ke" + at_i + "=" + std::to_string(kev[i]));
+  }
+  const at::Tensor lc = logits.contiguous();
+  at::Tensor idx = at::empty({logits.size(0), topk}, logits.options().dtype(at::kInt));
+  at::Tensor val = at::empty({logits.size(0), topk}, logits.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, logits.scalar_type(), "mqa_topk",
+                                 [&] { topk_rows<scalar_t>(lc, ksv, kev, topk, compressed, idx, val); });
+  return {val, idx};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("mqa_logits", &mqa_logits_cpu);
+  m.impl("mqa_logits_backward", &mqa_logits_backward_cpu);
+  m.impl("paged_mqa_logits", &paged_mqa_logits_cpu);
+  m.impl("paged_mqa_logits_metadata", &paged_mqa_logits_metadata_cpu);
+  m.impl("mqa_topk", &mqa_topk_cpu);
+}
+
+}  // namespace ascend_moe

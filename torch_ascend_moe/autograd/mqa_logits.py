@@ -1,0 +1,118 @@
+"""Backward of the mqa_logits family.
+
+``mqa_logits``: with ``P[i, h, j] = g[i, j] * w[i, h] * [s[i, h, j] > 0]`` over the valid ``[ks, ke)``
+columns (masked positions contribute nothing), ``dq = P k``, ``dk = P^T q`` and
+``dw[i, h] = sum_j g[i, j] relu(s[i, h, j])``. One C++ op (``mqa_logits_backward``) recomputes the scores
+block by block and never stores ``[S, H, S_kv]``. FP8/FP4 operands get no gradient (their high-precision
+sources do, through a straight-through fake quantizer: ``torch_ascend_moe.quant.fake_quantize``);
+``weights`` always does.
+
+``paged_mqa_logits``: gradients w.r.t. a float ``q`` and ``weights`` (the cache is bytes), by running the
+ragged backward on each request's dequantized blocks. It gathers every request's ``max_blocks`` blocks,
+so its memory is ``B * max_blocks * block_kv * D`` floats: meant for tests and small decode batches.
+
+``mqa_topk``: the values' gradient goes back to the selected logits. ``mqa_logits_backward`` and
+``paged_mqa_logits_metadata`` have no differentiable outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.meta import mqa_logits as meta
+
+_backward_op = torch.ops.ascend_moe.mqa_logits_backward.default
+
+
+def _needs(ctx, i: int) -> bool:
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+def _logits_setup(ctx, inputs, output):
+    q, q_sf, k, k_sf, weights, ks, ke = inputs[:7]
+    ctx.max_seqlen_k = inputs[7] if len(inputs) > 7 else 0
+    ctx.q_float, ctx.k_float = not meta.is_quantized(q), not meta.is_quantized(k)
+    ctx.dtypes = (q.dtype, k.dtype, weights.dtype)
+    ctx.has_sf = (q_sf is not None, k_sf is not None)
+    ctx.save_for_backward(q, q_sf, k, k_sf, weights, ks, ke)
+
+
+def _logits_backward(ctx, grad):
+    q, q_sf, k, k_sf, weights, ks, ke = ctx.saved_tensors
+    mask = [_needs(ctx, 0) and ctx.q_float, _needs(ctx, 2) and ctx.k_float, _needs(ctx, 4)]
+    if not any(mask):
+        return (None,) * 9
+    dq, dk, dw = _backward_op(grad, q, q_sf, k, k_sf, weights, ks, ke, ctx.max_seqlen_k, mask)
+    q_t, k_t, w_t = ctx.dtypes
+    return (
+        dq.to(q_t) if mask[0] else None,
+        None,
+        dk.to(k_t) if mask[1] else None,
+        None,
+        dw.to(w_t) if mask[2] else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def _non_differentiable_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(*(output if isinstance(output, (tuple, list)) else (output,)))
+
+
+def _not_differentiable(ctx, *grads):
+    raise RuntimeError("ascend_moe: this op's outputs are not differentiable (no double backward)")
+
+
+def _paged_setup(ctx, inputs, output):
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len = inputs[:7]
+    ascend = inputs[8] if len(inputs) > 8 else False
+    ctx.q_float = not meta.is_quantized(q)
+    ctx.dtypes = (q.dtype, weights.dtype)
+    ctx.fmt = meta.check_cache(kv_cache, meta.head_dim(q), ascend, q)
+    ctx.max_context_len = max_context_len
+    ctx.save_for_backward(q, q_sf, kv_cache, weights, context_lens, block_table)
+
+
+def _paged_backward(ctx, grad):
+    q, q_sf, kv_cache, weights, context_lens, block_table = ctx.saved_tensors
+    need_q, need_w = _needs(ctx, 0) and ctx.q_float, _needs(ctx, 3)
+    if not (need_q or need_w) or ctx.max_context_len == 0:
+        return (None,) * 10
+    acc = meta.acc_dtype(q)
+    qd, kd, ks, ke = portable.paged_as_ragged(q, q_sf, kv_cache, ctx.fmt, block_table, context_lens, acc)
+    dq, _, dw = _backward_op(grad, qd, None, kd, None, weights, ks, ke, ctx.max_context_len, [need_q, False, need_w])
+    q_t, w_t = ctx.dtypes
+    grad_q = dq.reshape(q.shape).to(q_t) if need_q else None
+    return grad_q, None, None, (dw.to(w_t) if need_w else None), None, None, None, None, None, None
+
+
+def _topk_setup(ctx, inputs, output):
+    logits, ks = inputs[:2]
+    ctx.compressed = inputs[4] if len(inputs) > 4 else False
+    ctx.mark_non_differentiable(output[1])
+    ctx.shape = logits.shape
+    ctx.save_for_backward(output[1], ks)
+
+
+def _topk_backward(ctx, grad_values, grad_idx):
+    idx, ks = ctx.saved_tensors
+    valid = idx >= 0
+    cols = idx.long() - (ks.long().unsqueeze(1) if ctx.compressed else 0)
+    cols = torch.where(valid, cols, 0)
+    grad = grad_values.new_zeros(ctx.shape)
+    grad.scatter_add_(1, cols, torch.where(valid, grad_values, 0))
+    return grad, None, None, None, None
+
+
+torch.library.register_autograd("ascend_moe::mqa_logits", _logits_backward, setup_context=_logits_setup)
+torch.library.register_autograd(
+    "ascend_moe::mqa_logits_backward", _not_differentiable, setup_context=_non_differentiable_setup
+)
+torch.library.register_autograd("ascend_moe::paged_mqa_logits", _paged_backward, setup_context=_paged_setup)
+torch.library.register_autograd(
+    "ascend_moe::paged_mqa_logits_metadata", _not_differentiable, setup_context=_non_differentiable_setup
+)
+torch.library.register_autograd("ascend_moe::mqa_topk", _topk_backward, setup_context=_topk_setup)

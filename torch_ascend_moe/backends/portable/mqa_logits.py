@@ -1,0 +1,178 @@
+"""Device-generic mqa_logits kernels with torch ops (what CUDA and NPU register until fused kernels exist).
+
+Scores are formed for a block of queries at a time (``chunk`` queries x H heads x S_kv keys), so peak
+memory stays bounded however long the sequence. The paged kernel gathers each request's blocks, dequantizes
+them and runs the ragged formula in its compressed layout (column t = KV position t of the request).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.meta import mqa_logits as meta
+from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
+
+_SCORE_ELEMENTS = 1 << 24  # elements of one [queries, H, S_kv] score block
+
+
+def dequantize(x: torch.Tensor, sf: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
+    """``deq(x)`` in ``acc``: float data as is; FP8/FP4 times its ``1 x g`` scales (none: 1)."""
+    if not meta.is_quantized(x):
+        return x.to(acc)
+    values = decode_e2m1(unpack_e2m1(x)) if meta.is_fp4(x) else x.float()
+    if sf is not None:
+        g = values.shape[-1] // sf.shape[-1]
+        values = values * sf.float().repeat_interleave(g, dim=-1)
+    return values.to(acc)
+
+
+def _positions(ks, ke, columns: int, compressed: bool, device):
+    """(KV position of each output column [S, columns], mask of the valid columns)."""
+    cols = torch.arange(columns, device=device)
+    j = cols + ks.long().unsqueeze(1) if compressed else cols.expand(ks.shape[0], -1)
+    valid = (j >= ks.long().unsqueeze(1)) & (j < ke.long().unsqueeze(1))
+    return j, valid
+
+
+def logits_from_dequantized(qd, kd, weights, ks, ke, columns: int, compressed: bool, acc: torch.dtype):
+    """The formula on dequantized operands, ``chunk`` queries at a time; -inf outside the ranges."""
+    S, H = qd.shape[0], qd.shape[1]
+    out = torch.full((S, columns), float("-inf"), dtype=acc, device=qd.device)
+    if S == 0 or columns == 0 or kd.shape[0] == 0:
+        return out
+    j, valid = _positions(ks, ke, columns, compressed, qd.device)
+    w = weights.to(acc)
+    chunk = max(1, _SCORE_ELEMENTS // max(1, H * kd.shape[0]))
+    for i0 in range(0, S, chunk):
+        sl = slice(i0, i0 + chunk)
+        scores = torch.einsum("ihd,jd->ihj", qd[sl], kd).relu_()
+        logits = torch.einsum("ihj,ih->ij", scores, w[sl])
+        gathered = logits.gather(1, j[sl].clamp(max=kd.shape[0] - 1))
+        out[sl] = torch.where(valid[sl], gathered, out[sl])
+    return out
+
+
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
+    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
+    acc = meta.acc_dtype(q)
+    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
+    return logits_from_dequantized(qd, kd, weights, ks, ke, columns, max_seqlen_k > 0, acc).to(sh.out_dtype)
+
+
+def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
+    sh = meta.backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
+    meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
+    acc = meta.acc_dtype(q)
+    qd, kd, w = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc), weights.to(acc)
+    compressed = max_seqlen_k > 0
+    columns = grad.shape[1]
+    dq, dk, dw = torch.zeros_like(qd), torch.zeros_like(kd), torch.zeros_like(w)
+    if sh.S and columns and sh.S_kv:
+        j, valid = _positions(ks, ke, columns, compressed, q.device)
+        # The gradient scattered back to absolute KV positions: g[i, j].
+        g_cols = torch.where(valid, grad.to(acc), 0)
+        chunk = max(1, _SCORE_ELEMENTS // max(1, sh.H * sh.S_kv))
+        for i0 in range(0, sh.S, chunk):
+            sl = slice(i0, i0 + chunk)
+            g = torch.zeros(g_cols[sl].shape[0], sh.S_kv, dtype=acc, device=q.device)
+            g.scatter_add_(1, j[sl].clamp(max=sh.S_kv - 1), g_cols[sl])
+            scores = torch.einsum("ihd,jd->ihj", qd[sl], kd)
+            dw[sl] = torch.einsum("ij,ihj->ih", g, scores.relu())
+            p = (scores > 0) * g.unsqueeze(1) * w[sl].unsqueeze(-1)
+            dq[sl] = torch.einsum("ihj,jd->ihd", p, kd)
+            dk += torch.einsum("ihj,ihd->jd", p, qd[sl])
+    empty = q.new_empty(0, dtype=acc)
+    return tuple(t if need else empty for t, need in zip((dq, dk, dw), output_mask))
+
+
+def paged_kv(kv_cache, fmt: meta.CacheFormat, block_table, d: int, acc: torch.dtype) -> torch.Tensor:
+    """Every request's blocks dequantized: ``[B, max_blocks * block_kv, D]`` (ids clamped into range; the
+    columns past a request's length are masked by the caller)."""
+    nb, bkv = kv_cache.shape[0], fmt.block_kv
+    blocks = kv_cache.flatten(1)  # [nb, block_kv * bytes per token]: token rows are packed in a block
+    data = blocks[:, : bkv * fmt.data_bytes].reshape(nb, bkv, fmt.data_bytes)
+    sf = blocks[:, bkv * fmt.data_bytes :].reshape(nb, bkv, fmt.sf_bytes)
+    values = decode_e2m1(unpack_e2m1(data)) if fmt.fp4 else data.contiguous().view(torch.float8_e4m3fn).float()
+    if fmt.fp32_scale:
+        values = values * sf.contiguous().view(torch.float32)
+    else:
+        # UE8M0 code c is 2^(c - 127) (integer math: Inductor has no float8_e8m0fnu codegen).
+        scales = torch.pow(2.0, sf[..., : d // 32].int() - 127)
+        values = values * scales.repeat_interleave(32, dim=-1)
+    ids = block_table.long().clamp(0, max(nb - 1, 0))
+    return values.to(acc)[ids].reshape(block_table.shape[0], -1, d)
+
+
+def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
+    """(q [B * next_n, H, D], k [B * max_blocks * block_kv, D], ks, ke) of the equivalent ragged call."""
+    B, next_n, H = q.shape[0], q.shape[1], q.shape[2]
+    d = meta.head_dim(q)
+    kd = paged_kv(kv_cache, fmt, block_table, d, acc)
+    span = kd.shape[1]
+    # Tokens past a request's longest context are whatever the cache holds (stale or uninitialized bytes,
+    # possibly NaN codes): zero them so the backward's products with zero gradients stay zero.
+    live = torch.arange(span, device=q.device) < context_lens.amax(dim=1, keepdim=True)
+    kd = torch.where(live.unsqueeze(-1), kd, 0)
+    ks = (torch.arange(B, device=q.device) * span).repeat_interleave(next_n)
+    ke = ks + context_lens.flatten().long()
+    qd = dequantize(q, q_sf, acc).reshape(B * next_n, H, d)
+    return qd, kd.reshape(-1, d), ks, ke
+
+
+def paged_mqa_logits(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices=None, ascend_kv_layout=False,
+    logits_dtype=None,
+):
+    _, fmt, out = meta.paged_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    )
+    meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+    acc = meta.acc_dtype(q)
+    qd, kd, ks, ke = paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc)
+    return logits_from_dequantized(qd, kd, weights, ks, ke, max_context_len, True, acc).to(out)
+
+
+def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
+    meta.metadata_signature(context_lens, block_kv, num_sms, indices)
+    lens = context_lens.tolist()
+    ids = indices.tolist() if indices is not None else None
+    units, b = [], 0
+    while b < len(lens):
+        e = b + 1
+        while ids is not None and e < len(lens) and ids[e] == ids[b]:
+            e += 1
+        extent = max(0, lens[e - 1][-1]) if lens[e - 1] else 0
+        units.append(-(-extent // meta.SCHEDULE_SPLIT) * (e - b))
+        b = e
+    total, rows = sum(units), []
+    request = consumed = 0
+    for sm in range(num_sms + 1):
+        start = sm * (total // num_sms) + min(sm, total % num_sms)
+        while request < len(units) and consumed + units[request] <= start < total:
+            consumed += units[request]
+            request += 1
+        rows.append((len(units), 0) if start >= total else (request, start - consumed))
+    return torch.tensor(rows, dtype=torch.int32).to(context_lens.device)
+
+
+def mqa_topk(logits, ks, ke, topk, compressed=False):
+    meta.topk_signature(logits, ks, ke, topk)
+    meta.check_topk_values(ks, ke, logits.shape[1], compressed)
+    S, columns = logits.shape
+    j, valid = _positions(ks, ke, columns, compressed, logits.device)
+    # Value descending (NaN as +inf), ties to the lower position; then valid columns before invalid ones.
+    values = logits.double().nan_to_num(nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+    by_value = torch.sort(-values, dim=1, stable=True).indices
+    by_validity = torch.sort((~valid).gather(1, by_value).to(torch.int8), dim=1, stable=True).indices
+    order = by_value.gather(1, by_validity)[:, :topk]
+    n = valid.sum(1, keepdim=True)
+    keep = torch.arange(order.shape[1], device=logits.device) < n
+    idx = torch.where(keep, j.gather(1, order), -1).to(torch.int32)
+    val = torch.where(keep, logits.gather(1, order), float("-inf"))
+    pad = topk - order.shape[1]
+    if pad:
+        idx = torch.nn.functional.pad(idx, (0, pad), value=-1)
+        val = torch.nn.functional.pad(val, (0, pad), value=float("-inf"))
+    return val, idx

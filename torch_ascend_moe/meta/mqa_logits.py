@@ -1,0 +1,398 @@
+"""Fakes of the mqa_logits family and the validation its Python kernels share (twin of
+``csrc/ops/mqa_logits_cpu.cpp``).
+
+The ``check_*_values`` functions look at tensor *values* (ranges, lengths, block ids): the kernels run them
+eagerly; a fake cannot, so under ``torch.compile`` they fire when the compiled graph runs the kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+
+OP = "ascend_moe::mqa_logits"
+BACKWARD = "ascend_moe::mqa_logits_backward"
+PAGED = "ascend_moe::paged_mqa_logits"
+METADATA = "ascend_moe::paged_mqa_logits_metadata"
+TOPK = "ascend_moe::mqa_topk"
+FLOAT_OPERANDS = (torch.bfloat16, torch.float32, torch.float64)
+QUANTIZED = (torch.float8_e4m3fn, torch.uint8)
+SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
+INDEX_DTYPES = (torch.int32, torch.int64)
+SCHEDULE_SPLIT = 256  # KV tokens per unit of the paged schedule
+
+
+def is_quantized(t: torch.Tensor) -> bool:
+    return t.dtype in QUANTIZED
+
+
+def is_fp4(t: torch.Tensor) -> bool:
+    return t.dtype == torch.uint8
+
+
+def head_dim(t: torch.Tensor):
+    """Logical D: packed FP4 stores two values per byte."""
+    return 2 * t.shape[-1] if is_fp4(t) else t.shape[-1]
+
+
+def acc_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _same_device(op: str, name: str, t: torch.Tensor, ref: torch.Tensor, ref_name: str = "q") -> None:
+    ck.check_arg(t.device == ref.device, op, name, "device", lambda: f"{ref.device} (same as '{ref_name}')", t.device)
+
+
+def check_operand(op: str, name: str, sf_name: str, x, sf, rank: int, layout: str, ref):
+    """One q or k operand and its optional scales; returns the scale block size g (D for one scale per row)."""
+    ck.check_rank(op, name, x, rank, layout)
+    ck.check_arg(
+        x.dtype in FLOAT_OPERANDS or is_quantized(x),
+        op,
+        name,
+        "dtype",
+        "torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn or torch.uint8 (packed FP4)",
+        x.dtype,
+    )
+    _same_device(op, name, x, ref)
+    d = head_dim(x)
+    if not is_quantized(x):
+        ck.check_arg(sf is None, op, sf_name, "value", f"None for a {x.dtype} operand", "a tensor")
+        return d
+    if sf is None:
+        ck.check_arg(not is_fp4(x), op, sf_name, "value", "scales for a packed FP4 operand", "None")
+        return d
+    ck.check_arg(
+        sf.dtype in SCALE_DTYPES,
+        op,
+        sf_name,
+        "dtype",
+        "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
+        sf.dtype,
+    )
+    _same_device(op, sf_name, sf, ref)
+    lead = list(x.shape[:-1])
+    nb = sf.shape[-1] if sf.dim() == rank else 0
+    ok = sf.dim() == rank and all(a == b for a, b in zip(sf.shape[:-1], lead)) and nb > 0 and d % nb == 0
+    def expected():
+        return ck.shape_str(lead)[:-1] + f", D / g] with g dividing D={ck._text(d)}"
+
+    ck.check_arg(ok, op, sf_name, "shape", expected, lambda: ck.shape_str(sf.shape))
+    return d // nb
+
+
+def check_pairing(op: str, q, k) -> None:
+    if is_quantized(q):
+        ck.check_arg(
+            is_quantized(k), op, "k", "dtype", "torch.float8_e4m3fn or torch.uint8 (packed FP4), as 'q' is", k.dtype
+        )
+    else:
+        ck.check_arg(k.dtype == q.dtype, op, "k", "dtype", lambda: f"{q.dtype} (same as 'q')", k.dtype)
+    ck.check_arg(head_dim(k) == head_dim(q), op, "k", "head dim (D)", lambda: f"{ck._text(head_dim(q))} (q's D)", lambda: head_dim(k))
+
+
+def check_weights(op: str, w, q, rows, heads, rows_what: str, logits_dtype) -> torch.dtype:
+    """weights ``[rows, H]``; returns the logits dtype (default: the weights' dtype)."""
+    ck.check_rank(op, "weights", w, 2, "[rows, H]")
+    fp64 = q.dtype == torch.float64
+    if fp64:
+        ck.check_arg(w.dtype == torch.float64, op, "weights", "dtype", "torch.float64 (with float64 q)", w.dtype)
+    else:
+        ck.check_arg(
+            w.dtype in (torch.float32, torch.bfloat16), op, "weights", "dtype", "torch.float32 or torch.bfloat16", w.dtype
+        )
+    _same_device(op, "weights", w, q)
+    ck.check_arg(
+        w.shape[0] == rows and w.shape[1] == heads,
+        op,
+        "weights",
+        "shape",
+        lambda: f"{ck.shape_str([rows, heads])} ({rows_what}, H)",
+        lambda: ck.shape_str(w.shape),
+    )
+    out = logits_dtype if logits_dtype is not None else w.dtype
+    if fp64:
+        ck.check_arg(out == torch.float64, op, "logits_dtype", "value", "torch.float64 (with float64 q)", out)
+    elif w.dtype == torch.bfloat16:
+        ck.check_arg(out == torch.bfloat16, op, "logits_dtype", "value", "torch.bfloat16 (with BF16 weights)", out)
+    else:
+        ck.check_arg(
+            out in (torch.float32, torch.bfloat16), op, "logits_dtype", "value", "torch.float32 or torch.bfloat16", out
+        )
+    return out
+
+
+def check_index_vector(op: str, name: str, t, length, ref, ref_name: str = "q") -> None:
+    ck.check_rank(op, name, t, 1, "[S] (one per query)")
+    ck.check_arg(t.dtype in INDEX_DTYPES, op, name, "dtype", "torch.int32 or torch.int64", t.dtype)
+    _same_device(op, name, t, ref, ref_name)
+    ck.check_dim_size(op, name, t, 0, "S", length, f"{ref_name}.size(0)")
+
+
+@dataclasses.dataclass
+class MqaShapes:
+    S: object
+    H: object
+    D: object
+    S_kv: object
+    gq: object
+    gk: object
+    out_dtype: torch.dtype
+
+
+def mqa_signature(op, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype) -> MqaShapes:
+    gq = check_operand(op, "q", "q_sf", q, q_sf, 3, "[S, H, D] (or [S, H, D/2] packed FP4)", q)
+    gk = check_operand(op, "k", "k_sf", k, k_sf, 2, "[S_kv, D] (or [S_kv, D/2] packed FP4)", q)
+    check_pairing(op, q, k)
+    S, H, D = q.shape[0], q.shape[1], head_dim(q)
+    ck.check_arg(H > 0 and D > 0, op, "q", "shape", "H > 0 heads of D > 0", lambda: ck.shape_str(q.shape))
+    out = check_weights(op, weights, q, S, H, "S", logits_dtype)
+    check_index_vector(op, "ks", ks, S, q)
+    check_index_vector(op, "ke", ke, S, q)
+    ck.check_arg(
+        max_seqlen_k >= 0,
+        op,
+        "max_seqlen_k",
+        "value",
+        "0 (full [S, S_kv] logits) or positive (compressed)",
+        max_seqlen_k,
+    )
+    return MqaShapes(S, H, D, k.shape[0], gq, gk, out)
+
+
+def check_range_values(op: str, ks, ke, s_kv: int, max_seqlen_k: int) -> None:
+    """``0 <= ks[i] <= ke[i] <= S_kv`` (and ``ke - ks <= max_seqlen_k`` when compressed), on the data."""
+    ks_l, ke_l = ks.tolist(), ke.tolist()
+    for i, (a, b) in enumerate(zip(ks_l, ke_l)):
+        ck.check_arg(0 <= a <= b, op, "ks", "values", "0 <= ks[i] <= ke[i]", f"ks[{i}]={a}, ke[{i}]={b}")
+        ck.check_arg(b <= s_kv, op, "ke", "values", f"ke[i] <= S_kv={s_kv} (k.size(0))", f"ke[{i}]={b}")
+        if max_seqlen_k > 0:
+            ck.check_arg(
+                b - a <= max_seqlen_k,
+                op,
+                "max_seqlen_k",
+                "value",
+                "at least ke[i] - ks[i] for every query (compressed logits)",
+                f"{max_seqlen_k} < ke[{i}] - ks[{i}]={b - a}",
+            )
+
+
+def backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k) -> MqaShapes:
+    sh = mqa_signature(BACKWARD, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, None)
+    cols = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
+    ck.check_rank(BACKWARD, "grad", grad, 2, "[S, columns] (the logits' gradient)")
+    ck.check_arg(
+        grad.shape[0] == sh.S and grad.shape[1] == cols,
+        BACKWARD,
+        "grad",
+        "shape",
+        lambda: f"{ck.shape_str([sh.S, cols])} (the logits' shape)",
+        lambda: ck.shape_str(grad.shape),
+    )
+    ck.check_arg(
+        grad.dtype in FLOAT_OPERANDS,
+        BACKWARD,
+        "grad",
+        "dtype",
+        "torch.bfloat16, torch.float32 or torch.float64",
+        grad.dtype,
+    )
+    return sh
+
+
+# ---- paged decode ----
+
+
+@dataclasses.dataclass
+class CacheFormat:
+    block_kv: object
+    data_bytes: object
+    sf_bytes: object
+    fp4: bool
+    fp32_scale: bool
+
+
+def check_cache(cache, d, ascend: bool, q) -> CacheFormat:
+    """The cache's byte layout: per block, ``block_kv`` token rows of data, then ``block_kv`` scale rows."""
+    op = PAGED
+    ck.check_rank(op, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)")
+    ck.check_arg(cache.dtype == torch.uint8, op, "kv_cache", "dtype", "torch.uint8", cache.dtype)
+    _same_device(op, "kv_cache", cache, q)
+    row = cache.shape[3]
+    sf_bytes = d // 32 if ascend else 4
+    fp8, fp4 = row == d + sf_bytes, row == d // 2 + sf_bytes
+    if ascend:
+        d_ok = d % 64 == 0
+        layouts = "D + D/32 (FP8) or D/2 + D/32 (FP4) with D % 64 == 0"
+    else:
+        d_ok = d % 2 == 0 and (fp8 or (d % 32 == 0 and d <= 128))
+        layouts = "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)"
+    ck.check_arg(
+        d_ok and (fp8 or fp4), op, "kv_cache", "size(3) (bytes per token)", lambda: f"{layouts} for D={ck._text(d)}", row
+    )
+    ck.check_arg(cache.shape[2] == 1, op, "kv_cache", "size(2) (KV heads)", 1, cache.shape[2])
+    ck.check_arg(
+        cache.stride(3) == 1 and cache.stride(1) == row,
+        op,
+        "kv_cache",
+        "strides (1, 3)",
+        lambda: f"({row}, 1): token rows packed in each block",
+        lambda: f"({cache.stride(1)}, {cache.stride(3)})",
+    )
+    block_kv = cache.shape[1]
+    ck.check_arg(
+        cache.shape[0] <= 1 or cache.stride(0) >= block_kv * row,
+        op,
+        "kv_cache",
+        "stride(0)",
+        lambda: f"at least block_kv * bytes per token = {block_kv * row}",
+        lambda: cache.stride(0),
+    )
+    return CacheFormat(block_kv, d if fp8 else d // 2, sf_bytes, not fp8, (not ascend) and fp8)
+
+
+def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend, dtype):
+    """Returns ``(gq, cache format, logits dtype)``."""
+    op = PAGED
+    gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q)
+    B, next_n, H, D = q.shape[0], q.shape[1], q.shape[2], head_dim(q)
+    ck.check_arg(
+        next_n > 0 and H > 0 and D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", lambda: ck.shape_str(q.shape)
+    )
+    fmt = check_cache(kv_cache, D, ascend, q)
+    out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype)
+    ck.check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)")
+    ck.check_arg(context_lens.dtype == torch.int32, op, "context_lens", "dtype", "torch.int32", context_lens.dtype)
+    ck.check_arg(
+        context_lens.shape[0] == B and context_lens.shape[1] == next_n,
+        op,
+        "context_lens",
+        "shape",
+        lambda: f"{ck.shape_str([B, next_n])} (B, next_n of q)",
+        lambda: ck.shape_str(context_lens.shape),
+    )
+    ck.check_rank(op, "block_table", block_table, 2, "[B, max_blocks]")
+    ck.check_arg(block_table.dtype == torch.int32, op, "block_table", "dtype", "torch.int32", block_table.dtype)
+    ck.check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)")
+    ck.check_arg(max_context_len >= 0, op, "max_context_len", "value", "a non-negative integer", max_context_len)
+    if indices is not None:
+        ck.check_arg(
+            next_n == 1,
+            op,
+            "indices",
+            "value",
+            "None unless next_n == 1 (varlen: one query per row)",
+            lambda: f"a tensor with next_n={ck._text(next_n)}",
+        )
+        ck.check_rank(op, "indices", indices, 1, "[B] (request id per query token)")
+        ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
+        ck.check_dim_size(op, "indices", indices, 0, "B", B, "q.size(0)")
+    return gq, fmt, out
+
+
+def check_paged_values(context_lens, block_table, max_context_len, block_kv, num_blocks, indices) -> None:
+    op = PAGED
+    lens, table = context_lens.tolist(), block_table.tolist()
+    max_blocks = block_table.shape[1]
+    for b, row in enumerate(lens):
+        for t, n in enumerate(row):
+            ck.check_arg(
+                0 <= n <= max_context_len and n <= max_blocks * block_kv,
+                op,
+                "context_lens",
+                "values",
+                f"0 <= context_lens[b, t] <= min(max_context_len={max_context_len}, "
+                f"block_table.size(1) * block_kv={max_blocks * block_kv})",
+                f"context_lens[{b}, {t}]={n}",
+            )
+            for p in range(-(-n // block_kv)):
+                ck.check_arg(
+                    0 <= table[b][p] < num_blocks,
+                    op,
+                    "block_table",
+                    "values",
+                    f"physical block ids in [0, num_blocks={num_blocks})",
+                    f"block_table[{b}, {p}]={table[b][p]}",
+                )
+    if indices is not None:
+        ids = indices.tolist()
+        for r in range(1, len(ids)):
+            ck.check_arg(
+                ids[r] != ids[r - 1] or table[r] == table[r - 1],
+                op,
+                "block_table",
+                "values",
+                "equal rows for query tokens of one request (equal indices)",
+                f"rows {r - 1} and {r} differ",
+            )
+
+
+def metadata_signature(context_lens, block_kv, num_sms, indices) -> None:
+    op = METADATA
+    ck.check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)")
+    ck.check_arg(context_lens.dtype == torch.int32, op, "context_lens", "dtype", "torch.int32", context_lens.dtype)
+    ck.check_arg(block_kv > 0, op, "block_kv", "value", "a positive integer", block_kv)
+    ck.check_arg(num_sms > 0, op, "num_sms", "value", "a positive integer", num_sms)
+    if indices is not None:
+        ck.check_rank(op, "indices", indices, 1, "[B] (request id per query token)")
+        ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
+        ck.check_dim_size(op, "indices", indices, 0, "B", context_lens.shape[0], "context_lens.size(0)")
+
+
+def topk_signature(logits, ks, ke, topk) -> None:
+    op = TOPK
+    ck.check_rank(op, "logits", logits, 2, "[S, columns]")
+    ck.check_arg(
+        logits.dtype in FLOAT_OPERANDS, op, "logits", "dtype", "torch.bfloat16, torch.float32 or torch.float64", logits.dtype
+    )
+    check_index_vector(op, "ks", ks, logits.shape[0], logits, "logits")
+    check_index_vector(op, "ke", ke, logits.shape[0], logits, "logits")
+    ck.check_arg(topk > 0, op, "topk", "value", "a positive integer", topk)
+
+
+def check_topk_values(ks, ke, columns: int, compressed: bool) -> None:
+    for i, (a, b) in enumerate(zip(ks.tolist(), ke.tolist())):
+        ck.check_arg(0 <= a <= b, TOPK, "ks", "values", "0 <= ks[i] <= ke[i]", f"ks[{i}]={a}, ke[{i}]={b}")
+        need = b - a if compressed else b
+        what = "ke[i] - ks[i]" if compressed else "ke[i]"
+        ck.check_arg(need <= columns, TOPK, "ke", "values", f"{what} <= logits.size(1)={columns}", f"ke[{i}]={b}")
+
+
+@torch.library.register_fake(OP)
+def _mqa_logits_fake(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
+    sh = mqa_signature(OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    return q.new_empty([sh.S, max_seqlen_k if max_seqlen_k > 0 else sh.S_kv], dtype=sh.out_dtype)
+
+
+@torch.library.register_fake(BACKWARD)
+def _mqa_logits_backward_fake(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
+    sh = backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
+    acc = acc_dtype(q)
+    shapes = ([sh.S, sh.H, sh.D], [sh.S_kv, sh.D], [sh.S, sh.H])
+    return tuple(q.new_empty(s if need else [0], dtype=acc) for s, need in zip(shapes, output_mask))
+
+
+@torch.library.register_fake(PAGED)
+def _paged_mqa_logits_fake(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices=None, ascend_kv_layout=False,
+    logits_dtype=None,
+):
+    _, _, out = paged_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    )
+    return q.new_empty([q.shape[0] * q.shape[1], max_context_len], dtype=out)
+
+
+@torch.library.register_fake(METADATA)
+def _paged_mqa_logits_metadata_fake(context_lens, block_kv, num_sms, indices=None):
+    metadata_signature(context_lens, block_kv, num_sms, indices)
+    return context_lens.new_empty([num_sms + 1, 2])
+
+
+@torch.library.register_fake(TOPK)
+def _mqa_topk_fake(logits, ks, ke, topk, compressed=False):
+    topk_signature(logits, ks, ke, topk)
+    return logits.new_empty([logits.shape[0], topk]), logits.new_empty([logits.shape[0], topk], dtype=torch.int32)
