@@ -33,6 +33,11 @@ OPS = [
     "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
+    "mqa_logits",
+    "mqa_logits_backward",
+    "mqa_topk",
+    "paged_mqa_logits",
+    "paged_mqa_logits_metadata",
 ]
 
 

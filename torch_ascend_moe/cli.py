@@ -110,18 +110,18 @@ def cmd_bench(args, console: Console) -> int:
         bench.run_case(c, args.min_run_time) for c in track(cases, description=f"bench {args.family}", console=console)
     ]
     table = Table(title=f"bench {args.family}: {torch.get_num_threads()} CPU threads, speedup = baseline time / ours")
-    for col in ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup"):
+    memory = any(r.ours_peak_mb is not None for r in results)
+    columns = ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup")
+    for col in columns + (("ours peak MB", "baseline peak MB") if memory else ()):
         table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+
+    def mb(x):
+        return "-" if x is None else f"{x:.0f}"
+
     for r in results:
-        table.add_row(
-            r.case,
-            f"{r.ours_ms:.3f}",
-            f"{r.ours_tflops:.4f}",
-            r.baseline,
-            f"{r.baseline_ms:.3f}",
-            f"{r.baseline_tflops:.4f}",
-            f"{r.speedup:.2f}x",
-        )
+        cells = [r.case, f"{r.ours_ms:.3f}", f"{r.ours_tflops:.4f}", r.baseline, f"{r.baseline_ms:.3f}"]
+        cells += [f"{r.baseline_tflops:.4f}", f"{r.speedup:.2f}x"]
+        table.add_row(*cells, *((mb(r.ours_peak_mb), mb(r.baseline_peak_mb)) if memory else ()))
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:

@@ -6,6 +6,7 @@ run (machines here are noisy: only the ratio is meaningful) with ``torch.utils.b
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import importlib
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped")
+FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa")
 # Names that run several families: ``bench fp8`` covers every FP8 op.
 GROUPS = {"fp8": ("fp8_gemm", "fp8_linear")}
 
@@ -24,6 +25,8 @@ class Case:
     flops: int
     setup: Callable[[], tuple[Callable[[], object], Callable[[], object]]]  # -> (ours, baseline)
     baseline: str
+    memory: bool = False  # also measure each side's peak memory (one extra call each)
+    grad: bool = False  # the callables run a backward: time them with autograd enabled
 
 
 @dataclasses.dataclass
@@ -34,6 +37,8 @@ class Result:
     baseline_ms: float
     ours_tflops: float
     baseline_tflops: float
+    ours_peak_mb: float | None = None
+    baseline_peak_mb: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -45,16 +50,64 @@ def _median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
     return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
 
 
+def peak_memory_mb(fn: Callable[[], object]) -> float | None:
+    """Resident-memory growth (MB) while ``fn`` runs: Linux's peak-RSS counter, reset just before the call.
+
+    Large tensors are mmap-backed, so what an op allocates and touches shows up here; None where the kernel
+    does not allow resetting the counter (``/proc/self/clear_refs``).
+    """
+
+    def read(field: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+    # glibc serves blocks below its (self-raising, up to 32 MB) mmap threshold from memory the process already
+    # holds, which would hide them: during the measurement every block of 64 KB or more gets fresh pages, and
+    # free heap pages are returned first.
+    libc = _glibc()
+    try:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
+            libc.malloc_trim(0)  # hand freed heap pages back, so reusing them counts as growth too
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        before = read("VmRSS:")
+        fn()
+        return (read("VmHWM:") - before) / 1024
+    except OSError:
+        return None
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # where glibc's dynamic threshold settles
+
+
+_M_MMAP_THRESHOLD = -3
+
+
+def _glibc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def run_case(case: Case, min_run_time: float = 0.3) -> Result:
     ours, base = case.setup()
-    with torch.no_grad():
+    with torch.set_grad_enabled(case.grad):
         # Interleave so that drift in machine load hits both sides alike.
         t_ours = _median_seconds(ours, min_run_time)
         t_base = _median_seconds(base, min_run_time)
         t_ours = min(t_ours, _median_seconds(ours, min_run_time))
         t_base = min(t_base, _median_seconds(base, min_run_time))
+        peaks = (peak_memory_mb(ours), peak_memory_mb(base)) if case.memory else (None, None)
     return Result(
-        case.name, case.baseline, t_ours * 1e3, t_base * 1e3, case.flops / t_ours / 1e12, case.flops / t_base / 1e12
+        case.name,
+        case.baseline,
+        t_ours * 1e3,
+        t_base * 1e3,
+        case.flops / t_ours / 1e12,
+        case.flops / t_base / 1e12,
+        *peaks,
     )
 
 

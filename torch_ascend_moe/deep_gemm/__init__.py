@@ -57,6 +57,13 @@ from torch_ascend_moe.deep_gemm.layout import (
     get_mn_major_tma_aligned_tensor,
     transform_sf_into_required_layout,
 )
+from torch_ascend_moe.deep_gemm.mqa import (
+    fp8_fp4_mqa_logits,
+    fp8_fp4_paged_mqa_logits,
+    fp8_mqa_logits,
+    fp8_paged_mqa_logits,
+    get_paged_mqa_logits_metadata,
+)
 from torch_ascend_moe.deep_gemm.runtime import (
     get_deterministic_algorithms,
     get_k_alignment_for_contiguous_layout,
@@ -101,11 +108,15 @@ __all__ = utils.math.__all__ + [
     "fp8_fp4_gemm_nt",
     "fp8_fp4_gemm_tn",
     "fp8_fp4_gemm_tt",
+    "fp8_fp4_mqa_logits",
+    "fp8_fp4_paged_mqa_logits",
     "fp8_gemm_nn",
     "fp8_gemm_nt",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",
+    "fp8_mqa_logits",
+    "fp8_paged_mqa_logits",
     "get_deterministic_algorithms",
     "get_k_alignment_for_contiguous_layout",
     "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
@@ -114,6 +125,7 @@ __all__ = utils.math.__all__ + [
     "get_mn_major_tma_aligned_packed_ue8m0_tensor",
     "get_mn_major_tma_aligned_tensor",
     "get_num_sms",
+    "get_paged_mqa_logits_metadata",
     "get_pdl",
     "get_tc_util",
     "get_theoretical_mk_alignment_for_contiguous_layout",

@@ -77,6 +77,7 @@ def check_operand(op: str, name: str, sf_name: str, x, sf, rank: int, layout: st
     lead = list(x.shape[:-1])
     nb = sf.shape[-1] if sf.dim() == rank else 0
     ok = sf.dim() == rank and all(a == b for a, b in zip(sf.shape[:-1], lead)) and nb > 0 and d % nb == 0
+
     def expected():
         return ck.shape_str(lead)[:-1] + f", D / g] with g dividing D={ck._text(d)}"
 
@@ -91,7 +92,14 @@ def check_pairing(op: str, q, k) -> None:
         )
     else:
         ck.check_arg(k.dtype == q.dtype, op, "k", "dtype", lambda: f"{q.dtype} (same as 'q')", k.dtype)
-    ck.check_arg(head_dim(k) == head_dim(q), op, "k", "head dim (D)", lambda: f"{ck._text(head_dim(q))} (q's D)", lambda: head_dim(k))
+    ck.check_arg(
+        head_dim(k) == head_dim(q),
+        op,
+        "k",
+        "head dim (D)",
+        lambda: f"{ck._text(head_dim(q))} (q's D)",
+        lambda: head_dim(k),
+    )
 
 
 def check_weights(op: str, w, q, rows, heads, rows_what: str, logits_dtype) -> torch.dtype:
@@ -102,7 +110,12 @@ def check_weights(op: str, w, q, rows, heads, rows_what: str, logits_dtype) -> t
         ck.check_arg(w.dtype == torch.float64, op, "weights", "dtype", "torch.float64 (with float64 q)", w.dtype)
     else:
         ck.check_arg(
-            w.dtype in (torch.float32, torch.bfloat16), op, "weights", "dtype", "torch.float32 or torch.bfloat16", w.dtype
+            w.dtype in (torch.float32, torch.bfloat16),
+            op,
+            "weights",
+            "dtype",
+            "torch.float32 or torch.bfloat16",
+            w.dtype,
         )
     _same_device(op, "weights", w, q)
     ck.check_arg(
@@ -231,7 +244,12 @@ def check_cache(cache, d, ascend: bool, q) -> CacheFormat:
         d_ok = d % 2 == 0 and (fp8 or (d % 32 == 0 and d <= 128))
         layouts = "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)"
     ck.check_arg(
-        d_ok and (fp8 or fp4), op, "kv_cache", "size(3) (bytes per token)", lambda: f"{layouts} for D={ck._text(d)}", row
+        d_ok and (fp8 or fp4),
+        op,
+        "kv_cache",
+        "size(3) (bytes per token)",
+        lambda: f"{layouts} for D={ck._text(d)}",
+        row,
     )
     ck.check_arg(cache.shape[2] == 1, op, "kv_cache", "size(2) (KV heads)", 1, cache.shape[2])
     ck.check_arg(
@@ -346,7 +364,12 @@ def topk_signature(logits, ks, ke, topk) -> None:
     op = TOPK
     ck.check_rank(op, "logits", logits, 2, "[S, columns]")
     ck.check_arg(
-        logits.dtype in FLOAT_OPERANDS, op, "logits", "dtype", "torch.bfloat16, torch.float32 or torch.float64", logits.dtype
+        logits.dtype in FLOAT_OPERANDS,
+        op,
+        "logits",
+        "dtype",
+        "torch.bfloat16, torch.float32 or torch.float64",
+        logits.dtype,
     )
     check_index_vector(op, "ks", ks, logits.shape[0], logits, "logits")
     check_index_vector(op, "ke", ke, logits.shape[0], logits, "logits")
@@ -377,7 +400,15 @@ def _mqa_logits_backward_fake(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqle
 
 @torch.library.register_fake(PAGED)
 def _paged_mqa_logits_fake(
-    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices=None, ascend_kv_layout=False,
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    max_context_len,
+    indices=None,
+    ascend_kv_layout=False,
     logits_dtype=None,
 ):
     _, _, out = paged_signature(

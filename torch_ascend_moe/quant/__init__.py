@@ -33,6 +33,7 @@ from torch_ascend_moe.quant.encodings import (
     unpack_ue8m0_from_int,
     unpack_ue8m0_from_int16,
 )
+from torch_ascend_moe.quant.fake import dequantize_rows, fake_quantize, quantize_rows
 
 __all__ = [
     "block_cast_to_fp8",
@@ -43,7 +44,9 @@ __all__ = [
     "ceil_to_ue8m0",
     "decode_e2m1",
     "dequantize_fp8",
+    "dequantize_rows",
     "encode_e2m1",
+    "fake_quantize",
     "pack_e2m1",
     "pack_ue8m0_to_int",
     "pack_ue8m0_to_int16",
@@ -52,6 +55,7 @@ __all__ = [
     "per_custom_dims_cast_to_fp8",
     "per_token_cast_to_fp4",
     "per_token_cast_to_fp8",
+    "quantize_rows",
     "repack_ue8m0",
     "round_to_tf32",
     "scales_to_float",

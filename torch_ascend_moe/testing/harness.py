@@ -134,7 +134,9 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
                     if out.is_floating_point():
                         # Masked entries (-inf) must sit exactly where the reference has them.
                         finite = torch.isfinite(r)
-                        same = torch.equal(torch.isfinite(out), finite) and torch.equal(out[~finite], r[~finite].to(out))
+                        same = torch.equal(torch.isfinite(out), finite) and torch.equal(
+                            out[~finite], r[~finite].to(out)
+                        )
                         assert same, f"{where}: non-finite entries differ from the reference's"
                         diff = calc_diff(out[finite], r[finite])
                         assert diff < THRESHOLDS[dtype], f"{where}: calc_diff {diff:.3g} >= {THRESHOLDS[dtype]:g}"

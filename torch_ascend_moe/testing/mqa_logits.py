@@ -163,27 +163,49 @@ def mqa_logits_bad_inputs(device) -> list[BadInput]:
         return tuple((args | kw).values())
 
     return [
-        BadInput(call(ks=torch.tensor([0, 5, 0, 0], dtype=torch.int32), ke=torch.tensor([3, 4, 3, 3], dtype=torch.int32)),
-                 r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\], got ks\[1\]=5, ke\[1\]=4", "ks > ke",
-                 data_dependent=True),
-        BadInput(call(ke=torch.tensor([3, 11, 3, 3], dtype=torch.int32)),
-                 r"argument 'ke' values: expected ke\[i\] <= S_kv=10 \(k.size\(0\)\), got ke\[1\]=11", "ke > S_kv",
-                 data_dependent=True),
-        BadInput(call(max_seqlen_k=5), r"argument 'max_seqlen_k' value: expected at least ke\[i\] - ks\[i\]",
-                 "compressed too narrow", data_dependent=True),
+        BadInput(
+            call(ks=torch.tensor([0, 5, 0, 0], dtype=torch.int32), ke=torch.tensor([3, 4, 3, 3], dtype=torch.int32)),
+            r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\], got ks\[1\]=5, ke\[1\]=4",
+            "ks > ke",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(ke=torch.tensor([3, 11, 3, 3], dtype=torch.int32)),
+            r"argument 'ke' values: expected ke\[i\] <= S_kv=10 \(k.size\(0\)\), got ke\[1\]=11",
+            "ke > S_kv",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(max_seqlen_k=5),
+            r"argument 'max_seqlen_k' value: expected at least ke\[i\] - ks\[i\]",
+            "compressed too narrow",
+            data_dependent=True,
+        ),
         BadInput(call(k=torch.randn(10, 32)), r"argument 'k' head dim \(D\): expected 64 \(q's D\), got 32", "D"),
-        BadInput(call(q=q8, k=k8, k_sf=torch.ones(10, 3)),
-                 r"argument 'k_sf' shape: expected \[10, D / g\] with g dividing D=64, got \[10, 3\]", "k_sf shape"),
-        BadInput(call(q=q8, q_sf=torch.ones(4, 7, 2), k=k8),
-                 r"argument 'q_sf' shape: expected \[4, 8, D / g\]", "q_sf shape"),
-        BadInput(call(q=q8.view(torch.uint8), k=k8.view(torch.uint8)),
-                 r"argument 'q_sf' value: expected scales for a packed FP4 operand, got None", "FP4 without scales"),
+        BadInput(
+            call(q=q8, k=k8, k_sf=torch.ones(10, 3)),
+            r"argument 'k_sf' shape: expected \[10, D / g\] with g dividing D=64, got \[10, 3\]",
+            "k_sf shape",
+        ),
+        BadInput(
+            call(q=q8, q_sf=torch.ones(4, 7, 2), k=k8), r"argument 'q_sf' shape: expected \[4, 8, D / g\]", "q_sf shape"
+        ),
+        BadInput(
+            call(q=q8.view(torch.uint8), k=k8.view(torch.uint8)),
+            r"argument 'q_sf' value: expected scales for a packed FP4 operand, got None",
+            "FP4 without scales",
+        ),
         BadInput(call(q=q8), r"argument 'k' dtype: expected torch.float8_e4m3fn or torch.uint8", "mixed float/FP8"),
-        BadInput(call(q=q.half(), k=k.half()), r"argument 'q' dtype: expected torch.bfloat16, torch.float32", "q dtype"),
+        BadInput(
+            call(q=q.half(), k=k.half()), r"argument 'q' dtype: expected torch.bfloat16, torch.float32", "q dtype"
+        ),
         BadInput(call(q=torch.randn(4, 0, 64)), r"argument 'q' shape: expected H > 0 heads of D > 0", "H = 0"),
         BadInput(call(weights=torch.rand(4, 4)), r"argument 'weights' shape: expected \[4, 8\] \(S, H\)", "weights"),
-        BadInput(call(weights=w.bfloat16(), logits_dtype=torch.float32),
-                 r"argument 'logits_dtype' value: expected torch.bfloat16 \(with BF16 weights\)", "logits dtype"),
+        BadInput(
+            call(weights=w.bfloat16(), logits_dtype=torch.float32),
+            r"argument 'logits_dtype' value: expected torch.bfloat16 \(with BF16 weights\)",
+            "logits dtype",
+        ),
         BadInput(call(ks=ks.float()), r"argument 'ks' dtype: expected torch.int32 or torch.int64", "ks dtype"),
         BadInput(call(ke=ke[:3]), r"argument 'ke' size\(0\) \(S\): expected 4", "ke length"),
     ]
@@ -226,10 +248,17 @@ def backward_bad_inputs(device) -> list[BadInput]:
     ks, ke = torch.zeros(4, dtype=torch.int32), torch.full((4,), 10, dtype=torch.int32)
     mask = [True, True, True]
     return [
-        BadInput((torch.randn(4, 9), q, None, k, None, w, ks, ke, 0, mask),
-                 r"argument 'grad' shape: expected \[4, 10\] \(the logits' shape\), got \[4, 9\]", "grad shape"),
-        BadInput((torch.randn(4, 10), q, None, k, None, w, ke + 1, ke, 0, mask),
-                 r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\]", "ks > ke", data_dependent=True),
+        BadInput(
+            (torch.randn(4, 9), q, None, k, None, w, ks, ke, 0, mask),
+            r"argument 'grad' shape: expected \[4, 10\] \(the logits' shape\), got \[4, 9\]",
+            "grad shape",
+        ),
+        BadInput(
+            (torch.randn(4, 10), q, None, k, None, w, ke + 1, ke, 0, mask),
+            r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\]",
+            "ks > ke",
+            data_dependent=True,
+        ),
     ]
 
 
@@ -319,8 +348,10 @@ def paged_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
             cache = build_paged_cache([torch.randn(n, d, generator=g) for n in lengths], block_kv, c_fmt, ascend, g)
             rows = torch.tensor([r for r, n in enumerate(runs) for _ in range(n)])
             lens = torch.cat(
-                [(L - n + 1 + torch.arange(n)).clamp(min=0) if not dense else torch.full((n,), L)
-                 for L, n in zip(lengths, runs)]
+                [
+                    (L - n + 1 + torch.arange(n)).clamp(min=0) if not dense else torch.full((n,), L)
+                    for L, n in zip(lengths, runs)
+                ]
             )
             if dense:
                 lens = torch.full_like(lens, min(lengths))
@@ -332,8 +363,12 @@ def paged_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
                 lengths = [lengths[0]] * b
             cache = build_paged_cache([torch.randn(n, d, generator=g) for n in lengths], block_kv, c_fmt, ascend, g)
             context = torch.stack(
-                [torch.cat([torch.randint(0, L + 1, (next_n - 1,), generator=g), torch.tensor([L])]) if not dense
-                 else torch.full((next_n,), L) for L in lengths]
+                [
+                    torch.cat([torch.randint(0, L + 1, (next_n - 1,), generator=g), torch.tensor([L])])
+                    if not dense
+                    else torch.full((next_n,), L)
+                    for L in lengths
+                ]
             )
             table, indices = cache.block_table, None
             per_row = [cache.values[r // next_n] for r in range(b * next_n)]
@@ -351,9 +386,16 @@ def paged_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
             q.requires_grad_(requires_grad)
         w = w.to(device).requires_grad_(requires_grad)
         args = (
-            q, None if q_sf is None else q_sf.to(device), cache.cache.to(device), w,
-            context.to(torch.int32).to(device), table.to(device), max_len,
-            None if indices is None else indices.to(device), ascend, logits_dtype,
+            q,
+            None if q_sf is None else q_sf.to(device),
+            cache.cache.to(device),
+            w,
+            context.to(torch.int32).to(device),
+            table.to(device),
+            max_len,
+            None if indices is None else indices.to(device),
+            ascend,
+            logits_dtype,
         )
         name = f"B{rows_q} next_n{context.shape[1]} H{h} D{d} block{block_kv} {q_fmt or dtype} x {c_fmt}"
         name += (" ascend" if ascend else "") + (" varlen" if varlen else "")
@@ -368,8 +410,18 @@ def paged_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
 _PAGED_VALUES: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
 
 
-def paged_reference(q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices=None,
-                    ascend_kv_layout=False, logits_dtype=None):
+def paged_reference(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    max_context_len,
+    indices=None,
+    ascend_kv_layout=False,
+    logits_dtype=None,
+):
     per_row = _PAGED_VALUES[id(kv_cache)][1]
     qd = dequantized(q, q_sf)
     qd = qd.reshape(-1, qd.shape[2], qd.shape[3])
@@ -396,34 +448,71 @@ def paged_bad_inputs(device) -> list[BadInput]:
     lens = torch.tensor([[20], [9]], dtype=torch.int32)
 
     def call(**kw):
-        args = dict(q=q, q_sf=None, kv_cache=cache.cache, weights=w, context_lens=lens, block_table=cache.block_table,
-                    max_context_len=24, indices=None, ascend_kv_layout=False, logits_dtype=None)
+        args = dict(
+            q=q,
+            q_sf=None,
+            kv_cache=cache.cache,
+            weights=w,
+            context_lens=lens,
+            block_table=cache.block_table,
+            max_context_len=24,
+            indices=None,
+            ascend_kv_layout=False,
+            logits_dtype=None,
+        )
         return tuple((args | kw).values())
 
     bad_table = cache.block_table.clone()
     bad_table[0, 1] = 99
     return [
-        BadInput(call(block_table=bad_table),
-                 r"argument 'block_table' values: expected physical block ids in \[0, num_blocks=5\), "
-                 r"got block_table\[0, 1\]=99", "block id out of range", data_dependent=True),
-        BadInput(call(context_lens=torch.tensor([[25], [9]], dtype=torch.int32)),
-                 r"argument 'context_lens' values: expected 0 <= context_lens\[b, t\] <= min\(max_context_len=24",
-                 "length > max_context_len", data_dependent=True),
+        BadInput(
+            call(block_table=bad_table),
+            r"argument 'block_table' values: expected physical block ids in \[0, num_blocks=5\), "
+            r"got block_table\[0, 1\]=99",
+            "block id out of range",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(context_lens=torch.tensor([[25], [9]], dtype=torch.int32)),
+            r"argument 'context_lens' values: expected 0 <= context_lens\[b, t\] <= min\(max_context_len=24",
+            "length > max_context_len",
+            data_dependent=True,
+        ),
         BadInput(call(context_lens=lens.flatten()), r"argument 'context_lens' rank: expected 2-D", "1-D lens"),
-        BadInput(call(q=torch.randn(2, 1, 4, 48).to(torch.float8_e4m3fn)),
-                 r"argument 'kv_cache' size\(3\) \(bytes per token\): expected D \+ 4 \(FP8\) or D/2 \+ 4", "D"),
-        BadInput(call(ascend_kv_layout=True), r"argument 'kv_cache' size\(3\) \(bytes per token\): expected D \+ D/32",
-                 "layout mismatch"),
-        BadInput(call(q=torch.randn(2, 2, 4, 64).to(torch.float8_e4m3fn), weights=torch.rand(4, 4),
-                      context_lens=lens.repeat(1, 2), indices=torch.zeros(2, dtype=torch.int32)),
-                 r"argument 'indices' value: expected None unless next_n == 1", "varlen with next_n 2"),
-        BadInput(call(indices=torch.zeros(2, dtype=torch.int32)),
-                 r"argument 'block_table' values: expected equal rows for query tokens of one request",
-                 "varlen run with different tables", data_dependent=True),
-        BadInput(call(weights=torch.rand(2, 3)), r"argument 'weights' shape: expected \[2, 4\] \(B \* next_n, H\)",
-                 "weights"),
-        BadInput(call(block_table=cache.block_table.long()), r"argument 'block_table' dtype: expected torch.int32",
-                 "table dtype"),
+        BadInput(
+            call(q=torch.randn(2, 1, 4, 48).to(torch.float8_e4m3fn)),
+            r"argument 'kv_cache' size\(3\) \(bytes per token\): expected D \+ 4 \(FP8\) or D/2 \+ 4",
+            "D",
+        ),
+        BadInput(
+            call(ascend_kv_layout=True),
+            r"argument 'kv_cache' size\(3\) \(bytes per token\): expected D \+ D/32",
+            "layout mismatch",
+        ),
+        BadInput(
+            call(
+                q=torch.randn(2, 2, 4, 64).to(torch.float8_e4m3fn),
+                weights=torch.rand(4, 4),
+                context_lens=lens.repeat(1, 2),
+                indices=torch.zeros(2, dtype=torch.int32),
+            ),
+            r"argument 'indices' value: expected None unless next_n == 1",
+            "varlen with next_n 2",
+        ),
+        BadInput(
+            call(indices=torch.zeros(2, dtype=torch.int32)),
+            r"argument 'block_table' values: expected equal rows for query tokens of one request",
+            "varlen run with different tables",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(weights=torch.rand(2, 3)), r"argument 'weights' shape: expected \[2, 4\] \(B \* next_n, H\)", "weights"
+        ),
+        BadInput(
+            call(block_table=cache.block_table.long()),
+            r"argument 'block_table' dtype: expected torch.int32",
+            "table dtype",
+        ),
     ]
 
 
@@ -465,8 +554,11 @@ def metadata_bad_inputs(device) -> list[BadInput]:
     return [
         BadInput((lens.flatten(), 64, 8, None), r"argument 'context_lens' rank: expected 2-D", "1-D lens"),
         BadInput((lens, 64, 0, None), r"argument 'num_sms' value: expected a positive integer, got 0", "num_sms"),
-        BadInput((lens, 64, 8, torch.zeros(2, dtype=torch.int32)), r"argument 'indices' size\(0\) \(B\): expected 3",
-                 "indices length"),
+        BadInput(
+            (lens, 64, 8, torch.zeros(2, dtype=torch.int32)),
+            r"argument 'indices' size\(0\) \(B\): expected 3",
+            "indices length",
+        ),
     ]
 
 
@@ -476,12 +568,18 @@ def metadata_bad_inputs(device) -> list[BadInput]:
 def topk_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(90)
     out = []
-    cases = [(6, 20, 5, False), (5, 12, 4, True), (4, 9, 9, False)] if small else [
-        (16, 64, 8, False), (12, 40, 16, True), (8, 30, 40, False), (0, 10, 4, False)]
+    cases = (
+        [(6, 20, 5, False), (5, 12, 4, True), (4, 9, 9, False)]
+        if small
+        else [(16, 64, 8, False), (12, 40, 16, True), (8, 30, 40, False), (0, 10, 4, False)]
+    )
     for s, cols, k, compressed in cases:
         if dtype == torch.float64:  # every row has at least topk valid columns: no -inf padding
-            ks = torch.randint(0, max(1, cols - k), (s,), generator=g, dtype=torch.int32) if not compressed else \
-                torch.randint(0, 50, (s,), generator=g, dtype=torch.int32)
+            ks = (
+                torch.randint(0, max(1, cols - k), (s,), generator=g, dtype=torch.int32)
+                if not compressed
+                else torch.randint(0, 50, (s,), generator=g, dtype=torch.int32)
+            )
             ke = ks + k + torch.randint(0, 2, (s,), generator=g, dtype=torch.int32)
             if not compressed:
                 ke = ke.clamp(max=cols)
@@ -495,8 +593,11 @@ def topk_samples(device, dtype, requires_grad=False, small=False) -> list[Sample
         if dtype != torch.float64:
             logits = (logits * 4).round() / 4  # ties: resolved towards the lower position
         logits = logits.to(dtype).to(device).requires_grad_(requires_grad)
-        out.append(SampleInput((logits, ks.to(device), ke.to(device), k, compressed), f"S{s} cols{cols} k{k} "
-                               f"compressed={compressed}"))
+        out.append(
+            SampleInput(
+                (logits, ks.to(device), ke.to(device), k, compressed), f"S{s} cols{cols} k{k} compressed={compressed}"
+            )
+        )
     return out
 
 
@@ -518,10 +619,18 @@ def topk_bad_inputs(device) -> list[BadInput]:
     logits = torch.randn(3, 10)
     ks, ke = torch.zeros(3, dtype=torch.int32), torch.full((3,), 10, dtype=torch.int32)
     return [
-        BadInput((logits, ks, ke + 1, 4, False), r"argument 'ke' values: expected ke\[i\] <= logits.size\(1\)=10",
-                 "ke beyond columns", data_dependent=True),
-        BadInput((logits, ke, ks, 4, False), r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\]", "ks > ke",
-                 data_dependent=True),
+        BadInput(
+            (logits, ks, ke + 1, 4, False),
+            r"argument 'ke' values: expected ke\[i\] <= logits.size\(1\)=10",
+            "ke beyond columns",
+            data_dependent=True,
+        ),
+        BadInput(
+            (logits, ke, ks, 4, False),
+            r"argument 'ks' values: expected 0 <= ks\[i\] <= ke\[i\]",
+            "ks > ke",
+            data_dependent=True,
+        ),
         BadInput((logits, ks, ke, 0, False), r"argument 'topk' value: expected a positive integer, got 0", "topk"),
         BadInput((logits.half(), ks, ke, 4, False), r"argument 'logits' dtype: expected torch.bfloat16", "dtype"),
     ]

@@ -122,7 +122,15 @@ def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
 
 
 def paged_mqa_logits(
-    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices=None, ascend_kv_layout=False,
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    max_context_len,
+    indices=None,
+    ascend_kv_layout=False,
     logits_dtype=None,
 ):
     _, fmt, out = meta.paged_signature(

@@ -1,0 +1,111 @@
+"""Benchmark cases of the mqa_logits family: time and peak memory against the naive einsum formula.
+
+The baseline is what a PyTorch implementation of the indexer writes: dequantize, form the whole
+``[S, H, S_kv]`` score tensor with one einsum, ReLU, weight and sum the heads, mask with -inf (and for the
+backward, autograd through that, which keeps the scores for the backward). Ours tiles queries and KV and
+never holds more than a block of scores; the peak-memory columns show the difference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.bench import Case
+from torch_ascend_moe.ops.mqa_logits import mqa_logits, paged_mqa_logits
+from torch_ascend_moe.testing import mqa_logits as samples
+
+
+def _naive(qd, kd, w, ks, ke):
+    scores = torch.einsum("ihd,jd->ihj", qd, kd).relu()
+    logits = torch.einsum("ihj,ih->ij", scores, w)
+    j = torch.arange(kd.shape[0])
+    return logits.masked_fill((j < ks[:, None]) | (j >= ke[:, None]), float("-inf"))
+
+
+def _prefill_case(s, s_kv, h, d, fmt: str) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(s + s_kv)
+        q, k = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
+        w = torch.rand(s, h, generator=g)
+        ks, ke = samples.causal_ranges(s, s_kv)
+        if fmt == "bf16":
+            q, k = q.bfloat16(), k.bfloat16()
+            return (lambda: mqa_logits(q, k, w, ks, ke)), (lambda: _naive(q.float(), k.float(), w, ks, ke))
+        (q8, _), (k8, k_sf) = samples.quantize(q, "fp8"), samples.quantize(k, "fp8-row")
+
+        def naive():
+            return _naive(q8.float(), k8.float() * k_sf, w, ks, ke)
+
+        return (lambda: mqa_logits(q8, k8, w, ks, ke, k_sf=k_sf)), naive
+
+    flops = s * h * s_kv * (2 * d + 2)
+    return Case(f"mqa_logits {fmt} S{s} S_kv{s_kv} H{h} D{d}", flops, setup, "naive einsum fp32", memory=True)
+
+
+def _backward_case(s, s_kv, h, d) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(3)
+        q = torch.randn(s, h, d, generator=g, requires_grad=True)
+        k = torch.randn(s_kv, d, generator=g, requires_grad=True)
+        w = torch.rand(s, h, generator=g, requires_grad=True)
+        ks, ke = samples.causal_ranges(s, s_kv)
+        grad = torch.randn(s, s_kv, generator=g)
+
+        def ours():
+            return torch.autograd.grad(mqa_logits(q, k, w, ks, ke), (q, k, w), grad)
+
+        def naive():
+            out = _naive(q, k, w, ks, ke)
+            return torch.autograd.grad(out, (q, k, w), grad.masked_fill(out.isinf(), 0))
+
+        return ours, naive
+
+    flops = 3 * 2 * s * h * s_kv * d  # forward, dq, dk GEMMs (recomputation not counted)
+    return Case(
+        f"mqa_logits fwd+bwd fp32 S{s} S_kv{s_kv} H{h} D{d}",
+        flops,
+        setup,
+        "naive einsum + autograd",
+        memory=True,
+        grad=True,
+    )
+
+
+def _paged_case(b, ctx, h, d, block_kv) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(5)
+        lengths = [int(ctx * f) for f in torch.empty(b).uniform_(0.7, 1.3, generator=g).tolist()]
+        cache = samples.build_paged_cache([torch.randn(n, d, generator=g) for n in lengths], block_kv, "fp8", False, g)
+        q = torch.randn(b, 1, h, d, generator=g).to(torch.float8_e4m3fn)
+        w = torch.rand(b, h, generator=g)
+        lens = torch.tensor(lengths, dtype=torch.int32).view(b, 1)
+        width = max(lengths)
+
+        def naive():  # gather every request's tokens (dequantized), then the formula per request
+            out = torch.full((b, width), float("-inf"))
+            qf = q.float()
+            for r, n in enumerate(lengths):
+                scores = torch.einsum("hd,jd->hj", qf[r, 0], cache.values[r][:n].float()).relu()
+                out[r, :n] = w[r] @ scores
+            return out
+
+        return (lambda: paged_mqa_logits(q, cache.cache, w, lens, cache.block_table, width)), naive
+
+    return Case(
+        f"paged_mqa_logits fp8 B{b} ctx~{ctx} H{h} D{d} block{block_kv}",
+        b * h * ctx * (2 * d + 2),
+        setup,
+        "per-request einsum on pre-dequantized KV",
+        memory=True,
+    )
+
+
+def cases(quick: bool = False) -> list[Case]:
+    if quick:
+        return [_prefill_case(64, 256, 16, 64, "fp8"), _backward_case(32, 128, 8, 32), _paged_case(4, 256, 16, 64, 64)]
+    return [
+        _prefill_case(512, 4096, 64, 128, "fp8"),
+        _prefill_case(512, 4096, 64, 128, "bf16"),
+        _backward_case(256, 2048, 64, 128),
+        _paged_case(32, 4096, 64, 128, 64),
+    ]
