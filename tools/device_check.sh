@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU check, run on a lent GPU machine (the workplace's `device` tool) from the repository root:
+# builds the C++ extension against that machine's torch, then runs the op-contract harness on CUDA, i.e.
+# every op's portable kernel (what torch_ascend_moe registers on CUDA) against fp64 references, opcheck,
+# gradcheck, torch.compile (Inductor/Triton on the GPU), export and bad inputs. Logs go to $OUT.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/device_check}
+mkdir -p "$OUT"
+nvidia-smi -L
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+start=$(date +%s)
+if ! MAX_JOBS=16 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start )) s"
+export PYTHONPATH=$PWD
+# CUDA cases of every family's contract test (the AOTInductor packages are left to CI's CPU run).
+timeout "${PYTEST_BUDGET:-420}" python3 -m pytest -q -p no:cacheprovider -p no:logging -n 8 -m "not slow" \
+  -k "cuda" --continue-on-collection-errors --timeout 300 tests/ 2>&1 | tee "$OUT/pytest_cuda.log" | tail -60
+echo "total: $(( $(date +%s) - start )) s"
