@@ -16,6 +16,14 @@ if ! MAX_JOBS=16 python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; t
 fi
 echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH=$PWD
+# A C++ (CPU) kernel raising its argument error: crashes here would mean an ABI mismatch with this torch.
+python3 -c "
+import torch, torch_ascend_moe as t
+try:
+    t.bf16_gemm(torch.randn(2, 3), torch.randn(4, 5))
+except ValueError as e:
+    print('CPU kernel error path ok:', e)
+"; echo "cpu error-path rc=$?"
 # CUDA cases of every family's contract test (the AOTInductor packages are left to CI's CPU run).
 timeout "${PYTEST_BUDGET:-420}" python3 -m pytest -q -p no:cacheprovider -p no:logging -n 8 -m "not slow" \
   -k "cuda" --continue-on-collection-errors --timeout 300 tests/ 2>&1 | tee "$OUT/pytest_cuda.log" | tail -60

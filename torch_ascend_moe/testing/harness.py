@@ -116,7 +116,7 @@ def _expect_error(fn: Callable[[], object], error: type[Exception] | None, match
 def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     for dtype in spec.dtypes:
         for s in spec.sample_inputs(device, dtype):
-            ref = spec.reference(*s.args)
+            ref = spec.reference(*(_on("cpu", x) for x in s.args))  # references compute in fp64 on the CPU
             fake_shape = None
             with FakeTensorMode() as mode:
                 fake_args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
@@ -125,7 +125,7 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
             for variant in spec.portable_variants if spec.portable is not None else ():
                 kernels[f"portable {variant}"] = lambda *a, variant=variant: spec.portable(*a, **variant)
             for kind, fn in kernels.items():
-                outs = _as_tuple(fn(*s.args))
+                outs = tuple(o.cpu() for o in _as_tuple(fn(*s.args)))
                 for i, (out, r, fake) in enumerate(zip(outs, _as_tuple(ref), _as_tuple(fake_shape), strict=True)):
                     where = f"{spec.name}[{s.name}, {dtype}] {kind} output {i}"
                     assert out.shape == r.shape, f"{where}: shape {list(out.shape)} != {list(r.shape)}"
@@ -147,6 +147,14 @@ def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> N
 _OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 # SchemaCheckMode compares inputs with torch.allclose, which has no CPU kernel for these dtypes.
 _NO_ALLCLOSE = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu)
+
+
+def _on(device: str, x):
+    """A tensor argument moved between the CPU and the device under test (``device``); meta tensors (a bad
+    input's wrong device) and non-tensors are kept."""
+    if isinstance(x, torch.Tensor) and x.device.type not in (device, "meta"):
+        return x.detach().to(device).requires_grad_(x.requires_grad)
+    return x
 
 
 def _as_tuple(x) -> tuple:
@@ -294,6 +302,8 @@ def check_aoti(spec: OpSpec, device: str, tmp_path: Path) -> None:
 
 def check_bad_inputs(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     for bad in spec.bad_inputs(device):
+        if device != "cpu":  # bad inputs are written on the CPU; run them on the device under test
+            bad = dataclasses.replace(bad, args=tuple(_on(device, x) for x in bad.args))
         _check_bad_input(spec, bad)
 
 

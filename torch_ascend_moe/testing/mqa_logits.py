@@ -405,9 +405,13 @@ def paged_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
     return out
 
 
-# The fp64 KV tokens behind each sample's cache (keyed by the cache tensor, kept alive with it): the
-# reference reads the values the quantizers produced, never the cache bytes.
-_PAGED_VALUES: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+# The fp64 KV tokens behind each sample's cache, keyed by the cache's bytes (the harness hands references CPU
+# copies): the reference reads the values the quantizers produced, never the cache bytes themselves.
+_PAGED_VALUES: dict[bytes, list[torch.Tensor]] = {}
+
+
+def _cache_key(cache: torch.Tensor) -> bytes:
+    return cache.detach().cpu().contiguous().numpy().tobytes()
 
 
 def paged_reference(
@@ -422,7 +426,7 @@ def paged_reference(
     ascend_kv_layout=False,
     logits_dtype=None,
 ):
-    per_row = _PAGED_VALUES[id(kv_cache)][1]
+    per_row = _PAGED_VALUES[_cache_key(kv_cache)]
     qd = dequantized(q, q_sf)
     qd = qd.reshape(-1, qd.shape[2], qd.shape[3])
     lens = context_lens.flatten().tolist()
@@ -436,7 +440,7 @@ def paged_reference(
 def _paged_samples_registered(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     samples = paged_samples(device, dtype, requires_grad, small)
     for s in samples:
-        _PAGED_VALUES[id(s.args[2])] = (s.args[2], s.kv_values)
+        _PAGED_VALUES[_cache_key(s.args[2])] = s.kv_values
     return samples
 
 

@@ -83,8 +83,8 @@ def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, o
             p = (scores > 0) * g.unsqueeze(1) * w[sl].unsqueeze(-1)
             dq[sl] = torch.einsum("ihj,jd->ihd", p, kd)
             dk += torch.einsum("ihj,ihd->jd", p, qd[sl])
-    empty = q.new_empty(0, dtype=acc)
-    return tuple(t if need else empty for t, need in zip((dq, dk, dw), output_mask))
+    # One fresh empty tensor per unrequested output: outputs must not alias each other.
+    return tuple(t if need else q.new_empty(0, dtype=acc) for t, need in zip((dq, dk, dw), output_mask))
 
 
 def paged_kv(kv_cache, fmt: meta.CacheFormat, block_table, d: int, acc: torch.dtype) -> torch.Tensor:
