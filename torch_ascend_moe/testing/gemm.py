@@ -135,7 +135,11 @@ def gemm_bad_inputs(device) -> list[BadInput]:
         BadInput((a, b, _bf16(4, 8, device=device).float(), 1.0, torch.bfloat16), r"argument 'c' dtype", "c dtype"),
         BadInput((a, b, _bf16(4, 9, device=device), 1.0, None), r"argument 'c' shape: expected \[4, 8\]", "c shape"),
         BadInput((a, b, None, 1.0, torch.int8), r"argument 'out_dtype' value", "out_dtype"),
-        BadInput((a, b.to("meta"), None, 1.0, None), r"argument 'b' device: expected (cpu|cuda:0) \(same as 'a'\), got meta", "device"),
+        BadInput(
+            (a, b.to("meta"), None, 1.0, None),
+            r"argument 'b' device: expected (cpu|cuda:0) \(same as 'a'\), got meta",
+            "device",
+        ),
     ]
 
 
