@@ -14,6 +14,7 @@ from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas
     flops,
     meta,
 )
+from torch_ascend_moe.backends.portable import ep as _ep_kernels  # noqa: E402, F401  (device-generic ep kernels)
 from torch_ascend_moe.ops import (
     bf16_bmm,
     bf16_einsum,

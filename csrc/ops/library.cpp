@@ -138,4 +138,35 @@ TORCH_LIBRARY(ascend_moe, m) {
   // (values [S, topk], -inf padded; indices int32 [S, topk], absolute KV positions, -1 padded).
   m.def("mqa_topk(Tensor logits, Tensor ks, Tensor ke, int topk, bool compressed=False) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
+
+  // ---- ep family: expert-parallel dispatch / combine over torch.distributed (specs/deepep_api.md §3-§5) ----
+  // Kernels are device-generic Python (torch.distributed moves the data); `group_name` names the process group.
+  m.set_python_module("torch_ascend_moe.meta.ep");
+  // (num_tokens_per_rank [R], num_tokens_per_node [max(1, R / ranks_per_node)], num_tokens_per_expert [E],
+  //  is_token_in_rank [T, R]): DeepEP's get_dispatch_layout, purely local.
+  m.def(
+      "ep_dispatch_layout(Tensor topk_idx, int num_experts, int num_ranks, int ranks_per_node=8) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // One row per (token, destination rank), received source-rank-major then by ascending source token.
+  // Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert, num_recv,
+  // and the handle: send_src, send_counts, recv_counts, recv_gather). num_worst_tokens > 0: that many rows
+  // (static shapes, padding rows zero / -1); 0: exactly the received rows (a data-dependent size).
+  m.def(
+      "ep_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_experts, "
+      "str group_name, int expert_alignment=1, int num_worst_tokens=0, float timeout_s=300.0) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // Replays a dispatch's routing (its handle) with new rows: (recv_x, recv_x_scales).
+  m.def(
+      "ep_dispatch_cached(Tensor x, Tensor? x_scales, Tensor send_src, Tensor send_counts, Tensor recv_counts, "
+      "Tensor recv_gather, str group_name, float timeout_s=300.0) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // combined[t] = round(bias_0[t] + bias_1[t] + sum over the ranks t went to, ascending, of x_r[row of t]) in FP32;
+  // unweighted, as DeepEP's normal combine. Returns (combined_x [T, H], combined_topk_weights [T, K]).
+  m.def(
+      "ep_combine(Tensor x, Tensor? topk_weights, Tensor? bias_0, Tensor? bias_1, Tensor send_src, "
+      "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
+      "float timeout_s=300.0) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
 }

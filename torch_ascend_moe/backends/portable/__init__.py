@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable import fp8_gemm, fp8_linear, gemm, grouped, hc_prenorm, moe_routing, mqa_logits
+from torch_ascend_moe.backends.portable import (
+    ep,  # noqa: F401  (registers the ep kernels for every backend)
+    fp8_gemm,
+    fp8_linear,
+    gemm,
+    grouped,
+    hc_prenorm,
+    moe_routing,
+    mqa_logits,
+)
 
 KERNELS = {
     "bf16_gemm": gemm.bf16_gemm,
@@ -28,6 +37,7 @@ KERNELS = {
     "moe_permute": moe_routing.moe_permute,
     "hc_prenorm_gemm": hc_prenorm.hc_prenorm_gemm,
     "moe_unpermute": moe_routing.moe_unpermute,
+    **ep.KERNELS,
     "mqa_logits": mqa_logits.mqa_logits,
     "mqa_logits_backward": mqa_logits.mqa_logits_backward,
     "paged_mqa_logits": mqa_logits.paged_mqa_logits,

@@ -1,0 +1,127 @@
+"""Backward of the ep family (specs/deepep_api.md §5.3): dispatch's backward is combine, combine's is a
+cached dispatch, both along the same handle.
+
+Dispatch copies each token to the ranks it selected, so the gradient of ``x`` sums the gradients of its
+copies (``ep_combine`` without bias). The received weights are the token's weights masked to the local
+slots; their gradient is masked the same way before it is combined, which makes it the exact adjoint
+whatever the caller does at non-local slots (DeepEP V1 needs zero gradients there). Combine sums copies,
+so its gradient is a copy back along the routes (``ep_dispatch_cached``), and each bias gets ``grad_out``.
+FP8 rows carry no gradient. The layout op has integer outputs only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_combine = torch.ops.ascend_moe.ep_combine.default
+_cached = torch.ops.ascend_moe.ep_dispatch_cached.default
+_DEFAULT_TIMEOUT = 300.0
+
+
+def _needs(ctx, i: int) -> bool:
+    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+def _arg(inputs, i, default):
+    return inputs[i] if len(inputs) > i else default
+
+
+def _dispatch_setup(ctx, inputs, output):
+    x, _, topk_idx, topk_weights = inputs[:4]
+    ctx.group_name = inputs[5]
+    ctx.timeout_s = _arg(inputs, 8, _DEFAULT_TIMEOUT)
+    ctx.num_tokens, ctx.hidden, ctx.x_dtype = x.shape[0], x.shape[1], x.dtype
+    ctx.w_dtype = topk_weights.dtype if topk_weights is not None else None
+    ctx.mark_non_differentiable(output[1], output[2], *output[4:])
+    ctx.save_for_backward(output[2], *output[6:])
+
+
+def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
+    recv_topk_idx, send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
+    need_x = _needs(ctx, 0) and ctx.x_dtype != torch.float8_e4m3fn
+    need_w = _needs(ctx, 3) and ctx.w_dtype is not None
+    if not (need_x or need_w):
+        return (None,) * 9
+    n, device = recv_gather.shape[0], recv_gather.device
+    width = ctx.hidden if need_x else 0
+    gx = grad_x if need_x and grad_x is not None else torch.zeros(n, width, dtype=ctx.x_dtype, device=device)
+    gw = None
+    if need_w:
+        gw = grad_w if grad_w is not None else torch.zeros(recv_topk_idx.shape, dtype=ctx.w_dtype, device=device)
+        gw = torch.where(recv_topk_idx >= 0, gw, 0).to(ctx.w_dtype)  # the forward zeroed non-local slots
+    dx, dw = _combine(
+        gx,
+        gw,
+        None,
+        None,
+        send_src,
+        send_counts,
+        recv_counts,
+        recv_gather,
+        ctx.num_tokens,
+        ctx.group_name,
+        ctx.timeout_s,
+    )
+    return (dx if need_x else None), None, None, (dw if need_w else None), *(None,) * 5
+
+
+def _cached_setup(ctx, inputs, output):
+    x = inputs[0]
+    ctx.group_name = inputs[6]
+    ctx.timeout_s = _arg(inputs, 7, _DEFAULT_TIMEOUT)
+    ctx.num_tokens, ctx.x_dtype = x.shape[0], x.dtype
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(*inputs[2:6])
+
+
+def _cached_backward(ctx, grad_x, grad_scales):
+    send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
+    if not _needs(ctx, 0) or grad_x is None or ctx.x_dtype == torch.float8_e4m3fn:
+        return (None,) * 8
+    dx, _ = _combine(
+        grad_x,
+        None,
+        None,
+        None,
+        send_src,
+        send_counts,
+        recv_counts,
+        recv_gather,
+        ctx.num_tokens,
+        ctx.group_name,
+        ctx.timeout_s,
+    )
+    return dx, *(None,) * 7
+
+
+def _combine_setup(ctx, inputs, output):
+    ctx.group_name = inputs[9]
+    ctx.timeout_s = _arg(inputs, 10, _DEFAULT_TIMEOUT)
+    ctx.has_bias = (inputs[2] is not None, inputs[3] is not None)
+    ctx.save_for_backward(*inputs[4:8])
+
+
+def _combine_backward(ctx, grad_out, grad_w):
+    send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
+    handle = (send_src, send_counts, recv_counts, recv_gather, ctx.group_name, ctx.timeout_s)
+    dx = dw = None
+    if _needs(ctx, 0) and grad_out is not None:
+        dx, _ = _cached(grad_out, None, *handle)
+    if _needs(ctx, 1) and grad_w is not None:
+        dw, _ = _cached(grad_w, None, *handle)
+    biases = [grad_out if has and _needs(ctx, 2 + i) else None for i, has in enumerate(ctx.has_bias)]
+    return dx, dw, *biases, *(None,) * 7
+
+
+def _layout_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(*output)
+
+
+def _layout_backward(ctx, *grads):
+    return (None,) * 4
+
+
+torch.library.register_autograd("ascend_moe::ep_dispatch", _dispatch_backward, setup_context=_dispatch_setup)
+torch.library.register_autograd("ascend_moe::ep_dispatch_cached", _cached_backward, setup_context=_cached_setup)
+torch.library.register_autograd("ascend_moe::ep_combine", _combine_backward, setup_context=_combine_setup)
+torch.library.register_autograd("ascend_moe::ep_dispatch_layout", _layout_backward, setup_context=_layout_setup)

@@ -1,0 +1,276 @@
+"""Fakes of the ep family (expert-parallel dispatch / combine) and the validation its kernels share.
+
+Shapes follow DeepEP V1 (specs/deepep_api.md §3-§5). The group is named by ``group_name`` and resolved
+locally (no communication), so fakes know the world size. A compact dispatch (``num_worst_tokens == 0``)
+receives a data-dependent number of rows: its fake returns unbacked sizes. A static one returns exactly
+``num_worst_tokens`` rows and sends ``R * T`` (padded) rows: every shape is static.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from torch_ascend_moe import _checks as ck
+
+LAYOUT = "ascend_moe::ep_dispatch_layout"
+DISPATCH = "ascend_moe::ep_dispatch"
+CACHED = "ascend_moe::ep_dispatch_cached"
+COMBINE = "ascend_moe::ep_combine"
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int64, torch.int32)
+ABSENT = torch.int32  # dtype of the empty [N, 0] placeholder of an absent optional output (never differentiable)
+
+
+def resolve_group(op: str, group_name: str):
+    """The process group called ``group_name`` (``torch.distributed`` must be initialized)."""
+    ck.check_arg(
+        dist.is_available() and dist.is_initialized(),
+        op,
+        "group_name",
+        "value",
+        "a process group's name (torch.distributed is not initialized)",
+        group_name,
+    )
+    try:
+        return dist.distributed_c10d._resolve_process_group(group_name)
+    except Exception as e:  # noqa: BLE001  (torch raises various types for unknown names)
+        raise ValueError(ck.message(op, "group_name", "value", "the name of a live process group", group_name)) from e
+
+
+def check_topk(op: str, topk_idx, num_experts, num_ranks, x=None) -> None:
+    ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K]")
+    ck.check_arg(topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", topk_idx.dtype)
+    ck.check_arg(num_experts > 0, op, "num_experts", "value", "a positive integer", num_experts)
+    ck.check_arg(
+        num_experts % num_ranks == 0,
+        op,
+        "num_experts",
+        "value",
+        lambda: f"a multiple of the number of ranks ({num_ranks})",
+        num_experts,
+    )
+    if x is not None:
+        ck.check_dim_size(op, "topk_idx", topk_idx, 0, "T", x.shape[0], "x.size(0)")
+
+
+def layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node) -> None:
+    ck.check_arg(num_ranks > 0, LAYOUT, "num_ranks", "value", "a positive integer", num_ranks)
+    ck.check_arg(ranks_per_node > 0, LAYOUT, "ranks_per_node", "value", "a positive integer", ranks_per_node)
+    check_topk(LAYOUT, topk_idx, num_experts, num_ranks)
+
+
+def check_rows(op: str, x, x_scales, name: str = "x") -> None:
+    """x ``[T, H]`` high precision, or FP8 E4M3 with its scales ``[T, S]`` (FP32 or int32-packed UE8M0)."""
+    ck.check_rank(op, name, x, 2, "[T, H]")
+    fp8 = x.dtype == torch.float8_e4m3fn
+    ck.check_arg(
+        x.dtype in FLOAT_DTYPES or fp8,
+        op,
+        name,
+        "dtype",
+        "torch.bfloat16, torch.float16, torch.float32, torch.float64 or torch.float8_e4m3fn",
+        x.dtype,
+    )
+    if not fp8:
+        ck.check_arg(x_scales is None, op, f"{name}_scales", "value", f"None for a {x.dtype} {name}", "a tensor")
+        return
+    ck.check_arg(x_scales is not None, op, f"{name}_scales", "value", "the FP8 rows' scales [T, S]", None)
+    ck.check_rank(op, f"{name}_scales", x_scales, 2, "[T, S]")
+    ck.check_arg(
+        x_scales.dtype in (torch.float32, torch.int32),
+        op,
+        f"{name}_scales",
+        "dtype",
+        "torch.float32 or torch.int32 (packed UE8M0)",
+        x_scales.dtype,
+    )
+    ck.check_dim_size(op, f"{name}_scales", x_scales, 0, "T", x.shape[0], f"{name}.size(0)")
+
+
+def dispatch_signature(x, x_scales, topk_idx, topk_weights, num_experts, group_name, alignment, worst, timeout_s):
+    """Returns the world size R."""
+    op = DISPATCH
+    group = resolve_group(op, group_name)
+    r = group.size()
+    check_rows(op, x, x_scales)
+    check_topk(op, topk_idx, num_experts, r, x)
+    if topk_weights is not None:
+        ck.check_arg(
+            topk_weights.dtype in (torch.float32, torch.float64),
+            op,
+            "topk_weights",
+            "dtype",
+            "torch.float32 or torch.float64",
+            topk_weights.dtype,
+        )
+        ck.check_arg(
+            topk_weights.shape == topk_idx.shape,
+            op,
+            "topk_weights",
+            "shape",
+            lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
+            lambda: ck.shape_str(topk_weights.shape),
+        )
+    ck.check_arg(alignment > 0, op, "expert_alignment", "value", "a positive integer", alignment)
+    ck.check_arg(worst >= 0, op, "num_worst_tokens", "value", "0 (exact rows) or a positive capacity", worst)
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return r
+
+
+def check_handle(op: str, send_src, send_counts, recv_counts, recv_gather, r) -> None:
+    for name, t, rank in (
+        ("send_src", send_src, 1),
+        ("send_counts", send_counts, 1),
+        ("recv_counts", recv_counts, 1),
+        ("recv_gather", recv_gather, 1),
+    ):
+        ck.check_rank(op, name, t, rank, "1-D (a dispatch handle's)")
+        ck.check_arg(t.dtype == torch.int64, op, name, "dtype", "torch.int64", t.dtype)
+    ck.check_dim_size(op, "send_counts", send_counts, 0, "ranks", r, "the group's size")
+    ck.check_dim_size(op, "recv_counts", recv_counts, 0, "ranks", r, "the group's size")
+
+
+def cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
+    op = CACHED
+    r = resolve_group(op, group_name).size()
+    check_rows(op, x, x_scales)
+    check_handle(op, send_src, send_counts, recv_counts, recv_gather, r)
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return r
+
+
+def combine_signature(
+    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
+):
+    op = COMBINE
+    r = resolve_group(op, group_name).size()
+    ck.check_rank(op, "x", x, 2, "[N, H] (rows in the dispatch's receive order)")
+    ck.check_arg(
+        x.dtype in FLOAT_DTYPES,
+        op,
+        "x",
+        "dtype",
+        "torch.bfloat16, torch.float16, torch.float32 or torch.float64 (FP8 rows are not combined)",
+        x.dtype,
+    )
+    check_handle(op, send_src, send_counts, recv_counts, recv_gather, r)
+    ck.check_dim_size(op, "x", x, 0, "N", recv_gather.shape[0], "the handle's received rows")
+    ck.check_arg(num_tokens >= 0, op, "num_tokens", "value", "a non-negative integer", num_tokens)
+    if topk_weights is not None:
+        ck.check_rank(op, "topk_weights", topk_weights, 2, "[N, K]")
+        ck.check_arg(
+            topk_weights.dtype in (torch.float32, torch.float64),
+            op,
+            "topk_weights",
+            "dtype",
+            "torch.float32 or torch.float64",
+            topk_weights.dtype,
+        )
+        ck.check_dim_size(op, "topk_weights", topk_weights, 0, "N", x.shape[0], "x.size(0)")
+    for name, b in (("bias_0", bias_0), ("bias_1", bias_1)):
+        if b is not None:
+            ck.check_arg(
+                b.dim() == 2 and b.shape[0] == num_tokens and b.shape[1] == x.shape[1],
+                op,
+                name,
+                "shape",
+                lambda: ck.shape_str([num_tokens, x.shape[1]]) + " (num_tokens, H)",
+                lambda b=b: ck.shape_str(b.shape),
+            )
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return r
+
+
+def _scale_cols(x_scales):
+    return x_scales.shape[1] if x_scales is not None else 0
+
+
+@torch.library.register_fake(LAYOUT)
+def _layout_fake(topk_idx, num_experts, num_ranks, ranks_per_node=8):
+    layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
+    nodes = max(1, num_ranks // ranks_per_node)
+    i32 = torch.int32
+    return (
+        topk_idx.new_empty([num_ranks], dtype=i32),
+        topk_idx.new_empty([nodes], dtype=i32),
+        topk_idx.new_empty([num_experts], dtype=i32),
+        topk_idx.new_empty([topk_idx.shape[0], num_ranks], dtype=torch.bool),
+    )
+
+
+@torch.library.register_fake(DISPATCH)
+def _dispatch_fake(
+    x,
+    x_scales,
+    topk_idx,
+    topk_weights,
+    num_experts,
+    group_name,
+    expert_alignment=1,
+    num_worst_tokens=0,
+    timeout_s=300.0,
+):
+    r = dispatch_signature(
+        x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
+    )
+    if num_worst_tokens > 0:
+        n, m = num_worst_tokens, r * x.shape[0]
+    else:
+        ctx = torch.library.get_ctx()
+        n, m = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    k = topk_idx.shape[1]
+    w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
+    i64 = torch.int64
+    return (
+        x.new_empty([n, x.shape[1]]),
+        x.new_empty([n, _scale_cols(x_scales)], dtype=x_scales.dtype if x_scales is not None else ABSENT),
+        x.new_empty([n, k], dtype=i64),
+        x.new_empty([n, k if topk_weights is not None else 0], dtype=w_dtype),
+        x.new_empty([num_experts // r], dtype=torch.int32),
+        x.new_empty([1], dtype=i64),
+        x.new_empty([m], dtype=i64),
+        x.new_empty([r], dtype=i64),
+        x.new_empty([r], dtype=i64),
+        x.new_empty([n], dtype=i64),
+    )
+
+
+@torch.library.register_fake(CACHED)
+def _cached_fake(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
+    cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s)
+    n = recv_gather.shape[0]
+    s_dtype = x_scales.dtype if x_scales is not None else ABSENT
+    return x.new_empty([n, x.shape[1]]), x.new_empty([n, _scale_cols(x_scales)], dtype=s_dtype)
+
+
+@torch.library.register_fake(COMBINE)
+def _combine_fake(
+    x,
+    topk_weights,
+    bias_0,
+    bias_1,
+    send_src,
+    send_counts,
+    recv_counts,
+    recv_gather,
+    num_tokens,
+    group_name,
+    timeout_s=300.0,
+):
+    combine_signature(
+        x,
+        topk_weights,
+        bias_0,
+        bias_1,
+        send_src,
+        send_counts,
+        recv_counts,
+        recv_gather,
+        num_tokens,
+        group_name,
+        timeout_s,
+    )
+    k = topk_weights.shape[1] if topk_weights is not None else 0
+    w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
+    return x.new_empty([num_tokens, x.shape[1]]), x.new_empty([num_tokens, k], dtype=w_dtype)

@@ -1,0 +1,109 @@
+"""The ep family: expert-parallel dispatch and combine over ``torch.distributed`` (DeepEP's normal mode)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+_layout = torch.ops.ascend_moe.ep_dispatch_layout.default
+_dispatch = torch.ops.ascend_moe.ep_dispatch.default
+_cached = torch.ops.ascend_moe.ep_dispatch_cached.default
+_combine = torch.ops.ascend_moe.ep_combine.default
+
+
+class EPHandle(NamedTuple):
+    """A dispatch's routing: what ``ep_combine`` and ``ep_dispatch_cached`` replay."""
+
+    send_src: torch.Tensor  # [rows sent] source token of each send row (-1: padding), destination-major
+    send_counts: torch.Tensor  # [R] rows sent to each rank
+    recv_counts: torch.Tensor  # [R] rows received from each rank
+    recv_gather: torch.Tensor  # [N] receive-buffer row of each output row (-1: padding)
+    num_tokens: int
+    group_name: str
+
+
+class EPDispatchOutput(NamedTuple):
+    recv_x: torch.Tensor
+    recv_x_scales: torch.Tensor | None
+    recv_topk_idx: torch.Tensor
+    recv_topk_weights: torch.Tensor | None
+    num_recv_tokens_per_expert: torch.Tensor
+    num_recv: torch.Tensor
+    handle: EPHandle
+
+
+def group_name_of(group=None) -> str:
+    """The name ``torch.distributed`` knows a group by (the default group when None; a name passes through)."""
+    if isinstance(group, str):
+        return group
+    return (group or dist.distributed_c10d._get_default_group()).group_name
+
+
+def ep_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int = 8):
+    """``(num_tokens_per_rank [R], num_tokens_per_node, num_tokens_per_expert [E], is_token_in_rank [T, R])``,
+    DeepEP's definitions (a token counts once per rank and once per node however many of its experts live there)."""
+    return _layout(topk_idx, num_experts, num_ranks, ranks_per_node)
+
+
+def ep_dispatch(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor | None = None,
+    *,
+    num_experts: int,
+    group=None,
+    x_scales: torch.Tensor | None = None,
+    expert_alignment: int = 1,
+    num_worst_tokens: int = 0,
+    timeout_s: float = 300.0,
+) -> EPDispatchOutput:
+    """Send each token to every rank owning one of its experts (once per rank), DeepEP's normal dispatch.
+
+    Rows arrive source-rank-major, then by ascending source token. ``recv_topk_idx`` holds local expert ids
+    (-1 for experts elsewhere), ``recv_topk_weights`` the weights at those slots (0 elsewhere), and
+    ``num_recv_tokens_per_expert`` the per-local-expert counts rounded up to ``expert_alignment``.
+    ``num_worst_tokens > 0`` gives exactly that many rows (static shapes; padding rows are zero / -1,
+    ``num_recv`` counts the real ones; every rank must pass the same ``T``); 0 gives exactly the received rows.
+    Differentiable w.r.t. ``x`` (BF16/FP32) and ``topk_weights``.
+    """
+    name = group_name_of(group)
+    out = _dispatch(
+        x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
+    )
+    handle = EPHandle(*out[6:], x.shape[0], name)
+    return EPDispatchOutput(
+        out[0],
+        out[1] if x_scales is not None else None,
+        out[2],
+        out[3] if topk_weights is not None else None,
+        out[4],
+        out[5],
+        handle,
+    )
+
+
+def ep_dispatch_cached(
+    x: torch.Tensor, handle: EPHandle, x_scales: torch.Tensor | None = None, timeout_s: float = 300.0
+):
+    """Replay ``handle``'s routing with new rows: ``(recv_x, recv_x_scales or None)``."""
+    recv_x, recv_scales = _cached(x, x_scales, *handle[:4], handle.group_name, timeout_s)
+    return recv_x, (recv_scales if x_scales is not None else None)
+
+
+def ep_combine(
+    x: torch.Tensor,
+    handle: EPHandle,
+    topk_weights: torch.Tensor | None = None,
+    bias: torch.Tensor | tuple | None = None,
+    timeout_s: float = 300.0,
+):
+    """Sum each token's returning copies (rows in ``handle``'s receive order), plus up to two biases, in FP32
+    with one rounding: ``(combined_x [T, H], combined_topk_weights [T, K] or None)``. Unweighted, as DeepEP."""
+    biases = tuple(bias) if isinstance(bias, (tuple, list)) else (bias,)
+    biases = (*biases, None, None)[:2]
+    combined, weights = _combine(
+        x, topk_weights, biases[0], biases[1], *handle[:4], handle.num_tokens, handle.group_name, timeout_s
+    )
+    return combined, (weights if topk_weights is not None else None)

@@ -1,0 +1,619 @@
+"""Tests of the ep family: harness specs on a one-rank gloo group, and the multi-rank checks (DeepEP's own
+validation strategies, specs/deepep_api.md §8, §11.6) that ``tests/ep`` runs in spawned gloo processes.
+
+Multi-rank references are built from ``all_gather`` of every rank's inputs: the expected receive rows of
+this rank are every source rank's tokens that selected one of its experts, source-rank-major, ascending
+token; the expected combine adds biases, then each destination rank's copy in ascending rank order, in FP32.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from torch_ascend_moe.backends.portable import ep as portable
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+# ---- one-rank harness specs ----
+
+_STORE = os.path.join(tempfile.gettempdir(), f"ascend_moe_ep_store_{os.getpid()}")
+FRESH_SETUP = """
+import datetime, os, tempfile, torch.distributed as dist
+if not dist.is_initialized():
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+"""
+
+
+def init_single_rank_group() -> str:
+    """A one-rank gloo group in this process (once); returns its name."""
+    if not dist.is_initialized():
+        store = dist.FileStore(_STORE, 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    return dist.distributed_c10d._get_default_group().group_name
+
+
+def _routing(t: int, k: int, e: int, g: torch.Generator) -> torch.Tensor:
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]) if t else torch.empty(0, k)
+    idx = idx.long()
+    if t:
+        idx[torch.rand(t, k, generator=g) < 0.2] = -1  # empty slots
+    return idx
+
+
+def dispatch_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    name = init_single_rank_group()
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for t, h, k, e, align, worst in [(7, 16, 2, 4, 1, 0), (6, 8, 3, 6, 4, 10), (0, 8, 2, 4, 1, 0)]:
+        x = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        idx = _routing(t, k, e, g).to(device)
+        w = torch.rand(t, k, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        w = w.to(device).requires_grad_(requires_grad)
+        out.append(SampleInput((x, None, idx, w, e, name, align, worst, 60.0), f"T{t} H{h} K{k} E{e} worst{worst}"))
+    if dtype == torch.float32 and not requires_grad:
+        x8 = torch.randn(5, 128, generator=g).to(torch.float8_e4m3fn).to(device)
+        sf = torch.rand(5, 1, generator=g).to(device)
+        out.append(SampleInput((x8, sf, _routing(5, 2, 4, g).to(device), None, 4, name, 1, 0, 60.0), "FP8 rows"))
+    return out
+
+
+def dispatch_reference(
+    x,
+    x_scales,
+    topk_idx,
+    topk_weights,
+    num_experts,
+    group_name,
+    expert_alignment=1,
+    num_worst_tokens=0,
+    timeout_s=300.0,
+):
+    """One rank owns every expert: every token with a valid slot arrives once, in token order."""
+    t = x.shape[0]
+    idx = topk_idx.long().cpu()
+    tokens = [i for i in range(t) if (idx[i] >= 0).any()]
+    n = num_worst_tokens or len(tokens)
+
+    def take(v, fill=0):
+        v = v.detach().cpu()
+        out = torch.full((n, *v.shape[1:]), fill, dtype=v.dtype)
+        out[: len(tokens)] = v[tokens]
+        return out
+
+    recv_x = take(x).double()
+    scales = take(x_scales) if x_scales is not None else torch.empty(n, 0, dtype=torch.int32)
+    recv_idx = take(idx, -1)
+    weights = (
+        take(torch.where(idx >= 0, topk_weights.detach().cpu(), 0)).double()
+        if topk_weights is not None
+        else (torch.empty(n, 0, dtype=torch.int32))
+    )
+    counts = torch.bincount(idx[idx >= 0], minlength=num_experts)
+    counts = (counts + expert_alignment - 1) // expert_alignment * expert_alignment
+    if num_worst_tokens:  # static: a padded send row per token, and the valid ones gathered in order
+        send_src = torch.tensor([i if i in tokens else -1 for i in range(t)], dtype=torch.int64)
+        sent = t
+    else:
+        send_src, sent = torch.tensor(tokens, dtype=torch.int64), len(tokens)
+    gather = torch.tensor(tokens + [-1] * (n - len(tokens)), dtype=torch.int64)
+    if not num_worst_tokens:
+        gather = torch.arange(n)
+    return (
+        recv_x,
+        scales,
+        recv_idx,
+        weights,
+        counts.int(),
+        torch.tensor([len(tokens)]),
+        send_src,
+        torch.tensor([sent]),
+        torch.tensor([sent]),
+        gather,
+    )
+
+
+def combine_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    out = []
+    for s in dispatch_samples(device, dtype, False, small):
+        x, _, idx, w, e, name, align, worst, timeout = s.args
+        if x.dtype == torch.float8_e4m3fn:
+            continue
+        res = torch.ops.ascend_moe.ep_dispatch(*s.args)
+        g = torch.Generator().manual_seed(6)
+        y = torch.randn(res[0].shape, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        rw = res[3].detach().clone().requires_grad_(requires_grad)
+        t, h = x.shape
+        b0 = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad) if worst else None
+        out.append(SampleInput((y, rw, b0, None, *res[6:10], t, name, timeout), s.name + (" bias" if worst else "")))
+    return out
+
+
+def combine_reference(
+    x,
+    topk_weights,
+    bias_0,
+    bias_1,
+    send_src,
+    send_counts,
+    recv_counts,
+    recv_gather,
+    num_tokens,
+    group_name,
+    timeout_s=300.0,
+):
+    h = x.shape[1]
+    out = torch.zeros(num_tokens, h, dtype=torch.float64)
+    k = topk_weights.shape[1] if topk_weights is not None else 0
+    out_w = torch.zeros(num_tokens, k, dtype=torch.float64)
+    for b in (bias_0, bias_1):
+        if b is not None:
+            out += b.detach().double().cpu()
+    gather = recv_gather.cpu()
+    # One rank: output row j holds receive-buffer row gather[j], which is send row gather[j] (same rank).
+    src = send_src.cpu()
+    for j, r in enumerate(gather.tolist()):
+        if r >= 0:
+            out[src[r]] += x[j].detach().double().cpu()
+            if k:
+                out_w[src[r]] += topk_weights[j].detach().double().cpu()
+    return out, out_w
+
+
+def layout_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(7)
+    return [
+        SampleInput((_routing(9, 3, 16, g).to(device), 16, 4, 8), "T9 K3 E16 R4"),
+        SampleInput((_routing(12, 4, 32, g).to(device), 32, 16, 8), "T12 K4 E32 R16 (2 nodes)"),
+        SampleInput((_routing(0, 2, 8, g).to(device), 8, 2, 8), "T0"),
+    ]
+
+
+def layout_reference(topk_idx, num_experts, num_ranks, ranks_per_node=8):
+    idx = topk_idx.long().cpu()
+    t, local = idx.shape[0], num_experts // num_ranks
+    per_expert = torch.zeros(num_experts, dtype=torch.int64)
+    in_rank = torch.zeros(t, num_ranks, dtype=torch.bool)
+    for i in range(t):
+        for e in idx[i].tolist():
+            if e >= 0:
+                per_expert[e] += 1
+                in_rank[i, e // local] = True
+    nodes = max(1, num_ranks // ranks_per_node)
+    in_node = torch.zeros(t, nodes, dtype=torch.bool)
+    for i in range(t):
+        for r in range(num_ranks):
+            if in_rank[i, r]:
+                in_node[i, min(r // ranks_per_node, nodes - 1)] = True
+    return in_rank.sum(0).int(), in_node.sum(0).int(), per_expert.int(), in_rank
+
+
+def dispatch_bad_inputs(device) -> list[BadInput]:
+    name = init_single_rank_group()
+    x, idx, w = torch.randn(4, 8), torch.tensor([[0, 1], [2, -1], [3, 0], [1, 2]]), torch.rand(4, 2)
+    return [
+        BadInput(
+            (x, None, idx.clone().fill_(7), w, 4, name, 1, 0, 60.0),
+            r"argument 'topk_idx' values: expected expert ids in \[-1, 4\) on every rank",
+            "expert id >= E",
+            data_dependent=True,
+        ),
+        BadInput(
+            (x, None, idx, w, 4, name, 1, 2, 60.0),
+            r"argument 'num_worst_tokens' value: expected at least the rows every rank receives, got 2",
+            "capacity too small",
+            data_dependent=True,
+        ),
+        BadInput(
+            (x, None, idx[:3], w[:3], 4, name, 1, 0, 60.0),
+            r"argument 'topk_idx' size\(0\) \(T\): expected 4",
+            "x/topk rows",
+        ),
+        BadInput(
+            (x, None, idx, w[:, :1], 4, name, 1, 0, 60.0),
+            r"argument 'topk_weights' shape: expected \[4, 2\]",
+            "weights shape",
+        ),
+        BadInput(
+            (x, None, idx, w, 4, name, 0, 0, 60.0),
+            r"argument 'expert_alignment' value: expected a positive",
+            "alignment",
+        ),
+        BadInput(
+            (x.to(torch.float8_e4m3fn), None, idx, w, 4, name, 1, 0, 60.0),
+            r"argument 'x_scales' value: expected the FP8 rows' scales",
+            "FP8 without scales",
+        ),
+        BadInput(
+            (x, None, idx, w, 4, "no-such-group", 1, 0, 60.0),
+            r"argument 'group_name' value: expected the name of a live process group",
+            "group",
+        ),
+    ]
+
+
+def layout_bad_inputs(device) -> list[BadInput]:
+    idx = torch.tensor([[0, 1], [2, -1]])
+    return [
+        BadInput(
+            (idx, 6, 4, 8),
+            r"argument 'num_experts' value: expected a multiple of the number of ranks \(4\), got 6",
+            "E % R",
+        ),
+        BadInput((idx.float(), 8, 4, 8), r"argument 'topk_idx' dtype: expected torch.int64 or torch.int32", "dtype"),
+        BadInput((idx, 8, 0, 8), r"argument 'num_ranks' value: expected a positive integer, got 0", "R"),
+    ]
+
+
+def combine_bad_inputs(device) -> list[BadInput]:
+    s = combine_samples("cpu", torch.float32)[0]
+    y, rw, b0, b1, *handle, t, name, timeout = s.args
+    return [
+        BadInput(
+            (y[:, :4], rw, torch.randn(t, 8), b1, *handle, t, name, timeout),
+            r"argument 'bias_0' shape: expected \[7, 4\] \(num_tokens, H\)",
+            "bias shape",
+        ),
+        BadInput((y[:-1], rw, b0, b1, *handle, t, name, timeout), r"argument 'x' size\(0\) \(N\): expected", "rows"),
+        BadInput(
+            (y.to(torch.float8_e4m3fn), None, b0, b1, *handle, t, name, timeout),
+            r"argument 'x' dtype: expected torch.bfloat16",
+            "FP8 combine",
+        ),
+    ]
+
+
+def cached_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    out = []
+    for s in dispatch_samples(device, dtype, False, small):
+        x, sf, *_rest = s.args
+        res = torch.ops.ascend_moe.ep_dispatch(*s.args)
+        g = torch.Generator().manual_seed(8)
+        if x.dtype == torch.float8_e4m3fn:
+            new = torch.randn(x.shape, generator=g).to(torch.float8_e4m3fn).to(device)
+        else:
+            new = torch.randn(x.shape, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        out.append(SampleInput((new, sf, *res[6:10], s.args[5], 60.0), s.name))
+    return out
+
+
+def cached_reference(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
+    src, gather = send_src.cpu(), recv_gather.cpu()
+    n = gather.shape[0]
+    rows = [int(src[r]) if r >= 0 else -1 for r in gather.tolist()]
+    data = x.detach().cpu().double()
+    out = torch.zeros(n, data.shape[1], dtype=data.dtype)
+    sc = torch.zeros(n, x_scales.shape[1]) if x_scales is not None else torch.zeros(n, 0, dtype=torch.int32)
+    for j, r in enumerate(rows):
+        if r >= 0:
+            out[j] = data[r]
+            if x_scales is not None:
+                sc[j] = x_scales[r].cpu()
+    return out, sc
+
+
+def cached_bad_inputs(device) -> list[BadInput]:
+    s = cached_samples("cpu", torch.float32)[0]
+    x, sf, send_src, send_counts, recv_counts, recv_gather, name, timeout = s.args
+    return [
+        BadInput(
+            (x, sf, send_src, send_counts.int(), recv_counts, recv_gather, name, timeout),
+            r"argument 'send_counts' dtype: expected torch.int64",
+            "handle dtype",
+        ),
+        BadInput(
+            (x, sf, send_src, send_counts + 1, recv_counts, recv_gather, name, timeout),
+            r"the handles do not pair up across ranks",
+            "handle mismatch",
+            data_dependent=True,
+        ),
+    ]
+
+
+_NO_AOTI = "kernels are Python on torch.distributed: an AOTInductor (C++-only) deployment cannot run them"
+_DTYPES = (torch.bfloat16, torch.float32)
+SPECS = [
+    OpSpec(
+        "ep_dispatch_layout",
+        layout_samples,
+        layout_reference,
+        layout_bad_inputs,
+        portable.layout,
+        dtypes=(torch.float32,),
+        gradcheck="integer outputs: nothing to differentiate",
+        aoti=_NO_AOTI,
+    ),
+    OpSpec(
+        "ep_dispatch",
+        dispatch_samples,
+        dispatch_reference,
+        dispatch_bad_inputs,
+        portable.ep_dispatch,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        fresh_setup=FRESH_SETUP,
+    ),
+    OpSpec(
+        "ep_dispatch_cached",
+        cached_samples,
+        cached_reference,
+        cached_bad_inputs,
+        portable.ep_dispatch_cached,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        fresh_setup=FRESH_SETUP,
+    ),
+    OpSpec(
+        "ep_combine",
+        combine_samples,
+        combine_reference,
+        combine_bad_inputs,
+        portable.ep_combine,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        fresh_setup=FRESH_SETUP,
+    ),
+]
+
+
+# ---- multi-rank checks (run in spawned gloo processes by tests/ep/test_ep_ranks.py) ----
+
+
+def _expect_raises(fn, error, text: str) -> None:
+    try:
+        fn()
+    except error as e:
+        assert text in str(e), f"expected {text!r} in: {e}"
+        return
+    raise AssertionError(f"expected {error.__name__} with {text!r}")
+
+
+class _World:
+    """This rank's inputs, and every rank's (through all_gather_object) for references."""
+
+    def __init__(self, rank, world, t, h, k, experts, dtype, seed):
+        g = torch.Generator().manual_seed(seed + rank)
+        self.rank, self.world, self.experts, self.local = rank, world, experts, experts // world
+        self.idx = _routing(t, k, experts, g)
+        self.x = torch.randn(t, h, generator=g).to(dtype)
+        if dtype == torch.float32:  # value-encodes-source: column 0 = rank, column 1 = token index
+            self.x[:, 0], self.x[:, 1] = float(rank), torch.arange(t, dtype=torch.float32)
+        self.w = torch.rand(t, k, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        everyone = [None] * world
+        dist.all_gather_object(everyone, (self.x, self.idx, self.w))
+        self.everyone = everyone
+
+    def owner(self, e: int) -> int:
+        return e // self.local
+
+    def expected_rows(self):
+        """(x rows, rebased topk_idx, masked weights) this rank must receive, in DeepEP's order."""
+        xs, ids, ws = [], [], []
+        for x, idx, w in self.everyone:
+            for t in range(x.shape[0]):
+                row = idx[t]
+                if any(e >= 0 and self.owner(e) == self.rank for e in row.tolist()):
+                    mine = (row >= 0) & (row // self.local == self.rank)
+                    xs.append(x[t])
+                    ids.append(torch.where(mine, row - self.rank * self.local, -1))
+                    ws.append(torch.where(mine, w[t], 0))
+        h, k = self.x.shape[1], self.idx.shape[1]
+        if not xs:
+            return self.x.new_empty(0, h), self.idx.new_empty(0, k), self.w.new_empty(0, k)
+        return torch.stack(xs), torch.stack(ids), torch.stack(ws)
+
+
+def _check_dispatch(world: _World, alignment: int) -> None:
+    from torch_ascend_moe.ops.ep import ep_dispatch, ep_dispatch_cached, ep_dispatch_layout
+
+    out = ep_dispatch(world.x, world.idx, world.w, num_experts=world.experts, expert_alignment=alignment)
+    xs, ids, ws = world.expected_rows()
+    assert torch.equal(out.recv_x, xs), "received rows differ from the all_gather reference (order or values)"
+    assert torch.equal(out.recv_topk_idx, ids) and torch.equal(out.recv_topk_weights, ws)
+    # Count cross-checks through all_reduce of the layout (DeepEP's test).
+    per_rank, _, per_expert, _ = ep_dispatch_layout(world.idx, world.experts, world.world)
+    per_rank, per_expert = per_rank.long(), per_expert.long()
+    dist.all_reduce(per_rank)
+    dist.all_reduce(per_expert)
+    assert int(out.num_recv) == int(per_rank[world.rank]) == out.recv_x.shape[0]
+    mine = per_expert.view(world.world, world.local)[world.rank]
+    assert torch.equal(out.num_recv_tokens_per_expert.long(), (mine + alignment - 1) // alignment * alignment)
+    # Cached dispatch replays the routing with new data.
+    new = world.x * 3 + 1
+    again, _ = ep_dispatch_cached(new, out.handle)
+    assert torch.equal(again, ep_dispatch(new, world.idx, num_experts=world.experts).recv_x)
+
+
+def _check_static(world: _World, t_max: int) -> None:
+    from torch_ascend_moe.ops.ep import ep_dispatch
+
+    pad = t_max - world.x.shape[0]
+    x = torch.cat([world.x, world.x.new_zeros(pad, world.x.shape[1])])
+    idx = torch.cat([world.idx, world.idx.new_full((pad, world.idx.shape[1]), -1)])
+    w = torch.cat([world.w, world.w.new_zeros(pad, world.w.shape[1])])
+    compact = ep_dispatch(x, idx, w, num_experts=world.experts)
+    worst = t_max * world.world
+    static = ep_dispatch(x, idx, w, num_experts=world.experts, num_worst_tokens=worst)
+    n = int(static.num_recv)
+    assert static.recv_x.shape[0] == worst and n == compact.recv_x.shape[0]
+    assert torch.equal(static.recv_x[:n], compact.recv_x) and torch.equal(
+        static.recv_topk_idx[:n], compact.recv_topk_idx
+    )
+    assert (static.recv_topk_idx[n:] == -1).all() and (static.recv_x[n:] == 0).all()
+    assert torch.equal(static.num_recv_tokens_per_expert, compact.num_recv_tokens_per_expert)
+    y = static.recv_x * 2
+    from torch_ascend_moe.ops.ep import ep_combine
+
+    a, _ = ep_combine(y, static.handle)
+    b, _ = ep_combine(compact.recv_x * 2, compact.handle)
+    assert torch.equal(a, b), "static and compact combines differ"
+    _expect_raises(
+        lambda: ep_dispatch(x, idx, w, num_experts=world.experts, num_worst_tokens=1),
+        ValueError,
+        "argument 'num_worst_tokens' value: expected at least the rows every rank receives",
+    )
+
+
+def _check_combine(world: _World, num_biases: int) -> None:
+    from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
+
+    out = ep_dispatch(world.x, world.idx, world.w, num_experts=world.experts)
+    y = out.recv_x * (world.rank + 1)  # rank-dependent "expert" output, in the rows' dtype
+    g = torch.Generator().manual_seed(world.rank)
+    t, h = world.x.shape
+    biases = tuple(torch.randn(t, h, generator=g).to(world.x.dtype) for _ in range(num_biases))
+    combined, weights = ep_combine(y, out.handle, out.recv_topk_weights, bias=biases or None)
+    acc_t = torch.float64 if world.x.dtype == torch.float64 else torch.float32
+    expected = torch.zeros(t, h, dtype=acc_t)
+    for b in biases:
+        expected += b.to(acc_t)
+    for i in range(t):  # ranks the token went to, ascending, each adding its copy (as that rank computed it)
+        for r in sorted({world.owner(e) for e in world.idx[i].tolist() if e >= 0}):
+            expected[i] += (world.x[i] * (r + 1)).to(acc_t)
+    assert torch.equal(combined, expected.to(world.x.dtype)), "combine is not the bitwise FP32 sum in rank order"
+    assert torch.equal(weights, torch.where(world.idx >= 0, world.w, 0)), "combined weights != original weights"
+
+
+def _check_gradients(rank: int, world_size: int) -> None:
+    """dispatch -> per-expert linear weighted by the router -> combine, against one process running every expert."""
+    from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
+
+    world = _World(rank, world_size, 5 + rank, 8, 2, 2 * world_size, torch.float64, seed=40)
+    experts = torch.randn(world.experts, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    experts.requires_grad_()
+    c = torch.randn(world.x.shape, generator=torch.Generator().manual_seed(50 + rank), dtype=torch.float64)
+    x, w = world.x.clone().requires_grad_(), world.w.clone().requires_grad_()
+    out = ep_dispatch(x, world.idx, w, num_experts=world.experts)
+    y = torch.zeros_like(out.recv_x)
+    for kk in range(out.recv_topk_idx.shape[1]):
+        e = out.recv_topk_idx[:, kk]
+        ok = (e >= 0).unsqueeze(1)
+        wexp = experts[(rank * world.local + e.clamp(min=0))]
+        y = y + torch.where(
+            ok, out.recv_topk_weights[:, kk : kk + 1] * torch.bmm(out.recv_x.unsqueeze(1), wexp).squeeze(1), 0
+        )
+    combined, _ = ep_combine(y, out.handle)
+    (combined * c).sum().backward()
+    grad_experts = experts.grad.clone()
+    dist.all_reduce(grad_experts)
+    # Reference: every rank's tokens through every expert in one process.
+    ref_experts = experts.detach().clone().requires_grad_()
+    everyone_c = [None] * world_size
+    dist.all_gather_object(everyone_c, c)
+    loss, leaves = 0, []
+    for (xs, ids, ws), cs in zip(world.everyone, everyone_c):
+        xs, ws = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+        leaves.append((xs, ws))
+        out_s = torch.zeros_like(xs)
+        for kk in range(ids.shape[1]):
+            ok = (ids[:, kk] >= 0).unsqueeze(1)
+            wexp = ref_experts[ids[:, kk].clamp(min=0)]
+            out_s = out_s + torch.where(ok, ws[:, kk : kk + 1] * torch.bmm(xs.unsqueeze(1), wexp).squeeze(1), 0)
+        loss = loss + (out_s * cs).sum()
+    loss.backward()
+    ref_x, ref_w = leaves[rank]
+    assert calc_diff(x.grad, ref_x.grad) < 1e-12, "x gradient"
+    assert calc_diff(w.grad, ref_w.grad) < 1e-12, "weights gradient"
+    assert calc_diff(grad_experts, ref_experts.grad) < 1e-12, "expert gradient"
+
+
+def _check_compile(rank: int, world_size: int) -> None:
+    """layout -> dispatch -> local compute -> combine under torch.compile(fullgraph=True), forward and backward."""
+    from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch, ep_dispatch_layout, group_name_of
+
+    world = _World(rank, world_size, 6, 8, 2, 2 * world_size, torch.float32, seed=60)
+    scale = torch.randn(8, generator=torch.Generator().manual_seed(2))
+    name = group_name_of()
+
+    def step(x, w, scale):
+        per_rank, _, per_expert, _ = ep_dispatch_layout(world.idx, world.experts, world_size)
+        out = ep_dispatch(x, world.idx, w, num_experts=world.experts, group=name, num_worst_tokens=6 * world_size)
+        y = out.recv_x * scale * out.recv_topk_weights.sum(1, keepdim=True)
+        combined, _ = ep_combine(y, out.handle)
+        return combined.square().sum() + per_rank.sum() * 0 + per_expert.sum() * 0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True)
+    args = [world.x.clone().requires_grad_(), world.w.clone().requires_grad_(), scale.clone().requires_grad_()]
+    eager_loss = step(*args)
+    eager_grads = torch.autograd.grad(eager_loss, args)
+    loss = compiled(*args)
+    grads = torch.autograd.grad(loss, args)
+    torch.testing.assert_close(loss, eager_loss)
+    for a, b in zip(grads, eager_grads):
+        torch.testing.assert_close(a, b)
+
+
+def rank_checks(rank: int, world_size: int, store_path: str) -> None:
+    """Everything a multi-rank run checks; raises on the first failure (mp.spawn reports it)."""
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    import torch_ascend_moe  # noqa: F401
+    from torch_ascend_moe.ops.ep import ep_dispatch
+
+    try:
+        t_of = [6 + 3 * r for r in range(world_size)]  # uneven token counts
+        for dtype in (torch.float32, torch.bfloat16):
+            world = _World(rank, world_size, t_of[rank], 16, 3, 4 * world_size, dtype, seed=10)
+            for alignment in (1, 128):
+                _check_dispatch(world, alignment)
+            for biases in (0, 1, 2):
+                _check_combine(world, biases)
+            _check_static(world, max(t_of))
+        # FP8 rows with their scales move bitwise.
+        world = _World(rank, world_size, t_of[rank], 128, 2, 2 * world_size, torch.float32, seed=20)
+        x8, sf = world.x.to(torch.float8_e4m3fn), torch.rand(world.x.shape[0], 1) + 0.5
+        out = ep_dispatch(world.x, world.idx, num_experts=world.experts)
+        out8 = ep_dispatch(x8, world.idx, num_experts=world.experts, x_scales=sf)
+        assert torch.equal(out8.recv_x.view(torch.uint8), out.recv_x.to(torch.float8_e4m3fn).view(torch.uint8))
+        everyone_sf = [None] * world_size
+        dist.all_gather_object(everyone_sf, sf)
+        expected_sf = [
+            everyone_sf[s][t]
+            for s, (x, idx, _) in enumerate(world.everyone)
+            for t in range(x.shape[0])
+            if any(e >= 0 and world.owner(e) == rank for e in idx[t].tolist())
+        ]
+        assert torch.equal(out8.recv_x_scales, torch.stack(expected_sf) if expected_sf else sf[:0])
+        _check_gradients(rank, world_size)
+        _check_compile(rank, world_size)
+        # A bad expert id on one rank: every rank raises (nobody hangs).
+        world = _World(rank, world_size, 4, 8, 2, 2 * world_size, torch.float32, seed=30)
+        idx = world.idx.clone()
+        if rank == world_size - 1:
+            idx[0, 0] = world.experts
+        _expect_raises(
+            lambda: ep_dispatch(world.x, idx, num_experts=world.experts),
+            ValueError,
+            "argument 'topk_idx' values: expected expert ids in [-1",
+        )
+        # Shapes that disagree across ranks: reported, not hung.
+        h = 8 if rank == 0 else 16
+        _expect_raises(
+            lambda: ep_dispatch(torch.randn(3, h), world.idx[:3], num_experts=world.experts),
+            ValueError,
+            "the ranks disagree on x's row bytes",
+        )
+        dist.barrier()
+        # A rank that never arrives: the others get an error within the timeout.
+        if rank == 0:
+            _expect_raises(
+                lambda: ep_dispatch(world.x, world.idx, num_experts=world.experts, timeout_s=2.0),
+                RuntimeError,
+                "did not complete within 2 s",
+            )
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
+    if rank != 0:
+        time.sleep(3)  # outlive rank 0's timeout check
+    os._exit(0)
