@@ -22,6 +22,8 @@ OPS = [
     "ep_dispatch",
     "ep_dispatch_cached",
     "ep_dispatch_layout",
+    "ep_low_latency_combine",
+    "ep_low_latency_dispatch",
     "fp8_bmm",
     "fp8_einsum",
     "fp8_gemm",

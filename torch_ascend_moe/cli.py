@@ -104,15 +104,27 @@ def cmd_info(args, console: Console) -> int:
     return 0
 
 
+def _secondary_rank() -> bool:
+    return torch.distributed.is_initialized() and torch.distributed.get_rank() != 0
+
+
 def cmd_bench(args, console: Console) -> int:
+    bench.OPTIONS.update({k: getattr(args, k) for k in ("tokens", "hidden", "topk", "experts") if getattr(args, k)})
     cases = bench.cases(args.family, quick=args.quick)
     results = [
-        bench.run_case(c, args.min_run_time) for c in track(cases, description=f"bench {args.family}", console=console)
+        bench.run_case(c, args.min_run_time)
+        for c in track(cases, description=f"bench {args.family}", console=console, disable=_secondary_rank())
     ]
     table = Table(title=f"bench {args.family}: {torch.get_num_threads()} CPU threads, speedup = baseline time / ours")
+    if _secondary_rank():
+        return 0  # one report per run (every rank timed the same collectives)
     memory = any(r.ours_peak_mb is not None for r in results)
+    bandwidth = any(r.ours_gbps is not None for r in results)
     columns = ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup")
-    for col in columns + (("ours peak MB", "baseline peak MB") if memory else ()):
+    extra = (("ours peak MB", "baseline peak MB") if memory else ()) + (
+        ("ours GB/s", "baseline GB/s") if bandwidth else ()
+    )
+    for col in columns + extra:
         table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
 
     def mb(x):
@@ -121,7 +133,9 @@ def cmd_bench(args, console: Console) -> int:
     for r in results:
         cells = [r.case, f"{r.ours_ms:.3f}", f"{r.ours_tflops:.4f}", r.baseline, f"{r.baseline_ms:.3f}"]
         cells += [f"{r.baseline_tflops:.4f}", f"{r.speedup:.2f}x"]
-        table.add_row(*cells, *((mb(r.ours_peak_mb), mb(r.baseline_peak_mb)) if memory else ()))
+        cells += [mb(r.ours_peak_mb), mb(r.baseline_peak_mb)] if memory else []
+        cells += [f"{r.ours_gbps:.2f}", f"{r.baseline_gbps:.2f}"] if bandwidth else []
+        table.add_row(*cells)
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
@@ -137,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("bench", help="time a family's ops against PyTorch baselines measured in the same run")
     b.add_argument("family", choices=(*bench.FAMILIES, *bench.GROUPS))
     b.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
+    for opt, what in (
+        ("tokens", "tokens per rank"),
+        ("hidden", "hidden size"),
+        ("topk", "experts per token"),
+        ("experts", "number of experts"),
+    ):
+        b.add_argument(f"--{opt}", type=int, default=None, help=f"bench ep: {what}")
     b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
     b.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     args = parser.parse_args(argv)

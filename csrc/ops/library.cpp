@@ -169,4 +169,19 @@ TORCH_LIBRARY(ascend_moe, m) {
       "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
       "float timeout_s=300.0) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
+  // Low-latency mode: one message per (token, valid slot) into fixed [L, R * T_max, H] per-local-expert buffers,
+  // rows [0, recv_count[i]) valid, source-rank-major then ascending token. Optional FP8 cast per 128 channels
+  // (DeepEP's: round_scale = power-of-two scales, use_ue8m0 = their exponent bytes packed 4 per int32);
+  // slot_weights scales each (token, slot) message (the combine's backward). Returns (recv_x, recv_x_scales,
+  // recv_count [L], src_info [L, R * T_max], layout_range [L, R]: (begin << 32) | count per source).
+  m.def(
+      "ep_low_latency_dispatch(Tensor x, Tensor topk_idx, int num_max_dispatch_tokens_per_rank, int num_experts, "
+      "str group_name, bool use_fp8=True, bool round_scale=False, bool use_ue8m0=False, Tensor? slot_weights=None, "
+      "float timeout_s=300.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // combined[t] = round(sum over valid slots k, in order, of topk_weights[t, k] * y_k(t)) in FP32: weighted.
+  m.def(
+      "ep_low_latency_combine(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor src_info, Tensor layout_range, "
+      "int num_max_dispatch_tokens_per_rank, str group_name, float timeout_s=300.0) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }

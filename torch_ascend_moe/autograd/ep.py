@@ -125,3 +125,74 @@ torch.library.register_autograd("ascend_moe::ep_dispatch", _dispatch_backward, s
 torch.library.register_autograd("ascend_moe::ep_dispatch_cached", _cached_backward, setup_context=_cached_setup)
 torch.library.register_autograd("ascend_moe::ep_combine", _combine_backward, setup_context=_combine_setup)
 torch.library.register_autograd("ascend_moe::ep_dispatch_layout", _layout_backward, setup_context=_layout_setup)
+
+
+# ---- low-latency mode (DeepEP's are inference-only; these are differentiable) ----
+#
+# Dispatch copies x[t] to each of its experts' rows, so grad_x[t] sums the rows' gradients: a low-latency
+# combine with unit weights. Combine computes sum_k w[t, k] * y_k(t): grad y_k(t) = w[t, k] * grad_out[t] is a
+# low-latency dispatch of grad_out weighted per slot (``slot_weights``), landing in the forward's row order;
+# grad w[t, k] = <grad_out[t], y_k(t)>, with y_k(t) fetched by one combine per slot with one-hot weights.
+# FP8 dispatches and ``slot_weights`` carry no gradient.
+
+_ll_dispatch = torch.ops.ascend_moe.ep_low_latency_dispatch.default
+_ll_combine = torch.ops.ascend_moe.ep_low_latency_combine.default
+
+
+def _ll_dispatch_setup(ctx, inputs, output):
+    x, topk_idx, t_max, num_experts, group_name = inputs[:5]
+    ctx.use_fp8 = _arg(inputs, 5, True)
+    ctx.t_max, ctx.group_name, ctx.timeout_s = t_max, group_name, _arg(inputs, 9, _DEFAULT_TIMEOUT)
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(topk_idx, output[3], output[4])
+
+
+def _ll_dispatch_backward(ctx, grad_x, *unused):
+    topk_idx, src_info, layout_range = ctx.saved_tensors
+    if not _needs(ctx, 0) or ctx.use_fp8 or grad_x is None:
+        return (None,) * 10
+    ones = torch.ones(topk_idx.shape, dtype=torch.float32, device=grad_x.device)
+    dx = _ll_combine(grad_x, topk_idx, ones, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
+    return dx, *(None,) * 9
+
+
+def _ll_combine_setup(ctx, inputs, output):
+    x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name = inputs[:7]
+    ctx.t_max, ctx.group_name, ctx.timeout_s = t_max, group_name, _arg(inputs, 7, _DEFAULT_TIMEOUT)
+    ctx.num_experts = x.shape[0] * layout_range.shape[1]
+    ctx.save_for_backward(x, topk_idx, topk_weights, src_info, layout_range)
+
+
+def _ll_combine_backward(ctx, grad_out):
+    x, topk_idx, topk_weights, src_info, layout_range = ctx.saved_tensors
+    dx = dw = None
+    if _needs(ctx, 0):
+        dx = _ll_dispatch(
+            grad_out.to(x.dtype),
+            topk_idx,
+            ctx.t_max,
+            ctx.num_experts,
+            ctx.group_name,
+            False,
+            False,
+            False,
+            topk_weights,
+            ctx.timeout_s,
+        )[0]
+    if _needs(ctx, 2):
+        columns = []
+        for k in range(topk_idx.shape[1]):
+            one_hot = torch.zeros_like(topk_weights)
+            one_hot[:, k] = 1
+            y_k = _ll_combine(x, topk_idx, one_hot, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
+            columns.append((grad_out.to(y_k.dtype) * y_k).sum(-1))
+        dw = torch.stack(columns, dim=1).to(topk_weights.dtype) if columns else torch.zeros_like(topk_weights)
+    return dx, None, dw, *(None,) * 5
+
+
+torch.library.register_autograd(
+    "ascend_moe::ep_low_latency_dispatch", _ll_dispatch_backward, setup_context=_ll_dispatch_setup
+)
+torch.library.register_autograd(
+    "ascend_moe::ep_low_latency_combine", _ll_combine_backward, setup_context=_ll_combine_setup
+)

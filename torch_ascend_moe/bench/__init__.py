@@ -14,7 +14,9 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa")
+FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa", "ep")
+# Workload options a family may read (``bench ep``: --tokens, --hidden, --topk, --experts); set by the CLI.
+OPTIONS: dict[str, int] = {}
 # Names that run several families: ``bench fp8`` covers every FP8 op.
 GROUPS = {"fp8": ("fp8_gemm", "fp8_linear")}
 
@@ -27,6 +29,8 @@ class Case:
     baseline: str
     memory: bool = False  # also measure each side's peak memory (one extra call each)
     grad: bool = False  # the callables run a backward: time them with autograd enabled
+    bytes: int | Callable[[], float] = 0  # bytes moved per call (communication; may be known after setup): GB/s
+    iterations: int = 0  # a fixed count (collectives: every rank must run the same number), else adaptive
 
 
 @dataclasses.dataclass
@@ -39,6 +43,8 @@ class Result:
     baseline_tflops: float
     ours_peak_mb: float | None = None
     baseline_peak_mb: float | None = None
+    ours_gbps: float | None = None
+    baseline_gbps: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -91,15 +97,31 @@ def _glibc():
         return None
 
 
+def _fixed_seconds(fn: Callable[[], object], iterations: int) -> float:
+    fn()  # warm-up
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(iterations).median
+
+
 def run_case(case: Case, min_run_time: float = 0.3) -> Result:
     ours, base = case.setup()
+    if case.iterations:
+
+        def timing(fn):
+            return _fixed_seconds(fn, case.iterations)
+    else:
+
+        def timing(fn):
+            return _median_seconds(fn, min_run_time)
+
     with torch.set_grad_enabled(case.grad):
         # Interleave so that drift in machine load hits both sides alike.
-        t_ours = _median_seconds(ours, min_run_time)
-        t_base = _median_seconds(base, min_run_time)
-        t_ours = min(t_ours, _median_seconds(ours, min_run_time))
-        t_base = min(t_base, _median_seconds(base, min_run_time))
+        t_ours = timing(ours)
+        t_base = timing(base)
+        t_ours = min(t_ours, timing(ours))
+        t_base = min(t_base, timing(base))
         peaks = (peak_memory_mb(ours), peak_memory_mb(base)) if case.memory else (None, None)
+    moved = case.bytes() if callable(case.bytes) else case.bytes
+    gbps = (moved / t_ours / 1e9, moved / t_base / 1e9) if moved else (None, None)
     return Result(
         case.name,
         case.baseline,
@@ -108,6 +130,7 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
         case.flops / t_ours / 1e12,
         case.flops / t_base / 1e12,
         *peaks,
+        *gbps,
     )
 
 

@@ -274,3 +274,156 @@ def _combine_fake(
     k = topk_weights.shape[1] if topk_weights is not None else 0
     w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
     return x.new_empty([num_tokens, x.shape[1]]), x.new_empty([num_tokens, k], dtype=w_dtype)
+
+
+# ---- low-latency mode ----
+
+LL_DISPATCH = "ascend_moe::ep_low_latency_dispatch"
+LL_COMBINE = "ascend_moe::ep_low_latency_combine"
+LL_BLOCK = 128  # FP8 cast granularity (channels per scale)
+
+
+def ll_dispatch_signature(
+    x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
+):
+    """Returns the world size R."""
+    op = LL_DISPATCH
+    r = resolve_group(op, group_name).size()
+    ck.check_rank(op, "x", x, 2, "[T, H]")
+    ck.check_arg(
+        x.dtype in FLOAT_DTYPES,
+        op,
+        "x",
+        "dtype",
+        "torch.bfloat16, torch.float16, torch.float32 or torch.float64 (the op casts to FP8 itself)",
+        x.dtype,
+    )
+    check_topk(op, topk_idx, num_experts, r, x)
+    ck.check_arg(t_max > 0, op, "num_max_dispatch_tokens_per_rank", "value", "a positive integer", t_max)
+    ck.check_arg(
+        x.shape[0] <= t_max,
+        op,
+        "x",
+        "size(0) (T)",
+        lambda: f"at most num_max_dispatch_tokens_per_rank={t_max}",
+        lambda: x.shape[0],
+    )
+    if use_fp8:
+        ck.check_arg(
+            x.shape[1] % (4 * LL_BLOCK if use_ue8m0 else LL_BLOCK) == 0,
+            op,
+            "x",
+            "size(1) (H)",
+            "a multiple of 512 (UE8M0 scales)" if use_ue8m0 else "a multiple of 128 (FP8 cast)",
+            lambda: x.shape[1],
+        )
+    ck.check_arg(not use_ue8m0 or round_scale, op, "use_ue8m0", "value", "False unless round_scale", use_ue8m0)
+    if slot_weights is not None:
+        ck.check_arg(
+            not use_fp8,
+            op,
+            "slot_weights",
+            "value",
+            "None with use_fp8 (weighted messages stay high precision)",
+            "a tensor",
+        )
+        ck.check_arg(
+            slot_weights.shape == topk_idx.shape,
+            op,
+            "slot_weights",
+            "shape",
+            lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
+            lambda: ck.shape_str(slot_weights.shape),
+        )
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return r
+
+
+def ll_scale_shape(h, use_fp8, use_ue8m0):
+    """(columns, dtype) of the received scales."""
+    if not use_fp8:
+        return 0, ABSENT
+    return (h // (4 * LL_BLOCK), torch.int32) if use_ue8m0 else (h // LL_BLOCK, torch.float32)
+
+
+def ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s):
+    op = LL_COMBINE
+    r = resolve_group(op, group_name).size()
+    ck.check_rank(op, "x", x, 3, "[L, R * T_max, H] (expert outputs in the dispatch layout)")
+    ck.check_arg(
+        x.dtype in FLOAT_DTYPES,
+        op,
+        "x",
+        "dtype",
+        "torch.bfloat16, torch.float16, torch.float32 or torch.float64",
+        x.dtype,
+    )
+    ck.check_arg(x.shape[1] == r * t_max, op, "x", "size(1)", lambda: f"{r * t_max} (R * T_max)", lambda: x.shape[1])
+    ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K] (this rank's original routing)")
+    ck.check_arg(
+        topk_weights.shape == topk_idx.shape,
+        op,
+        "topk_weights",
+        "shape",
+        lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
+        lambda: ck.shape_str(topk_weights.shape),
+    )
+    ck.check_arg(
+        topk_idx.shape[0] <= t_max,
+        op,
+        "topk_idx",
+        "size(0) (T)",
+        lambda: f"at most num_max_dispatch_tokens_per_rank={t_max}",
+        lambda: topk_idx.shape[0],
+    )
+    ck.check_arg(
+        src_info.shape == x.shape[:2] and layout_range.shape[0] == x.shape[0] and layout_range.shape[1] == r,
+        op,
+        "src_info",
+        "shape",
+        lambda: (
+            f"src_info {ck.shape_str(x.shape[:2])} and layout_range {ck.shape_str([x.shape[0], r])} (the "
+            "dispatch's handle)"
+        ),
+        lambda: f"{ck.shape_str(src_info.shape)} and {ck.shape_str(layout_range.shape)}",
+    )
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return r
+
+
+@torch.library.register_fake(LL_DISPATCH)
+def _ll_dispatch_fake(
+    x,
+    topk_idx,
+    num_max_dispatch_tokens_per_rank,
+    num_experts,
+    group_name,
+    use_fp8=True,
+    round_scale=False,
+    use_ue8m0=False,
+    slot_weights=None,
+    timeout_s=300.0,
+):
+    t_max = num_max_dispatch_tokens_per_rank
+    r = ll_dispatch_signature(
+        x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
+    )
+    local, rows, h = num_experts // r, r * t_max, x.shape[1]
+    cols, s_dtype = ll_scale_shape(h, use_fp8, use_ue8m0)
+    return (
+        x.new_empty([local, rows, h], dtype=torch.float8_e4m3fn if use_fp8 else x.dtype),
+        x.new_empty([local, rows, cols], dtype=s_dtype),
+        x.new_empty([local], dtype=torch.int32),
+        x.new_empty([local, rows], dtype=torch.int32),
+        x.new_empty([local, r], dtype=torch.int64),
+    )
+
+
+@torch.library.register_fake(LL_COMBINE)
+def _ll_combine_fake(
+    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s=300.0
+):
+    ll_combine_signature(
+        x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
+    )
+    return x.new_empty([topk_idx.shape[0], x.shape[2]])

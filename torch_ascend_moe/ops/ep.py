@@ -107,3 +107,69 @@ def ep_combine(
         x, topk_weights, biases[0], biases[1], *handle[:4], handle.num_tokens, handle.group_name, timeout_s
     )
     return combined, (weights if topk_weights is not None else None)
+
+
+_ll_dispatch = torch.ops.ascend_moe.ep_low_latency_dispatch.default
+_ll_combine = torch.ops.ascend_moe.ep_low_latency_combine.default
+
+
+class EPLowLatencyHandle(NamedTuple):
+    src_info: torch.Tensor  # [L, R * T_max] source token of each row (-1: empty)
+    layout_range: torch.Tensor  # [L, R] (begin << 32) | count of each source's rows
+    num_max_dispatch_tokens_per_rank: int
+    hidden: int
+    num_experts: int
+    group_name: str
+
+
+def ep_low_latency_dispatch(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    num_max_dispatch_tokens_per_rank: int,
+    num_experts: int,
+    *,
+    group=None,
+    use_fp8: bool = True,
+    round_scale: bool = False,
+    use_ue8m0: bool = False,
+    timeout_s: float = 300.0,
+):
+    """DeepEP's low-latency dispatch: one message per (token, expert) into ``[L, R * T_max, H]`` per-expert
+    buffers (rows ``[0, recv_count[i])`` valid, source-rank-major then ascending token; static shapes).
+    Returns ``(recv_x or (fp8, scales), recv_count [L], handle)``; differentiable when not FP8."""
+    name = group_name_of(group)
+    recv_x, scales, count, src_info, layout_range = _ll_dispatch(
+        x,
+        topk_idx,
+        num_max_dispatch_tokens_per_rank,
+        num_experts,
+        name,
+        use_fp8,
+        round_scale,
+        use_ue8m0,
+        None,
+        timeout_s,
+    )
+    handle = EPLowLatencyHandle(src_info, layout_range, num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, name)
+    return ((recv_x, scales) if use_fp8 else recv_x), count, handle
+
+
+def ep_low_latency_combine(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    handle: EPLowLatencyHandle,
+    timeout_s: float = 300.0,
+) -> torch.Tensor:
+    """``combined[t] = sum_k topk_weights[t, k] * y_k(t)`` (valid slots, in slot order, FP32): weighted, as
+    DeepEP's low-latency combine. ``x`` is ``[L, R * T_max, H]`` in the dispatch's layout."""
+    return _ll_combine(
+        x,
+        topk_idx,
+        topk_weights,
+        handle.src_info,
+        handle.layout_range,
+        handle.num_max_dispatch_tokens_per_rank,
+        handle.group_name,
+        timeout_s,
+    )

@@ -317,6 +317,144 @@ def cached_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+def ll_dispatch_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    name = init_single_rank_group()
+    g = torch.Generator().manual_seed(9)
+    out = []
+    for t, t_max, h, k, e in [(5, 8, 16, 2, 4), (3, 4, 8, 3, 6), (0, 2, 8, 2, 4)]:
+        x = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        out.append(
+            SampleInput(
+                (x, _routing(t, k, e, g).to(device), t_max, e, name, False, False, False, None, 60.0),
+                f"T{t} T_max{t_max} H{h} K{k} E{e}",
+            )
+        )
+    if dtype == torch.float32 and not requires_grad:
+        for round_scale, ue8m0 in ((False, False), (True, True)):
+            x = torch.randn(4, 512, generator=g).to(device)
+            out.append(
+                SampleInput(
+                    (x, _routing(4, 2, 4, g).to(device), 6, 4, name, True, round_scale, ue8m0, None, 60.0),
+                    f"FP8 round_scale={round_scale} ue8m0={ue8m0}",
+                )
+            )
+    return out
+
+
+def ll_dispatch_reference(
+    x,
+    topk_idx,
+    t_max,
+    num_experts,
+    group_name,
+    use_fp8=True,
+    round_scale=False,
+    use_ue8m0=False,
+    slot_weights=None,
+    timeout_s=300.0,
+):
+    """One rank: expert e's rows are the tokens that chose it, ascending; FP8 through DeepEP's cast."""
+    idx = topk_idx.long().cpu()
+    data = x.detach().cpu()
+    if use_fp8:
+        data, scales = portable._ll_cast(data, round_scale, use_ue8m0)
+    rows = t_max
+    recv = torch.zeros(num_experts, rows, x.shape[1], dtype=torch.float64)
+    sc = torch.zeros(
+        num_experts, rows, scales.shape[1] if use_fp8 else 0, dtype=(scales.dtype if use_fp8 else torch.int32)
+    )
+    count = torch.zeros(num_experts, dtype=torch.int32)
+    src = torch.full((num_experts, rows), -1, dtype=torch.int32)
+    for e in range(num_experts):
+        tokens = [t for t in range(idx.shape[0]) if e in idx[t].tolist()]
+        count[e] = len(tokens)
+        for j, t in enumerate(tokens):
+            recv[e, j], src[e, j] = data[t].double(), t
+            if use_fp8:
+                sc[e, j] = scales[t]
+    layout_range = count.long().view(-1, 1)  # one source (begin 0)
+    return recv, sc, count, src, layout_range
+
+
+def ll_combine_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    out = []
+    for s in ll_dispatch_samples(device, dtype, False, small):
+        x, idx, t_max, e, name, use_fp8, *_ = s.args
+        if use_fp8:
+            continue
+        _, _, _, src_info, layout_range = torch.ops.ascend_moe.ep_low_latency_dispatch(*s.args)
+        g = torch.Generator().manual_seed(10)
+        y = torch.randn(e, t_max, x.shape[1], generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        w_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        w = torch.rand(idx.shape, generator=g, dtype=w_dtype).to(device).requires_grad_(requires_grad)
+        out.append(SampleInput((y, idx, w, src_info, layout_range, t_max, name, 60.0), s.name))
+    return out
+
+
+def ll_combine_reference(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s=300.0):
+    idx = topk_idx.long().cpu()
+    t = idx.shape[0]
+    out = torch.zeros(t, x.shape[2], dtype=torch.float64)
+    src = src_info.cpu()
+    for i in range(t):
+        for k, e in enumerate(idx[i].tolist()):
+            if e >= 0:
+                j = (src[e] == i).nonzero()[0, 0]
+                out[i] += topk_weights[i, k].detach().double().cpu() * x[e, j].detach().double().cpu()
+    return out
+
+
+def ll_dispatch_bad_inputs(device) -> list[BadInput]:
+    name = init_single_rank_group()
+    x, idx = torch.randn(4, 256), torch.tensor([[0, 1], [2, -1], [3, 0], [1, 2]])
+    return [
+        BadInput(
+            (x, idx, 3, 4, name, True, False, False, None, 60.0),
+            r"argument 'x' size\(0\) \(T\): expected at most num_max_dispatch_tokens_per_rank=3, got 4",
+            "T > T_max",
+        ),
+        BadInput(
+            (x[:, :100], idx, 8, 4, name, True, False, False, None, 60.0),
+            r"argument 'x' size\(1\) \(H\): expected a multiple of 128",
+            "H",
+        ),
+        BadInput(
+            (torch.randn(4, 512), idx, 8, 4, name, True, False, True, None, 60.0),
+            r"argument 'use_ue8m0' value: expected False unless round_scale",
+            "ue8m0",
+        ),
+        BadInput(
+            (x, torch.tensor([[0, 0], [2, -1], [3, 0], [1, 2]]), 8, 4, name, False, False, False, None, 60.0),
+            r"expected distinct experts in each row",
+            "repeated expert",
+            data_dependent=True,
+        ),
+        BadInput(
+            (x, idx.clone().fill_(9), 8, 4, name, False, False, False, None, 60.0),
+            r"argument 'topk_idx' values: expected expert ids in \[-1, 4\)",
+            "expert id >= E",
+            data_dependent=True,
+        ),
+    ]
+
+
+def ll_combine_bad_inputs(device) -> list[BadInput]:
+    s = ll_combine_samples("cpu", torch.float32)[0]
+    y, idx, w, src_info, layout_range, t_max, name, timeout = s.args
+    return [
+        BadInput(
+            (y, idx, w[:, :1], src_info, layout_range, t_max, name, timeout),
+            r"argument 'topk_weights' shape: expected \[5, 2\]",
+            "weights",
+        ),
+        BadInput(
+            (y[:, :4], idx, w, src_info, layout_range, t_max, name, timeout),
+            r"argument 'x' size\(1\): expected 8 \(R \* T_max\)",
+            "rows",
+        ),
+    ]
+
+
 _NO_AOTI = "kernels are Python on torch.distributed: an AOTInductor (C++-only) deployment cannot run them"
 _DTYPES = (torch.bfloat16, torch.float32)
 SPECS = [
@@ -356,6 +494,26 @@ SPECS = [
         combine_reference,
         combine_bad_inputs,
         portable.ep_combine,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        fresh_setup=FRESH_SETUP,
+    ),
+    OpSpec(
+        "ep_low_latency_dispatch",
+        ll_dispatch_samples,
+        ll_dispatch_reference,
+        ll_dispatch_bad_inputs,
+        portable.ep_low_latency_dispatch,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        fresh_setup=FRESH_SETUP,
+    ),
+    OpSpec(
+        "ep_low_latency_combine",
+        ll_combine_samples,
+        ll_combine_reference,
+        ll_combine_bad_inputs,
+        portable.ep_low_latency_combine,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         fresh_setup=FRESH_SETUP,
@@ -551,6 +709,118 @@ def _check_compile(rank: int, world_size: int) -> None:
         torch.testing.assert_close(a, b)
 
 
+def _check_low_latency(rank: int, world_size: int) -> None:
+    """DeepEP's low-latency test, scaled down: per-expert rows, counts, source segments, identity-expert combine."""
+    from torch_ascend_moe.ops.ep import ep_dispatch_layout, ep_low_latency_combine, ep_low_latency_dispatch
+
+    t_max, h = 8, 512
+    world = _World(rank, world_size, 5 + rank % 3, h, 3, 2 * world_size, torch.bfloat16, seed=70)
+    for xs in [world.x] + [xs for xs, _, _ in world.everyone]:  # last 128 channels = token index, as DeepEP's test
+        xs[:, -128:] = torch.arange(xs.shape[0], dtype=torch.bfloat16).unsqueeze(1)
+    _, _, per_expert, _ = ep_dispatch_layout(world.idx, world.experts, world_size)
+    per_expert = per_expert.long()
+    dist.all_reduce(per_expert)
+    mine = per_expert.view(world_size, world.local)[rank]
+    everyone_x = [xs for xs, _, _ in world.everyone]
+    for use_fp8, round_scale, ue8m0 in (
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (True, True, True),
+    ):
+        recv, count, handle = ep_low_latency_dispatch(
+            world.x, world.idx, t_max, world.experts, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=ue8m0
+        )
+        assert torch.equal(count.long(), mine), "recv_count != all_reduce of the layout's per-expert counts"
+        if use_fp8:
+            data, scales = recv
+            if ue8m0:
+                scales = (scales.contiguous().view(torch.uint8).int() << 23).view(torch.float32)
+            values = data.float() * scales.repeat_interleave(128, dim=-1)[..., :h]
+        else:
+            values = recv.float()
+        for i in range(world.local):
+            e = rank * world.local + i
+            expected = [
+                (s, t)
+                for s, (_, idx, _) in enumerate(world.everyone)
+                for t in range(idx.shape[0])
+                if e in idx[t].tolist()
+            ]
+            c = len(expected)
+            assert int(count[i]) == c
+            assert handle.src_info[i, :c].tolist() == [t for _, t in expected] and (handle.src_info[i, c:] == -1).all()
+            ranges = handle.layout_range[i].tolist()
+            for s in range(world_size):
+                begin, n = ranges[s] >> 32, ranges[s] & 0xFFFFFFFF
+                assert n == sum(1 for src, _ in expected if src == s) and begin == sum(
+                    1 for src, _ in expected if src < s
+                )
+            ref = torch.stack([everyone_x[s_][t].float() for s_, t in expected]) if c else values[i, :0]
+            if use_fp8:
+                assert calc_diff(values[i, :c], ref) < 1e-3
+            else:
+                assert torch.equal(values[i, :c], ref)
+        # Identity experts: combined = x * sum of the valid weights (DeepEP's check).
+        y = values.to(torch.bfloat16)
+        combined = ep_low_latency_combine(y, world.idx, world.w, handle)
+        expected = world.x.float() * torch.where(world.idx >= 0, world.w, 0).sum(1, keepdim=True)
+        assert calc_diff(combined.float(), expected) < (9e-4 if use_fp8 else 1e-5)
+        assert not combined.isnan().any()
+    # Gradients (FP64): dispatch -> per-expert scaling -> weighted combine, against the closed form.
+    world = _World(rank, world_size, 4, 8, 2, 2 * world_size, torch.float64, seed=80)
+    x, w = world.x.clone().requires_grad_(), world.w.clone().requires_grad_()
+    scale = torch.arange(1, world.experts + 1, dtype=torch.float64)
+    recv, _, handle = ep_low_latency_dispatch(x, world.idx, 4, world.experts, use_fp8=False)
+    local_scale = scale[rank * world.local : (rank + 1) * world.local].view(-1, 1, 1)
+    out = ep_low_latency_combine(recv * local_scale, world.idx, w, handle)
+    c = torch.randn(out.shape, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    (out * c).sum().backward()
+    idx = world.idx
+    s_k = torch.where(idx >= 0, scale[idx.clamp(min=0)], 0)  # [T, K]
+    valid_w = torch.where(idx >= 0, world.w, 0)
+    ref_gx = c * (valid_w * s_k).sum(1, keepdim=True)
+    ref_gw = torch.where(idx >= 0, (c * world.x).sum(1, keepdim=True) * s_k, 0)
+    assert calc_diff(x.grad, ref_gx) < 1e-12 and calc_diff(w.grad, ref_gw) < 1e-12, "low-latency gradients"
+
+
+def _check_deep_ep_buffer(rank: int, world_size: int) -> None:
+    """DeepEP-style code through ``torch_ascend_moe.deep_ep``: layout -> dispatch -> combine, and low latency."""
+    import torch_ascend_moe.deep_ep as deep_ep
+    from torch_ascend_moe.ops.ep import ep_dispatch
+
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(2e9), 0, low_latency_mode=True)
+    world = _World(rank, world_size, 6, 16, 2, 2 * world_size, torch.bfloat16, seed=90)
+    per_rank, per_rdma, per_expert, in_rank, event = buffer.get_dispatch_layout(world.idx, world.experts)
+    assert per_rdma is None and isinstance(event, deep_ep.EventOverlap)
+    recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
+        world.x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=world.idx,
+        topk_weights=world.w,
+        expert_alignment=4,
+    )
+    event.current_stream_wait()
+    direct = ep_dispatch(world.x, world.idx, world.w, num_experts=world.experts, expert_alignment=4)
+    assert torch.equal(recv_x, direct.recv_x) and counts == direct.num_recv_tokens_per_expert.tolist()
+    combined, combined_w, _ = buffer.combine(recv_x, handle, topk_weights=recv_w)
+    copies = in_rank.sum(1, keepdim=True).to(torch.float32)
+    assert calc_diff(combined.float() / copies.clamp(min=1), world.x.float() * (copies > 0)) < 5e-6
+    assert torch.equal(combined_w, torch.where(world.idx >= 0, world.w, 0))
+    cached, *_ = buffer.dispatch(world.x * 2, handle=handle)
+    assert torch.equal(cached, ep_dispatch(world.x * 2, world.idx, num_experts=world.experts).recv_x)
+    buffer.clean_low_latency_buffer(8, 16, world.experts)
+    recv, count, ll_handle, _, hook = buffer.low_latency_dispatch(
+        world.x, world.idx, 8, world.experts, use_fp8=False, return_recv_hook=True
+    )
+    hook()
+    combined, _, _ = buffer.low_latency_combine(recv, world.idx, world.w, ll_handle)
+    expected = world.x.float() * torch.where(world.idx >= 0, world.w, 0).sum(1, keepdim=True)
+    assert calc_diff(combined.float(), expected) < 1e-5
+
+
 def rank_checks(rank: int, world_size: int, store_path: str) -> None:
     """Everything a multi-rank run checks; raises on the first failure (mp.spawn reports it)."""
     store = dist.FileStore(store_path, world_size)
@@ -586,6 +856,8 @@ def rank_checks(rank: int, world_size: int, store_path: str) -> None:
         assert torch.equal(out8.recv_x_scales, torch.stack(expected_sf) if expected_sf else sf[:0])
         _check_gradients(rank, world_size)
         _check_compile(rank, world_size)
+        _check_low_latency(rank, world_size)
+        _check_deep_ep_buffer(rank, world_size)
         # A bad expert id on one rank: every rank raises (nobody hangs).
         world = _World(rank, world_size, 4, 8, 2, 2 * world_size, torch.float32, seed=30)
         idx = world.idx.clone()

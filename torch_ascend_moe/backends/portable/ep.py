@@ -130,17 +130,32 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], width)
 
 
+def _wide(rows: torch.Tensor) -> torch.Tensor:
+    """Byte rows seen as int64 words when their width allows: gathers move 8x fewer elements."""
+    return rows.view(torch.int64) if rows.shape[1] % 8 == 0 and rows.is_contiguous() else rows
+
+
 def _take(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """rows[index] with -1 entries giving zero rows."""
-    valid = (index >= 0).unsqueeze(1)
-    return (
-        torch.where(valid, rows[index.clamp(min=0)], 0)
-        if rows.shape[0]
-        else rows.new_zeros(index.shape[0], rows.shape[1])
-    )
+    if not rows.shape[0]:
+        return rows.new_zeros(index.shape[0], rows.shape[1])
+    wide = _wide(rows)
+    if bool((index >= 0).all()):
+        return wide.index_select(0, index).view(torch.uint8)
+    taken = wide.index_select(0, index.clamp(min=0))
+    return torch.where((index >= 0).unsqueeze(1), taken, 0).view(torch.uint8)
+
+
+def _pad8(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Payload parts padded with zero bytes to a multiple of 8 bytes per row."""
+    width = sum(p.shape[1] for p in parts)
+    pad = (-width) % 8
+    return parts + [parts[0].new_zeros(parts[0].shape[0], pad)] if pad else parts
 
 
 def _split(payload: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
+    if widths and widths[0] == payload.shape[1]:
+        return [payload]  # one part: no copy
     out, start = [], 0
     for w in widths:
         out.append(payload[:, start : start + w].clone(memory_format=torch.contiguous_format))
@@ -225,6 +240,7 @@ def ep_dispatch(
     parts.append(_bytes(idx))
     if topk_weights is not None:
         parts.append(_bytes(topk_weights))
+    parts = _pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
     parts.append(_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     widths = [p.shape[1] for p in parts]
     payload = torch.cat(parts, dim=1)
@@ -251,7 +267,7 @@ def ep_dispatch(
         recv_gather[:width] = torch.where(pos[:width] < n_valid, order[:width], -1)
     else:
         recv_gather = torch.arange(recv_rows, device=device)
-    rows = _split(_take(recv_buf, recv_gather), widths)
+    rows = _split(recv_buf if not static else _take(recv_buf, recv_gather), widths)
     n = recv_gather.shape[0]
     recv_x = rows[0].view(x.dtype).view(n, h)
     i = 1
@@ -314,7 +330,7 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
         "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
     }
     in_splits, out_splits = _check_counts(op, group, device, send_counts, recv_counts, fields, timeout_s)
-    parts = [_bytes(x)] + ([_bytes(x_scales)] if x_scales is not None else [])
+    parts = _pad8([_bytes(x)] + ([_bytes(x_scales)] if x_scales is not None else []))
     widths = [p.shape[1] for p in parts]
     payload = torch.cat(parts, dim=1)
     send_buf = _take(payload, send_src)
@@ -368,12 +384,16 @@ def ep_combine(
     }
     # The reverse route: what this rank received it now sends back.
     in_splits, out_splits = _check_counts(op, group, device, recv_counts, send_counts, fields, timeout_s)
-    parts = [_bytes(x)] + ([_bytes(topk_weights)] if topk_weights is not None else [])
+    parts = _pad8([_bytes(x)] + ([_bytes(topk_weights)] if topk_weights is not None else []))
     widths = [p.shape[1] for p in parts]
     payload = torch.cat(parts, dim=1)
-    send_buf = payload.new_zeros(sum(in_splits), payload.shape[1])
-    valid = recv_gather >= 0
-    send_buf[recv_gather[valid]] = payload[valid]
+    rows_back = sum(in_splits)
+    if recv_gather.shape[0] == rows_back and torch.equal(recv_gather, torch.arange(rows_back, device=device)):
+        send_buf = payload  # compact handle: rows are already in receive-buffer order
+    else:
+        valid = recv_gather >= 0
+        send_buf = payload.new_zeros(rows_back, payload.shape[1])
+        _wide(send_buf).index_copy_(0, recv_gather[valid], _wide(payload)[valid])
     back = payload.new_empty(sum(out_splits), payload.shape[1])
     _all_to_all(op, group, back, send_buf, out_splits, in_splits, timeout_s)
     rows = _split(back, widths)
@@ -392,12 +412,180 @@ def ep_combine(
     for count in out_splits:  # source ranks ascending; one copy per token per rank, so index_add is exact
         seg = slice(start, start + count)
         src = send_src[seg]
-        ok = src >= 0
-        out.index_add_(0, src[ok], returned[seg][ok].to(acc_t))
-        if returned_w is not None:
-            out_w.index_add_(0, src[ok], returned_w[seg][ok])
+        if bool((src >= 0).all()):  # compact handles: no padding rows to skip
+            out.index_add_(0, src, returned[seg].to(acc_t))
+            if returned_w is not None:
+                out_w.index_add_(0, src, returned_w[seg])
+        else:
+            ok = src >= 0
+            out.index_add_(0, src[ok], returned[seg][ok].to(acc_t))
+            if returned_w is not None:
+                out_w.index_add_(0, src[ok], returned_w[seg][ok])
         start += count
     return out.to(x.dtype), out_w
+
+
+# ---- low-latency mode ----
+
+
+def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
+    """DeepEP's per-128-channel FP8 cast: (E4M3 [T, H], scales). ``scale = 448 / amax`` (amax floored at 1e-4),
+    stored ``scale_inv = amax / 448``; ``round_scale`` makes ``scale_inv`` a power of two (rounded up) and
+    ``scale = 1 / scale_inv``; ``use_ue8m0`` stores its exponent byte, 4 per int32."""
+    t, h = x.shape
+    groups = x.float().view(t, h // meta.LL_BLOCK, meta.LL_BLOCK)
+    amax = groups.abs().amax(-1).clamp(min=1e-4)
+    if round_scale:
+        scale_inv = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+        scale = 1.0 / scale_inv
+    else:
+        scale, scale_inv = 448.0 / amax, amax / 448.0
+    data = (groups * scale.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, h)
+    if use_ue8m0:
+        codes = ((scale_inv.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+        return data, codes.view(t, -1, 4).contiguous().view(torch.int32).view(t, -1)
+    return data, scale_inv
+
+
+def ep_low_latency_dispatch(
+    x,
+    topk_idx,
+    num_max_dispatch_tokens_per_rank,
+    num_experts,
+    group_name,
+    use_fp8=True,
+    round_scale=False,
+    use_ue8m0=False,
+    slot_weights=None,
+    timeout_s=300.0,
+):
+    op = meta.LL_DISPATCH
+    t_max = num_max_dispatch_tokens_per_rank
+    r = meta.ll_dispatch_signature(
+        x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
+    )
+    group = meta.resolve_group(op, group_name)
+    device = x.device
+    t, h = x.shape
+    k = topk_idx.shape[1]
+    local = num_experts // r
+    idx = topk_idx.long()
+    out_of_range = (idx < -1) | (idx >= num_experts)
+    sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
+    duplicates = bool((sorted_ids[:, 1:] == sorted_ids[:, :-1]).any()) if k > 1 else False
+    errors = {
+        "topk_idx": (
+            bool(out_of_range.any()),
+            f"{op}: argument 'topk_idx' values: expected expert ids in "
+            f"[-1, {num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}",
+        ),
+        "distinct experts": (
+            duplicates,
+            f"{op}: argument 'topk_idx' values: expected distinct experts in each row "
+            "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}",
+        ),
+    }
+    fields = {
+        "x's row bytes": h * x.element_size(),
+        "x's dtype": _dtype_code(x.dtype),
+        "num_max_dispatch_tokens_per_rank": t_max,
+        "num_experts": num_experts,
+        "topk_idx's K": k,
+        "use_fp8": int(use_fp8),
+        "round_scale": int(round_scale),
+        "use_ue8m0": int(use_ue8m0),
+        "slot_weights (given)": int(slot_weights is not None),
+    }
+    if not _capturing(device):
+        _exchange_header(op, group, device, fields, None, errors, timeout_s)
+    idx = torch.where(out_of_range, -1, idx)
+    if use_fp8:
+        data, scales = _ll_cast(x, round_scale, use_ue8m0)
+        parts = [_bytes(data), _bytes(scales)]
+    else:
+        parts = [_bytes(x)]
+    widths = [p.shape[1] for p in parts] + [4]
+    # Messages: one per valid (token, slot), placed at [destination rank, local expert, token] (static layout).
+    valid = idx >= 0
+    tok = torch.arange(t, device=device).unsqueeze(1).expand(t, k)
+    slot_t, slot_e = tok[valid], idx[valid]
+    if slot_weights is not None:
+        rows = (x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1))[valid]  # [messages, H]
+        payload = _bytes(rows)
+    else:
+        payload = torch.cat(parts, dim=1)[slot_t]
+    tag = _bytes((slot_t + 1).to(torch.int32).view(-1, 1))
+    payload = torch.cat([payload, tag], dim=1)
+    width = payload.shape[1]
+    send = payload.new_zeros(r * local * t_max, width)
+    send[slot_e * t_max + slot_t] = payload  # slot_e = destination * local + local expert
+    recv = torch.empty_like(send)
+    _all_to_all(op, group, recv, send, None, None, timeout_s)
+    # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
+    recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
+    tags = recv[:, :, -4:].contiguous().view(torch.int32).view(local, r * t_max)
+    ok = tags > 0
+    order = torch.sort((~ok).to(torch.int8), dim=1, stable=True).indices
+    packed = recv.gather(1, order.unsqueeze(-1).expand(-1, -1, width))
+    ok_sorted = ok.gather(1, order)
+    packed = torch.where(ok_sorted.unsqueeze(-1), packed, 0)
+    n = r * t_max
+    cols = _split(packed.reshape(local * n, width), widths)
+    if use_fp8:
+        recv_x = cols[0].view(torch.float8_e4m3fn).view(local, n, h)
+        s_cols, s_dtype = meta.ll_scale_shape(h, True, use_ue8m0)
+        recv_scales = cols[1].view(s_dtype).view(local, n, s_cols)
+    else:
+        recv_x = cols[0].view(x.dtype).view(local, n, h)
+        recv_scales = x.new_empty(local, n, 0, dtype=_ABSENT)
+    src_info = torch.where(ok_sorted, tags.gather(1, order) - 1, -1).to(torch.int32)
+    per_source = ok.view(local, r, t_max).sum(-1).to(torch.int64)  # [L, R]
+    begins = torch.cumsum(per_source, dim=1) - per_source
+    layout_range = (begins << 32) | per_source
+    return recv_x, recv_scales, per_source.sum(1).to(torch.int32), src_info, layout_range
+
+
+def ep_low_latency_combine(
+    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s=300.0
+):
+    op = meta.LL_COMBINE
+    t_max = num_max_dispatch_tokens_per_rank
+    r = meta.ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s)
+    group = meta.resolve_group(op, group_name)
+    device = x.device
+    local, n, h = x.shape
+    fields = {
+        "x's row bytes": h * x.element_size(),
+        "x's dtype": _dtype_code(x.dtype),
+        "num_max_dispatch_tokens_per_rank": t_max,
+        "local experts": local,
+    }
+    if not _capturing(device):
+        _exchange_header(op, group, device, fields, None, {}, timeout_s)
+    # Each valid row goes back to its source rank, at [source, local expert, token].
+    counts = layout_range & 0xFFFFFFFF
+    ends = torch.cumsum(counts, dim=1)  # [L, R] inclusive
+    j = torch.arange(n, device=device).expand(local, n)
+    source = torch.searchsorted(ends.contiguous(), j.contiguous(), right=True)  # [L, n]
+    ok = src_info >= 0
+    expert = torch.arange(local, device=device).unsqueeze(1).expand(local, n)
+    dest = (source * local + expert) * t_max + src_info.long().clamp(min=0)
+    send = x.new_zeros(r * local * t_max, h)
+    send[dest[ok]] = x[ok]
+    back = torch.empty_like(send)
+    _all_to_all(op, group, back, send, None, None, timeout_s)
+    back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
+    acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
+    t = topk_idx.shape[0]
+    idx = topk_idx.long()
+    out = torch.zeros(t, h, dtype=acc_t, device=device)
+    tokens = torch.arange(t, device=device)
+    for kk in range(idx.shape[1]):  # slot order, FP32 accumulation
+        e = idx[:, kk]
+        valid = (e >= 0).unsqueeze(1)
+        rows = back[e.clamp(min=0), tokens].to(acc_t)
+        out += torch.where(valid, topk_weights[:, kk : kk + 1].to(acc_t) * rows, 0)
+    return out.to(x.dtype)
 
 
 KERNELS = {
@@ -405,6 +593,8 @@ KERNELS = {
     "ep_dispatch": ep_dispatch,
     "ep_dispatch_cached": ep_dispatch_cached,
     "ep_combine": ep_combine,
+    "ep_low_latency_dispatch": ep_low_latency_dispatch,
+    "ep_low_latency_combine": ep_low_latency_combine,
 }
 # The same Python kernels serve the CPU (gloo); CUDA and NPU register them with the other portable kernels.
 _lib = torch.library.Library("ascend_moe", "IMPL")

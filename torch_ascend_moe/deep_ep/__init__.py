@@ -1,0 +1,408 @@
+"""DeepEP(-Ascend)-compatible API over the ``ascend_moe`` ep ops: code written for ``import deep_ep`` (V1 normal
+and low-latency modes) runs unchanged with ``import torch_ascend_moe.deep_ep as deep_ep``.
+
+What differs, on purpose (specs/deepep_api.md §2.3): the ops are synchronous on ``torch.distributed``, so
+``async_finish`` / ``previous_event`` / ``allocate_on_comm_stream`` are accepted and validated the way
+DeepEP validates them, and the returned ``EventOverlap`` holds no event (waiting on it runs its hook only).
+``num_nvl_bytes`` / ``num_rdma_bytes`` / ``Config`` size DeepEP's own buffers; they are validated and kept,
+not used (``torch.distributed`` owns the transport). Handles are ``EPHandle`` tuples, not DeepEP's prefix
+matrices: they are opaque either way and only ever passed back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from torch_ascend_moe.ops.ep import (
+    EPHandle,
+    EPLowLatencyHandle,
+    ep_combine,
+    ep_dispatch,
+    ep_dispatch_cached,
+    ep_dispatch_layout,
+    ep_low_latency_combine,
+    ep_low_latency_dispatch,
+)
+
+__version__ = "1.2.1+ascend_moe"
+topk_idx_t = torch.int64
+
+_CONFIG_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+
+
+class Config:
+    """DeepEP's kernel configuration (SM count and ring-buffer chunk sizes); kept for API compatibility."""
+
+    def __init__(
+        self,
+        num_sms: int = 20,
+        num_max_nvl_chunked_send_tokens: int = 6,
+        num_max_nvl_chunked_recv_tokens: int = 256,
+        num_max_rdma_chunked_send_tokens: int = 6,
+        num_max_rdma_chunked_recv_tokens: int = 256,
+    ):
+        if num_sms % 2:
+            raise ValueError(f"deep_ep.Config: argument 'num_sms' value: expected an even number, got {num_sms}")
+        if num_max_nvl_chunked_send_tokens >= num_max_nvl_chunked_recv_tokens:
+            raise ValueError(
+                "deep_ep.Config: argument 'num_max_nvl_chunked_send_tokens' value: expected less than "
+                f"num_max_nvl_chunked_recv_tokens={num_max_nvl_chunked_recv_tokens}, got "
+                f"{num_max_nvl_chunked_send_tokens}"
+            )
+        self.num_sms = num_sms
+        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
+        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
+        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
+        rdma_recv = -(-num_max_rdma_chunked_recv_tokens // num_max_rdma_chunked_send_tokens) * (
+            num_max_rdma_chunked_send_tokens
+        )
+        self.num_max_rdma_chunked_recv_tokens = rdma_recv
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """DeepEP's NVLink buffer size formula (specs §2.2)."""
+        channels, rn, rr = self.num_sms // 2, min(num_ranks, 8), max(num_ranks // 8, 1)
+        size = channels * rn * (2 * rr + 3) * 4
+        size += channels * rn * self.num_max_nvl_chunked_recv_tokens * (hidden_bytes + 8 + 128 * 8 + 128 * 4 + 128 * 4)
+        return -(-size // 128) * 128
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        """0 within a node (R <= 8); across nodes a double-buffered ring per node (the formula is an estimate)."""
+        if num_ranks <= 8:
+            return 0
+        channels, rr = self.num_sms // 2, num_ranks // 8
+        size = channels * rr * 2 * self.num_max_rdma_chunked_recv_tokens * (hidden_bytes + 8 + 128 * 8 + 128 * 4)
+        return -(-size // 128) * 128
+
+
+class EventHandle:
+    """DeepEP's event handle; our ops finish before they return, so there is nothing to wait for."""
+
+    def current_stream_wait(self) -> None:
+        return None
+
+
+class EventOverlap:
+    """DeepEP's ``EventOverlap``: ``current_stream_wait()`` runs the hook registered with
+    ``register_hook_after_wait`` once (the operation itself has already completed)."""
+
+    def __init__(self, event: EventHandle | None = None, extra_tensors: tuple | None = None):
+        self.event, self.extra_tensors, self._hook = event, extra_tensors, None
+
+    def register_hook_after_wait(self, hook) -> None:
+        if self._hook is not None:
+            raise RuntimeError("deep_ep.EventOverlap: a hook is already registered (only one is allowed)")
+        self._hook = hook
+
+    def current_stream_wait(self, release_handle: bool = False):
+        if self.event is not None:
+            self.event.current_stream_wait()
+        hook, self._hook = self._hook, None
+        result = hook() if hook is not None else None
+        if release_handle:
+            self.event = None
+        return result
+
+    def wait(self):
+        return self.current_stream_wait()
+
+    def __call__(self, release_handle: bool = True) -> EventOverlap:
+        self._release = release_handle
+        return self
+
+    def __enter__(self) -> EventOverlap:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.current_stream_wait(getattr(self, "_release", False))
+
+
+def _event(async_finish: bool) -> EventOverlap:
+    return EventOverlap(EventHandle() if async_finish else None)
+
+
+class Buffer:
+    """DeepEP V1's ``Buffer`` on a ``torch.distributed`` group (normal and low-latency modes)."""
+
+    num_sms = 20
+
+    def __init__(
+        self,
+        group,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        allow_nvlink_for_low_latency_mode: bool = True,
+        allow_mnnvl: bool = False,
+        explicitly_destroy: bool = False,
+        enable_shrink: bool = False,
+        comm=None,
+    ):
+        if group is None:
+            raise ValueError(
+                "deep_ep.Buffer: argument 'group' value: expected a torch.distributed ProcessGroup "
+                "(mpi4py communicators are not supported), got None"
+            )
+        for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
+            if value < 0 or value % 128:
+                raise ValueError(
+                    f"deep_ep.Buffer: argument '{name}' value: expected a non-negative multiple of 128, got {value}"
+                )
+        self.group = group
+        self.group_name = group.group_name
+        self.rank, self.group_size = group.rank(), group.size()
+        self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self._destroyed = False
+
+    # ---- static helpers ----
+
+    @staticmethod
+    def set_num_sms(new_num_sms: int) -> None:
+        if new_num_sms % 2:
+            raise ValueError(
+                f"deep_ep.Buffer.set_num_sms: argument 'new_num_sms' value: expected an even number, got {new_num_sms}"
+            )
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        return False
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        Buffer._check_config_ranks(num_ranks)
+        if num_ranks == 16:
+            return Config(Buffer.num_sms, 36, 288, 20, 128)
+        return Config(Buffer.num_sms, 6, 256, 6, 128)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        Buffer._check_config_ranks(num_ranks)
+        return Config(Buffer.num_sms, 4, 256, 6, 128)
+
+    @staticmethod
+    def _check_config_ranks(num_ranks: int) -> None:
+        if num_ranks not in _CONFIG_RANKS:
+            raise ValueError(
+                f"deep_ep.Buffer: argument 'num_ranks' value: expected one of {list(_CONFIG_RANKS)} "
+                f"(DeepEP's tuned configurations), got {num_ranks}"
+            )
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int
+    ) -> int:
+        """DeepEP's formula (specs §6.3)."""
+        t, h, e = num_max_dispatch_tokens_per_rank, hidden, num_experts
+        msg_d = 16 + max(2 * h, h + 4 * h // 128)
+        msg_c = 4 * h // 128 + 2 * h
+        send = max(t * msg_d, e * t * msg_c)
+        recv = max(e * t * msg_d, e * t * msg_c)
+        sig = -(-4 * e // 128) * 128
+        return ((2 * (send + recv + sig)) // 128 + 1) * 128
+
+    # ---- lifecycle ----
+
+    def destroy(self) -> None:
+        if not self.explicitly_destroy:
+            raise RuntimeError("deep_ep.Buffer.destroy: the buffer was built with explicitly_destroy=False")
+        self._destroyed = True
+
+    def get_comm_stream(self):
+        return torch.cuda.current_stream() if torch.cuda.is_available() else None
+
+    def _check_async(self, api: str, previous_event, async_finish: bool, allocate_on_comm_stream: bool) -> None:
+        if self._destroyed:
+            raise RuntimeError(f"deep_ep.Buffer.{api}: the buffer was destroyed")
+        if allocate_on_comm_stream and not (previous_event is not None and async_finish):
+            raise ValueError(
+                f"deep_ep.Buffer.{api}: argument 'allocate_on_comm_stream' value: expected False unless "
+                "previous_event is given and async_finish is True, got True"
+            )
+
+    # ---- normal mode ----
+
+    def get_dispatch_layout(
+        self,
+        topk_idx: torch.Tensor,
+        num_experts: int,
+        previous_event=None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        self._check_async("get_dispatch_layout", previous_event, async_finish, allocate_on_comm_stream)
+        per_rank, per_node, per_expert, in_rank = ep_dispatch_layout(topk_idx, num_experts, self.group_size)
+        return per_rank, (per_node if self.group_size > 8 else None), per_expert, in_rank, _event(async_finish)
+
+    def dispatch(
+        self,
+        x,
+        handle: EPHandle | None = None,
+        num_tokens_per_rank=None,
+        num_tokens_per_rdma_rank=None,
+        is_token_in_rank=None,
+        num_tokens_per_expert=None,
+        topk_idx=None,
+        topk_weights=None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Config | None = None,
+        previous_event=None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        """``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event)``."""
+        self._check_async("dispatch", previous_event, async_finish, allocate_on_comm_stream)
+        data, scales = x if isinstance(x, tuple) else (x, None)
+        if handle is not None:
+            if topk_idx is not None or topk_weights is not None:
+                raise ValueError(
+                    "deep_ep.Buffer.dispatch: arguments 'topk_idx'/'topk_weights' value: expected None "
+                    "with a cached handle, got tensors"
+                )
+            recv_x, recv_scales = ep_dispatch_cached(data, handle, scales)
+            return (recv_x, recv_scales) if scales is not None else recv_x, None, None, None, None, _event(async_finish)
+        if (topk_idx is None) != (topk_weights is None):
+            raise ValueError(
+                "deep_ep.Buffer.dispatch: arguments 'topk_idx' and 'topk_weights' value: expected both or neither"
+            )
+        with_topk = topk_idx is not None
+        if not with_topk:
+            if is_token_in_rank is None:
+                raise ValueError(
+                    "deep_ep.Buffer.dispatch: argument 'is_token_in_rank' value: expected the layout's "
+                    "is_token_in_rank (or topk_idx), got None"
+                )
+            # Route by rank alone: one pseudo-expert per destination rank.
+            num_experts = self.group_size
+            ranks = torch.arange(self.group_size, device=is_token_in_rank.device)
+            topk_idx = torch.where(is_token_in_rank, ranks, -1)
+        else:
+            if num_tokens_per_expert is None:
+                raise ValueError(
+                    "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the "
+                    "layout's num_tokens_per_expert, got None"
+                )
+            num_experts = num_tokens_per_expert.shape[0]
+        out = ep_dispatch(
+            data,
+            topk_idx,
+            topk_weights,
+            num_experts=num_experts,
+            group=self.group_name,
+            x_scales=scales,
+            expert_alignment=expert_alignment,
+            num_worst_tokens=num_worst_tokens,
+        )
+        recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
+        if not with_topk:
+            return recv_x, None, None, None, out.handle, _event(async_finish)
+        counts = [] if num_worst_tokens > 0 else out.num_recv_tokens_per_expert.tolist()
+        return recv_x, out.recv_topk_idx, out.recv_topk_weights, counts, out.handle, _event(async_finish)
+
+    def combine(
+        self,
+        x: torch.Tensor,
+        handle: EPHandle,
+        topk_weights=None,
+        bias=None,
+        config: Config | None = None,
+        previous_event=None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
+        """``(combined_x, combined_topk_weights, event)``: the unweighted sum of each token's returning copies."""
+        self._check_async("combine", previous_event, async_finish, allocate_on_comm_stream)
+        combined, weights = ep_combine(x, handle, topk_weights, bias)
+        return combined, weights, _event(async_finish)
+
+    # ---- low-latency mode ----
+
+    def _require_low_latency(self, api: str) -> None:
+        if not self.low_latency_mode:
+            raise ValueError(f"deep_ep.Buffer.{api}: the buffer was built with low_latency_mode=False")
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Nothing to clean (no signal areas); a barrier, as upstream's."""
+        dist.barrier(group=self.group)
+
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats=None,
+        dispatch_wait_recv_cost_stats=None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ):
+        """``(recv_x, recv_count, handle, event, hook)``. Scales come row-major ``[L, R * T_max, H / 128]`` (DeepEP
+        returns a token-stride-1 view of the same values). ``hook`` does nothing: the receive already happened."""
+        self._require_low_latency("low_latency_dispatch")
+        if async_finish and return_recv_hook:
+            raise ValueError(
+                "deep_ep.Buffer.low_latency_dispatch: arguments 'async_finish' and 'return_recv_hook' "
+                "value: expected at most one of them True, got both"
+            )
+        recv_x, count, handle = ep_low_latency_dispatch(
+            x,
+            topk_idx,
+            num_max_dispatch_tokens_per_rank,
+            num_experts,
+            group=self.group_name,
+            use_fp8=use_fp8,
+            round_scale=round_scale,
+            use_ue8m0=use_ue8m0,
+        )
+        if cumulative_local_expert_recv_stats is not None:
+            cumulative_local_expert_recv_stats += count.to(cumulative_local_expert_recv_stats.dtype)
+        hook = (lambda: None) if return_recv_hook else None
+        return recv_x, count, handle, _event(async_finish), hook
+
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: EPLowLatencyHandle,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out=None,
+        combine_wait_recv_cost_stats=None,
+    ):
+        """``(combined_x, event, hook)``: ``sum_k w[t, k] * y_k(t)``. ``use_logfmt`` (DeepEP's lossy 10-bit
+        transport) is accepted and the rows travel exactly; ``zero_copy`` needs nothing special here."""
+        self._require_low_latency("low_latency_combine")
+        if use_logfmt and zero_copy:
+            raise ValueError(
+                "deep_ep.Buffer.low_latency_combine: arguments 'use_logfmt' and 'zero_copy' value: "
+                "expected at most one of them True, got both"
+            )
+        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle)
+        if out is not None:
+            out.copy_(combined)
+            combined = out
+        hook = (lambda: None) if return_recv_hook else None
+        return combined, _event(async_finish), hook
+
+    def get_next_low_latency_combine_buffer(self, handle: EPLowLatencyHandle) -> torch.Tensor:
+        """A ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into (for ``zero_copy=True``)."""
+        local = handle.num_experts // self.group_size
+        rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
+        return torch.empty(local, rows, handle.hidden, dtype=torch.bfloat16, device=handle.src_info.device)
+
+
+__all__ = ["Buffer", "Config", "EPHandle", "EPLowLatencyHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
