@@ -457,6 +457,8 @@ def ll_combine_bad_inputs(device) -> list[BadInput]:
 
 _NO_AOTI = "kernels are Python on torch.distributed: an AOTInductor (C++-only) deployment cannot run them"
 _DTYPES = (torch.bfloat16, torch.float32)
+# The one-rank group is gloo (CPU tensors); CUDA runs need an NCCL group (tests/ep does not start one yet).
+_DEVICES = ("cpu",)
 SPECS = [
     OpSpec(
         "ep_dispatch_layout",
@@ -467,6 +469,7 @@ SPECS = [
         dtypes=(torch.float32,),
         gradcheck="integer outputs: nothing to differentiate",
         aoti=_NO_AOTI,
+        devices=_DEVICES,
     ),
     OpSpec(
         "ep_dispatch",
@@ -476,6 +479,7 @@ SPECS = [
         portable.ep_dispatch,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
+        devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
     ),
     OpSpec(
@@ -486,6 +490,7 @@ SPECS = [
         portable.ep_dispatch_cached,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
+        devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
     ),
     OpSpec(
@@ -496,6 +501,7 @@ SPECS = [
         portable.ep_combine,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
+        devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
     ),
     OpSpec(
@@ -506,6 +512,7 @@ SPECS = [
         portable.ep_low_latency_dispatch,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
+        devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
     ),
     OpSpec(
@@ -516,6 +523,7 @@ SPECS = [
         portable.ep_low_latency_combine,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
+        devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
     ),
 ]

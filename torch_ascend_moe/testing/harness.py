@@ -76,6 +76,7 @@ class OpSpec:
     portable_variants: tuple[dict, ...] = ({},)
     aoti: bool | str = True  # a string: why the op cannot run in an AOTInductor package (the test is skipped)
     fresh_setup: str = ""  # code a fresh process runs before loading an exported program (e.g. a process group)
+    devices: tuple[str, ...] | None = None  # the devices the spec runs on (None: every device the harness has)
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -372,6 +373,8 @@ def contract_test(specs: list[OpSpec]):
     @pytest.mark.parametrize("check", checks)
     @pytest.mark.parametrize("spec", specs, ids=str)
     def test_op_contract(spec, check, device, tmp_path):
+        if spec.devices is not None and device not in spec.devices:
+            pytest.skip(f"{spec.name} runs on {', '.join(spec.devices)} here")
         CHECKS[check](spec, device, tmp_path)
 
     return test_op_contract
