@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "vector_clones.h"
 #include "fp8_gemm.h"
 
 namespace ascend_moe {
@@ -87,11 +88,6 @@ constexpr int64_t kPanelElements = int64_t{1} << 20;    // FP32 elements of a de
 constexpr int64_t kWholeAElements = int64_t{1} << 22;   // dequantize A at once below this size
 
 // ---- streaming kernel for few rows of A (decode): reads the quantized B once, decodes in registers ----
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define AM_VECTOR_CLONES
-#endif
 
 constexpr int64_t kStreamingMaxRows = 8;
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "checks.h"
+#include "vector_clones.h"
 #include "gemm.h"
 
 namespace ascend_moe {
@@ -35,11 +36,6 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 // ---- streaming BF16 kernel for few rows: reads B once, converts in registers, FP32 accumulators ----
 // target_clones builds an AVX2+FMA and a baseline version and picks one at load time, so the wheel
 // stays portable while AVX2 machines get 8-wide FMAs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define AM_VECTOR_CLONES
-#endif
 
 constexpr int64_t kStreamColumns = 1024;  // MN-major B: columns per pass (accumulators stay in L1/L2)
 

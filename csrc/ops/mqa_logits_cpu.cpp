@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "vector_clones.h"
 #include "fp8_gemm.h"
 
 namespace ascend_moe {
@@ -40,20 +41,12 @@ constexpr int64_t kTileRows = 256;  // (query, head) rows per score block
 constexpr int64_t kChunk = 512;     // KV tokens per score block
 constexpr int64_t kScheduleSplit = 256;  // KV tokens per unit of the paged schedule (upstream's split)
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define AM_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define AM_VECTOR_CLONES
-#endif
 
 bool is_quantized(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte;
 }
 
 bool is_float_operand(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
-
-// Logical D of a q or k operand (packed FP4 stores two values per byte).
-int64_t head_dim(const at::Tensor& t) { return is_fp4(t) ? 2 * t.size(-1) : t.size(-1); }
 
 // Validates one operand (`lead` leading dims before D) and its optional scales; returns the block size g.
 int64_t check_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
@@ -65,7 +58,7 @@ int64_t check_operand(const char* op, const char* name, const char* sf_name, con
                dtype_name(t));
   AM_CHECK_ARG(x.device() == ref.device(), op, name, "device", ref.device().str() + " (same as 'q')",
                x.device().str());
-  const int64_t D = head_dim(x);
+  const int64_t D = logical_k(x);
   if (!is_quantized(x)) {
     AM_CHECK_ARG(!sf.has_value(), op, sf_name, "value", "None for a " + dtype_name(t) + " operand",
                  "a tensor");
@@ -177,8 +170,8 @@ Shapes check_mqa(const char* op, const at::Tensor& q, const std::optional<at::Te
                  const at::Tensor& ke, int64_t max_seqlen_k, std::optional<at::ScalarType> logits_dtype) {
   const int64_t gq = check_operand(op, "q", "q_sf", q, q_sf, 3, "[S, H, D] (or [S, H, D/2] packed FP4)", q);
   const int64_t gk = check_operand(op, "k", "k_sf", k, k_sf, 2, "[S_kv, D] (or [S_kv, D/2] packed FP4)", q);
-  const int64_t D = head_dim(q);
-  check_pairing(op, q, k, D, head_dim(k));
+  const int64_t D = logical_k(q);
+  check_pairing(op, q, k, D, logical_k(k));
   const int64_t S = q.size(0), H = q.size(1);
   AM_CHECK_ARG(H > 0 && D > 0, op, "q", "shape", "H > 0 heads of D > 0", shape_str(q.sizes()));
   const at::ScalarType out_t = check_weights(op, weights, q, S, H, "S", logits_dtype);
@@ -486,7 +479,7 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
                                 std::optional<at::ScalarType> logits_dtype) {
   const int64_t gq = check_operand(kPaged, "q", "q_sf", q, q_sf, 4,
                                    "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q);
-  const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = head_dim(q);
+  const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
   AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, kPaged, "q", "shape", "next_n > 0, H > 0, D > 0",
                shape_str(q.sizes()));
   const CacheFormat f = check_cache(kv_cache, D, ascend_kv_layout, q);

@@ -12,6 +12,8 @@ import dataclasses
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.meta.fp8_gemm import is_fp4
+from torch_ascend_moe.meta.fp8_gemm import logical_k as head_dim  # D: packed FP4 holds two values per byte
 
 OP = "ascend_moe::mqa_logits"
 BACKWARD = "ascend_moe::mqa_logits_backward"
@@ -27,15 +29,6 @@ SCHEDULE_SPLIT = 256  # KV tokens per unit of the paged schedule
 
 def is_quantized(t: torch.Tensor) -> bool:
     return t.dtype in QUANTIZED
-
-
-def is_fp4(t: torch.Tensor) -> bool:
-    return t.dtype == torch.uint8
-
-
-def head_dim(t: torch.Tensor):
-    """Logical D: packed FP4 stores two values per byte."""
-    return 2 * t.shape[-1] if is_fp4(t) else t.shape[-1]
 
 
 def acc_dtype(q: torch.Tensor) -> torch.dtype:
