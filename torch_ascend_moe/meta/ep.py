@@ -217,8 +217,12 @@ def _dispatch_fake(
     if num_worst_tokens > 0:
         n, m = num_worst_tokens, r * x.shape[0]
     else:
+        # Received rows: >= 0 (other ranks' token counts are unknown here, so no upper bound); sent rows: each
+        # token goes at most once to each rank, <= R * T when T is static.
         ctx = torch.library.get_ctx()
-        n, m = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+        t = x.shape[0]
+        n = ctx.new_dynamic_size(min=0)
+        m = ctx.new_dynamic_size(min=0, max=r * t) if isinstance(t, int) else ctx.new_dynamic_size(min=0)
     k = topk_idx.shape[1]
     w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
     i64 = torch.int64

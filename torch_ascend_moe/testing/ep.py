@@ -8,6 +8,7 @@ token; the expected combine adds biases, then each destination rank's copy in as
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
@@ -16,6 +17,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_ascend_moe.backends.portable import ep as portable
 from torch_ascend_moe.testing import calc_diff
@@ -532,6 +534,63 @@ SPECS = [
 # ---- multi-rank checks (run in spawned gloo processes by tests/ep/test_ep_ranks.py) ----
 
 
+# ---- what CUDA-graph capture forbids, checked on CPU ----
+
+_aten = torch.ops.aten
+# Ops whose result size or value has to be read on the host: each is a device -> host sync on CUDA / NPU.
+_SYNC_OPS = {
+    _aten._local_scalar_dense.default,  # item(), bool(t), int(t), float(t)
+    _aten.is_nonzero.default,
+    _aten.equal.default,
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten._unique2.default,
+    _aten.unique_consecutive.default,
+    _aten.unique_dim.default,
+}
+_BOOL_INDEXED = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+
+
+class _HostSyncDetector(TorchDispatchMode):
+    """Records every op that reads device data on the host (the ops above, boolean-mask indexing, and
+    repeat_interleave with tensor repeats and no output size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (
+            func in _SYNC_OPS
+            or (func in _BOOL_INDEXED and any(i is not None and i.dtype == torch.bool for i in args[1]))
+            or (func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None)
+        ):
+            self.syncs.append(str(func))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def emulated_capture():
+    """Run the ep kernels as they run while a CUDA graph is being captured (``_capturing`` answers True), and
+    fail on any host sync they make: the ops above, or ``Tensor.tolist()`` (which bypasses dispatch). This is
+    the property that makes the static ops capturable; the capture itself needs a GPU (tools/device_check.sh)."""
+    detector = _HostSyncDetector()
+    saved_capturing, saved_tolist = portable._capturing, torch.Tensor.tolist
+
+    def tolist(self):
+        raise AssertionError("Tensor.tolist() (a host sync) while a graph is being captured")
+
+    portable._capturing = lambda device: True
+    torch.Tensor.tolist = tolist
+    try:
+        with detector:
+            yield detector
+    finally:
+        portable._capturing, torch.Tensor.tolist = saved_capturing, saved_tolist
+    assert not detector.syncs, f"host syncs while capturing: {detector.syncs}"
+
+
 def _expect_raises(fn, error, text: str) -> None:
     try:
         fn()
@@ -625,6 +684,67 @@ def _check_static(world: _World, t_max: int) -> None:
         ValueError,
         "argument 'num_worst_tokens' value: expected at least the rows every rank receives",
     )
+
+
+def _check_capturable(world: _World, t_max: int) -> None:
+    """The static ops (static dispatch, combine and cached dispatch of its handle, low-latency dispatch and
+    combine) make no host sync when capturing, and give bitwise the results of the normal path."""
+    from torch_ascend_moe.ops.ep import (
+        ep_combine,
+        ep_dispatch,
+        ep_dispatch_cached,
+        ep_low_latency_combine,
+        ep_low_latency_dispatch,
+    )
+
+    pad = t_max - world.x.shape[0]
+    x = torch.cat([world.x, world.x.new_zeros(pad, world.x.shape[1])])
+    idx = torch.cat([world.idx, world.idx.new_full((pad, world.idx.shape[1]), -1)])
+    w = torch.cat([world.w, world.w.new_zeros(pad, world.w.shape[1])])
+    worst = t_max * world.world
+
+    def run():
+        out = ep_dispatch(x, idx, w, num_experts=world.experts, num_worst_tokens=worst)
+        combined, weights = ep_combine(out.recv_x * 2, out.handle, out.recv_topk_weights)
+        again, _ = ep_dispatch_cached(x * 3, out.handle)
+        recv, count, handle = ep_low_latency_dispatch(x.bfloat16(), idx, t_max, world.experts, use_fp8=False)
+        back = ep_low_latency_combine(recv * 2, idx, w, handle)
+        return (*out[:6], combined, weights, again, recv, count, handle.src_info, handle.layout_range, back)
+
+    normal = run()
+    with emulated_capture():
+        captured = run()
+    for i, (a, b) in enumerate(zip(normal, captured)):
+        if a is None or b is None:  # absent optionals
+            assert a is b, f"output {i}"
+            continue
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"output {i} differs when capturing"
+
+
+def _check_rejections(world: _World) -> None:
+    """Bad arguments on one rank and different ops on different ranks: every rank raises at once."""
+    from torch_ascend_moe.ops.ep import ep_dispatch, ep_low_latency_dispatch
+
+    last = world.world - 1
+    start = time.monotonic()
+    if world.rank == last:  # x and topk_idx disagree on T here only: a local check fails
+        _expect_raises(
+            lambda: ep_dispatch(world.x[:2], world.idx[:3], num_experts=world.experts, timeout_s=60.0),
+            ValueError,
+            "argument 'topk_idx' size(0)",
+        )
+    else:
+        _expect_raises(
+            lambda: ep_dispatch(world.x[:3], world.idx[:3], num_experts=world.experts, timeout_s=60.0),
+            ValueError,
+            f"rank(s) [{last}] rejected their arguments",
+        )
+    assert time.monotonic() - start < 30, "the other ranks waited for the timeout instead of being told"
+    if world.rank == 0:
+        call = lambda: ep_dispatch(world.x, world.idx, num_experts=world.experts)  # noqa: E731
+    else:
+        call = lambda: ep_low_latency_dispatch(world.x, world.idx, 8, world.experts, use_fp8=False)  # noqa: E731
+    _expect_raises(call, ValueError, "the ranks called different ops")
 
 
 def _check_combine(world: _World, num_biases: int) -> None:
@@ -847,6 +967,7 @@ def rank_checks(rank: int, world_size: int, store_path: str) -> None:
             for biases in (0, 1, 2):
                 _check_combine(world, biases)
             _check_static(world, max(t_of))
+            _check_capturable(world, max(t_of))
         # FP8 rows with their scales move bitwise.
         world = _World(rank, world_size, t_of[rank], 128, 2, 2 * world_size, torch.float32, seed=20)
         x8, sf = world.x.to(torch.float8_e4m3fn), torch.rand(world.x.shape[0], 1) + 0.5
@@ -876,6 +997,7 @@ def rank_checks(rank: int, world_size: int, store_path: str) -> None:
             ValueError,
             "argument 'topk_idx' values: expected expert ids in [-1",
         )
+        _check_rejections(world)
         # Shapes that disagree across ranks: reported, not hung.
         h = 8 if rank == 0 else 16
         _expect_raises(

@@ -1,12 +1,17 @@
 """The ep family's kernels: expert-parallel dispatch / combine on ``torch.distributed`` (gloo on CPU, NCCL on
 CUDA, HCCL on Ascend), device-generic Python: registered on CPU here, on CUDA / NPU with the portable kernels.
 
-One ``all_to_all_single`` moves all of a row's data at once: each send row is the bytes of the token's
-``x`` row, its scales, its ``topk_idx`` / ``topk_weights`` and its index + 1 (0 marks a padding row). Before
-moving data, every rank ``all_gather``s a small header (its shapes, dtypes, options, local validation
-result and, for a compact dispatch, its send counts), so a mismatch between ranks or a bad argument on one
-rank raises the same clear error on every rank instead of a hang. Every collective waits at most
-``timeout_s``: a rank that never arrives produces an error on the others.
+A dispatch moves ``x`` rows in one ``all_to_all_single`` (received straight into ``recv_x`` when compact) and
+a narrow metadata row per token (scales, ``topk_idx`` / ``topk_weights``, index + 1; 0 marks padding) in a
+second, both in flight together. Before moving data, every rank ``all_gather``s one fixed-length header (the
+op, its shapes, dtypes, options, local validation result and, for a compact dispatch, its send counts), so a
+mismatch between ranks, different ops, or a bad argument on one rank raises a clear error on every rank
+instead of a hang. Every collective waits at most ``timeout_s``: a rank that never arrives produces an error
+on the others.
+
+While a CUDA graph is being captured, the static ops (``num_worst_tokens`` dispatch, combine / cached
+dispatch of its handle, low-latency dispatch / combine) skip the header and make no host sync: equal
+splits, scatters into a spare row instead of boolean masks, device-side asserts instead of raised errors.
 
 Receive order (DeepEP V1's): source-rank-major, then ascending source token index, identical on every
 backend. Combine adds biases first, then each source rank's copies in ascending rank order, in FP32 (FP64
@@ -16,6 +21,7 @@ for FP64 rows), and rounds once.
 from __future__ import annotations
 
 import datetime
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -30,15 +36,25 @@ _ABSENT = torch.int32
 def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
     """DeepEP's get_dispatch_layout (specs §3)."""
     meta.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
-    idx = topk_idx.long()
+    if not _capturing(topk_idx.device):
+        bad = (topk_idx < -1) | (topk_idx >= num_experts)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{meta.LAYOUT}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), got "
+                f"{int(topk_idx[bad][0])}"
+            )
+    return _layout(topk_idx.long(), num_experts, num_ranks, ranks_per_node)
+
+
+def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
+    """layout of valid ids, without host syncs (scatters with a spare slot, no boolean indexing): capturable."""
     t = idx.shape[0]
     valid = idx >= 0
-    per_expert = torch.zeros(num_experts, dtype=torch.int64, device=idx.device)
-    per_expert.index_add_(0, idx[valid], torch.ones_like(idx[valid]))
-    rank_of = torch.where(valid, idx // (num_experts // num_ranks), -1)
-    in_rank = torch.zeros(t, num_ranks, dtype=torch.bool, device=idx.device)
-    rows = torch.arange(t, device=idx.device).unsqueeze(1).expand_as(idx)
-    in_rank[rows[valid], rank_of[valid]] = True
+    per_expert = torch.zeros(num_experts + 1, dtype=torch.int64, device=idx.device)
+    per_expert.index_add_(0, torch.where(valid, idx, num_experts).view(-1), torch.ones_like(idx).view(-1))
+    rank_of = torch.where(valid, idx // (num_experts // num_ranks), num_ranks)
+    in_rank = torch.zeros(t, num_ranks + 1, dtype=torch.bool, device=idx.device).scatter_(1, rank_of, True)
+    in_rank = in_rank[:, :num_ranks].clone(memory_format=torch.contiguous_format)
     nodes = max(1, num_ranks // ranks_per_node)
     if num_ranks % ranks_per_node == 0:
         in_node = in_rank.view(t, nodes, ranks_per_node).any(-1)
@@ -47,7 +63,7 @@ def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
     return (
         in_rank.sum(0).int(),
         in_node.sum(0).int(),
-        per_expert.int(),
+        per_expert[:num_experts].int(),
         in_rank,
     )
 
@@ -56,6 +72,9 @@ def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
 
 
 def _wait(op: str, group, work, timeout_s: float, what: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        work.wait()  # a deadline is a host-side wait, illegal in a capture: the stream waits instead
+        return
     try:
         work.wait(timeout=datetime.timedelta(seconds=timeout_s))
     except RuntimeError as e:
@@ -70,9 +89,78 @@ def _all_to_all(op, group, out, inp, out_splits, in_splits, timeout_s) -> None:
     _wait(op, group, work, timeout_s, "the all-to-all")
 
 
+def _all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s) -> None:
+    """all_to_all_single of each (out, in) pair of row tensors (as bytes), all in flight at once."""
+    works = []
+    for out, inp in pairs:
+        if out.shape[1:].numel() == 0 and inp.shape[1:].numel() == 0:
+            continue  # zero-width rows (H = 0 is rejected earlier, but zero-column metadata is possible)
+        works.append(
+            dist.all_to_all_single(_bytes(out), _bytes(inp), out_splits, in_splits, group=group, async_op=True)
+        )
+    for work in works:
+        _wait(op, group, work, timeout_s, "the all-to-all")
+
+
 def _all_reduce_max(op, group, t, timeout_s) -> None:
     work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
     _wait(op, group, work, timeout_s, "the all-reduce")
+
+
+# Header words: op code, then the op's fields, error flags and per-rank counts, zero-padded to a length every
+# rank knows without asking (fields and flags < 32, counts <= 2 per rank), so one all_gather carries it even
+# when the ranks called different ops.
+_OPS = (meta.DISPATCH, meta.CACHED, meta.COMBINE, meta.LL_DISPATCH, meta.LL_COMBINE)
+_REJECTED = -1  # the op code of a rank whose own arguments failed their local check
+
+
+def _gather_header(op: str, group, device, code: int, words: list[int], extra, timeout_s) -> torch.Tensor:
+    length = 32 + 2 * group.size()
+    row = torch.zeros(length, dtype=torch.int64)
+    row[0] = code
+    row[1 : 1 + len(words)] = torch.tensor(words, dtype=torch.int64)
+    if extra is not None:
+        row[1 + len(words) : 1 + len(words) + extra.numel()] = extra.to("cpu", torch.int64)
+    row = row.to(device)
+    gathered = [torch.empty_like(row) for _ in range(group.size())]
+    _wait(op, group, dist.all_gather(gathered, row, group=group, async_op=True), timeout_s, "the header exchange")
+    table = torch.stack(gathered).cpu()
+    codes = table[:, 0].tolist()
+    rejected = [i for i, c in enumerate(codes) if c == _REJECTED]
+    if rejected:
+        raise ValueError(
+            f"{op}: rank(s) {rejected} rejected their arguments (the error raised on those ranks names the "
+            "argument); no rows were exchanged"
+        )
+    if len(set(codes)) > 1:
+        raise ValueError(f"{op}: the ranks called different ops: {[_OPS[c] for c in codes]} (rank i's at position i)")
+    return table[:, 1:]
+
+
+def _announce_rejection(op: str, group_name, x, timeout_s) -> None:
+    """Tell the other ranks (waiting in the header exchange) that this rank's arguments failed their check, so
+    they raise at once instead of timing out. Best effort: the caller raises its own error either way."""
+    try:
+        group = meta.resolve_group(op, group_name)
+        if dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
+        if _capturing(device):
+            return
+        timeout = float(timeout_s) if isinstance(timeout_s, (int, float)) and timeout_s > 0 else 300.0
+        _gather_header(op, group, device, _REJECTED, [], None, timeout)
+    except (ValueError, RuntimeError, TypeError):
+        pass
+
+
+def _checked(op: str, group_name, x, timeout_s, check):
+    """``check()`` (an op's argument check); on failure, announce it to the other ranks and re-raise."""
+    try:
+        return check()
+    except ValueError:
+        _announce_rejection(op, group_name, x, timeout_s)
+        raise
 
 
 def _exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor | None, errors: dict, timeout_s):
@@ -80,24 +168,8 @@ def _exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor |
     a ``{ranks}`` placeholder)) and ``extra`` (per-rank ints); raise the same error on every rank on any
     disagreement or failure."""
     names = list(fields)
-    local = [int(fields[n]) for n in names] + [int(errors[n][0]) for n in errors]
-    row = torch.tensor(local, dtype=torch.int64)
-    if extra is not None:
-        row = torch.cat([row, extra.to("cpu", torch.int64)])
-    row = row.to(device)
-    gathered = [torch.empty_like(row) for _ in range(group.size())]
-    if row.numel() and gathered:
-        # Ranks disagreeing on the header length would stall all_gather: pad the length into a fixed first step.
-        size = torch.tensor([row.numel()], dtype=torch.int64, device=device)
-        sizes = [torch.empty_like(size) for _ in range(group.size())]
-        _wait(op, group, dist.all_gather(sizes, size, group=group, async_op=True), timeout_s, "the header exchange")
-        lengths = [int(s) for s in sizes]
-        if len(set(lengths)) > 1:
-            raise ValueError(
-                f"{op}: the ranks disagree on the call (header lengths {lengths}: different shapes or options per rank)"
-            )
-        _wait(op, group, dist.all_gather(gathered, row, group=group, async_op=True), timeout_s, "the header exchange")
-    table = torch.stack(gathered).cpu() if gathered else row.view(1, -1).cpu()
+    words = [int(fields[n]) for n in names] + [int(errors[n][0]) for n in errors]
+    table = _gather_header(op, group, device, _OPS.index(op), words, extra, timeout_s)
     for j, name in enumerate(names):
         column = table[:, j].tolist()
         if len(set(column)) > 1:
@@ -110,7 +182,8 @@ def _exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor |
         bad = [i for i, f in enumerate(flags) if f]
         if bad:
             raise ValueError(errors[name][1].format(ranks=bad))
-    return table[:, len(names) + len(errors) :]
+    n_extra = 0 if extra is None else extra.numel()
+    return table[:, len(words) : len(words) + n_extra]
 
 
 def _capturing(device) -> bool:
@@ -130,20 +203,29 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], width)
 
 
-def _wide(rows: torch.Tensor) -> torch.Tensor:
-    """Byte rows seen as int64 words when their width allows: gathers move 8x fewer elements."""
-    return rows.view(torch.int64) if rows.shape[1] % 8 == 0 and rows.is_contiguous() else rows
+def _take(rows: torch.Tensor, index: torch.Tensor, padded: bool) -> torch.Tensor:
+    """``rows[index]`` (any dtype); with ``padded``, -1 entries give zero rows. No host sync."""
+    b = _bytes(rows)
+    if not b.shape[0]:
+        return rows.new_zeros(index.shape[0], *rows.shape[1:])
+    # uint8 rows: CPU index_select copies whole rows of bytes (int64 words take a per-element path, 5x slower).
+    out = b.index_select(0, index.clamp(min=0) if padded else index)
+    if padded:
+        out.masked_fill_((index < 0).unsqueeze(1), 0)
+    return out.view(rows.dtype).view(index.shape[0], *rows.shape[1:])
 
 
-def _take(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """rows[index] with -1 entries giving zero rows."""
-    if not rows.shape[0]:
-        return rows.new_zeros(index.shape[0], rows.shape[1])
-    wide = _wide(rows)
-    if bool((index >= 0).all()):
-        return wide.index_select(0, index).view(torch.uint8)
-    taken = wide.index_select(0, index.clamp(min=0))
-    return torch.where((index >= 0).unsqueeze(1), taken, 0).view(torch.uint8)
+def _place(rows: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """``out[index[i]] = rows[i]`` into ``n`` zero rows; -1 entries are dropped. No host sync (they land in a
+    spare row)."""
+    b = _bytes(rows)
+    width = b.shape[1]
+    # 8-byte words when the width allows: CPU index_copy_ of byte rows goes element by element.
+    word = torch.int64 if width % 8 == 0 else torch.uint8
+    buf = b.new_zeros(n + 1, width)
+    if rows.shape[0]:
+        buf.view(word).index_copy_(0, torch.where(index >= 0, index, n), b.view(word))
+    return buf[:n].view(rows.dtype).view(n, *rows.shape[1:])
 
 
 def _pad8(parts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -151,6 +233,10 @@ def _pad8(parts: list[torch.Tensor]) -> list[torch.Tensor]:
     width = sum(p.shape[1] for p in parts)
     pad = (-width) % 8
     return parts + [parts[0].new_zeros(parts[0].shape[0], pad)] if pad else parts
+
+
+def _join(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # one part: its own bytes, no copy
 
 
 def _split(payload: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
@@ -183,8 +269,14 @@ def ep_dispatch(
     timeout_s=300.0,
 ):
     op = meta.DISPATCH
-    r = meta.dispatch_signature(
-        x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
+    r = _checked(
+        op,
+        group_name,
+        x,
+        timeout_s,
+        lambda: meta.dispatch_signature(
+            x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
+        ),
     )
     group = meta.resolve_group(op, group_name)
     rank, device = group.rank(), x.device
@@ -193,17 +285,14 @@ def ep_dispatch(
     local_experts = num_experts // r
     idx = topk_idx.long()
     out_of_range = (idx < -1) | (idx >= num_experts)
-    bad_ids = bool(out_of_range.any())
     idx = torch.where(out_of_range, -1, idx)  # the header exchange must still happen, so every rank can raise
-    _, _, _, in_rank = layout(idx, num_experts, r)
+    _, _, _, in_rank = _layout(idx, num_experts, r)
     static = num_worst_tokens > 0
-    errors = {
-        "topk_idx": (
-            bad_ids,
-            f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}) on every "
-            "rank, got ids out of range on rank(s) {ranks}",
-        ),
-    }
+    capturing = _capturing(device)
+    bad_ids_message = (
+        f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}) on every "
+        "rank, got ids out of range on rank(s) {ranks}"
+    )
     fields = {
         "x's row bytes": x.shape[1] * x.element_size(),
         "x's dtype": _dtype_code(x.dtype),
@@ -218,41 +307,62 @@ def ep_dispatch(
     if static:
         fields["T (a static dispatch needs the same token count on every rank)"] = t
     counts = in_rank.sum(0).long()
-    if not _capturing(device):
+    if capturing and not static:
+        raise ValueError(
+            f"{op}: argument 'num_worst_tokens' value: expected a positive static row count while a CUDA graph is "
+            "captured (a compact dispatch's row count is data-dependent, read on the host), got 0"
+        )
+    if capturing:
+        # No header while a graph is captured (reading it is a host sync): bad ids trip a device-side assert.
+        torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[rank]))
+    else:
+        errors = {"topk_idx": (bool(out_of_range.any()), bad_ids_message)}
         table = _exchange_header(op, group, device, fields, None if static else counts, errors, timeout_s)
-    elif bad_ids:
-        raise ValueError(errors["topk_idx"][1].format(ranks=[rank]))
     if static:
+        # Equal splits: every rank sends every other rank one row per token (-1 = padding): no split sizes to
+        # read on the host, so nothing here syncs.
         send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
         send_counts = torch.full((r,), t, dtype=torch.int64, device=device)
         recv_counts = send_counts.clone()
         in_splits = out_splits = None
+        recv_rows = r * t
     else:
         pairs = in_rank.t().nonzero()  # (destination, token), destination-major then ascending token
         send_src = pairs[:, 1].clone(memory_format=torch.contiguous_format)
         send_counts = counts
         recv_counts = table[:, rank].to(device).clone(memory_format=torch.contiguous_format)
         in_splits, out_splits = send_counts.tolist(), recv_counts.tolist()
-    # One payload row per token: x | scales | topk_idx | topk_weights | token index + 1.
-    parts = [_bytes(x)]
-    if x_scales is not None:
-        parts.append(_bytes(x_scales))
+        recv_rows = sum(out_splits)
+    # Two all-to-alls: x rows alone (received straight into recv_x when compact: no repacking of the wide
+    # data), and one narrow row per token of metadata: scales | topk_idx | topk_weights | token index + 1.
+    parts = [] if x_scales is None else [_bytes(x_scales)]
     parts.append(_bytes(idx))
     if topk_weights is not None:
         parts.append(_bytes(topk_weights))
     parts = _pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
     parts.append(_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     widths = [p.shape[1] for p in parts]
-    payload = torch.cat(parts, dim=1)
-    send_buf = _take(payload, send_src)
-    recv_rows = int(sum(out_splits)) if out_splits is not None else r * t
-    recv_buf = payload.new_empty(recv_rows, payload.shape[1])
-    _all_to_all(op, group, recv_buf, send_buf, out_splits, in_splits, timeout_s)
-    tag = _split(recv_buf, widths)[-1].view(torch.int64).view(-1)
+    recv_x = x.new_empty(recv_rows, h)
+    recv_meta = parts[0].new_empty(recv_rows, sum(widths))
+    _all_to_all_rows(
+        op,
+        group,
+        [(recv_x, _take(x, send_src, static)), (recv_meta, _take(_join(parts), send_src, static))],
+        out_splits,
+        in_splits,
+        timeout_s,
+    )
+    tag = recv_meta[:, -8:].contiguous().view(torch.int64).view(-1)
     valid = tag > 0
     n_valid = valid.sum().view(1)
     if static:
-        if not _capturing(device):
+        if capturing:
+            torch._assert_async(
+                (n_valid <= num_worst_tokens).all(),
+                f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, got "
+                f"{num_worst_tokens} (rank {rank} receives more; rows are never dropped)",
+            )
+        else:
             overflow = (n_valid > num_worst_tokens).to(torch.int64)
             _all_reduce_max(op, group, overflow, timeout_s)
             if bool(overflow):
@@ -265,12 +375,13 @@ def ep_dispatch(
         pos = torch.arange(num_worst_tokens, device=device)
         recv_gather = torch.full((num_worst_tokens,), -1, dtype=torch.int64, device=device)
         recv_gather[:width] = torch.where(pos[:width] < n_valid, order[:width], -1)
+        recv_x = _take(recv_x, recv_gather, True)
+        recv_meta = _take(recv_meta, recv_gather, True)
     else:
         recv_gather = torch.arange(recv_rows, device=device)
-    rows = _split(recv_buf if not static else _take(recv_buf, recv_gather), widths)
+    rows = _split(recv_meta, widths)
     n = recv_gather.shape[0]
-    recv_x = rows[0].view(x.dtype).view(n, h)
-    i = 1
+    i = 0
     if x_scales is not None:
         recv_scales = rows[i].view(x_scales.dtype).view(n, x_scales.shape[1])
         i += 1
@@ -287,9 +398,9 @@ def ep_dispatch(
         recv_topk_weights = torch.where(mine, recv_w, 0)
     else:
         recv_topk_weights = x.new_empty(n, 0, dtype=_ABSENT)
-    per_expert = torch.zeros(local_experts, dtype=torch.int64, device=device)
-    per_expert.index_add_(0, recv_topk_idx[mine], torch.ones_like(recv_topk_idx[mine]))
-    per_expert = (per_expert + expert_alignment - 1) // expert_alignment * expert_alignment
+    per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
+    per_expert.index_add_(0, torch.where(mine, local, local_experts).view(-1), torch.ones_like(local).view(-1))
+    per_expert = (per_expert[:local_experts] + expert_alignment - 1) // expert_alignment * expert_alignment
     return (
         recv_x,
         recv_scales,
@@ -304,10 +415,26 @@ def ep_dispatch(
     )
 
 
-def _check_counts(op, group, device, send_counts, recv_counts, fields, timeout_s) -> tuple[list[int], list[int]]:
-    """Every rank's counts must pair up (rank s sends rank d what d expects from s)."""
-    table = _exchange_header(op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s)
+class _Route(NamedTuple):
+    """How a handle's rows move: splits (None = equal splits), buffer sizes, whether the handle is compact."""
+
+    in_splits: list[int] | None  # rows this rank's send buffer holds per destination (dispatch direction)
+    out_splits: list[int] | None  # rows it receives per source (dispatch direction)
+    rows_out: int  # rows of the dispatch's receive buffer
+    rows_in: int  # rows of the dispatch's send buffer
+    compact_recv: bool  # recv_gather is the identity: outputs are the receive buffer itself
+    padded_send: bool  # send_src holds -1 padding
+
+
+def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s) -> _Route:
+    """Check a dispatch handle on every rank (its counts must pair up: rank s sends rank d what d expects from s)
+    and return its route. While a CUDA graph is captured nothing is read on the host: only a static handle
+    (equal splits, every rank the same T) can be replayed then, and nothing is checked."""
     r, rank = group.size(), group.rank()
+    if _capturing(device):
+        rows = send_src.shape[0]  # static: R * T rows each way
+        return _Route(None, None, rows, rows, False, True)
+    table = _exchange_header(op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s)
     sends = table[:, :r]  # sends[s, d]
     recvs = table[:, r:]  # recvs[d, s]
     if not torch.equal(sends, recvs.t()):
@@ -316,12 +443,23 @@ def _check_counts(op, group, device, send_counts, recv_counts, fields, timeout_s
             f"recv_counts[s]); rank {rank} has send_counts {send_counts.tolist()}, recv_counts "
             f"{recv_counts.tolist()}: pass every rank the handle of the same dispatch"
         )
-    return send_counts.tolist(), recv_counts.tolist()
+    in_splits, out_splits = send_counts.tolist(), recv_counts.tolist()
+    rows_out = sum(out_splits)
+    compact = recv_gather.shape[0] == rows_out and torch.equal(recv_gather, torch.arange(rows_out, device=device))
+    return _Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()))
 
 
 def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
     op = meta.CACHED
-    meta.cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s)
+    _checked(
+        op,
+        group_name,
+        x,
+        timeout_s,
+        lambda: meta.cached_signature(
+            x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s
+        ),
+    )
     group = meta.resolve_group(op, group_name)
     device = x.device
     fields = {
@@ -329,21 +467,22 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
         "x's dtype": _dtype_code(x.dtype),
         "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
     }
-    in_splits, out_splits = _check_counts(op, group, device, send_counts, recv_counts, fields, timeout_s)
-    parts = _pad8([_bytes(x)] + ([_bytes(x_scales)] if x_scales is not None else []))
-    widths = [p.shape[1] for p in parts]
-    payload = torch.cat(parts, dim=1)
-    send_buf = _take(payload, send_src)
-    recv_buf = payload.new_empty(sum(out_splits), payload.shape[1])
-    _all_to_all(op, group, recv_buf, send_buf, out_splits, in_splits, timeout_s)
-    rows = _split(_take(recv_buf, recv_gather), widths)
+    route = _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s)
     n = recv_gather.shape[0]
-    recv_x = rows[0].view(x.dtype).view(n, x.shape[1])
+    pairs = [(x, x.new_empty(route.rows_out, x.shape[1]))]
     if x_scales is not None:
-        recv_scales = rows[1].view(x_scales.dtype).view(n, x_scales.shape[1])
-    else:
-        recv_scales = x.new_empty(n, 0, dtype=_ABSENT)
-    return recv_x, recv_scales
+        pairs.append((x_scales, x_scales.new_empty(route.rows_out, x_scales.shape[1])))
+    _all_to_all_rows(
+        op,
+        group,
+        [(out, _take(rows, send_src, route.padded_send)) for rows, out in pairs],
+        route.out_splits,
+        route.in_splits,
+        timeout_s,
+    )
+    received = [out if route.compact_recv else _take(out, recv_gather, True) for _, out in pairs]
+    recv_scales = received[1] if x_scales is not None else x.new_empty(n, 0, dtype=_ABSENT)
+    return received[0], recv_scales
 
 
 def ep_combine(
@@ -360,18 +499,24 @@ def ep_combine(
     timeout_s=300.0,
 ):
     op = meta.COMBINE
-    meta.combine_signature(
-        x,
-        topk_weights,
-        bias_0,
-        bias_1,
-        send_src,
-        send_counts,
-        recv_counts,
-        recv_gather,
-        num_tokens,
+    _checked(
+        op,
         group_name,
+        x,
         timeout_s,
+        lambda: meta.combine_signature(
+            x,
+            topk_weights,
+            bias_0,
+            bias_1,
+            send_src,
+            send_counts,
+            recv_counts,
+            recv_gather,
+            num_tokens,
+            group_name,
+            timeout_s,
+        ),
     )
     group = meta.resolve_group(op, group_name)
     device = x.device
@@ -383,46 +528,56 @@ def ep_combine(
         else topk_weights.shape[1] * 1000 + topk_weights.element_size(),
     }
     # The reverse route: what this rank received it now sends back.
-    in_splits, out_splits = _check_counts(op, group, device, recv_counts, send_counts, fields, timeout_s)
-    parts = _pad8([_bytes(x)] + ([_bytes(topk_weights)] if topk_weights is not None else []))
-    widths = [p.shape[1] for p in parts]
-    payload = torch.cat(parts, dim=1)
-    rows_back = sum(in_splits)
-    if recv_gather.shape[0] == rows_back and torch.equal(recv_gather, torch.arange(rows_back, device=device)):
-        send_buf = payload  # compact handle: rows are already in receive-buffer order
-    else:
-        valid = recv_gather >= 0
-        send_buf = payload.new_zeros(rows_back, payload.shape[1])
-        _wide(send_buf).index_copy_(0, recv_gather[valid], _wide(payload)[valid])
-    back = payload.new_empty(sum(out_splits), payload.shape[1])
-    _all_to_all(op, group, back, send_buf, out_splits, in_splits, timeout_s)
-    rows = _split(back, widths)
-    acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
-    h = x.shape[1]
-    out = torch.zeros(num_tokens, h, dtype=acc_t, device=device)
+    route = _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s)
+    # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
+    pairs = [(x, x.new_empty(route.rows_in, x.shape[1]))]
+    if topk_weights is not None:
+        pairs.append((topk_weights, topk_weights.new_empty(route.rows_in, topk_weights.shape[1])))
+    _all_to_all_rows(
+        op,
+        group,
+        [(back, rows if route.compact_recv else _place(rows, recv_gather, route.rows_out)) for rows, back in pairs],
+        route.in_splits,
+        route.out_splits,
+        timeout_s,
+    )
+    out = _reduce_rows(pairs[0][1], send_src, num_tokens, bias_0, bias_1, group.size())
+    if topk_weights is None:
+        return out, x.new_empty(num_tokens, 0, dtype=_ABSENT)
+    return out, _reduce_rows(pairs[1][1], send_src, num_tokens, None, None, group.size())
+
+
+def _reduce_rows(rows, dest, num_tokens, bias_0, bias_1, passes):
+    """``out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i] + ...)`` over the rows ``i`` with ``dest[i] == t``
+    in ascending ``i`` (= ascending source rank), accumulated in FP32 (FP64 for FP64 rows); at most ``passes``
+    rows per token."""
+    if rows.device.type == "cpu":
+        return torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, num_tokens, bias_0, bias_1)
+    return _reduce_rows_portable(rows, dest, num_tokens, bias_0, bias_1, passes)
+
+
+def _reduce_rows_portable(rows, dest, num_tokens, bias_0, bias_1, passes):
+    """_reduce_rows with tensor ops (CUDA / NPU): bitwise the same as the CPU kernel."""
+    acc_t = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    out = torch.zeros(num_tokens, rows.shape[1], dtype=acc_t, device=rows.device)
     for b in (bias_0, bias_1):
         if b is not None:
             out += b.to(acc_t)
-    returned = rows[0].view(x.dtype).view(-1, h)
-    k = topk_weights.shape[1] if topk_weights is not None else 0
-    w_t = topk_weights.dtype if topk_weights is not None else _ABSENT
-    out_w = torch.zeros(num_tokens, k, dtype=w_t, device=device)
-    returned_w = rows[1].view(w_t).view(-1, k) if topk_weights is not None else None
-    start = 0
-    for count in out_splits:  # source ranks ascending; one copy per token per rank, so index_add is exact
-        seg = slice(start, start + count)
-        src = send_src[seg]
-        if bool((src >= 0).all()):  # compact handles: no padding rows to skip
-            out.index_add_(0, src, returned[seg].to(acc_t))
-            if returned_w is not None:
-                out_w.index_add_(0, src, returned_w[seg])
-        else:
-            ok = src >= 0
-            out.index_add_(0, src[ok], returned[seg][ok].to(acc_t))
-            if returned_w is not None:
-                out_w.index_add_(0, src[ok], returned_w[seg][ok])
-        start += count
-    return out.to(x.dtype), out_w
+    # Pass j adds every token's j-th row (in ascending row order), so each token's sum runs in row order and
+    # index_add_ never sees a token twice in one pass. Rows of other passes and dest = -1 go to a spare row T.
+    # A fixed pass count (rows per token <= ranks) and no boolean indexing keep this free of host syncs.
+    n = dest.shape[0]
+    order = torch.sort(torch.where(dest >= 0, dest, num_tokens), stable=True)
+    first = torch.searchsorted(order.values, order.values, right=False)
+    occurrence = torch.empty_like(dest)
+    occurrence[order.indices] = torch.arange(n, device=rows.device) - first
+    spare = torch.cat([out, out.new_zeros(1, out.shape[1])])
+    wide = rows.to(acc_t)
+    for j in range(passes):
+        target = torch.where((occurrence == j) & (dest >= 0), dest, num_tokens)
+        spare.index_add_(0, target, wide)
+    out = spare[:num_tokens]
+    return out.to(rows.dtype)
 
 
 # ---- low-latency mode ----
@@ -461,8 +616,14 @@ def ep_low_latency_dispatch(
 ):
     op = meta.LL_DISPATCH
     t_max = num_max_dispatch_tokens_per_rank
-    r = meta.ll_dispatch_signature(
-        x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
+    r = _checked(
+        op,
+        group_name,
+        x,
+        timeout_s,
+        lambda: meta.ll_dispatch_signature(
+            x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
+        ),
     )
     group = meta.resolve_group(op, group_name)
     device = x.device
@@ -472,19 +633,15 @@ def ep_low_latency_dispatch(
     idx = topk_idx.long()
     out_of_range = (idx < -1) | (idx >= num_experts)
     sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
-    duplicates = bool((sorted_ids[:, 1:] == sorted_ids[:, :-1]).any()) if k > 1 else False
-    errors = {
-        "topk_idx": (
-            bool(out_of_range.any()),
-            f"{op}: argument 'topk_idx' values: expected expert ids in "
-            f"[-1, {num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}",
-        ),
-        "distinct experts": (
-            duplicates,
-            f"{op}: argument 'topk_idx' values: expected distinct experts in each row "
-            "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}",
-        ),
-    }
+    duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any() if k > 1 else torch.zeros((), dtype=torch.bool)
+    bad_ids_message = (
+        f"{op}: argument 'topk_idx' values: expected expert ids in "
+        f"[-1, {num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}"
+    )
+    duplicates_message = (
+        f"{op}: argument 'topk_idx' values: expected distinct experts in each row "
+        "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}"
+    )
     fields = {
         "x's row bytes": h * x.element_size(),
         "x's dtype": _dtype_code(x.dtype),
@@ -496,7 +653,14 @@ def ep_low_latency_dispatch(
         "use_ue8m0": int(use_ue8m0),
         "slot_weights (given)": int(slot_weights is not None),
     }
-    if not _capturing(device):
+    if _capturing(device):  # no header (a host sync): bad ids trip device-side asserts
+        torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[group.rank()]))
+        torch._assert_async(~duplicates.to(device), duplicates_message.format(ranks=[group.rank()]))
+    else:
+        errors = {
+            "topk_idx": (bool(out_of_range.any()), bad_ids_message),
+            "distinct experts": (bool(duplicates), duplicates_message),
+        }
         _exchange_header(op, group, device, fields, None, errors, timeout_s)
     idx = torch.where(out_of_range, -1, idx)
     if use_fp8:
@@ -505,20 +669,22 @@ def ep_low_latency_dispatch(
     else:
         parts = [_bytes(x)]
     widths = [p.shape[1] for p in parts] + [4]
-    # Messages: one per valid (token, slot), placed at [destination rank, local expert, token] (static layout).
+    # Messages: one per (token, slot), placed at [destination rank, local expert, token] (static layout); -1
+    # slots go to a spare last row, so no boolean indexing (a host sync) is needed.
     valid = idx >= 0
-    tok = torch.arange(t, device=device).unsqueeze(1).expand(t, k)
-    slot_t, slot_e = tok[valid], idx[valid]
+    slot_t = torch.arange(t, device=device).repeat_interleave(k)
     if slot_weights is not None:
-        rows = (x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1))[valid]  # [messages, H]
-        payload = _bytes(rows)
+        payload = _bytes((x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1)).reshape(t * k, h))
     else:
-        payload = torch.cat(parts, dim=1)[slot_t]
+        payload = _join(parts).index_select(0, slot_t)
     tag = _bytes((slot_t + 1).to(torch.int32).view(-1, 1))
     payload = torch.cat([payload, tag], dim=1)
     width = payload.shape[1]
-    send = payload.new_zeros(r * local * t_max, width)
-    send[slot_e * t_max + slot_t] = payload  # slot_e = destination * local + local expert
+    spare = r * local * t_max
+    send = payload.new_zeros(spare + 1, width)
+    # idx = destination * local + local expert
+    send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).view(-1)] = payload
+    send = send[:spare]
     recv = torch.empty_like(send)
     _all_to_all(op, group, recv, send, None, None, timeout_s)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
@@ -550,7 +716,15 @@ def ep_low_latency_combine(
 ):
     op = meta.LL_COMBINE
     t_max = num_max_dispatch_tokens_per_rank
-    r = meta.ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s)
+    r = _checked(
+        op,
+        group_name,
+        x,
+        timeout_s,
+        lambda: meta.ll_combine_signature(
+            x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s
+        ),
+    )
     group = meta.resolve_group(op, group_name)
     device = x.device
     local, n, h = x.shape
@@ -570,8 +744,10 @@ def ep_low_latency_combine(
     ok = src_info >= 0
     expert = torch.arange(local, device=device).unsqueeze(1).expand(local, n)
     dest = (source * local + expert) * t_max + src_info.long().clamp(min=0)
-    send = x.new_zeros(r * local * t_max, h)
-    send[dest[ok]] = x[ok]
+    spare = r * local * t_max  # rows without a message land in a spare last row: no boolean indexing
+    send = x.new_zeros(spare + 1, h)
+    send[torch.where(ok, dest, spare).view(-1)] = x.reshape(local * n, h)
+    send = send[:spare]
     back = torch.empty_like(send)
     _all_to_all(op, group, back, send, None, None, timeout_s)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens

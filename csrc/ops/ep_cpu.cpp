@@ -1,0 +1,108 @@
+// The ep family's CPU helper kernels. The ep ops themselves are Python (torch_ascend_moe/backends/portable/ep.py:
+// they call torch.distributed); these are the data-heavy steps those kernels call on CPU tensors, registered in
+// the private namespace ascend_moe_kernels (not graph ops: no fakes, no autograd; the ep ops around them have).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kReduceOp = "ep_combine_reduce";
+
+// out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i_0] + rows[i_1] + ...) over the rows i with dest[i] == t in
+// ascending i, accumulated in Acc. Rows arrive source-rank-major, so ascending i is ascending source rank: the
+// combine's fixed order. Tokens are independent, so threads split tokens and the result is bitwise the same
+// for any thread count. Converting row by row keeps no [rows, H] FP32 temporary (fresh pages cost more than
+// the arithmetic here).
+template <typename T, typename Acc>
+void reduce_rows(const at::Tensor& rows, const std::vector<int64_t>& begin, const std::vector<int64_t>& order,
+                 const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
+                 at::Tensor& out) {
+  const int64_t tokens = out.size(0), h = out.size(1), row_stride = rows.stride(0);
+  const T* src = rows.const_data_ptr<T>();
+  T* dst = out.mutable_data_ptr<T>();
+  std::vector<at::Tensor> biases;
+  for (const auto& b : {bias_0, bias_1}) {
+    if (b.has_value()) biases.push_back(b->to(c10::CppTypeToScalarType<Acc>::value).contiguous());
+  }
+  at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
+    std::vector<Acc> acc(h);
+    for (int64_t t = lo; t < hi; ++t) {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+      for (const auto& b : biases) {
+        const Acc* bp = b.const_data_ptr<Acc>() + t * h;
+        for (int64_t j = 0; j < h; ++j) acc[j] += bp[j];
+      }
+      for (int64_t p = begin[t]; p < begin[t + 1]; ++p) {
+        const T* r = src + order[p] * row_stride;
+        for (int64_t j = 0; j < h; ++j) acc[j] += static_cast<Acc>(r[j]);
+      }
+      T* o = dst + t * h;
+      for (int64_t j = 0; j < h; ++j) o[j] = static_cast<T>(acc[j]);
+    }
+  });
+}
+
+at::Tensor ep_combine_reduce_cpu(const at::Tensor& rows, const at::Tensor& dest, int64_t num_tokens,
+                                 const c10::optional<at::Tensor>& bias_0,
+                                 const c10::optional<at::Tensor>& bias_1) {
+  check_rank(kReduceOp, "rows", rows, 2, "[rows, hidden]");
+  check_rank(kReduceOp, "dest", dest, 1, "[rows]");
+  AM_CHECK_ARG(is_gemm_dtype(rows.scalar_type()), kReduceOp, "rows", "dtype", kGemmDtypes,
+               dtype_name(rows.scalar_type()));
+  AM_CHECK_ARG(rows.size(1) <= 1 || rows.stride(1) == 1, kReduceOp, "rows", "stride(1)", 1, rows.stride(1));
+  AM_CHECK_ARG(dest.scalar_type() == at::kLong, kReduceOp, "dest", "dtype", "torch.int64",
+               dtype_name(dest.scalar_type()));
+  AM_CHECK_ARG(dest.size(0) == rows.size(0), kReduceOp, "dest", "size(0)", rows.size(0), dest.size(0));
+  const int64_t h = rows.size(1), n = rows.size(0);
+  for (const auto& [name, b] : {std::pair{"bias_0", bias_0}, std::pair{"bias_1", bias_1}}) {
+    if (b.has_value()) {
+      AM_CHECK_ARG(b->dim() == 2 && b->size(0) == num_tokens && b->size(1) == h, kReduceOp, name, "shape",
+                   shape_str({num_tokens, h}), shape_str(b->sizes()));
+    }
+  }
+  // A stable counting sort of the rows by destination token: begin[t] .. begin[t + 1] in ascending row order.
+  const at::Tensor d = dest.contiguous();
+  const int64_t* dp = d.const_data_ptr<int64_t>();
+  std::vector<int64_t> begin(num_tokens + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    AM_CHECK_ARG(dp[i] >= -1 && dp[i] < num_tokens, kReduceOp, "dest", "values",
+                 "token indices in [-1, " + std::to_string(num_tokens) + ")", dp[i]);
+    if (dp[i] >= 0) ++begin[dp[i] + 1];
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) begin[t + 1] += begin[t];
+  std::vector<int64_t> order(begin[num_tokens]), fill(begin.begin(), begin.end() - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dp[i] >= 0) order[fill[dp[i]]++] = i;
+  }
+  at::Tensor out = at::empty({num_tokens, h}, rows.options().memory_format(at::MemoryFormat::Contiguous));
+  switch (rows.scalar_type()) {
+    case at::kBFloat16:
+      reduce_rows<c10::BFloat16, float>(rows, begin, order, bias_0, bias_1, out);
+      break;
+    case at::kHalf:
+      reduce_rows<c10::Half, float>(rows, begin, order, bias_0, bias_1, out);
+      break;
+    case at::kFloat:
+      reduce_rows<float, float>(rows, begin, order, bias_0, bias_1, out);
+      break;
+    default:
+      reduce_rows<double, double>(rows, begin, order, bias_0, bias_1, out);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace ascend_moe
+
+TORCH_LIBRARY(ascend_moe_kernels, m) {
+  m.def("ep_combine_reduce(Tensor rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) { m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu); }

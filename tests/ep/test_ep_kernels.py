@@ -1,0 +1,88 @@
+"""The ep family's CPU helper kernel (ascend_moe_kernels::ep_combine_reduce) against the tensor-op path the
+CUDA / NPU backends take: bitwise equal, in the combine's fixed order."""
+
+import pytest
+import torch
+
+from torch_ascend_moe.backends.portable import ep as kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("biases", [0, 1, 2])
+def test_combine_reduce_matches_portable_path(dtype, biases):
+    g = torch.Generator().manual_seed(biases)
+    ranks, tokens, h = 4, 37, 96
+    # Each rank's segment holds each token at most once, ascending, with -1 padding rows (a static handle).
+    segments = []
+    for _ in range(ranks):
+        picked = torch.nonzero(torch.rand(tokens, generator=g) < 0.6).view(-1)
+        segments += [picked, torch.full((3,), -1)]
+    dest = torch.cat(segments)
+    # Wide-range values make the FP32 sum order-sensitive: a different order would change bits.
+    rows = (torch.randn(dest.shape[0], h + 8, generator=g) * torch.logspace(-3, 3, h + 8)).to(dtype)[:, :h]
+    bias = [torch.randn(tokens, h, generator=g).to(torch.bfloat16) for _ in range(biases)]
+    bias += [None] * (2 - biases)
+    ours = torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, tokens, *bias)
+    portable = kernels._reduce_rows_portable(rows, dest, tokens, *bias, ranks)
+    assert ours.dtype == dtype and ours.shape == (tokens, h)
+    assert torch.equal(ours.view(torch.uint8), portable.view(torch.uint8))
+    # And the order is the row order: FP64 of the same sums in that order, rounded through FP32.
+    acc_t = torch.float64 if dtype == torch.float64 else torch.float32
+    ref = torch.zeros(tokens, h, dtype=acc_t)
+    for b in bias:
+        if b is not None:
+            ref += b.to(acc_t)
+    for i, t in enumerate(dest.tolist()):
+        if t >= 0:
+            ref[t] += rows[i].to(acc_t)
+    assert torch.equal(ours, ref.to(dtype))
+
+
+def test_combine_reduce_bad_dest():
+    rows = torch.randn(4, 8)
+    with pytest.raises(
+        ValueError, match=r"ep_combine_reduce: argument 'dest' values: expected token indices in \[-1, 3\), got 5"
+    ):
+        torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, torch.tensor([0, 1, 5, -1]), 3)
+
+
+def test_emulated_capture_catches_host_syncs():
+    """The capture check (testing.ep.emulated_capture) can fail: boolean masks, item() and tolist() are caught;
+    a compact dispatch (data-dependent size) refuses to run while capturing."""
+    from torch_ascend_moe.ops.ep import ep_dispatch
+    from torch_ascend_moe.testing.ep import emulated_capture, init_single_rank_group
+
+    init_single_rank_group()
+    idx = torch.tensor([[0, 1], [1, -1]])
+    with pytest.raises(ValueError, match="argument 'num_worst_tokens' value: expected a positive static row count"):
+        with emulated_capture():
+            ep_dispatch(torch.randn(2, 8), idx, num_experts=2)
+    for action in (
+        lambda: torch.arange(4)[torch.arange(4) > 1],
+        lambda: torch.arange(4).sum().item(),
+        lambda: torch.arange(4).tolist(),
+    ):
+        with pytest.raises(AssertionError, match="host sync"):
+            with emulated_capture():
+                action()
+    with emulated_capture():  # and passes what is capturable
+        ep_dispatch(torch.randn(2, 8), idx, num_experts=2, num_worst_tokens=2)
+
+
+def test_compact_dispatch_fake_sizes_are_bounded():
+    """A compact dispatch's fake: unbacked receive / send row counts, both >= 0, the send rows <= R * T."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torch_ascend_moe.ops.ep import ep_dispatch
+    from torch_ascend_moe.testing.ep import init_single_rank_group
+
+    init_single_rank_group()
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env):
+        out = ep_dispatch(torch.randn(5, 8), torch.zeros(5, 2, dtype=torch.long), num_experts=2)
+    recv_rows, send_rows = out.recv_x.shape[0], out.handle.send_src.shape[0]
+    ranges = {str(s): r for s, r in shape_env.var_to_range.items()}
+    recv_range, send_range = ranges[str(recv_rows.node.expr)], ranges[str(send_rows.node.expr)]
+    assert recv_range.lower == 0 and send_range.lower == 0
+    assert send_range.upper == 5  # one rank, five tokens
