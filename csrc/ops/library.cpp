@@ -104,6 +104,12 @@ TORCH_LIBRARY(ascend_moe, m) {
       {at::Tag::pt2_compliant_tag});
   // out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1).
   m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // Gating: scores = softmax|sigmoid(logits); top-k of scores (+ bias) within the best topk_groups of num_groups
+  // groups -> (topk_weights = scores at the chosen experts, renormalized, scaled; topk_idx int64 [T, k]): torch_npu's order.
+  m.def(
+      "moe_gating_topk(Tensor logits, int topk, Tensor? bias=None, str score_func=\"softmax\", int num_groups=1, "
+      "int topk_groups=1, bool renormalize=True, float routed_scaling_factor=1.) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
 
   // ---- hc_prenorm family: mHC pre-norm GEMM (d = a @ tf32(b)^T, sqr_sum = sum_k a^2; per-split partials) ----
   m.set_python_module("torch_ascend_moe.meta.hc_prenorm");

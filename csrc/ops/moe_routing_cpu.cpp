@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -22,6 +23,7 @@ namespace {
 
 constexpr const char* kPermute = "ascend_moe::moe_permute";
 constexpr const char* kUnpermute = "ascend_moe::moe_unpermute";
+constexpr const char* kGating = "ascend_moe::moe_gating_topk";
 
 bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
 
@@ -138,11 +140,69 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
   return acc.scalar_type() == y.scalar_type() ? acc : acc.to(y.scalar_type());
 }
 
+
+// moe_gating_topk: DeepSeek-V3 / Mixtral / Qwen-MoE gating (see torch_ascend_moe/meta/moe_routing.py for the
+// definition). Selection uses stable descending sorts, so ties go to the lower expert (group) index on every
+// backend; the Python twin in backends/portable/moe_routing.py runs the same ATen calls.
+std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits, int64_t topk,
+                                                      const std::optional<at::Tensor>& bias,
+                                                      c10::string_view score_func, int64_t num_groups,
+                                                      int64_t topk_groups, bool renormalize,
+                                                      double routed_scaling_factor) {
+  check_rank(kGating, "logits", logits, 2, "[T, E]");
+  AM_CHECK_ARG(is_float(logits.scalar_type()), kGating, "logits", "dtype", kGemmDtypes,
+               dtype_name(logits.scalar_type()));
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const bool sigmoid = score_func == "sigmoid";
+  AM_CHECK_ARG(sigmoid || score_func == "softmax", kGating, "score_func", "value", "'softmax' or 'sigmoid'",
+               "'" + std::string(score_func) + "'");
+  AM_CHECK_ARG(E > 0, kGating, "logits", "size(1) (E)", "a positive number of experts", E);
+  AM_CHECK_ARG(num_groups > 0 && E % num_groups == 0, kGating, "num_groups", "value",
+               "a positive divisor of the expert count " + std::to_string(E), num_groups);
+  AM_CHECK_ARG(topk_groups > 0 && topk_groups <= num_groups, kGating, "topk_groups", "value",
+               "in [1, num_groups=" + std::to_string(num_groups) + "]", topk_groups);
+  const int64_t group = E / num_groups, eligible = topk_groups * group;
+  AM_CHECK_ARG(topk > 0 && topk <= eligible, kGating, "topk", "value",
+               "in [1, " + std::to_string(eligible) + "] (experts in the topk_groups selected groups)", topk);
+  const at::ScalarType acc_t = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (bias.has_value()) {
+    check_rank(kGating, "bias", *bias, 1, "[E]");
+    check_dim_size(kGating, "bias", *bias, 0, "E", E, "logits.size(1)");
+    AM_CHECK_ARG(bias->scalar_type() == at::kFloat || bias->scalar_type() == at::kDouble, kGating, "bias",
+                 "dtype", "torch.float32 or torch.float64", dtype_name(bias->scalar_type()));
+    AM_CHECK_ARG(bias->device() == logits.device(), kGating, "bias", "device",
+                 logits.device().str() + " (same as 'logits')", bias->device().str());
+  }
+  const at::Tensor l = logits.to(acc_t);
+  const at::Tensor scores = sigmoid ? l.sigmoid() : l.softmax(-1);
+  at::Tensor choice = bias.has_value() ? scores + bias->to(acc_t) : scores;
+  if (num_groups > 1 && topk_groups < num_groups) {
+    const at::Tensor grouped = choice.view({T, num_groups, group});
+    // DeepSeek-V3: a group's score is its best expert, or the sum of its best two when a bias is used.
+    const at::Tensor group_scores =
+        bias.has_value() ? std::get<0>(at::sort(grouped, /*stable=*/true, -1, /*descending=*/true))
+                               .narrow(-1, 0, std::min<int64_t>(2, group))
+                               .sum(-1)
+                         : grouped.amax(-1);
+    const at::Tensor kept = std::get<1>(at::sort(group_scores, true, -1, true)).narrow(1, 0, topk_groups);
+    const at::Tensor mask = at::zeros({T, num_groups}, logits.options().dtype(at::kBool)).scatter_(1, kept, true);
+    choice = choice.masked_fill(mask.logical_not().unsqueeze(-1).expand({T, num_groups, group}).reshape({T, E}),
+                                -std::numeric_limits<double>::infinity());
+  }
+  // clone, not contiguous(): an empty narrow counts as contiguous but keeps [T, E] strides.
+  const at::Tensor idx = std::get<1>(at::sort(choice, true, -1, true)).narrow(1, 0, topk).clone(at::MemoryFormat::Contiguous);
+  at::Tensor weights = scores.gather(1, idx);
+  if (renormalize) weights = weights / (weights.sum(-1, true) + 1e-20);
+  if (routed_scaling_factor != 1.0) weights = weights * routed_scaling_factor;
+  return {weights.clone(at::MemoryFormat::Contiguous), idx};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("moe_permute", &moe_permute_cpu);
   m.impl("moe_unpermute", &moe_unpermute_cpu);
+  m.impl("moe_gating_topk", &moe_gating_topk_cpu);
 }
 
 }  // namespace ascend_moe

@@ -56,3 +56,42 @@ def _unpermute_backward(ctx, grad):
 
 torch.library.register_autograd("ascend_moe::moe_permute", _permute_backward, setup_context=_permute_setup)
 torch.library.register_autograd("ascend_moe::moe_unpermute", _unpermute_backward, setup_context=_unpermute_setup)
+
+
+# moe_gating_topk: the weights are scores at the chosen experts, renormalized and scaled; the choice itself
+# (indices, and the bias that only steers it) has no gradient. With w = c * g / (sum(g) + eps), g = scores[idx]:
+# dg = c * (dw - sum(dw * w) / c) / (sum(g) + eps) when renormalized, and dscores = scatter(dg); then the
+# softmax / sigmoid backward. Written in torch ops, so it differentiates again.
+
+
+def _gating_setup(ctx, inputs, output):
+    logits = inputs[0]
+    ctx.score_func = inputs[3] if len(inputs) > 3 else "softmax"
+    ctx.renormalize = inputs[6] if len(inputs) > 6 else True
+    ctx.scale = inputs[7] if len(inputs) > 7 else 1.0
+    ctx.logits_dtype = logits.dtype
+    ctx.save_for_backward(logits, output[1])
+
+
+def _gating_backward(ctx, grad_w, grad_idx):
+    from torch_ascend_moe.backends.portable.moe_routing import gating_scores
+
+    logits, idx = ctx.saved_tensors
+    if grad_w is None or not _needs(ctx, 0):
+        return None, None, None, None, None, None, None, None
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    scores = gating_scores(logits, ctx.score_func, acc)
+    g = scores.gather(1, idx)
+    dg = grad_w.to(acc) * ctx.scale
+    if ctx.renormalize:
+        denom = g.sum(-1, keepdim=True) + 1e-20
+        dg = (dg - (dg * g).sum(-1, keepdim=True) / denom) / denom
+    d_scores = torch.zeros_like(scores).scatter_add_(1, idx, dg)
+    if ctx.score_func == "sigmoid":
+        d_logits = d_scores * scores * (1 - scores)
+    else:
+        d_logits = scores * (d_scores - (d_scores * scores).sum(-1, keepdim=True))
+    return d_logits.to(ctx.logits_dtype), None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("ascend_moe::moe_gating_topk", _gating_backward, setup_context=_gating_setup)

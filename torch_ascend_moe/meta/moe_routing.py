@@ -10,6 +10,7 @@ from torch_ascend_moe import _checks as ck
 
 PERMUTE = "ascend_moe::moe_permute"
 UNPERMUTE = "ascend_moe::moe_unpermute"
+GATING = "ascend_moe::moe_gating_topk"
 
 
 def permute_capacity(tokens, topk, experts, alignment):
@@ -85,3 +86,84 @@ def _permute_fake(x, topk_idx, num_experts, alignment=1):
 def _unpermute_fake(y, row_map, topk_weights=None):
     unpermute_signature(y, row_map, topk_weights)
     return y.new_empty([row_map.shape[0], y.shape[1]])
+
+
+def gating_signature(logits, topk, bias, score_func, num_groups, topk_groups) -> torch.dtype:
+    """Checks moe_gating_topk's arguments; returns the dtype scores and weights are computed in.
+
+    The gating, for logits ``[T, E]`` (in FP32, FP64 for FP64 logits):
+    ``scores = softmax(logits)`` or ``sigmoid(logits)``; ``choice = scores + bias`` (the load-balancing
+    ``e_score_correction_bias``, selection only); with ``num_groups > 1`` the E experts form equal groups, a
+    group scores its best ``choice`` (the sum of its best two when a bias is given, as DeepSeek-V3) and only
+    the best ``topk_groups`` groups stay eligible; ``topk_idx`` = the ``topk`` best eligible experts, best
+    first, ties to the lower index; ``topk_weights = scores[topk_idx]``, divided by their sum (+ 1e-20) when
+    ``renormalize``, times ``routed_scaling_factor``."""
+    op = GATING
+    ck.check_rank(op, "logits", logits, 2, "[T, E]")
+    ck.check_arg(logits.dtype in ck.GEMM_DTYPES, op, "logits", "dtype", ck.GEMM_DTYPES_TEXT, logits.dtype)
+    e = logits.shape[1]
+    ck.check_arg(
+        score_func in ("softmax", "sigmoid"), op, "score_func", "value", "'softmax' or 'sigmoid'", f"'{score_func}'"
+    )
+    ck.check_arg(e > 0, op, "logits", "size(1) (E)", "a positive number of experts", e)
+    ck.check_arg(
+        num_groups > 0 and e % num_groups == 0,
+        op,
+        "num_groups",
+        "value",
+        lambda: f"a positive divisor of the expert count {ck._text(e)}",
+        num_groups,
+    )
+    ck.check_arg(
+        0 < topk_groups <= num_groups,
+        op,
+        "topk_groups",
+        "value",
+        lambda: f"in [1, num_groups={num_groups}]",
+        topk_groups,
+    )
+    eligible = topk_groups * (e // num_groups)
+    ck.check_arg(
+        0 < topk <= eligible,
+        op,
+        "topk",
+        "value",
+        lambda: f"in [1, {ck._text(eligible)}] (experts in the topk_groups selected groups)",
+        topk,
+    )
+    if bias is not None:
+        ck.check_rank(op, "bias", bias, 1, "[E]")
+        ck.check_dim_size(op, "bias", bias, 0, "E", e, "logits.size(1)")
+        ck.check_arg(
+            bias.dtype in (torch.float32, torch.float64),
+            op,
+            "bias",
+            "dtype",
+            "torch.float32 or torch.float64",
+            bias.dtype,
+        )
+        ck.check_arg(
+            bias.device == logits.device,
+            op,
+            "bias",
+            "device",
+            lambda: f"{logits.device} (same as 'logits')",
+            bias.device,
+        )
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake(GATING)
+def _gating_fake(
+    logits,
+    topk,
+    bias=None,
+    score_func="softmax",
+    num_groups=1,
+    topk_groups=1,
+    renormalize=True,
+    routed_scaling_factor=1.0,
+):
+    acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
+    t = logits.shape[0]
+    return logits.new_empty([t, topk], dtype=acc), logits.new_empty([t, topk], dtype=torch.int64)

@@ -13,7 +13,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_linear,
 )
 from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
-from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+from torch_ascend_moe.ops.moe_routing import moe_gating_topk, moe_permute, moe_unpermute
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk, paged_mqa_logits, paged_mqa_logits_metadata
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "m_grouped_fp8_linear",
     "moe_permute",
     "moe_unpermute",
+    "moe_gating_topk",
     "mqa_logits",
     "mqa_topk",
     "paged_mqa_logits",

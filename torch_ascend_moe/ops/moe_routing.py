@@ -6,6 +6,7 @@ import torch
 
 _permute = torch.ops.ascend_moe.moe_permute.default
 _unpermute = torch.ops.ascend_moe.moe_unpermute.default
+_gating = torch.ops.ascend_moe.moe_gating_topk.default
 
 
 def moe_permute(
@@ -27,3 +28,30 @@ def moe_permute(
 def moe_unpermute(y: torch.Tensor, row_map: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]]``: the weighted combine after the experts."""
     return _unpermute(y, row_map, topk_weights)
+
+
+def moe_gating_topk(
+    logits: torch.Tensor,
+    topk: int,
+    *,
+    bias: torch.Tensor | None = None,
+    score_func: str = "softmax",
+    num_groups: int = 1,
+    topk_groups: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE gating: ``(topk_idx int64 [T, k], topk_weights [T, k])`` from router ``logits [T, E]`` (the op
+    ``torch.ops.ascend_moe.moe_gating_topk`` returns them the other way round, as torch_npu's gating op).
+
+    Mixtral / Qwen-MoE: ``score_func="softmax"`` (``renormalize`` = ``norm_topk_prob``). DeepSeek-V3:
+    ``score_func="sigmoid"``, ``bias=e_score_correction_bias`` (steers the choice only), ``num_groups=n_group``,
+    ``topk_groups=topk_group`` (group-limited routing), ``routed_scaling_factor``. Best expert first, ties to
+    the lower index; computed in FP32 (FP64 for FP64 logits). The weights are differentiable w.r.t. the logits.
+
+    >>> idx, w = moe_gating_topk(torch.tensor([[0.0, 2.0, 1.0, 2.0]]), 2)
+    >>> idx.tolist(), [round(v, 4) for v in w[0].tolist()]
+    ([[1, 3]], [0.5, 0.5])
+    """
+    weights, idx = _gating(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor)
+    return idx, weights

@@ -113,7 +113,117 @@ def unpermute_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# (T, E, topk, score_func, bias, num_groups, topk_groups, renormalize, scale): Mixtral (softmax top-2,
+# renormalized), Qwen-MoE without renormalization, DeepSeek-V3 (sigmoid, bias, 4 groups keep 2, scaled 2.5),
+# sigmoid groups without bias (group score = best expert), and exact ties (integer logits).
+_GATING_CASES = [
+    (7, 8, 2, "softmax", False, 1, 1, True, 1.0),
+    (5, 6, 3, "softmax", False, 1, 1, False, 1.0),
+    (9, 16, 4, "sigmoid", True, 4, 2, True, 2.5),
+    (6, 12, 3, "sigmoid", False, 3, 2, False, 1.0),
+    (4, 8, 3, "softmax", False, 2, 2, True, 1.0),
+    (0, 8, 2, "sigmoid", True, 2, 1, True, 1.0),
+]
+
+
+def gating_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(32)
+    samples = []
+    for i, (t, e, k, func, with_bias, groups, kept, renorm, scale) in enumerate(_GATING_CASES):
+        if small and i == 4:  # ties: the choice flips under gradcheck's perturbations (no derivative there)
+            continue
+        if i == 4:  # exact ties: equal logits must resolve to the lower expert index everywhere
+            logits = torch.randint(0, 3, (t, e), generator=g).double()
+        else:  # distinct ranks 0.25 apart plus noise: no near-ties, so fp32 and fp64 choose alike
+            logits = torch.stack([torch.randperm(e, generator=g) for _ in range(t)]).double() * 0.25 if t else None
+            logits = torch.zeros(0, e, dtype=torch.float64) if logits is None else logits
+            logits = logits + torch.rand(t, e, generator=g, dtype=torch.float64) * 0.01 - 1.0
+        logits = logits.to(dtype).to(device).requires_grad_(requires_grad)
+        bias_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        bias = (torch.randn(e, generator=g) * 0.02).to(bias_dtype).to(device) if with_bias else None
+        samples.append(
+            SampleInput(
+                (logits, k, bias, func, groups, kept, renorm, scale),
+                f"T{t} E{e} top-{k} {func}{' bias' if with_bias else ''} groups {kept}/{groups} renorm={renorm}",
+            )
+        )
+    return samples
+
+
+def gating_reference(
+    logits,
+    topk,
+    bias=None,
+    score_func="softmax",
+    num_groups=1,
+    topk_groups=1,
+    renormalize=True,
+    routed_scaling_factor=1.0,
+):
+    """Token by token in fp64, with sorted() on (-value, index) keys: best first, ties to the lower index."""
+    t, e = logits.shape
+    size = e // num_groups
+    idx = torch.zeros(t, topk, dtype=torch.int64)
+    weights = torch.zeros(t, topk, dtype=torch.float64)
+    for i in range(t):
+        row = logits[i].detach().double()
+        scores = row.sigmoid() if score_func == "sigmoid" else row.softmax(0)
+        choice = [float(scores[j]) + (float(bias[j]) if bias is not None else 0.0) for j in range(e)]
+        eligible = list(range(e))
+        if num_groups > 1:
+            group_scores = []
+            for grp in range(num_groups):
+                members = sorted(choice[grp * size : (grp + 1) * size], reverse=True)
+                group_scores.append(sum(members[:2]) if bias is not None else members[0])
+            kept = sorted(range(num_groups), key=lambda grp: (-group_scores[grp], grp))[:topk_groups]
+            eligible = [j for j in range(e) if j // size in kept]
+        chosen = sorted(eligible, key=lambda j: (-choice[j], j))[:topk]
+        w = torch.tensor([float(scores[j]) for j in chosen], dtype=torch.float64)
+        if renormalize:
+            w = w / (w.sum() + 1e-20)
+        idx[i] = torch.tensor(chosen)
+        weights[i] = w * routed_scaling_factor
+    return weights, idx
+
+
+def gating_bad_inputs(device) -> list[BadInput]:
+    logits, bias = torch.randn(4, 8), torch.zeros(8)
+    return [
+        BadInput(
+            (logits, 2, None, "relu", 1, 1, True, 1.0), r"argument 'score_func' value: expected 'softmax' or", "fn"
+        ),
+        BadInput((logits, 9, None, "softmax", 1, 1, True, 1.0), r"argument 'topk' value: expected in \[1, 8\]", "k>E"),
+        BadInput((logits, 0, None, "softmax", 1, 1, True, 1.0), r"argument 'topk' value: expected in \[1, 8\]", "k=0"),
+        BadInput(
+            (logits, 2, None, "sigmoid", 3, 1, True, 1.0),
+            r"argument 'num_groups' value: expected a positive divisor of the expert count 8, got 3",
+            "groups",
+        ),
+        BadInput(
+            (logits, 2, None, "sigmoid", 4, 5, True, 1.0),
+            r"argument 'topk_groups' value: expected in \[1, num_groups=4\]",
+            "kept",
+        ),
+        BadInput(
+            (logits, 5, None, "sigmoid", 4, 2, True, 1.0),
+            r"argument 'topk' value: expected in \[1, 4\] \(experts in the topk_groups selected groups\), got 5",
+            "k > eligible",
+        ),
+        BadInput(
+            (logits, 2, bias[:4], "sigmoid", 1, 1, True, 1.0), r"argument 'bias' size\(0\) \(E\): expected 8", "bias E"
+        ),
+        BadInput(
+            (logits, 2, bias.half(), "sigmoid", 1, 1, True, 1.0),
+            r"argument 'bias' dtype: expected torch.float32",
+            "bias dtype",
+        ),
+        BadInput((logits.int(), 2, None, "softmax", 1, 1, True, 1.0), r"argument 'logits' dtype: expected", "dtype"),
+        BadInput((logits[0], 2, None, "softmax", 1, 1, True, 1.0), r"argument 'logits' rank: expected 2-D", "rank"),
+    ]
+
+
 SPECS = [
     OpSpec("moe_permute", permute_samples, permute_reference, permute_bad_inputs, portable.moe_permute),
     OpSpec("moe_unpermute", unpermute_samples, unpermute_reference, unpermute_bad_inputs, portable.moe_unpermute),
+    OpSpec("moe_gating_topk", gating_samples, gating_reference, gating_bad_inputs, portable.moe_gating_topk),
 ]

@@ -37,6 +37,7 @@ KERNELS = {
     "moe_permute": moe_routing.moe_permute,
     "hc_prenorm_gemm": hc_prenorm.hc_prenorm_gemm,
     "moe_unpermute": moe_routing.moe_unpermute,
+    "moe_gating_topk": moe_routing.moe_gating_topk,
     **ep.KERNELS,
     "mqa_logits": mqa_logits.mqa_logits,
     "mqa_logits_backward": mqa_logits.mqa_logits_backward,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe.meta.moe_routing import PERMUTE, UNPERMUTE, permute_signature, unpermute_signature
+from torch_ascend_moe.meta.moe_routing import (
+    PERMUTE,
+    UNPERMUTE,
+    gating_signature,
+    permute_signature,
+    unpermute_signature,
+)
 
 
 def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
@@ -61,3 +67,42 @@ def moe_unpermute(y, row_map, topk_weights=None):
     if topk_weights is not None:
         gathered = gathered * topk_weights.to(acc_t).unsqueeze(-1)
     return gathered.sum(1).to(y.dtype)
+
+
+def gating_scores(logits, score_func, acc):
+    """The gating scores: softmax or sigmoid of the logits in ``acc`` (FP32, or FP64)."""
+    logits = logits.to(acc)
+    return logits.sigmoid() if score_func == "sigmoid" else logits.softmax(-1)
+
+
+def moe_gating_topk(
+    logits,
+    topk,
+    bias=None,
+    score_func="softmax",
+    num_groups=1,
+    topk_groups=1,
+    renormalize=True,
+    routed_scaling_factor=1.0,
+):
+    acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
+    t, e = logits.shape
+    scores = gating_scores(logits, score_func, acc)
+    choice = scores + bias.to(acc) if bias is not None else scores
+    if 1 < num_groups and topk_groups < num_groups:
+        grouped = choice.view(t, num_groups, e // num_groups)
+        if bias is not None:  # DeepSeek-V3: the sum of a group's best two
+            group_scores = torch.sort(grouped, dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
+        else:
+            group_scores = grouped.amax(-1)
+        kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_groups]
+        mask = torch.zeros(t, num_groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
+        choice = choice.masked_fill(~mask.repeat_interleave(e // num_groups, dim=1), float("-inf"))
+    idx = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :topk]
+    idx = idx.clone(memory_format=torch.contiguous_format)  # contiguous() keeps an empty slice's strides
+    weights = scores.gather(1, idx)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    if routed_scaling_factor != 1.0:
+        weights = weights * routed_scaling_factor
+    return weights.clone(memory_format=torch.contiguous_format), idx
