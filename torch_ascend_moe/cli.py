@@ -1,4 +1,4 @@
-"""``python -m torch_ascend_moe {info,bench}`` (also the ``torch-ascend-moe`` console script)."""
+"""``python -m torch_ascend_moe {demo,info,bench}`` (also the ``torch-ascend-moe`` console script)."""
 
 from __future__ import annotations
 
@@ -143,9 +143,19 @@ def cmd_bench(args, console: Console) -> int:
     return 0
 
 
+def cmd_demo(args, console: Console) -> int:
+    from torch_ascend_moe import demo
+
+    return demo.main(args, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_ascend_moe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    from torch_ascend_moe import demo
+
+    d = sub.add_parser("demo", help="the main job: a small MoE transformer eager, compiled, trained, exported, checked")
+    demo.add_arguments(d)
     info = sub.add_parser("info", help="versions, build, backends and the capability matrix of every op")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     b = sub.add_parser("bench", help="time a family's ops against PyTorch baselines measured in the same run")
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Wide enough for the tables when piped (rich assumes 80 columns without a terminal).
     console = Console(width=None if sys.stdout.isatty() else 150)
-    return {"info": cmd_info, "bench": cmd_bench}[args.command](args, console)
+    return {"info": cmd_info, "bench": cmd_bench, "demo": cmd_demo}[args.command](args, console)
 
 
 if __name__ == "__main__":

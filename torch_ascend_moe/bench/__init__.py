@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa", "ep")
+FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa", "ep", "moe")
 # Workload options a family may read (``bench ep``: --tokens, --hidden, --topk, --experts); set by the CLI.
 OPTIONS: dict[str, int] = {}
 # Names that run several families: ``bench fp8`` covers every FP8 op.

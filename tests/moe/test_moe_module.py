@@ -1,0 +1,118 @@
+"""nn.MoE: numerics against an FP64 loop reference (Mixtral-, Qwen- and DeepSeek-style routing, shared experts,
+FP8 experts), training, torch.compile(fullgraph=True) with no graph breaks, torch.export round trip, bad
+input, and expert parallelism on 2 gloo ranks against one process."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from torch_ascend_moe.nn import MoE
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.moe import ep_parity_worker, moe_reference
+
+CONFIGS = {
+    "mixtral": dict(),
+    "qwen": dict(renormalize=False, num_shared_experts=1),
+    "deepseek": dict(
+        score_func="sigmoid",
+        use_expert_bias=True,
+        num_groups=4,
+        topk_groups=2,
+        routed_scaling_factor=2.5,
+        num_shared_experts=2,
+    ),
+}
+
+
+def _layer(name, dtype=torch.float32, **extra):
+    torch.manual_seed(0)
+    moe = MoE(64, 32, 8, 2, dtype=dtype, **CONFIGS[name], **extra)
+    if moe.gate.e_score_correction_bias is not None:
+        with torch.no_grad():
+            moe.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.05)
+    return moe
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_matches_fp64_reference(name, dtype):
+    moe = _layer(name, dtype)
+    x = torch.randn(3, 7, 64).to(dtype)
+    y = moe(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    assert calc_diff(y, moe_reference(moe, x)) < (1e-10 if dtype == torch.float32 else 1e-4)
+
+
+def test_fp8_experts_within_recipe_tolerance():
+    torch.manual_seed(0)
+    moe = MoE(128, 128, 4, 2, fp8=True, num_shared_experts=1)
+    x = torch.randn(16, 128)
+    assert calc_diff(moe(x), moe_reference(moe, x)) < 2e-3  # DeepGEMM's FP8 threshold is 1e-3 per GEMM
+
+
+def test_training_reduces_loss():
+    moe = _layer("deepseek")
+    g = torch.Generator().manual_seed(1)
+    x, target = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
+    opt = torch.optim.Adam(moe.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.mse_loss(moe(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert moe.gate.weight.grad is not None and moe.experts.down_proj.grad is not None
+
+
+def test_compile_fullgraph_no_graph_breaks():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    moe = _layer("deepseek")
+    x = torch.randn(2, 5, 64, requires_grad=True)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(moe, fullgraph=True, backend=counter)
+    out = compiled(x)
+    torch.testing.assert_close(out, moe(x), rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+    explain = torch._dynamo.explain(moe)(x)
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+    out.sum().backward()
+    assert x.grad is not None and moe.experts.gate_up_proj.grad is not None
+
+
+def test_export_round_trip(tmp_path):
+    moe = _layer("qwen").eval()
+    x = torch.randn(6, 64)
+    program = torch.export.export(moe, (x,))
+    path = tmp_path / "moe.pt2"
+    torch.export.save(program, path)
+    loaded = torch.export.load(path).module()
+    assert torch.equal(loaded(x), moe(x))
+
+
+def test_update_expert_bias():
+    moe = _layer("deepseek")
+    before = moe.gate.e_score_correction_bias.clone()
+    moe.update_expert_bias(torch.tensor([10, 0, 5, 5, 5, 5, 5, 5]), rate=0.1)
+    delta = moe.gate.e_score_correction_bias - before
+    assert delta[0] < 0 < delta[1] and delta[2] == 0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected in \[1, num_experts=4\], got 5"):
+        MoE(64, 32, 4, 5)
+    with pytest.raises(
+        ValueError, match=r"MoE: argument 'hidden_size, intermediate_size': expected multiples of block=128"
+    ):
+        MoE(96, 128, 4, 2, fp8=True)
+    with pytest.raises(ValueError, match=r"MoE: argument 'x': expected \[\.\.\., hidden_size=64\], got \[3, 32\]"):
+        MoE(64, 32, 4, 2)(torch.randn(3, 32))
+    with pytest.raises(ValueError, match=r"moe_gating_topk: argument 'num_groups' value: expected a positive divisor"):
+        MoE(64, 32, 6, 2, num_groups=4)(torch.randn(3, 64))
+
+
+def test_expert_parallel_matches_single_process(tmp_path):
+    mp.spawn(ep_parity_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)

@@ -1,0 +1,205 @@
+"""Hugging Face transformers (v5) integration. ``import torch_ascend_moe.hf`` (transformers must be installed:
+``pip install 'torch_ascend_moe[hf]'``) registers two experts implementations with transformers'
+``ExpertsInterface``:
+
+- ``"ascend_moe"``: the experts of any ``@use_experts_implementation`` model (Mixtral, Qwen3-MoE, DeepSeek-V3, ...)
+  run as ``moe_permute`` -> ``m_grouped_bf16_gemm`` -> activation -> ``m_grouped_bf16_gemm`` -> ``moe_unpermute``;
+- ``"ascend_moe_fp8"``: the same with both GEMMs in FP8 (``m_grouped_fp8_linear``, DeepSeek-V3's recipe; the
+  model's weights stay as they are, quantized on the fly; hidden and intermediate sizes multiples of 128),
+
+so ``from_pretrained(..., experts_implementation="ascend_moe")`` or ``model.set_experts_implementation("ascend_moe")``
+runs them on our ops (trainable, ``torch.compile``-able, exportable). ``swap_moe_blocks(model)`` goes further:
+it replaces whole MoE blocks (router + experts + shared experts) with ``torch_ascend_moe.nn.MoE``, optionally in
+FP8 and expert-parallel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ExpertsInterface
+
+from torch_ascend_moe.nn import MoE
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
+from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+
+IMPLEMENTATION = "ascend_moe"
+IMPLEMENTATION_FP8 = "ascend_moe_fp8"
+
+
+def _check_layout(module: nn.Module, name: str) -> None:
+    unsupported = {
+        "has_bias": getattr(module, "has_bias", False),
+        "is_transposed": getattr(module, "is_transposed", False),
+        "is_concatenated=False": not getattr(module, "is_concatenated", True),
+        "has_gate=False": not getattr(module, "has_gate", True),
+        "has_post_expert_norm": getattr(module, "has_post_expert_norm", False),
+    }
+    bad = [k for k, v in unsupported.items() if v]
+    if bad:
+        raise NotImplementedError(
+            f"experts_implementation={name!r}: {type(module).__name__} uses {', '.join(bad)}; supported: "
+            "concatenated [gate; up] gate_up_proj [E, 2I, H], down_proj [E, H, I], no biases"
+        )
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights, fp8: bool):
+    name = IMPLEMENTATION_FP8 if fp8 else IMPLEMENTATION
+    _check_layout(self, name)
+    num_experts = self.gate_up_proj.shape[0]
+    # Expert parallelism in transformers marks other ranks' experts with ids >= num_experts: unrouted (-1) here.
+    idx = torch.where(top_k_index < num_experts, top_k_index, -1)
+    permuted, row_map, offs = moe_permute(hidden_states, idx, num_experts)
+    if fp8:
+
+        def grouped(x, w):
+            return m_grouped_fp8_linear(x, w, offs)
+    else:
+
+        def grouped(x, w):
+            return m_grouped_bf16_gemm(x, w.to(x.dtype), offs)
+
+    hidden = self._apply_gate(grouped(permuted, self.gate_up_proj))
+    out = grouped(hidden, self.down_proj)
+    return moe_unpermute(out, row_map, top_k_weights.to(out.dtype)).to(hidden_states.dtype)
+
+
+def ascend_moe_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts forward signature: ``hidden_states [T, H]``, ``top_k_index [T, k]``,
+    ``top_k_weights [T, k]`` -> ``[T, H]``."""
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, fp8=False)
+
+
+def ascend_moe_fp8_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, fp8=True)
+
+
+def register() -> None:
+    """Register both implementations with transformers (done on import; idempotent)."""
+    ExpertsInterface.register(IMPLEMENTATION, ascend_moe_experts_forward)
+    ExpertsInterface.register(IMPLEMENTATION_FP8, ascend_moe_fp8_experts_forward)
+
+
+register()
+
+
+# ---- swapping whole blocks ----
+
+
+# HF block class name -> how its config maps onto MoE's routing options.
+def _mixtral(config) -> dict:
+    return dict(num_experts=config.num_local_experts, score_func="softmax", renormalize=True, router_dtype=None)
+
+
+def _qwen3(config) -> dict:
+    return dict(
+        num_experts=config.num_experts, score_func="softmax", renormalize=config.norm_topk_prob, router_dtype=None
+    )
+
+
+def _deepseek_v3(config) -> dict:
+    return dict(
+        num_experts=config.n_routed_experts,
+        score_func="sigmoid",
+        renormalize=config.norm_topk_prob,
+        use_expert_bias=True,
+        num_groups=config.n_group,
+        topk_groups=config.topk_group,
+        routed_scaling_factor=config.routed_scaling_factor,
+        num_shared_experts=config.n_shared_experts,
+        router_dtype=torch.float32,
+    )
+
+
+BLOCKS = {
+    "MixtralSparseMoeBlock": _mixtral,
+    "Qwen3MoeSparseMoeBlock": _qwen3,
+    "DeepseekV3MoE": _deepseek_v3,
+}
+
+
+def _block_config(block: nn.Module, model_config):
+    return getattr(block, "config", None) or model_config
+
+
+def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens) -> MoE:
+    options = BLOCKS[type(block).__name__](config)
+    experts = block.experts
+    num_experts, two_i, hidden = experts.gate_up_proj.shape
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"swap_moe_blocks: {type(block).__name__}: argument 'config.hidden_act': expected 'silu', got {act!r}"
+        )
+    if num_experts != options["num_experts"]:
+        raise ValueError(
+            f"swap_moe_blocks: {type(block).__name__}: argument 'experts.gate_up_proj' shape: expected "
+            f"{options['num_experts']} experts (the config's), got {list(experts.gate_up_proj.shape)}"
+        )
+    shared = getattr(block, "shared_experts", None)
+    if shared is not None:
+        options["shared_intermediate_size"] = shared.gate_proj.weight.shape[0]
+    param = experts.gate_up_proj
+    return MoE(
+        hidden,
+        two_i // 2,
+        topk=config.num_experts_per_tok,
+        fp8=fp8,
+        ep_group=ep_group,
+        ep_static_tokens=ep_static_tokens,
+        device=param.device,
+        dtype=param.dtype,
+        **options,
+    )
+
+
+def _hf_state(block: nn.Module) -> dict[str, torch.Tensor]:
+    """The block's weights under MoE's names (gate.weight, gate.e_score_correction_bias, experts.*,
+    shared_experts.*): HF's names are the same for these blocks, so this is the block's own state dict."""
+    state = block.state_dict()
+    return {k: v for k, v in state.items() if k.split(".")[0] in ("gate", "experts", "shared_experts")}
+
+
+def swap_moe_blocks(
+    model: nn.Module,
+    *,
+    fp8: bool = False,
+    ep_group=None,
+    ep_static_tokens: int | None = None,
+    convert_linears_to_fp8: bool = False,
+) -> list[str]:
+    """Replace every Mixtral / Qwen3-MoE / DeepSeek-V3 MoE block of ``model`` with ``torch_ascend_moe.nn.MoE``,
+    loading the block's weights (router, e_score_correction_bias, experts, shared experts; the parameter names
+    are HF's, so ``state_dict`` round trips). ``fp8`` runs the routed experts in FP8; ``ep_group`` makes them
+    expert-parallel (each rank keeps its slice of the experts); ``convert_linears_to_fp8`` also swaps the
+    model's other ``nn.Linear`` layers (not the LM head) for ``FP8Linear``. Returns the swapped modules' names.
+    """
+    swapped = []
+    model_config = getattr(model, "config", None)
+    for name, block in list(model.named_modules()):
+        if type(block).__name__ not in BLOCKS:
+            continue
+        config = _block_config(block, model_config)
+        moe = _moe_for(block, config, fp8, ep_group, ep_static_tokens)
+        state = _hf_state(block)
+        missing = set(moe.state_dict()) - set(state)
+        if moe.ep_size == 1 and missing:
+            raise ValueError(f"swap_moe_blocks: {name}: argument 'state_dict': missing {sorted(missing)}")
+        try:
+            if moe.ep_size > 1:
+                moe.load_full_state_dict(state)
+            else:
+                moe.load_state_dict(state)
+        except RuntimeError as e:
+            raise ValueError(f"swap_moe_blocks: {name}: the block's weights do not fit MoE: {e}") from e
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, moe)
+        swapped.append(name)
+    if convert_linears_to_fp8:
+        from torch_ascend_moe.nn import convert_to_fp8_linear
+
+        def keep(fqn, module):
+            return "lm_head" not in fqn and module.in_features % 128 == 0
+
+        convert_to_fp8_linear(model, keep)
+    return swapped

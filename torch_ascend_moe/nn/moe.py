@@ -1,0 +1,234 @@
+"""``MoE``: a DeepSeek-V3 / Mixtral / Qwen-MoE style mixture-of-experts layer on the ascend_moe ops.
+
+``MoEGate`` (router: ``moe_gating_topk``) picks each token's experts, ``GroupedExperts`` runs them as grouped
+GEMMs (BF16/FP32 or FP8), optional shared experts (one SwiGLU MLP every token goes through) are added. With
+``ep_group`` the routed experts are split across the group's ranks: tokens travel with ``ep_dispatch`` and
+come back with ``ep_combine`` (expert parallelism), everything else is replicated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_ascend_moe.nn.grouped_experts import GroupedExperts
+from torch_ascend_moe.ops.moe_routing import moe_gating_topk
+
+
+def _error(module: str, arg: str, expected: str, actual) -> ValueError:
+    return ValueError(f"{module}: argument '{arg}': expected {expected}, got {actual}")
+
+
+class MoEGate(nn.Module):
+    """The router: ``logits = x @ weight^T`` (in ``router_dtype``, FP32 by default, as DeepSeek-V3), then
+    ``moe_gating_topk``. ``use_expert_bias`` adds DeepSeek-V3's ``e_score_correction_bias`` buffer (steers the
+    choice, not the weights; updated from expert loads by ``MoE.update_expert_bias``, not by gradients).
+    ``forward(x [T, H]) -> (topk_idx [T, k], topk_weights [T, k] FP32, logits [T, E])``."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        topk: int,
+        *,
+        score_func: str = "softmax",
+        num_groups: int = 1,
+        topk_groups: int = 1,
+        renormalize: bool = True,
+        routed_scaling_factor: float = 1.0,
+        use_expert_bias: bool = False,
+        router_dtype: torch.dtype | None = torch.float32,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if not 0 < topk <= num_experts:
+            raise _error("MoEGate", "topk", f"in [1, num_experts={num_experts}]", topk)
+        self.num_experts, self.topk, self.score_func = num_experts, topk, score_func
+        self.num_groups, self.topk_groups, self.renormalize = num_groups, topk_groups, renormalize
+        self.routed_scaling_factor, self.router_dtype = routed_scaling_factor, router_dtype
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device, dtype=dtype))
+        if use_expert_bias:
+            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts, device=device))
+        else:
+            self.e_score_correction_bias = None
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's default
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.router_dtype is not None:
+            logits = F.linear(x.to(self.router_dtype), self.weight.to(self.router_dtype))
+        else:
+            logits = F.linear(x, self.weight)
+        idx, weights = moe_gating_topk(
+            logits,
+            self.topk,
+            bias=self.e_score_correction_bias,
+            score_func=self.score_func,
+            num_groups=self.num_groups,
+            topk_groups=self.topk_groups,
+            renormalize=self.renormalize,
+            routed_scaling_factor=self.routed_scaling_factor,
+        )
+        return idx, weights, logits
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, topk={self.topk}, score_func={self.score_func!r}, "
+            f"groups={self.topk_groups}/{self.num_groups}, renormalize={self.renormalize}, "
+            f"routed_scaling_factor={self.routed_scaling_factor}, bias={self.e_score_correction_bias is not None}"
+        )
+
+
+class SwiGLUMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with bias-free linears (the shared experts; HF's ``*MLP`` layout)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoE(nn.Module):
+    """Router + routed experts + optional shared experts; ``forward(x [..., H]) -> [..., H]``.
+
+    Routing options are ``moe_gating_topk``'s (Mixtral: defaults; DeepSeek-V3: ``score_func="sigmoid"``,
+    ``use_expert_bias=True``, ``num_groups``/``topk_groups``, ``routed_scaling_factor``). ``fp8=True`` runs
+    the routed experts' GEMMs in FP8 (DeepSeek-V3's 1x128 / 128x128 recipe; sizes multiples of ``block``).
+
+    ``ep_group`` (a process group or its name) enables expert parallelism: rank r holds experts
+    ``[r·E/R, (r+1)·E/R)`` (``self.experts`` has E/R of them; parameters under the same names, so a full
+    state dict is sliced by ``load_full_state_dict``); tokens go out with ``ep_dispatch`` and return with
+    ``ep_combine``. ``ep_static_tokens=T`` uses the static dispatch (``num_worst_tokens = R·T``, every rank
+    passing T tokens: fixed shapes, capturable) instead of the compact one (data-dependent row count).
+
+    >>> moe = MoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
+    >>> moe(torch.randn(2, 3, 64)).shape
+    torch.Size([2, 3, 64])
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int,
+        topk: int,
+        *,
+        num_shared_experts: int = 0,
+        shared_intermediate_size: int | None = None,
+        score_func: str = "softmax",
+        num_groups: int = 1,
+        topk_groups: int = 1,
+        renormalize: bool = True,
+        routed_scaling_factor: float = 1.0,
+        use_expert_bias: bool = False,
+        router_dtype: torch.dtype | None = torch.float32,
+        fp8: bool = False,
+        block: int = 128,
+        ep_group=None,
+        ep_static_tokens: int | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if hidden_size <= 0 or intermediate_size <= 0 or num_experts <= 0:
+            raise _error(
+                "MoE",
+                "hidden_size, intermediate_size, num_experts",
+                "positive integers",
+                (hidden_size, intermediate_size, num_experts),
+            )
+        if not 0 < topk <= num_experts:
+            raise _error("MoE", "topk", f"in [1, num_experts={num_experts}]", topk)
+        if fp8 and (hidden_size % block or intermediate_size % block):
+            raise _error(
+                "MoE",
+                "hidden_size, intermediate_size",
+                f"multiples of block={block} with fp8=True",
+                (hidden_size, intermediate_size),
+            )
+        self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
+        self.ep_group_name, self.ep_rank, self.ep_size = None, 0, 1
+        if ep_group is not None:
+            import torch.distributed as dist
+
+            from torch_ascend_moe.ops.ep import group_name_of
+
+            self.ep_group_name = group_name_of(ep_group)
+            group = dist.distributed_c10d._resolve_process_group(self.ep_group_name)
+            self.ep_rank, self.ep_size = group.rank(), group.size()
+            if num_experts % self.ep_size:
+                raise _error("MoE", "num_experts", f"a multiple of the EP world size {self.ep_size}", num_experts)
+        self.ep_static_tokens = ep_static_tokens
+        factory = {"device": device, "dtype": dtype}
+        self.gate = MoEGate(
+            hidden_size,
+            num_experts,
+            topk,
+            score_func=score_func,
+            num_groups=num_groups,
+            topk_groups=topk_groups,
+            renormalize=renormalize,
+            routed_scaling_factor=routed_scaling_factor,
+            use_expert_bias=use_expert_bias,
+            router_dtype=router_dtype,
+            **factory,
+        )
+        self.experts = GroupedExperts(
+            num_experts // self.ep_size, hidden_size, intermediate_size, fp8=fp8, block=block, **factory
+        )
+        self.shared_experts = None
+        if num_shared_experts:
+            size = shared_intermediate_size or intermediate_size * num_shared_experts
+            self.shared_experts = SwiGLUMLP(hidden_size, size, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden_size:
+            raise _error("MoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden_size)
+        idx, weights, _ = self.gate(tokens)
+        if self.ep_group_name is None:
+            out = self.experts(tokens, idx, weights)
+        else:
+            out = self._expert_parallel(tokens, idx, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        return out.view(shape)
+
+    def _expert_parallel(self, tokens, idx, weights):
+        from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
+
+        worst = 0 if self.ep_static_tokens is None else self.ep_static_tokens * self.ep_size
+        sent = ep_dispatch(
+            tokens, idx, weights, num_experts=self.num_experts, group=self.ep_group_name, num_worst_tokens=worst
+        )
+        local = self.experts(sent.recv_x, sent.recv_topk_idx, sent.recv_topk_weights)
+        out, _ = ep_combine(local, sent.handle)
+        return out
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a state dict holding every expert (a single-process MoE's) into this rank's slice."""
+        local = self.num_experts // self.ep_size
+        mine = dict(state)
+        for name in ("experts.gate_up_proj", "experts.down_proj"):
+            mine[name] = state[name][self.ep_rank * local : (self.ep_rank + 1) * local]
+        self.load_state_dict(mine)
+
+    @torch.no_grad()
+    def update_expert_bias(self, tokens_per_expert: torch.Tensor, rate: float = 1e-3) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balancing: raise the bias of under-loaded experts by ``rate``,
+        lower over-loaded ones (``tokens_per_expert [E]``: this step's counts, e.g. ``ep_dispatch_layout``'s)."""
+        bias = self.gate.e_score_correction_bias
+        if bias is None:
+            raise ValueError("MoE.update_expert_bias: the gate has no expert bias (use_expert_bias=False)")
+        load = tokens_per_expert.to(bias)
+        bias += rate * torch.sign(load.mean() - load)
