@@ -48,3 +48,12 @@ def test_demo_expert_parallel_two_ranks():
     proc = _run(torchrun, "--nproc-per-node", "2", "-m", "torch_ascend_moe", "demo", "--ep", "2", *SMALL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "EP 2 gloo" in proc.stdout and "all checks passed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_with_mhc_and_indexer():
+    """mHC residual streams and indexer-selected sparse attention in the same model (eager, training, export;
+    compiling this variant takes minutes on 2 cores, so the test leaves it out)."""
+    proc = _run(sys.executable, "-m", "torch_ascend_moe", "demo", "--mhc", "--indexer", "--no-compile", *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "mHC" in proc.stdout and "indexer" in proc.stdout and "all checks passed" in proc.stdout

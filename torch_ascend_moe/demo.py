@@ -48,19 +48,47 @@ class DemoConfig:
     ep: int = 1
     seed: int = 0
     compile: bool = True
+    mhc: bool = False  # residual streams mixed by mHC (HyperConnection on hc_prenorm_gemm)
+    indexer: bool = False  # attention restricted to each query's top keys chosen by a LightningIndexer (DSA)
+    hc_streams: int = 4
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
+    """Causal multi-head attention; with an ``indexer`` (DeepSeek sparse attention) each query attends only to
+    the ``indexer.topk`` earlier tokens its index scores rank highest (``mqa_logits`` -> ``mqa_topk``)."""
+
+    def __init__(self, hidden: int, heads: int, indexer_topk: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
+        self.indexer = None
+        if indexer_topk:
+            from torch_ascend_moe.nn import LightningIndexer
+
+            self.indexer = LightningIndexer(hidden, num_heads=4, head_dim=64, topk=indexer_topk, quant="fp8")
+
+    def _sparse_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, 1, S, S]`` boolean: key j visible to query i when the indexer picked it (causal by ks/ke)."""
+        b, s, _ = x.shape
+        ks = torch.zeros(s, dtype=torch.int32, device=x.device)
+        ke = torch.arange(1, s + 1, dtype=torch.int32, device=x.device)
+        masks = []
+        for i in range(b):  # the indexer scores one sequence's tokens against each other
+            with torch.no_grad():
+                idx, _ = self.indexer(x[i].detach(), ks, ke)
+            picked = torch.zeros(s, s + 1, dtype=torch.bool, device=x.device)
+            picked.scatter_(1, torch.where(idx >= 0, idx.long(), s), True)
+            masks.append(picked[:, :s])
+        return torch.stack(masks).unsqueeze(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.indexer is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._sparse_mask(x))
         return self.out(y.transpose(1, 2).reshape(b, s, h))
 
 
@@ -68,7 +96,7 @@ class Block(nn.Module):
     def __init__(self, cfg: DemoConfig, dense: bool, ep_group) -> None:
         super().__init__()
         self.attn_norm, self.ffn_norm = nn.RMSNorm(cfg.hidden), nn.RMSNorm(cfg.hidden)
-        self.attn = Attention(cfg.hidden, cfg.heads)
+        self.attn = Attention(cfg.hidden, cfg.heads, cfg.seq // 2 if cfg.indexer else 0)
         if dense:
             self.ffn = SwiGLUMLP(cfg.hidden, cfg.intermediate * 2)
         else:
@@ -87,10 +115,23 @@ class Block(nn.Module):
                 ep_group=ep_group,
                 ep_static_tokens=cfg.batch * cfg.seq if ep_group is not None else None,
             )
+        self.hc_attn = self.hc_ffn = None
+        if cfg.mhc:
+            from torch_ascend_moe.nn import HyperConnection
+
+            self.hc_attn = HyperConnection(cfg.hidden, n_hc=cfg.hc_streams)
+            self.hc_ffn = HyperConnection(cfg.hidden, n_hc=cfg.hc_streams)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.ffn(self.ffn_norm(x))
+        if self.hc_attn is None:
+            x = x + self.attn(self.attn_norm(x))
+            return x + self.ffn(self.ffn_norm(x))
+        # mHC: x holds the residual streams [B, S, n, H]; each sublayer reads a mix and writes back to all.
+        b, s, n, h = x.shape
+        streams = x.reshape(b * s, n, h)
+        streams = self.hc_attn(streams, lambda y: self.attn(self.attn_norm(y.view(b, s, h))).reshape(b * s, h))
+        streams = self.hc_ffn(streams, lambda y: self.ffn(self.ffn_norm(y)))
+        return streams.view(b, s, n, h)
 
 
 class TinyMoETransformer(nn.Module):
@@ -103,8 +144,13 @@ class TinyMoETransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
+        hc = self.blocks[0].hc_attn
+        if hc is not None:  # n copies of the embedding as the first residual streams
+            x = x.unsqueeze(2).expand(-1, -1, hc.n_hc, -1)
         for block in self.blocks:
             x = block(x)
+        if hc is not None:
+            x = x.sum(2)  # the streams' sum is the final hidden state
         return self.head(self.norm(x))
 
     def moe_layers(self) -> list[MoE]:
@@ -205,7 +251,9 @@ def run(cfg: DemoConfig, progress=None) -> Report:
         0.0,
         f"{params / 1e6:.2f} M parameters on this rank",
         True,
-        f"{cfg.layers} layers (1 dense), {cfg.experts} experts top-{cfg.topk} + 1 shared, hidden {cfg.hidden}",
+        f"{cfg.layers} layers (1 dense), {cfg.experts} experts top-{cfg.topk} + 1 shared, hidden {cfg.hidden}"
+        + (", mHC" if cfg.mhc else "")
+        + (", indexer" if cfg.indexer else ""),
     )
 
     g = torch.Generator().manual_seed(cfg.seed + 1)
@@ -339,6 +387,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=d.fp8, help="FP8 routed experts")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile, help="torch.compile")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (run under torchrun)")
+    parser.add_argument("--mhc", action="store_true", help="mHC residual streams (HyperConnection, hc_prenorm_gemm)")
+    parser.add_argument(
+        "--indexer", action="store_true", help="DeepSeek sparse attention: a LightningIndexer picks each query's keys"
+    )
     parser.add_argument("--seed", type=int, default=d.seed)
 
 
@@ -355,6 +407,8 @@ def config_from(args: argparse.Namespace) -> DemoConfig:
         compile=args.compile,
         ep=args.ep,
         seed=args.seed,
+        mhc=args.mhc,
+        indexer=args.indexer,
     )
 
 
@@ -370,6 +424,8 @@ def check_config(cfg: DemoConfig) -> None:
             f"demo: argument '--topk': expected in [1, {cfg.experts // 2}] (the experts of the 1 kept group of 2), "
             f"got {cfg.topk}"
         )
+    if cfg.mhc and (cfg.hc_streams * cfg.hidden) % 64:
+        raise ValueError(f"demo: argument '--hidden': expected a multiple of 16 with --mhc, got {cfg.hidden}")
     if cfg.ep > 1 and cfg.experts % cfg.ep:
         raise ValueError(f"demo: argument '--experts': expected a multiple of --ep={cfg.ep}, got {cfg.experts}")
 
