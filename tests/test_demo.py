@@ -22,6 +22,7 @@ def _run(*args, timeout=600):
 
 @pytest.mark.slow
 def test_demo_runs_and_passes():
+    # CI's first command runs the default demo (with torch.compile); this keeps the suite's copy small.
     proc = _run(sys.executable, "-m", "torch_ascend_moe", "demo", *SMALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for step in ("eager forward", "torch.compile fullgraph", "train 3 steps", "torch.export + reload"):
@@ -45,7 +46,9 @@ def test_demo_bad_option():
 @pytest.mark.slow
 def test_demo_expert_parallel_two_ranks():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = _run(torchrun, "--nproc-per-node", "2", "-m", "torch_ascend_moe", "demo", "--ep", "2", *SMALL)
+    proc = _run(
+        torchrun, "--nproc-per-node", "2", "-m", "torch_ascend_moe", "demo", "--ep", "2", "--no-compile", *SMALL
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "EP 2 gloo" in proc.stdout and "all checks passed" in proc.stdout
 

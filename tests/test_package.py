@@ -37,6 +37,7 @@ OPS = [
     "m_grouped_fp8_gemm",
     "m_grouped_fp8_gemm_masked",
     "m_grouped_fp8_linear",
+    "mega_moe",
     "moe_gating_topk",
     "moe_permute",
     "moe_unpermute",

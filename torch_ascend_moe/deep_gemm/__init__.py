@@ -57,6 +57,14 @@ from torch_ascend_moe.deep_gemm.layout import (
     get_mn_major_tma_aligned_tensor,
     transform_sf_into_required_layout,
 )
+from torch_ascend_moe.deep_gemm.mega import (
+    SymmBuffer,
+    bf16_mega_moe,
+    fp8_fp4_mega_moe,
+    get_symm_buffer_for_mega_moe,
+    get_token_alignment_for_mega_moe,
+    transform_weights_for_mega_moe,
+)
 from torch_ascend_moe.deep_gemm.mqa import (
     fp8_fp4_mqa_logits,
     fp8_fp4_paged_mqa_logits,
@@ -150,6 +158,12 @@ __all__ = utils.math.__all__ + [
     "set_tc_util",
     "testing",
     "tf32_hc_prenorm_gemm",
+    "SymmBuffer",
+    "bf16_mega_moe",
+    "fp8_fp4_mega_moe",
+    "get_symm_buffer_for_mega_moe",
+    "get_token_alignment_for_mega_moe",
+    "transform_weights_for_mega_moe",
     "transform_sf_into_required_layout",
     "use_deterministic_algorithms",
     "utils",

@@ -4,4 +4,14 @@
 its fakes are imported fails with a hint to import that module.
 """
 
-from torch_ascend_moe.meta import ep, fp8_gemm, fp8_linear, gemm, grouped, hc_prenorm, moe_routing, mqa_logits  # noqa: F401
+from torch_ascend_moe.meta import (  # noqa: F401
+    ep,
+    fp8_gemm,
+    fp8_linear,
+    gemm,
+    grouped,
+    hc_prenorm,
+    mega_moe,
+    moe_routing,
+    mqa_logits,
+)

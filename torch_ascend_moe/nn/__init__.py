@@ -4,13 +4,14 @@ from torch_ascend_moe.nn.fp8_linear import FP8Linear, convert_to_fp8_linear
 from torch_ascend_moe.nn.grouped_experts import GroupedExperts
 from torch_ascend_moe.nn.hyper_connection import HyperConnection, sinkhorn
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer, indexer_kl_loss
-from torch_ascend_moe.nn.moe import MoE, MoEGate, SwiGLUMLP
+from torch_ascend_moe.nn.moe import MegaMoE, MoE, MoEGate, SwiGLUMLP
 
 __all__ = [
     "FP8Linear",
     "GroupedExperts",
     "HyperConnection",
     "LightningIndexer",
+    "MegaMoE",
     "MoE",
     "MoEGate",
     "SwiGLUMLP",

@@ -232,3 +232,44 @@ class MoE(nn.Module):
             raise ValueError("MoE.update_expert_bias: the gate has no expert bias (use_expert_bias=False)")
         load = tokens_per_expert.to(bias)
         bias += rate * torch.sign(load.mean() - load)
+
+
+class MegaMoE(MoE):
+    """``MoE`` whose routed experts run as one ``mega_moe`` op (DeepGEMM's fused MegaMoE): BF16 tokens and
+    expert weights, the routing weight applied before the second GEMM, optional ``activation_clamp``; expert
+    parallel over ``ep_group`` inside the op. Same parameters and ``state_dict`` as ``MoE`` (checkpoints move
+    both ways); ``fp8`` is not available here (the FP8 x FP4 mode takes pre-quantized weights: use the op or
+    ``deep_gemm.fp8_fp4_mega_moe``).
+
+    >>> moe = MegaMoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
+    >>> moe(torch.randn(2, 3, 64)).shape
+    torch.Size([2, 3, 64])
+    """
+
+    def __init__(self, *args, activation_clamp: float | None = None, **kwargs) -> None:
+        if kwargs.get("fp8"):
+            raise _error("MegaMoE", "fp8", "False (FP8 x FP4 weights are pre-quantized: use mega_moe directly)", True)
+        super().__init__(*args, **kwargs)
+        self.activation_clamp = activation_clamp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch_ascend_moe.ops.mega_moe import mega_moe
+
+        if x.shape[-1] != self.hidden_size:
+            raise _error("MegaMoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden_size)
+        idx, weights, _ = self.gate(tokens)
+        out, _ = mega_moe(
+            tokens.bfloat16(),
+            idx,
+            weights.float(),
+            self.experts.gate_up_proj.bfloat16(),
+            self.experts.down_proj.bfloat16(),
+            group=self.ep_group_name,
+            activation_clamp=self.activation_clamp,
+        )
+        out = out.to(x.dtype)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        return out.view(shape)

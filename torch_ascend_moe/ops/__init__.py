@@ -13,6 +13,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_linear,
 )
 from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
+from torch_ascend_moe.ops.mega_moe import mega_moe
 from torch_ascend_moe.ops.moe_routing import moe_gating_topk, moe_permute, moe_unpermute
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk, paged_mqa_logits, paged_mqa_logits_metadata
 
@@ -26,6 +27,7 @@ __all__ = [
     "fp8_linear",
     "fp8_quant_gemm",
     "hc_prenorm_gemm",
+    "mega_moe",
     "k_grouped_bf16_gemm",
     "k_grouped_fp8_gemm",
     "m_grouped_bf16_gemm",

@@ -14,6 +14,7 @@ from torch_ascend_moe.backends.portable import (
     gemm,
     grouped,
     hc_prenorm,
+    mega_moe,
     moe_routing,
     mqa_logits,
 )
@@ -39,6 +40,7 @@ KERNELS = {
     "moe_unpermute": moe_routing.moe_unpermute,
     "moe_gating_topk": moe_routing.moe_gating_topk,
     **ep.KERNELS,
+    **mega_moe.KERNELS,
     "mqa_logits": mqa_logits.mqa_logits,
     "mqa_logits_backward": mqa_logits.mqa_logits_backward,
     "paged_mqa_logits": mqa_logits.paged_mqa_logits,

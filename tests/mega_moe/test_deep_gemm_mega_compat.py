@@ -1,0 +1,83 @@
+"""deep_gemm's MegaMoE API (upstream signatures) on the mega_moe op: buffer views, the weight transform
+(gate/up interleave in chunks of 8, UTCCP scale permutation), FP8 x FP4 and BF16 calls bitwise equal to the op
+on untransformed weights, recv stats accumulation, and argument errors."""
+
+import pytest
+import torch
+
+import torch_ascend_moe.deep_gemm as deep_gemm
+from torch_ascend_moe import mega_moe
+from torch_ascend_moe.deep_gemm import mega
+from torch_ascend_moe.quant import per_token_cast_to_fp4, per_token_cast_to_fp8
+
+T, H, INTER, E, K = 10, 128, 128, 4, 2
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    idx[0, 1] = -1
+    w = torch.rand(T, K, generator=g)
+    l1 = torch.randn(E, 2 * INTER, H, generator=g) * H**-0.5
+    l2 = torch.randn(E, H, INTER, generator=g) * INTER**-0.5
+    return x, idx, w, l1, l2
+
+
+def _fp4(w):
+    packed, sf = zip(*(per_token_cast_to_fp4(w[e], use_ue8m0=True, gran_k=32) for e in range(w.shape[0])))
+    return torch.stack(packed), torch.stack(sf)
+
+
+def test_transform_layout():
+    _, _, _, l1, _ = _inputs()
+    t1, _ = deep_gemm.transform_weights_for_mega_moe(l1.bfloat16(), None)
+    gate, up = l1.bfloat16()[:, :INTER], l1.bfloat16()[:, INTER:]
+    assert torch.equal(t1[:, :8], gate[:, :8]) and torch.equal(t1[:, 8:16], up[:, :8])
+    assert torch.equal(t1[:, 16:24], gate[:, 8:16])
+
+
+def test_fp8_fp4_call_matches_the_op():
+    x, idx, w, l1, l2 = _inputs()
+    (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
+    sf_layout = [
+        deep_gemm.transform_sf_into_required_layout(s, s.shape[1], H if i == 0 else INTER, (1, 32), E)
+        for i, s in enumerate((s1, s2))
+    ]
+    l1_t, l2_t = deep_gemm.transform_weights_for_mega_moe((w1, sf_layout[0]), (w2, sf_layout[1]))
+    buf = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER)
+    assert buf.num_max_tokens_per_rank == deep_gemm.get_token_alignment_for_mega_moe()
+    xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    buf.x[:T], buf.x_sf[:T], buf.topk_idx[:T], buf.topk_weights[:T] = xq, xsf, idx, w
+    y = torch.empty(T, H, dtype=torch.bfloat16)
+    stats = torch.randint(0, 100, (E,), dtype=torch.int32)
+    before = stats.clone()
+    deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, buf, cumulative_local_expert_recv_stats=stats, activation_clamp=10.0)
+    xq2, xsf2 = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
+    expected, counts = mega_moe(
+        xq2, idx, w, w1.view(torch.uint8), w2.view(torch.uint8), x_sf=xsf2, l1_sf=s1, l2_sf=s2, activation_clamp=10.0
+    )
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(stats, before + counts)
+
+
+def test_bf16_call_matches_the_op():
+    x, idx, w, l1, l2 = _inputs()
+    l1, l2 = l1.bfloat16(), l2.bfloat16()
+    l1_t, l2_t = deep_gemm.transform_weights_for_mega_moe(l1, l2)
+    buf = mega.SymmBuffer(None, E, T, K, H, INTER, mma_type="bf16xbf16")
+    buf.x[:], buf.topk_idx[:], buf.topk_weights[:] = x.bfloat16(), idx, w
+    y = torch.empty(T, H, dtype=torch.bfloat16)
+    deep_gemm.bf16_mega_moe(y, l1_t, l2_t, buf)
+    expected, _ = mega_moe(x.bfloat16(), idx, w, l1, l2)
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match=r"SymmBuffer: argument 'hidden' value: expected a multiple of 128"):
+        mega.SymmBuffer(None, E, T, K, 96, INTER)
+    with pytest.raises(ValueError, match=r"argument 'use_fp8_dispatch' value"):
+        deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, use_fp8_dispatch=False)
+    buf = mega.SymmBuffer(None, E, T, K, H, INTER, mma_type="bf16xbf16")
+    with pytest.raises(ValueError, match=r"argument 'recipe' value: expected \(1, 1, 32\)"):
+        deep_gemm.fp8_fp4_mega_moe(torch.empty(T, H), (None, None), (None, None), buf, recipe=(1, 1, 128))

@@ -1,0 +1,134 @@
+"""``mega_moe``: DeepGEMM's fused MegaMoE (specs/deepgemm_api.md §10.1) as the unfused pipeline of our own ops.
+
+On the GPU one kernel overlaps the steps; here (and on any device) they run one after another, so the op is
+bitwise equal to that pipeline by construction, which is also how upstream tests its kernel:
+
+1. dispatch: ``ep_dispatch`` (x rows and their 1x32 scales, ids, weights) when expert-parallel, else local;
+2. ``moe_permute`` the (token, slot) pairs into expert order (FP8 rows travel as raw bytes);
+3. L1: ``h = bf16(x̂ @ W1_e^T)`` (``m_grouped_bf16_gemm``, or ``m_grouped_fp8_gemm`` FP8 x FP4 with 1x32 UE8M0);
+4. ``gate = h[:I]``, ``up = h[I:]``; clamp ``gate <= c``, ``-c <= up <= c``; ``act = silu(gate) * up * w`` (FP32);
+5. ``act_q = bf16(act)``, or FP8 with per-32 UE8M0 scales (amax floored at 1e-4, scale rounded up to 2^k);
+6. L2: ``y_k = bf16(act_q @ W2_e^T)``;
+7. combine: ``moe_unpermute`` (FP32 sum of the token's rows in slot order, one rounding), or ``ep_combine``
+   of each rank's partial sums when expert-parallel.
+
+The second output counts the (token, slot) pairs each local expert received (DeepEP's
+``cumulative_local_expert_recv_stats`` increment; add it to your running total).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torch_ascend_moe.meta.mega_moe import mega_moe_signature
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
+from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+from torch_ascend_moe.quant import per_token_cast_to_fp8
+
+GRAN = 32  # the FP8 x FP4 recipe's K granularity (1 x 32 UE8M0 scales for x, W1, W2 and the activations)
+
+
+def _permute_rows(x, idx, experts):
+    """moe_permute of any 1- or 2-byte dtype: FP8 rows go through as pairs of bytes (bit copies)."""
+    if x.dtype == torch.float8_e4m3fn:
+        permuted, row_map, offs = moe_permute(x.view(torch.int8).view(torch.float16), idx, experts)
+        return permuted.view(torch.float8_e4m3fn), row_map, offs
+    return moe_permute(x, idx, experts)
+
+
+def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp):
+    """Steps 2-7 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
+    ``weights [N, K]``. Returns ``(y [N, H] BF16, per-expert pair counts int32 [E_local])``."""
+    fp8 = x.dtype == torch.float8_e4m3fn
+    experts = l1.shape[0]
+    if fp8:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
+        l1, l2 = l1.view(torch.uint8), l2.view(torch.uint8)
+    permuted, row_map, offs = _permute_rows(x, idx, experts)
+    n_rows = permuted.shape[0]
+    # Each permuted row's routing weight (rows of unrouted pairs and padding get 0).
+    spare = torch.where(row_map >= 0, row_map.long(), n_rows).view(-1)
+    row_w = torch.zeros(n_rows + 1, dtype=torch.float32, device=x.device)
+    row_w = row_w.index_copy(0, spare, weights.float().reshape(-1))[:n_rows]
+    if fp8:
+        sf_rows, _, _ = moe_permute(x_sf, idx, experts)
+        h = m_grouped_fp8_gemm(
+            permuted, sf_rows, l1, l1_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16
+        )
+    else:
+        h = m_grouped_bf16_gemm(permuted, l1, offs, out_dtype=torch.bfloat16)
+    gate, up = h.chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate = gate.clamp(max=activation_clamp)
+        up = up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate.float()) * up.float() * row_w.unsqueeze(1)
+    if fp8:
+        act_q, act_sf = per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=GRAN)
+        y = m_grouped_fp8_gemm(
+            act_q, act_sf, l2, l2_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16
+        )
+    else:
+        y = m_grouped_bf16_gemm(act.bfloat16(), l2, offs, out_dtype=torch.bfloat16)
+    counts = torch.diff(offs, prepend=offs.new_zeros(1)).int()
+    return moe_unpermute(y, row_map), counts
+
+
+def mega_moe(
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1_weights,
+    l1_sf,
+    l2_weights,
+    l2_sf,
+    group_name=None,
+    activation_clamp=None,
+    timeout_s=300.0,
+):
+    num_experts, ranks = mega_moe_signature(
+        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
+    )
+    if group_name is None and topk_idx.numel():
+        bad = (topk_idx < -1) | (topk_idx >= num_experts)
+        if bool(bad.any()):
+            raise ValueError(
+                f"ascend_moe::mega_moe: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), "
+                f"got {int(topk_idx[bad][0])}"
+            )
+    return pipeline(
+        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
+    )
+
+
+def pipeline(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, activation_clamp, timeout_s):
+    """The unfused pipeline (no value checks: the backward reruns it under tracing)."""
+    if group_name is None:
+        return local_experts(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp)
+    from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
+
+    experts = l1.shape[0] * torch.distributed.get_world_size(
+        torch.distributed.distributed_c10d._resolve_process_group(group_name)
+    )
+    sent = ep_dispatch(
+        x, topk_idx, topk_weights, num_experts=experts, group=group_name, x_scales=x_sf, timeout_s=timeout_s
+    )
+    partial, counts = local_experts(
+        sent.recv_x,
+        sent.recv_x_scales,
+        sent.recv_topk_idx,
+        sent.recv_topk_weights,
+        l1,
+        l1_sf,
+        l2,
+        l2_sf,
+        activation_clamp,
+    )
+    y, _ = ep_combine(partial, sent.handle, timeout_s=timeout_s)
+    return y, counts
+
+
+KERNELS = {"mega_moe": mega_moe}
+# The same Python kernel serves the CPU; CUDA and NPU register it with the other portable kernels.
+_lib = torch.library.Library("ascend_moe", "IMPL")
+_lib.impl("mega_moe", mega_moe, "CPU")

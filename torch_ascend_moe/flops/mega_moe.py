@@ -1,0 +1,13 @@
+"""FLOP formula of ``mega_moe``: per routed (token, slot) pair, L1 (2·H·2I) and L2 (2·I·H): 6·H·I, as upstream's
+benchmark counts it (over received tokens)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import register_flop_formula
+
+
+@register_flop_formula(torch.ops.ascend_moe.mega_moe)
+def mega_moe_flops(x_shape, x_sf_shape, idx_shape, w_shape, l1_shape, *args, out_shape=None, **kwargs) -> int:
+    hidden, intermediate = x_shape[1], l1_shape[1] // 2
+    return 6 * idx_shape[0] * idx_shape[1] * hidden * intermediate

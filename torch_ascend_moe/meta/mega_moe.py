@@ -1,0 +1,114 @@
+"""Validation and fake of ``mega_moe``: DeepGEMM's fused MegaMoE, functional (specs/deepgemm_api.md §10)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from torch_ascend_moe import _checks as ck
+
+OP = "ascend_moe::mega_moe"
+GRAN = 32
+
+
+def _check_weights(op, name, w, sf, fp8, experts, rows, cols):
+    """``w [E_l, rows, cols]`` BF16, or packed FP4 (uint8 / int8) ``[E_l, rows, cols/2]`` with FP32
+    ``sf [E_l, rows, cols/32]``."""
+    ck.check_rank(op, name, w, 3, "[E_local, N, K]")
+    if fp8:
+        ck.check_arg(
+            w.dtype in (torch.uint8, torch.int8),
+            op,
+            name,
+            "dtype",
+            "torch.uint8 or torch.int8 (packed FP4) with an FP8 x",
+            w.dtype,
+        )
+        expected = [experts, rows, cols // 2]
+        ck.check_arg(list(w.shape) == expected, op, name, "shape", expected, list(w.shape))
+        ck.check_arg(sf is not None, op, f"{name[:2]}_sf", "value", "FP32 1x32 scales with FP4 weights", None)
+        expected_sf = [experts, rows, cols // GRAN]
+        ck.check_arg(list(sf.shape) == expected_sf, op, f"{name[:2]}_sf", "shape", expected_sf, list(sf.shape))
+        ck.check_arg(sf.dtype == torch.float32, op, f"{name[:2]}_sf", "dtype", "torch.float32", sf.dtype)
+    else:
+        ck.check_arg(w.dtype == torch.bfloat16, op, name, "dtype", "torch.bfloat16 with a BF16 x", w.dtype)
+        expected = [experts, rows, cols]
+        ck.check_arg(list(w.shape) == expected, op, name, "shape", expected, list(w.shape))
+        ck.check_arg(sf is None, op, f"{name[:2]}_sf", "value", "None with BF16 weights", "a tensor")
+
+
+def mega_moe_signature(
+    x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, activation_clamp, timeout_s
+) -> tuple[int, int]:
+    """Checks the arguments; returns (total experts E = E_local * R, R)."""
+    op = OP
+    ck.check_rank(op, "x", x, 2, "[T, H]")
+    fp8 = x.dtype == torch.float8_e4m3fn
+    ck.check_arg(fp8 or x.dtype == torch.bfloat16, op, "x", "dtype", "torch.bfloat16 or torch.float8_e4m3fn", x.dtype)
+    t, h = x.shape
+    if fp8:
+        ck.check_arg(h % GRAN == 0, op, "x", "size(1) (H)", "a multiple of 32 with FP8 x", h)
+        ck.check_arg(x_sf is not None, op, "x_sf", "value", "FP32 [T, H/32] scales with an FP8 x", None)
+        ck.check_arg(list(x_sf.shape) == [t, h // GRAN], op, "x_sf", "shape", [t, h // GRAN], list(x_sf.shape))
+        ck.check_arg(x_sf.dtype == torch.float32, op, "x_sf", "dtype", "torch.float32", x_sf.dtype)
+    else:
+        ck.check_arg(x_sf is None, op, "x_sf", "value", "None with a BF16 x", "a tensor")
+    ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K]")
+    ck.check_arg(
+        topk_idx.dtype in (torch.int32, torch.int64),
+        op,
+        "topk_idx",
+        "dtype",
+        "torch.int32 or torch.int64",
+        topk_idx.dtype,
+    )
+    ck.check_dim_size(op, "topk_idx", topk_idx, 0, "T", t, "x.size(0)")
+    ck.check_arg(
+        list(topk_weights.shape) == list(topk_idx.shape),
+        op,
+        "topk_weights",
+        "shape",
+        lambda: ck.shape_str(topk_idx.shape),
+        lambda: ck.shape_str(topk_weights.shape),
+    )
+    ck.check_arg(topk_weights.dtype == torch.float32, op, "topk_weights", "dtype", "torch.float32", topk_weights.dtype)
+    ck.check_rank(op, "l1_weights", l1, 3, "[E_local, 2I, H]")
+    experts, two_i = l1.shape[0], l1.shape[1]
+    ck.check_arg(two_i % 2 == 0, op, "l1_weights", "size(1) (2I)", "an even row count (gate rows, then up)", two_i)
+    inter = two_i // 2
+    if fp8:
+        ck.check_arg(inter % GRAN == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 32 with FP8 x", inter)
+    _check_weights(op, "l1_weights", l1, l1_sf, fp8, experts, two_i, h)
+    _check_weights(op, "l2_weights", l2, l2_sf, fp8, experts, h, inter)
+    if activation_clamp is not None:
+        ck.check_arg(activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", activation_clamp)
+    ranks = 1
+    if group_name is not None:
+        from torch_ascend_moe.meta.ep import resolve_group
+
+        ranks = dist.get_world_size(resolve_group(op, group_name))
+    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    return experts * ranks, ranks
+
+
+@torch.library.register_fake(OP)
+def _mega_moe_fake(
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1_weights,
+    l1_sf,
+    l2_weights,
+    l2_sf,
+    group_name=None,
+    activation_clamp=None,
+    timeout_s=300.0,
+):
+    mega_moe_signature(
+        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
+    )
+    return (
+        x.new_empty([x.shape[0], x.shape[1]], dtype=torch.bfloat16),
+        x.new_empty([l1_weights.shape[0]], dtype=torch.int32),
+    )

@@ -1,0 +1,47 @@
+"""The mega_moe family: DeepGEMM's fused MegaMoE as one functional op."""
+
+from __future__ import annotations
+
+import torch
+
+_mega_moe = torch.ops.ascend_moe.mega_moe.default
+
+
+def mega_moe(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    l1_weights: torch.Tensor,
+    l2_weights: torch.Tensor,
+    *,
+    x_sf: torch.Tensor | None = None,
+    l1_sf: torch.Tensor | None = None,
+    l2_sf: torch.Tensor | None = None,
+    group=None,
+    activation_clamp: float | None = None,
+    timeout_s: float = 300.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE experts in one op: ``(y [T, H] BF16, pairs received per local expert int32 [E_local])``.
+
+    BF16 mode: ``x [T, H]`` BF16, ``l1_weights [E_local, 2I, H]`` (gate rows, then up), ``l2_weights
+    [E_local, H, I]`` BF16. FP8 x FP4 mode: ``x`` FP8 E4M3 with ``x_sf [T, H/32]`` (FP32 powers of two),
+    weights packed FP4 (uint8/int8 ``[E_local, 2I, H/2]``, ``[E_local, H, I/2]``) with FP32 1x32 scales
+    ``l1_sf [E_local, 2I, H/32]``, ``l2_sf [E_local, H, I/32]``. ``topk_idx`` global expert ids (-1 skipped),
+    ``topk_weights`` FP32, applied before L2. ``activation_clamp``: ``gate <= c``, ``|up| <= c``. ``group``
+    (a process group or its name) makes it expert-parallel: rank r holds experts ``[r·E_l, (r+1)·E_l)``.
+    Steps and rounding points: ``torch_ascend_moe/backends/portable/mega_moe.py``. BF16 mode is differentiable.
+
+    >>> x = torch.randn(4, 64).bfloat16()
+    >>> y, counts = mega_moe(x, torch.tensor([[0, 1], [1, -1], [0, 0], [1, 0]]), torch.rand(4, 2),
+    ...                      torch.randn(2, 64, 64).bfloat16(), torch.randn(2, 64, 32).bfloat16())
+    >>> y.shape, counts.tolist()
+    (torch.Size([4, 64]), [4, 3])
+    """
+    name = None
+    if group is not None:
+        from torch_ascend_moe.ops.ep import group_name_of
+
+        name = group_name_of(group)
+    return _mega_moe(
+        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, name, activation_clamp, timeout_s
+    )

@@ -1,0 +1,264 @@
+"""Sample inputs, the FP64 reference, bad inputs and the harness spec of ``mega_moe`` (single process; the
+expert-parallel form is checked on spawned ranks in tests/mega_moe).
+
+The reference follows the op's definition step by step in FP64 with its rounding points (BF16 after L1, after
+the activation in BF16 mode, after L2 and after the combine; FP8 mode: per-32 UE8M0 requantization of the
+activation), dequantizing FP8 / FP4 operands exactly; it differs from the kernel only by FP32-vs-FP64
+accumulation inside the GEMMs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torch_ascend_moe.backends.portable import mega_moe as portable
+from torch_ascend_moe.quant import cast_back_from_fp4, per_token_cast_to_fp4, per_token_cast_to_fp8
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+# (T, H, I, E, K, clamp, fp8)
+_CASES = [
+    (9, 64, 32, 4, 2, None, False),
+    (7, 64, 64, 3, 3, 0.5, False),
+    (8, 64, 32, 4, 2, 1.0, True),
+    (0, 64, 32, 2, 2, None, False),
+]
+
+
+def _fp4(w: torch.Tensor):
+    """Per-expert FP4 (1x32 UE8M0) of ``w [E, N, K]``: (uint8 [E, N, K/2], FP32 [E, N, K/32])."""
+    packed, scales = zip(*(per_token_cast_to_fp4(w[e].float(), use_ue8m0=True, gran_k=32) for e in range(w.shape[0])))
+    return torch.stack(packed).view(torch.uint8), torch.stack(scales)
+
+
+def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(60)
+    out = []
+    for t, h, inter, e, k, clamp, fp8 in _CASES:
+        x = torch.randn(t, h, generator=g)
+        idx = (
+            torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+            if t
+            else torch.zeros(0, k, dtype=torch.long)
+        )
+        if t:
+            idx[torch.rand(t, k, generator=g) < 0.2] = -1
+        w = torch.rand(t, k, generator=g)
+        l1 = torch.randn(e, 2 * inter, h, generator=g) * h**-0.5
+        l2 = torch.randn(e, h, inter, generator=g) * inter**-0.5
+        if fp8:
+            xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
+            (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
+            args = (xq, xsf, idx, w, w1, s1, w2, s2)
+        else:
+            args = (x.bfloat16(), None, idx, w, l1.bfloat16(), None, l2.bfloat16(), None)
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+        if requires_grad and not fp8:
+            for i in (0, 3, 4, 6):
+                args[i].requires_grad_()
+        mode = "FP8xFP4" if fp8 else "BF16"
+        out.append(SampleInput((*args, None, clamp), f"T{t} H{h} I{inter} E{e} top-{k} {mode} clamp={clamp}"))
+    return out
+
+
+def _dequant(w, sf):
+    if sf is None:
+        return w.detach().double()
+    return torch.stack(
+        [cast_back_from_fp4(w[e].view(torch.int8), sf[e], gran_k=32) for e in range(w.shape[0])]
+    ).double()
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).double()
+
+
+def reference(
+    x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name=None, activation_clamp=None, timeout_s=300.0
+):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    xd = (x.double() * x_sf.double().repeat_interleave(32, dim=1)) if fp8 else x.detach().double()
+    w1, w2 = _dequant(l1, l1_sf), _dequant(l2, l2_sf)
+    t, h = x.shape
+    inter = w1.shape[1] // 2
+    y = torch.zeros(t, h, dtype=torch.float64)
+    counts = torch.zeros(w1.shape[0], dtype=torch.int32)
+    for i in range(t):
+        for j in range(topk_idx.shape[1]):
+            e = int(topk_idx[i, j])
+            if e < 0:
+                continue
+            counts[e] += 1
+            hidden = _bf16(xd[i] @ w1[e].T)
+            gate, up = hidden[:inter], hidden[inter:]
+            if activation_clamp is not None:
+                gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+            act = F.silu(gate) * up * float(topk_weights[i, j])
+            if fp8:
+                q, sf = per_token_cast_to_fp8(act.float().view(1, -1), use_ue8m0=True, gran_k=32)
+                act = q.double() * sf.double().repeat_interleave(32, dim=1)
+            else:
+                act = _bf16(act)
+            y[i] += _bf16(act.view(-1) @ w2[e].T)
+    return _bf16(y), counts
+
+
+def bad_inputs(device) -> list[BadInput]:
+    x, idx, w = torch.randn(4, 64).bfloat16(), torch.tensor([[0, 1], [1, -1], [0, 1], [1, 0]]), torch.rand(4, 2)
+    l1, l2 = torch.randn(2, 64, 64).bfloat16(), torch.randn(2, 64, 32).bfloat16()
+    return [
+        BadInput(
+            (x.float(), None, idx, w, l1, None, l2, None, None, None),
+            r"argument 'x' dtype: expected torch.bfloat16 or",
+            "x dtype",
+        ),
+        BadInput(
+            (x, None, idx, w, l1[:, :63], None, l2, None, None, None),
+            r"argument 'l1_weights' size\(1\) \(2I\)",
+            "odd 2I",
+        ),
+        BadInput(
+            (x, None, idx, w, l1, None, l2[:, :, :16], None, None, None),
+            r"argument 'l2_weights' shape: expected \[2, 64, 32\]",
+            "l2",
+        ),
+        BadInput(
+            (x, None, idx, w[:, :1], l1, None, l2, None, None, None),
+            r"argument 'topk_weights' shape: expected \[4, 2\]",
+            "w",
+        ),
+        BadInput(
+            (x, None, idx[:3], w, l1, None, l2, None, None, None),
+            r"argument 'topk_idx' size\(0\) \(T\): expected 4",
+            "T",
+        ),
+        BadInput(
+            (x, None, idx, w, l1, None, l2, None, None, -1.0),
+            r"argument 'activation_clamp' value: expected None or >= 0",
+            "clamp",
+        ),
+        BadInput(
+            (x, torch.ones(4, 2), idx, w, l1, None, l2, None, None, None),
+            r"argument 'x_sf' value: expected None with a BF16 x",
+            "x_sf",
+        ),
+        BadInput(
+            (x, None, idx + 1, w, l1, None, l2, None, None, None),
+            r"argument 'topk_idx' values: expected expert ids in \[-1, 2\), got 2",
+            "id >= E",
+            data_dependent=True,
+        ),
+    ]
+
+
+SPECS = [
+    OpSpec(
+        "mega_moe",
+        samples,
+        reference,
+        bad_inputs,
+        portable.mega_moe,
+        dtypes=(torch.bfloat16,),
+        gradcheck="BF16 by definition (it rounds to BF16 where upstream's kernel does); its gradients are checked "
+        "against autograd through the unfused pipeline in tests/mega_moe",
+        aoti="the kernel is Python (the unfused pipeline, optionally on torch.distributed)",
+    )
+]
+
+
+def unfused(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp=None):
+    """Upstream's test pipeline rebuilt from our separate ops (single process): permute, grouped GEMM,
+    clamp + SwiGLU x weight (+ per-32 UE8M0 FP8 requantization), grouped GEMM, unpermute."""
+    from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
+    from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+
+    fp8 = x.dtype == torch.float8_e4m3fn
+    e = l1.shape[0]
+    if fp8:
+        rows, row_map, offs = moe_permute(x.view(torch.int8).view(torch.float16), topk_idx, e)
+        rows = rows.view(torch.float8_e4m3fn)
+        sf_rows, _, _ = moe_permute(x_sf, topk_idx, e)
+        h = m_grouped_fp8_gemm(
+            rows, sf_rows, l1, l1_sf, offs, recipe_a=(1, 32), recipe_b=(1, 32), out_dtype=torch.bfloat16
+        )
+    else:
+        rows, row_map, offs = moe_permute(x, topk_idx, e)
+        h = m_grouped_bf16_gemm(rows, l1, offs, out_dtype=torch.bfloat16)
+    # each permuted row's weight: scatter the routing weights through row_map
+    w_rows = torch.zeros(rows.shape[0], dtype=torch.float32)
+    ok = row_map >= 0
+    w_rows[row_map[ok].long()] = topk_weights[ok]
+    gate, up = h.float().chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate) * up * w_rows.unsqueeze(1)
+    if fp8:
+        q, sf = per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=32)
+        y = m_grouped_fp8_gemm(q, sf, l2, l2_sf, offs, recipe_a=(1, 32), recipe_b=(1, 32), out_dtype=torch.bfloat16)
+    else:
+        y = m_grouped_bf16_gemm(act.bfloat16(), l2, offs, out_dtype=torch.bfloat16)
+    return moe_unpermute(y, row_map)
+
+
+def ep_worker(rank: int, world_size: int, store_path: str) -> None:
+    """Spawned by tests/mega_moe: expert-parallel mega_moe (BF16 and FP8 x FP4) against one process holding every
+    expert: forward, recv counts, gradients (BF16)."""
+    import datetime
+    import os
+    import traceback
+
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        from torch_ascend_moe import mega_moe
+        from torch_ascend_moe.testing import calc_diff
+
+        g = torch.Generator().manual_seed(0)  # the same full expert set on every rank
+        e, h, inter, k = 2 * world_size, 64, 32, 2
+        l1 = (torch.randn(e, 2 * inter, h, generator=g) * h**-0.5).bfloat16()
+        l2 = (torch.randn(e, h, inter, generator=g) * inter**-0.5).bfloat16()
+        mine = slice(rank * 2, rank * 2 + 2)
+        t = 5 + rank
+        g = torch.Generator().manual_seed(10 + rank)
+        x = torch.randn(t, h, generator=g).bfloat16()
+        idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        w = torch.rand(t, k, generator=g)
+        for fp8 in (False, True):
+            if fp8:
+                xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
+                (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
+                full = mega_moe(xq, idx, w, w1, w2, x_sf=xsf, l1_sf=s1, l2_sf=s2, activation_clamp=1.0)
+                ep = mega_moe(
+                    xq,
+                    idx,
+                    w,
+                    w1[mine],
+                    w2[mine],
+                    x_sf=xsf,
+                    l1_sf=s1[mine],
+                    l2_sf=s2[mine],
+                    activation_clamp=1.0,
+                    group=dist.group.WORLD,
+                )
+            else:
+                xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+                full = mega_moe(xg, idx, w, l1, l2, activation_clamp=1.0)
+                ep = mega_moe(xe, idx, w, l1[mine], l2[mine], activation_clamp=1.0, group=dist.group.WORLD)
+            # Each rank's partial sum is rounded to BF16 before the combine: close, not bitwise.
+            assert calc_diff(ep[0], full[0]) < 1e-5, f"EP forward differs (fp8={fp8})"
+            counts = full[1].clone()
+            dist.all_reduce(counts)
+            assert torch.equal(ep[1], counts[mine]), "received pair counts differ"
+            if not fp8:
+                c = torch.randn(full[0].shape, generator=g).bfloat16()
+                (full[0].float() * c).sum().backward()
+                (ep[0].float() * c).sum().backward()
+                assert calc_diff(xe.grad, xg.grad) < 1e-4, "EP input gradient differs"
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
