@@ -84,11 +84,6 @@ def _wait(op: str, group, work, timeout_s: float, what: str) -> None:
         ) from e
 
 
-def _all_to_all(op, group, out, inp, out_splits, in_splits, timeout_s) -> None:
-    work = dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=True)
-    _wait(op, group, work, timeout_s, "the all-to-all")
-
-
 def _all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s) -> None:
     """all_to_all_single of each (out, in) pair of row tensors (as bytes), all in flight at once."""
     works = []
@@ -686,7 +681,7 @@ def ep_low_latency_dispatch(
     send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).view(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
-    _all_to_all(op, group, recv, send, None, None, timeout_s)
+    _all_to_all_rows(op, group, [(recv, send)], None, None, timeout_s)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
     recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
     tags = recv[:, :, -4:].contiguous().view(torch.int32).view(local, r * t_max)
@@ -749,7 +744,7 @@ def ep_low_latency_combine(
     send[torch.where(ok, dest, spare).view(-1)] = x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
-    _all_to_all(op, group, back, send, None, None, timeout_s)
+    _all_to_all_rows(op, group, [(back, send)], None, None, timeout_s)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
     acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
     t = topk_idx.shape[0]
