@@ -10,7 +10,7 @@
 so ``from_pretrained(..., experts_implementation="ascend_moe")`` or ``model.set_experts_implementation("ascend_moe")``
 runs them on our ops (trainable, ``torch.compile``-able, exportable). ``swap_moe_blocks(model)`` goes further:
 it replaces whole MoE blocks (router + experts + shared experts) with ``torch_ascend_moe.nn.MoE``, optionally in
-FP8 and expert-parallel.
+FP8 and expert-parallel, or with ``MegaMoE`` (the fused op).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from transformers.integrations.moe import ExpertsInterface
 
-from torch_ascend_moe.nn import MoE
+from torch_ascend_moe.nn import MegaMoE, MoE
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
@@ -122,7 +122,7 @@ def _block_config(block: nn.Module, model_config):
     return getattr(block, "config", None) or model_config
 
 
-def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens) -> MoE:
+def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens, mega: bool) -> MoE:
     options = BLOCKS[type(block).__name__](config)
     experts = block.experts
     num_experts, two_i, hidden = experts.gate_up_proj.shape
@@ -140,7 +140,7 @@ def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens) ->
     if shared is not None:
         options["shared_intermediate_size"] = shared.gate_proj.weight.shape[0]
     param = experts.gate_up_proj
-    return MoE(
+    return (MegaMoE if mega else MoE)(
         hidden,
         two_i // 2,
         topk=config.num_experts_per_tok,
@@ -167,20 +167,27 @@ def swap_moe_blocks(
     ep_group=None,
     ep_static_tokens: int | None = None,
     convert_linears_to_fp8: bool = False,
+    mega: bool = False,
 ) -> list[str]:
     """Replace every Mixtral / Qwen3-MoE / DeepSeek-V3 MoE block of ``model`` with ``torch_ascend_moe.nn.MoE``,
     loading the block's weights (router, e_score_correction_bias, experts, shared experts; the parameter names
     are HF's, so ``state_dict`` round trips). ``fp8`` runs the routed experts in FP8; ``ep_group`` makes them
     expert-parallel (each rank keeps its slice of the experts); ``convert_linears_to_fp8`` also swaps the
-    model's other ``nn.Linear`` layers (not the LM head) for ``FP8Linear``. Returns the swapped modules' names.
+    model's other ``nn.Linear`` layers (not the LM head) for ``FP8Linear``. ``mega=True`` swaps in ``MegaMoE``
+    instead (routed and shared experts in one fused ``mega_moe`` op, BF16; not with ``fp8``). Returns the swapped
+    modules' names.
     """
+    if mega and fp8:
+        raise ValueError(
+            "swap_moe_blocks: argument 'fp8': expected False with mega=True (MegaMoE computes in BF16), got True"
+        )
     swapped = []
     model_config = getattr(model, "config", None)
     for name, block in list(model.named_modules()):
         if type(block).__name__ not in BLOCKS:
             continue
         config = _block_config(block, model_config)
-        moe = _moe_for(block, config, fp8, ep_group, ep_static_tokens)
+        moe = _moe_for(block, config, fp8, ep_group, ep_static_tokens, mega)
         state = _hf_state(block)
         missing = set(moe.state_dict()) - set(state)
         if moe.ep_size == 1 and missing:

@@ -116,12 +116,14 @@ TORCH_LIBRARY(ascend_moe, m) {
   m.def("hc_prenorm_gemm(Tensor a, Tensor b, int? num_splits=None) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
 
   // ---- mega_moe family: DeepGEMM's fused MegaMoE (dispatch -> L1 -> clamped SwiGLU x weight -> requant -> L2 ->
-  // combine), functional: (y BF16 [T, H], pairs received per local expert int32 [E_local]). Python kernel.
+  // combine, + DeepGEMM-Ascend's fused shared experts at the token's home rank), functional: (y BF16 [T, H],
+  // pairs received per local expert int32 [E_local]). Python kernel.
   m.set_python_module("torch_ascend_moe.meta.mega_moe");
   m.def(
       "mega_moe(Tensor x, Tensor? x_sf, Tensor topk_idx, Tensor topk_weights, Tensor l1_weights, Tensor? l1_sf, "
-      "Tensor l2_weights, Tensor? l2_sf, str? group_name=None, float? activation_clamp=None, float timeout_s=300.) "
-      "-> (Tensor, Tensor)",
+      "Tensor l2_weights, Tensor? l2_sf, Tensor? shared_l1_weights=None, Tensor? shared_l1_sf=None, "
+      "Tensor? shared_l2_weights=None, Tensor? shared_l2_sf=None, str? group_name=None, "
+      "float? activation_clamp=None, float timeout_s=300.) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
 
   // ---- mqa_logits family: the DeepSeek sparse-attention indexer (specs/deepgemm_api.md §8) ----

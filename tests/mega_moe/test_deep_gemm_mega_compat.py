@@ -1,6 +1,7 @@
 """deep_gemm's MegaMoE API (upstream signatures) on the mega_moe op: buffer views, the weight transform
 (gate/up interleave in chunks of 8, UTCCP scale permutation), FP8 x FP4 and BF16 calls bitwise equal to the op
-on untransformed weights, recv stats accumulation, and argument errors."""
+on untransformed weights (with and without DeepGEMM-Ascend's fused shared experts), recv stats accumulation, and
+argument errors."""
 
 import pytest
 import torch
@@ -61,6 +62,50 @@ def test_fp8_fp4_call_matches_the_op():
     assert torch.equal(stats, before + counts)
 
 
+def test_fp8_fp4_call_with_fused_shared_experts():
+    """DeepGEMM-Ascend: two shared experts (one MLP of 2·I) as FP8 weights with packed UE8M0 scales."""
+    x, idx, w, l1, l2 = _inputs()
+    (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
+    g = torch.Generator().manual_seed(1)
+    sl1, sl2 = torch.randn(4 * INTER, H, generator=g) * H**-0.5, torch.randn(H, 2 * INTER, generator=g) * 0.05
+    (q1, f1), (q2, f2) = (per_token_cast_to_fp8(m, use_ue8m0=True, gran_k=32) for m in (sl1, sl2))
+    packed = [per_token_cast_to_fp8(m, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)[1] for m in (sl1, sl2)]
+    l1_t, l2_t = deep_gemm.transform_weights_for_mega_moe(
+        (w1, deep_gemm.transform_sf_into_required_layout(s1, 2 * INTER, H, (1, 32), E)),
+        (w2, deep_gemm.transform_sf_into_required_layout(s2, H, INTER, (1, 32), E)),
+    )
+    buf = mega.SymmBuffer(None, E, T, K, H, INTER, 2)
+    xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    buf.x[:], buf.x_sf[:], buf.topk_idx[:], buf.topk_weights[:] = xq, xsf, idx, w
+    y = torch.empty(T, H, dtype=torch.bfloat16)
+    deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, buf, (q1, packed[0]), (q2, packed[1]), activation_clamp=10.0)
+    xq2, xsf2 = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
+    expected, _ = mega_moe(
+        xq2,
+        idx,
+        w,
+        w1.view(torch.uint8),
+        w2.view(torch.uint8),
+        x_sf=xsf2,
+        l1_sf=s1,
+        l2_sf=s2,
+        shared_l1_weights=q1,
+        shared_l1_sf=f1,
+        shared_l2_weights=q2,
+        shared_l2_sf=f2,
+        activation_clamp=10.0,
+    )
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+    # the buffer was sized for shared experts: calling without them is an error, and vice versa
+    with pytest.raises(ValueError, match=r"argument 'shared_l1_weights' value: expected weights"):
+        deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, buf)
+    plain = mega.SymmBuffer(None, E, T, K, H, INTER)
+    with pytest.raises(ValueError, match=r"argument 'shared_l1_weights' value: expected None"):
+        deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, plain, (q1, f1), (q2, f2))
+    with pytest.raises(ValueError, match=r"argument 'shared_l1_weights' size\(0\): expected 2·S·I = 256"):
+        deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, mega.SymmBuffer(None, E, T, K, H, INTER, 1), (q1, f1), (q2, f2))
+
+
 def test_bf16_call_matches_the_op():
     x, idx, w, l1, l2 = _inputs()
     l1, l2 = l1.bfloat16(), l2.bfloat16()
@@ -71,11 +116,19 @@ def test_bf16_call_matches_the_op():
     deep_gemm.bf16_mega_moe(y, l1_t, l2_t, buf)
     expected, _ = mega_moe(x.bfloat16(), idx, w, l1, l2)
     assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+    shared = mega.SymmBuffer(None, E, T, K, H, INTER, 1, "bf16xbf16", base=buf)
+    shared.x[:], shared.topk_idx[:], shared.topk_weights[:] = x.bfloat16(), idx, w
+    sl1, sl2 = l1[0] * 0.5, l2[1] * 0.5
+    deep_gemm.bf16_mega_moe(y, l1_t, l2_t, shared, shared_l1_weights=sl1, shared_l2_weights=sl2)
+    expected, _ = mega_moe(x.bfloat16(), idx, w, l1, l2, shared_l1_weights=sl1, shared_l2_weights=sl2)
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match=r"SymmBuffer: argument 'hidden' value: expected a multiple of 128"):
         mega.SymmBuffer(None, E, T, K, 96, INTER)
+    with pytest.raises(ValueError, match=r"SymmBuffer: argument 'num_shared_experts' value: expected 0, 1 or 2"):
+        mega.SymmBuffer(None, E, T, K, H, INTER, 768 * 1024)  # upstream CUDA's positional num_ring_tokens
     with pytest.raises(ValueError, match=r"argument 'use_fp8_dispatch' value"):
         deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, use_fp8_dispatch=False)
     buf = mega.SymmBuffer(None, E, T, K, H, INTER, mma_type="bf16xbf16")

@@ -1,6 +1,6 @@
 """mega_moe beyond the harness: bitwise equality with the unfused pipeline of our separate ops (upstream's
-test), gradients against autograd through that pipeline, compile fullgraph forward+backward, and expert
-parallelism on 2 gloo ranks against one process."""
+test; with and without fused shared experts), gradients against autograd through that pipeline, compile
+fullgraph forward+backward, FLOPs, and expert parallelism on 2 gloo ranks against one process."""
 
 import pytest
 import torch
@@ -13,30 +13,59 @@ from torch_ascend_moe.testing.mega_moe import ep_worker, samples, unfused
 @pytest.mark.parametrize("case", range(4))
 def test_bitwise_equal_to_unfused_pipeline(case):
     args = samples("cpu", torch.bfloat16)[case].args
-    x, x_sf, idx, w, l1, l1_sf, l2, l2_sf, _, clamp = args
+    *tensors, _, clamp = args
+    idx, l1 = tensors[2], tensors[4]
     y, counts = torch.ops.ascend_moe.mega_moe(*args)
-    expected = unfused(x, x_sf, idx, w, l1, l1_sf, l2, l2_sf, clamp)
+    expected = unfused(*tensors, activation_clamp=clamp)
     assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
     assert counts.tolist() == [int((idx == e).sum()) for e in range(l1.shape[0])]
 
 
+def test_shared_experts_are_added_in_the_combine():
+    """Fused shared experts == the routed-only op plus a dense SwiGLU MLP (up to the one rounding)."""
+    from torch_ascend_moe.testing import calc_diff
+
+    *tensors, _, clamp = samples("cpu", torch.bfloat16)[1].args
+    x, idx, w, l1, l2, sl1, sl2 = (tensors[i] for i in (0, 2, 3, 4, 6, 8, 10))
+    assert sl1 is not None
+    routed, _ = mega_moe(x, idx, w, l1, l2, activation_clamp=clamp)
+    fused, _ = mega_moe(x, idx, w, l1, l2, activation_clamp=clamp, shared_l1_weights=sl1, shared_l2_weights=sl2)
+    gate, up = (x.double() @ sl1.double().T).chunk(2, dim=-1)
+    gate, up = gate.clamp(max=clamp), up.clamp(-clamp, clamp)
+    dense = (torch.nn.functional.silu(gate) * up) @ sl2.double().T
+    assert calc_diff(fused, routed.double() + dense) < 1e-5
+    assert calc_diff(fused, routed) > 1e-2  # the shared term is not negligible here
+
+
 def test_gradients_match_the_unfused_pipeline():
-    x, _, idx, w, l1, _, l2, _, _, clamp = samples("cpu", torch.bfloat16)[1].args
-    leaves = [t.clone().requires_grad_() for t in (x, w, l1, l2)]
-    twins = [t.clone().requires_grad_() for t in (x, w, l1, l2)]
-    c = torch.randn(x.shape).bfloat16()
-    y, _ = mega_moe(leaves[0], idx, leaves[1], leaves[2], leaves[3], activation_clamp=clamp)
+    *tensors, _, clamp = samples("cpu", torch.bfloat16)[1].args
+    positions = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1, l2, shared l1, shared l2
+    leaves, twins = list(tensors), list(tensors)
+    for i in positions:
+        leaves[i], twins[i] = tensors[i].clone().requires_grad_(), tensors[i].clone().requires_grad_()
+    c = torch.randn(tensors[0].shape).bfloat16()
+    y, _ = torch.ops.ascend_moe.mega_moe(*leaves, None, clamp)
     (y.float() * c).sum().backward()
-    ref = unfused(twins[0], None, idx, twins[1], twins[2], None, twins[3], None, clamp)
+    ref = unfused(*twins, activation_clamp=clamp)
     (ref.float() * c).sum().backward()
-    for a, b, name in zip(leaves, twins, ("x", "topk_weights", "l1", "l2")):
-        assert torch.equal(a.grad, b.grad), name
+    for i in positions:
+        assert torch.equal(leaves[i].grad, twins[i].grad), i
+
+
+def test_flop_count_includes_the_shared_experts():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    *tensors, _, clamp = samples("cpu", torch.bfloat16)[1].args
+    (t, h), (k, inter), shared = tensors[0].shape, (tensors[2].shape[1], tensors[4].shape[1] // 2), tensors[8]
+    with FlopCounterMode(display=False) as counter:
+        torch.ops.ascend_moe.mega_moe(*tensors, None, clamp)
+    assert counter.get_total_flops() == 6 * t * k * h * inter + 6 * t * h * (shared.shape[0] // 2)
 
 
 def test_compile_fullgraph_forward_backward():
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    x, _, idx, w, l1, _, l2, _, _, clamp = samples("cpu", torch.bfloat16)[0].args
+    x, _, idx, w, l1, _, l2, *_, clamp = samples("cpu", torch.bfloat16)[0].args
 
     def f(x, l1, l2):
         return mega_moe(x, idx, w, l1, l2, activation_clamp=clamp)[0].float().square().sum()
@@ -66,10 +95,29 @@ def test_nn_megamoe_matches_moe():
     moe = MoE(64, 32, 4, 2, dtype=torch.bfloat16, **config)
     mega = MegaMoE(64, 32, 4, 2, dtype=torch.bfloat16, **config)
     mega.load_state_dict(moe.state_dict())
+    assert set(mega._fused_shared()) == {"shared_l1_weights", "shared_l2_weights"}  # shared experts in the op
     x = torch.randn(3, 5, 64).bfloat16()
     assert calc_diff(mega(x), moe(x)) < 1e-5  # MegaMoE rounds the activation to BF16 after the routing weight
     x = x.requires_grad_()
     mega(x).float().sum().backward()
     assert x.grad is not None and mega.experts.gate_up_proj.grad is not None
+    assert (
+        mega.shared_experts.gate_proj.weight.grad is not None and mega.shared_experts.down_proj.weight.grad is not None
+    )
     with pytest.raises(ValueError, match="MegaMoE: argument 'fp8'"):
         MegaMoE(128, 128, 4, 2, fp8=True)
+
+
+def test_nn_megamoe_with_fp8_linear_shared_experts_runs_them_beside_the_op():
+    from torch_ascend_moe.nn import MegaMoE, MoE, convert_to_fp8_linear
+    from torch_ascend_moe.testing import calc_diff
+
+    torch.manual_seed(1)
+    moe = MoE(128, 128, 4, 2, num_shared_experts=1, dtype=torch.bfloat16)
+    mega = MegaMoE(128, 128, 4, 2, num_shared_experts=1, dtype=torch.bfloat16)
+    mega.load_state_dict(moe.state_dict())
+    convert_to_fp8_linear(moe.shared_experts)
+    convert_to_fp8_linear(mega.shared_experts)
+    assert mega._fused_shared() == {}
+    x = torch.randn(6, 128).bfloat16()
+    assert calc_diff(mega(x), moe(x)) < 1e-5

@@ -8,31 +8,48 @@ from __future__ import annotations
 
 import torch
 
-_NAMES = ("x", "topk_weights", "l1_weights", "l2_weights")
-_POSITIONS = (0, 3, 4, 6)
+_POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights
+_DEFAULTS = (None, None, None, None, None, None, 300.0)  # arguments 8.. (shared weights, group, clamp, timeout)
 
 
 def _setup(ctx, inputs, output):
     x, x_sf, idx, w, l1, l1_sf, l2, l2_sf = inputs[:8]
-    ctx.group_name = inputs[8] if len(inputs) > 8 else None
-    ctx.clamp = inputs[9] if len(inputs) > 9 else None
-    ctx.timeout_s = inputs[10] if len(inputs) > 10 else 300.0
+    rest = (*inputs[8:], *_DEFAULTS[len(inputs) - 8 :])
+    ctx.group_name, ctx.clamp, ctx.timeout_s = rest[4], rest[5], rest[6]
     ctx.fp8 = x.dtype == torch.float8_e4m3fn
-    ctx.save_for_backward(x, idx, w, l1, l2)
+    ctx.save_for_backward(x, idx, w, l1, l2, rest[0], rest[2])
 
 
 def _backward(ctx, grad_y, grad_counts):
     from torch_ascend_moe.backends.portable.mega_moe import pipeline
 
-    nothing = (None,) * 11
-    needs = [ctx.needs_input_grad[i] for i in _POSITIONS]
+    # The dispatcher drops trailing arguments equal to their defaults: one gradient per argument it passed.
+    given = len(ctx.needs_input_grad)
+    nothing = (None,) * given
+    needs = [i < given and ctx.needs_input_grad[i] for i in _POSITIONS]
     if ctx.fp8 or grad_y is None or not any(needs):
         return nothing
-    x, idx, w, l1, l2 = ctx.saved_tensors
-    leaves = [t.detach().requires_grad_(n) for t, n in zip((x, w, l1, l2), needs)]
+    x, idx, w, l1, l2, shared_l1, shared_l2 = ctx.saved_tensors
+    leaves = [
+        None if t is None else t.detach().requires_grad_(n) for t, n in zip((x, w, l1, l2, shared_l1, shared_l2), needs)
+    ]
     with torch.enable_grad():
         y, _ = pipeline(
-            leaves[0], None, idx, leaves[1], leaves[2], None, leaves[3], None, ctx.group_name, ctx.clamp, ctx.timeout_s
+            leaves[0],
+            None,
+            idx,
+            leaves[1],
+            leaves[2],
+            None,
+            leaves[3],
+            None,
+            leaves[4],
+            None,
+            leaves[5],
+            None,
+            ctx.group_name,
+            ctx.clamp,
+            ctx.timeout_s,
         )
         wanted = [t for t, n in zip(leaves, needs) if n]
         grads = iter(torch.autograd.grad(y, wanted, grad_y, allow_unused=True))

@@ -39,7 +39,7 @@ def _models(quick: bool, implementation: str):
         for p in block.parameters():
             p.normal_(0, h**-0.5)
     block.experts.config._experts_implementation = implementation
-    ours = _moe_for(block, config, False, None, None)
+    ours = _moe_for(block, config, False, None, None, False)
     ours.load_state_dict(_hf_state(block))
     x = torch.randn(1, t, h, generator=torch.Generator().manual_seed(1))
     return block, ours, x

@@ -5,6 +5,14 @@ symmetric memory or ring buffer: the op moves tokens with ``ep_dispatch`` / ``ep
 ``torch.distributed``); ``fast_math`` is accepted and ignored (the math is exact: ``silu(g) = g / (1 + exp(-g))``
 in FP32); the buffer's views keep their contents after a call (upstream's kernel consumes them: refill them
 before every call either way).
+
+Fused shared experts (DeepGEMM-Ascend): ``SymmBuffer(..., num_shared_experts=S)`` (S <= 2, Ascend's seventh
+argument; upstream's ``num_ring_tokens`` is keyword-only here) and ``shared_l1_weights`` / ``shared_l2_weights``
+= ``(FP8 [2·S·I, H], scales)`` / ``(FP8 [H, S·I], scales)`` in ``fp8_fp4_mega_moe`` (Ascend's positions), BF16
+tensors in ``bf16_mega_moe`` (keyword arguments after upstream's). The S shared experts are one SwiGLU MLP of
+intermediate S·I (gate rows, then up), DeepSeek's convention. They are taken in their plain row-major layout:
+Ascend's transform re-orders FP8 shared weights into its NZ (fractal) hardware layout, which nothing here reads.
+Scales: FP32 1x32, or packed UE8M0 (int32: 4 per element, int16: 2).
 """
 
 from __future__ import annotations
@@ -37,11 +45,15 @@ class SymmBuffer:
         num_topk: int,
         hidden: int,
         intermediate_hidden: int,
-        num_ring_tokens: int = 0,
+        num_shared_experts: int = 0,
         mma_type: str = "fp8xfp4",
         activation: str = "swiglu",
+        base: SymmBuffer | None = None,
+        *,
+        num_ring_tokens: int = 0,
     ) -> None:
         api = "SymmBuffer"
+        ck.check_arg(0 <= num_shared_experts <= 2, api, "num_shared_experts", "value", "0, 1 or 2", num_shared_experts)
         ranks = dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
         ck.check_arg(
             num_experts % ranks == 0, api, "num_experts", "value", f"a multiple of the {ranks} ranks", num_experts
@@ -64,6 +76,11 @@ class SymmBuffer:
         self.group, self.ranks, self.mma_type = group, ranks, mma_type
         self.num_experts, self.num_max_tokens_per_rank, self.num_topk = num_experts, num_max_tokens_per_rank, num_topk
         self.hidden, self.intermediate_hidden, self.num_ring_tokens = hidden, intermediate_hidden, num_ring_tokens
+        self.num_shared_experts = num_shared_experts
+        # ``base`` makes upstream carve this buffer out of another's memory; each buffer owns plain tensors here.
+        ck.check_arg(
+            base is None or isinstance(base, SymmBuffer), api, "base", "type", "None or a SymmBuffer", type(base)
+        )
         t = num_max_tokens_per_rank
         self.x = torch.zeros(t, hidden, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
         self.x_sf = torch.zeros(t, hidden // 128, dtype=torch.int32) if fp8 else None
@@ -96,7 +113,9 @@ def get_symm_buffer_for_mega_moe(
             use_fp8_dispatch,
         )
     t = -(-num_max_tokens_per_rank // _TOKEN_ALIGNMENT) * _TOKEN_ALIGNMENT
-    return SymmBuffer(group, num_experts, t, num_topk, hidden, intermediate_hidden, 0, mma_type, activation)
+    return SymmBuffer(
+        group, num_experts, t, num_topk, hidden, intermediate_hidden, mma_type=mma_type, activation=activation
+    )
 
 
 def _interleave(rows: int) -> torch.Tensor:
@@ -142,7 +161,35 @@ def _untransform_sf(sf: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return _untransform_l1(sf) if interleaved else sf
 
 
-def _run(y, l1, l1_sf, l2, l2_sf, buf: SymmBuffer, stats, activation, activation_clamp):
+def _shared(api, buf: SymmBuffer, shared_l1, shared_l2, fp8):
+    """The shared experts' (l1, l1_sf, l2, l2_sf) for the op, checked against the buffer's expert count."""
+    given = shared_l1 is not None or shared_l2 is not None
+    ck.check_arg(
+        given == (buf.num_shared_experts > 0),
+        api,
+        "shared_l1_weights",
+        "value",
+        f"{'weights' if buf.num_shared_experts else 'None'} (sym_buffer.num_shared_experts={buf.num_shared_experts})",
+        "weights" if given else None,
+    )
+    if not given:
+        return None, None, None, None
+    rows = 2 * buf.num_shared_experts * buf.intermediate_hidden
+    out = []
+    for name, w in (("shared_l1_weights", shared_l1), ("shared_l2_weights", shared_l2)):
+        ck.check_arg(w is not None, api, name, "value", "weights with the other shared experts' weights", None)
+        if fp8:
+            ck.check_arg(
+                isinstance(w, (tuple, list)) and len(w) == 2, api, name, "type", "(FP8 weights, scales)", type(w)
+            )
+            out += [w[0], scales_to_float(w[1]).contiguous()]
+        else:
+            out += [w, None]
+    ck.check_arg(out[0].shape[0] == rows, api, "shared_l1_weights", "size(0)", f"2·S·I = {rows}", out[0].shape[0])
+    return tuple(out)
+
+
+def _run(y, l1, l1_sf, l2, l2_sf, shared, buf: SymmBuffer, stats, activation, activation_clamp):
     ck.check_arg(activation == "swiglu", "mega_moe", "activation", "value", "'swiglu'", repr(activation))
     t = y.shape[0]
     ck.check_arg(t <= buf.num_max_tokens_per_rank, "mega_moe", "y", "size(0)", f"<= {buf.num_max_tokens_per_rank}", t)
@@ -156,6 +203,10 @@ def _run(y, l1, l1_sf, l2, l2_sf, buf: SymmBuffer, stats, activation, activation
         x_sf=x_sf,
         l1_sf=l1_sf,
         l2_sf=l2_sf,
+        shared_l1_weights=shared[0],
+        shared_l1_sf=shared[1],
+        shared_l2_weights=shared[2],
+        shared_l2_sf=shared[3],
         group=buf.group if buf.ranks > 1 else None,
         activation_clamp=activation_clamp,
     )
@@ -169,6 +220,8 @@ def fp8_fp4_mega_moe(
     l1_weights: tuple,
     l2_weights: tuple,
     sym_buffer: SymmBuffer,
+    shared_l1_weights: tuple | None = None,
+    shared_l2_weights: tuple | None = None,
     cumulative_local_expert_recv_stats: torch.Tensor | None = None,
     recipe: tuple = (1, 1, 32),
     activation: str = "swiglu",
@@ -176,8 +229,9 @@ def fp8_fp4_mega_moe(
     fast_math: bool = True,
 ) -> None:
     """``y [T, H]`` BF16 <- MegaMoE of the buffer's first T tokens; weights from ``transform_weights_for_mega_moe``
-    (FP4 int8 with packed UE8M0 scales)."""
+    (FP4 int8 with packed UE8M0 scales); fused shared experts ``(FP8 weights, scales)`` (DeepGEMM-Ascend)."""
     ck.check_arg(tuple(recipe) == (1, 1, 32), "fp8_fp4_mega_moe", "recipe", "value", "(1, 1, 32)", tuple(recipe))
+    shared = _shared("fp8_fp4_mega_moe", sym_buffer, shared_l1_weights, shared_l2_weights, fp8=True)
     (w1, s1), (w2, s2) = l1_weights, l2_weights
     l1 = _untransform_l1(w1).view(torch.uint8)
     l1_sf = scales_to_float(_untransform_sf(s1, interleaved=True).contiguous())
@@ -188,6 +242,7 @@ def fp8_fp4_mega_moe(
         l1_sf,
         w2.view(torch.uint8),
         l2_sf,
+        shared,
         sym_buffer,
         cumulative_local_expert_recv_stats,
         activation,
@@ -204,14 +259,18 @@ def bf16_mega_moe(
     activation: str = "swiglu",
     activation_clamp: float | None = None,
     fast_math: bool = True,
+    shared_l1_weights: torch.Tensor | None = None,
+    shared_l2_weights: torch.Tensor | None = None,
 ) -> None:
-    """BF16 MegaMoE with weights from ``transform_weights_for_mega_moe``."""
+    """BF16 MegaMoE with weights from ``transform_weights_for_mega_moe``; fused shared experts as BF16
+    ``[2·S·I, H]`` / ``[H, S·I]`` (after upstream's arguments: upstream's BF16 entry has none)."""
     _run(
         y,
         _untransform_l1(l1_weights),
         None,
         l2_weights,
         None,
+        _shared("bf16_mega_moe", sym_buffer, shared_l1_weights, shared_l2_weights, fp8=False),
         sym_buffer,
         cumulative_local_expert_recv_stats,
         activation,

@@ -1,5 +1,5 @@
 """FLOP formula of ``mega_moe``: per routed (token, slot) pair, L1 (2·H·2I) and L2 (2·I·H): 6·H·I, as upstream's
-benchmark counts it (over received tokens)."""
+benchmark counts it (over received tokens); the fused shared experts add 6·H·I_s per token."""
 
 from __future__ import annotations
 
@@ -8,6 +8,22 @@ from torch.utils.flop_counter import register_flop_formula
 
 
 @register_flop_formula(torch.ops.ascend_moe.mega_moe)
-def mega_moe_flops(x_shape, x_sf_shape, idx_shape, w_shape, l1_shape, *args, out_shape=None, **kwargs) -> int:
-    hidden, intermediate = x_shape[1], l1_shape[1] // 2
-    return 6 * idx_shape[0] * idx_shape[1] * hidden * intermediate
+def mega_moe_flops(
+    x_shape,
+    x_sf_shape,
+    idx_shape,
+    w_shape,
+    l1_shape,
+    l1_sf_shape,
+    l2_shape,
+    l2_sf_shape,
+    shared_l1_shape=None,
+    *args,
+    out_shape=None,
+    **kwargs,
+) -> int:
+    tokens, hidden = x_shape
+    flops = 6 * idx_shape[0] * idx_shape[1] * hidden * (l1_shape[1] // 2)
+    if shared_l1_shape is not None:
+        flops += 6 * tokens * hidden * (shared_l1_shape[0] // 2)
+    return flops

@@ -11,34 +11,75 @@ OP = "ascend_moe::mega_moe"
 GRAN = 32
 
 
-def _check_weights(op, name, w, sf, fp8, experts, rows, cols):
-    """``w [E_l, rows, cols]`` BF16, or packed FP4 (uint8 / int8) ``[E_l, rows, cols/2]`` with FP32
-    ``sf [E_l, rows, cols/32]``."""
-    ck.check_rank(op, name, w, 3, "[E_local, N, K]")
+_FORMATS = {
+    # kind: (accepted weight dtypes, their description, packed columns per element)
+    "bf16": ((torch.bfloat16,), "torch.bfloat16 with a BF16 x", 1),
+    "fp4": ((torch.uint8, torch.int8), "torch.uint8 or torch.int8 (packed FP4) with an FP8 x", 2),
+    "fp8": ((torch.float8_e4m3fn,), "torch.float8_e4m3fn with an FP8 x", 1),
+}
+
+
+def _check_weights(op, name, w, sf, kind, lead, rows, cols):
+    """``w [*lead, rows, cols]`` BF16, packed FP4 ``[*lead, rows, cols/2]`` or FP8 ``[*lead, rows, cols]``;
+    the quantized ones with FP32 1x32 scales ``sf [*lead, rows, cols/32]``."""
+    sf_name = name.replace("_weights", "_sf")
+    ck.check_rank(op, name, w, len(lead) + 2, "[E_local, N, K]" if lead else "[N, K]")
+    dtypes, described, per_element = _FORMATS[kind]
+    ck.check_arg(w.dtype in dtypes, op, name, "dtype", described, w.dtype)
+    expected = [*lead, rows, cols // per_element]
+    ck.check_arg(list(w.shape) == expected, op, name, "shape", expected, list(w.shape))
+    if kind == "bf16":
+        ck.check_arg(sf is None, op, sf_name, "value", "None with BF16 weights", "a tensor")
+        return
+    ck.check_arg(sf is not None, op, sf_name, "value", "FP32 1x32 scales with FP8 / FP4 weights", None)
+    expected_sf = [*lead, rows, cols // GRAN]
+    ck.check_arg(list(sf.shape) == expected_sf, op, sf_name, "shape", expected_sf, list(sf.shape))
+    ck.check_arg(sf.dtype == torch.float32, op, sf_name, "dtype", "torch.float32", sf.dtype)
+
+
+def _check_shared(op, fp8, hidden, l1, l1_sf, l2, l2_sf):
+    """The fused shared experts: one SwiGLU MLP (S shared experts of intermediate I as one of S·I, DeepSeek's
+    convention) with ``shared_l1_weights [2I_s, H]`` (gate rows, then up) and ``shared_l2_weights [H, I_s]``,
+    BF16, or FP8 E4M3 with 1x32 scales in FP8 x FP4 mode (DeepGEMM-Ascend: FP8 weights without expert dim)."""
+    if l1 is None or l2 is None:
+        given, missing = (
+            ("shared_l1_weights", "shared_l2_weights") if l2 is None else ("shared_l2_weights", "shared_l1_weights")
+        )
+        ck.check_arg(l1 is None and l2 is None, op, missing, "value", f"a tensor when {given} is given", None)
+        for name, sf in (("shared_l1_sf", l1_sf), ("shared_l2_sf", l2_sf)):
+            ck.check_arg(sf is None, op, name, "value", "None without shared expert weights", "a tensor")
+        return
+    ck.check_rank(op, "shared_l1_weights", l1, 2, "[2I_s, H]")
+    two_i = l1.shape[0]
+    ck.check_arg(
+        two_i % 2 == 0, op, "shared_l1_weights", "size(0) (2I_s)", "an even row count (gate rows, then up)", two_i
+    )
+    inter = two_i // 2
     if fp8:
         ck.check_arg(
-            w.dtype in (torch.uint8, torch.int8),
-            op,
-            name,
-            "dtype",
-            "torch.uint8 or torch.int8 (packed FP4) with an FP8 x",
-            w.dtype,
+            inter % GRAN == 0, op, "shared_l1_weights", "size(0) / 2 (I_s)", "a multiple of 32 with FP8 x", inter
         )
-        expected = [experts, rows, cols // 2]
-        ck.check_arg(list(w.shape) == expected, op, name, "shape", expected, list(w.shape))
-        ck.check_arg(sf is not None, op, f"{name[:2]}_sf", "value", "FP32 1x32 scales with FP4 weights", None)
-        expected_sf = [experts, rows, cols // GRAN]
-        ck.check_arg(list(sf.shape) == expected_sf, op, f"{name[:2]}_sf", "shape", expected_sf, list(sf.shape))
-        ck.check_arg(sf.dtype == torch.float32, op, f"{name[:2]}_sf", "dtype", "torch.float32", sf.dtype)
-    else:
-        ck.check_arg(w.dtype == torch.bfloat16, op, name, "dtype", "torch.bfloat16 with a BF16 x", w.dtype)
-        expected = [experts, rows, cols]
-        ck.check_arg(list(w.shape) == expected, op, name, "shape", expected, list(w.shape))
-        ck.check_arg(sf is None, op, f"{name[:2]}_sf", "value", "None with BF16 weights", "a tensor")
+    kind = "fp8" if fp8 else "bf16"
+    _check_weights(op, "shared_l1_weights", l1, l1_sf, kind, [], two_i, hidden)
+    _check_weights(op, "shared_l2_weights", l2, l2_sf, kind, [], hidden, inter)
 
 
 def mega_moe_signature(
-    x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, activation_clamp, timeout_s
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1,
+    l1_sf,
+    l2,
+    l2_sf,
+    shared_l1,
+    shared_l1_sf,
+    shared_l2,
+    shared_l2_sf,
+    group_name,
+    activation_clamp,
+    timeout_s,
 ) -> tuple[int, int]:
     """Checks the arguments; returns (total experts E = E_local * R, R)."""
     op = OP
@@ -78,8 +119,10 @@ def mega_moe_signature(
     inter = two_i // 2
     if fp8:
         ck.check_arg(inter % GRAN == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 32 with FP8 x", inter)
-    _check_weights(op, "l1_weights", l1, l1_sf, fp8, experts, two_i, h)
-    _check_weights(op, "l2_weights", l2, l2_sf, fp8, experts, h, inter)
+    kind = "fp4" if fp8 else "bf16"
+    _check_weights(op, "l1_weights", l1, l1_sf, kind, [experts], two_i, h)
+    _check_weights(op, "l2_weights", l2, l2_sf, kind, [experts], h, inter)
+    _check_shared(op, fp8, h, shared_l1, shared_l1_sf, shared_l2, shared_l2_sf)
     if activation_clamp is not None:
         ck.check_arg(activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", activation_clamp)
     ranks = 1
@@ -101,12 +144,30 @@ def _mega_moe_fake(
     l1_sf,
     l2_weights,
     l2_sf,
+    shared_l1_weights=None,
+    shared_l1_sf=None,
+    shared_l2_weights=None,
+    shared_l2_sf=None,
     group_name=None,
     activation_clamp=None,
     timeout_s=300.0,
 ):
     mega_moe_signature(
-        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
+        x,
+        x_sf,
+        topk_idx,
+        topk_weights,
+        l1_weights,
+        l1_sf,
+        l2_weights,
+        l2_sf,
+        shared_l1_weights,
+        shared_l1_sf,
+        shared_l2_weights,
+        shared_l2_sf,
+        group_name,
+        activation_clamp,
+        timeout_s,
     )
     return (
         x.new_empty([x.shape[0], x.shape[1]], dtype=torch.bfloat16),

@@ -237,8 +237,10 @@ class MoE(nn.Module):
 class MegaMoE(MoE):
     """``MoE`` whose routed experts run as one ``mega_moe`` op (DeepGEMM's fused MegaMoE): BF16 tokens and
     expert weights, the routing weight applied before the second GEMM, optional ``activation_clamp``; expert
-    parallel over ``ep_group`` inside the op. Same parameters and ``state_dict`` as ``MoE`` (checkpoints move
-    both ways); ``fp8`` is not available here (the FP8 x FP4 mode takes pre-quantized weights: use the op or
+    parallel over ``ep_group`` inside the op. The shared experts are fused into the op too (DeepGEMM-Ascend;
+    computed at each token's home rank) while they are plain ``nn.Linear`` layers; after a conversion to
+    ``FP8Linear`` they run beside it. Same parameters and ``state_dict`` as ``MoE`` (checkpoints move both ways);
+    ``fp8`` is not available here (the FP8 x FP4 mode takes pre-quantized weights: use the op or
     ``deep_gemm.fp8_fp4_mega_moe``).
 
     >>> moe = MegaMoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
@@ -252,6 +254,15 @@ class MegaMoE(MoE):
         super().__init__(*args, **kwargs)
         self.activation_clamp = activation_clamp
 
+    def _fused_shared(self) -> dict:
+        mlp = self.shared_experts
+        if mlp is None or any(type(layer) is not nn.Linear for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            return {}
+        return dict(
+            shared_l1_weights=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).bfloat16(),
+            shared_l2_weights=mlp.down_proj.weight.bfloat16(),
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch_ascend_moe.ops.mega_moe import mega_moe
 
@@ -260,6 +271,7 @@ class MegaMoE(MoE):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)
+        shared = self._fused_shared()
         out, _ = mega_moe(
             tokens.bfloat16(),
             idx,
@@ -268,8 +280,9 @@ class MegaMoE(MoE):
             self.experts.down_proj.bfloat16(),
             group=self.ep_group_name,
             activation_clamp=self.activation_clamp,
+            **shared,
         )
         out = out.to(x.dtype)
-        if self.shared_experts is not None:
+        if self.shared_experts is not None and not shared:
             out = out + self.shared_experts(tokens)
         return out.view(shape)

@@ -17,6 +17,10 @@ def mega_moe(
     x_sf: torch.Tensor | None = None,
     l1_sf: torch.Tensor | None = None,
     l2_sf: torch.Tensor | None = None,
+    shared_l1_weights: torch.Tensor | None = None,
+    shared_l2_weights: torch.Tensor | None = None,
+    shared_l1_sf: torch.Tensor | None = None,
+    shared_l2_sf: torch.Tensor | None = None,
     group=None,
     activation_clamp: float | None = None,
     timeout_s: float = 300.0,
@@ -29,6 +33,11 @@ def mega_moe(
     ``l1_sf [E_local, 2I, H/32]``, ``l2_sf [E_local, H, I/32]``. ``topk_idx`` global expert ids (-1 skipped),
     ``topk_weights`` FP32, applied before L2. ``activation_clamp``: ``gate <= c``, ``|up| <= c``. ``group``
     (a process group or its name) makes it expert-parallel: rank r holds experts ``[r·E_l, (r+1)·E_l)``.
+
+    Fused shared experts (DeepGEMM-Ascend): ``shared_l1_weights [2I_s, H]`` (gate rows, then up) and
+    ``shared_l2_weights [H, I_s]`` (no expert dim; S shared experts of intermediate I are one of I_s = S·I), BF16,
+    or FP8 E4M3 with FP32 1x32 scales ``shared_l1_sf [2I_s, H/32]``, ``shared_l2_sf [H, I_s/32]`` in FP8 mode;
+    computed for every token at its home rank (same clamp, weight 1) and added first in the combine's FP32 sum.
     Steps and rounding points: ``torch_ascend_moe/backends/portable/mega_moe.py``. BF16 mode is differentiable.
 
     >>> x = torch.randn(4, 64).bfloat16()
@@ -43,5 +52,19 @@ def mega_moe(
 
         name = group_name_of(group)
     return _mega_moe(
-        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, name, activation_clamp, timeout_s
+        x,
+        x_sf,
+        topk_idx,
+        topk_weights,
+        l1_weights,
+        l1_sf,
+        l2_weights,
+        l2_sf,
+        shared_l1_weights,
+        shared_l1_sf,
+        shared_l2_weights,
+        shared_l2_sf,
+        name,
+        activation_clamp,
+        timeout_s,
     )

@@ -16,13 +16,14 @@ from torch_ascend_moe.backends.portable import mega_moe as portable
 from torch_ascend_moe.quant import cast_back_from_fp4, per_token_cast_to_fp4, per_token_cast_to_fp8
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
-# (T, H, I, E, K, clamp, fp8)
+# (T, H, I, E, K, clamp, fp8, I_s: the fused shared experts' intermediate size, 0 = none)
 _CASES = [
-    (9, 64, 32, 4, 2, None, False),
-    (7, 64, 64, 3, 3, 0.5, False),
-    (8, 64, 32, 4, 2, 1.0, True),
-    (0, 64, 32, 2, 2, None, False),
+    (9, 64, 32, 4, 2, None, False, 0),
+    (7, 64, 64, 3, 3, 0.5, False, 32),
+    (8, 64, 32, 4, 2, 1.0, True, 64),
+    (0, 64, 32, 2, 2, None, False, 32),
 ]
+GRAD_POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1, l2, shared l1, shared l2
 
 
 def _fp4(w: torch.Tensor):
@@ -34,7 +35,7 @@ def _fp4(w: torch.Tensor):
 def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(60)
     out = []
-    for t, h, inter, e, k, clamp, fp8 in _CASES:
+    for t, h, inter, e, k, clamp, fp8, shared in _CASES:
         x = torch.randn(t, h, generator=g)
         idx = (
             torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
@@ -46,18 +47,29 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
         w = torch.rand(t, k, generator=g)
         l1 = torch.randn(e, 2 * inter, h, generator=g) * h**-0.5
         l2 = torch.randn(e, h, inter, generator=g) * inter**-0.5
+        shared_args = (None,) * 4
+        if shared:
+            sl1 = torch.randn(2 * shared, h, generator=g) * h**-0.5
+            sl2 = torch.randn(h, shared, generator=g) * shared**-0.5
+            if fp8:
+                (q1, f1), (q2, f2) = (per_token_cast_to_fp8(m, use_ue8m0=True, gran_k=32) for m in (sl1, sl2))
+                shared_args = (q1, f1, q2, f2)
+            else:
+                shared_args = (sl1.bfloat16(), None, sl2.bfloat16(), None)
         if fp8:
             xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
             (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
-            args = (xq, xsf, idx, w, w1, s1, w2, s2)
+            args = (xq, xsf, idx, w, w1, s1, w2, s2, *shared_args)
         else:
-            args = (x.bfloat16(), None, idx, w, l1.bfloat16(), None, l2.bfloat16(), None)
+            args = (x.bfloat16(), None, idx, w, l1.bfloat16(), None, l2.bfloat16(), None, *shared_args)
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
         if requires_grad and not fp8:
-            for i in (0, 3, 4, 6):
-                args[i].requires_grad_()
+            for i in GRAD_POSITIONS:
+                if args[i] is not None:
+                    args[i].requires_grad_()
         mode = "FP8xFP4" if fp8 else "BF16"
-        out.append(SampleInput((*args, None, clamp), f"T{t} H{h} I{inter} E{e} top-{k} {mode} clamp={clamp}"))
+        name = f"T{t} H{h} I{inter} E{e} top-{k} {mode} clamp={clamp} shared I_s={shared}"
+        out.append(SampleInput((*args, None, clamp), name))
     return out
 
 
@@ -73,80 +85,133 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).double()
 
 
+def _deq_rows(w, sf):
+    """FP8 ``[N, K]`` with 1x32 scales, or BF16, in FP64."""
+    w = w.detach().double()
+    return w if sf is None else w * sf.double().repeat_interleave(32, dim=1)
+
+
+def _expert(xd, w1, w2, weight, activation_clamp, fp8):
+    """One token through one expert in FP64 with the op's rounding points: ``bf16(L2(q(act)))``."""
+    inter = w1.shape[0] // 2
+    hidden = _bf16(xd @ w1.T)
+    gate, up = hidden[:inter], hidden[inter:]
+    if activation_clamp is not None:
+        gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate) * up * weight
+    if fp8:
+        q, sf = per_token_cast_to_fp8(act.float().view(1, -1), use_ue8m0=True, gran_k=32)
+        act = q.double() * sf.double().repeat_interleave(32, dim=1)
+    else:
+        act = _bf16(act)
+    return _bf16(act.view(-1) @ w2.T)
+
+
 def reference(
-    x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name=None, activation_clamp=None, timeout_s=300.0
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1,
+    l1_sf,
+    l2,
+    l2_sf,
+    shared_l1=None,
+    shared_l1_sf=None,
+    shared_l2=None,
+    shared_l2_sf=None,
+    group_name=None,
+    activation_clamp=None,
+    timeout_s=300.0,
 ):
     fp8 = x.dtype == torch.float8_e4m3fn
-    xd = (x.double() * x_sf.double().repeat_interleave(32, dim=1)) if fp8 else x.detach().double()
+    xd = _deq_rows(x, x_sf)
     w1, w2 = _dequant(l1, l1_sf), _dequant(l2, l2_sf)
     t, h = x.shape
-    inter = w1.shape[1] // 2
     y = torch.zeros(t, h, dtype=torch.float64)
     counts = torch.zeros(w1.shape[0], dtype=torch.int32)
     for i in range(t):
+        if shared_l1 is not None:
+            sw1, sw2 = _deq_rows(shared_l1, shared_l1_sf), _deq_rows(shared_l2, shared_l2_sf)
+            y[i] += _expert(xd[i], sw1, sw2, 1.0, activation_clamp, fp8)
         for j in range(topk_idx.shape[1]):
             e = int(topk_idx[i, j])
             if e < 0:
                 continue
             counts[e] += 1
-            hidden = _bf16(xd[i] @ w1[e].T)
-            gate, up = hidden[:inter], hidden[inter:]
-            if activation_clamp is not None:
-                gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
-            act = F.silu(gate) * up * float(topk_weights[i, j])
-            if fp8:
-                q, sf = per_token_cast_to_fp8(act.float().view(1, -1), use_ue8m0=True, gran_k=32)
-                act = q.double() * sf.double().repeat_interleave(32, dim=1)
-            else:
-                act = _bf16(act)
-            y[i] += _bf16(act.view(-1) @ w2[e].T)
+            y[i] += _expert(xd[i], w1[e], w2[e], float(topk_weights[i, j]), activation_clamp, fp8)
     return _bf16(y), counts
+
+
+_ARG_NAMES = (
+    "x",
+    "x_sf",
+    "topk_idx",
+    "topk_weights",
+    "l1_weights",
+    "l1_sf",
+    "l2_weights",
+    "l2_sf",
+    "shared_l1_weights",
+    "shared_l1_sf",
+    "shared_l2_weights",
+    "shared_l2_sf",
+    "group_name",
+    "activation_clamp",
+)
 
 
 def bad_inputs(device) -> list[BadInput]:
     x, idx, w = torch.randn(4, 64).bfloat16(), torch.tensor([[0, 1], [1, -1], [0, 1], [1, 0]]), torch.rand(4, 2)
     l1, l2 = torch.randn(2, 64, 64).bfloat16(), torch.randn(2, 64, 32).bfloat16()
+    s1, s2 = torch.randn(64, 64).bfloat16(), torch.randn(64, 32).bfloat16()
+    good = dict(x=x, topk_idx=idx, topk_weights=w, l1_weights=l1, l2_weights=l2)
+
+    def bad(match, name, data_dependent=False, **changed):
+        values = {**good, **changed}
+        return BadInput(tuple(values.get(n) for n in _ARG_NAMES), match, name, data_dependent=data_dependent)
+
+    xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
+    (w1, f1), (w2, f2) = _fp4(l1.float()), _fp4(l2.float())
+    fp8 = dict(x=xq, x_sf=xsf, l1_weights=w1, l1_sf=f1, l2_weights=w2, l2_sf=f2)
     return [
-        BadInput(
-            (x.float(), None, idx, w, l1, None, l2, None, None, None),
-            r"argument 'x' dtype: expected torch.bfloat16 or",
-            "x dtype",
-        ),
-        BadInput(
-            (x, None, idx, w, l1[:, :63], None, l2, None, None, None),
-            r"argument 'l1_weights' size\(1\) \(2I\)",
-            "odd 2I",
-        ),
-        BadInput(
-            (x, None, idx, w, l1, None, l2[:, :, :16], None, None, None),
-            r"argument 'l2_weights' shape: expected \[2, 64, 32\]",
-            "l2",
-        ),
-        BadInput(
-            (x, None, idx, w[:, :1], l1, None, l2, None, None, None),
-            r"argument 'topk_weights' shape: expected \[4, 2\]",
-            "w",
-        ),
-        BadInput(
-            (x, None, idx[:3], w, l1, None, l2, None, None, None),
-            r"argument 'topk_idx' size\(0\) \(T\): expected 4",
-            "T",
-        ),
-        BadInput(
-            (x, None, idx, w, l1, None, l2, None, None, -1.0),
-            r"argument 'activation_clamp' value: expected None or >= 0",
-            "clamp",
-        ),
-        BadInput(
-            (x, torch.ones(4, 2), idx, w, l1, None, l2, None, None, None),
-            r"argument 'x_sf' value: expected None with a BF16 x",
-            "x_sf",
-        ),
-        BadInput(
-            (x, None, idx + 1, w, l1, None, l2, None, None, None),
+        bad(r"argument 'x' dtype: expected torch.bfloat16 or", "x dtype", x=x.float()),
+        bad(r"argument 'l1_weights' size\(1\) \(2I\)", "odd 2I", l1_weights=l1[:, :63]),
+        bad(r"argument 'l2_weights' shape: expected \[2, 64, 32\]", "l2", l2_weights=l2[:, :, :16]),
+        bad(r"argument 'topk_weights' shape: expected \[4, 2\]", "w", topk_weights=w[:, :1]),
+        bad(r"argument 'topk_idx' size\(0\) \(T\): expected 4", "T", topk_idx=idx[:3]),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0", "clamp", activation_clamp=-1.0),
+        bad(r"argument 'x_sf' value: expected None with a BF16 x", "x_sf", x_sf=torch.ones(4, 2)),
+        bad(
             r"argument 'topk_idx' values: expected expert ids in \[-1, 2\), got 2",
             "id >= E",
             data_dependent=True,
+            topk_idx=idx + 1,
+        ),
+        bad(
+            r"argument 'shared_l2_weights' value: expected a tensor when shared_l1_weights is given",
+            "shared l1 without l2",
+            shared_l1_weights=s1,
+        ),
+        bad(
+            r"argument 'shared_l2_weights' shape: expected \[64, 32\], got \[64, 16\]",
+            "shared l2 shape",
+            shared_l1_weights=s1,
+            shared_l2_weights=s2[:, :16],
+        ),
+        bad(
+            r"argument 'shared_l1_weights' dtype: expected torch.float8_e4m3fn with an FP8 x",
+            "BF16 shared weights with FP8 x",
+            shared_l1_weights=s1,
+            shared_l2_weights=s2,
+            **fp8,
+        ),
+        bad(
+            r"argument 'shared_l1_sf' value: expected None with BF16 weights",
+            "shared scales in BF16 mode",
+            shared_l1_weights=s1,
+            shared_l2_weights=s2,
+            shared_l1_sf=torch.ones(64, 2),
         ),
     ]
 
@@ -166,14 +231,39 @@ SPECS = [
 ]
 
 
-def unfused(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp=None):
+def unfused(
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1,
+    l1_sf,
+    l2,
+    l2_sf,
+    shared_l1=None,
+    shared_l1_sf=None,
+    shared_l2=None,
+    shared_l2_sf=None,
+    activation_clamp=None,
+):
     """Upstream's test pipeline rebuilt from our separate ops (single process): permute, grouped GEMM,
-    clamp + SwiGLU x weight (+ per-32 UE8M0 FP8 requantization), grouped GEMM, unpermute."""
+    clamp + SwiGLU x weight (+ per-32 UE8M0 FP8 requantization), grouped GEMM; the shared experts as dense
+    GEMMs with the same activation; unpermute with the shared row as each token's first term."""
+    from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
+    from torch_ascend_moe.ops.gemm import bf16_gemm
     from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
     from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
     fp8 = x.dtype == torch.float8_e4m3fn
     e = l1.shape[0]
+
+    def swiglu(h, weights):
+        gate, up = h.float().chunk(2, dim=-1)
+        if activation_clamp is not None:
+            gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+        act = F.silu(gate) * up * weights
+        return per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=32) if fp8 else (act.bfloat16(), None)
+
     if fp8:
         rows, row_map, offs = moe_permute(x.view(torch.int8).view(torch.float16), topk_idx, e)
         rows = rows.view(torch.float8_e4m3fn)
@@ -188,16 +278,20 @@ def unfused(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_cl
     w_rows = torch.zeros(rows.shape[0], dtype=torch.float32)
     ok = row_map >= 0
     w_rows[row_map[ok].long()] = topk_weights[ok]
-    gate, up = h.float().chunk(2, dim=-1)
-    if activation_clamp is not None:
-        gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
-    act = F.silu(gate) * up * w_rows.unsqueeze(1)
+    q, sf = swiglu(h, w_rows.unsqueeze(1))
     if fp8:
-        q, sf = per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=32)
         y = m_grouped_fp8_gemm(q, sf, l2, l2_sf, offs, recipe_a=(1, 32), recipe_b=(1, 32), out_dtype=torch.bfloat16)
     else:
-        y = m_grouped_bf16_gemm(act.bfloat16(), l2, offs, out_dtype=torch.bfloat16)
-    return moe_unpermute(y, row_map)
+        y = m_grouped_bf16_gemm(q, l2, offs, out_dtype=torch.bfloat16)
+    if shared_l1 is None:
+        return moe_unpermute(y, row_map)
+    if fp8:
+        q, sf = swiglu(fp8_gemm(x, x_sf, shared_l1, shared_l1_sf, recipe_a=(1, 32), recipe_b=(1, 32)), 1.0)
+        ys = fp8_gemm(q, sf, shared_l2, shared_l2_sf, recipe_a=(1, 32), recipe_b=(1, 32))
+    else:
+        ys = bf16_gemm(swiglu(bf16_gemm(x, shared_l1), 1.0)[0], shared_l2)
+    shared_rows = torch.arange(x.shape[0], dtype=row_map.dtype).unsqueeze(1) + y.shape[0]
+    return moe_unpermute(torch.cat([y, ys]), torch.cat([shared_rows, row_map], dim=1))
 
 
 def ep_worker(rank: int, world_size: int, store_path: str) -> None:
@@ -217,10 +311,12 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
         from torch_ascend_moe import mega_moe
         from torch_ascend_moe.testing import calc_diff
 
-        g = torch.Generator().manual_seed(0)  # the same full expert set on every rank
+        g = torch.Generator().manual_seed(0)  # the same full expert set (and shared experts) on every rank
         e, h, inter, k = 2 * world_size, 64, 32, 2
         l1 = (torch.randn(e, 2 * inter, h, generator=g) * h**-0.5).bfloat16()
         l2 = (torch.randn(e, h, inter, generator=g) * inter**-0.5).bfloat16()
+        sl1 = (torch.randn(4 * inter, h, generator=g) * h**-0.5).bfloat16()
+        sl2 = (torch.randn(h, 2 * inter, generator=g) * (2 * inter) ** -0.5).bfloat16()
         mine = slice(rank * 2, rank * 2 + 2)
         t = 5 + rank
         g = torch.Generator().manual_seed(10 + rank)
@@ -231,7 +327,9 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
             if fp8:
                 xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
                 (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
-                full = mega_moe(xq, idx, w, w1, w2, x_sf=xsf, l1_sf=s1, l2_sf=s2, activation_clamp=1.0)
+                (q1, f1), (q2, f2) = (per_token_cast_to_fp8(m.float(), use_ue8m0=True, gran_k=32) for m in (sl1, sl2))
+                shared = dict(shared_l1_weights=q1, shared_l1_sf=f1, shared_l2_weights=q2, shared_l2_sf=f2)
+                full = mega_moe(xq, idx, w, w1, w2, x_sf=xsf, l1_sf=s1, l2_sf=s2, activation_clamp=1.0, **shared)
                 ep = mega_moe(
                     xq,
                     idx,
@@ -243,11 +341,23 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
                     l2_sf=s2[mine],
                     activation_clamp=1.0,
                     group=dist.group.WORLD,
+                    **shared,
                 )
             else:
                 xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-                full = mega_moe(xg, idx, w, l1, l2, activation_clamp=1.0)
-                ep = mega_moe(xe, idx, w, l1[mine], l2[mine], activation_clamp=1.0, group=dist.group.WORLD)
+                sg, se = sl1.clone().requires_grad_(), sl1.clone().requires_grad_()
+                full = mega_moe(xg, idx, w, l1, l2, activation_clamp=1.0, shared_l1_weights=sg, shared_l2_weights=sl2)
+                ep = mega_moe(
+                    xe,
+                    idx,
+                    w,
+                    l1[mine],
+                    l2[mine],
+                    activation_clamp=1.0,
+                    group=dist.group.WORLD,
+                    shared_l1_weights=se,
+                    shared_l2_weights=sl2,
+                )
             # Each rank's partial sum is rounded to BF16 before the combine: close, not bitwise.
             assert calc_diff(ep[0], full[0]) < 1e-5, f"EP forward differs (fp8={fp8})"
             counts = full[1].clone()
@@ -258,6 +368,7 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
                 (full[0].float() * c).sum().backward()
                 (ep[0].float() * c).sum().backward()
                 assert calc_diff(xe.grad, xg.grad) < 1e-4, "EP input gradient differs"
+                assert calc_diff(se.grad, sg.grad) < 1e-4, "EP shared-expert gradient differs"
     except BaseException:
         traceback.print_exc()
         os._exit(1)

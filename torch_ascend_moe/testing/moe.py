@@ -53,8 +53,9 @@ def moe_reference(moe, x: torch.Tensor, gate_up: torch.Tensor | None = None, dow
 
 
 def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
-    """Spawned by tests/moe: an expert-parallel ``MoE`` (compact and static dispatch) against the same layer in
-    one process (every expert local), forward and gradients; raises on mismatch (mp.spawn reports it)."""
+    """Spawned by tests/moe: an expert-parallel ``MoE`` (compact and static dispatch) and ``MegaMoE`` against the
+    same layer in one process (every expert local), forward and gradients; raises on mismatch (mp.spawn reports
+    it)."""
     import datetime
     import os
     import traceback
@@ -66,7 +67,7 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
         "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
     )
     try:
-        from torch_ascend_moe.nn import MoE
+        from torch_ascend_moe.nn import MegaMoE, MoE
         from torch_ascend_moe.testing import calc_diff
 
         config = dict(num_shared_experts=1, score_func="sigmoid", use_expert_bias=True, num_groups=2, topk_groups=1)
@@ -103,6 +104,20 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
             ep_grad = ep.experts.gate_up_proj.grad
             assert calc_diff(ep_grad, mine) < 1e-12, "EP expert gradient differs"
             full.zero_grad()
+        # MegaMoE: routed and shared experts in one mega_moe call, expert-parallel inside the op (BF16: each
+        # rank's partial is rounded before the combine, so close rather than equal).
+        mega_full = MegaMoE(32, 16, 4 * world_size, 2, dtype=torch.float64, **config)
+        mega_full.load_state_dict(full.state_dict())
+        mega_ep = MegaMoE(32, 16, 4 * world_size, 2, dtype=torch.float64, ep_group=dist.group.WORLD, **config)
+        mega_ep.load_full_state_dict(full.state_dict())
+        assert mega_ep._fused_shared(), "MegaMoE did not fuse its shared experts"
+        x = torch.randn(3 + 2 * rank, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(30 + rank))
+        x_ep, x_full = x.clone().requires_grad_(), x.clone().requires_grad_()
+        y_ep, y_full = mega_ep(x_ep), mega_full(x_full)
+        assert calc_diff(y_ep, y_full) < 1e-5, "EP MegaMoE forward differs"
+        y_ep.sum().backward()
+        y_full.sum().backward()
+        assert calc_diff(x_ep.grad, x_full.grad) < 1e-4, "EP MegaMoE input gradient differs"
     except BaseException:
         traceback.print_exc()
         os._exit(1)

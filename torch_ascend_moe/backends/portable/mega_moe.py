@@ -12,6 +12,10 @@ bitwise equal to that pipeline by construction, which is also how upstream tests
 7. combine: ``moe_unpermute`` (FP32 sum of the token's rows in slot order, one rounding), or ``ep_combine``
    of each rank's partial sums when expert-parallel.
 
+Fused shared experts (DeepGEMM-Ascend's ``shared_l1_weights`` / ``shared_l2_weights``): the same steps 3-6 for
+every token at its home rank with dense GEMMs and weight 1 (FP8 x FP8 with 1x32 UE8M0 scales in FP8 mode); the
+result is the first term of the combine's FP32 sum (``ep_combine``'s bias when expert-parallel).
+
 The second output counts the (token, slot) pairs each local expert received (DeepEP's
 ``cumulative_local_expert_recv_stats`` increment; add it to your running total).
 """
@@ -22,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe.meta.mega_moe import mega_moe_signature
+from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
+from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 from torch_ascend_moe.quant import per_token_cast_to_fp8
@@ -37,9 +43,24 @@ def _permute_rows(x, idx, experts):
     return moe_permute(x, idx, experts)
 
 
+def _activation(h, row_w, activation_clamp, fp8):
+    """Steps 4-5 on L1's BF16 output ``h [N, 2I]``: ``(act_q, act_sf or None)`` ready for L2."""
+    gate, up = h.chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate = gate.clamp(max=activation_clamp)
+        up = up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate.float()) * up.float()
+    if row_w is not None:
+        act = act * row_w.unsqueeze(1)
+    if fp8:
+        return per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=GRAN)
+    return act.bfloat16(), None
+
+
 def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp):
-    """Steps 2-7 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
-    ``weights [N, K]``. Returns ``(y [N, H] BF16, per-expert pair counts int32 [E_local])``."""
+    """Steps 2-6 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
+    ``weights [N, K]``. Returns ``(y [P, H] BF16 rows in expert order, row_map [N, K], per-expert pair counts
+    int32 [E_local])``."""
     fp8 = x.dtype == torch.float8_e4m3fn
     experts = l1.shape[0]
     if fp8:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
@@ -57,20 +78,38 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
         )
     else:
         h = m_grouped_bf16_gemm(permuted, l1, offs, out_dtype=torch.bfloat16)
-    gate, up = h.chunk(2, dim=-1)
-    if activation_clamp is not None:
-        gate = gate.clamp(max=activation_clamp)
-        up = up.clamp(-activation_clamp, activation_clamp)
-    act = F.silu(gate.float()) * up.float() * row_w.unsqueeze(1)
+    act, act_sf = _activation(h, row_w, activation_clamp, fp8)
     if fp8:
-        act_q, act_sf = per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=GRAN)
         y = m_grouped_fp8_gemm(
-            act_q, act_sf, l2, l2_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16
+            act, act_sf, l2, l2_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16
         )
     else:
-        y = m_grouped_bf16_gemm(act.bfloat16(), l2, offs, out_dtype=torch.bfloat16)
+        y = m_grouped_bf16_gemm(act, l2, offs, out_dtype=torch.bfloat16)
     counts = torch.diff(offs, prepend=offs.new_zeros(1)).int()
-    return moe_unpermute(y, row_map), counts
+    return y, row_map, counts
+
+
+def shared_experts(x, x_sf, l1, l1_sf, l2, l2_sf, activation_clamp):
+    """The fused shared experts at the token's home rank: the same steps with dense GEMMs and weight 1 (FP8 x FP8
+    with 1x32 UE8M0 scales in FP8 mode). ``[T, H]`` BF16."""
+    fp8 = x.dtype == torch.float8_e4m3fn
+    if fp8:
+        h = fp8_gemm(x, x_sf, l1, l1_sf, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16)
+    else:
+        h = bf16_gemm(x, l1, out_dtype=torch.bfloat16)
+    act, act_sf = _activation(h, None, activation_clamp, fp8)
+    if fp8:
+        return fp8_gemm(act, act_sf, l2, l2_sf, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16)
+    return bf16_gemm(act, l2, out_dtype=torch.bfloat16)
+
+
+def _combine_local(y_rows, row_map, shared):
+    """Step 7 in one process: each token's rows summed in FP32, one rounding; the shared experts' row, when
+    present, is the first term (as the bias of ``ep_combine`` is when expert-parallel)."""
+    if shared is None:
+        return moe_unpermute(y_rows, row_map)
+    tokens = torch.arange(shared.shape[0], dtype=row_map.dtype, device=row_map.device) + y_rows.shape[0]
+    return moe_unpermute(torch.cat([y_rows, shared]), torch.cat([tokens.unsqueeze(1), row_map], dim=1))
 
 
 def mega_moe(
@@ -82,13 +121,32 @@ def mega_moe(
     l1_sf,
     l2_weights,
     l2_sf,
+    shared_l1_weights=None,
+    shared_l1_sf=None,
+    shared_l2_weights=None,
+    shared_l2_sf=None,
     group_name=None,
     activation_clamp=None,
     timeout_s=300.0,
 ):
-    num_experts, ranks = mega_moe_signature(
-        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
+    args = (
+        x,
+        x_sf,
+        topk_idx,
+        topk_weights,
+        l1_weights,
+        l1_sf,
+        l2_weights,
+        l2_sf,
+        shared_l1_weights,
+        shared_l1_sf,
+        shared_l2_weights,
+        shared_l2_sf,
+        group_name,
+        activation_clamp,
+        timeout_s,
     )
+    num_experts, ranks = mega_moe_signature(*args)
     if group_name is None and topk_idx.numel():
         bad = (topk_idx < -1) | (topk_idx >= num_experts)
         if bool(bad.any()):
@@ -96,15 +154,33 @@ def mega_moe(
                 f"ascend_moe::mega_moe: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), "
                 f"got {int(topk_idx[bad][0])}"
             )
-    return pipeline(
-        x, x_sf, topk_idx, topk_weights, l1_weights, l1_sf, l2_weights, l2_sf, group_name, activation_clamp, timeout_s
-    )
+    return pipeline(*args)
 
 
-def pipeline(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, activation_clamp, timeout_s):
+def pipeline(
+    x,
+    x_sf,
+    topk_idx,
+    topk_weights,
+    l1,
+    l1_sf,
+    l2,
+    l2_sf,
+    shared_l1,
+    shared_l1_sf,
+    shared_l2,
+    shared_l2_sf,
+    group_name,
+    activation_clamp,
+    timeout_s,
+):
     """The unfused pipeline (no value checks: the backward reruns it under tracing)."""
+    shared = None
+    if shared_l1 is not None:
+        shared = shared_experts(x, x_sf, shared_l1, shared_l1_sf, shared_l2, shared_l2_sf, activation_clamp)
     if group_name is None:
-        return local_experts(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp)
+        y_rows, row_map, counts = local_experts(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp)
+        return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
 
     experts = l1.shape[0] * torch.distributed.get_world_size(
@@ -113,7 +189,7 @@ def pipeline(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, 
     sent = ep_dispatch(
         x, topk_idx, topk_weights, num_experts=experts, group=group_name, x_scales=x_sf, timeout_s=timeout_s
     )
-    partial, counts = local_experts(
+    y_rows, row_map, counts = local_experts(
         sent.recv_x,
         sent.recv_x_scales,
         sent.recv_topk_idx,
@@ -124,7 +200,8 @@ def pipeline(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, group_name, 
         l2_sf,
         activation_clamp,
     )
-    y, _ = ep_combine(partial, sent.handle, timeout_s=timeout_s)
+    # Each received token's local slots summed here (one rounding), then the ranks' partials at home.
+    y, _ = ep_combine(moe_unpermute(y_rows, row_map), sent.handle, bias=shared, timeout_s=timeout_s)
     return y, counts
 
 
