@@ -11,6 +11,10 @@ A family's test module lists its specs and parametrizes over ``CHECKS``; each ch
     compile      torch.compile(fullgraph=True, dynamic=True) forward+backward parity, one graph, op in it
     export       torch.export (dynamic dims) + save, then load and run in a fresh subprocess
     aoti         AOTInductor package, loaded in a fresh subprocess with only the C++ library (slow)
+
+export and aoti run once per family: every op of the family, each called with its first sample, in one module
+(``FamilyModule``), one exported program and one AOTInductor package (building a package costs ~20 s here,
+almost all of it compiling the AOTI runtime, whatever the graph holds); a failure names the op.
     bad_inputs   each bad call raises the same error text in eager, in the fake, under compile, portably
 """
 
@@ -254,14 +258,49 @@ def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> No
                     )
 
 
-def _export(spec: OpSpec, device: str):
-    s = spec.sample_inputs(device, torch.float32, small=True)[0]
-    module = OpModule(spec.op, s.args)
-    tensors = module.tensors(s.args)
+class FamilyModule(torch.nn.Module):
+    """Every op of a family, each called with one sample's tensors (in order) as inputs; returns their outputs."""
+
+    def __init__(self, modules: list[OpModule], counts: list[int]):
+        super().__init__()
+        self.ops = torch.nn.ModuleList(modules)
+        self.counts = counts
+
+    def forward(self, *tensors):
+        outs, start = [], 0
+        for module, n in zip(self.ops, self.counts):
+            outs.append(module(*tensors[start : start + n]))
+            start += n
+        return tuple(outs)
+
+
+def _export_module(module: torch.nn.Module, tensors: tuple):
     dims = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
-    ep = torch.export.export(module, tensors, dynamic_shapes=(dims,))  # one spec per *tensors entry
-    assert f"ascend_moe.{spec.name}" in str(ep.graph), f"{spec.name}: op not in the exported graph"
-    return ep, tensors, module(*tensors)
+    return torch.export.export(module, tensors, dynamic_shapes=(dims,))  # one spec per *tensors entry
+
+
+def _export(specs: list[OpSpec], device: str):
+    """The family's ops in one exported program (dynamic dims): ``(program, inputs, per-op outputs)``."""
+    modules, groups = [], []
+    for spec in specs:
+        args = spec.sample_inputs(device, torch.float32, small=True)[0].args
+        modules.append(OpModule(spec.op, args))
+        groups.append(modules[-1].tensors(args))
+    family = FamilyModule(modules, [len(g) for g in groups])
+    tensors = tuple(t for g in groups for t in g)
+    try:
+        ep = _export_module(family, tensors)
+    except Exception:
+        for spec, module, group in zip(specs, modules, groups):  # name the op that cannot be exported
+            try:
+                _export_module(module, group)
+            except Exception as e:
+                raise AssertionError(f"{spec.name}: torch.export failed: {e}") from e
+        raise
+    graph = str(ep.graph)
+    for spec in specs:
+        assert f"ascend_moe.{spec.name}" in graph, f"{spec.name}: op not in the exported graph"
+    return ep, tensors, family(*tensors)
 
 
 def _run_fresh(script: str, *argv: str, setup: str = "") -> None:
@@ -272,49 +311,85 @@ def _run_fresh(script: str, *argv: str, setup: str = "") -> None:
     )
 
 
-def check_export(spec: OpSpec, device: str, tmp_path: Path) -> None:
-    ep, tensors, expected = _export(spec, device)
-    program, data = tmp_path / f"{spec.name}.pt2", tmp_path / f"{spec.name}.data"
+# The fresh process compares each op's outputs (flattened) with what the exporting process computed.
+_COMPARE = """
+from torch.utils._pytree import tree_leaves
+got, start = tree_leaves(outputs), 0
+for name, expected in zip(data["names"], data["expected"]):
+    torch.testing.assert_close(
+        got[start : start + len(expected)], expected, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}"
+    )
+    start += len(expected)
+assert start == len(got), f"{len(got)} outputs, expected {start}"
+print("ROUNDTRIP OK")
+"""
+
+
+def _save_data(specs, tensors, outputs, path: Path) -> None:
+    from torch.utils._pytree import tree_leaves
+
+    expected = [tree_leaves(out) for out in outputs]
+    torch.save({"inputs": tensors, "expected": expected, "names": [s.name for s in specs]}, path)
+
+
+def _fresh_setup(specs: list[OpSpec]) -> str:
+    setups = {spec.fresh_setup for spec in specs if spec.fresh_setup}
+    assert len(setups) <= 1, "a family's specs must agree on fresh_setup (they are exported together)"
+    return setups.pop() if setups else ""
+
+
+def check_export(specs: list[OpSpec], device: str, tmp_path: Path) -> None:
+    ep, tensors, outputs = _export(specs, device)
+    program, data = tmp_path / "family.pt2", tmp_path / "family.data"
     torch.export.save(ep, program)
-    torch.save({"inputs": tensors, "expected": expected}, data)
+    _save_data(specs, tensors, outputs, data)
     _run_fresh(
-        """
+        textwrap.dedent(
+            """
         import sys, torch, torch_ascend_moe
         ep = torch.export.load(sys.argv[1])
         data = torch.load(sys.argv[2])
-        torch.testing.assert_close(ep.module()(*data["inputs"]), data["expected"], rtol=0, atol=0)
-        print("ROUNDTRIP OK")
-        """,
+        outputs = ep.module()(*data["inputs"])
+        """
+        )
+        + _COMPARE,
         str(program),
         str(data),
-        setup=spec.fresh_setup,
+        setup=_fresh_setup(specs),
     )
 
 
-def check_aoti(spec: OpSpec, device: str, tmp_path: Path) -> None:
+def check_aoti(specs: list[OpSpec], device: str, tmp_path: Path) -> None:
     import torch_ascend_moe
 
-    if spec.aoti is not True:
-        raise unittest.SkipTest(f"{spec.name}: {spec.aoti}")
-
-    ep, tensors, expected = _export(spec, device)
-    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / f"{spec.name}_aoti.pt2"))
-    data = tmp_path / f"{spec.name}_aoti.data"
-    torch.save({"inputs": tensors, "expected": expected}, data)
+    specs = [spec for spec in specs if spec.aoti is True]
+    if not specs:
+        raise unittest.SkipTest("no op of this family can run in an AOTInductor package")
+    ep, tensors, outputs = _export(specs, device)
+    package = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "family_aoti.pt2"))
+    data = tmp_path / "family_aoti.data"
+    _save_data(specs, tensors, outputs, data)
     # Only the C++ library is loaded: a deployment needs no Python fakes or autograd.
     _run_fresh(
-        """
+        textwrap.dedent(
+            """
         import sys, torch
         torch.ops.load_library(sys.argv[3])
         runner = torch._inductor.aoti_load_package(sys.argv[1])
         data = torch.load(sys.argv[2])
-        torch.testing.assert_close(runner(*data["inputs"]), data["expected"], rtol=0, atol=0)
-        print("ROUNDTRIP OK")
-        """,
+        outputs = runner(*data["inputs"])
+        """
+        )
+        + _COMPARE,
         package,
         str(data),
         torch_ascend_moe._C.__file__,
     )
+
+
+def skip_aoti(spec: OpSpec, device: str, tmp_path: Path) -> None:
+    """The per-op entry of an op that cannot be in a package: its reason, as a skip."""
+    raise unittest.SkipTest(f"{spec.name}: {spec.aoti}")
 
 
 def check_bad_inputs(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
@@ -348,10 +423,10 @@ CHECKS: dict[str, Callable[[OpSpec, str, Path], None]] = {
     "opcheck": check_opcheck,
     "gradcheck": check_gradcheck,
     "compile": check_compile,
-    "export": check_export,
-    "aoti": check_aoti,
     "bad_inputs": check_bad_inputs,
 }
+# Checks of a whole family at once: (specs, device, tmp_path).
+FAMILY_CHECKS: dict[str, Callable[[list[OpSpec], str, Path], None]] = {"export": check_export, "aoti": check_aoti}
 SLOW_CHECKS = frozenset({"aoti"})
 
 
@@ -363,18 +438,33 @@ def devices() -> list[str]:
 def contract_test(specs: list[OpSpec]):
     """A pytest test running every check on every spec and device; a family's test module binds it:
 
-    ``test_op_contract = contract_test(SPECS)``. The slow checks carry the ``slow`` marker.
+    ``test_op_contract = contract_test(SPECS)``. Per-op checks have ids ``<op>-<check>-<device>``, the family
+    checks ``family-<check>-<device>``; an op that cannot be in an AOTInductor package keeps an
+    ``<op>-aoti-<device>`` entry that skips with its reason. The slow checks carry the ``slow`` marker.
     """
     import pytest
 
-    checks = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CHECKS else n for n in CHECKS]
+    def param(target, check):
+        marks = [pytest.mark.slow] if check in SLOW_CHECKS else []
+        return pytest.param(
+            target, check, marks=marks, id=f"{target if isinstance(target, OpSpec) else 'family'}-{check}"
+        )
+
+    cases = [param(spec, check) for spec in specs for check in CHECKS]
+    cases += [param(spec, "aoti") for spec in specs if spec.aoti is not True]
+    cases += [param(list(specs), check) for check in FAMILY_CHECKS]
 
     @pytest.mark.parametrize("device", devices())
-    @pytest.mark.parametrize("check", checks)
-    @pytest.mark.parametrize("spec", specs, ids=str)
-    def test_op_contract(spec, check, device, tmp_path):
-        if spec.devices is not None and device not in spec.devices:
-            pytest.skip(f"{spec.name} runs on {', '.join(spec.devices)} here")
-        CHECKS[check](spec, device, tmp_path)
+    @pytest.mark.parametrize(("target", "check"), cases)
+    def test_op_contract(target, check, device, tmp_path):
+        if isinstance(target, OpSpec):
+            if target.devices is not None and device not in target.devices:
+                pytest.skip(f"{target.name} runs on {', '.join(target.devices)} here")
+            (skip_aoti if check == "aoti" else CHECKS[check])(target, device, tmp_path)
+            return
+        specs_here = [spec for spec in target if spec.devices is None or device in spec.devices]
+        if not specs_here:
+            pytest.skip(f"no op of this family runs on {device} here")
+        FAMILY_CHECKS[check](specs_here, device, tmp_path)
 
     return test_op_contract
