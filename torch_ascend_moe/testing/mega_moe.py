@@ -358,8 +358,10 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
                     shared_l1_weights=se,
                     shared_l2_weights=sl2,
                 )
-            # Each rank's partial sum is rounded to BF16 before the combine: close, not bitwise.
-            assert calc_diff(ep[0], full[0]) < 1e-5, f"EP forward differs (fp8={fp8})"
+            # One rounding of FP32 partials summed by rank instead of slot order: a few last-bit differences.
+            diff = calc_diff(ep[0], full[0])
+            print(f"mega_moe EP vs one process (fp8={fp8}): calc_diff {diff:.2e}", flush=True)
+            assert diff < 1e-7, f"EP forward differs (fp8={fp8}): {diff}"
             counts = full[1].clone()
             dist.all_reduce(counts)
             assert torch.equal(ep[1], counts[mine]), "received pair counts differ"

@@ -104,8 +104,8 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
             ep_grad = ep.experts.gate_up_proj.grad
             assert calc_diff(ep_grad, mine) < 1e-12, "EP expert gradient differs"
             full.zero_grad()
-        # MegaMoE: routed and shared experts in one mega_moe call, expert-parallel inside the op (BF16: each
-        # rank's partial is rounded before the combine, so close rather than equal).
+        # MegaMoE: routed and shared experts in one mega_moe call, expert-parallel inside the op (one rounding of
+        # FP32 partials summed by rank rather than in slot order: equal up to a few last bits).
         mega_full = MegaMoE(32, 16, 4 * world_size, 2, dtype=torch.float64, **config)
         mega_full.load_state_dict(full.state_dict())
         mega_ep = MegaMoE(32, 16, 4 * world_size, 2, dtype=torch.float64, ep_group=dist.group.WORLD, **config)
@@ -114,7 +114,7 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
         x = torch.randn(3 + 2 * rank, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(30 + rank))
         x_ep, x_full = x.clone().requires_grad_(), x.clone().requires_grad_()
         y_ep, y_full = mega_ep(x_ep), mega_full(x_full)
-        assert calc_diff(y_ep, y_full) < 1e-5, "EP MegaMoE forward differs"
+        assert calc_diff(y_ep, y_full) < 1e-7, "EP MegaMoE forward differs"
         y_ep.sum().backward()
         y_full.sum().backward()
         assert calc_diff(x_ep.grad, x_full.grad) < 1e-4, "EP MegaMoE input gradient differs"

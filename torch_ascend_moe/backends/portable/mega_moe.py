@@ -9,8 +9,9 @@ bitwise equal to that pipeline by construction, which is also how upstream tests
 4. ``gate = h[:I]``, ``up = h[I:]``; clamp ``gate <= c``, ``-c <= up <= c``; ``act = silu(gate) * up * w`` (FP32);
 5. ``act_q = bf16(act)``, or FP8 with per-32 UE8M0 scales (amax floored at 1e-4, scale rounded up to 2^k);
 6. L2: ``y_k = bf16(act_q @ W2_e^T)``;
-7. combine: ``moe_unpermute`` (FP32 sum of the token's rows in slot order, one rounding), or ``ep_combine``
-   of each rank's partial sums when expert-parallel.
+7. combine: ``moe_unpermute`` (FP32 sum of the token's rows in slot order, one rounding), or, when
+   expert-parallel, ``ep_combine`` of each rank's FP32 partial sum (one rounding at the end; the FP32 sum is
+   grouped by rank, so EP and one process agree to the last bit except where that order moves a rounding).
 
 Fused shared experts (DeepGEMM-Ascend's ``shared_l1_weights`` / ``shared_l2_weights``): the same steps 3-6 for
 every token at its home rank with dense GEMMs and weight 1 (FP8 x FP8 with 1x32 UE8M0 scales in FP8 mode); the
@@ -200,9 +201,13 @@ def pipeline(
         l2_sf,
         activation_clamp,
     )
-    # Each received token's local slots summed here (one rounding), then the ranks' partials at home.
-    y, _ = ep_combine(moe_unpermute(y_rows, row_map), sent.handle, bias=shared, timeout_s=timeout_s)
-    return y, counts
+    # Each received token's local slots summed here in FP32 and the ranks' FP32 partials (after the shared experts'
+    # row) summed at home: one rounding to BF16, as the kernel's combine; only the FP32 sum's order differs from
+    # one process (grouped by rank). FP32 partials cost at most twice BF16 ones on the way back.
+    partial = moe_unpermute(y_rows.float(), row_map)
+    bias = None if shared is None else shared.float()
+    y, _ = ep_combine(partial, sent.handle, bias=bias, timeout_s=timeout_s)
+    return y.bfloat16(), counts
 
 
 KERNELS = {"mega_moe": mega_moe}
