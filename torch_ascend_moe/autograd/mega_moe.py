@@ -9,15 +9,14 @@ from __future__ import annotations
 import torch
 
 _POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights
-_DEFAULTS = (None, None, None, None, None, None, 300.0)  # arguments 8.. (shared weights, group, clamp, timeout)
 
 
 def _setup(ctx, inputs, output):
-    x, x_sf, idx, w, l1, l1_sf, l2, l2_sf = inputs[:8]
-    rest = (*inputs[8:], *_DEFAULTS[len(inputs) - 8 :])
-    ctx.group_name, ctx.clamp, ctx.timeout_s = rest[4], rest[5], rest[6]
+    # torch.library fills in the defaults before calling this: all 15 arguments are here.
+    x, _, idx, w, l1, _, l2, _, shared_l1, _, shared_l2, _, group_name, clamp, timeout_s = inputs
+    ctx.group_name, ctx.clamp, ctx.timeout_s = group_name, clamp, timeout_s
     ctx.fp8 = x.dtype == torch.float8_e4m3fn
-    ctx.save_for_backward(x, idx, w, l1, l2, rest[0], rest[2])
+    ctx.save_for_backward(x, idx, w, l1, l2, shared_l1, shared_l2)
 
 
 def _backward(ctx, grad_y, grad_counts):
