@@ -72,6 +72,10 @@ at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Te
                  "torch.bfloat16 or torch.float32", dtype_name(*out_dtype));
   }
   const at::ScalarType out_t = out_dtype.value_or(c.has_value() ? c->scalar_type() : fallback);
+  if (c.has_value() && !out_dtype.has_value()) {  // c's dtype is the output dtype: the same two choices
+    AM_CHECK_ARG(out_t == at::kBFloat16 || out_t == at::kFloat, op, "c", "dtype", "torch.bfloat16 or torch.float32",
+                 dtype_name(out_t));
+  }
   if (c.has_value()) {
     AM_CHECK_ARG(c->scalar_type() == out_t, op, "c", "dtype", dtype_name(out_t) + " (out_dtype)",
                  dtype_name(c->scalar_type()));

@@ -30,7 +30,7 @@ def check_operand(name: str, sf_name: str, x, sf, recipe, ref, op: str = OP, bat
     ck.check_rank(op, name, x, 2 + lead, layout.replace("[", "[G, ") if batched else layout)
     ck.check_arg(
         x.dtype in (torch.float8_e4m3fn, torch.uint8),
-        OP,
+        op,
         name,
         "dtype",
         "torch.float8_e4m3fn, or torch.uint8 (packed FP4)",
@@ -48,14 +48,15 @@ def check_operand(name: str, sf_name: str, x, sf, recipe, ref, op: str = OP, bat
     ck.check_arg(k % gk == 0, op, name, "K", f"a multiple of gran_k={gk}", lambda: k)
     ck.check_arg(
         sf.dtype in SCALE_DTYPES,
-        OP,
+        op,
         sf_name,
         "dtype",
         "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
         sf.dtype,
     )
     expected = [x.shape[0]] * lead + [(mn + gmn - 1) // gmn, k // gk]
-    check_scale_shape(op, sf_name, sf, expected, "(G, ceil(MN / gran_mn), K / gran_k)"[0 if batched else 4 :])
+    how = "(G, ceil(MN / gran_mn), K / gran_k)" if batched else "(ceil(MN / gran_mn), K / gran_k)"
+    check_scale_shape(op, sf_name, sf, expected, how)
 
 
 def check_recipe(op: str, name: str, recipe) -> None:
@@ -86,6 +87,10 @@ def check_scaled_out_dtype(op: str, c, out_dtype, fallback: torch.dtype) -> torc
             out_dtype,
         )
     dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else fallback)
+    if c is not None and out_dtype is None:  # c's dtype is the output dtype: the same two choices
+        ck.check_arg(
+            dtype in (torch.bfloat16, torch.float32), op, "c", "dtype", "torch.bfloat16 or torch.float32", dtype
+        )
     if c is not None:
         ck.check_arg(c.dtype == dtype, op, "c", "dtype", lambda: f"{dtype} (out_dtype)", c.dtype)
     return dtype

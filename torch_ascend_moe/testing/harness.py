@@ -109,18 +109,6 @@ class OpModule(torch.nn.Module):
         return tuple(args[i] for i in self.positions)
 
 
-def _expect_error(fn: Callable[[], object], error: type[Exception] | None, match: str, where: str) -> None:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001  (the type is checked below)
-        if error is not None and not isinstance(e, error):
-            raise AssertionError(f"{where}: expected {error.__name__}, got {type(e).__name__}: {e}") from e
-        if not re.search(match, str(e)):
-            raise AssertionError(f"{where}: error text does not match {match!r}: {e}") from e
-        return
-    raise AssertionError(f"{where}: expected an error matching {match!r}, got none")
-
-
 def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
     for dtype in spec.dtypes:
         for s in spec.sample_inputs(device, dtype):
@@ -399,23 +387,54 @@ def check_bad_inputs(spec: OpSpec, device: str, tmp_path: Path | None = None) ->
         _check_bad_input(spec, bad)
 
 
+def _error_of(fn: Callable[[], object], error: type[Exception] | None, where: str) -> Exception:
+    """The exception ``fn`` raises (of type ``error`` when given)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the type is checked below)
+        if error is not None and not isinstance(e, error):
+            raise AssertionError(f"{where}: expected {error.__name__}, got {type(e).__name__}: {e}") from e
+        return e
+    raise AssertionError(f"{where}: expected an error, got none")
+
+
+def _chain(e: BaseException):
+    """``e`` and the exceptions it was raised from (Dynamo wraps a fake's error in its own)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _expect_same_error(fn: Callable[[], object], error: type[Exception] | None, text: str, where: str) -> None:
+    """``fn`` fails with exactly ``text`` (the eager message), itself or as the error a wrapper was raised from."""
+    e = _error_of(fn, error, where)
+    if not any(str(x) == text for x in _chain(e)):
+        raise AssertionError(f"{where}: error text differs from eager's\n  eager: {text}\n  here:  {e}") from e
+
+
 def _check_bad_input(spec: OpSpec, bad: BadInput) -> None:
+    """The eager error matches ``bad.match``; portable, fake and compiled paths raise the SAME whole message."""
     where = f"{spec.name}[{bad.name}]"
-    _expect_error(lambda: spec.op(*bad.args), bad.error, bad.match, f"{where} eager")
+    eager = _error_of(lambda: spec.op(*bad.args), bad.error, f"{where} eager")
+    text = str(eager)
+    if not re.search(bad.match, text):
+        raise AssertionError(f"{where} eager: error text does not match {bad.match!r}: {text}") from eager
     if spec.portable is not None:
-        _expect_error(lambda: spec.portable(*bad.args), bad.error, bad.match, f"{where} portable")
+        _expect_same_error(lambda: spec.portable(*bad.args), bad.error, text, f"{where} portable")
 
     def fake_call():
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             spec.op(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in bad.args))
 
     if not bad.data_dependent:
-        _expect_error(fake_call, bad.error, bad.match, f"{where} fake")
+        _expect_same_error(fake_call, bad.error, text, f"{where} fake")
     torch._dynamo.reset()
     module = OpModule(spec.op, bad.args)
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
-    # Dynamo wraps the fake's error; its text must survive.
-    _expect_error(lambda: compiled(*module.tensors(bad.args)), None, bad.match, f"{where} compiled")
+    # Dynamo wraps the fake's error; the original must be in the chain, word for word.
+    _expect_same_error(lambda: compiled(*module.tensors(bad.args)), None, text, f"{where} compiled")
 
 
 CHECKS: dict[str, Callable[[OpSpec, str, Path], None]] = {
