@@ -18,15 +18,15 @@ from torch_ascend_moe.testing import campaign
 
 # ep's ops need a process group; their bad inputs run on one- and multi-rank groups in tests/ep.
 FAMILIES = sorted(
-    m.name for m in pkgutil.iter_modules(testing_pkg.__path__)
+    m.name
+    for m in pkgutil.iter_modules(testing_pkg.__path__)
     if m.name != "ep" and "SPECS =" in open(f"{testing_pkg.__path__[0]}/{m.name}.py").read()
 )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_mutation_gets_one_verdict(family):
-    run = subprocess.run([sys.executable, "-m", campaign.__name__, family], capture_output=True, text=True,
-                         timeout=900)
+    run = subprocess.run([sys.executable, "-m", campaign.__name__, family], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["cases"] > 0

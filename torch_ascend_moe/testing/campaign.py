@@ -31,8 +31,18 @@ from torch_ascend_moe.testing.harness import OpSpec
 
 # Integer edge values: the ends of int64, the ends of int32, around 2**62 (where `x + a - 1` wraps), signs.
 EDGE_INTS = (-(2**63), -(2**62) - 1, -1, 0, 2**31, 2**62 + 1, 2**63 - 1)
-DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8,
-          torch.bool, torch.float8_e4m3fn, torch.float8_e8m0fnu)
+DTYPES = (
+    torch.float64,
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e8m0fnu,
+)
 ALLOCATION_FAILURE = ("can't allocate memory", "DefaultCPUAllocator")
 MEMORY_CAP_BYTES = 6 << 30
 
@@ -72,7 +82,7 @@ def value_mutations(x, ints=EDGE_INTS) -> list[tuple[str, Callable[[], object]]]
     if _int_list(x):
         out = []
         for i in range(len(x)):
-            out += [(f"[{i}] = {v}", lambda i=i, v=v: [*x[:i], v, *x[i + 1:]]) for v in ints if v != x[i]]
+            out += [(f"[{i}] = {v}", lambda i=i, v=v: [*x[:i], v, *x[i + 1 :]]) for v in ints if v != x[i]]
         out.append(("one more entry", lambda: [*x, 1]))
         if x:
             out.append(("one entry fewer", lambda: list(x[:-1])))
@@ -167,8 +177,11 @@ def run_family(family: str, random_examples: int = 60) -> dict:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    specs = [s for s in importlib.import_module(f"torch_ascend_moe.testing.{family}").SPECS
-             if s.devices is None or "cpu" in s.devices]
+    specs = [
+        s
+        for s in importlib.import_module(f"torch_ascend_moe.testing.{family}").SPECS
+        if s.devices is None or "cpu" in s.devices
+    ]
     findings, count = [], 0
     for spec, sample, i, name, mutate in cases(specs):
         count += 1
@@ -176,17 +189,27 @@ def run_family(family: str, random_examples: int = 60) -> dict:
         if problem:
             findings.append(f"{spec.name}[{sample.name}] argument {i} ({name}): {problem}")
 
-    int_args = [(spec, sample, i) for spec in specs for sample in spec.sample_inputs("cpu", torch.float32, small=True)[:1]
-                for i, x in enumerate(sample.args) if _is_int(x) or (_int_list(x) and x)]
+    int_args = [
+        (spec, sample, i)
+        for spec in specs
+        for sample in spec.sample_inputs("cpu", torch.float32, small=True)[:1]
+        for i, x in enumerate(sample.args)
+        if _is_int(x) or (_int_list(x) and x)
+    ]
     if int_args:
 
-        @settings(max_examples=random_examples, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=random_examples,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(st.sampled_from(int_args), st.integers(-(2**63), 2**63 - 1), st.integers(0, 7))
         def random_ints(target, value, entry):
             spec, sample, i = target
             x = sample.args[i]
-            new = value if _is_int(x) else [*x[: entry % len(x)], value, *x[entry % len(x) + 1:]]
+            new = value if _is_int(x) else [*x[: entry % len(x)], value, *x[entry % len(x) + 1 :]]
             problem = verdict(spec, _mutated(sample, i, new))
             if problem:
                 findings.append(f"{spec.name}[{sample.name}] argument {i} (random {new}): {problem}")
