@@ -29,20 +29,29 @@ def _mn_major_aligned(sf: torch.Tensor) -> torch.Tensor:
 
 
 def _has_mn_major_aligned_layout(sf: torch.Tensor) -> bool:
+    """Upstream's TMA stride check on kernel inputs (``check_sf_layout``): only ``mn == 1`` may skip the
+    unit MN stride; the K stride is ``align(mn, 4)`` even for one column, so TMA descriptors built from
+    the strides stay valid."""
     mn, cols = sf.shape[-2], sf.shape[-1]
     aligned = align(mn, 4)
-    ok = (sf.stride(-2) == 1 or mn == 1) and (sf.stride(-1) == aligned or cols == 1)
+    ok = (sf.stride(-2) == 1 or mn == 1) and sf.stride(-1) == aligned
     return ok and (sf.dim() == 2 or sf.stride(-3) == aligned * cols)
+
+
+def _has_exact_mn_major_aligned_strides(sf: torch.Tensor) -> bool:
+    """Strides exactly ``([align(mn, 4)*sf_k,] 1, align(mn, 4))``, what the layout helpers return."""
+    aligned = align(sf.shape[-2], 4)
+    return tuple(sf.stride()) == (aligned * sf.shape[-1], 1, aligned)[3 - sf.dim() :]
 
 
 def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
     """FP32 ``[mn, sf_k]`` / ``[G, mn, sf_k]`` -> same values with strides ``(align(mn, 4)*sf_k, 1, align(mn, 4))``.
 
-    Returns ``sf`` itself when it already has that layout.
+    Returns ``sf`` itself when it already has exactly those strides (size-1 dims included, as upstream).
     """
     api = "get_mn_major_tma_aligned_tensor"
     ck.check_arg(sf.dim() in (2, 3), api, "sf", "rank", "2-D [mn, sf_k] or 3-D [G, mn, sf_k]", sf.dim())
-    return sf if _has_mn_major_aligned_layout(sf) else _mn_major_aligned(sf)
+    return sf if _has_exact_mn_major_aligned_strides(sf) else _mn_major_aligned(sf)
 
 
 def _psum_row_mask(psum_layout: torch.Tensor, rows: int) -> torch.Tensor:

@@ -4,41 +4,25 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from collections.abc import Callable
 
 import torch
 
+from torch_ascend_moe.deep_gemm.testing.bench import bench, bench_kineto, empty_suppress, suppress_stdout_stderr
 from torch_ascend_moe.testing import calc_diff, count_bytes
 
 __all__ = [
     "assert_bitwise_equal",
     "bench",
+    "bench_kineto",
     "calc_diff",
     "count_bytes",
+    "empty_suppress",
     "get_arch_major",
     "ignore_env",
+    "suppress_stdout_stderr",
     "test_filter",
 ]
-
-
-def bench(fn: Callable[[], object], num_warmups: int = 5, num_tests: int = 10, high_precision: bool = False) -> float:
-    """Average seconds per call of ``fn`` after warm-up (CUDA events on GPU, wall clock on CPU)."""
-    for _ in range(num_warmups):
-        fn()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(num_tests):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / num_tests
-    start = time.perf_counter()
-    for _ in range(num_tests):
-        fn()
-    return (time.perf_counter() - start) / num_tests
 
 
 def assert_bitwise_equal(x: torch.Tensor, y: torch.Tensor, label: str = "") -> None:
