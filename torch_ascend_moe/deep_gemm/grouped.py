@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe.deep_gemm.fp8_gemm import _FP4_DTYPES, _check_packings, _logical, _pair, _resolve_recipes
+from torch_ascend_moe.deep_gemm.fp8_gemm import _check_packings, _logical, _pair, _resolve_recipes
 from torch_ascend_moe.deep_gemm.gemm import _check_dtype, _check_out
 from torch_ascend_moe.deep_gemm.runtime import get_mk_alignment_for_contiguous_layout
 from torch_ascend_moe.ops.grouped import (
@@ -146,9 +146,8 @@ def _m_grouped_fp8(
     _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     alignment = _layout_args(api, grouped_layout, use_psum_layout, expected_m)
-    k = a_data.shape[1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
-    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, b_t, -(-k // rb[1]))
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, b_t, rb[1])
     _check_out(api, d, None, [a_data.shape[0], b_data.shape[1]])
     if a_data.shape[0] == 0:
         return
@@ -261,9 +260,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     ck.check_arg(expected_m > 0, api, "expected_m", "value", "a positive hint", expected_m)
-    k = a_data.shape[-1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
-    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, False, -(-k // rb[1]))
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, False, rb[1])
     _check_out(api, d, None, [a_data.shape[0], a_data.shape[1], b_data.shape[1]])
     out = _masked_fp8_op(a_data, sfa, b_data, sfb, masked_m, recipe_a=ra, recipe_b=rb, out_dtype=d.dtype)
     _write_rows(d, out, _valid_rows(masked_m, a_data.shape[1]))
