@@ -15,6 +15,7 @@ from torch_ascend_moe.deep_gemm.fp8_gemm import (
     fp8_fp4_gemm_tt,
     fp8_gemm_nn,
     fp8_gemm_nt,
+    fp8_gemm_nt_skip_head_mid,
     fp8_gemm_tn,
     fp8_gemm_tt,
 )
@@ -121,6 +122,7 @@ __all__ = utils.math.__all__ + [
     "fp8_fp4_paged_mqa_logits",
     "fp8_gemm_nn",
     "fp8_gemm_nt",
+    "fp8_gemm_nt_skip_head_mid",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",

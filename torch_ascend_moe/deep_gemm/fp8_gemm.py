@@ -273,4 +273,36 @@ def fp8_fp4_gemm_tt(
     _scaled_gemm("deep_gemm.fp8_fp4_gemm_tt", a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a_t=True)
 
 
+def fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False) -> None:
+    """``fp8_gemm_nt`` whose output columns are spread over heads with a gap: ``head_splits = (l, m, r)``,
+    ``H = N / (l + r)`` heads, ``d[M, N + H*m]``; head ``h``'s ``l`` then ``r`` product columns go to
+    ``d[:, h*(l+m+r) :][: l]`` and ``[l+m : l+m+r]``, its ``m`` middle columns are left untouched.
+    FP8 operands with ``gran_k = 128``, no accumulation, ``d`` BF16 or FP32 (upstream's contract)."""
+    api = "deep_gemm.fp8_gemm_nt_skip_head_mid"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    for name, t in (("a", a_data), ("b", b_data)):
+        ck.check_arg(t.dtype == torch.float8_e4m3fn, api, name, "dtype", torch.float8_e4m3fn, t.dtype)
+        ck.check_rank(api, name, t, 2, "[MN, K]")
+    left, mid, right = head_splits
+    m, n = a_data.shape[0], b_data.shape[0]
+    ck.check_arg(
+        left + right > 0 and n % (left + right) == 0, api, "head_splits", "value", f"l + r dividing N={n}", head_splits
+    )
+    heads = n // (left + right)
+    _check_out(api, d, None, [m, n + heads * mid])
+    _check_packings(api, sfa, sfb)
+    ra, rb = _resolve_recipes(api, recipe, None, None, sfb)
+    ck.check_arg(ra[1] == rb[1] == 128, api, "recipe", "gran_k", 128, (ra[1], rb[1]))
+    if m == 0:
+        return
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, False, rb[1])
+    product = _fp8_gemm_op(a_data, sfa, b_data, sfb, None, recipe_a=ra, recipe_b=rb, out_dtype=d.dtype)
+    # The kernel's epilogue remaps columns; here the same remap is a strided copy into d's head views.
+    product, heads_out = product.view(m, heads, left + right), d.unflatten(1, (heads, left + mid + right))
+    heads_out[..., :left].copy_(product[..., :left])
+    heads_out[..., left + mid :].copy_(product[..., left:])
+
+
 fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt = fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt
