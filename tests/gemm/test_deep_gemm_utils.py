@@ -204,3 +204,22 @@ def test_bench_prints_nothing_itself():
     finally:
         sys.stdout = saved
     assert t >= 0 and buf.getvalue() == ""
+
+
+@pytest.mark.parametrize("ks_cpu", [None, []])
+def test_k_grouped_packing_psum_without_host_sizes_has_upstreams_row_count(ks_cpu):
+    # Upstream can't count rows without ks_cpu, so it allocates (S + 3G) / 4; the leading rows are the packs.
+    ks, gran_k = [256, 96, 640], 32
+    rows = [deep_gemm.ceil_div(k, gran_k) for k in ks]
+    sf = _pow2((sum(rows), 8))
+    ends, start = [], 0
+    for k in ks:
+        ends.append(start + k)
+        start = deep_gemm.align(start + k, 32)
+    layout = torch.tensor(ends, dtype=torch.int32)
+    fn = deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor
+    out = fn(sf, layout, ks_cpu, gran_k, 32, use_psum_layout=True)
+    exact = fn(sf, layout, ks, gran_k, 32, use_psum_layout=True)
+    assert out.shape == ((sf.shape[0] + 3 * len(ks)) // 4, 8) and out.is_contiguous()
+    assert exact.shape[0] == sum(deep_gemm.ceil_div(r, 4) for r in rows)
+    assert torch.equal(out[: exact.shape[0]], exact)

@@ -95,7 +95,8 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     use_psum_layout: bool = False,
 ) -> torch.Tensor:
     """K-grouped per-channel scales: FP32 ``[S, mn]`` (each group's ``ceil(k_g/gran_k)`` rows in a row) ->
-    int32 ``[sum_g ceil(k_g / (4*gran_k)), mn]``, packing 4 consecutive rows of one group into one row."""
+    int32 ``[sum_g ceil(k_g / (4*gran_k)), mn]``, packing 4 consecutive rows of one group into one row
+    (psum layout without ``ks_cpu``: ``(S + 3G) / 4`` rows, as upstream sizes it, the tail unspecified)."""
     api = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
     ck.check_rank(api, "sf", sf, 2, "[S, mn]")
     ck.check_arg(sf.shape[1] % 4 == 0, api, "sf", "size(1)", "a multiple of 4", sf.shape[1])
@@ -119,7 +120,11 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         group = torch.nn.functional.pad(group, (0, 0, 0, (-n) % 4))  # the group's last pack: zero codes
         packed.append(pack_ue8m0_to_int(group.T.contiguous()).T)
         offset += n
-    return torch.cat(packed).contiguous() if packed else sf.new_empty((0, sf.shape[1]), dtype=torch.int32)
+    out = torch.cat(packed).contiguous() if packed else sf.new_empty((0, sf.shape[1]), dtype=torch.int32)
+    if use_psum_layout and not ks_cpu:
+        # Without host sizes upstream allocates the upper bound (S + 3G) / 4 rows; the extra rows are unspecified.
+        out = torch.nn.functional.pad(out, (0, 0, 0, (sf.shape[0] + 3 * len(layout)) // 4 - out.shape[0]))
+    return out
 
 
 def transform_sf_into_required_layout(
