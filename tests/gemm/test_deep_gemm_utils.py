@@ -95,6 +95,10 @@ def test_utils_submodules_and_star_exports():
     assert deep_gemm.init_dist is deep_gemm.utils.dist.init_dist
     for name in ("bench", "bench_kineto", "suppress_stdout_stderr", "empty_suppress"):
         assert name in deep_gemm.testing.__all__
+    # Upstream's testing submodules; `testing.bench` is the function there too (the star export shadows it).
+    assert deep_gemm.testing.numeric.assert_bitwise_equal is deep_gemm.testing.assert_bitwise_equal
+    assert deep_gemm.testing.utils.ignore_env is deep_gemm.testing.ignore_env
+    assert callable(deep_gemm.testing.bench)
 
 
 def test_bench_kineto_times_our_op_in_seconds():
