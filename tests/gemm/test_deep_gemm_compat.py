@@ -129,12 +129,6 @@ def test_bad_inputs(operands, case, match):
         deep_gemm.bf16_gemm_nt(*args)
 
 
-def test_fp8_cublaslt_is_refused_clearly(operands):
-    a, b = operands
-    with pytest.raises(NotImplementedError, match="FP8"):
-        deep_gemm.cublaslt_gemm_nt(a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn), torch.empty(16, 24))
-
-
 def test_bf16_bmm():
     g = torch.Generator().manual_seed(1)
     a = make_operand((3, 8, 32), BF16, "cpu", generator=g)

@@ -15,6 +15,7 @@ from torch_ascend_moe.deep_gemm.fp8_gemm import (
     fp8_fp4_gemm_tt,
     fp8_gemm_nn,
     fp8_gemm_nt,
+    fp8_gemm_nt_skip_head_mid,
     fp8_gemm_tn,
     fp8_gemm_tt,
 )
@@ -89,7 +90,8 @@ from torch_ascend_moe.deep_gemm.runtime import (
     set_tc_util,
     use_deterministic_algorithms,
 )
-from torch_ascend_moe.deep_gemm.utils.math import *  # noqa: F403  (upstream's star export)
+from torch_ascend_moe.deep_gemm.utils import *  # noqa: F403  (upstream's star export)
+from torch_ascend_moe.deep_gemm.utils.dist import init_dist, uneven_all_gather
 
 __version__ = "2.6.1+ascend_moe"
 
@@ -120,6 +122,7 @@ __all__ = utils.math.__all__ + [
     "fp8_fp4_paged_mqa_logits",
     "fp8_gemm_nn",
     "fp8_gemm_nt",
+    "fp8_gemm_nt_skip_head_mid",
     "fp8_gemm_tn",
     "fp8_gemm_tt",
     "fp8_m_grouped_gemm_nt_masked",
@@ -132,11 +135,14 @@ __all__ = utils.math.__all__ + [
     "get_mk_alignment_for_contiguous_layout",
     "get_mn_major_tma_aligned_packed_ue8m0_tensor",
     "get_mn_major_tma_aligned_tensor",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
+    "set_mk_alignment_for_contiguous_layout",
+    "init_dist",
+    "uneven_all_gather",
     "get_num_sms",
     "get_paged_mqa_logits_metadata",
     "get_pdl",
     "get_tc_util",
-    "get_theoretical_mk_alignment_for_contiguous_layout",
     "k_grouped_bf16_gemm_tn_contiguous",
     "k_grouped_fp8_gemm_nt_contiguous",
     "k_grouped_fp8_gemm_tn_contiguous",
@@ -152,7 +158,6 @@ __all__ = utils.math.__all__ + [
     "m_grouped_fp8_gemm_nt_masked",
     "set_block_size_multiple_of",
     "set_ignore_compile_dims",
-    "set_mk_alignment_for_contiguous_layout",
     "set_num_sms",
     "set_pdl",
     "set_tc_util",

@@ -4,8 +4,9 @@ and ``fp8_einsum``.
 Operands are ``(data, scale factors)`` tuples as upstream (specs/deepgemm_api.md §2.3, §3.1, §16.2):
 data FP8 E4M3, or packed FP4 as ``int8`` (upstream), ``uint8`` or ``float4_e2m1fn_x2`` (Ascend tests);
 scales FP32, ``float8_e8m0fnu``, UE8M0 packed 4 per ``int32`` (upstream) or 2 per ``int16`` (Ascend).
-The layout letters transpose data and scales together, as upstream's wrappers do; a transposed packed
-FP4 operand is repacked along K. The math is the ``ascend_moe::fp8_gemm`` family's ops.
+The layout letters transpose data and scales together, as upstream's wrappers do; majorness then comes
+from the strides, and an MN-major packed FP4 operand is repacked along K. The math is the
+``ascend_moe::fp8_gemm`` family's ops.
 
 An FP8 ``d`` takes the ``FP8Quantization(sfd)`` epilogue (``fp8_einsum``: ``d = (D, SFD)``); see
 ``deep_gemm.epilogue`` for its contract.
@@ -38,23 +39,26 @@ def _pair(api: str, name: str, operand) -> tuple[torch.Tensor, torch.Tensor]:
     return operand[0], operand[1]
 
 
-def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, k_blocks: int | None = None):
-    """``(data [MN, K] or packed [MN, K/2] uint8, FP32/e8m0 scales [MN-blocks, K-blocks])`` of one operand."""
-    fp4 = data.dtype in _FP4_DTYPES
-    if fp4:
-        data = data.view(torch.uint8)
+def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, gran_k: int):
+    """``(data [MN, K] or packed [MN, K/2] uint8, FP32/e8m0 scales [MN-blocks, K-blocks])`` of one operand.
+
+    As upstream, the layout letter only transposes the view (``transposed``: data and scales given with
+    K first); majorness then comes from the strides: ``stride(-1) == 1`` is K-major, anything else
+    MN-major. Packed FP4 is packed along its contiguous dim, so an MN-major one (``[.., MN/2, K]``, e.g.
+    ``transpose_packed_fp4(x).T``) holds ``2 * size(-2)`` rows and is repacked along K for the ops.
+    """
     if transposed:
-        if fp4:  # packed codes are repacked along the new K, group by group
-            groups = data.reshape(-1, *data.shape[-2:])
+        data, sf = data.mT, sf.mT
+    if data.dtype in _FP4_DTYPES:
+        data = data.view(torch.uint8)
+        if data.stride(-1) != 1:
+            packed = data.mT  # [.., K, MN/2]
+            groups = packed.reshape(-1, *packed.shape[-2:])
             data = torch.stack([transpose_packed_fp4(x) for x in groups]).view(torch.uint8)
-            data = data.view(*sf.shape[:-2], *data.shape[-2:])
-        else:
-            data = data.mT
-        sf = sf.mT
+            data = data.view(*packed.shape[:-2], *data.shape[-2:])
     if sf.dtype in (torch.int32, torch.int16):
-        sf = scales_to_float(sf)  # packed along K: unpacking may leave padding entries at the end
-        if k_blocks is not None:
-            sf = sf[..., :k_blocks]
+        k = data.shape[-1] * (2 if data.dtype == torch.uint8 else 1)
+        sf = scales_to_float(sf)[..., : -(-k // gran_k)]  # packed along K: unpacking may leave padding at the end
     return data, sf
 
 
@@ -102,9 +106,8 @@ def _scaled_gemm(api, a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a
     b_data, sfb = _pair(api, "b", b)
     _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
-    k = (a_data.shape[0] if a_t else a_data.shape[1]) * (2 if a_data.dtype in _FP4_DTYPES and not a_t else 1)
-    a_data, sfa = _logical(a_data, sfa, a_t, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, b_t, -(-k // rb[1]))
+    a_data, sfa = _logical(a_data, sfa, a_t, ra[1])
+    b_data, sfb = _logical(b_data, sfb, b_t, rb[1])
     shape = [a_data.shape[0], b_data.shape[0]]
     scale = resolve_alpha(api, alpha, epilogue, fp8_output=True)
     _write(
@@ -149,9 +152,8 @@ def fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk", epilogue=Non
     ra, rb = _recipes_3(api, recipe)
     ck.check_rank(api, "a", a_data, 3, "[B, M, K]")
     ck.check_rank(api, "b", b_data, 3, "[B, N, K]")
-    k = a_data.shape[-1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
-    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, False, -(-k // rb[1]))
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, False, rb[1])
     scale = resolve_alpha(api, None, epilogue, fp8_output=True)
     shape = [a_data.shape[0], a_data.shape[1], b_data.shape[1]]
     _write(
@@ -186,9 +188,9 @@ def fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)) -> None:
     k_letter = sa[perm_a[2]]
     # Packed UE8M0 scales run along the last dim: unpack when that is the contracted letter.
     if sa[-1] == k_letter:
-        a_data, sfa = _logical(a_data, sfa, False, -(-a_data.shape[-1] // ra[1]))
+        a_data, sfa = _logical(a_data, sfa, False, ra[1])
     if sb[-1] == k_letter:
-        b_data, sfb = _logical(b_data, sfb, False, -(-b_data.shape[-1] // rb[1]))
+        b_data, sfb = _logical(b_data, sfb, False, rb[1])
     shape = [a_data.shape[sa.index(x)] if x in sa else b_data.shape[sb.index(x)] for x in so]
     _write(
         api,
@@ -269,6 +271,38 @@ def fp8_fp4_gemm_tt(
 ) -> None:
     """As ``_nt`` with ``a = (A[K, M], sfa[K-blocks, M-blocks])``."""
     _scaled_gemm("deep_gemm.fp8_fp4_gemm_tt", a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a_t=True)
+
+
+def fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False) -> None:
+    """``fp8_gemm_nt`` whose output columns are spread over heads with a gap: ``head_splits = (l, m, r)``,
+    ``H = N / (l + r)`` heads, ``d[M, N + H*m]``; head ``h``'s ``l`` then ``r`` product columns go to
+    ``d[:, h*(l+m+r) :][: l]`` and ``[l+m : l+m+r]``, its ``m`` middle columns are left untouched.
+    FP8 operands with ``gran_k = 128``, no accumulation, ``d`` BF16 or FP32 (upstream's contract)."""
+    api = "deep_gemm.fp8_gemm_nt_skip_head_mid"
+    a_data, sfa = _pair(api, "a", a)
+    b_data, sfb = _pair(api, "b", b)
+    for name, t in (("a", a_data), ("b", b_data)):
+        ck.check_arg(t.dtype == torch.float8_e4m3fn, api, name, "dtype", torch.float8_e4m3fn, t.dtype)
+        ck.check_rank(api, name, t, 2, "[MN, K]")
+    left, mid, right = head_splits
+    m, n = a_data.shape[0], b_data.shape[0]
+    ck.check_arg(
+        left + right > 0 and n % (left + right) == 0, api, "head_splits", "value", f"l + r dividing N={n}", head_splits
+    )
+    heads = n // (left + right)
+    _check_out(api, d, None, [m, n + heads * mid])
+    _check_packings(api, sfa, sfb)
+    ra, rb = _resolve_recipes(api, recipe, None, None, sfb)
+    ck.check_arg(ra[1] == rb[1] == 128, api, "recipe", "gran_k", 128, (ra[1], rb[1]))
+    if m == 0:
+        return
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, False, rb[1])
+    product = _fp8_gemm_op(a_data, sfa, b_data, sfb, None, recipe_a=ra, recipe_b=rb, out_dtype=d.dtype)
+    # The kernel's epilogue remaps columns; here the same remap is a strided copy into d's head views.
+    product, heads_out = product.view(m, heads, left + right), d.unflatten(1, (heads, left + mid + right))
+    heads_out[..., :left].copy_(product[..., :left])
+    heads_out[..., left + mid :].copy_(product[..., left:])
 
 
 fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt = fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt

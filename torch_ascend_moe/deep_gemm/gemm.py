@@ -14,6 +14,7 @@ import torch
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe.deep_gemm.epilogue import resolve_alpha
 from torch_ascend_moe.meta.gemm import einsum_signature
+from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op
 from torch_ascend_moe.ops.gemm import bf16_bmm as _bmm_op
 from torch_ascend_moe.ops.gemm import bf16_einsum as _einsum_op
 from torch_ascend_moe.ops.gemm import bf16_gemm as _gemm_op
@@ -103,13 +104,33 @@ _BLAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _blas_gemm(api, a, b, d, c):
-    if a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise NotImplementedError(f"{api}: FP8 operands are not supported by the BF16 family; use fp8_gemm_*")
-    _dense_gemm(api, a, b, d, c, None, None, operand_dtypes=_BLAS_DTYPES)
+    if a.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) and b.dtype not in (
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ):
+        _dense_gemm(api, a, b, d, c, None, None, operand_dtypes=_BLAS_DTYPES)
+        return
+    # Upstream's FP8 tests time cuBLASLt on the raw FP8 data: an unscaled product, i.e. the scaled
+    # GEMM op with unit scales (exact: FP8 values times 1, FP32 accumulation).
+    for name, t in (("a", a), ("b", b)):
+        ck.check_rank(api, name, t, 2, "matrix")
+        _check_dtype(api, name, t, (torch.float8_e4m3fn,), "torch.float8_e4m3fn (both operands)")
+        _check_major(api, name, t)
+    ck.check_dim_size(api, "b", b, 1, "K", a.shape[1], "a's K")
+    _check_out(api, d, c, [a.shape[0], b.shape[0]])
+    if d.numel() == 0:
+        return
+    k = a.shape[1]
+    if k == 0:  # upstream's early return: d := c, or zeros
+        d.copy_(c) if c is not None else d.zero_()
+        return
+    sfa, sfb = a.new_ones((a.shape[0], 1), dtype=torch.float32), b.new_ones((b.shape[0], 1), dtype=torch.float32)
+    d.copy_(_fp8_gemm_op(a, sfa, b, sfb, c, recipe_a=(1, k), recipe_b=(1, k), out_dtype=d.dtype))
 
 
 def cublaslt_gemm_nt(a, b, d, c=None) -> None:
-    """Vendor-BLAS GEMM ``d = a @ b^T (+ c)``; upstream's cuBLASLt baseline."""
+    """Vendor-BLAS GEMM ``d = a @ b^T (+ c)``; upstream's cuBLASLt baseline. BF16/FP16/FP32 operands, or
+    FP8 E4M3 ones multiplied unscaled (as upstream, which hands cuBLASLt the raw FP8 data)."""
     _blas_gemm("deep_gemm.cublaslt_gemm_nt", a, b, d, c)
 
 

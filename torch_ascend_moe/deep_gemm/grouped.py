@@ -1,10 +1,10 @@
 """DeepGEMM(-Ascend)'s grouped GEMMs for MoE (specs/deepgemm_api.md §4-6, §16.2) over the grouped-family ops.
 
 - ``m_grouped_*_gemm_{nt,nn}_contiguous``: ``grouped_layout`` is one expert id per row (``-1`` = padding,
-  ``M`` a multiple of the alignment) or, with ``use_psum_layout``, cumulative group ends whose segments
-  start at multiples of ``get_mk_alignment_for_contiguous_layout()``. Padding rows of ``d`` are written as
-  zeros with ``ensure_zero_padding=True`` (and always for id layouts, as DeepGEMM's tests expect), left
-  untouched with ``False``. ``expected_m_for_psum_layout`` is a hint (psum only), ignored.
+  any ``M``) or, with ``use_psum_layout``, cumulative group ends whose segments start at multiples of
+  ``get_mk_alignment_for_contiguous_layout()``. ``-1`` rows of ``d`` are always written as zeros (as
+  upstream's kernels and tests); psum gap rows are zeros with ``ensure_zero_padding=True``, left untouched
+  with ``False``. ``expected_m_for_psum_layout`` is a hint (psum only), ignored.
 - ``m_grouped_*_gemm_nt_masked``: rows at or beyond ``masked_m[g]`` of ``d`` are left untouched.
 - ``k_grouped_bf16_gemm_tn_contiguous``: ``d[g] = c[g] + a[rows_g]^T b[rows_g]``; ``c`` is required (as
   upstream asserts; pass ``c=d`` to accumulate in place).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe.deep_gemm.fp8_gemm import _FP4_DTYPES, _check_packings, _logical, _pair, _resolve_recipes
+from torch_ascend_moe.deep_gemm.fp8_gemm import _check_packings, _logical, _pair, _resolve_recipes
 from torch_ascend_moe.deep_gemm.gemm import _check_dtype, _check_out
 from torch_ascend_moe.deep_gemm.runtime import get_mk_alignment_for_contiguous_layout
 from torch_ascend_moe.ops.grouped import (
@@ -39,19 +39,18 @@ from torch_ascend_moe.ops.grouped import (
 from torch_ascend_moe.quant import scales_to_float
 
 
-def _owned_rows(layout: torch.Tensor, psum: bool, alignment: int, rows: int) -> torch.Tensor:
-    """[rows] bool: rows some group owns (tensor ops, so this also traces)."""
+def _psum_owned_rows(layout: torch.Tensor, alignment: int, rows: int) -> torch.Tensor:
+    """[rows] bool: rows some group of a psum layout owns (tensor ops, so this also traces)."""
     r = torch.arange(rows, device=layout.device)
-    if not psum:
-        return layout >= 0
     ends = layout.long()
     prev = torch.cat([ends.new_zeros(1), ends[:-1]])
     starts = (prev + alignment - 1) // alignment * alignment
     return ((r[:, None] >= starts) & (r[:, None] < ends)).any(dim=1)
 
 
-def _layout_args(api, a_rows, grouped_layout, use_psum_layout, expected_m_for_psum_layout) -> int:
-    alignment = get_mk_alignment_for_contiguous_layout()
+def _layout_args(api, grouped_layout, use_psum_layout, expected_m_for_psum_layout) -> int:
+    # M need not be a multiple of the alignment with an id layout: upstream's kernels take any M (callers
+    # such as transformers size `a` with an upper bound of padded rows), only segment starts are aligned.
     ck.check_arg(
         expected_m_for_psum_layout is None or use_psum_layout,
         api,
@@ -60,16 +59,16 @@ def _layout_args(api, a_rows, grouped_layout, use_psum_layout, expected_m_for_ps
         "None unless use_psum_layout=True",
         expected_m_for_psum_layout,
     )
-    if not use_psum_layout:
-        ck.check_arg(
-            a_rows % alignment == 0,
-            api,
-            "a",
-            "size(0) (M)",
-            f"a multiple of the contiguous-layout alignment {alignment}",
-            a_rows,
-        )
-    return alignment
+    return get_mk_alignment_for_contiguous_layout()
+
+
+def _kept_rows(grouped_layout, use_psum_layout, ensure_zero_padding, alignment, rows) -> torch.Tensor | None:
+    """Rows of ``d`` to write (None: all). An id layout writes every row, its ``-1`` rows as zeros, whatever
+    ``ensure_zero_padding`` says (upstream's kernels store whole tiles; its tests compare all of ``d``); a
+    psum layout leaves the gap rows untouched unless ``ensure_zero_padding``."""
+    if not use_psum_layout or ensure_zero_padding:
+        return None
+    return _psum_owned_rows(grouped_layout, alignment, rows)
 
 
 def _write_rows(d: torch.Tensor, out: torch.Tensor, keep: torch.Tensor | None) -> None:
@@ -80,14 +79,13 @@ def _write_rows(d: torch.Tensor, out: torch.Tensor, keep: torch.Tensor | None) -
 def _m_grouped_bf16(api, a, b, d, grouped_layout, use_psum_layout, ensure_zero_padding, expected_m) -> None:
     _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
     _check_dtype(api, "b", b, (torch.bfloat16,), "torch.bfloat16")
-    alignment = _layout_args(api, a.shape[0], grouped_layout, use_psum_layout, expected_m)
+    alignment = _layout_args(api, grouped_layout, use_psum_layout, expected_m)
     ck.check_rank(api, "b", b, 3, "[G, N, K]")
     _check_out(api, d, None, [a.shape[0], b.shape[1]])
     if a.shape[0] == 0:
         return
     out = _m_grouped_op(a, b, grouped_layout, psum=use_psum_layout, alignment=alignment, out_dtype=d.dtype)
-    keep = None if ensure_zero_padding else _owned_rows(grouped_layout, use_psum_layout, alignment, a.shape[0])
-    _write_rows(d, out, keep)
+    _write_rows(d, out, _kept_rows(grouped_layout, use_psum_layout, ensure_zero_padding, alignment, a.shape[0]))
 
 
 def m_grouped_bf16_gemm_nt_contiguous(
@@ -147,10 +145,9 @@ def _m_grouped_fp8(
     b_data, sfb = _pair(api, "b", b)
     _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
-    alignment = _layout_args(api, a_data.shape[0], grouped_layout, use_psum_layout, expected_m)
-    k = a_data.shape[1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
-    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, b_t, -(-k // rb[1]))
+    alignment = _layout_args(api, grouped_layout, use_psum_layout, expected_m)
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, b_t, rb[1])
     _check_out(api, d, None, [a_data.shape[0], b_data.shape[1]])
     if a_data.shape[0] == 0:
         return
@@ -167,8 +164,7 @@ def _m_grouped_fp8(
         out_dtype=d.dtype,
     )
     rows = a_data.shape[0]
-    keep = None if ensure_zero_padding else _owned_rows(grouped_layout, use_psum_layout, alignment, rows)
-    _write_rows(d, out, keep)
+    _write_rows(d, out, _kept_rows(grouped_layout, use_psum_layout, ensure_zero_padding, alignment, rows))
 
 
 def m_grouped_fp8_fp4_gemm_nt_contiguous(
@@ -264,9 +260,8 @@ def m_grouped_fp8_fp4_gemm_nt_masked(
     _check_packings(api, sfa, sfb)
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     ck.check_arg(expected_m > 0, api, "expected_m", "value", "a positive hint", expected_m)
-    k = a_data.shape[-1] * (2 if a_data.dtype in _FP4_DTYPES else 1)
-    a_data, sfa = _logical(a_data, sfa, False, -(-k // ra[1]))
-    b_data, sfb = _logical(b_data, sfb, False, -(-k // rb[1]))
+    a_data, sfa = _logical(a_data, sfa, False, ra[1])
+    b_data, sfb = _logical(b_data, sfb, False, rb[1])
     _check_out(api, d, None, [a_data.shape[0], a_data.shape[1], b_data.shape[1]])
     out = _masked_fp8_op(a_data, sfa, b_data, sfb, masked_m, recipe_a=ra, recipe_b=rb, out_dtype=d.dtype)
     _write_rows(d, out, _valid_rows(masked_m, a_data.shape[1]))

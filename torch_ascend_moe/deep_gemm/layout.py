@@ -29,20 +29,29 @@ def _mn_major_aligned(sf: torch.Tensor) -> torch.Tensor:
 
 
 def _has_mn_major_aligned_layout(sf: torch.Tensor) -> bool:
+    """Upstream's TMA stride check on kernel inputs (``check_sf_layout``): only ``mn == 1`` may skip the
+    unit MN stride; the K stride is ``align(mn, 4)`` even for one column, so TMA descriptors built from
+    the strides stay valid."""
     mn, cols = sf.shape[-2], sf.shape[-1]
     aligned = align(mn, 4)
-    ok = (sf.stride(-2) == 1 or mn == 1) and (sf.stride(-1) == aligned or cols == 1)
+    ok = (sf.stride(-2) == 1 or mn == 1) and sf.stride(-1) == aligned
     return ok and (sf.dim() == 2 or sf.stride(-3) == aligned * cols)
+
+
+def _has_exact_mn_major_aligned_strides(sf: torch.Tensor) -> bool:
+    """Strides exactly ``([align(mn, 4)*sf_k,] 1, align(mn, 4))``, what the layout helpers return."""
+    aligned = align(sf.shape[-2], 4)
+    return tuple(sf.stride()) == (aligned * sf.shape[-1], 1, aligned)[3 - sf.dim() :]
 
 
 def get_mn_major_tma_aligned_tensor(sf: torch.Tensor) -> torch.Tensor:
     """FP32 ``[mn, sf_k]`` / ``[G, mn, sf_k]`` -> same values with strides ``(align(mn, 4)*sf_k, 1, align(mn, 4))``.
 
-    Returns ``sf`` itself when it already has that layout.
+    Returns ``sf`` itself when it already has exactly those strides (size-1 dims included, as upstream).
     """
     api = "get_mn_major_tma_aligned_tensor"
     ck.check_arg(sf.dim() in (2, 3), api, "sf", "rank", "2-D [mn, sf_k] or 3-D [G, mn, sf_k]", sf.dim())
-    return sf if _has_mn_major_aligned_layout(sf) else _mn_major_aligned(sf)
+    return sf if _has_exact_mn_major_aligned_strides(sf) else _mn_major_aligned(sf)
 
 
 def _psum_row_mask(psum_layout: torch.Tensor, rows: int) -> torch.Tensor:
@@ -86,7 +95,8 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
     use_psum_layout: bool = False,
 ) -> torch.Tensor:
     """K-grouped per-channel scales: FP32 ``[S, mn]`` (each group's ``ceil(k_g/gran_k)`` rows in a row) ->
-    int32 ``[sum_g ceil(k_g / (4*gran_k)), mn]``, packing 4 consecutive rows of one group into one row."""
+    int32 ``[sum_g ceil(k_g / (4*gran_k)), mn]``, packing 4 consecutive rows of one group into one row
+    (psum layout without ``ks_cpu``: ``(S + 3G) / 4`` rows, as upstream sizes it, the tail unspecified)."""
     api = "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor"
     ck.check_rank(api, "sf", sf, 2, "[S, mn]")
     ck.check_arg(sf.shape[1] % 4 == 0, api, "sf", "size(1)", "a multiple of 4", sf.shape[1])
@@ -110,7 +120,11 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         group = torch.nn.functional.pad(group, (0, 0, 0, (-n) % 4))  # the group's last pack: zero codes
         packed.append(pack_ue8m0_to_int(group.T.contiguous()).T)
         offset += n
-    return torch.cat(packed).contiguous() if packed else sf.new_empty((0, sf.shape[1]), dtype=torch.int32)
+    out = torch.cat(packed).contiguous() if packed else sf.new_empty((0, sf.shape[1]), dtype=torch.int32)
+    if use_psum_layout and not ks_cpu:
+        # Without host sizes upstream allocates the upper bound (S + 3G) / 4 rows; the extra rows are unspecified.
+        out = torch.nn.functional.pad(out, (0, 0, 0, (sf.shape[0] + 3 * len(layout)) // 4 - out.shape[0]))
+    return out
 
 
 def transform_sf_into_required_layout(

@@ -1,10 +1,12 @@
 """DeepGEMM's MegaMoE API (specs/deepgemm_api.md §10.2) on the ``mega_moe`` op.
 
-Differences from upstream, on purpose: ``SymmBuffer`` is ordinary memory plus the process group (no
-symmetric memory or ring buffer: the op moves tokens with ``ep_dispatch`` / ``ep_combine`` over
-``torch.distributed``); ``fast_math`` is accepted and ignored (the math is exact: ``silu(g) = g / (1 + exp(-g))``
-in FP32); the buffer's views keep their contents after a call (upstream's kernel consumes them: refill them
-before every call either way).
+Differences from upstream, on purpose: ``SymmBuffer`` has upstream's attributes (one int8 ``buffer``
+carved into ``x``, ``x_sf``, ``topk_idx``, ``topk_weights``, ``l1_acts(_sf)``, ``l2_acts(_sf)``; ``handle``)
+but is ordinary memory of this process (no symmetric memory: the op moves tokens with ``ep_dispatch`` /
+``ep_combine`` over ``torch.distributed``, so ``handle.buffer_ptrs`` names only the local buffer and the
+activation pools are never written); ``fast_math`` is accepted and ignored (the math is exact:
+``silu(g) = g / (1 + exp(-g))`` in FP32); the buffer's views keep their contents after a call
+(upstream's kernel consumes them: refill them before every call either way).
 
 Fused shared experts (DeepGEMM-Ascend): ``SymmBuffer(..., num_shared_experts=S)`` (S <= 2, Ascend's seventh
 argument; upstream's ``num_ring_tokens`` is keyword-only here) and ``shared_l1_weights`` / ``shared_l2_weights``
@@ -16,6 +18,8 @@ Scales: FP32 1x32, or packed UE8M0 (int32: 4 per element, int16: 2).
 """
 
 from __future__ import annotations
+
+import types
 
 import torch
 import torch.distributed as dist
@@ -81,14 +85,47 @@ class SymmBuffer:
         ck.check_arg(
             base is None or isinstance(base, SymmBuffer), api, "base", "type", "None or a SymmBuffer", type(base)
         )
-        t = num_max_tokens_per_rank
-        self.x = torch.zeros(t, hidden, dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16)
-        self.x_sf = torch.zeros(t, hidden // 128, dtype=torch.int32) if fp8 else None
-        self.topk_idx = torch.full((t, num_topk), -1, dtype=torch.int64)
-        self.topk_weights = torch.zeros(t, num_topk, dtype=torch.float32)
+        self._allocate(num_max_tokens_per_rank, num_ring_tokens or num_max_tokens_per_rank * num_topk, fp8)
+
+    def _allocate(self, tokens: int, ring_tokens: int, fp8: bool) -> None:
+        """One zeroed int8 ``buffer`` carved into upstream's views (its ``slice_input_buffers``): inputs
+        ``x``, ``x_sf`` (K-major), ``topk_idx``, ``topk_weights``, and the per-expert activation pools
+        ``l1_acts``/``l2_acts`` (``ring_tokens`` rows) with M-major scales. Only the inputs are read here:
+        the op keeps its intermediates to itself, so the pools are scratch of upstream's shapes."""
+        act = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        sf_rows = -(-ring_tokens // 4) * 4
+        hidden, inter = self.hidden, self.intermediate_hidden
+        views = [
+            ("x", act, (tokens, hidden)),
+            ("x_sf", torch.int32, (tokens, hidden // 128) if fp8 else None),
+            ("topk_idx", torch.int64, (tokens, self.num_topk)),
+            ("topk_weights", torch.float32, (tokens, self.num_topk)),
+            ("l1_acts", act, (ring_tokens, hidden)),
+            ("l1_acts_sf", torch.int32, (hidden // 128, sf_rows) if fp8 else None),
+            ("l2_acts", act, (ring_tokens, inter)),
+            ("l2_acts_sf", torch.int32, (inter // 128, sf_rows) if fp8 else None),
+        ]
+        offsets, size = [], 0
+        for _, dtype, shape in views:
+            offsets.append(size)
+            if shape is not None:  # each view starts 16-byte aligned, as upstream's layout::Buffer
+                size += -(-shape[0] * shape[1] * dtype.itemsize // 16) * 16
+        self.buffer = torch.zeros(size, dtype=torch.int8)
+        self.handle = types.SimpleNamespace(buffer_ptrs=[self.buffer.data_ptr()])
+        for (name, dtype, shape), offset in zip(views, offsets):
+            view = None
+            if shape is not None:
+                view = self.buffer[offset : offset + shape[0] * shape[1] * dtype.itemsize].view(dtype).view(shape)
+            setattr(self, name, view)
+        if fp8:  # M-major: [sf_rows, K/128] with strides (1, sf_rows)
+            self.l1_acts_sf, self.l2_acts_sf = self.l1_acts_sf.T, self.l2_acts_sf.T
+        self.topk_idx.fill_(-1)
 
     def destroy(self) -> None:
+        """Release the memory (upstream drops ``handle``, ``buffer``, ``group`` and the input views)."""
+        self.handle = self.buffer = self.group = None
         self.x = self.x_sf = self.topk_idx = self.topk_weights = None
+        self.l1_acts = self.l1_acts_sf = self.l2_acts = self.l2_acts_sf = None
 
 
 def get_symm_buffer_for_mega_moe(

@@ -1,96 +1,23 @@
-"""``deep_gemm.testing``: the utilities DeepGEMM's own tests use (specs/deepgemm_api.md §14.1)."""
+"""``deep_gemm.testing``: the utilities DeepGEMM's own tests use (specs/deepgemm_api.md §14.1), in
+upstream's submodules ``bench``, ``numeric`` and ``utils``, star-exported here as upstream (which makes
+``testing.bench`` the function, as there)."""
 
-from __future__ import annotations
-
-import functools
-import os
-import time
-from collections.abc import Callable
-
-import torch
-
-from torch_ascend_moe.testing import calc_diff, count_bytes
+from torch_ascend_moe.deep_gemm.testing import numeric, utils  # noqa: I001  (upstream's order)
+from torch_ascend_moe.deep_gemm.testing.bench import bench, bench_kineto, empty_suppress, suppress_stdout_stderr
+from torch_ascend_moe.deep_gemm.testing.numeric import assert_bitwise_equal, calc_diff, count_bytes
+from torch_ascend_moe.deep_gemm.testing.utils import get_arch_major, ignore_env, test_filter
 
 __all__ = [
     "assert_bitwise_equal",
     "bench",
+    "bench_kineto",
     "calc_diff",
     "count_bytes",
+    "empty_suppress",
     "get_arch_major",
     "ignore_env",
+    "numeric",
+    "suppress_stdout_stderr",
     "test_filter",
+    "utils",
 ]
-
-
-def bench(fn: Callable[[], object], num_warmups: int = 5, num_tests: int = 10, high_precision: bool = False) -> float:
-    """Average seconds per call of ``fn`` after warm-up (CUDA events on GPU, wall clock on CPU)."""
-    for _ in range(num_warmups):
-        fn()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(num_tests):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / num_tests
-    start = time.perf_counter()
-    for _ in range(num_tests):
-        fn()
-    return (time.perf_counter() - start) / num_tests
-
-
-def assert_bitwise_equal(x: torch.Tensor, y: torch.Tensor, label: str = "") -> None:
-    """Raise AssertionError naming the first differing element unless ``x`` and ``y`` match byte for byte."""
-    if x.shape != y.shape or x.dtype != y.dtype:
-        raise AssertionError(f"{label}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}")
-    xb = x.contiguous().view(torch.uint8).flatten()
-    yb = y.contiguous().view(torch.uint8).flatten()
-    diff = (xb != yb).nonzero()
-    if diff.numel():
-        first = int(diff[0]) // x.element_size()
-        raise AssertionError(
-            f"{label}: {diff.numel()} bytes differ; first at element {first}: "
-            f"{x.flatten()[first].item()} vs {y.flatten()[first].item()}"
-        )
-
-
-def get_arch_major() -> int:
-    """CUDA compute-capability major of the current device, 0 without CUDA."""
-    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
-
-
-def test_filter(condition: Callable[[], bool]):
-    """Decorator: run the test function only when ``condition()`` holds (upstream's skip helper)."""
-
-    def decorator(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if condition():
-                return fn(*args, **kwargs)
-            print(f"skipping {fn.__name__}: condition not met")
-            return None
-
-        return wrapper
-
-    return decorator
-
-
-def ignore_env(name: str, condition: Callable[[], bool]):
-    """Decorator: run with environment variable ``name`` removed while ``condition()`` holds."""
-
-    def decorator(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            if not condition() or name not in os.environ:
-                return fn(*args, **kwargs)
-            saved = os.environ.pop(name)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                os.environ[name] = saved
-
-        return wrapper
-
-    return decorator
