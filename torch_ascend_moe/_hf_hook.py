@@ -1,0 +1,52 @@
+"""Makes ``experts_implementation="ascend_moe"`` available after ``import torch_ascend_moe`` in any import order
+with transformers, without importing transformers: the implementations are registered (``torch_ascend_moe.hf``)
+as soon as ``transformers.integrations.moe`` (home of ``ExpertsInterface``) exists, at once if it is already
+imported, else right after it is, through a ``sys.meta_path`` finder that wraps that one module's loader."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+TARGET = "transformers.integrations.moe"
+
+
+def _register() -> None:
+    import torch_ascend_moe.hf  # noqa: F401  (registers on import)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name):  # get_source, get_filename, ... (tracebacks, inspect) from the real loader
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        _register()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for ``TARGET`` it asks the path finder and wraps the loader it returns."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET:
+            return None
+        sys.meta_path.remove(self)  # one shot; a failed import of TARGET would not be retried by us anyway
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Register now if transformers' experts interface is imported, else once it is (idempotent)."""
+    if TARGET in sys.modules:
+        _register()
+    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
