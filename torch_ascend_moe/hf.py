@@ -59,7 +59,7 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights, fp8: bool)
 
     def grouped(x, w, bias):
         if fp8:
-            out = m_grouped_fp8_linear(x, w, offs)
+            out = m_grouped_fp8_linear(x, w.to(x.dtype), offs)
         else:
             out = m_grouped_bf16_gemm(x, w.to(x.dtype), offs)
         return out if bias is None else out + bias[expert_of_row].to(out.dtype)
