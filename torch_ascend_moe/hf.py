@@ -22,7 +22,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.integrations.moe import ExpertsInterface
-from transformers.utils.output_capturing import OutputRecorder, install_output_capuring_hook
+from transformers.utils import output_capturing
+from transformers.utils.output_capturing import OutputRecorder
 
 from torch_ascend_moe.nn import GroupedExperts, MegaMoE, MoE
 from torch_ascend_moe.nn.moe import MoEGate
@@ -181,6 +182,19 @@ def _records_router_logits(model: nn.Module, router: nn.Module) -> bool:
     return False
 
 
+def _record_router_logits(module: nn.Module, args, output) -> None:
+    """Forward hook on a swapped gate: what transformers' output-capturing hook records for HF's router (its
+    logits ``[T, E]``, our ``MoEGate``'s third output) into the active collector. Unlike transformers' hook, it
+    keeps a gate compiled outside a capturing HF forward (e.g. the block alone) free of graph breaks: there
+    nothing collects, and ``ContextVar.get`` cannot be traced."""
+    collector = output_capturing._active_collector
+    if torch.compiler.is_compiling() and not collector.compiling:
+        return
+    collected = collector.get()
+    if collected is not None and "router_logits" in collected:
+        collected["router_logits"].append(output[2])
+
+
 def _init_weights_with_swapped(self: PreTrainedModel, module: nn.Module) -> None:
     """The model's ``_init_weights`` extended to the swapped modules, with the HF blocks' scheme (router and
     experts ``normal(0, initializer_range)``, DeepSeek-V3's ``e_score_correction_bias`` zeros; the shared experts
@@ -242,7 +256,7 @@ def swap_moe_blocks(
             raise ValueError(f"swap_moe_blocks: {name}: the block's weights do not fit MoE: {e}") from e
         if _records_router_logits(model, block.gate):
             # output_router_logits (and the aux loss) record the gate's logits [T, E], HF's router's index 0.
-            install_output_capuring_hook(moe.gate, "router_logits", 2)
+            moe.gate.register_forward_hook(_record_router_logits)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, moe)
         swapped.append(name)
