@@ -1,9 +1,10 @@
-"""Hugging Face transformers (v5) integration. ``import torch_ascend_moe.hf`` (transformers must be installed:
-``pip install 'torch_ascend_moe[hf]'``) registers two experts implementations with transformers'
-``ExpertsInterface``:
+"""Hugging Face transformers (v5) integration (``pip install 'torch_ascend_moe[hf]'``). Importing this module
+registers two experts implementations with transformers' ``ExpertsInterface``; ``import torch_ascend_moe`` does it
+too, in either import order, as soon as transformers' ``integrations.moe`` is imported (``_hf_hook``):
 
-- ``"ascend_moe"``: the experts of any ``@use_experts_implementation`` model (Mixtral, Qwen3-MoE, DeepSeek-V3, ...)
-  run as ``moe_permute`` -> ``m_grouped_bf16_gemm`` -> activation -> ``m_grouped_bf16_gemm`` -> ``moe_unpermute``;
+- ``"ascend_moe"``: the experts of any ``@use_experts_implementation`` model (Mixtral, Qwen3-MoE, DeepSeek-V3,
+  GPT-OSS, ...; every layout transformers' ``grouped_mm`` runs) as ``moe_permute`` -> ``m_grouped_bf16_gemm``
+  (+ bias) -> gate / activation -> ``m_grouped_bf16_gemm`` (+ bias) -> ``moe_unpermute``;
 - ``"ascend_moe_fp8"``: the same with both GEMMs in FP8 (``m_grouped_fp8_linear``, DeepSeek-V3's recipe; the
   model's weights stay as they are, quantized on the fly; any hidden and intermediate sizes),
 
