@@ -124,6 +124,7 @@ def _deepseek_v3(config) -> dict:
 BLOCKS = {
     "MixtralSparseMoeBlock": _mixtral,
     "Qwen3MoeSparseMoeBlock": _qwen3,
+    "OlmoeSparseMoeBlock": _qwen3,  # OLMoE's router is Qwen3-MoE's (softmax top-k, norm_topk_prob)
     "DeepseekV3MoE": _deepseek_v3,
 }
 
@@ -221,13 +222,13 @@ def swap_moe_blocks(
     convert_linears_to_fp8: bool = False,
     mega: bool = False,
 ) -> list[str]:
-    """Replace every Mixtral / Qwen3-MoE / DeepSeek-V3 MoE block of ``model`` with ``torch_ascend_moe.nn.MoE``,
-    loading the block's weights (router, e_score_correction_bias, experts, shared experts; the parameter names
-    are HF's, so ``state_dict`` round trips). ``fp8`` runs the routed experts in FP8; ``ep_group`` makes them
-    expert-parallel (each rank keeps its slice of the experts); ``convert_linears_to_fp8`` also swaps the
-    model's other ``nn.Linear`` layers (not the LM head) for ``FP8Linear``. ``mega=True`` swaps in ``MegaMoE``
-    instead (routed and shared experts in one fused ``mega_moe`` op, BF16; not with ``fp8``). Returns the swapped
-    modules' names.
+    """Replace every Mixtral / Qwen3-MoE / OLMoE / DeepSeek-V3 MoE block of ``model`` with
+    ``torch_ascend_moe.nn.MoE``, loading the block's weights (router, e_score_correction_bias, experts, shared
+    experts; the parameter names are HF's, so ``state_dict`` round trips). ``fp8`` runs the routed experts in
+    FP8; ``ep_group`` makes them expert-parallel (each rank keeps its slice of the experts);
+    ``convert_linears_to_fp8`` also swaps the model's other ``nn.Linear`` layers (not the LM head) for
+    ``FP8Linear``. ``mega=True`` swaps in ``MegaMoE`` instead (routed and shared experts in one fused ``mega_moe``
+    op, BF16; not with ``fp8``). Returns the swapped modules' names.
 
     The swapped model keeps transformers' behaviour: ``output_router_logits`` records the new gates' logits (the
     same values as HF's routers), and ``init_weights()`` / ``from_pretrained``-style initialisation of missing

@@ -66,7 +66,7 @@ CLASSES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 FAMILIES = list(CLASSES)
-SWAPPABLE = ["mixtral", "qwen3_moe", "deepseek_v3"]
+SWAPPABLE = ["mixtral", "qwen3_moe", "olmoe", "deepseek_v3"]
 
 
 def _randomize_routing(model):
