@@ -6,8 +6,8 @@ imported, else right after it is, through a ``sys.meta_path`` finder that wraps 
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import sys
+import warnings
 
 TARGET = "transformers.integrations.moe"
 
@@ -28,20 +28,29 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)
-        _register()
+        try:
+            _register()
+        except Exception as e:  # noqa: BLE001  (a failed registration must not break the user's transformers)
+            warnings.warn(
+                f"torch_ascend_moe: experts implementations not registered with transformers: {e!r}", stacklevel=2
+            )
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for ``TARGET`` it asks the path finder and wraps the loader it returns."""
+    """Finds nothing itself: for ``TARGET`` it asks the other finders (the path finder, an editable install's)
+    and wraps the loader they return."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != TARGET:
             return None
-        sys.meta_path.remove(self)  # one shot; a failed import of TARGET would not be retried by us anyway
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
-        return spec
+        sys.meta_path.remove(self)  # one shot
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
 
 
 def install() -> None:

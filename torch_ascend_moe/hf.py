@@ -20,7 +20,6 @@ import types
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as hf_init
 from transformers.integrations.moe import ExpertsInterface
 from transformers.utils import output_capturing
@@ -30,6 +29,10 @@ from torch_ascend_moe.nn import GroupedExperts, MegaMoE, MoE
 from torch_ascend_moe.nn.moe import MoEGate
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+
+# Only modules that are complete while transformers.modeling_utils is still initialising are imported at the top:
+# torch_ascend_moe's import hook imports this module the moment modeling_utils imports integrations.moe, so
+# PreTrainedModel is imported where it is used.
 
 IMPLEMENTATION = "ascend_moe"
 IMPLEMENTATION_FP8 = "ascend_moe_fp8"
@@ -173,6 +176,8 @@ def _hf_state(block: nn.Module) -> dict[str, torch.Tensor]:
 def _records_router_logits(model: nn.Module, router: nn.Module) -> bool:
     """Whether transformers' output capturing (``_can_record_outputs["router_logits"]`` of a ``PreTrainedModel``
     in ``model``) records ``router``'s output."""
+    from transformers.modeling_utils import PreTrainedModel
+
     for sub in model.modules():
         if not isinstance(sub, PreTrainedModel):
             continue
@@ -197,7 +202,7 @@ def _record_router_logits(module: nn.Module, args, output) -> None:
         collected["router_logits"].append(output[2])
 
 
-def _init_weights_with_swapped(self: PreTrainedModel, module: nn.Module) -> None:
+def _init_weights_with_swapped(self, module: nn.Module) -> None:
     """The model's ``_init_weights`` extended to the swapped modules, with the HF blocks' scheme (router and
     experts ``normal(0, initializer_range)``, DeepSeek-V3's ``e_score_correction_bias`` zeros; the shared experts
     are ``nn.Linear`` layers, which HF's own ``_init_weights`` handles). transformers' ``init`` functions skip
@@ -263,6 +268,8 @@ def swap_moe_blocks(
         setattr(model.get_submodule(parent_name) if parent_name else model, child, moe)
         swapped.append(name)
     if swapped:
+        from transformers.modeling_utils import PreTrainedModel
+
         for sub in model.modules():
             if isinstance(sub, PreTrainedModel):
                 sub._init_weights = types.MethodType(_init_weights_with_swapped, sub)
