@@ -152,7 +152,7 @@ def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens, me
     if shared is not None:
         options["shared_intermediate_size"] = shared.gate_proj.weight.shape[0]
     param = experts.gate_up_proj
-    return (MegaMoE if mega else MoE)(
+    moe = (MegaMoE if mega else MoE)(
         hidden,
         two_i // 2,
         topk=config.num_experts_per_tok,
@@ -164,6 +164,10 @@ def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens, me
         dtype=param.dtype,
         **options,
     )
+    # The router keeps its own dtype (DeepSeek-V3's gate.weight stays FP32 in a BF16 model:
+    # _keep_in_fp32_modules_strict), so the swapped gate holds the same values.
+    moe.gate.weight.data = moe.gate.weight.data.to(block.gate.weight.dtype)
+    return moe
 
 
 def _hf_state(block: nn.Module) -> dict[str, torch.Tensor]:

@@ -262,3 +262,21 @@ def test_fp8_experts_any_model_size(family):
         expected = model(ids).logits
         model.set_experts_implementation(hf.IMPLEMENTATION_FP8)
         assert calc_diff(model(ids).logits, expected) < 2e-3
+
+
+def test_swap_keeps_fp32_router_of_bf16_model():
+    """DeepSeek-V3 keeps gate.weight in FP32 in a BF16 model (_keep_in_fp32_modules_strict); the swapped gate must
+    too, or its logits (and choices) round differently from HF's. Before: the gate was cast to BF16."""
+    model = _tiny("deepseek_v3").to(torch.bfloat16)
+    router = next(m for m in model.modules() if type(m).__name__ == "DeepseekV3TopkRouter")
+    router.weight.data = torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.2  # FP32, as loaded
+    weight = router.weight.detach().clone()
+    x = torch.randn(7, 64).bfloat16()
+    with torch.no_grad():
+        ref_logits, ref_w, ref_idx = router(x)
+        hf.swap_moe_blocks(model)
+        gate = next(m for m in model.modules() if isinstance(m, MoE)).gate
+        idx, w, logits = gate(x)
+    assert gate.weight.dtype == torch.float32 and torch.equal(gate.weight, weight)
+    assert torch.equal(logits, ref_logits)
+    assert torch.equal(idx.sort(-1).values, ref_idx.sort(-1).values)
