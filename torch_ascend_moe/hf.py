@@ -101,7 +101,13 @@ register()
 
 # HF block class name -> how its config maps onto MoE's routing options.
 def _mixtral(config) -> dict:
-    return dict(num_experts=config.num_local_experts, score_func="softmax", renormalize=True, router_dtype=None)
+    return dict(
+        num_experts=config.num_local_experts,
+        score_func="softmax",
+        renormalize=True,
+        router_dtype=None,
+        input_jitter=config.router_jitter_noise,
+    )
 
 
 def _qwen3(config) -> dict:

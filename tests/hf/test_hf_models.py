@@ -280,3 +280,19 @@ def test_swap_keeps_fp32_router_of_bf16_model():
     assert gate.weight.dtype == torch.float32 and torch.equal(gate.weight, weight)
     assert torch.equal(logits, ref_logits)
     assert torch.equal(idx.sort(-1).values, ref_idx.sort(-1).values)
+
+
+def test_swapped_mixtral_router_jitter():
+    """Mixtral's router_jitter_noise (training only) multiplies the block's tokens by uniform noise before the
+    router and the experts; the swapped MoE draws the same noise (same call on the same shape). Before: ignored."""
+    model = _tiny("mixtral", router_jitter_noise=0.1)
+    ids = _ids()
+    model.train()
+    torch.manual_seed(5)
+    expected = model(ids).logits
+    hf.swap_moe_blocks(model)
+    torch.manual_seed(5)
+    assert calc_diff(model(ids).logits, expected) < 1e-12
+    model.eval()
+    with torch.no_grad():  # no noise in eval
+        assert torch.equal(model(ids).logits, model(ids).logits)

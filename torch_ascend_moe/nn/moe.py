@@ -108,7 +108,9 @@ class MoE(nn.Module):
     ``use_expert_bias=True``, ``num_groups``/``topk_groups``, ``routed_scaling_factor``). ``fp8=True`` runs
     the routed experts' GEMMs in FP8 (DeepSeek-V3's 1x128 / 128x128 recipe; ragged sizes zero-padded by the op).
     ``activation`` is the experts' (routed and shared) gate activation: SiLU by default, a name of
-    ``grouped_experts.ACTIVATIONS`` or any elementwise callable (e.g. an HF ``ACT2FN`` module).
+    ``grouped_experts.ACTIVATIONS`` or any elementwise callable (e.g. an HF ``ACT2FN`` module). ``input_jitter=j``
+    multiplies the input by noise uniform in ``[1-j, 1+j]`` while training (Mixtral's ``router_jitter_noise``:
+    router and experts see the same noisy tokens).
 
     ``ep_group`` (a process group or its name) enables expert parallelism: rank r holds experts
     ``[r·E/R, (r+1)·E/R)`` (``self.experts`` has E/R of them; parameters under the same names, so a full
@@ -142,6 +144,7 @@ class MoE(nn.Module):
         ep_group=None,
         ep_static_tokens: int | None = None,
         activation: str | Callable = "silu",
+        input_jitter: float = 0.0,
         device=None,
         dtype=None,
     ) -> None:
@@ -169,6 +172,7 @@ class MoE(nn.Module):
             if num_experts % self.ep_size:
                 raise _error("MoE", "num_experts", f"a multiple of the EP world size {self.ep_size}", num_experts)
         self.ep_static_tokens = ep_static_tokens
+        self.input_jitter = input_jitter
         factory = {"device": device, "dtype": dtype}
         self.gate = MoEGate(
             hidden_size,
@@ -200,6 +204,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden_size:
             raise _error("MoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        x = self._jitter(x)
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)
@@ -210,6 +215,11 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         return out.view(shape)
+
+    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.input_jitter > 0):
+            return x
+        return x * torch.empty_like(x).uniform_(1.0 - self.input_jitter, 1.0 + self.input_jitter)
 
     def _expert_parallel(self, tokens, idx, weights):
         from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
@@ -278,6 +288,7 @@ class MegaMoE(MoE):
 
         if x.shape[-1] != self.hidden_size:
             raise _error("MegaMoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        x = self._jitter(x)
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)
