@@ -47,6 +47,11 @@ NAMESPACE = "ascend_moe"
 
 backends.register_available()
 
+from torch_ascend_moe import _hf_hook  # noqa: E402
+
+# experts_implementation="ascend_moe" whatever the import order with transformers, without importing it here.
+_hf_hook.install()
+
 __all__ = [
     "NAMESPACE",
     "bf16_bmm",

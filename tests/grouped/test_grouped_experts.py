@@ -109,8 +109,20 @@ def test_fp8_experts_track_the_bf16_ones_and_train():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0], losses[::10]
-    with pytest.raises(ValueError, match="multiples of block=128"):
-        GroupedExperts(2, 96, 128, fp8=True)
+
+
+def test_fp8_experts_any_size():
+    """Ragged hidden / intermediate sizes: m_grouped_fp8_linear zero-pads K to the block (exact), so the FP8
+    experts track the BF16 ones as at multiples of 128 (they raised before)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    ref, fp8 = GroupedExperts(4, 96, 72), GroupedExperts(4, 96, 72, fp8=True)
+    fp8.load_state_dict(ref.state_dict())
+    x, idx, w = torch.randn(24, 96, generator=g), random_topk(24, 2, 4, g), torch.rand(24, 2, generator=g)
+    out = fp8(x, idx, w)
+    assert calc_diff(out, ref(x, idx, w).double()) < 2e-3
+    out.sum().backward()
+    assert fp8.gate_up_proj.grad.shape == (4, 144, 96) and fp8.down_proj.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("fp8_backward", [True, False])

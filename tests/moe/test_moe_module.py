@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from torch_ascend_moe.nn import MoE
+from torch_ascend_moe.nn import MegaMoE, MoE
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.moe import ep_parity_worker, moe_reference
 
@@ -104,10 +104,10 @@ def test_update_expert_bias():
 def test_bad_input():
     with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected in \[1, num_experts=4\], got 5"):
         MoE(64, 32, 4, 5)
-    with pytest.raises(
-        ValueError, match=r"MoE: argument 'hidden_size, intermediate_size': expected multiples of block=128"
-    ):
-        MoE(96, 128, 4, 2, fp8=True)
+    with pytest.raises(ValueError, match=r"MoE: argument 'activation': expected a callable or one of"):
+        MoE(64, 32, 4, 2, activation="nope")
+    with pytest.raises(ValueError, match=r"MegaMoE: argument 'activation': expected 'silu'"):
+        MegaMoE(64, 32, 4, 2, activation="gelu")
     with pytest.raises(ValueError, match=r"MoE: argument 'x': expected \[\.\.\., hidden_size=64\], got \[3, 32\]"):
         MoE(64, 32, 4, 2)(torch.randn(3, 32))
     with pytest.raises(ValueError, match=r"moe_gating_topk: argument 'num_groups' value: expected a positive divisor"):

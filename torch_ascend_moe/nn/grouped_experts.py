@@ -1,8 +1,11 @@
-"""``GroupedExperts``: E SwiGLU experts with stacked weights, run as grouped GEMMs over permuted tokens."""
+"""``GroupedExperts``: E gated-MLP experts (SwiGLU by default) with stacked weights, run as grouped GEMMs over
+permuted tokens."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,9 +14,32 @@ from torch import nn
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
+# The gate activations named by string (Hugging Face's ``hidden_act`` names); any other callable may be passed.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+}
+
+
+def resolve_activation(activation: str | Callable, module: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``activation`` as a callable: a name of ``ACTIVATIONS`` or a callable (e.g. an HF ``ACT2FN`` module)."""
+    if callable(activation):
+        return activation
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"{module}: argument 'activation': expected a callable or one of {sorted(ACTIVATIONS)}, got {activation!r}"
+        )
+    return ACTIVATIONS[activation]
+
 
 class GroupedExperts(nn.Module):
-    """``num_experts`` SwiGLU experts ``down(silu(gate(x)) * up(x))`` evaluated for routed tokens.
+    """``num_experts`` gated experts ``down(act(gate(x)) * up(x))`` evaluated for routed tokens (``activation``:
+    SiLU by default, i.e. SwiGLU; a name of ``ACTIVATIONS`` or any elementwise callable).
 
     Weights are stacked per expert: ``gate_up_proj [E, 2*I, H]`` (gate rows first, then up; the layout
     of Hugging Face's fused Mixtral/Qwen-MoE experts transposed to ``[out, in]`` like ``nn.Linear``) and
@@ -25,8 +51,8 @@ class GroupedExperts(nn.Module):
 
     ``fp8=True`` runs both expert GEMMs in FP8 with DeepSeek-V3's recipe (``m_grouped_fp8_linear``: tokens
     1 x ``block`` per token, weights ``block`` x ``block``; the parameters stay BF16/FP32 masters and train
-    through straight-through gradients, dgrad in FP8 unless ``fp8_backward=False``); ``hidden_size`` and
-    ``intermediate_size`` must then be multiples of ``block``.
+    through straight-through gradients, dgrad in FP8 unless ``fp8_backward=False``); ragged ``hidden_size`` /
+    ``intermediate_size`` are zero-padded to multiples of ``block`` inside ``m_grouped_fp8_linear`` (exact).
 
     >>> experts = GroupedExperts(4, 64, 32)
     >>> x, idx = torch.randn(5, 64), torch.tensor([[0, 1], [2, 3], [1, -1], [0, 0], [3, 2]])
@@ -45,19 +71,20 @@ class GroupedExperts(nn.Module):
         block: int = 128,
         use_ue8m0: bool = False,
         fp8_backward: bool = True,
+        activation: str | Callable = "silu",
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
+        self.act_fn = resolve_activation(activation, "GroupedExperts")
         if num_experts <= 0 or hidden_size <= 0 or intermediate_size <= 0:
             raise ValueError(
                 "GroupedExperts: arguments 'num_experts', 'hidden_size', 'intermediate_size': expected positive "
                 f"integers, got {num_experts}, {hidden_size}, {intermediate_size}"
             )
-        if fp8 and (block <= 0 or hidden_size % block or intermediate_size % block):
+        if fp8 and block <= 0:
             raise ValueError(
-                f"GroupedExperts: arguments 'hidden_size', 'intermediate_size': expected multiples of block={block} "
-                f"with fp8=True, got {hidden_size}, {intermediate_size}"
+                f"GroupedExperts: argument 'block': expected a positive integer with fp8=True, got {block}"
             )
         self.fp8, self.block, self.use_ue8m0, self.fp8_backward = fp8, block, use_ue8m0, fp8_backward
         factory = {"device": device, "dtype": dtype}
@@ -76,7 +103,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         permuted, row_map, offs = moe_permute(x, topk_idx, self.num_experts, alignment=self.alignment)
         gate, up = self._grouped(permuted, self.gate_up_proj, offs).chunk(2, dim=-1)
-        hidden = self._grouped(F.silu(gate) * up, self.down_proj, offs)
+        hidden = self._grouped(self.act_fn(gate) * up, self.down_proj, offs)
         return moe_unpermute(hidden, row_map, topk_weights)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

@@ -9,12 +9,13 @@ come back with ``ep_combine`` (expert parallelism), everything else is replicate
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ascend_moe.nn.grouped_experts import GroupedExperts
+from torch_ascend_moe.nn.grouped_experts import GroupedExperts, resolve_activation
 from torch_ascend_moe.ops.moe_routing import moe_gating_topk
 
 
@@ -83,17 +84,21 @@ class MoEGate(nn.Module):
 
 
 class SwiGLUMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with bias-free linears (the shared experts; HF's ``*MLP`` layout)."""
+    """``down(act(gate(x)) * up(x))`` with bias-free linears (the shared experts; HF's ``*MLP`` layout); ``act``
+    is SiLU (SwiGLU) unless ``activation`` names another (``GroupedExperts``'s choices)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, device=None, dtype=None) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, *, activation: str | Callable = "silu", device=None, dtype=None
+    ) -> None:
         super().__init__()
+        self.act_fn = resolve_activation(activation, "SwiGLUMLP")
         factory = {"device": device, "dtype": dtype}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class MoE(nn.Module):
@@ -101,7 +106,11 @@ class MoE(nn.Module):
 
     Routing options are ``moe_gating_topk``'s (Mixtral: defaults; DeepSeek-V3: ``score_func="sigmoid"``,
     ``use_expert_bias=True``, ``num_groups``/``topk_groups``, ``routed_scaling_factor``). ``fp8=True`` runs
-    the routed experts' GEMMs in FP8 (DeepSeek-V3's 1x128 / 128x128 recipe; sizes multiples of ``block``).
+    the routed experts' GEMMs in FP8 (DeepSeek-V3's 1x128 / 128x128 recipe; ragged sizes zero-padded by the op).
+    ``activation`` is the experts' (routed and shared) gate activation: SiLU by default, a name of
+    ``grouped_experts.ACTIVATIONS`` or any elementwise callable (e.g. an HF ``ACT2FN`` module). ``input_jitter=j``
+    multiplies the input by noise uniform in ``[1-j, 1+j]`` while training (Mixtral's ``router_jitter_noise``:
+    router and experts see the same noisy tokens).
 
     ``ep_group`` (a process group or its name) enables expert parallelism: rank r holds experts
     ``[r·E/R, (r+1)·E/R)`` (``self.experts`` has E/R of them; parameters under the same names, so a full
@@ -134,6 +143,8 @@ class MoE(nn.Module):
         block: int = 128,
         ep_group=None,
         ep_static_tokens: int | None = None,
+        activation: str | Callable = "silu",
+        input_jitter: float = 0.0,
         device=None,
         dtype=None,
     ) -> None:
@@ -147,13 +158,7 @@ class MoE(nn.Module):
             )
         if not 0 < topk <= num_experts:
             raise _error("MoE", "topk", f"in [1, num_experts={num_experts}]", topk)
-        if fp8 and (hidden_size % block or intermediate_size % block):
-            raise _error(
-                "MoE",
-                "hidden_size, intermediate_size",
-                f"multiples of block={block} with fp8=True",
-                (hidden_size, intermediate_size),
-            )
+        activation = resolve_activation(activation, "MoE")
         self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
         self.ep_group_name, self.ep_rank, self.ep_size = None, 0, 1
         if ep_group is not None:
@@ -167,6 +172,7 @@ class MoE(nn.Module):
             if num_experts % self.ep_size:
                 raise _error("MoE", "num_experts", f"a multiple of the EP world size {self.ep_size}", num_experts)
         self.ep_static_tokens = ep_static_tokens
+        self.input_jitter = input_jitter
         factory = {"device": device, "dtype": dtype}
         self.gate = MoEGate(
             hidden_size,
@@ -182,16 +188,23 @@ class MoE(nn.Module):
             **factory,
         )
         self.experts = GroupedExperts(
-            num_experts // self.ep_size, hidden_size, intermediate_size, fp8=fp8, block=block, **factory
+            num_experts // self.ep_size,
+            hidden_size,
+            intermediate_size,
+            fp8=fp8,
+            block=block,
+            activation=activation,
+            **factory,
         )
         self.shared_experts = None
         if num_shared_experts:
             size = shared_intermediate_size or intermediate_size * num_shared_experts
-            self.shared_experts = SwiGLUMLP(hidden_size, size, **factory)
+            self.shared_experts = SwiGLUMLP(hidden_size, size, activation=activation, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden_size:
             raise _error("MoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        x = self._jitter(x)
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)
@@ -202,6 +215,11 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         return out.view(shape)
+
+    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and self.input_jitter > 0):
+            return x
+        return x * torch.empty_like(x).uniform_(1.0 - self.input_jitter, 1.0 + self.input_jitter)
 
     def _expert_parallel(self, tokens, idx, weights):
         from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
@@ -251,6 +269,8 @@ class MegaMoE(MoE):
     def __init__(self, *args, activation_clamp: float | None = None, **kwargs) -> None:
         if kwargs.get("fp8"):
             raise _error("MegaMoE", "fp8", "False (FP8 x FP4 weights are pre-quantized: use mega_moe directly)", True)
+        if kwargs.get("activation", "silu") not in ("silu", F.silu):
+            raise _error("MegaMoE", "activation", "'silu' (the fused op's SwiGLU)", kwargs["activation"])
         super().__init__(*args, **kwargs)
         self.activation_clamp = activation_clamp
 
@@ -268,6 +288,7 @@ class MegaMoE(MoE):
 
         if x.shape[-1] != self.hidden_size:
             raise _error("MegaMoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
+        x = self._jitter(x)
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)

@@ -112,7 +112,12 @@ def m_grouped_fp8_linear(
     """FP8 experts for training: ``m_grouped_bf16_gemm`` computed in FP8 with DeepSeek-V3's recipe, BF16/FP32
     ``x`` and ``weight [G, N, K]`` cast inside the op. Straight-through gradients: dgrad in FP8 on the
     requantized gradient (or in the input precision with ``fp8_backward=False``), wgrad in the input precision.
+    Any ``K``: the op quantizes whole 1 x ``block`` / ``block`` x ``block`` tiles, so a ragged ``K`` is zero-padded
+    to a multiple of ``block`` here (exact: zeros change neither the products nor the tiles' scales).
     """
+    pad = -x.shape[-1] % block if block > 0 else 0
+    if pad:
+        x, weight = torch.nn.functional.pad(x, (0, pad)), torch.nn.functional.pad(weight, (0, pad))
     return _linear_fp8(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward)
 
 
