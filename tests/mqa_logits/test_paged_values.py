@@ -1,5 +1,6 @@
-"""One set of context_lens gets one verdict from paged_mqa_logits and paged_mqa_logits_metadata (issue 14.4):
-the metadata clamped a negative length to 0 where the logits rejected it. Eager C++ and portable kernels."""
+"""Values the paged MQA ops must treat alike on the eager C++ and portable kernels: one set of context_lens
+gets one verdict from paged_mqa_logits and its metadata (issue 14.4: the metadata clamped a negative length
+to 0 where the logits rejected it), and the cache's NaN codes decode to NaN (issue 14.2)."""
 
 import torch
 from hypothesis import given, settings
@@ -47,3 +48,25 @@ def test_same_verdict(lens, varlen):
         )
     else:
         assert verdicts[0] is None
+
+
+def test_paged_nan_codes_reach_their_column():
+    """A UE8M0 scale of 0xFF (NaN, not 2^128) or an E4M3 NaN code in one cached token makes exactly that
+    token's logits NaN, for every query of its request (issue 14.2)."""
+    g = torch.Generator().manual_seed(3)
+    d, block_kv, lens = 64, 16, [12, 9]
+    cache = build_paged_cache([torch.randn(n, d, generator=g) for n in lens], block_kv, "fp8", True, g)
+    q, w = torch.randn(2, 1, 4, d, generator=g), torch.rand(2, 4, generator=g)
+    context_lens = torch.tensor(lens, dtype=torch.int32).view(2, 1)
+    phys = int(cache.block_table[0, 0])
+    blocks = cache.cache.view(cache.cache.shape[0], -1)
+    for offset in (block_kv * d + 5 * (d // 32), 7 * d + 3):  # token 5's first scale byte; a data byte of token 7
+        poisoned = blocks.clone()
+        poisoned[phys, offset] = 0xFF
+        kv = poisoned.view(cache.cache.shape)
+        token = 5 if offset >= block_kv * d else 7
+        for fn in (ops.paged_mqa_logits, portable.paged_mqa_logits):
+            out = fn(q, None, kv, w, context_lens, cache.block_table, 16, None, True, None)
+            expected = torch.zeros(out.shape, dtype=torch.bool)
+            expected[0, token] = True
+            assert torch.equal(out.isnan(), expected), fn
