@@ -1,4 +1,4 @@
-"""Every integer argument of every op with a CPU kernel is bounded before any arithmetic (issue 14.3): the
+"""Every integer argument of every op with a CPU kernel (the ep family's on a one-rank gloo group) is bounded before any arithmetic (issue 14.3): the
 C++ kernels compute sizes in wrapping int64 (``-fwrapv``), so an unchecked ``alignment=2**62+1`` or a
 negative count corrupted results silently. A huge or negative value must raise a ValueError naming the
 op and the argument, with the same words in the eager kernel, the portable kernel and the fake."""
@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_ascend_moe.testing import fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits
+from torch_ascend_moe.testing import ep, fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits
 
-_SPECS = [s for family in (fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits) for s in family.SPECS]
+_FAMILIES = (ep, fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits)
+_SPECS = [s for family in _FAMILIES for s in family.SPECS]
 _BAD = (2**62 + 1, 2**63 - 1, 2**31, -1, -(2**63))
 
 
@@ -67,3 +68,11 @@ def test_moe_permute_rows_fit_int32():
     for fn in (torch.ops.ascend_moe.moe_permute, moe_routing.portable.moe_permute):
         with pytest.raises(ValueError, match=r"moe_permute: argument 'alignment' value: .* fit in int32"):
             fn(x, idx, 2**31 - 1, 2**31 - 1)
+
+
+def test_ep_combine_reduce_num_tokens():
+    """The C++ helper behind the ep combine sizes its buckets by num_tokens."""
+    rows, dest = torch.randn(3, 4), torch.tensor([0, 1, -1])
+    for bad in (-1, 2**62 + 1):
+        with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'num_tokens' value"):
+            torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, bad, None, None)

@@ -354,6 +354,7 @@ def ll_scale_shape(h, use_fp8, use_ue8m0):
 def ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s):
     op = LL_COMBINE
     r = resolve_group(op, group_name).size()
+    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", t_max, 1)
     ck.check_rank(op, "x", x, 3, "[L, R * T_max, H] (expert outputs in the dispatch layout)")
     ck.check_arg(
         x.dtype in FLOAT_DTYPES,
