@@ -1,7 +1,8 @@
-"""Every integer argument of every op with a CPU kernel (the ep family's on a one-rank gloo group) is bounded before any arithmetic (issue 14.3): the
-C++ kernels compute sizes in wrapping int64 (``-fwrapv``), so an unchecked ``alignment=2**62+1`` or a
-negative count corrupted results silently. A huge or negative value must raise a ValueError naming the
-op and the argument, with the same words in the eager kernel, the portable kernel and the fake."""
+"""Every integer argument of every op with a CPU kernel (the ep family's on a one-rank gloo group) is
+bounded before any arithmetic (issue 14.3): the C++ kernels compute sizes in wrapping int64 (``-fwrapv``),
+so an unchecked ``alignment=2**62+1`` or a negative count corrupted results silently. A huge or negative
+value must raise a ValueError naming the op and the argument, with the same words in the eager kernel, the
+portable kernel and the fake."""
 
 import re
 
