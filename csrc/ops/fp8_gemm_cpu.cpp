@@ -288,7 +288,7 @@ void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor&
   if (M == 0 || N == 0 || K == 0) return;
   // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
   // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
-  const bool k_major_b = b.stride(1) == 1 || b.size(1) == 1;
+  const bool k_major_b = b.stride(1) == 1;
   if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
     const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
     at::Tensor partial = at::empty({M, N}, a.options().dtype(at::kFloat));
