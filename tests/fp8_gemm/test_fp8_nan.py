@@ -269,3 +269,25 @@ def test_per_custom_dims_cast_nan():
         expected = torch.zeros(4, 64, dtype=torch.bool)
         expected[1] = True
         assert torch.equal((q.float() * sf[:, None]).isnan(), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data(), counts=st.lists(st.integers(0, 40), min_size=1, max_size=3), ue8m0=st.booleans())
+def test_k_grouped_fp8_gemm_nan(data, counts, ue8m0):
+    """k-grouped: a NaN code or scale in a group's rows reaches that group's output only (the fp64
+    reference, which decodes with PyTorch's casts, propagates it the same way)."""
+    from torch_ascend_moe.testing.grouped import k_grouped_fp8_reference, k_grouped_quantize
+
+    layout, rows = psum_layout(counts, 8)
+    if rows == 0:
+        return
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    a, sfa = k_grouped_quantize(torch.randn(rows, 4, generator=g), layout, 8, 32, ue8m0)
+    b, sfb = k_grouped_quantize(torch.randn(rows, 3, generator=g), layout, 8, 32, ue8m0)
+    a, sfa = data.draw(poison(a, sfa))
+    args = (a, sfa, b, sfb, layout, len(counts), 8, 32, None, torch.float32)
+    expected = k_grouped_fp8_reference(*args).isnan()
+    if not expected.any():  # the NaN code sits in a gap row no group reads
+        return
+    for fn in (ops.k_grouped_fp8_gemm, portable_grouped.k_grouped_fp8_gemm):
+        assert_nan_exactly(fn(*args), expected)
