@@ -45,6 +45,20 @@ def check_arg(cond, op: str, arg: str, what: str, expected: object, actual: obje
         raise ValueError(message(op, arg, what, expected, actual))
 
 
+# Upper bound of every integer argument (alignments, block sizes, counts, lengths): layouts and lengths are
+# int32, and with every argument and size below 2^31 a product or round-up of two of them stays inside
+# int64, where the C++ kernels compute (their build wraps on overflow, so an unbounded argument would
+# corrupt results silently). Python ints never overflow, but both paths must give one verdict.
+MAX_INT_ARG = 2147483647
+MAX_INT_ARG_TEXT = "at most 2147483647 (integer arguments are int32-sized)"
+
+
+def check_int_arg(op: str, arg: str, value, lo: int) -> None:
+    """``value`` in ``[lo, 2^31 - 1]``; ``lo`` is 0 or 1, read as "non-negative" or "positive"."""
+    check_arg(value >= lo, op, arg, "value", "a positive integer" if lo > 0 else "a non-negative integer", value)
+    check_arg(value <= MAX_INT_ARG, op, arg, "value", MAX_INT_ARG_TEXT, value)
+
+
 def shape_str(shape: Sequence) -> str:
     return _text(list(shape))
 

@@ -26,6 +26,26 @@ inline std::string shape_str(at::IntArrayRef sizes) {
   TORCH_CHECK_VALUE((cond), op, ": argument '", arg, "' ", what, ": expected ", expected, \
                     ", got ", actual)
 
+// Upper bound of every integer argument (alignments, block sizes, counts, lengths): layouts and lengths
+// are int32, and with every argument and size below 2^31 a product or round-up of two of them stays
+// inside int64 (the build wraps on overflow, so an unbounded argument corrupts results silently).
+constexpr int64_t kMaxIntArg = 2147483647;
+
+// `value` in [lo, 2^31 - 1]; lo is 0 or 1, read as "non-negative" or "positive".
+inline void check_int_arg(const char* op, const char* arg, int64_t value, int64_t lo) {
+  AM_CHECK_ARG(value >= lo, op, arg, "value", lo > 0 ? "a positive integer" : "a non-negative integer", value);
+  AM_CHECK_ARG(value <= kMaxIntArg, op, arg, "value", "at most 2147483647 (integer arguments are int32-sized)",
+               value);
+}
+
+// A recipe [gran_mn, gran_k]: two positive entries, each bounded as check_int_arg does.
+inline void check_recipe(const char* op, const char* arg, at::IntArrayRef recipe) {
+  AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, op, arg, "value",
+               "[gran_mn, gran_k] with positive entries", shape_str(recipe));
+  AM_CHECK_ARG(recipe[0] <= kMaxIntArg && recipe[1] <= kMaxIntArg, op, arg, "value",
+               "[gran_mn, gran_k] with entries at most 2147483647", shape_str(recipe));
+}
+
 inline bool is_gemm_dtype(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble;
 }

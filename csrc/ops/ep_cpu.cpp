@@ -60,6 +60,7 @@ at::Tensor ep_combine_reduce_cpu(const at::Tensor& rows, const at::Tensor& dest,
   AM_CHECK_ARG(dest.scalar_type() == at::kLong, kReduceOp, "dest", "dtype", "torch.int64",
                dtype_name(dest.scalar_type()));
   AM_CHECK_ARG(dest.size(0) == rows.size(0), kReduceOp, "dest", "size(0)", rows.size(0), dest.size(0));
+  check_int_arg(kReduceOp, "num_tokens", num_tokens, 0);
   const int64_t h = rows.size(1), n = rows.size(0);
   for (const auto& [name, b] : {std::pair{"bias_0", bias_0}, std::pair{"bias_1", bias_1}}) {
     if (b.has_value()) {

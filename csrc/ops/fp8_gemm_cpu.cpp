@@ -44,8 +44,7 @@ void check_fp8_operand(const char* op, const char* name, const char* sf_name, co
   check_same_device(op, name, x, ref);
   check_same_device(op, sf_name, sf, ref);
   const std::string recipe_name = std::string("recipe_") + name;
-  AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, op, recipe_name.c_str(), "value",
-               "[gran_mn, gran_k] with positive entries", shape_str(recipe));
+  check_recipe(op, recipe_name.c_str(), recipe);
   const int64_t mn = x.size(lead), k = logical_k(x), gmn = recipe[0], gk = recipe[1];
   AM_CHECK_ARG(k % gk == 0, op, name, "K", "a multiple of gran_k=" + std::to_string(gk), k);
   AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
@@ -113,12 +112,14 @@ inline uint32_t select_bits(bool take_a, uint32_t a, uint32_t b) {
   return (a & mask) | (b & ~mask);
 }
 
-// E4M3 (bias 7, subnormals mant * 2^-9). NaN codes never come from the quantizers and are not special.
+// E4M3 (bias 7, subnormals mant * 2^-9). 0x7F/0xFF are NaN (the quantizers write them for NaN input, and
+// NaN must reach the output as PyTorch's float8 casts have it), not 480.
 inline float e4m3_to_float(uint32_t v) {
   const uint32_t sign = (v & 0x80u) << 24, exp = (v >> 3) & 0xFu, mant = v & 7u;
   const uint32_t normal = sign | ((exp + 120u) << 23) | (mant << 20);
   const uint32_t sub = sign | from_bits_u(static_cast<float>(static_cast<int32_t>(mant)) * 0.001953125f);
-  return from_bits(select_bits(exp != 0, normal, sub));
+  const uint32_t value = select_bits(exp != 0, normal, sub);
+  return from_bits(select_bits((v & 0x7Fu) == 0x7Fu, sign | 0x7FC00000u, value));
 }
 
 // E2M1 code (low 4 bits): 0, 0.5, 1, 1.5, 2, 3, 4, 6 with bit 3 the sign.
@@ -133,17 +134,21 @@ inline float e2m1_to_float(uint32_t code) {
 #define AM_HAVE_F16C_PATH 1
 // E4M3 -> FP32 through the F16C unit: moving the sign to bit 15 and the 7 exponent/mantissa bits to bits
 // 7..13 gives an FP16 whose value is the E4M3 value * 2^-8 (biases 15 vs 7), subnormals included; one
-// vcvtph2ps and a multiply by 256 finish it. About twice as fast as the bit-twiddling decoder.
+// vcvtph2ps and a multiply by 256 finish it. About twice as fast as the bit-twiddling decoder. The NaN
+// codes (magnitude 0x7F) would land on a finite FP16 (480 / 256): a compare and blend put an FP16 NaN there.
 __attribute__((target("avx2,fma,f16c"))) void decode_e4m3_f16c(const uint8_t* src, int64_t n, float* out) {
   const __m128i sign_mask = _mm_set1_epi16(static_cast<short>(0x8000));
   const __m128i magnitude_mask = _mm_set1_epi16(0x7F);
+  const __m128i half_nan = _mm_set1_epi16(0x7E00);
   const __m256 two_pow_8 = _mm256_set1_ps(256.f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    const __m128i half = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 8), sign_mask),
-                                      _mm_slli_epi16(_mm_and_si128(w, magnitude_mask), 7));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(half), two_pow_8));
+    const __m128i magnitude = _mm_and_si128(w, magnitude_mask);
+    const __m128i is_nan = _mm_cmpeq_epi16(magnitude, magnitude_mask);
+    const __m128i half = _mm_blendv_epi8(_mm_slli_epi16(magnitude, 7), half_nan, is_nan);
+    const __m128i signed_half = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 8), sign_mask), half);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(signed_half), two_pow_8));
   }
   for (; i < n; ++i) out[i] = e4m3_to_float(src[i]);
 }
@@ -285,7 +290,9 @@ void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor&
                          const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
   const int64_t M = a.size(0), N = b.size(0), K = logical_k(a);
   if (M == 0 || N == 0 || K == 0) return;
-  const bool k_major_b = b.stride(1) == 1 || N == 1;
+  // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
+  // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
+  const bool k_major_b = b.stride(1) == 1;
   if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
     const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
     at::Tensor partial = at::empty({M, N}, a.options().dtype(at::kFloat));
@@ -427,8 +434,7 @@ at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, c
   for (const auto& [name, sf_name, x, sf, subs, letter, recipe] :
        {std::tuple{"a", "sfa", &a, &sfa, sa, m, recipe_a}, std::tuple{"b", "sfb", &b, &sfb, sb, n, recipe_b}}) {
     const std::string recipe_name = std::string("recipe_") + name;
-    AM_CHECK_ARG(recipe.size() == 2 && recipe[0] > 0 && recipe[1] > 0, kEinsum, recipe_name.c_str(), "value",
-                 "[gran_mn, gran_k] with positive entries", shape_str(recipe));
+    check_recipe(kEinsum, recipe_name.c_str(), recipe);
     const int64_t kdim = static_cast<int64_t>(subs.find(k));
     AM_CHECK_ARG(x->size(kdim) % recipe[1] == 0, kEinsum, name, "size(" + std::to_string(kdim) + ") ('" + k + "')",
                  "a multiple of gran_k=" + std::to_string(recipe[1]), x->size(kdim));

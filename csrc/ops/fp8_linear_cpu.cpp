@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -24,12 +25,13 @@ constexpr const char* kLinear = "ascend_moe::fp8_linear";
 constexpr double kFp8Max = 448.0;
 constexpr double kAmaxFloor = 1e-4;
 
-// The smallest power of two >= sf (exponent clamped to [1, 254]): a UE8M0-representable scale.
+// The smallest power of two >= sf (exponent clamped to [1, 254]): a UE8M0-representable scale. A NaN
+// scale (a block holding NaN) stays NaN (UE8M0 code 0xFF), as in quant.ceil_to_ue8m0.
 at::Tensor ceil_to_ue8m0(const at::Tensor& sf) {
   const at::Tensor bits = sf.view(at::kInt);
   const at::Tensor exponent =
       bits.bitwise_right_shift(23).bitwise_and(0xFF) + bits.bitwise_and(0x7FFFFF).ne(0).to(at::kInt);
-  return exponent.clamp(1, 254).bitwise_left_shift(23).view(at::kFloat);
+  return at::where(sf.isnan(), sf, exponent.clamp(1, 254).bitwise_left_shift(23).view(at::kFloat));
 }
 
 // Per-block amax of a row-major [R, C] matrix in gr x gc blocks, into amax [ceil(R/gr), ceil(C/gc)]
@@ -46,9 +48,17 @@ void block_amax(const T* x, int64_t R, int64_t C, int64_t gr, int64_t gc, float*
         for (int64_t j = 0; j < cb; ++j) {
           const int64_t c0 = j * gc, c1 = std::min(C, c0 + gc);
           float m = out[j];
-#pragma omp simd reduction(max : m)
-          for (int64_t c = c0; c < c1; ++c) m = std::max(m, std::abs(static_cast<float>(row[c])));
-          out[j] = m;
+          int nan = static_cast<int>(m != m);  // a NaN from an earlier row of the block
+          // std::max (and the max reduction) drop a NaN operand; counting NaNs apart keeps the loop a
+          // vector max and makes a block holding NaN get a NaN amax (so scale), as torch.amax in the
+          // reference cast does.
+#pragma omp simd reduction(max : m) reduction(| : nan)
+          for (int64_t c = c0; c < c1; ++c) {
+            const float v = std::abs(static_cast<float>(row[c]));
+            m = std::max(m, v);
+            nan |= static_cast<int>(v != v);
+          }
+          out[j] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
         }
       }
     }
@@ -111,7 +121,7 @@ void check_high_precision(const char* op, const char* name, const at::Tensor& x,
 }
 
 void check_block(const char* op, const char* arg, int64_t block, const at::Tensor& x) {
-  AM_CHECK_ARG(block > 0, op, arg, "value", "a positive integer", block);
+  check_int_arg(op, arg, block, 1);
   AM_CHECK_ARG(x.size(1) % block == 0, op, "x", "size(1) (K)", std::string("a multiple of ") + arg + "=" + std::to_string(block),
                x.size(1));
 }

@@ -78,7 +78,7 @@ std::vector<Segment> layout_segments(const char* op, const at::Tensor& layout, b
 }
 
 void check_alignment(const char* op, int64_t alignment) {
-  AM_CHECK_ARG(alignment > 0, op, "alignment", "value", "a positive integer", alignment);
+  check_int_arg(op, "alignment", alignment, 1);
 }
 
 at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, bool psum,
@@ -149,7 +149,7 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   check_same_device(kKGrouped, "b", b, a);
   check_dim_size(kKGrouped, "b", b, 0, "S", a.size(0), "a.size(0)");
   check_alignment(kKGrouped, alignment);
-  AM_CHECK_ARG(num_groups >= 0, kKGrouped, "num_groups", "value", "a non-negative integer", num_groups);
+  check_int_arg(kKGrouped, "num_groups", num_groups, 0);
   check_layout_tensor(kKGrouped, layout, psum, psum ? num_groups : a.size(0), a);
   const at::ScalarType out_t = resolve_out_dtype(kKGrouped, a, c, out_dtype);
   const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
@@ -234,7 +234,7 @@ at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weigh
                dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
   check_same_device(kLinearFp8, "weight", weight, x);
   check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
-  AM_CHECK_ARG(block > 0, kLinearFp8, "block", "value", "a positive integer", block);
+  check_int_arg(kLinearFp8, "block", block, 1);
   AM_CHECK_ARG(x.size(1) % block == 0, kLinearFp8, "x", "size(1) (K)", "a multiple of block=" + std::to_string(block),
                x.size(1));
   check_alignment(kLinearFp8, alignment);
@@ -284,9 +284,9 @@ at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
     check_dim_size(kKGroupedFp8, sf_name, *sf, 1, "MN", x->size(1), std::string(name) + ".size(1)");
   }
   check_dim_size(kKGroupedFp8, "b", b, 0, "S", a.size(0), "a.size(0)");
-  AM_CHECK_ARG(gran_k > 0, kKGroupedFp8, "gran_k", "value", "a positive integer", gran_k);
+  check_int_arg(kKGroupedFp8, "gran_k", gran_k, 1);
   check_alignment(kKGroupedFp8, alignment);
-  AM_CHECK_ARG(num_groups >= 0, kKGroupedFp8, "num_groups", "value", "a non-negative integer", num_groups);
+  check_int_arg(kKGroupedFp8, "num_groups", num_groups, 0);
   check_layout_tensor(kKGroupedFp8, layout, true, num_groups, a);
   const at::ScalarType out_t = check_scaled_out_dtype(kKGroupedFp8, c, out_dtype, at::kFloat);
   const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};

@@ -42,6 +42,8 @@ std::tuple<at::Tensor, at::Tensor> hc_prenorm_gemm_cpu(const at::Tensor& a, cons
   AM_CHECK_ARG(K % kBlockK == 0, kOp, "a", "size(1) (K)", "a multiple of 64", K);
   if (num_splits.has_value()) {
     AM_CHECK_ARG(*num_splits > 0, kOp, "num_splits", "value", "None or a positive integer", *num_splits);
+    AM_CHECK_ARG(*num_splits <= kMaxIntArg, kOp, "num_splits", "value",
+                 "at most 2147483647 (integer arguments are int32-sized)", *num_splits);
   }
   const at::Tensor a_f = a.to(acc_t);
   const at::Tensor b_r = fp64 ? b : round_to_tf32(b);

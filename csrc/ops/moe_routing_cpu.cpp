@@ -59,9 +59,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
   AM_CHECK_ARG(topk_idx.device() == x.device(), kPermute, "topk_idx", "device", x.device().str() + " (same as 'x')",
                topk_idx.device().str());
   check_dim_size(kPermute, "topk_idx", topk_idx, 0, "T", x.size(0), "x.size(0)");
-  AM_CHECK_ARG(num_experts > 0, kPermute, "num_experts", "value", "a positive integer", num_experts);
-  AM_CHECK_ARG(alignment > 0, kPermute, "alignment", "value", "a positive integer", alignment);
+  check_int_arg(kPermute, "num_experts", num_experts, 1);
+  check_int_arg(kPermute, "alignment", alignment, 1);
   const int64_t T = x.size(0), k = topk_idx.size(1), H = x.size(1), E = num_experts;
+  const int64_t capacity = moe_permute_capacity(T, k, E, alignment);
+  // row_map and offs hold output rows as int32.
+  AM_CHECK_ARG(capacity <= kMaxIntArg, kPermute, "alignment", "value",
+               "small enough that the T * k + (num_experts - 1) * (alignment - 1) output rows fit in int32", alignment);
   const at::Tensor idx = topk_idx.to(at::kLong).contiguous();
   const int64_t* ids = idx.const_data_ptr<int64_t>();
   std::vector<int64_t> counts(E, 0);
@@ -82,7 +86,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
   at::Tensor row_map = at::empty({T, k}, topk_idx.options().dtype(at::kInt));
   int32_t* rm = row_map.data_ptr<int32_t>();
   for (int64_t i = 0; i < T * k; ++i) rm[i] = ids[i] >= 0 ? static_cast<int32_t>(next[ids[i]]++) : -1;
-  const int64_t capacity = moe_permute_capacity(T, k, E, alignment);
   at::Tensor out = at::zeros({capacity, H}, x.options());
   const at::Tensor xc = x.contiguous();
   const int64_t row_bytes = H * static_cast<int64_t>(x.element_size());

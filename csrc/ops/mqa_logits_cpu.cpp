@@ -179,6 +179,8 @@ Shapes check_mqa(const char* op, const at::Tensor& q, const std::optional<at::Te
   check_index_vector(op, "ke", ke, S, "S", q);
   AM_CHECK_ARG(max_seqlen_k >= 0, op, "max_seqlen_k", "value", "0 (full [S, S_kv] logits) or positive (compressed)",
                max_seqlen_k);
+  AM_CHECK_ARG(max_seqlen_k <= kMaxIntArg, op, "max_seqlen_k", "value",
+               "at most 2147483647 (integer arguments are int32-sized)", max_seqlen_k);
   return {S, H, D, k.size(0), gq, gk, out_t};
 }
 
@@ -425,7 +427,8 @@ void dequantize_block(const uint8_t* block, const CacheFormat& f, int64_t D, int
     } else {
       for (int64_t d = 0; d < D; ++d) {
         const uint8_t code = sf[t * f.sf_bytes + d / 32];
-        r[d] *= std::ldexp(1.f, static_cast<int>(code) - 127);
+        // UE8M0 0xFF is NaN (float8_e8m0fnu), not 2^128.
+        r[d] *= code == 0xFF ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.f, static_cast<int>(code) - 127);
       }
     }
   }
@@ -472,6 +475,16 @@ void paged_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, 
   });
 }
 
+// Every length >= 0. Both paged_mqa_logits and its schedule metadata run this first, so one set of lengths
+// gets one verdict from both.
+void check_context_lens_values(const char* op, const std::vector<int64_t>& lens, int64_t next_n) {
+  for (size_t r = 0; r < lens.size(); ++r) {
+    AM_CHECK_ARG(lens[r] >= 0, op, "context_lens", "values", "non-negative lengths",
+                 "context_lens[" + std::to_string(r / next_n) + ", " + std::to_string(r % next_n) +
+                     "]=" + std::to_string(lens[r]));
+  }
+}
+
 at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache,
                                 const at::Tensor& weights, const at::Tensor& context_lens,
                                 const at::Tensor& block_table, int64_t max_context_len,
@@ -493,7 +506,7 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
   AM_CHECK_ARG(block_table.scalar_type() == at::kInt, kPaged, "block_table", "dtype", "torch.int32",
                dtype_name(block_table.scalar_type()));
   check_dim_size(kPaged, "block_table", block_table, 0, "B", B, "q.size(0)");
-  AM_CHECK_ARG(max_context_len >= 0, kPaged, "max_context_len", "value", "a non-negative integer", max_context_len);
+  check_int_arg(kPaged, "max_context_len", max_context_len, 0);
   if (indices.has_value()) {
     AM_CHECK_ARG(next_n == 1, kPaged, "indices", "value", "None unless next_n == 1 (varlen: one query per row)",
                  "a tensor with next_n=" + std::to_string(next_n));
@@ -504,6 +517,7 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
   }
   const std::vector<int64_t> lens = to_vector(context_lens), table = to_vector(block_table);
   const int64_t max_blocks = block_table.size(1), num_blocks = kv_cache.size(0);
+  check_context_lens_values(kPaged, lens, next_n);
   for (int64_t r = 0; r < B * next_n; ++r) {
     const int64_t L = lens[r], b = r / next_n;
     AM_CHECK_ARG(L >= 0 && L <= max_context_len && L <= max_blocks * f.block_kv, kPaged, "context_lens", "values",
@@ -548,8 +562,8 @@ at::Tensor paged_mqa_logits_metadata_cpu(const at::Tensor& context_lens, int64_t
   check_rank(kMetadata, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
   AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, kMetadata, "context_lens", "dtype", "torch.int32",
                dtype_name(context_lens.scalar_type()));
-  AM_CHECK_ARG(block_kv > 0, kMetadata, "block_kv", "value", "a positive integer", block_kv);
-  AM_CHECK_ARG(num_sms > 0, kMetadata, "num_sms", "value", "a positive integer", num_sms);
+  check_int_arg(kMetadata, "block_kv", block_kv, 1);
+  check_int_arg(kMetadata, "num_sms", num_sms, 1);
   if (indices.has_value()) {
     check_rank(kMetadata, "indices", *indices, 1, "[B] (request id per query token)");
     AM_CHECK_ARG(indices->scalar_type() == at::kInt, kMetadata, "indices", "dtype", "torch.int32",
@@ -560,12 +574,13 @@ at::Tensor paged_mqa_logits_metadata_cpu(const at::Tensor& context_lens, int64_t
   // its work is ceil(extent / 256) units per query token it schedules separately (each token of a varlen run).
   const std::vector<int64_t> lens = to_vector(context_lens);
   const int64_t B = context_lens.size(0), next_n = context_lens.size(1);
+  check_context_lens_values(kMetadata, lens, next_n);
   std::vector<int64_t> ids = indices.has_value() ? to_vector(*indices) : std::vector<int64_t>();
   std::vector<int64_t> units;
   for (int64_t b = 0; b < B;) {
     int64_t e = b + 1;
     while (indices.has_value() && e < B && ids[e] == ids[b]) ++e;
-    const int64_t extent = next_n > 0 ? std::max<int64_t>(0, lens[(e - 1) * next_n + next_n - 1]) : 0;
+    const int64_t extent = next_n > 0 ? lens[(e - 1) * next_n + next_n - 1] : 0;
     units.push_back((extent + kScheduleSplit - 1) / kScheduleSplit * (e - b));
     b = e;
   }
@@ -637,7 +652,7 @@ std::tuple<at::Tensor, at::Tensor> mqa_topk_cpu(const at::Tensor& logits, const 
   };
   check_vector("ks", ks);
   check_vector("ke", ke);
-  AM_CHECK_ARG(topk > 0, kTopk, "topk", "value", "a positive integer", topk);
+  check_int_arg(kTopk, "topk", topk, 1);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
   for (size_t i = 0; i < ksv.size(); ++i) {
     const std::string at_i = "[" + std::to_string(i) + "]";

@@ -41,7 +41,7 @@ def resolve_group(op: str, group_name: str):
 def check_topk(op: str, topk_idx, num_experts, num_ranks, x=None) -> None:
     ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K]")
     ck.check_arg(topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", topk_idx.dtype)
-    ck.check_arg(num_experts > 0, op, "num_experts", "value", "a positive integer", num_experts)
+    ck.check_int_arg(op, "num_experts", num_experts, 1)
     ck.check_arg(
         num_experts % num_ranks == 0,
         op,
@@ -55,8 +55,8 @@ def check_topk(op: str, topk_idx, num_experts, num_ranks, x=None) -> None:
 
 
 def layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node) -> None:
-    ck.check_arg(num_ranks > 0, LAYOUT, "num_ranks", "value", "a positive integer", num_ranks)
-    ck.check_arg(ranks_per_node > 0, LAYOUT, "ranks_per_node", "value", "a positive integer", ranks_per_node)
+    ck.check_int_arg(LAYOUT, "num_ranks", num_ranks, 1)
+    ck.check_int_arg(LAYOUT, "ranks_per_node", ranks_per_node, 1)
     check_topk(LAYOUT, topk_idx, num_experts, num_ranks)
 
 
@@ -112,8 +112,9 @@ def dispatch_signature(x, x_scales, topk_idx, topk_weights, num_experts, group_n
             lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
             lambda: ck.shape_str(topk_weights.shape),
         )
-    ck.check_arg(alignment > 0, op, "expert_alignment", "value", "a positive integer", alignment)
+    ck.check_int_arg(op, "expert_alignment", alignment, 1)
     ck.check_arg(worst >= 0, op, "num_worst_tokens", "value", "0 (exact rows) or a positive capacity", worst)
+    ck.check_arg(worst <= ck.MAX_INT_ARG, op, "num_worst_tokens", "value", ck.MAX_INT_ARG_TEXT, worst)
     ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
     return r
 
@@ -156,7 +157,7 @@ def combine_signature(
     )
     check_handle(op, send_src, send_counts, recv_counts, recv_gather, r)
     ck.check_dim_size(op, "x", x, 0, "N", recv_gather.shape[0], "the handle's received rows")
-    ck.check_arg(num_tokens >= 0, op, "num_tokens", "value", "a non-negative integer", num_tokens)
+    ck.check_int_arg(op, "num_tokens", num_tokens, 0)
     if topk_weights is not None:
         ck.check_rank(op, "topk_weights", topk_weights, 2, "[N, K]")
         ck.check_arg(
@@ -303,7 +304,7 @@ def ll_dispatch_signature(
         x.dtype,
     )
     check_topk(op, topk_idx, num_experts, r, x)
-    ck.check_arg(t_max > 0, op, "num_max_dispatch_tokens_per_rank", "value", "a positive integer", t_max)
+    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", t_max, 1)
     ck.check_arg(
         x.shape[0] <= t_max,
         op,
@@ -353,6 +354,7 @@ def ll_scale_shape(h, use_fp8, use_ue8m0):
 def ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s):
     op = LL_COMBINE
     r = resolve_group(op, group_name).size()
+    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", t_max, 1)
     ck.check_rank(op, "x", x, 3, "[L, R * T_max, H] (expert outputs in the dispatch layout)")
     ck.check_arg(
         x.dtype in FLOAT_DTYPES,

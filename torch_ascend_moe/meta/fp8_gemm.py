@@ -68,6 +68,14 @@ def check_recipe(op: str, name: str, recipe) -> None:
         "[gran_mn, gran_k] with positive entries",
         lambda: list(recipe),
     )
+    ck.check_arg(
+        recipe[0] <= ck.MAX_INT_ARG and recipe[1] <= ck.MAX_INT_ARG,
+        op,
+        f"recipe_{name}",
+        "value",
+        "[gran_mn, gran_k] with entries at most 2147483647",
+        lambda: list(recipe),
+    )
 
 
 def check_scale_shape(op: str, sf_name: str, sf, expected: list, how: str) -> None:

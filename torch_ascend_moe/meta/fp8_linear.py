@@ -19,7 +19,7 @@ def _check_high_precision(op: str, name: str, x, layout: str) -> None:
 
 
 def _check_block(op: str, arg: str, block: int, x) -> None:
-    ck.check_arg(block > 0, op, arg, "value", "a positive integer", block)
+    ck.check_int_arg(op, arg, block, 1)
     ck.check_arg(x.shape[1] % block == 0, op, "x", "size(1) (K)", f"a multiple of {arg}={block}", lambda: x.shape[1])
 
 

@@ -33,7 +33,7 @@ def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
 
 
 def _check_alignment(op: str, alignment: int) -> None:
-    ck.check_arg(alignment > 0, op, "alignment", "value", "a positive integer", alignment)
+    ck.check_int_arg(op, "alignment", alignment, 1)
 
 
 def layout_segments(op: str, layout: torch.Tensor, psum: bool, alignment: int, rows: int, groups: int) -> list:
@@ -115,7 +115,7 @@ def k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     ck.check_same_device(op, "b", b, a)
     ck.check_dim_size(op, "b", b, 0, "S", a.shape[0], "a.size(0)")
     _check_alignment(op, alignment)
-    ck.check_arg(num_groups >= 0, op, "num_groups", "value", "a non-negative integer", num_groups)
+    ck.check_int_arg(op, "num_groups", num_groups, 0)
     check_layout_tensor(op, layout, psum, num_groups if psum else a.shape[0], a)
     dtype = ck.resolve_out_dtype(op, a, c, out_dtype)
     shape = [num_groups, a.shape[1], b.shape[1]]
@@ -165,7 +165,7 @@ def m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block) ->
     ck.check_arg(weight.dtype == x.dtype, op, "weight", "dtype", lambda: f"{x.dtype} (same as 'x')", weight.dtype)
     ck.check_same_device(op, "weight", weight, x)
     ck.check_dim_size(op, "weight", weight, 2, "K", x.shape[1], "x.size(1)")
-    ck.check_arg(block > 0, op, "block", "value", "a positive integer", block)
+    ck.check_int_arg(op, "block", block, 1)
     ck.check_arg(x.shape[1] % block == 0, op, "x", "size(1) (K)", f"a multiple of block={block}", lambda: x.shape[1])
     _check_alignment(op, alignment)
     check_layout_tensor(op, layout, psum, weight.shape[0] if psum else x.shape[0], x)
@@ -191,9 +191,9 @@ def k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_
         ck.check_same_device(op, sf_name, sf, a)
         ck.check_dim_size(op, sf_name, sf, 1, "MN", x.shape[1], f"{name}.size(1)")
     ck.check_dim_size(op, "b", b, 0, "S", a.shape[0], "a.size(0)")
-    ck.check_arg(gran_k > 0, op, "gran_k", "value", "a positive integer", gran_k)
+    ck.check_int_arg(op, "gran_k", gran_k, 1)
     _check_alignment(op, alignment)
-    ck.check_arg(num_groups >= 0, op, "num_groups", "value", "a non-negative integer", num_groups)
+    ck.check_int_arg(op, "num_groups", num_groups, 0)
     check_layout_tensor(op, layout, True, num_groups, a)
     dtype = check_scaled_out_dtype(op, c, out_dtype, torch.float32)
     shape = [num_groups, a.shape[1], b.shape[1]]

@@ -30,6 +30,7 @@ def hc_prenorm_signature(a, b, num_splits) -> torch.dtype:
     ck.check_arg(a.shape[1] % BLOCK_K == 0, OP, "a", "size(1) (K)", "a multiple of 64", lambda: a.shape[1])
     if num_splits is not None:
         ck.check_arg(num_splits > 0, OP, "num_splits", "value", "None or a positive integer", num_splits)
+        ck.check_arg(num_splits <= ck.MAX_INT_ARG, OP, "num_splits", "value", ck.MAX_INT_ARG_TEXT, num_splits)
     return acc
 
 

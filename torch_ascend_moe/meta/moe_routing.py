@@ -18,6 +18,9 @@ def permute_capacity(tokens, topk, experts, alignment):
     return tokens * topk + max(experts - 1, 0) * (alignment - 1)
 
 
+PERMUTE_ROWS_TEXT = "small enough that the T * k + (num_experts - 1) * (alignment - 1) output rows fit in int32"
+
+
 def permute_signature(x, topk_idx, num_experts, alignment) -> int:
     op = PERMUTE
     ck.check_rank(op, "x", x, 2, "[T, H]")
@@ -35,9 +38,12 @@ def permute_signature(x, topk_idx, num_experts, alignment) -> int:
         topk_idx.device == x.device, op, "topk_idx", "device", lambda: f"{x.device} (same as 'x')", topk_idx.device
     )
     ck.check_dim_size(op, "topk_idx", topk_idx, 0, "T", x.shape[0], "x.size(0)")
-    ck.check_arg(num_experts > 0, op, "num_experts", "value", "a positive integer", num_experts)
-    ck.check_arg(alignment > 0, op, "alignment", "value", "a positive integer", alignment)
-    return permute_capacity(x.shape[0], topk_idx.shape[1], num_experts, alignment)
+    ck.check_int_arg(op, "num_experts", num_experts, 1)
+    ck.check_int_arg(op, "alignment", alignment, 1)
+    capacity = permute_capacity(x.shape[0], topk_idx.shape[1], num_experts, alignment)
+    # row_map and offs hold output rows as int32.
+    ck.check_arg(capacity <= ck.MAX_INT_ARG, op, "alignment", "value", PERMUTE_ROWS_TEXT, alignment)
+    return capacity
 
 
 def unpermute_signature(y, row_map, topk_weights) -> None:

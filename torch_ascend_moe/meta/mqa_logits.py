@@ -166,6 +166,7 @@ def mqa_signature(op, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dt
         "0 (full [S, S_kv] logits) or positive (compressed)",
         max_seqlen_k,
     )
+    ck.check_arg(max_seqlen_k <= ck.MAX_INT_ARG, op, "max_seqlen_k", "value", ck.MAX_INT_ARG_TEXT, max_seqlen_k)
     return MqaShapes(S, H, D, k.shape[0], gq, gk, out)
 
 
@@ -288,7 +289,7 @@ def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_c
     ck.check_rank(op, "block_table", block_table, 2, "[B, max_blocks]")
     ck.check_arg(block_table.dtype == torch.int32, op, "block_table", "dtype", "torch.int32", block_table.dtype)
     ck.check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)")
-    ck.check_arg(max_context_len >= 0, op, "max_context_len", "value", "a non-negative integer", max_context_len)
+    ck.check_int_arg(op, "max_context_len", max_context_len, 0)
     if indices is not None:
         ck.check_arg(
             next_n == 1,
@@ -304,9 +305,18 @@ def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_c
     return gq, fmt, out
 
 
+def check_context_lens_values(op: str, lens: list) -> None:
+    """Every length >= 0. paged_mqa_logits and its schedule metadata both run this first, so one set of
+    lengths gets one verdict from both."""
+    for b, row in enumerate(lens):
+        for t, n in enumerate(row):
+            ck.check_arg(n >= 0, op, "context_lens", "values", "non-negative lengths", f"context_lens[{b}, {t}]={n}")
+
+
 def check_paged_values(context_lens, block_table, max_context_len, block_kv, num_blocks, indices) -> None:
     op = PAGED
     lens, table = context_lens.tolist(), block_table.tolist()
+    check_context_lens_values(op, lens)
     max_blocks = block_table.shape[1]
     for b, row in enumerate(lens):
         for t, n in enumerate(row):
@@ -345,8 +355,8 @@ def metadata_signature(context_lens, block_kv, num_sms, indices) -> None:
     op = METADATA
     ck.check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)")
     ck.check_arg(context_lens.dtype == torch.int32, op, "context_lens", "dtype", "torch.int32", context_lens.dtype)
-    ck.check_arg(block_kv > 0, op, "block_kv", "value", "a positive integer", block_kv)
-    ck.check_arg(num_sms > 0, op, "num_sms", "value", "a positive integer", num_sms)
+    ck.check_int_arg(op, "block_kv", block_kv, 1)
+    ck.check_int_arg(op, "num_sms", num_sms, 1)
     if indices is not None:
         ck.check_rank(op, "indices", indices, 1, "[B] (request id per query token)")
         ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
@@ -366,7 +376,7 @@ def topk_signature(logits, ks, ke, topk) -> None:
     )
     check_index_vector(op, "ks", ks, logits.shape[0], logits, "logits")
     check_index_vector(op, "ke", ke, logits.shape[0], logits, "logits")
-    ck.check_arg(topk > 0, op, "topk", "value", "a positive integer", topk)
+    ck.check_int_arg(op, "topk", topk, 1)
 
 
 def check_topk_values(ks, ke, columns: int, compressed: bool) -> None:

@@ -3,7 +3,8 @@
 Every cast computes ``amax`` per group in FP32, floors it at 1e-4, divides by the format maximum (448 for
 E4M3, 6 for E2M1) to get the scale, optionally rounds the scale up to a power of two (UE8M0), and
 multiplies by the scale's reciprocal before rounding to the low-precision format. Groups that run past
-the tensor are zero-padded, which never raises ``amax``.
+the tensor are zero-padded, which never raises ``amax``. A NaN in a group makes its ``amax`` and so its
+scale NaN (UE8M0 code 255 when rounded), and the whole group dequantizes to NaN.
 """
 
 from __future__ import annotations

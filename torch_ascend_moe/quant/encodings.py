@@ -61,19 +61,22 @@ def _float_bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two >= |x| (biased exponent clamped to [1, 254]), as FP32."""
+    """The smallest power of two >= |x| (biased exponent clamped to [1, 254]), as FP32; NaN stays NaN
+    (UE8M0 code 255), so a group holding NaN dequantizes to NaN instead of a finite 2^127 scale."""
     bits = _float_bits(x)
     exponent = (bits >> 23) & 0xFF
     exponent = exponent + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    return (exponent.clamp(1, 254) << 23).view(torch.float32)
+    return torch.where(x.isnan(), x.float(), (exponent.clamp(1, 254) << 23).view(torch.float32))
 
 
 def _ue8m0_codes(api: str, sf: torch.Tensor) -> torch.Tensor:
-    """UE8M0 codes (uint8) of FP32 scales that must be positive powers of two (or +0.0, code 0)."""
+    """UE8M0 codes (uint8) of FP32 scales that must be positive powers of two (or +0.0, code 0), or NaN
+    (code 255: the scale of a group holding NaN)."""
     bits = _float_bits(sf)
-    exact = bool(((bits & ~(0xFF << 23)) == 0).all())  # no sign bit, no mantissa
+    nan = sf.isnan()
+    exact = bool((((bits & ~(0xFF << 23)) == 0) | nan).all())  # no sign bit, no mantissa
     ck.check_arg(exact, api, "sf", "values", "positive powers of two (UE8M0 needs a zero mantissa)", "other values")
-    return ((bits >> 23) & 0xFF).to(torch.uint8)
+    return torch.where(nan, 255, (bits >> 23) & 0xFF).to(torch.uint8)
 
 
 def _row_major(t: torch.Tensor) -> torch.Tensor:

@@ -99,7 +99,8 @@ def paged_kv(kv_cache, fmt: meta.CacheFormat, block_table, d: int, acc: torch.dt
         values = values * sf.contiguous().view(torch.float32)
     else:
         # UE8M0 code c is 2^(c - 127) (integer math: Inductor has no float8_e8m0fnu codegen).
-        scales = torch.pow(2.0, sf[..., : d // 32].int() - 127)
+        codes = sf[..., : d // 32].int()
+        scales = torch.where(codes == 255, torch.nan, torch.pow(2.0, codes - 127))  # 255 is NaN, not 2^128
         values = values * scales.repeat_interleave(32, dim=-1)
     ids = block_table.long().clamp(0, max(nb - 1, 0))
     return values.to(acc)[ids].reshape(block_table.shape[0], -1, d)
@@ -145,13 +146,14 @@ def paged_mqa_logits(
 def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
     meta.metadata_signature(context_lens, block_kv, num_sms, indices)
     lens = context_lens.tolist()
+    meta.check_context_lens_values(meta.METADATA, lens)
     ids = indices.tolist() if indices is not None else None
     units, b = [], 0
     while b < len(lens):
         e = b + 1
         while ids is not None and e < len(lens) and ids[e] == ids[b]:
             e += 1
-        extent = max(0, lens[e - 1][-1]) if lens[e - 1] else 0
+        extent = lens[e - 1][-1] if lens[e - 1] else 0
         units.append(-(-extent // meta.SCHEDULE_SPLIT) * (e - b))
         b = e
     total, rows = sum(units), []
