@@ -164,9 +164,9 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
                "a positive divisor of the expert count " + std::to_string(E), num_groups);
   AM_CHECK_ARG(topk_groups > 0 && topk_groups <= num_groups, kGating, "topk_groups", "value",
                "in [1, num_groups=" + std::to_string(num_groups) + "]", topk_groups);
-  const int64_t group = E / num_groups, eligible = topk_groups * group;
-  AM_CHECK_ARG(topk > 0 && topk <= eligible, kGating, "topk", "value",
-               "in [1, " + std::to_string(eligible) + "] (experts in the topk_groups selected groups)", topk);
+  const int64_t group = E / num_groups;
+  AM_CHECK_ARG(topk > 0 && topk <= E, kGating, "topk", "value", "in [1, " + std::to_string(E) + "] (the expert count)",
+               topk);
   const at::ScalarType acc_t = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (bias.has_value()) {
     check_rank(kGating, "bias", *bias, 1, "[E]");
@@ -179,6 +179,7 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
   const at::Tensor l = logits.to(acc_t);
   const at::Tensor scores = sigmoid ? l.sigmoid() : l.softmax(-1);
   at::Tensor choice = bias.has_value() ? scores + bias->to(acc_t) : scores;
+  at::Tensor order = std::get<1>(at::sort(choice, /*stable=*/true, -1, /*descending=*/true));
   if (num_groups > 1 && topk_groups < num_groups) {
     const at::Tensor grouped = choice.view({T, num_groups, group});
     // DeepSeek-V3: a group's score is its best expert, or the sum of its best two when a bias is used.
@@ -189,11 +190,14 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
                          : grouped.amax(-1);
     const at::Tensor kept = std::get<1>(at::sort(group_scores, true, -1, true)).narrow(1, 0, topk_groups);
     const at::Tensor mask = at::zeros({T, num_groups}, logits.options().dtype(at::kBool)).scatter_(1, kept, true);
-    choice = choice.masked_fill(mask.logical_not().unsqueeze(-1).expand({T, num_groups, group}).reshape({T, E}),
-                                -std::numeric_limits<double>::infinity());
+    // Every expert of the kept groups comes before any other, each class in choice order (a stable sort of the
+    // choice order by membership): a topk above the kept groups' experts then takes the best of the others, as
+    // transformers' DeepSeek-V3 router takes some of its masked experts.
+    const at::Tensor in_kept = mask.unsqueeze(-1).expand({T, num_groups, group}).reshape({T, E}).gather(1, order);
+    order = order.gather(1, std::get<1>(at::sort(in_kept.to(at::kByte), true, -1, true)));
   }
   // clone, not contiguous(): an empty narrow counts as contiguous but keeps [T, E] strides.
-  const at::Tensor idx = std::get<1>(at::sort(choice, true, -1, true)).narrow(1, 0, topk).clone(at::MemoryFormat::Contiguous);
+  const at::Tensor idx = order.narrow(1, 0, topk).clone(at::MemoryFormat::Contiguous);
   at::Tensor weights = scores.gather(1, idx);
   if (renormalize) weights = weights / (weights.sum(-1, true) + 1e-20);
   if (routed_scaling_factor != 1.0) weights = weights * routed_scaling_factor;

@@ -213,17 +213,22 @@ AM_VECTOR_CLONES void reduce_heads(const T* s, int64_t ld, const T* w, int64_t H
 
 // Backward of reduce_heads in place: dw[h] += sum_c g[c] * relu(s[h, c]); s[h, c] becomes g[c] * w[h] * [s > 0].
 template <typename T>
-AM_VECTOR_CLONES void backprop_heads(T* s, int64_t ld, const T* w, int64_t H, int64_t n, const T* g, T* dw) {
+// Only columns [lo, hi) are the query's logits: the others of the block contribute nothing, not even a NaN score
+// or weight times a zero gradient.
+AM_VECTOR_CLONES void backprop_heads(T* s, int64_t ld, const T* w, int64_t H, int64_t lo, int64_t hi, int64_t n,
+                                     const T* g, T* dw) {
   for (int64_t h = 0; h < H; ++h) {
     const T wh = w[h];
     T* row = s + h * ld;
     T acc = T(0);
+    std::fill(row, row + lo, T(0));
 #pragma omp simd reduction(+ : acc)
-    for (int64_t c = 0; c < n; ++c) {
+    for (int64_t c = lo; c < hi; ++c) {
       const T x = row[c];
       acc += g[c] * std::max(x, T(0));
       row[c] = x > T(0) ? g[c] * wh : T(0);
     }
+    std::fill(row + hi, row + n, T(0));
     if (dw != nullptr) dw[h] += acc;
   }
 }
@@ -313,7 +318,8 @@ void mqa_backward(const at::Tensor& gd, const at::Tensor& qd, const at::Tensor& 
       const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
       std::fill(g.begin(), g.end(), T(0));
       if (a < b) std::memcpy(g.data() + (a - j0), gp + i * ncols + (compressed ? a - ks[i] : a), sizeof(T) * (b - a));
-      backprop_heads<T>(sp + (i - i0) * H * jc, jc, wp + i * H, H, jc, g.data(), dwp ? dwp + i * H : nullptr);
+      const int64_t lo = std::clamp<int64_t>(a - j0, 0, jc), hi = std::clamp<int64_t>(b - j0, lo, jc);
+      backprop_heads<T>(sp + (i - i0) * H * jc, jc, wp + i * H, H, lo, hi, jc, g.data(), dwp ? dwp + i * H : nullptr);
     }
     return s;
   };

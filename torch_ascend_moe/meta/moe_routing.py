@@ -102,7 +102,8 @@ def gating_signature(logits, topk, bias, score_func, num_groups, topk_groups) ->
     ``e_score_correction_bias``, selection only); with ``num_groups > 1`` the E experts form equal groups, a
     group scores its best ``choice`` (the sum of its best two when a bias is given, as DeepSeek-V3) and only
     the best ``topk_groups`` groups stay eligible; ``topk_idx`` = the ``topk`` best eligible experts, best
-    first, ties to the lower index; ``topk_weights = scores[topk_idx]``, divided by their sum (+ 1e-20) when
+    first, ties to the lower index (a ``topk`` above the eligible experts takes them all, then the best others, as
+    transformers' DeepSeek-V3 router); ``topk_weights = scores[topk_idx]``, divided by their sum (+ 1e-20) when
     ``renormalize``, times ``routed_scaling_factor``."""
     op = GATING
     ck.check_rank(op, "logits", logits, 2, "[T, E]")
@@ -128,15 +129,7 @@ def gating_signature(logits, topk, bias, score_func, num_groups, topk_groups) ->
         lambda: f"in [1, num_groups={num_groups}]",
         topk_groups,
     )
-    eligible = topk_groups * (e // num_groups)
-    ck.check_arg(
-        0 < topk <= eligible,
-        op,
-        "topk",
-        "value",
-        lambda: f"in [1, {ck._text(eligible)}] (experts in the topk_groups selected groups)",
-        topk,
-    )
+    ck.check_arg(0 < topk <= e, op, "topk", "value", lambda: f"in [1, {ck._text(e)}] (the expert count)", topk)
     if bias is not None:
         ck.check_rank(op, "bias", bias, 1, "[E]")
         ck.check_dim_size(op, "bias", bias, 0, "E", e, "logits.size(1)")

@@ -48,47 +48,12 @@ def moe_gating_topk(
     ``score_func="sigmoid"``, ``bias=e_score_correction_bias`` (steers the choice only), ``num_groups=n_group``,
     ``topk_groups=topk_group`` (group-limited routing), ``routed_scaling_factor``. Best expert first, ties to
     the lower index; computed in FP32 (FP64 for FP64 logits). The weights are differentiable w.r.t. the logits.
-    A ``topk`` above the kept groups' experts (which the op rejects) routes as transformers' DeepSeek-V3 router
-    does: every expert of the kept groups, then the best of the others.
+    A ``topk`` above the kept groups' experts takes every one of them, then the best of the others (as
+    transformers' DeepSeek-V3 router takes some of its masked experts).
 
     >>> idx, w = moe_gating_topk(torch.tensor([[0.0, 2.0, 1.0, 2.0]]), 2)
     >>> idx.tolist(), [round(v, 4) for v in w[0].tolist()]
     ([[1, 3]], [0.5, 0.5])
     """
-    experts = logits.shape[-1]
-    valid_groups = num_groups > 1 and experts % num_groups == 0 and 0 < topk_groups <= num_groups
-    # Otherwise the op checks (and rejects) the arguments itself.
-    if valid_groups and topk_groups * (experts // num_groups) < topk <= experts:
-        kept = topk_groups * (experts // num_groups)
-        return _gating_beyond_kept_groups(
-            logits, topk, kept, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor
-        )
     weights, idx = _gating(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor)
     return idx, weights
-
-
-def _gating_beyond_kept_groups(
-    logits, topk, kept, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``topk`` above the experts of the ``topk_groups`` kept groups (the op rejects it): transformers' DeepSeek-V3
-    router then takes every expert of the kept groups plus ``topk - kept`` of the masked ones (its ``topk`` over
-    ``-inf`` scores, in an unspecified order); here the masked ones with the best (biased) scores, best first. The
-    weights are the op's: unbiased scores at the chosen experts, renormalized, scaled."""
-    kept_idx, _ = moe_gating_topk(
-        logits,
-        kept,
-        bias=bias,
-        score_func=score_func,
-        num_groups=num_groups,
-        topk_groups=topk_groups,
-        renormalize=False,
-    )
-    work = logits.double() if logits.dtype == torch.float64 else logits.float()
-    scores = work.sigmoid() if score_func == "sigmoid" else work.softmax(-1)
-    choice = scores if bias is None else scores + bias.to(scores.dtype)
-    rest = choice.scatter(1, kept_idx, float("-inf")).topk(topk - kept, dim=-1).indices
-    idx = torch.cat([kept_idx, rest], dim=-1)
-    weights = scores.gather(1, idx)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return idx, weights * routed_scaling_factor

@@ -123,6 +123,8 @@ _GATING_CASES = [
     (6, 12, 3, "sigmoid", False, 3, 2, False, 1.0),
     (4, 8, 3, "softmax", False, 2, 2, True, 1.0),
     (0, 8, 2, "sigmoid", True, 2, 1, True, 1.0),
+    # topk above the kept groups' experts (4 kept of 8, top-6): all four, then the two best others
+    (5, 8, 6, "sigmoid", True, 4, 2, True, 1.0),
 ]
 
 
@@ -177,7 +179,8 @@ def gating_reference(
                 group_scores.append(sum(members[:2]) if bias is not None else members[0])
             kept = sorted(range(num_groups), key=lambda grp: (-group_scores[grp], grp))[:topk_groups]
             eligible = [j for j in range(e) if j // size in kept]
-        chosen = sorted(eligible, key=lambda j: (-choice[j], j))[:topk]
+        # The kept groups' experts first, then the others; each best first, ties to the lower index.
+        chosen = sorted(range(e), key=lambda j: (j not in eligible, -choice[j], j))[:topk]
         w = torch.tensor([float(scores[j]) for j in chosen], dtype=torch.float64)
         if renormalize:
             w = w / (w.sum() + 1e-20)
@@ -203,11 +206,6 @@ def gating_bad_inputs(device) -> list[BadInput]:
             (logits, 2, None, "sigmoid", 4, 5, True, 1.0),
             r"argument 'topk_groups' value: expected in \[1, num_groups=4\]",
             "kept",
-        ),
-        BadInput(
-            (logits, 5, None, "sigmoid", 4, 2, True, 1.0),
-            r"argument 'topk' value: expected in \[1, 4\] \(experts in the topk_groups selected groups\), got 5",
-            "k > eligible",
         ),
         BadInput(
             (logits, 2, bias[:4], "sigmoid", 1, 1, True, 1.0), r"argument 'bias' size\(0\) \(E\): expected 8", "bias E"

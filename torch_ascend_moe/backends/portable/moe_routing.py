@@ -63,10 +63,12 @@ def moe_unpermute(y, row_map, topk_weights=None):
     _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
     rows = row_map.long()
-    gathered = y.to(acc_t)[rows.clamp(min=0)] * (rows >= 0).unsqueeze(-1)
+    gathered = y.to(acc_t)[rows.clamp(min=0)]
     if topk_weights is not None:
         gathered = gathered * topk_weights.to(acc_t).unsqueeze(-1)
-    return gathered.sum(1).to(y.dtype)
+    # A -1 slot contributes nothing, whatever the row it was clamped to or its weight holds (NaN included): where,
+    # not a multiply by 0.
+    return torch.where((rows >= 0).unsqueeze(-1), gathered, 0).sum(1).to(y.dtype)
 
 
 def gating_scores(logits, score_func, acc):
@@ -89,6 +91,7 @@ def moe_gating_topk(
     t, e = logits.shape
     scores = gating_scores(logits, score_func, acc)
     choice = scores + bias.to(acc) if bias is not None else scores
+    order = torch.sort(choice, dim=-1, descending=True, stable=True).indices
     if 1 < num_groups and topk_groups < num_groups:
         grouped = choice.view(t, num_groups, e // num_groups)
         if bias is not None:  # DeepSeek-V3: the sum of a group's best two
@@ -97,8 +100,10 @@ def moe_gating_topk(
             group_scores = grouped.amax(-1)
         kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_groups]
         mask = torch.zeros(t, num_groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
-        choice = choice.masked_fill(~mask.repeat_interleave(e // num_groups, dim=1), float("-inf"))
-    idx = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :topk]
+        # Kept groups' experts first, then the others, each in choice order (as the C++ kernel).
+        in_kept = mask.repeat_interleave(e // num_groups, dim=1).gather(1, order)
+        order = order.gather(1, torch.sort(in_kept.to(torch.uint8), dim=-1, descending=True, stable=True).indices)
+    idx = order[:, :topk]
     idx = idx.clone(memory_format=torch.contiguous_format)  # contiguous() keeps an empty slice's strides
     weights = scores.gather(1, idx)
     if renormalize:

@@ -78,9 +78,16 @@ def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, o
             sl = slice(i0, i0 + chunk)
             g = torch.zeros(g_cols[sl].shape[0], sh.S_kv, dtype=acc, device=q.device)
             g.scatter_add_(1, j[sl].clamp(max=sh.S_kv - 1), g_cols[sl])
+            # The KV positions each query's logits hold: the others contribute nothing, even NaN (a where, not a
+            # multiply by a zero gradient), as the C++ kernel, which never visits them.
+            seen = (
+                torch.zeros_like(g, dtype=torch.int32).scatter_add_(1, j[sl].clamp(max=sh.S_kv - 1), valid[sl].int())
+                > 0
+            )
             scores = torch.einsum("ihd,jd->ihj", qd[sl], kd)
-            dw[sl] = torch.einsum("ij,ihj->ih", g, scores.relu())
-            p = (scores > 0) * g.unsqueeze(1) * w[sl].unsqueeze(-1)
+            live = seen.unsqueeze(1)
+            dw[sl] = torch.einsum("ij,ihj->ih", g, torch.where(live, scores.relu(), 0))
+            p = torch.where(live & (scores > 0), g.unsqueeze(1) * w[sl].unsqueeze(-1), 0)
             dq[sl] = torch.einsum("ihj,jd->ihd", p, kd)
             dk += torch.einsum("ihj,ihd->jd", p, qd[sl])
     # One fresh empty tensor per unrequested output: outputs must not alias each other.
