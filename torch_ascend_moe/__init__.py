@@ -9,41 +9,18 @@ import torch
 
 from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas)
     _C,  # noqa: F401  (loads the schemas and CPU kernels)
+    _registry,
     autograd,
     backends,
     flops,
     meta,
 )
-from torch_ascend_moe.backends.portable import ep as _ep_kernels  # noqa: E402, F401  (device-generic ep kernels)
-from torch_ascend_moe.ops import (
-    bf16_bmm,
-    bf16_einsum,
-    bf16_gemm,
-    fp8_bmm,
-    fp8_einsum,
-    fp8_gemm,
-    fp8_linear,
-    fp8_quant_gemm,
-    hc_prenorm_gemm,
-    k_grouped_bf16_gemm,
-    k_grouped_fp8_gemm,
-    m_grouped_bf16_gemm,
-    m_grouped_bf16_gemm_masked,
-    m_grouped_fp8_gemm,
-    m_grouped_fp8_gemm_masked,
-    m_grouped_fp8_linear,
-    mega_moe,
-    moe_gating_topk,
-    moe_permute,
-    moe_unpermute,
-    mqa_logits,
-    mqa_topk,
-    paged_mqa_logits,
-    paged_mqa_logits_metadata,
-)
+from torch_ascend_moe import ops as _ops
+from torch_ascend_moe.backends import portable  # noqa: F401  (registers the device-generic kernels)
+from torch_ascend_moe.ops import *  # noqa: E402, F403  (every op's typed wrapper)
 
 __version__ = "0.1.0"
-NAMESPACE = "ascend_moe"
+NAMESPACE = _registry.NAMESPACE
 
 backends.register_available()
 
@@ -52,31 +29,4 @@ from torch_ascend_moe import _hf_hook  # noqa: E402
 # experts_implementation="ascend_moe" whatever the import order with transformers, without importing it here.
 _hf_hook.install()
 
-__all__ = [
-    "NAMESPACE",
-    "bf16_bmm",
-    "bf16_einsum",
-    "bf16_gemm",
-    "fp8_bmm",
-    "fp8_einsum",
-    "fp8_gemm",
-    "fp8_linear",
-    "fp8_quant_gemm",
-    "hc_prenorm_gemm",
-    "mega_moe",
-    "k_grouped_bf16_gemm",
-    "k_grouped_fp8_gemm",
-    "m_grouped_bf16_gemm",
-    "m_grouped_bf16_gemm_masked",
-    "m_grouped_fp8_gemm",
-    "m_grouped_fp8_gemm_masked",
-    "m_grouped_fp8_linear",
-    "moe_permute",
-    "moe_unpermute",
-    "moe_gating_topk",
-    "mqa_logits",
-    "mqa_topk",
-    "paged_mqa_logits",
-    "paged_mqa_logits_metadata",
-    "torch",
-]
+__all__ = ["NAMESPACE", "torch", *_ops.__all__]

@@ -13,15 +13,14 @@ from rich.progress import track
 from rich.table import Table
 
 import torch_ascend_moe
-from torch_ascend_moe import NAMESPACE, backends, bench
+from torch_ascend_moe import NAMESPACE, _registry, backends, bench
 
 _KERNEL_KEYS = {"CPU": "CPU", "CUDA": "CUDA", "NPU": "PrivateUse1"}
 
 
 def op_names() -> list[str]:
     """Every op registered in the ascend_moe namespace, read from the dispatcher."""
-    prefix = NAMESPACE + "::"
-    return sorted(n[len(prefix) :] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+    return _registry.op_names()
 
 
 def capabilities(name: str) -> dict[str, bool]:
@@ -31,7 +30,11 @@ def capabilities(name: str) -> dict[str, bool]:
 
     qualname = f"{NAMESPACE}::{name}"
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    caps = {device: has(qualname, key) for device, key in _KERNEL_KEYS.items()}
+    # Computed: a device served by the CompositeExplicitAutograd portable kernel counts.
+    caps = {
+        device: torch._C._dispatch_has_computed_kernel_for_dispatch_key(qualname, key)
+        for device, key in _KERNEL_KEYS.items()
+    }
     caps["fake"] = singleton.find(qualname).fake_impl.kernel is not None or has(qualname, "Meta")
     caps["autograd"] = has(qualname, "Autograd") or has(qualname, "AutogradCPU")
     packet = getattr(torch.ops.ascend_moe, name)

@@ -196,3 +196,30 @@ def test_random_shapes_cpp_vs_portable(s, h, d, s_kv, seed, compressed):
     ref = portable.mqa_logits(q, None, k, None, w, ks, ke, width)
     assert _finite_diff(out, ref.double()) < 1e-10
     assert _finite_diff(out, T.mqa_logits_reference(q, None, k, None, w, ks, ke, width)) < 1e-10
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_mqa_logits_backward_op_masks_and_partial_outputs(compressed):
+    """``ascend_moe::mqa_logits_backward`` called directly: each requested output equals the full call's; a NaN
+    in a KV row reaches the weight gradients of exactly the queries whose logits hold that row, and no other key's
+    gradient, the same in the C++ and the portable kernel."""
+    g = torch.Generator().manual_seed(11)
+    s, h, d, s_kv = 9, 4, 32, 40
+    q, k, w = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g), torch.randn(s, h, generator=g)
+    ks = torch.randint(0, 20, (s,), generator=g, dtype=torch.int32)
+    ke = (ks + torch.randint(1, 15, (s,), generator=g, dtype=torch.int32)).clamp(max=s_kv)
+    ks[0], ke[0] = 30, 35  # query 0 never sees KV row 0
+    max_seqlen = int((ke - ks).max()) if compressed else 0
+    grad = torch.randn(s, max_seqlen or s_kv, generator=g)
+    op = torch.ops.ascend_moe.mqa_logits_backward
+    full = op(grad, q, None, k, None, w, ks, ke, max_seqlen, [True, True, True])
+    for i in range(3):
+        mask = [j == i for j in range(3)]
+        assert torch.equal(op(grad, q, None, k, None, w, ks, ke, max_seqlen, mask)[i], full[i])
+    k_nan = k.clone()
+    k_nan[0, 0] = float("nan")
+    sees_row0 = (ks <= 0) & (ke > 0)
+    for kernel in (op, portable.mqa_logits_backward):
+        _, dk, dw = kernel(grad, q, None, k_nan, None, w, ks, ke, max_seqlen, [True, True, True])
+        assert torch.equal(dw.isnan().any(-1), sees_row0), "a NaN KV row reaches the weights of its queries only"
+        assert not dk[1:].isnan().any(), "a NaN KV row reaches its own key gradient only"

@@ -1,15 +1,17 @@
-"""CUDA kernels: the portable torch-op kernels (cuBLAS, FP32 accumulation) on the CUDA dispatch key.
+"""CUDA overrides: a family module here (``backends/cuda/<family>.py``) registers the kernels CUDA has beyond
+the portable ones (cuBLAS through ATen already serves them with FP32 accumulation).
 
-Registered by ``torch_ascend_moe.backends.register_available`` when torch is built with CUDA. Families
-with Triton kernels add them to ``OVERRIDES``.
+Imported by ``torch_ascend_moe.backends.register_available`` when torch is built with CUDA; no family has an
+override yet.
 """
 
 from __future__ import annotations
 
-from torch_ascend_moe.backends.portable import register_kernels
-
-OVERRIDES: dict = {}
+import importlib
+import pkgutil
 
 
 def register() -> None:
-    register_kernels("CUDA", OVERRIDES)
+    """Import every family module of this package (each registers its own overrides on the CUDA key)."""
+    for family in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{family.name}")

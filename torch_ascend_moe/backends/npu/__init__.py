@@ -1,17 +1,18 @@
-"""Ascend NPU kernels, on PrivateUse1 (which torch_npu renames to "npu").
+"""Ascend NPU overrides, on PrivateUse1 (which torch_npu renames to "npu"): a family module here
+(``backends/npu/<family>.py``) registers its torch_npu adapters (grouped matmul, MoE dispatch, ...).
 
-The gemm family reaches torch_npu's matmul (ACLNN, FP32 accumulation) through the portable torch-op
-kernels; families with dedicated torch_npu ops (grouped matmul, MoE dispatch) add adapters to
-``OVERRIDES``. Registered only after ``import torch_npu`` succeeded; nothing here has run on Ascend
-hardware (see the README's verification table).
+The portable kernels already reach torch_npu's ops (ACLNN matmul, FP32 accumulation) through
+``CompositeExplicitAutograd``. Imported only after ``import torch_npu`` succeeded; no family has an adapter yet
+and nothing here has run on Ascend hardware (see the README's verification table).
 """
 
 from __future__ import annotations
 
-from torch_ascend_moe.backends.portable import register_kernels
-
-OVERRIDES: dict = {}
+import importlib
+import pkgutil
 
 
 def register() -> None:
-    register_kernels("PrivateUse1", OVERRIDES)
+    """Import every family module of this package (each registers its own adapters on PrivateUse1)."""
+    for family in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{family.name}")

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta import ep as meta
 
 # An absent optional (no scales, no weights) comes back as an empty int32 [N, 0] placeholder: not a
@@ -33,6 +34,7 @@ from torch_ascend_moe.meta import ep as meta
 _ABSENT = torch.int32
 
 
+@portable_kernel("ep_dispatch_layout")
 def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
     """DeepEP's get_dispatch_layout (specs §3)."""
     meta.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
@@ -252,6 +254,7 @@ def _dtype_code(dtype) -> int:
     return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
+@portable_kernel
 def ep_dispatch(
     x,
     x_scales,
@@ -444,6 +447,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
     return _Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()))
 
 
+@portable_kernel
 def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
     op = meta.CACHED
     _checked(
@@ -480,6 +484,7 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
     return received[0], recv_scales
 
 
+@portable_kernel
 def ep_combine(
     x,
     topk_weights,
@@ -597,6 +602,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     return data, scale_inv
 
 
+@portable_kernel
 def ep_low_latency_dispatch(
     x,
     topk_idx,
@@ -706,6 +712,7 @@ def ep_low_latency_dispatch(
     return recv_x, recv_scales, per_source.sum(1).to(torch.int32), src_info, layout_range
 
 
+@portable_kernel
 def ep_low_latency_combine(
     x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s=300.0
 ):
@@ -757,17 +764,3 @@ def ep_low_latency_combine(
         rows = back[e.clamp(min=0), tokens].to(acc_t)
         out += torch.where(valid, topk_weights[:, kk : kk + 1].to(acc_t) * rows, 0)
     return out.to(x.dtype)
-
-
-KERNELS = {
-    "ep_dispatch_layout": layout,
-    "ep_dispatch": ep_dispatch,
-    "ep_dispatch_cached": ep_dispatch_cached,
-    "ep_combine": ep_combine,
-    "ep_low_latency_dispatch": ep_low_latency_dispatch,
-    "ep_low_latency_combine": ep_low_latency_combine,
-}
-# The same Python kernels serve the CPU (gloo); CUDA and NPU register them with the other portable kernels.
-_lib = torch.library.Library("ascend_moe", "IMPL")
-for _name, _fn in KERNELS.items():
-    _lib.impl(_name, _fn, "CPU")

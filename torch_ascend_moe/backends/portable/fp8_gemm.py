@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta.fp8_gemm import (
     einsum_plan,
     fp8_bmm_signature,
@@ -26,6 +27,7 @@ def dequantize(x: torch.Tensor, sf: torch.Tensor, recipe) -> torch.Tensor:
     return values * scales
 
 
+@portable_kernel
 def fp8_gemm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
     shape, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
@@ -33,6 +35,7 @@ def fp8_gemm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alp
     return acc.to(dtype)
 
 
+@portable_kernel
 def fp8_bmm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
     shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
@@ -40,6 +43,7 @@ def fp8_bmm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alph
     return torch.baddbmm(acc, a_deq, b_deq.transpose(1, 2), alpha=alpha).to(dtype)
 
 
+@portable_kernel
 def fp8_einsum(equation, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
     shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     _, _, _, perm_a, perm_b, perm_out = einsum_plan(equation)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
 from torch_ascend_moe.quant import block_cast_to_fp8
 
 
+@portable_kernel
 def fp8_quant_gemm(x, b, sfb, c=None, gran_k=128, recipe_b=(128, 128), use_ue8m0=False, alpha=1.0, out_dtype=None):
     _, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
     q, sf = block_cast_to_fp8(x, (1, gran_k), use_ue8m0)
     return fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, dtype)
 
 
+@portable_kernel
 def fp8_linear(x, weight, bias=None, block=128, use_ue8m0=False, fp8_backward=True):
     shape = fp8_linear_signature(x, weight, bias, block)
     xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
 from torch_ascend_moe.meta.grouped import (
@@ -31,6 +32,7 @@ from torch_ascend_moe.meta.grouped import (
 from torch_ascend_moe.quant import block_cast_to_fp8
 
 
+@portable_kernel
 def m_grouped_bf16_gemm(a, b, layout, psum=True, alignment=1, out_dtype=None):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
@@ -50,6 +52,7 @@ def _masked_rows(op: str, masked_m: torch.Tensor, m_max: int) -> list[int]:
     return values
 
 
+@portable_kernel
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype=None):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
@@ -59,6 +62,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype=None):
     return out
 
 
+@portable_kernel
 def m_grouped_fp8_gemm(
     a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
 ):
@@ -70,6 +74,7 @@ def m_grouped_fp8_gemm(
     return out
 
 
+@portable_kernel
 def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
@@ -79,6 +84,7 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recip
     return out
 
 
+@portable_kernel
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     acc_t = torch.float64 if a.dtype == torch.float64 else torch.float32
@@ -89,6 +95,7 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum=True, alignment=1, c=None
     return acc.to(dtype)
 
 
+@portable_kernel
 def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True):
     shape = m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
     xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
@@ -102,6 +109,7 @@ def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, u
     return out.to(x.dtype)
 
 
+@portable_kernel
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta.hc_prenorm import hc_prenorm_signature, split_ranges
 from torch_ascend_moe.quant import round_to_tf32
 
 
+@portable_kernel
 def hc_prenorm_gemm(a, b, num_splits=None):
     acc = hc_prenorm_signature(a, b, num_splits)
     a_f = a.to(acc)

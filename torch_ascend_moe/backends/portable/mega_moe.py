@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta.mega_moe import mega_moe_signature
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
@@ -113,6 +114,7 @@ def _combine_local(y_rows, row_map, shared):
     return moe_unpermute(torch.cat([y_rows, shared]), torch.cat([tokens.unsqueeze(1), row_map], dim=1))
 
 
+@portable_kernel
 def mega_moe(
     x,
     x_sf,
@@ -208,9 +210,3 @@ def pipeline(
     bias = None if shared is None else shared.float()
     y, _ = ep_combine(partial, sent.handle, bias=bias, timeout_s=timeout_s)
     return y.bfloat16(), counts
-
-
-KERNELS = {"mega_moe": mega_moe}
-# The same Python kernel serves the CPU; CUDA and NPU register it with the other portable kernels.
-_lib = torch.library.Library("ascend_moe", "IMPL")
-_lib.impl("mega_moe", mega_moe, "CPU")

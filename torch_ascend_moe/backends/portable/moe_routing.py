@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta.moe_routing import (
     PERMUTE,
     UNPERMUTE,
@@ -31,6 +32,7 @@ def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) 
         )
 
 
+@portable_kernel
 def moe_permute(x, topk_idx, num_experts, alignment=1):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     _check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
@@ -58,6 +60,7 @@ def moe_permute(x, topk_idx, num_experts, alignment=1):
     return out, row_map.view(t, k).to(torch.int32), offs
 
 
+@portable_kernel
 def moe_unpermute(y, row_map, topk_weights=None):
     unpermute_signature(y, row_map, topk_weights)
     _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
@@ -77,6 +80,7 @@ def gating_scores(logits, score_func, acc):
     return logits.sigmoid() if score_func == "sigmoid" else logits.softmax(-1)
 
 
+@portable_kernel
 def moe_gating_topk(
     logits,
     topk,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.meta import mqa_logits as meta
 from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
 
@@ -52,6 +53,7 @@ def logits_from_dequantized(qd, kd, weights, ks, ke, columns: int, compressed: b
     return out
 
 
+@portable_kernel
 def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
     sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
@@ -61,6 +63,7 @@ def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=N
     return logits_from_dequantized(qd, kd, weights, ks, ke, columns, max_seqlen_k > 0, acc).to(sh.out_dtype)
 
 
+@portable_kernel
 def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
     sh = meta.backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
     meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
@@ -129,6 +132,7 @@ def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
     return qd, kd.reshape(-1, d), ks, ke
 
 
+@portable_kernel
 def paged_mqa_logits(
     q,
     q_sf,
@@ -150,6 +154,7 @@ def paged_mqa_logits(
     return logits_from_dequantized(qd, kd, weights, ks, ke, max_context_len, True, acc).to(out)
 
 
+@portable_kernel
 def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
     meta.metadata_signature(context_lens, block_kv, num_sms, indices)
     lens = context_lens.tolist()
@@ -174,6 +179,7 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
     return torch.tensor(rows, dtype=torch.int32).to(context_lens.device)
 
 
+@portable_kernel
 def mqa_topk(logits, ks, ke, topk, compressed=False):
     meta.topk_signature(logits, ks, ke, topk)
     meta.check_topk_values(ks, ke, logits.shape[1], compressed)
