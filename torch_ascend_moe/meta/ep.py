@@ -9,9 +9,9 @@ receives a data-dependent number of rows: its fake returns unbacked sizes. A sta
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.distributed.groups import resolve_group
 
 LAYOUT = "ascend_moe::ep_dispatch_layout"
 DISPATCH = "ascend_moe::ep_dispatch"
@@ -20,22 +20,6 @@ COMBINE = "ascend_moe::ep_combine"
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int64, torch.int32)
 ABSENT = torch.int32  # dtype of the empty [N, 0] placeholder of an absent optional output (never differentiable)
-
-
-def resolve_group(op: str, group_name: str):
-    """The process group called ``group_name`` (``torch.distributed`` must be initialized)."""
-    ck.check_arg(
-        dist.is_available() and dist.is_initialized(),
-        op,
-        "group_name",
-        "value",
-        "a process group's name (torch.distributed is not initialized)",
-        group_name,
-    )
-    try:
-        return dist.distributed_c10d._resolve_process_group(group_name)
-    except Exception as e:  # noqa: BLE001  (torch raises various types for unknown names)
-        raise ValueError(ck.message(op, "group_name", "value", "the name of a live process group", group_name)) from e
 
 
 def check_topk(op: str, topk_idx, num_experts, num_ranks, x=None) -> None:

@@ -127,7 +127,7 @@ def mega_moe_signature(
         ck.check_arg(activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", activation_clamp)
     ranks = 1
     if group_name is not None:
-        from torch_ascend_moe.meta.ep import resolve_group
+        from torch_ascend_moe.distributed.groups import resolve_group
 
         ranks = dist.get_world_size(resolve_group(op, group_name))
     ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)

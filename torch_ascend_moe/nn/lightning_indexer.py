@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk
-from torch_ascend_moe.quant.fake import fake_quantize, quantize_rows
+from torch_ascend_moe.quant.fake_quantize import fake_quantize, quantize_rows
 
 _BLOCK = {"fp8": None, "fp4": 32}  # FP8: one scale per row (None = D); FP4: 1 x 32 UE8M0
 

@@ -162,12 +162,10 @@ class MoE(nn.Module):
         self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
         self.ep_group_name, self.ep_rank, self.ep_size = None, 0, 1
         if ep_group is not None:
-            import torch.distributed as dist
-
-            from torch_ascend_moe.ops.ep import group_name_of
+            from torch_ascend_moe.distributed.groups import group_name_of, resolve_group
 
             self.ep_group_name = group_name_of(ep_group)
-            group = dist.distributed_c10d._resolve_process_group(self.ep_group_name)
+            group = resolve_group("MoE", self.ep_group_name)
             self.ep_rank, self.ep_size = group.rank(), group.size()
             if num_experts % self.ep_size:
                 raise _error("MoE", "num_experts", f"a multiple of the EP world size {self.ep_size}", num_experts)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
+
+from torch_ascend_moe.distributed.groups import group_name_of
 
 _layout = torch.ops.ascend_moe.ep_dispatch_layout.default
 _dispatch = torch.ops.ascend_moe.ep_dispatch.default
@@ -32,13 +33,6 @@ class EPDispatchOutput(NamedTuple):
     num_recv_tokens_per_expert: torch.Tensor
     num_recv: torch.Tensor
     handle: EPHandle
-
-
-def group_name_of(group=None) -> str:
-    """The name ``torch.distributed`` knows a group by (the default group when None; a name passes through)."""
-    if isinstance(group, str):
-        return group
-    return (group or dist.distributed_c10d._get_default_group()).group_name
 
 
 def ep_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int = 8):

@@ -48,7 +48,7 @@ def mega_moe(
     """
     name = None
     if group is not None:
-        from torch_ascend_moe.ops.ep import group_name_of
+        from torch_ascend_moe.distributed.groups import group_name_of
 
         name = group_name_of(group)
     return _mega_moe(

@@ -33,7 +33,7 @@ from torch_ascend_moe.quant.encodings import (
     unpack_ue8m0_from_int,
     unpack_ue8m0_from_int16,
 )
-from torch_ascend_moe.quant.fake import dequantize_rows, fake_quantize, quantize_rows
+from torch_ascend_moe.quant.fake_quantize import dequantize_rows, fake_quantize, quantize_rows
 
 __all__ = [
     "block_cast_to_fp8",

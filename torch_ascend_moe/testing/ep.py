@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_ascend_moe.backends.portable import ep as portable
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
@@ -572,22 +573,21 @@ class _HostSyncDetector(TorchDispatchMode):
 
 @contextlib.contextmanager
 def emulated_capture():
-    """Run the ep kernels as they run while a CUDA graph is being captured (``_capturing`` answers True), and
+    """Run the ep kernels as they run while a CUDA graph is being captured (``distributed.capture`` answers True), and
     fail on any host sync they make: the ops above, or ``Tensor.tolist()`` (which bypasses dispatch). This is
     the property that makes the static ops capturable; the capture itself needs a GPU (tools/device_check.sh)."""
     detector = _HostSyncDetector()
-    saved_capturing, saved_tolist = portable._capturing, torch.Tensor.tolist
+    saved_tolist = torch.Tensor.tolist
 
     def tolist(self):
         raise AssertionError("Tensor.tolist() (a host sync) while a graph is being captured")
 
-    portable._capturing = lambda device: True
     torch.Tensor.tolist = tolist
     try:
-        with detector:
+        with capture.emulated(), detector:
             yield detector
     finally:
-        portable._capturing, torch.Tensor.tolist = saved_capturing, saved_tolist
+        torch.Tensor.tolist = saved_tolist
     assert not detector.syncs, f"host syncs while capturing: {detector.syncs}"
 
 

@@ -20,13 +20,13 @@ for FP64 rows), and rounds once.
 
 from __future__ import annotations
 
-import datetime
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.distributed import capture, exchange
+from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
 
 # An absent optional (no scales, no weights) comes back as an empty int32 [N, 0] placeholder: not a
@@ -38,7 +38,7 @@ _ABSENT = torch.int32
 def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
     """DeepEP's get_dispatch_layout (specs §3)."""
     meta.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
-    if not _capturing(topk_idx.device):
+    if not capture.capturing(topk_idx.device):
         bad = (topk_idx < -1) | (topk_idx >= num_experts)
         if bool(bad.any()):
             raise ValueError(
@@ -73,187 +73,6 @@ def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
 # ---- collectives with a deadline ----
 
 
-def _wait(op: str, group, work, timeout_s: float, what: str) -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        work.wait()  # a deadline is a host-side wait, illegal in a capture: the stream waits instead
-        return
-    try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
-    except RuntimeError as e:
-        raise RuntimeError(
-            f"{op}: rank {group.rank()} of {group.size()}: {what} did not complete within {timeout_s:g} s "
-            f"(a rank never arrived, or the ranks called different ops): {e}"
-        ) from e
-
-
-def _all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s) -> None:
-    """all_to_all_single of each (out, in) pair of row tensors (as bytes), all in flight at once."""
-    works = []
-    for out, inp in pairs:
-        if out.shape[1:].numel() == 0 and inp.shape[1:].numel() == 0:
-            continue  # zero-width rows (H = 0 is rejected earlier, but zero-column metadata is possible)
-        works.append(
-            dist.all_to_all_single(_bytes(out), _bytes(inp), out_splits, in_splits, group=group, async_op=True)
-        )
-    for work in works:
-        _wait(op, group, work, timeout_s, "the all-to-all")
-
-
-def _all_reduce_max(op, group, t, timeout_s) -> None:
-    work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    _wait(op, group, work, timeout_s, "the all-reduce")
-
-
-# Header words: op code, then the op's fields, error flags and per-rank counts, zero-padded to a length every
-# rank knows without asking (fields and flags < 32, counts <= 2 per rank), so one all_gather carries it even
-# when the ranks called different ops.
-_OPS = (meta.DISPATCH, meta.CACHED, meta.COMBINE, meta.LL_DISPATCH, meta.LL_COMBINE)
-_REJECTED = -1  # the op code of a rank whose own arguments failed their local check
-
-
-def _gather_header(op: str, group, device, code: int, words: list[int], extra, timeout_s) -> torch.Tensor:
-    length = 32 + 2 * group.size()
-    row = torch.zeros(length, dtype=torch.int64)
-    row[0] = code
-    row[1 : 1 + len(words)] = torch.tensor(words, dtype=torch.int64)
-    if extra is not None:
-        row[1 + len(words) : 1 + len(words) + extra.numel()] = extra.to("cpu", torch.int64)
-    row = row.to(device)
-    gathered = [torch.empty_like(row) for _ in range(group.size())]
-    _wait(op, group, dist.all_gather(gathered, row, group=group, async_op=True), timeout_s, "the header exchange")
-    table = torch.stack(gathered).cpu()
-    codes = table[:, 0].tolist()
-    rejected = [i for i, c in enumerate(codes) if c == _REJECTED]
-    if rejected:
-        raise ValueError(
-            f"{op}: rank(s) {rejected} rejected their arguments (the error raised on those ranks names the "
-            "argument); no rows were exchanged"
-        )
-    if len(set(codes)) > 1:
-        raise ValueError(f"{op}: the ranks called different ops: {[_OPS[c] for c in codes]} (rank i's at position i)")
-    return table[:, 1:]
-
-
-def _announce_rejection(op: str, group_name, x, timeout_s) -> None:
-    """Tell the other ranks (waiting in the header exchange) that this rank's arguments failed their check, so
-    they raise at once instead of timing out. Best effort: the caller raises its own error either way."""
-    try:
-        group = meta.resolve_group(op, group_name)
-        if dist.get_backend(group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
-        if _capturing(device):
-            return
-        timeout = float(timeout_s) if isinstance(timeout_s, (int, float)) and timeout_s > 0 else 300.0
-        _gather_header(op, group, device, _REJECTED, [], None, timeout)
-    except (ValueError, RuntimeError, TypeError):
-        pass
-
-
-def _checked(op: str, group_name, x, timeout_s, check):
-    """``check()`` (an op's argument check); on failure, announce it to the other ranks and re-raise."""
-    try:
-        return check()
-    except ValueError:
-        _announce_rejection(op, group_name, x, timeout_s)
-        raise
-
-
-def _exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor | None, errors: dict, timeout_s):
-    """all_gather every rank's ``fields`` (ints that must agree), ``errors`` (name -> (failed here, message with
-    a ``{ranks}`` placeholder)) and ``extra`` (per-rank ints); raise the same error on every rank on any
-    disagreement or failure."""
-    names = list(fields)
-    words = [int(fields[n]) for n in names] + [int(errors[n][0]) for n in errors]
-    table = _gather_header(op, group, device, _OPS.index(op), words, extra, timeout_s)
-    for j, name in enumerate(names):
-        column = table[:, j].tolist()
-        if len(set(column)) > 1:
-            raise ValueError(
-                f"{op}: the ranks disagree on {name}: {column} (rank i's value at position i); "
-                "every rank must pass the same shapes and options"
-            )
-    for j, name in enumerate(errors):
-        flags = table[:, len(names) + j].tolist()
-        bad = [i for i, f in enumerate(flags) if f]
-        if bad:
-            raise ValueError(errors[name][1].format(ranks=bad))
-    n_extra = 0 if extra is None else extra.numel()
-    return table[:, len(words) : len(words) + n_extra]
-
-
-def _capturing(device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-# ---- row payloads ----
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """``[rows, ...]`` as ``[rows, bytes per row]`` uint8."""
-    width = t.element_size()
-    for d in t.shape[1:]:
-        width *= d
-    if t.numel() == 0:  # empty tensors count as contiguous whatever their strides, and may not be viewable
-        return torch.empty(t.shape[0], width, dtype=torch.uint8, device=t.device)
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], width)
-
-
-def _take(rows: torch.Tensor, index: torch.Tensor, padded: bool) -> torch.Tensor:
-    """``rows[index]`` (any dtype); with ``padded``, -1 entries give zero rows. No host sync."""
-    b = _bytes(rows)
-    if not b.shape[0]:
-        return rows.new_zeros(index.shape[0], *rows.shape[1:])
-    # uint8 rows: CPU index_select copies whole rows of bytes (int64 words take a per-element path, 5x slower).
-    out = b.index_select(0, index.clamp(min=0) if padded else index)
-    if padded:
-        out.masked_fill_((index < 0).unsqueeze(1), 0)
-    return out.view(rows.dtype).view(index.shape[0], *rows.shape[1:])
-
-
-def _place(rows: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """``out[index[i]] = rows[i]`` into ``n`` zero rows; -1 entries are dropped. No host sync (they land in a
-    spare row)."""
-    b = _bytes(rows)
-    width = b.shape[1]
-    # 8-byte words when the width allows: CPU index_copy_ of byte rows goes element by element.
-    word = torch.int64 if width % 8 == 0 else torch.uint8
-    buf = b.new_zeros(n + 1, width)
-    if rows.shape[0]:
-        buf.view(word).index_copy_(0, torch.where(index >= 0, index, n), b.view(word))
-    return buf[:n].view(rows.dtype).view(n, *rows.shape[1:])
-
-
-def _pad8(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Payload parts padded with zero bytes to a multiple of 8 bytes per row."""
-    width = sum(p.shape[1] for p in parts)
-    pad = (-width) % 8
-    return parts + [parts[0].new_zeros(parts[0].shape[0], pad)] if pad else parts
-
-
-def _join(parts: list[torch.Tensor]) -> torch.Tensor:
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # one part: its own bytes, no copy
-
-
-def _split(payload: torch.Tensor, widths: list[int]) -> list[torch.Tensor]:
-    if widths and widths[0] == payload.shape[1]:
-        return [payload]  # one part: no copy
-    out, start = [], 0
-    for w in widths:
-        out.append(payload[:, start : start + w].clone(memory_format=torch.contiguous_format))
-        start += w
-    return out
-
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.int32, torch.int64)
-
-
-def _dtype_code(dtype) -> int:
-    """A rank-independent number for a dtype (the header carries ints)."""
-    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
-
-
 @portable_kernel
 def ep_dispatch(
     x,
@@ -267,7 +86,7 @@ def ep_dispatch(
     timeout_s=300.0,
 ):
     op = meta.DISPATCH
-    r = _checked(
+    r = exchange.checked(
         op,
         group_name,
         x,
@@ -276,7 +95,7 @@ def ep_dispatch(
             x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
         ),
     )
-    group = meta.resolve_group(op, group_name)
+    group = resolve_group(op, group_name)
     rank, device = group.rank(), x.device
     t, h = x.shape
     k = topk_idx.shape[1]
@@ -286,19 +105,19 @@ def ep_dispatch(
     idx = torch.where(out_of_range, -1, idx)  # the header exchange must still happen, so every rank can raise
     _, _, _, in_rank = _layout(idx, num_experts, r)
     static = num_worst_tokens > 0
-    capturing = _capturing(device)
+    capturing = capture.capturing(device)
     bad_ids_message = (
         f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}) on every "
         "rank, got ids out of range on rank(s) {ranks}"
     )
     fields = {
         "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": _dtype_code(x.dtype),
+        "x's dtype": exchange.dtype_code(x.dtype),
         "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
-        "x_scales' dtype": -1 if x_scales is None else _dtype_code(x_scales.dtype),
+        "x_scales' dtype": -1 if x_scales is None else exchange.dtype_code(x_scales.dtype),
         "topk_idx's K": k,
         "num_experts": num_experts,
-        "topk_weights (given, dtype)": -1 if topk_weights is None else _dtype_code(topk_weights.dtype),
+        "topk_weights (given, dtype)": -1 if topk_weights is None else exchange.dtype_code(topk_weights.dtype),
         "num_worst_tokens": num_worst_tokens,
         "expert_alignment": expert_alignment,
     }
@@ -315,7 +134,7 @@ def ep_dispatch(
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[rank]))
     else:
         errors = {"topk_idx": (bool(out_of_range.any()), bad_ids_message)}
-        table = _exchange_header(op, group, device, fields, None if static else counts, errors, timeout_s)
+        table = exchange.exchange_header(op, group, device, fields, None if static else counts, errors, timeout_s)
     if static:
         # Equal splits: every rank sends every other rank one row per token (-1 = padding): no split sizes to
         # read on the host, so nothing here syncs.
@@ -333,19 +152,22 @@ def ep_dispatch(
         recv_rows = sum(out_splits)
     # Two all-to-alls: x rows alone (received straight into recv_x when compact: no repacking of the wide
     # data), and one narrow row per token of metadata: scales | topk_idx | topk_weights | token index + 1.
-    parts = [] if x_scales is None else [_bytes(x_scales)]
-    parts.append(_bytes(idx))
+    parts = [] if x_scales is None else [exchange.as_bytes(x_scales)]
+    parts.append(exchange.as_bytes(idx))
     if topk_weights is not None:
-        parts.append(_bytes(topk_weights))
-    parts = _pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
-    parts.append(_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
+        parts.append(exchange.as_bytes(topk_weights))
+    parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
+    parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     widths = [p.shape[1] for p in parts]
     recv_x = x.new_empty(recv_rows, h)
     recv_meta = parts[0].new_empty(recv_rows, sum(widths))
-    _all_to_all_rows(
+    exchange.all_to_all_rows(
         op,
         group,
-        [(recv_x, _take(x, send_src, static)), (recv_meta, _take(_join(parts), send_src, static))],
+        [
+            (recv_x, exchange.take_rows(x, send_src, static)),
+            (recv_meta, exchange.take_rows(exchange.join(parts), send_src, static)),
+        ],
         out_splits,
         in_splits,
         timeout_s,
@@ -362,7 +184,7 @@ def ep_dispatch(
             )
         else:
             overflow = (n_valid > num_worst_tokens).to(torch.int64)
-            _all_reduce_max(op, group, overflow, timeout_s)
+            exchange.all_reduce_max(op, group, overflow, timeout_s)
             if bool(overflow):
                 raise ValueError(
                     f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, "
@@ -373,11 +195,11 @@ def ep_dispatch(
         pos = torch.arange(num_worst_tokens, device=device)
         recv_gather = torch.full((num_worst_tokens,), -1, dtype=torch.int64, device=device)
         recv_gather[:width] = torch.where(pos[:width] < n_valid, order[:width], -1)
-        recv_x = _take(recv_x, recv_gather, True)
-        recv_meta = _take(recv_meta, recv_gather, True)
+        recv_x = exchange.take_rows(recv_x, recv_gather, True)
+        recv_meta = exchange.take_rows(recv_meta, recv_gather, True)
     else:
         recv_gather = torch.arange(recv_rows, device=device)
-    rows = _split(recv_meta, widths)
+    rows = exchange.split(recv_meta, widths)
     n = recv_gather.shape[0]
     i = 0
     if x_scales is not None:
@@ -429,10 +251,12 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
     and return its route. While a CUDA graph is captured nothing is read on the host: only a static handle
     (equal splits, every rank the same T) can be replayed then, and nothing is checked."""
     r, rank = group.size(), group.rank()
-    if _capturing(device):
+    if capture.capturing(device):
         rows = send_src.shape[0]  # static: R * T rows each way
         return _Route(None, None, rows, rows, False, True)
-    table = _exchange_header(op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s)
+    table = exchange.exchange_header(
+        op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s
+    )
     sends = table[:, :r]  # sends[s, d]
     recvs = table[:, r:]  # recvs[d, s]
     if not torch.equal(sends, recvs.t()):
@@ -450,7 +274,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
 @portable_kernel
 def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
     op = meta.CACHED
-    _checked(
+    exchange.checked(
         op,
         group_name,
         x,
@@ -459,11 +283,11 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
             x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s
         ),
     )
-    group = meta.resolve_group(op, group_name)
+    group = resolve_group(op, group_name)
     device = x.device
     fields = {
         "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": _dtype_code(x.dtype),
+        "x's dtype": exchange.dtype_code(x.dtype),
         "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
     }
     route = _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s)
@@ -471,15 +295,15 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
     pairs = [(x, x.new_empty(route.rows_out, x.shape[1]))]
     if x_scales is not None:
         pairs.append((x_scales, x_scales.new_empty(route.rows_out, x_scales.shape[1])))
-    _all_to_all_rows(
+    exchange.all_to_all_rows(
         op,
         group,
-        [(out, _take(rows, send_src, route.padded_send)) for rows, out in pairs],
+        [(out, exchange.take_rows(rows, send_src, route.padded_send)) for rows, out in pairs],
         route.out_splits,
         route.in_splits,
         timeout_s,
     )
-    received = [out if route.compact_recv else _take(out, recv_gather, True) for _, out in pairs]
+    received = [out if route.compact_recv else exchange.take_rows(out, recv_gather, True) for _, out in pairs]
     recv_scales = received[1] if x_scales is not None else x.new_empty(n, 0, dtype=_ABSENT)
     return received[0], recv_scales
 
@@ -499,7 +323,7 @@ def ep_combine(
     timeout_s=300.0,
 ):
     op = meta.COMBINE
-    _checked(
+    exchange.checked(
         op,
         group_name,
         x,
@@ -518,11 +342,11 @@ def ep_combine(
             timeout_s,
         ),
     )
-    group = meta.resolve_group(op, group_name)
+    group = resolve_group(op, group_name)
     device = x.device
     fields = {
         "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": _dtype_code(x.dtype),
+        "x's dtype": exchange.dtype_code(x.dtype),
         "topk_weights (K, dtype)": -1
         if topk_weights is None
         else topk_weights.shape[1] * 1000 + topk_weights.element_size(),
@@ -533,10 +357,13 @@ def ep_combine(
     pairs = [(x, x.new_empty(route.rows_in, x.shape[1]))]
     if topk_weights is not None:
         pairs.append((topk_weights, topk_weights.new_empty(route.rows_in, topk_weights.shape[1])))
-    _all_to_all_rows(
+    exchange.all_to_all_rows(
         op,
         group,
-        [(back, rows if route.compact_recv else _place(rows, recv_gather, route.rows_out)) for rows, back in pairs],
+        [
+            (back, rows if route.compact_recv else exchange.place_rows(rows, recv_gather, route.rows_out))
+            for rows, back in pairs
+        ],
         route.in_splits,
         route.out_splits,
         timeout_s,
@@ -617,7 +444,7 @@ def ep_low_latency_dispatch(
 ):
     op = meta.LL_DISPATCH
     t_max = num_max_dispatch_tokens_per_rank
-    r = _checked(
+    r = exchange.checked(
         op,
         group_name,
         x,
@@ -626,7 +453,7 @@ def ep_low_latency_dispatch(
             x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
         ),
     )
-    group = meta.resolve_group(op, group_name)
+    group = resolve_group(op, group_name)
     device = x.device
     t, h = x.shape
     k = topk_idx.shape[1]
@@ -645,7 +472,7 @@ def ep_low_latency_dispatch(
     )
     fields = {
         "x's row bytes": h * x.element_size(),
-        "x's dtype": _dtype_code(x.dtype),
+        "x's dtype": exchange.dtype_code(x.dtype),
         "num_max_dispatch_tokens_per_rank": t_max,
         "num_experts": num_experts,
         "topk_idx's K": k,
@@ -654,7 +481,7 @@ def ep_low_latency_dispatch(
         "use_ue8m0": int(use_ue8m0),
         "slot_weights (given)": int(slot_weights is not None),
     }
-    if _capturing(device):  # no header (a host sync): bad ids trip device-side asserts
+    if capture.capturing(device):  # no header (a host sync): bad ids trip device-side asserts
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[group.rank()]))
         torch._assert_async(~duplicates.to(device), duplicates_message.format(ranks=[group.rank()]))
     else:
@@ -662,23 +489,23 @@ def ep_low_latency_dispatch(
             "topk_idx": (bool(out_of_range.any()), bad_ids_message),
             "distinct experts": (bool(duplicates), duplicates_message),
         }
-        _exchange_header(op, group, device, fields, None, errors, timeout_s)
+        exchange.exchange_header(op, group, device, fields, None, errors, timeout_s)
     idx = torch.where(out_of_range, -1, idx)
     if use_fp8:
         data, scales = _ll_cast(x, round_scale, use_ue8m0)
-        parts = [_bytes(data), _bytes(scales)]
+        parts = [exchange.as_bytes(data), exchange.as_bytes(scales)]
     else:
-        parts = [_bytes(x)]
+        parts = [exchange.as_bytes(x)]
     widths = [p.shape[1] for p in parts] + [4]
     # Messages: one per (token, slot), placed at [destination rank, local expert, token] (static layout); -1
     # slots go to a spare last row, so no boolean indexing (a host sync) is needed.
     valid = idx >= 0
     slot_t = torch.arange(t, device=device).repeat_interleave(k)
     if slot_weights is not None:
-        payload = _bytes((x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1)).reshape(t * k, h))
+        payload = exchange.as_bytes((x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1)).reshape(t * k, h))
     else:
-        payload = _join(parts).index_select(0, slot_t)
-    tag = _bytes((slot_t + 1).to(torch.int32).view(-1, 1))
+        payload = exchange.join(parts).index_select(0, slot_t)
+    tag = exchange.as_bytes((slot_t + 1).to(torch.int32).view(-1, 1))
     payload = torch.cat([payload, tag], dim=1)
     width = payload.shape[1]
     spare = r * local * t_max
@@ -687,7 +514,7 @@ def ep_low_latency_dispatch(
     send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).view(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
-    _all_to_all_rows(op, group, [(recv, send)], None, None, timeout_s)
+    exchange.all_to_all_rows(op, group, [(recv, send)], None, None, timeout_s)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
     recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
     tags = recv[:, :, -4:].contiguous().view(torch.int32).view(local, r * t_max)
@@ -697,7 +524,7 @@ def ep_low_latency_dispatch(
     ok_sorted = ok.gather(1, order)
     packed = torch.where(ok_sorted.unsqueeze(-1), packed, 0)
     n = r * t_max
-    cols = _split(packed.reshape(local * n, width), widths)
+    cols = exchange.split(packed.reshape(local * n, width), widths)
     if use_fp8:
         recv_x = cols[0].view(torch.float8_e4m3fn).view(local, n, h)
         s_cols, s_dtype = meta.ll_scale_shape(h, True, use_ue8m0)
@@ -718,7 +545,7 @@ def ep_low_latency_combine(
 ):
     op = meta.LL_COMBINE
     t_max = num_max_dispatch_tokens_per_rank
-    r = _checked(
+    r = exchange.checked(
         op,
         group_name,
         x,
@@ -727,17 +554,17 @@ def ep_low_latency_combine(
             x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s
         ),
     )
-    group = meta.resolve_group(op, group_name)
+    group = resolve_group(op, group_name)
     device = x.device
     local, n, h = x.shape
     fields = {
         "x's row bytes": h * x.element_size(),
-        "x's dtype": _dtype_code(x.dtype),
+        "x's dtype": exchange.dtype_code(x.dtype),
         "num_max_dispatch_tokens_per_rank": t_max,
         "local experts": local,
     }
-    if not _capturing(device):
-        _exchange_header(op, group, device, fields, None, {}, timeout_s)
+    if not capture.capturing(device):
+        exchange.exchange_header(op, group, device, fields, None, {}, timeout_s)
     # Each valid row goes back to its source rank, at [source, local expert, token].
     counts = layout_range & 0xFFFFFFFF
     ends = torch.cumsum(counts, dim=1)  # [L, R] inclusive
@@ -751,7 +578,7 @@ def ep_low_latency_combine(
     send[torch.where(ok, dest, spare).view(-1)] = x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
-    _all_to_all_rows(op, group, [(back, send)], None, None, timeout_s)
+    exchange.all_to_all_rows(op, group, [(back, send)], None, None, timeout_s)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
     acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
     t = topk_idx.shape[0]

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.mega_moe import mega_moe_signature
+from torch_ascend_moe.distributed.groups import resolve_group
+from torch_ascend_moe.meta.mega_moe import OP, mega_moe_signature
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
@@ -186,9 +187,7 @@ def pipeline(
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
 
-    experts = l1.shape[0] * torch.distributed.get_world_size(
-        torch.distributed.distributed_c10d._resolve_process_group(group_name)
-    )
+    experts = l1.shape[0] * resolve_group(OP, group_name).size()
     sent = ep_dispatch(
         x, topk_idx, topk_weights, num_experts=experts, group=group_name, x_scales=x_sf, timeout_s=timeout_s
     )

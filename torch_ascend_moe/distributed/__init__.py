@@ -1,0 +1,3 @@
+"""The distributed layer every expert-parallel op shares, whatever its device: ``groups`` (a process group's name
+and the one place it is resolved), ``exchange`` (bounded waits, the header exchange, all-to-all of rows) and
+``capture`` (whether a CUDA graph is being captured, and the emulation the tests use on CPU)."""

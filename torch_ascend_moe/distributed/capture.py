@@ -1,0 +1,31 @@
+"""Whether a CUDA graph is being captured: the static expert-parallel ops then skip their header and make no host
+sync. ``emulated()`` makes every check answer yes, so CPU tests can run the capture path (and catch host syncs)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_emulated = False
+
+
+def capturing_current_stream() -> bool:
+    """A capture is under way on the current CUDA stream (or emulated)."""
+    return _emulated or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def capturing(device: torch.device) -> bool:
+    """A capture is under way for work on ``device`` (or emulated)."""
+    return _emulated or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+@contextlib.contextmanager
+def emulated():
+    """Every ``capturing`` check answers True inside the block."""
+    global _emulated
+    saved, _emulated = _emulated, True
+    try:
+        yield
+    finally:
+        _emulated = saved
