@@ -171,3 +171,22 @@ def test_console_script():
         pytest.skip("package not installed with its console script in this environment")
     result = subprocess.run([str(script), "info", "--json"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and sorted(json.loads(result.stdout)["ops"]) == OPS, result.stderr
+
+
+def test_arguments_by_name_fill_the_schema_defaults():
+    """Autograd reads arguments by name (``_registry.arguments``), with the schema's defaults for trailing ones a
+    caller dropped, and returns one gradient per schema argument (``_registry.gradients``)."""
+    from torch_ascend_moe import _registry
+
+    x, idx = torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int64)
+    args = _registry.arguments("ep_dispatch", (x, None, idx, None, 4, "g"))
+    assert args.x is x and args.group_name == "g" and args.expert_alignment == 1 and args.num_worst_tokens == 0
+    assert args.timeout_s == torch.ops.ascend_moe.ep_dispatch.default._schema.arguments[-1].default_value
+    assert _registry.arguments("ep_dispatch", (x, None, idx, None, 4, "g", 8, 16, 5.0)).timeout_s == 5.0
+    with pytest.raises(TypeError, match="missing argument 'group_name'"):
+        _registry.arguments("ep_dispatch", (x, None, idx, None, 4))
+    grads = _registry.gradients("ep_combine", x=x, bias_1=idx)
+    assert len(grads) == len(torch.ops.ascend_moe.ep_combine.default._schema.arguments)
+    assert grads[0] is x and grads[3] is idx and all(g is None for i, g in enumerate(grads) if i not in (0, 3))
+    with pytest.raises(TypeError, match="no argument"):
+        _registry.gradients("ep_combine", y=x)

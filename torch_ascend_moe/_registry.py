@@ -6,6 +6,8 @@ kernel registers under the schema name it is decorated with.
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 
 import torch
@@ -38,3 +40,33 @@ def op_names() -> list[str]:
     """Every op of the ``ascend_moe`` namespace, sorted, as the dispatcher knows them."""
     prefix = NAMESPACE + "::"
     return sorted(n[len(prefix) :] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+
+
+@functools.cache
+def _schema(name: str) -> tuple[tuple[str, bool, object], ...]:
+    """(argument name, has a default, the default) for every argument of ``ascend_moe::name``, in order."""
+    schema = getattr(torch.ops.ascend_moe, name).default._schema
+    return tuple((a.name, a.has_default_value(), a.default_value) for a in schema.arguments)
+
+
+def arguments(name: str, inputs: tuple) -> types.SimpleNamespace:
+    """An op's call arguments by NAME (``args.timeout_s``), the schema's defaults where the caller passed fewer
+    (the dispatcher may drop trailing defaults): what autograd's ``setup_context`` reads instead of indices."""
+    values = {}
+    for i, (arg, has_default, default) in enumerate(_schema(name)):
+        if i < len(inputs):
+            values[arg] = inputs[i]
+        elif has_default:
+            values[arg] = default
+        else:
+            raise TypeError(f"{NAMESPACE}::{name}: missing argument '{arg}'")
+    return types.SimpleNamespace(**values)
+
+
+def gradients(name: str, **grads) -> tuple:
+    """One gradient per schema argument of ``ascend_moe::name``: the named ones, None for every other."""
+    names = [arg for arg, _, _ in _schema(name)]
+    unknown = set(grads) - set(names)
+    if unknown:
+        raise TypeError(f"{NAMESPACE}::{name} has no argument(s) {sorted(unknown)}")
+    return tuple(grads.get(arg) for arg in names)

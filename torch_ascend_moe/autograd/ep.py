@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import arguments, gradients
+
 _combine = torch.ops.ascend_moe.ep_combine.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
-_DEFAULT_TIMEOUT = 300.0
 
 
 def _needs(ctx, i: int) -> bool:
     return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
-def _arg(inputs, i, default):
-    return inputs[i] if len(inputs) > i else default
-
-
 def _dispatch_setup(ctx, inputs, output):
-    x, _, topk_idx, topk_weights = inputs[:4]
-    ctx.group_name = inputs[5]
-    ctx.timeout_s = _arg(inputs, 8, _DEFAULT_TIMEOUT)
-    ctx.num_tokens, ctx.hidden, ctx.x_dtype = x.shape[0], x.shape[1], x.dtype
-    ctx.w_dtype = topk_weights.dtype if topk_weights is not None else None
+    args = arguments("ep_dispatch", inputs)
+    ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
+    ctx.num_tokens, ctx.hidden, ctx.x_dtype = args.x.shape[0], args.x.shape[1], args.x.dtype
+    ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
     ctx.mark_non_differentiable(output[1], output[2], *output[4:])
     ctx.save_for_backward(output[2], *output[6:])
 
@@ -41,7 +37,7 @@ def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
     need_x = _needs(ctx, 0) and ctx.x_dtype != torch.float8_e4m3fn
     need_w = _needs(ctx, 3) and ctx.w_dtype is not None
     if not (need_x or need_w):
-        return (None,) * 9
+        return gradients("ep_dispatch")
     n, device = recv_gather.shape[0], recv_gather.device
     width = ctx.hidden if need_x else 0
     gx = grad_x if need_x and grad_x is not None else torch.zeros(n, width, dtype=ctx.x_dtype, device=device)
@@ -62,22 +58,21 @@ def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
         ctx.group_name,
         ctx.timeout_s,
     )
-    return (dx if need_x else None), None, None, (dw if need_w else None), *(None,) * 5
+    return gradients("ep_dispatch", x=dx if need_x else None, topk_weights=dw if need_w else None)
 
 
 def _cached_setup(ctx, inputs, output):
-    x = inputs[0]
-    ctx.group_name = inputs[6]
-    ctx.timeout_s = _arg(inputs, 7, _DEFAULT_TIMEOUT)
-    ctx.num_tokens, ctx.x_dtype = x.shape[0], x.dtype
+    args = arguments("ep_dispatch_cached", inputs)
+    ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
+    ctx.num_tokens, ctx.x_dtype = args.x.shape[0], args.x.dtype
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(*inputs[2:6])
+    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather)
 
 
 def _cached_backward(ctx, grad_x, grad_scales):
     send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
     if not _needs(ctx, 0) or grad_x is None or ctx.x_dtype == torch.float8_e4m3fn:
-        return (None,) * 8
+        return gradients("ep_dispatch_cached")
     dx, _ = _combine(
         grad_x,
         None,
@@ -91,14 +86,14 @@ def _cached_backward(ctx, grad_x, grad_scales):
         ctx.group_name,
         ctx.timeout_s,
     )
-    return dx, *(None,) * 7
+    return gradients("ep_dispatch_cached", x=dx)
 
 
 def _combine_setup(ctx, inputs, output):
-    ctx.group_name = inputs[9]
-    ctx.timeout_s = _arg(inputs, 10, _DEFAULT_TIMEOUT)
-    ctx.has_bias = (inputs[2] is not None, inputs[3] is not None)
-    ctx.save_for_backward(*inputs[4:8])
+    args = arguments("ep_combine", inputs)
+    ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
+    ctx.has_bias = (args.bias_0 is not None, args.bias_1 is not None)
+    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather)
 
 
 def _combine_backward(ctx, grad_out, grad_w):
@@ -110,7 +105,7 @@ def _combine_backward(ctx, grad_out, grad_w):
     if _needs(ctx, 1) and grad_w is not None:
         dw, _ = _cached(grad_w, None, *handle)
     biases = [grad_out if has and _needs(ctx, 2 + i) else None for i, has in enumerate(ctx.has_bias)]
-    return dx, dw, *biases, *(None,) * 7
+    return gradients("ep_combine", x=dx, topk_weights=dw, bias_0=biases[0], bias_1=biases[1])
 
 
 def _layout_setup(ctx, inputs, output):
@@ -118,7 +113,7 @@ def _layout_setup(ctx, inputs, output):
 
 
 def _layout_backward(ctx, *grads):
-    return (None,) * 4
+    return gradients("ep_dispatch_layout")
 
 
 torch.library.register_autograd("ascend_moe::ep_dispatch", _dispatch_backward, setup_context=_dispatch_setup)
@@ -140,27 +135,27 @@ _ll_combine = torch.ops.ascend_moe.ep_low_latency_combine.default
 
 
 def _ll_dispatch_setup(ctx, inputs, output):
-    x, topk_idx, t_max, num_experts, group_name = inputs[:5]
-    ctx.use_fp8 = _arg(inputs, 5, True)
-    ctx.t_max, ctx.group_name, ctx.timeout_s = t_max, group_name, _arg(inputs, 9, _DEFAULT_TIMEOUT)
+    args = arguments("ep_low_latency_dispatch", inputs)
+    ctx.use_fp8, ctx.t_max = args.use_fp8, args.num_max_dispatch_tokens_per_rank
+    ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(topk_idx, output[3], output[4])
+    ctx.save_for_backward(args.topk_idx, output[3], output[4])
 
 
 def _ll_dispatch_backward(ctx, grad_x, *unused):
     topk_idx, src_info, layout_range = ctx.saved_tensors
     if not _needs(ctx, 0) or ctx.use_fp8 or grad_x is None:
-        return (None,) * 10
+        return gradients("ep_low_latency_dispatch")
     ones = torch.ones(topk_idx.shape, dtype=torch.float32, device=grad_x.device)
     dx = _ll_combine(grad_x, topk_idx, ones, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
-    return dx, *(None,) * 9
+    return gradients("ep_low_latency_dispatch", x=dx)
 
 
 def _ll_combine_setup(ctx, inputs, output):
-    x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name = inputs[:7]
-    ctx.t_max, ctx.group_name, ctx.timeout_s = t_max, group_name, _arg(inputs, 7, _DEFAULT_TIMEOUT)
-    ctx.num_experts = x.shape[0] * layout_range.shape[1]
-    ctx.save_for_backward(x, topk_idx, topk_weights, src_info, layout_range)
+    args = arguments("ep_low_latency_combine", inputs)
+    ctx.t_max, ctx.group_name, ctx.timeout_s = args.num_max_dispatch_tokens_per_rank, args.group_name, args.timeout_s
+    ctx.num_experts = args.x.shape[0] * args.layout_range.shape[1]
+    ctx.save_for_backward(args.x, args.topk_idx, args.topk_weights, args.src_info, args.layout_range)
 
 
 def _ll_combine_backward(ctx, grad_out):
@@ -187,7 +182,7 @@ def _ll_combine_backward(ctx, grad_out):
             y_k = _ll_combine(x, topk_idx, one_hot, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
             columns.append((grad_out.to(y_k.dtype) * y_k).sum(-1))
         dw = torch.stack(columns, dim=1).to(topk_weights.dtype) if columns else torch.zeros_like(topk_weights)
-    return dx, None, dw, *(None,) * 5
+    return gradients("ep_low_latency_combine", x=dx, topk_weights=dw)
 
 
 torch.library.register_autograd(
