@@ -9,45 +9,32 @@ from __future__ import annotations
 
 import torch
 
-
-def _setup_context(ctx, inputs, output):
-    c = inputs[4]
-    ctx.c_dtype = None if c is None else c.dtype
+from torch_ascend_moe._registry import arguments, gradients
 
 
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+def _register(name: str) -> None:
+    """c gets grad; a and b (codes) get none; a scale that requires grad is refused."""
+
+    def setup(ctx, inputs, output):
+        args = arguments(name, inputs)
+        ctx.c_dtype = args.c.dtype if args.c is not None and args.c.requires_grad else None
+        ctx.scale_needs = {
+            arg: isinstance(getattr(args, arg), torch.Tensor) and getattr(args, arg).requires_grad
+            for arg in ("sfa", "sfb")
+        }
+
+    def backward(ctx, grad):
+        for arg, needs in ctx.scale_needs.items():
+            if needs:
+                raise RuntimeError(
+                    f"ascend_moe::{name}: argument '{arg}' requires grad, but scale factors are not "
+                    "differentiable here; quantize from a high-precision tensor inside fp8_linear / "
+                    "fp8_quant_gemm (straight-through estimator) and train that instead"
+                )
+        return gradients(name, c=grad.to(ctx.c_dtype) if ctx.c_dtype is not None else None)
+
+    torch.library.register_autograd(f"ascend_moe::{name}", backward, setup_context=setup)
 
 
-def _grads(ctx, grad, op: str, offset: int) -> tuple:
-    """Gradients of (a, sfa, b, sfb, c) at positions offset..offset+4 of the op's arguments."""
-    for i, name in ((1, "sfa"), (3, "sfb")):
-        if _needs(ctx, offset + i):
-            raise RuntimeError(
-                f"ascend_moe::{op}: argument '{name}' requires grad, but scale factors are not "
-                "differentiable here; quantize from a high-precision tensor inside fp8_linear / "
-                "fp8_quant_gemm (straight-through estimator) and train that instead"
-            )
-    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, offset + 4) else None
-    return None, None, None, None, grad_c
-
-
-def _backward(ctx, grad):
-    return *_grads(ctx, grad, "fp8_gemm", 0), None, None, None, None
-
-
-def _bmm_backward(ctx, grad):
-    return *_grads(ctx, grad, "fp8_bmm", 0), None, None, None, None
-
-
-def _einsum_setup_context(ctx, inputs, output):
-    _setup_context(ctx, inputs[1:], output)
-
-
-def _einsum_backward(ctx, grad):
-    return None, *_grads(ctx, grad, "fp8_einsum", 1), None, None, None, None
-
-
-torch.library.register_autograd("ascend_moe::fp8_gemm", _backward, setup_context=_setup_context)
-torch.library.register_autograd("ascend_moe::fp8_bmm", _bmm_backward, setup_context=_setup_context)
-torch.library.register_autograd("ascend_moe::fp8_einsum", _einsum_backward, setup_context=_einsum_setup_context)
+for _name in ("fp8_gemm", "fp8_bmm", "fp8_einsum"):
+    _register(_name)

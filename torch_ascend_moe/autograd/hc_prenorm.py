@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import arguments, gradients
 from torch_ascend_moe.meta.hc_prenorm import split_ranges
 from torch_ascend_moe.quant import round_to_tf32
 
@@ -14,9 +15,9 @@ def _needs(ctx, i: int) -> bool:
 
 
 def _setup(ctx, inputs, output):
-    a, b = inputs[:2]
-    ctx.num_splits = inputs[2] if len(inputs) > 2 else None
-    ctx.save_for_backward(a, b)
+    args = arguments("hc_prenorm_gemm", inputs)
+    ctx.num_splits = args.num_splits
+    ctx.save_for_backward(args.a, args.b)
 
 
 def _backward(ctx, grad_d, grad_sqr):
@@ -37,7 +38,7 @@ def _backward(ctx, grad_d, grad_sqr):
             grad_a[:, k0:k1] = gd @ b_r[:, k0:k1] + 2 * a_f[:, k0:k1] * gs.unsqueeze(-1)
         if grad_b is not None:
             grad_b[:, k0:k1] = gd.T @ a_f[:, k0:k1]
-    return (None if grad_a is None else grad_a.to(a.dtype)), grad_b, None
+    return gradients("hc_prenorm_gemm", a=None if grad_a is None else grad_a.to(a.dtype), b=grad_b)
 
 
 torch.library.register_autograd("ascend_moe::hc_prenorm_gemm", _backward, setup_context=_setup)

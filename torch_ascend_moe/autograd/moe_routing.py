@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import arguments, gradients
 from torch_ascend_moe.ops.moe_routing import moe_unpermute
 
 
@@ -18,20 +19,20 @@ def _needs(ctx, i: int) -> bool:
 
 def _permute_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
-    ctx.x_dtype = inputs[0].dtype
+    ctx.x_dtype = arguments("moe_permute", inputs).x.dtype
 
 
 def _permute_backward(ctx, grad, grad_row_map, grad_offs):
     (row_map,) = ctx.saved_tensors
     grad_x = moe_unpermute(grad.to(ctx.x_dtype), row_map) if _needs(ctx, 0) else None
-    return grad_x, None, None, None
+    return gradients("moe_permute", x=grad_x)
 
 
 def _unpermute_setup(ctx, inputs, output):
-    y, row_map = inputs[:2]
-    weights = inputs[2] if len(inputs) > 2 else None
+    args = arguments("moe_unpermute", inputs)
+    y, weights = args.y, args.topk_weights
     ctx.has_weights = weights is not None
-    ctx.save_for_backward(y, row_map, weights if weights is not None else y.new_empty(0))
+    ctx.save_for_backward(y, args.row_map, weights if weights is not None else y.new_empty(0))
 
 
 def _unpermute_backward(ctx, grad):
@@ -51,7 +52,7 @@ def _unpermute_backward(ctx, grad):
     if ctx.has_weights and _needs(ctx, 2):
         padded = torch.cat([y.to(acc_t), y.new_zeros(1, y.shape[1], dtype=acc_t)])
         grad_w = (padded[idx] * g.unsqueeze(1)).sum(-1).to(weights.dtype)
-    return grad_y, None, grad_w
+    return gradients("moe_unpermute", y=grad_y, topk_weights=grad_w)
 
 
 torch.library.register_autograd("ascend_moe::moe_permute", _permute_backward, setup_context=_permute_setup)
@@ -65,12 +66,10 @@ torch.library.register_autograd("ascend_moe::moe_unpermute", _unpermute_backward
 
 
 def _gating_setup(ctx, inputs, output):
-    logits = inputs[0]
-    ctx.score_func = inputs[3] if len(inputs) > 3 else "softmax"
-    ctx.renormalize = inputs[6] if len(inputs) > 6 else True
-    ctx.scale = inputs[7] if len(inputs) > 7 else 1.0
-    ctx.logits_dtype = logits.dtype
-    ctx.save_for_backward(logits, output[1])
+    args = arguments("moe_gating_topk", inputs)
+    ctx.score_func, ctx.renormalize, ctx.scale = args.score_func, args.renormalize, args.routed_scaling_factor
+    ctx.logits_dtype = args.logits.dtype
+    ctx.save_for_backward(args.logits, output[1])
 
 
 def _gating_backward(ctx, grad_w, grad_idx):
@@ -78,7 +77,7 @@ def _gating_backward(ctx, grad_w, grad_idx):
 
     logits, idx = ctx.saved_tensors
     if grad_w is None or not _needs(ctx, 0):
-        return None, None, None, None, None, None, None, None
+        return gradients("moe_gating_topk")
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     scores = gating_scores(logits, ctx.score_func, acc)
     g = scores.gather(1, idx)
@@ -91,7 +90,7 @@ def _gating_backward(ctx, grad_w, grad_idx):
         d_logits = d_scores * scores * (1 - scores)
     else:
         d_logits = scores * (d_scores - (d_scores * scores).sum(-1, keepdim=True))
-    return d_logits.to(ctx.logits_dtype), None, None, None, None, None, None, None
+    return gradients("moe_gating_topk", logits=d_logits.to(ctx.logits_dtype))
 
 
 torch.library.register_autograd("ascend_moe::moe_gating_topk", _gating_backward, setup_context=_gating_setup)
