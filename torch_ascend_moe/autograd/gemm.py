@@ -9,41 +9,45 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
 
 
-def _needs(ctx, i: int) -> bool:
-    # The dispatcher drops trailing arguments equal to their defaults, so needs_input_grad may be short.
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+def _setup(name: str):
+    def setup(ctx, inputs, output):
+        args = arguments(name, inputs)
+        ctx.save_for_backward(args.a, args.b)
+        ctx.alpha = args.alpha
+        ctx.c_dtype = args.c.dtype if args.c is not None and args.c.requires_grad else None
+        ctx.equation = getattr(args, "equation", None)
 
-
-def _setup_context(ctx, inputs, output):
-    # inputs arrive with defaults filled: ([equation,] a, b, c, alpha, out_dtype).
-    a, b, c, alpha, _ = inputs[-5:]
-    ctx.save_for_backward(a, b)
-    ctx.alpha = alpha
-    ctx.c_index = len(inputs) - 3
-    ctx.c_dtype = None if c is None else c.dtype
+    return setup
 
 
 def _grad_c(ctx, grad):
-    return grad.to(ctx.c_dtype) if _needs(ctx, ctx.c_index) else None
+    return grad.to(ctx.c_dtype) if ctx.c_dtype is not None else None
 
 
 def _gemm_backward(ctx, grad):
     a, b = ctx.saved_tensors
     g = grad.to(a.dtype)
-    ga = bf16_gemm(g, b.t(), alpha=ctx.alpha, out_dtype=a.dtype) if _needs(ctx, 0) else None
-    gb = bf16_gemm(g.t(), a.t(), alpha=ctx.alpha, out_dtype=b.dtype) if _needs(ctx, 1) else None
-    return ga, gb, _grad_c(ctx, grad), None, None
+    ga = bf16_gemm(g, b.t(), alpha=ctx.alpha, out_dtype=a.dtype) if needs_grad(ctx, "bf16_gemm", "a") else None
+    gb = bf16_gemm(g.t(), a.t(), alpha=ctx.alpha, out_dtype=b.dtype) if needs_grad(ctx, "bf16_gemm", "b") else None
+    return gradients("bf16_gemm", a=ga, b=gb, c=_grad_c(ctx, grad))
 
 
 def _bmm_backward(ctx, grad):
     a, b = ctx.saved_tensors
     g = grad.to(a.dtype)
-    ga = bf16_bmm(g, b.transpose(1, 2), alpha=ctx.alpha, out_dtype=a.dtype) if _needs(ctx, 0) else None
-    gb = bf16_bmm(g.transpose(1, 2), a.transpose(1, 2), alpha=ctx.alpha, out_dtype=b.dtype) if _needs(ctx, 1) else None
-    return ga, gb, _grad_c(ctx, grad), None, None
+    ga = (
+        bf16_bmm(g, b.transpose(1, 2), alpha=ctx.alpha, out_dtype=a.dtype) if needs_grad(ctx, "bf16_bmm", "a") else None
+    )
+    gb = (
+        bf16_bmm(g.transpose(1, 2), a.transpose(1, 2), alpha=ctx.alpha, out_dtype=b.dtype)
+        if needs_grad(ctx, "bf16_bmm", "b")
+        else None
+    )
+    return gradients("bf16_bmm", a=ga, b=gb, c=_grad_c(ctx, grad))
 
 
 # The per-head equations are closed under differentiation: each gradient is another supported
@@ -55,11 +59,6 @@ _EINSUM_GRADS = {
 }
 
 
-def _einsum_setup_context(ctx, inputs, output):
-    _setup_context(ctx, inputs, output)
-    ctx.equation = inputs[0]
-
-
 def _einsum_backward(ctx, grad):
     a, b = ctx.saved_tensors
     g = grad.to(a.dtype)
@@ -67,20 +66,20 @@ def _einsum_backward(ctx, grad):
     if ctx.equation == "bmk,bnk->mn":
         # D = sum_s A[s] @ B[s]^T, so dA[s] = dD @ B[s] and dB[s] = dD^T @ A[s].
         slices = a.shape[0]
-        if _needs(ctx, 1):
+        if needs_grad(ctx, "bf16_einsum", "a"):
             ga = bf16_bmm(g.expand(slices, *g.shape), b.transpose(1, 2), alpha=ctx.alpha, out_dtype=a.dtype)
-        if _needs(ctx, 2):
+        if needs_grad(ctx, "bf16_einsum", "b"):
             gt = g.t()
             gb = bf16_bmm(gt.expand(slices, *gt.shape), a.transpose(1, 2), alpha=ctx.alpha, out_dtype=b.dtype)
     else:
         grad_a, grad_b = _EINSUM_GRADS[ctx.equation]
-        if _needs(ctx, 1):
+        if needs_grad(ctx, "bf16_einsum", "a"):
             ga = bf16_einsum(*grad_a(g, a, b), alpha=ctx.alpha, out_dtype=a.dtype)
-        if _needs(ctx, 2):
+        if needs_grad(ctx, "bf16_einsum", "b"):
             gb = bf16_einsum(*grad_b(g, a, b), alpha=ctx.alpha, out_dtype=b.dtype)
-    return None, ga, gb, _grad_c(ctx, grad), None, None
+    return gradients("bf16_einsum", a=ga, b=gb, c=_grad_c(ctx, grad))
 
 
-torch.library.register_autograd("ascend_moe::bf16_gemm", _gemm_backward, setup_context=_setup_context)
-torch.library.register_autograd("ascend_moe::bf16_bmm", _bmm_backward, setup_context=_setup_context)
-torch.library.register_autograd("ascend_moe::bf16_einsum", _einsum_backward, setup_context=_einsum_setup_context)
+torch.library.register_autograd("ascend_moe::bf16_gemm", _gemm_backward, setup_context=_setup("bf16_gemm"))
+torch.library.register_autograd("ascend_moe::bf16_bmm", _bmm_backward, setup_context=_setup("bf16_bmm"))
+torch.library.register_autograd("ascend_moe::bf16_einsum", _einsum_backward, setup_context=_setup("bf16_einsum"))

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.meta.hc_prenorm import split_ranges
 from torch_ascend_moe.quant import round_to_tf32
-
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
 def _setup(ctx, inputs, output):
@@ -29,8 +25,8 @@ def _backward(ctx, grad_d, grad_sqr):
         ranges, grads = [(0, a.shape[1])], [(grad_d, grad_sqr)]
     else:
         ranges, grads = split_ranges(a.shape[1], ctx.num_splits), list(zip(grad_d, grad_sqr))
-    grad_a = torch.zeros_like(a_f) if _needs(ctx, 0) else None
-    grad_b = torch.zeros_like(b) if _needs(ctx, 1) else None
+    grad_a = torch.zeros_like(a_f) if needs_grad(ctx, "hc_prenorm_gemm", "a") else None
+    grad_b = torch.zeros_like(b) if needs_grad(ctx, "hc_prenorm_gemm", "b") else None
     for (k0, k1), (gd, gs) in zip(ranges, grads):
         if k1 == k0:
             continue

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.ops.moe_routing import moe_unpermute
-
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
 def _permute_setup(ctx, inputs, output):
@@ -24,7 +20,7 @@ def _permute_setup(ctx, inputs, output):
 
 def _permute_backward(ctx, grad, grad_row_map, grad_offs):
     (row_map,) = ctx.saved_tensors
-    grad_x = moe_unpermute(grad.to(ctx.x_dtype), row_map) if _needs(ctx, 0) else None
+    grad_x = moe_unpermute(grad.to(ctx.x_dtype), row_map) if needs_grad(ctx, "moe_permute", "x") else None
     return gradients("moe_permute", x=grad_x)
 
 
@@ -42,14 +38,14 @@ def _unpermute_backward(ctx, grad):
     idx = torch.where(row_map >= 0, row_map.long(), rows)  # unrouted pairs -> the spare row
     g = grad.to(acc_t)
     grad_y = grad_w = None
-    if _needs(ctx, 0):
+    if needs_grad(ctx, "moe_unpermute", "y"):
         contrib = g.unsqueeze(1).expand(-1, row_map.shape[1], -1)
         if ctx.has_weights:
             contrib = contrib * weights.to(acc_t).unsqueeze(-1)
         buf = torch.zeros(rows + 1, y.shape[1], dtype=acc_t, device=y.device)
         buf.index_add_(0, idx.flatten(), contrib.reshape(-1, y.shape[1]))
         grad_y = buf[:rows].to(y.dtype)
-    if ctx.has_weights and _needs(ctx, 2):
+    if ctx.has_weights and needs_grad(ctx, "moe_unpermute", "topk_weights"):
         padded = torch.cat([y.to(acc_t), y.new_zeros(1, y.shape[1], dtype=acc_t)])
         grad_w = (padded[idx] * g.unsqueeze(1)).sum(-1).to(weights.dtype)
     return gradients("moe_unpermute", y=grad_y, topk_weights=grad_w)
@@ -76,7 +72,7 @@ def _gating_backward(ctx, grad_w, grad_idx):
     from torch_ascend_moe.backends.portable.moe_routing import gating_scores
 
     logits, idx = ctx.saved_tensors
-    if grad_w is None or not _needs(ctx, 0):
+    if grad_w is None or not needs_grad(ctx, "moe_gating_topk", "logits"):
         return gradients("moe_gating_topk")
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     scores = gating_scores(logits, ctx.score_func, acc)
