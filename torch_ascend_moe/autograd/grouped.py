@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.ops.gemm import bf16_bmm
 from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm,
@@ -20,78 +21,73 @@ from torch_ascend_moe.ops.grouped import (
 )
 from torch_ascend_moe.quant import block_cast_to_fp8
 
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
-
-
-def _with_defaults(inputs, defaults) -> tuple:
-    # The dispatcher drops trailing arguments left at their defaults.
-    return (*inputs, *defaults[len(inputs) :])
+M, MASKED, K, LINEAR = (
+    "m_grouped_bf16_gemm",
+    "m_grouped_bf16_gemm_masked",
+    "k_grouped_bf16_gemm",
+    "m_grouped_fp8_linear",
+)
 
 
 def _m_setup(ctx, inputs, output):
-    a, b, layout, psum, alignment, _ = _with_defaults(inputs, (None, None, None, True, 1, None))
-    ctx.save_for_backward(a, b, layout)
-    ctx.psum, ctx.alignment = psum, alignment
+    args = arguments(M, inputs)
+    ctx.save_for_backward(args.a, args.b, args.layout)
+    ctx.psum, ctx.alignment = args.psum, args.alignment
 
 
 def _m_backward(ctx, grad):
     a, b, layout = ctx.saved_tensors
     kw = {"psum": ctx.psum, "alignment": ctx.alignment}
-    grad_a = m_grouped_bf16_gemm(grad, b.transpose(1, 2), layout, out_dtype=a.dtype, **kw) if _needs(ctx, 0) else None
-    grad_b = k_grouped_bf16_gemm(grad, a, layout, b.shape[0], out_dtype=b.dtype, **kw) if _needs(ctx, 1) else None
-    return grad_a, grad_b, None, None, None, None
+    grad_a = grad_b = None
+    if needs_grad(ctx, M, "a"):
+        grad_a = m_grouped_bf16_gemm(grad, b.transpose(1, 2), layout, out_dtype=a.dtype, **kw)
+    if needs_grad(ctx, M, "b"):
+        grad_b = k_grouped_bf16_gemm(grad, a, layout, b.shape[0], out_dtype=b.dtype, **kw)
+    return gradients(M, a=grad_a, b=grad_b)
 
 
 def _masked_setup(ctx, inputs, output):
-    a, b, masked_m = inputs[:3]
-    ctx.save_for_backward(a, b, masked_m)
+    args = arguments(MASKED, inputs)
+    ctx.save_for_backward(args.a, args.b, args.masked_m)
 
 
 def _masked_backward(ctx, grad):
     a, b, masked_m = ctx.saved_tensors
-    grad_a = (
-        m_grouped_bf16_gemm_masked(grad, b.transpose(1, 2), masked_m, out_dtype=a.dtype) if _needs(ctx, 0) else None
-    )
-    grad_b = None
-    if _needs(ctx, 1):
+    grad_a = grad_b = None
+    if needs_grad(ctx, MASKED, "a"):
+        grad_a = m_grouped_bf16_gemm_masked(grad, b.transpose(1, 2), masked_m, out_dtype=a.dtype)
+    if needs_grad(ctx, MASKED, "b"):
         valid = (torch.arange(a.shape[1], device=a.device) < masked_m.unsqueeze(1)).unsqueeze(-1)
         g, x = torch.where(valid, grad, 0).to(a.dtype), torch.where(valid, a, 0)
         grad_b = bf16_bmm(g.transpose(1, 2), x.transpose(1, 2), out_dtype=b.dtype)
-    return grad_a, grad_b, None, None
+    return gradients(MASKED, a=grad_a, b=grad_b)
 
 
 def _k_setup(ctx, inputs, output):
-    a, b, layout, num_groups, psum, alignment, c, _ = _with_defaults(
-        inputs, (None, None, None, None, True, 1, None, None)
-    )
-    ctx.save_for_backward(a, b, layout)
-    ctx.psum, ctx.alignment = psum, alignment
-    ctx.c_dtype = None if c is None else c.dtype
+    args = arguments(K, inputs)
+    ctx.save_for_backward(args.a, args.b, args.layout)
+    ctx.psum, ctx.alignment = args.psum, args.alignment
+    ctx.c_dtype = None if args.c is None else args.c.dtype
 
 
 def _k_backward(ctx, grad):
     a, b, layout = ctx.saved_tensors
     kw = {"psum": ctx.psum, "alignment": ctx.alignment}
-    grad_a = m_grouped_bf16_gemm(b, grad, layout, out_dtype=a.dtype, **kw) if _needs(ctx, 0) else None
-    grad_b = m_grouped_bf16_gemm(a, grad.transpose(1, 2), layout, out_dtype=b.dtype, **kw) if _needs(ctx, 1) else None
-    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, 6) else None
-    return grad_a, grad_b, None, None, None, None, grad_c, None
+    grad_a = grad_b = grad_c = None
+    if needs_grad(ctx, K, "a"):
+        grad_a = m_grouped_bf16_gemm(b, grad, layout, out_dtype=a.dtype, **kw)
+    if needs_grad(ctx, K, "b"):
+        grad_b = m_grouped_bf16_gemm(a, grad.transpose(1, 2), layout, out_dtype=b.dtype, **kw)
+    if needs_grad(ctx, K, "c"):
+        grad_c = grad.to(ctx.c_dtype)
+    return gradients(K, a=grad_a, b=grad_b, c=grad_c)
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward = _with_defaults(
-        inputs, (None, None, None, True, 1, 128, False, True)
-    )
-    ctx.save_for_backward(x, weight, layout)
-    ctx.psum, ctx.alignment, ctx.block, ctx.use_ue8m0, ctx.fp8_backward = (
-        psum,
-        alignment,
-        block,
-        use_ue8m0,
-        fp8_backward,
-    )
+    args = arguments(LINEAR, inputs)
+    ctx.save_for_backward(args.x, args.weight, args.layout)
+    ctx.psum, ctx.alignment, ctx.block = args.psum, args.alignment, args.block
+    ctx.use_ue8m0, ctx.fp8_backward = args.use_ue8m0, args.fp8_backward
 
 
 def _linear_backward(ctx, grad):
@@ -101,7 +97,7 @@ def _linear_backward(ctx, grad):
     kw = {"psum": ctx.psum, "alignment": ctx.alignment}
     g, blk = grad.to(x.dtype), ctx.block
     grad_x = grad_w = None
-    if _needs(ctx, 0):
+    if needs_grad(ctx, LINEAR, "x"):
         if ctx.fp8_backward:
             pad = (-weight.shape[1]) % blk
             qg, sg = block_cast_to_fp8(F.pad(g, (0, pad)), (1, blk), ctx.use_ue8m0)
@@ -113,58 +109,38 @@ def _linear_backward(ctx, grad):
             ).to(x.dtype)
         else:
             grad_x = m_grouped_bf16_gemm(g, weight.transpose(1, 2), layout, out_dtype=x.dtype, **kw)
-    if _needs(ctx, 1):
+    if needs_grad(ctx, LINEAR, "weight"):
         grad_w = k_grouped_bf16_gemm(g, x, layout, weight.shape[0], out_dtype=weight.dtype, **kw)
-    return grad_x, grad_w, None, None, None, None, None, None
+    return gradients(LINEAR, x=grad_x, weight=grad_w)
 
 
-def _scaled_setup(ctx, inputs, output):
-    pass
+def _register_scaled(name: str, hint: str) -> None:
+    """A grouped FP8 op: quantized operands carry no gradient, scales are refused by name, ``c`` (where the op
+    has one) gets ``grad``."""
 
-
-def _scaled_backward_for(op: str, n_args: int):
-    """Backward of a grouped FP8 op: quantized operands carry no gradient, and scales are refused."""
+    def setup(ctx, inputs, output):
+        c = getattr(arguments(name, inputs), "c", None)
+        ctx.c_dtype = None if c is None else c.dtype
 
     def backward(ctx, grad):
-        for i, name in ((1, "sfa"), (3, "sfb")):
-            if _needs(ctx, i):
+        for scale in ("sfa", "sfb"):
+            if needs_grad(ctx, name, scale):
                 raise RuntimeError(
-                    f"ascend_moe::{op}: argument '{name}' requires grad, but scale factors are not differentiable "
-                    "here; train BF16/FP32 experts with m_grouped_bf16_gemm (or fp8_linear-style casts) instead"
+                    f"ascend_moe::{name}: argument '{scale}' requires grad, but scale factors are not "
+                    f"differentiable here{hint}"
                 )
-        return (None,) * n_args
+        if ctx.c_dtype is not None and needs_grad(ctx, name, "c"):
+            return gradients(name, c=grad.to(ctx.c_dtype))
+        return gradients(name)
 
-    return backward
-
-
-torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm", _m_backward, setup_context=_m_setup)
-torch.library.register_autograd("ascend_moe::m_grouped_bf16_gemm_masked", _masked_backward, setup_context=_masked_setup)
-torch.library.register_autograd("ascend_moe::k_grouped_bf16_gemm", _k_backward, setup_context=_k_setup)
-torch.library.register_autograd(
-    "ascend_moe::m_grouped_fp8_gemm", _scaled_backward_for("m_grouped_fp8_gemm", 10), setup_context=_scaled_setup
-)
-torch.library.register_autograd(
-    "ascend_moe::m_grouped_fp8_gemm_masked",
-    _scaled_backward_for("m_grouped_fp8_gemm_masked", 8),
-    setup_context=_scaled_setup,
-)
+    torch.library.register_autograd(f"ascend_moe::{name}", backward, setup_context=setup)
 
 
-def _k_fp8_setup(ctx, inputs, output):
-    c = inputs[8] if len(inputs) > 8 else None
-    ctx.c_dtype = None if c is None else c.dtype
-
-
-def _k_fp8_backward(ctx, grad):
-    for i, name in ((1, "sfa"), (3, "sfb")):
-        if _needs(ctx, i):
-            raise RuntimeError(
-                f"ascend_moe::k_grouped_fp8_gemm: argument '{name}' requires grad, but scale factors are not "
-                "differentiable here"
-            )
-    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, 8) else None
-    return None, None, None, None, None, None, None, None, grad_c, None
-
-
-torch.library.register_autograd("ascend_moe::k_grouped_fp8_gemm", _k_fp8_backward, setup_context=_k_fp8_setup)
-torch.library.register_autograd("ascend_moe::m_grouped_fp8_linear", _linear_backward, setup_context=_linear_setup)
+_TRAIN_BF16 = "; train BF16/FP32 experts with m_grouped_bf16_gemm (or fp8_linear-style casts) instead"
+_register_scaled("m_grouped_fp8_gemm", _TRAIN_BF16)
+_register_scaled("m_grouped_fp8_gemm_masked", _TRAIN_BF16)
+_register_scaled("k_grouped_fp8_gemm", "")
+torch.library.register_autograd(f"ascend_moe::{M}", _m_backward, setup_context=_m_setup)
+torch.library.register_autograd(f"ascend_moe::{MASKED}", _masked_backward, setup_context=_masked_setup)
+torch.library.register_autograd(f"ascend_moe::{K}", _k_backward, setup_context=_k_setup)
+torch.library.register_autograd(f"ascend_moe::{LINEAR}", _linear_backward, setup_context=_linear_setup)
