@@ -12,22 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.quant import block_cast_to_fp8
 
-_LINEAR_DEFAULTS = (None, None, None, 128, False, True)
-_QUANT_GEMM_DEFAULTS = (None, None, None, None, 128, (128, 128), False, 1.0, None)
-
-
-def _with_defaults(inputs, defaults) -> tuple:
-    # The dispatcher drops trailing arguments left at their defaults.
-    return (*inputs, *defaults[len(inputs) :])
-
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+LINEAR, QUANT_GEMM = "fp8_linear", "fp8_quant_gemm"
 
 
 def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -42,16 +33,16 @@ def _fp8_nt(a: torch.Tensor, b: torch.Tensor, recipe_a, recipe_b, use_ue8m0: boo
 
 
 def _linear_setup_context(ctx, inputs, output):
-    x, weight, bias, block, use_ue8m0, fp8_backward = _with_defaults(inputs, _LINEAR_DEFAULTS)
-    ctx.save_for_backward(x, weight)
-    ctx.block, ctx.use_ue8m0, ctx.fp8_backward = block, use_ue8m0, fp8_backward
+    args = arguments(LINEAR, inputs)
+    ctx.save_for_backward(args.x, args.weight)
+    ctx.block, ctx.use_ue8m0, ctx.fp8_backward = args.block, args.use_ue8m0, args.fp8_backward
 
 
 def _linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     g, blk = grad.to(x.dtype), ctx.block
     grad_x = grad_w = grad_b = None
-    if _needs(ctx, 0):
+    if needs_grad(ctx, LINEAR, "x"):
         if ctx.fp8_backward:
             # grad [M, N] @ W [N, K]: N is the reduction, padded to whole blocks in both operands.
             g_pad = F.pad(g, (0, (-g.shape[1]) % blk))
@@ -63,41 +54,41 @@ def _linear_backward(ctx, grad):
             ).to(x.dtype)
         else:
             grad_x = bf16_gemm(g, weight.t())
-    if _needs(ctx, 1):
+    if needs_grad(ctx, LINEAR, "weight"):
         if ctx.fp8_backward:
             # grad^T [N, M] @ x [M, K]: tokens are the reduction, both cast per channel along them.
             grad_w = _fp8_nt(_pad_rows(g, blk).t(), _pad_rows(x, blk).t(), (1, blk), (1, blk), ctx.use_ue8m0)
             grad_w = grad_w.to(weight.dtype)
         else:
             grad_w = bf16_gemm(g.t(), x.t())
-    if _needs(ctx, 2):
+    if needs_grad(ctx, LINEAR, "bias"):
         grad_b = g.float().sum(0).to(x.dtype)
-    return grad_x, grad_w, grad_b, None, None, None
+    return gradients(LINEAR, x=grad_x, weight=grad_w, bias=grad_b)
 
 
 def _quant_gemm_setup_context(ctx, inputs, output):
-    x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype = _with_defaults(inputs, _QUANT_GEMM_DEFAULTS)
-    ctx.save_for_backward(b, sfb)
-    ctx.recipe_b, ctx.alpha, ctx.x_dtype = list(recipe_b), alpha, x.dtype
-    ctx.c_dtype = None if c is None else c.dtype
+    args = arguments(QUANT_GEMM, inputs)
+    ctx.save_for_backward(args.b, args.sfb)
+    ctx.recipe_b, ctx.alpha, ctx.x_dtype = list(args.recipe_b), args.alpha, args.x.dtype
+    ctx.c_dtype = None if args.c is None else args.c.dtype
 
 
 def _quant_gemm_backward(ctx, grad):
     b, sfb = ctx.saved_tensors
-    for i, name in ((1, "b"), (2, "sfb")):
-        if _needs(ctx, i):
+    for name in ("b", "sfb"):
+        if needs_grad(ctx, QUANT_GEMM, name):
             raise RuntimeError(
                 f"ascend_moe::fp8_quant_gemm: argument '{name}' requires grad, but the pre-quantized weight "
                 "is not differentiable; train a high-precision weight with fp8_linear instead"
             )
     grad_x = None
-    if _needs(ctx, 0):
+    if needs_grad(ctx, QUANT_GEMM, "x"):
         grad_x = bf16_gemm(grad.float(), dequantize(b, sfb, ctx.recipe_b).t(), alpha=ctx.alpha).to(ctx.x_dtype)
-    grad_c = grad.to(ctx.c_dtype) if _needs(ctx, 3) else None
-    return grad_x, None, None, grad_c, None, None, None, None, None
+    grad_c = grad.to(ctx.c_dtype) if needs_grad(ctx, QUANT_GEMM, "c") else None
+    return gradients(QUANT_GEMM, x=grad_x, c=grad_c)
 
 
-torch.library.register_autograd("ascend_moe::fp8_linear", _linear_backward, setup_context=_linear_setup_context)
+torch.library.register_autograd(f"ascend_moe::{LINEAR}", _linear_backward, setup_context=_linear_setup_context)
 torch.library.register_autograd(
-    "ascend_moe::fp8_quant_gemm", _quant_gemm_backward, setup_context=_quant_gemm_setup_context
+    f"ascend_moe::{QUANT_GEMM}", _quant_gemm_backward, setup_context=_quant_gemm_setup_context
 )
