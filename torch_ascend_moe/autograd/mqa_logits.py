@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.meta import mqa_logits as meta
 
 _backward_op = torch.ops.ascend_moe.mqa_logits_backward.default
-
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+LOGITS, PAGED, TOPK = "mqa_logits", "paged_mqa_logits", "mqa_topk"
 
 
 def _logits_setup(ctx, inputs, output):
-    q, q_sf, k, k_sf, weights, ks, ke = inputs[:7]
-    ctx.max_seqlen_k = inputs[7] if len(inputs) > 7 else 0
+    args = arguments(LOGITS, inputs)
+    q, q_sf, k, k_sf, weights, ks, ke = args.q, args.q_sf, args.k, args.k_sf, args.weights, args.ks, args.ke
+    ctx.max_seqlen_k = args.max_seqlen_k
     ctx.q_float, ctx.k_float = not meta.is_quantized(q), not meta.is_quantized(k)
     ctx.dtypes = (q.dtype, k.dtype, weights.dtype)
     ctx.has_sf = (q_sf is not None, k_sf is not None)
@@ -40,24 +39,23 @@ def _logits_setup(ctx, inputs, output):
 
 def _logits_backward(ctx, grad):
     q, q_sf, k, k_sf, weights, ks, ke = ctx.saved_tensors
-    mask = [_needs(ctx, 0) and ctx.q_float, _needs(ctx, 2) and ctx.k_float, _needs(ctx, 4)]
+    mask = [
+        needs_grad(ctx, LOGITS, "q") and ctx.q_float,
+        needs_grad(ctx, LOGITS, "k") and ctx.k_float,
+        needs_grad(ctx, LOGITS, "weights"),
+    ]
     if not any(mask):
-        return (None,) * 9
+        return gradients(LOGITS)
     # Detached: the gradient op's own autograd wrapper then stays out of the way (with inputs that require
     # grad it measurably held on to the kernel's score blocks, ~S_kv x 64 KB of resident memory).
     q, k, weights = q.detach(), k.detach(), weights.detach()
     dq, dk, dw = _backward_op(grad, q, q_sf, k, k_sf, weights, ks, ke, ctx.max_seqlen_k, mask)
     q_t, k_t, w_t = ctx.dtypes
-    return (
-        dq.to(q_t) if mask[0] else None,
-        None,
-        dk.to(k_t) if mask[1] else None,
-        None,
-        dw.to(w_t) if mask[2] else None,
-        None,
-        None,
-        None,
-        None,
+    return gradients(
+        LOGITS,
+        q=dq.to(q_t) if mask[0] else None,
+        k=dk.to(k_t) if mask[1] else None,
+        weights=dw.to(w_t) if mask[2] else None,
     )
 
 
@@ -70,20 +68,20 @@ def _not_differentiable(ctx, *grads):
 
 
 def _paged_setup(ctx, inputs, output):
-    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len = inputs[:7]
-    ascend = inputs[8] if len(inputs) > 8 else False
+    args = arguments(PAGED, inputs)
+    q = args.q
     ctx.q_float = not meta.is_quantized(q)
-    ctx.dtypes = (q.dtype, weights.dtype)
-    ctx.fmt = meta.check_cache(kv_cache, meta.head_dim(q), ascend, q)
-    ctx.max_context_len = max_context_len
-    ctx.save_for_backward(q, q_sf, kv_cache, weights, context_lens, block_table)
+    ctx.dtypes = (q.dtype, args.weights.dtype)
+    ctx.fmt = meta.check_cache(args.kv_cache, meta.head_dim(q), args.ascend_kv_layout, q)
+    ctx.max_context_len = args.max_context_len
+    ctx.save_for_backward(q, args.q_sf, args.kv_cache, args.weights, args.context_lens, args.block_table)
 
 
 def _paged_backward(ctx, grad):
     q, q_sf, kv_cache, weights, context_lens, block_table = ctx.saved_tensors
-    need_q, need_w = _needs(ctx, 0) and ctx.q_float, _needs(ctx, 3)
+    need_q, need_w = needs_grad(ctx, PAGED, "q") and ctx.q_float, needs_grad(ctx, PAGED, "weights")
     if not (need_q or need_w) or ctx.max_context_len == 0:
-        return (None,) * 10
+        return gradients(PAGED)
     acc = meta.acc_dtype(q)
     qd, kd, ks, ke = portable.paged_as_ragged(q.detach(), q_sf, kv_cache, ctx.fmt, block_table, context_lens, acc)
     dq, _, dw = _backward_op(
@@ -91,15 +89,15 @@ def _paged_backward(ctx, grad):
     )
     q_t, w_t = ctx.dtypes
     grad_q = dq.reshape(q.shape).to(q_t) if need_q else None
-    return grad_q, None, None, (dw.to(w_t) if need_w else None), None, None, None, None, None, None
+    return gradients(PAGED, q=grad_q, weights=dw.to(w_t) if need_w else None)
 
 
 def _topk_setup(ctx, inputs, output):
-    logits, ks = inputs[:2]
-    ctx.compressed = inputs[4] if len(inputs) > 4 else False
+    args = arguments(TOPK, inputs)
+    ctx.compressed = args.compressed
     ctx.mark_non_differentiable(output[1])
-    ctx.shape = logits.shape
-    ctx.save_for_backward(output[1], ks)
+    ctx.shape = args.logits.shape
+    ctx.save_for_backward(output[1], args.ks)
 
 
 def _topk_backward(ctx, grad_values, grad_idx):
@@ -109,15 +107,15 @@ def _topk_backward(ctx, grad_values, grad_idx):
     cols = torch.where(valid, cols, 0)
     grad = grad_values.new_zeros(ctx.shape)
     grad.scatter_add_(1, cols, torch.where(valid, grad_values, 0))
-    return grad, None, None, None, None
+    return gradients(TOPK, logits=grad)
 
 
-torch.library.register_autograd("ascend_moe::mqa_logits", _logits_backward, setup_context=_logits_setup)
+torch.library.register_autograd(f"ascend_moe::{LOGITS}", _logits_backward, setup_context=_logits_setup)
 torch.library.register_autograd(
     "ascend_moe::mqa_logits_backward", _not_differentiable, setup_context=_non_differentiable_setup
 )
-torch.library.register_autograd("ascend_moe::paged_mqa_logits", _paged_backward, setup_context=_paged_setup)
+torch.library.register_autograd(f"ascend_moe::{PAGED}", _paged_backward, setup_context=_paged_setup)
 torch.library.register_autograd(
     "ascend_moe::paged_mqa_logits_metadata", _not_differentiable, setup_context=_non_differentiable_setup
 )
-torch.library.register_autograd("ascend_moe::mqa_topk", _topk_backward, setup_context=_topk_setup)
+torch.library.register_autograd(f"ascend_moe::{TOPK}", _topk_backward, setup_context=_topk_setup)
