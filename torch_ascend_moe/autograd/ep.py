@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
 
 _combine = torch.ops.ascend_moe.ep_combine.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
-
-
-def _needs(ctx, i: int) -> bool:
-    return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
 
 
 def _dispatch_setup(ctx, inputs, output):
@@ -34,8 +30,8 @@ def _dispatch_setup(ctx, inputs, output):
 
 def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
     recv_topk_idx, send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
-    need_x = _needs(ctx, 0) and ctx.x_dtype != torch.float8_e4m3fn
-    need_w = _needs(ctx, 3) and ctx.w_dtype is not None
+    need_x = needs_grad(ctx, "ep_dispatch", "x") and ctx.x_dtype != torch.float8_e4m3fn
+    need_w = needs_grad(ctx, "ep_dispatch", "topk_weights") and ctx.w_dtype is not None
     if not (need_x or need_w):
         return gradients("ep_dispatch")
     n, device = recv_gather.shape[0], recv_gather.device
@@ -71,7 +67,7 @@ def _cached_setup(ctx, inputs, output):
 
 def _cached_backward(ctx, grad_x, grad_scales):
     send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
-    if not _needs(ctx, 0) or grad_x is None or ctx.x_dtype == torch.float8_e4m3fn:
+    if not needs_grad(ctx, "ep_dispatch_cached", "x") or grad_x is None or ctx.x_dtype == torch.float8_e4m3fn:
         return gradients("ep_dispatch_cached")
     dx, _ = _combine(
         grad_x,
@@ -100,11 +96,13 @@ def _combine_backward(ctx, grad_out, grad_w):
     send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
     handle = (send_src, send_counts, recv_counts, recv_gather, ctx.group_name, ctx.timeout_s)
     dx = dw = None
-    if _needs(ctx, 0) and grad_out is not None:
+    if needs_grad(ctx, "ep_combine", "x") and grad_out is not None:
         dx, _ = _cached(grad_out, None, *handle)
-    if _needs(ctx, 1) and grad_w is not None:
+    if needs_grad(ctx, "ep_combine", "topk_weights") and grad_w is not None:
         dw, _ = _cached(grad_w, None, *handle)
-    biases = [grad_out if has and _needs(ctx, 2 + i) else None for i, has in enumerate(ctx.has_bias)]
+    biases = [
+        grad_out if has and needs_grad(ctx, "ep_combine", f"bias_{i}") else None for i, has in enumerate(ctx.has_bias)
+    ]
     return gradients("ep_combine", x=dx, topk_weights=dw, bias_0=biases[0], bias_1=biases[1])
 
 
@@ -144,7 +142,7 @@ def _ll_dispatch_setup(ctx, inputs, output):
 
 def _ll_dispatch_backward(ctx, grad_x, *unused):
     topk_idx, src_info, layout_range = ctx.saved_tensors
-    if not _needs(ctx, 0) or ctx.use_fp8 or grad_x is None:
+    if not needs_grad(ctx, "ep_low_latency_dispatch", "x") or ctx.use_fp8 or grad_x is None:
         return gradients("ep_low_latency_dispatch")
     ones = torch.ones(topk_idx.shape, dtype=torch.float32, device=grad_x.device)
     dx = _ll_combine(grad_x, topk_idx, ones, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
@@ -161,7 +159,7 @@ def _ll_combine_setup(ctx, inputs, output):
 def _ll_combine_backward(ctx, grad_out):
     x, topk_idx, topk_weights, src_info, layout_range = ctx.saved_tensors
     dx = dw = None
-    if _needs(ctx, 0):
+    if needs_grad(ctx, "ep_low_latency_combine", "x"):
         dx = _ll_dispatch(
             grad_out.to(x.dtype),
             topk_idx,
@@ -174,7 +172,7 @@ def _ll_combine_backward(ctx, grad_out):
             topk_weights,
             ctx.timeout_s,
         )[0]
-    if _needs(ctx, 2):
+    if needs_grad(ctx, "ep_low_latency_combine", "topk_weights"):
         columns = []
         for k in range(topk_idx.shape[1]):
             one_hot = torch.zeros_like(topk_weights)

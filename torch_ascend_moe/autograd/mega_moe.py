@@ -8,56 +8,57 @@ from __future__ import annotations
 
 import torch
 
-_POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1_weights, l2_weights, shared_l1_weights, shared_l2_weights
+from torch_ascend_moe._registry import arguments, gradients, needs_grad
+
+OP = "mega_moe"
+_DIFFERENTIABLE = ("x", "topk_weights", "l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights")
 
 
 def _setup(ctx, inputs, output):
-    # torch.library fills in the defaults before calling this: all 15 arguments are here.
-    x, _, idx, w, l1, _, l2, _, shared_l1, _, shared_l2, _, group_name, clamp, timeout_s = inputs
-    ctx.group_name, ctx.clamp, ctx.timeout_s = group_name, clamp, timeout_s
-    ctx.fp8 = x.dtype == torch.float8_e4m3fn
-    ctx.save_for_backward(x, idx, w, l1, l2, shared_l1, shared_l2)
+    args = arguments(OP, inputs)
+    ctx.group_name, ctx.clamp, ctx.timeout_s = args.group_name, args.activation_clamp, args.timeout_s
+    ctx.fp8 = args.x.dtype == torch.float8_e4m3fn
+    ctx.save_for_backward(args.topk_idx, *(getattr(args, name) for name in _DIFFERENTIABLE))
 
 
 def _backward(ctx, grad_y, grad_counts):
     from torch_ascend_moe.backends.portable.mega_moe import pipeline
 
-    # The dispatcher drops trailing arguments equal to their defaults: one gradient per argument it passed.
-    given = len(ctx.needs_input_grad)
-    nothing = (None,) * given
-    needs = [i < given and ctx.needs_input_grad[i] for i in _POSITIONS]
+    needs = [needs_grad(ctx, OP, name) for name in _DIFFERENTIABLE]
     if ctx.fp8 or grad_y is None or not any(needs):
-        return nothing
-    x, idx, w, l1, l2, shared_l1, shared_l2 = ctx.saved_tensors
-    leaves = [
-        None if t is None else t.detach().requires_grad_(n) for t, n in zip((x, w, l1, l2, shared_l1, shared_l2), needs)
-    ]
+        return gradients(OP)
+    idx, *saved = ctx.saved_tensors
+    x, w, l1, l2, shared_l1, shared_l2 = (
+        None if t is None else t.detach().requires_grad_(n) for t, n in zip(saved, needs)
+    )
     with torch.enable_grad():
         y, _ = pipeline(
-            leaves[0],
+            x,
             None,
             idx,
-            leaves[1],
-            leaves[2],
+            w,
+            l1,
             None,
-            leaves[3],
+            l2,
             None,
-            leaves[4],
+            shared_l1,
             None,
-            leaves[5],
+            shared_l2,
             None,
             ctx.group_name,
             ctx.clamp,
             ctx.timeout_s,
         )
-        wanted = [t for t, n in zip(leaves, needs) if n]
-        grads = iter(torch.autograd.grad(y, wanted, grad_y, allow_unused=True))
-    out = list(nothing)
-    for pos, n, leaf in zip(_POSITIONS, needs, leaves):
-        if n:
-            g = next(grads)
-            out[pos] = torch.zeros_like(leaf) if g is None else g.to(leaf.dtype)
-    return tuple(out)
+        leaves = dict(zip(_DIFFERENTIABLE, (x, w, l1, l2, shared_l1, shared_l2)))
+        wanted = [name for name, n in zip(_DIFFERENTIABLE, needs) if n]
+        grads = torch.autograd.grad(y, [leaves[name] for name in wanted], grad_y, allow_unused=True)
+    return gradients(
+        OP,
+        **{
+            name: torch.zeros_like(leaves[name]) if g is None else g.to(leaves[name].dtype)
+            for name, g in zip(wanted, grads)
+        },
+    )
 
 
-torch.library.register_autograd("ascend_moe::mega_moe", _backward, setup_context=_setup)
+torch.library.register_autograd(f"ascend_moe::{OP}", _backward, setup_context=_setup)
