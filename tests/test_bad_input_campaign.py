@@ -7,21 +7,15 @@ kernel, the portable kernel and the fake disagree, or that fails with anything b
 from __future__ import annotations
 
 import json
-import pkgutil
 import subprocess
 import sys
 
 import pytest
 
-import torch_ascend_moe.testing as testing_pkg
-from torch_ascend_moe.testing import campaign
+from torch_ascend_moe.testing import campaign, family_specs
 
 # ep's ops need a process group; their bad inputs run on one- and multi-rank groups in tests/ep.
-FAMILIES = sorted(
-    m.name
-    for m in pkgutil.iter_modules(testing_pkg.__path__)
-    if m.name != "ep" and "SPECS =" in open(f"{testing_pkg.__path__[0]}/{m.name}.py").read()
-)
+FAMILIES = sorted(f for f in family_specs() if f != "ep")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -17,17 +17,9 @@ from torch_ascend_moe.backends import portable
 
 def _spec_names() -> list[str]:
     """Every op a family's harness specs cover: the inventory the dispatcher must match (no list is kept)."""
-    import importlib
-    import pkgutil
+    from torch_ascend_moe.testing import family_specs
 
-    import torch_ascend_moe.testing as testing
-
-    names = set()
-    for family in pkgutil.iter_modules(testing.__path__):
-        names |= {
-            spec.name for spec in getattr(importlib.import_module(f"{testing.__name__}.{family.name}"), "SPECS", ())
-        }
-    return sorted(names)
+    return sorted(spec.name for specs in family_specs().values() for spec in specs)
 
 
 OPS = _spec_names()

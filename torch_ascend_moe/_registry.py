@@ -75,5 +75,10 @@ def gradients(name: str, **grads) -> tuple:
 def needs_grad(ctx, name: str, arg: str) -> bool:
     """Whether the backward of ``ascend_moe::name`` must produce ``arg``'s gradient (``ctx.needs_input_grad`` by
     argument name; it may be shorter than the schema when the dispatcher dropped trailing defaults)."""
-    i = next(i for i, (a, _, _) in enumerate(_schema(name)) if a == arg)
+    i = _position(name, arg)
     return i < len(ctx.needs_input_grad) and ctx.needs_input_grad[i]
+
+
+@functools.cache
+def _position(name: str, arg: str) -> int:
+    return next(i for i, (a, _, _) in enumerate(_schema(name)) if a == arg)

@@ -52,12 +52,7 @@ from torch_ascend_moe.deep_gemm.grouped import (
     m_grouped_fp8_gemm_nt_masked,
 )
 from torch_ascend_moe.deep_gemm.hc_prenorm import tf32_hc_prenorm_gemm
-from torch_ascend_moe.deep_gemm.layout import (
-    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
-    get_mn_major_tma_aligned_packed_ue8m0_tensor,
-    get_mn_major_tma_aligned_tensor,
-    transform_sf_into_required_layout,
-)
+from torch_ascend_moe.deep_gemm.layout import transform_sf_into_required_layout
 from torch_ascend_moe.deep_gemm.mega import (
     SymmBuffer,
     bf16_mega_moe,
@@ -75,27 +70,22 @@ from torch_ascend_moe.deep_gemm.mqa import (
 )
 from torch_ascend_moe.deep_gemm.runtime import (
     get_deterministic_algorithms,
-    get_k_alignment_for_contiguous_layout,
-    get_m_alignment_for_contiguous_layout,
-    get_mk_alignment_for_contiguous_layout,
     get_num_sms,
     get_pdl,
     get_tc_util,
-    get_theoretical_mk_alignment_for_contiguous_layout,
     set_block_size_multiple_of,
     set_ignore_compile_dims,
-    set_mk_alignment_for_contiguous_layout,
     set_num_sms,
     set_pdl,
     set_tc_util,
     use_deterministic_algorithms,
 )
 from torch_ascend_moe.deep_gemm.utils import *  # noqa: F403  (upstream's star export)
-from torch_ascend_moe.deep_gemm.utils.dist import init_dist, uneven_all_gather
 
 __version__ = "2.6.1+ascend_moe"
 
-__all__ = utils.math.__all__ + [
+# utils.__all__: upstream's math, layout and dist helpers, star-exported above.
+__all__ = utils.__all__ + [
     "aclnn_bf16_gemm_nn",
     "aclnn_bf16_gemm_nt",
     "aclnn_bf16_gemm_tn",
@@ -129,16 +119,6 @@ __all__ = utils.math.__all__ + [
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "get_deterministic_algorithms",
-    "get_k_alignment_for_contiguous_layout",
-    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_m_alignment_for_contiguous_layout",
-    "get_mk_alignment_for_contiguous_layout",
-    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_mn_major_tma_aligned_tensor",
-    "get_theoretical_mk_alignment_for_contiguous_layout",
-    "set_mk_alignment_for_contiguous_layout",
-    "init_dist",
-    "uneven_all_gather",
     "get_num_sms",
     "get_paged_mqa_logits_metadata",
     "get_pdl",

@@ -33,3 +33,16 @@ def count_bytes(*tensors) -> int:
 
 
 __all__ = ["calc_diff", "count_bytes"]
+
+
+def family_specs() -> dict:
+    """``{family: its OpSpecs}`` for every module of this package that lists ``SPECS`` (imported on demand)."""
+    import importlib
+    import pkgutil
+
+    specs = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "SPECS"):
+            specs[info.name] = list(module.SPECS)
+    return specs
