@@ -18,22 +18,91 @@ NAMESPACE = "ascend_moe"
 _PORTABLE = torch.library.Library(NAMESPACE, "IMPL")
 
 
+def _by_name(name: str | Callable | None, register: Callable[[Callable, str], None]):
+    """The decorator shape every registration here shares: ``@deco`` (the op is the function's name) or
+    ``@deco("op")``; the function is returned unchanged."""
+
+    def decorate(fn: Callable, op: str | None = None) -> Callable:
+        register(fn, op or fn.__name__)
+        return fn
+
+    if callable(name):
+        return decorate(name)
+    return lambda fn: decorate(fn, name)
+
+
+def with_defaults(name: str, fn: Callable) -> Callable:
+    """``fn`` called with every schema argument of ``ascend_moe::name``: the dispatcher drops trailing arguments
+    equal to their defaults before calling a Python kernel, so the schema's defaults are filled back here and no
+    kernel, fake or formula repeats them. Keywords the schema does not know (a kernel's own options) pass on."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        schema = _schema(name)
+        if len(args) < len(schema):
+            args = list(args)
+            for arg, has_default, default in schema[len(args) :]:
+                if arg in kwargs:
+                    args.append(kwargs.pop(arg))
+                elif has_default:
+                    args.append(default)
+                else:
+                    raise TypeError(f"{NAMESPACE}::{name}: missing argument '{arg}'")
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def fake(name: str | Callable | None = None):
+    """Register the fake (meta) kernel of ``ascend_moe::<name>`` (default: the function's name); it receives
+    every schema argument (``with_defaults``)."""
+    return _by_name(name, lambda fn, op: torch.library.register_fake(f"{NAMESPACE}::{op}", with_defaults(op, fn)))
+
+
+def flop_formula(name: str | Callable | None = None):
+    """Register ``torch.utils.flop_counter``'s formula for ``ascend_moe::<name>``: it receives every schema
+    argument (tensors as shapes) and ``out_shape``."""
+
+    def register(fn, op):
+        from torch.utils.flop_counter import register_flop_formula
+
+        register_flop_formula(getattr(torch.ops.ascend_moe, op))(with_defaults(op, fn))
+
+    return _by_name(name, register)
+
+
+def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
+    """Make ``ascend_moe::name`` differentiable with ``setup_context(ctx, inputs, output)`` and
+    ``backward(ctx, *grads)`` (torch.library's contract).
+
+    The Autograd-key kernel is C++ (``csrc/ops/autograd_bridge.cpp``): a call where nothing needs a gradient
+    redispatches below autograd without entering Python; otherwise it runs torch.library's autograd
+    implementation of the two functions. Where that private builder is missing (another torch), this falls
+    back to ``torch.library.register_autograd``: same semantics, Python on every call.
+    """
+    qualname = f"{NAMESPACE}::{name}"
+    try:
+        from torch._library.autograd import Info, make_autograd_impl
+    except ImportError:
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+        return
+    from torch_ascend_moe import _C
+
+    op = getattr(torch.ops.ascend_moe, name).default
+    _C._register_autograd(name, make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context)))
+
+
 def portable_kernel(name: str | Callable | None = None):
     """Register a device-generic kernel for ``ascend_moe::<name>`` (default: the function's name), ONCE, under
     ``CompositeExplicitAutograd``: it serves CUDA, PrivateUse1 (Ascend) and any other device; a C++ CPU kernel,
     where the family has one, still wins on CPU, and the fake still serves Meta.
 
+    It receives every schema argument (``with_defaults``).
+
     >>> @portable_kernel
-    ... def bf16_gemm(a, b, c=None, alpha=1.0, out_dtype=None): ...
+    ... def bf16_gemm(a, b, c, alpha, out_dtype): ...
     """
-
-    def register(fn: Callable, op: str | None = None) -> Callable:
-        _PORTABLE.impl(op or fn.__name__, fn, "CompositeExplicitAutograd")
-        return fn
-
-    if callable(name):
-        return register(name)
-    return lambda fn: register(fn, name)
+    return _by_name(name, lambda fn, op: _PORTABLE.impl(op, with_defaults(op, fn), "CompositeExplicitAutograd"))
 
 
 def op_names() -> list[str]:

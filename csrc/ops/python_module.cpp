@@ -6,7 +6,15 @@
 #define AM_STR2(x) #x
 #define AM_STR(x) AM_STR2(x)
 
-static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+PyObject* ascend_moe_register_autograd(PyObject* self, PyObject* args);  // autograd_bridge.cpp
+
+static PyMethodDef ascend_moe_methods[] = {
+    {"_register_autograd", ascend_moe_register_autograd, METH_VARARGS,
+     "_register_autograd(name, impl): the C++ autograd kernel of ascend_moe::name, calling impl when a gradient "
+     "is needed"},
+    {nullptr, nullptr, 0, nullptr}};
+
+static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};
 
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject* m = PyModule_Create(&ascend_moe_module);

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
 
 
@@ -80,6 +80,6 @@ def _einsum_backward(ctx, grad):
     return gradients("bf16_einsum", a=ga, b=gb, c=_grad_c(ctx, grad))
 
 
-torch.library.register_autograd("ascend_moe::bf16_gemm", _gemm_backward, setup_context=_setup("bf16_gemm"))
-torch.library.register_autograd("ascend_moe::bf16_bmm", _bmm_backward, setup_context=_setup("bf16_bmm"))
-torch.library.register_autograd("ascend_moe::bf16_einsum", _einsum_backward, setup_context=_setup("bf16_einsum"))
+autograd("bf16_gemm", _gemm_backward, _setup("bf16_gemm"))
+autograd("bf16_bmm", _bmm_backward, _setup("bf16_bmm"))
+autograd("bf16_einsum", _einsum_backward, _setup("bf16_einsum"))
