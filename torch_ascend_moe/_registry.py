@@ -7,6 +7,9 @@ kernel registers under the schema name it is decorated with.
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
+import sys
 import types
 from collections.abc import Callable
 
@@ -20,11 +23,14 @@ _PORTABLE = torch.library.Library(NAMESPACE, "IMPL")
 
 def _by_name(name: str | Callable | None, register: Callable[[Callable, str], None]):
     """The decorator shape every registration here shares: ``@deco`` (the op is the function's name) or
-    ``@deco("op")``; the function is returned unchanged."""
+    ``@deco("op")``. The module keeps the registered callable, so direct calls (tests, other kernels) get the
+    schema's defaults as the dispatcher's calls do."""
 
     def decorate(fn: Callable, op: str | None = None) -> Callable:
-        register(fn, op or fn.__name__)
-        return fn
+        op = op or fn.__name__
+        kernel = with_defaults(op, fn)
+        register(kernel, op)
+        return kernel
 
     if callable(name):
         return decorate(name)
@@ -56,7 +62,16 @@ def with_defaults(name: str, fn: Callable) -> Callable:
 def fake(name: str | Callable | None = None):
     """Register the fake (meta) kernel of ``ascend_moe::<name>`` (default: the function's name); it receives
     every schema argument (``with_defaults``)."""
-    return _by_name(name, lambda fn, op: torch.library.register_fake(f"{NAMESPACE}::{op}", with_defaults(op, fn)))
+
+    def register(fn, op):
+        # torch checks that a fake lives in the module the schema's set_python_module names, by looking at
+        # the caller's frame: point it at the family module that applied the decorator.
+        depth = 1
+        while sys._getframe(depth).f_globals.get("__name__") == __name__:
+            depth += 1
+        torch.library.register_fake(f"{NAMESPACE}::{op}", fn, _stacklevel=depth + 1)
+
+    return _by_name(name, register)
 
 
 def flop_formula(name: str | Callable | None = None):
@@ -66,7 +81,7 @@ def flop_formula(name: str | Callable | None = None):
     def register(fn, op):
         from torch.utils.flop_counter import register_flop_formula
 
-        register_flop_formula(getattr(torch.ops.ascend_moe, op))(with_defaults(op, fn))
+        register_flop_formula(getattr(torch.ops.ascend_moe, op))(fn)
 
     return _by_name(name, register)
 
@@ -102,7 +117,14 @@ def portable_kernel(name: str | Callable | None = None):
     >>> @portable_kernel
     ... def bf16_gemm(a, b, c, alpha, out_dtype): ...
     """
-    return _by_name(name, lambda fn, op: _PORTABLE.impl(op, with_defaults(op, fn), "CompositeExplicitAutograd"))
+    return _by_name(name, lambda fn, op: _PORTABLE.impl(op, fn, "CompositeExplicitAutograd"))
+
+
+def import_families(package: str, path) -> None:
+    """Import every module of ``package`` (``__name__``, ``__path__``): each family module registers its own
+    pieces by name at import, so no list of families or ops is kept here."""
+    for family in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{family.name}")
 
 
 def op_names() -> list[str]:

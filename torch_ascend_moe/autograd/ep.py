@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 
 _combine = torch.ops.ascend_moe.ep_combine.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
@@ -114,10 +114,10 @@ def _layout_backward(ctx, *grads):
     return gradients("ep_dispatch_layout")
 
 
-torch.library.register_autograd("ascend_moe::ep_dispatch", _dispatch_backward, setup_context=_dispatch_setup)
-torch.library.register_autograd("ascend_moe::ep_dispatch_cached", _cached_backward, setup_context=_cached_setup)
-torch.library.register_autograd("ascend_moe::ep_combine", _combine_backward, setup_context=_combine_setup)
-torch.library.register_autograd("ascend_moe::ep_dispatch_layout", _layout_backward, setup_context=_layout_setup)
+autograd("ep_dispatch", _dispatch_backward, _dispatch_setup)
+autograd("ep_dispatch_cached", _cached_backward, _cached_setup)
+autograd("ep_combine", _combine_backward, _combine_setup)
+autograd("ep_dispatch_layout", _layout_backward, _layout_setup)
 
 
 # ---- low-latency mode (DeepEP's are inference-only; these are differentiable) ----
@@ -183,9 +183,5 @@ def _ll_combine_backward(ctx, grad_out):
     return gradients("ep_low_latency_combine", x=dx, topk_weights=dw)
 
 
-torch.library.register_autograd(
-    "ascend_moe::ep_low_latency_dispatch", _ll_dispatch_backward, setup_context=_ll_dispatch_setup
-)
-torch.library.register_autograd(
-    "ascend_moe::ep_low_latency_combine", _ll_combine_backward, setup_context=_ll_combine_setup
-)
+autograd("ep_low_latency_dispatch", _ll_dispatch_backward, _ll_dispatch_setup)
+autograd("ep_low_latency_combine", _ll_combine_backward, _ll_combine_setup)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients
+from torch_ascend_moe._registry import arguments, autograd, gradients
 
 
 def _register(name: str) -> None:
@@ -33,7 +33,7 @@ def _register(name: str) -> None:
                 )
         return gradients(name, c=grad.to(ctx.c_dtype) if ctx.c_dtype is not None else None)
 
-    torch.library.register_autograd(f"ascend_moe::{name}", backward, setup_context=setup)
+    autograd(name, backward, setup)
 
 
 for _name in ("fp8_gemm", "fp8_bmm", "fp8_einsum"):

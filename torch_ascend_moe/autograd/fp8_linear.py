@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
@@ -88,7 +88,5 @@ def _quant_gemm_backward(ctx, grad):
     return gradients(QUANT_GEMM, x=grad_x, c=grad_c)
 
 
-torch.library.register_autograd(f"ascend_moe::{LINEAR}", _linear_backward, setup_context=_linear_setup_context)
-torch.library.register_autograd(
-    f"ascend_moe::{QUANT_GEMM}", _quant_gemm_backward, setup_context=_quant_gemm_setup_context
-)
+autograd(LINEAR, _linear_backward, _linear_setup_context)
+autograd(QUANT_GEMM, _quant_gemm_backward, _quant_gemm_setup_context)

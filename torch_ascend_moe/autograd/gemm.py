@@ -7,8 +7,6 @@ result was upcast: gradients of BF16 operands are BF16 GEMMs with FP32 accumulat
 
 from __future__ import annotations
 
-import torch
-
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_einsum, bf16_gemm
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.gemm import bf16_bmm
 from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm,
@@ -133,14 +133,14 @@ def _register_scaled(name: str, hint: str) -> None:
             return gradients(name, c=grad.to(ctx.c_dtype))
         return gradients(name)
 
-    torch.library.register_autograd(f"ascend_moe::{name}", backward, setup_context=setup)
+    autograd(name, backward, setup)
 
 
 _TRAIN_BF16 = "; train BF16/FP32 experts with m_grouped_bf16_gemm (or fp8_linear-style casts) instead"
 _register_scaled("m_grouped_fp8_gemm", _TRAIN_BF16)
 _register_scaled("m_grouped_fp8_gemm_masked", _TRAIN_BF16)
 _register_scaled("k_grouped_fp8_gemm", "")
-torch.library.register_autograd(f"ascend_moe::{M}", _m_backward, setup_context=_m_setup)
-torch.library.register_autograd(f"ascend_moe::{MASKED}", _masked_backward, setup_context=_masked_setup)
-torch.library.register_autograd(f"ascend_moe::{K}", _k_backward, setup_context=_k_setup)
-torch.library.register_autograd(f"ascend_moe::{LINEAR}", _linear_backward, setup_context=_linear_setup)
+autograd(M, _m_backward, _m_setup)
+autograd(MASKED, _masked_backward, _masked_setup)
+autograd(K, _k_backward, _k_setup)
+autograd(LINEAR, _linear_backward, _linear_setup)

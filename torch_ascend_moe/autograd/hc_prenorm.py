@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.meta.hc_prenorm import split_ranges
 from torch_ascend_moe.quant import round_to_tf32
 
@@ -37,4 +37,4 @@ def _backward(ctx, grad_d, grad_sqr):
     return gradients("hc_prenorm_gemm", a=None if grad_a is None else grad_a.to(a.dtype), b=grad_b)
 
 
-torch.library.register_autograd("ascend_moe::hc_prenorm_gemm", _backward, setup_context=_setup)
+autograd("hc_prenorm_gemm", _backward, _setup)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 
 OP = "mega_moe"
 _DIFFERENTIABLE = ("x", "topk_weights", "l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights")
@@ -61,4 +61,4 @@ def _backward(ctx, grad_y, grad_counts):
     )
 
 
-torch.library.register_autograd(f"ascend_moe::{OP}", _backward, setup_context=_setup)
+autograd(OP, _backward, _setup)

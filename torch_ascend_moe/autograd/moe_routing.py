@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.moe_routing import moe_unpermute
 
 
@@ -51,8 +51,8 @@ def _unpermute_backward(ctx, grad):
     return gradients("moe_unpermute", y=grad_y, topk_weights=grad_w)
 
 
-torch.library.register_autograd("ascend_moe::moe_permute", _permute_backward, setup_context=_permute_setup)
-torch.library.register_autograd("ascend_moe::moe_unpermute", _unpermute_backward, setup_context=_unpermute_setup)
+autograd("moe_permute", _permute_backward, _permute_setup)
+autograd("moe_unpermute", _unpermute_backward, _unpermute_setup)
 
 
 # moe_gating_topk: the weights are scores at the chosen experts, renormalized and scaled; the choice itself
@@ -89,4 +89,4 @@ def _gating_backward(ctx, grad_w, grad_idx):
     return gradients("moe_gating_topk", logits=d_logits.to(ctx.logits_dtype))
 
 
-torch.library.register_autograd("ascend_moe::moe_gating_topk", _gating_backward, setup_context=_gating_setup)
+autograd("moe_gating_topk", _gating_backward, _gating_setup)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.meta import mqa_logits as meta
 
@@ -110,12 +110,8 @@ def _topk_backward(ctx, grad_values, grad_idx):
     return gradients(TOPK, logits=grad)
 
 
-torch.library.register_autograd(f"ascend_moe::{LOGITS}", _logits_backward, setup_context=_logits_setup)
-torch.library.register_autograd(
-    "ascend_moe::mqa_logits_backward", _not_differentiable, setup_context=_non_differentiable_setup
-)
-torch.library.register_autograd(f"ascend_moe::{PAGED}", _paged_backward, setup_context=_paged_setup)
-torch.library.register_autograd(
-    "ascend_moe::paged_mqa_logits_metadata", _not_differentiable, setup_context=_non_differentiable_setup
-)
-torch.library.register_autograd(f"ascend_moe::{TOPK}", _topk_backward, setup_context=_topk_setup)
+autograd(LOGITS, _logits_backward, _logits_setup)
+autograd("mqa_logits_backward", _not_differentiable, _non_differentiable_setup)
+autograd(PAGED, _paged_backward, _paged_setup)
+autograd("paged_mqa_logits_metadata", _not_differentiable, _non_differentiable_setup)
+autograd(TOPK, _topk_backward, _topk_setup)

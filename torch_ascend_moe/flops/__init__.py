@@ -1,13 +1,6 @@
-"""FLOP formulas (``torch.utils.flop_counter``) of the GEMM-like ops, one module per family."""
+"""FLOP formulas (``torch.utils.flop_counter``) of the GEMM-like ops, one module per family
+(``torch_ascend_moe._registry.flop_formula``)."""
 
-from torch_ascend_moe.flops import (  # noqa: F401
-    ep,
-    fp8_gemm,
-    fp8_linear,
-    gemm,
-    grouped,
-    hc_prenorm,
-    mega_moe,
-    moe_routing,
-    mqa_logits,
-)
+from torch_ascend_moe._registry import import_families
+
+import_families(__name__, __path__)

@@ -3,55 +3,44 @@
 
 from __future__ import annotations
 
-import torch
-from torch.utils.flop_counter import register_flop_formula
+from torch_ascend_moe._registry import flop_formula
 
 
-@register_flop_formula(torch.ops.ascend_moe.m_grouped_bf16_gemm)
-def m_grouped_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def m_grouped_bf16_gemm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * b_shape[1] * a_shape[1]
 
 
-@register_flop_formula(torch.ops.ascend_moe.m_grouped_bf16_gemm_masked)
-def masked_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def m_grouped_bf16_gemm_masked(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1] * a_shape[2]
 
 
-@register_flop_formula(torch.ops.ascend_moe.k_grouped_bf16_gemm)
-def k_grouped_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def k_grouped_bf16_gemm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
-@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_gemm)
-def m_grouped_fp8_flops(
-    a_shape,
-    sfa_shape,
-    b_shape,
-    sfb_shape,
-    layout_shape,
-    psum=True,
-    alignment=1,
-    recipe_a=(1, 128),
-    *args,
-    out_shape=None,
-    **kwargs,
+@flop_formula
+def m_grouped_fp8_gemm(
+    a_shape, sfa_shape, b_shape, sfb_shape, layout_shape, psum, alignment, recipe_a, *args, out_shape=None, **kwargs
 ) -> int:
     # K from the scales (packed FP4 halves the data's K).
     return 2 * a_shape[0] * b_shape[1] * sfa_shape[1] * recipe_a[1]
 
 
-@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_gemm_masked)
-def masked_fp8_flops(
-    a_shape, sfa_shape, b_shape, sfb_shape, masked_shape, recipe_a=(1, 128), *args, out_shape=None, **kwargs
+@flop_formula
+def m_grouped_fp8_gemm_masked(
+    a_shape, sfa_shape, b_shape, sfb_shape, masked_shape, recipe_a, *args, out_shape=None, **kwargs
 ) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1] * sfa_shape[2] * recipe_a[1]
 
 
-@register_flop_formula(torch.ops.ascend_moe.m_grouped_fp8_linear)
-def m_grouped_fp8_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def m_grouped_fp8_linear(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * x_shape[0] * w_shape[1] * x_shape[1]
 
 
-@register_flop_formula(torch.ops.ascend_moe.k_grouped_fp8_gemm)
-def k_grouped_fp8_flops(a_shape, sfa_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def k_grouped_fp8_gemm(a_shape, sfa_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]

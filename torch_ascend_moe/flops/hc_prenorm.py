@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-from torch.utils.flop_counter import register_flop_formula
+from torch_ascend_moe._registry import flop_formula
 
 
-@register_flop_formula(torch.ops.ascend_moe.hc_prenorm_gemm)
-def hc_prenorm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+@flop_formula
+def hc_prenorm_gemm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * b_shape[0] * a_shape[1] + 2 * a_shape[0] * a_shape[1]

@@ -3,12 +3,11 @@ benchmark counts it (over received tokens); the fused shared experts add 6·H·I
 
 from __future__ import annotations
 
-import torch
-from torch.utils.flop_counter import register_flop_formula
+from torch_ascend_moe._registry import flop_formula
 
 
-@register_flop_formula(torch.ops.ascend_moe.mega_moe)
-def mega_moe_flops(
+@flop_formula
+def mega_moe(
     x_shape,
     x_sf_shape,
     idx_shape,

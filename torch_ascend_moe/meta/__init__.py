@@ -1,17 +1,9 @@
-"""Fake (meta) implementations of every ascend_moe op, one module per family.
+"""Fake (meta) implementations of every ascend_moe op, one module per family (``_registry.fake``).
 
-``csrc/ops/library.cpp`` names each family's module in ``set_python_module``, so tracing an op before
-its fakes are imported fails with a hint to import that module.
+Each family's schemas name its module in ``set_python_module`` (``csrc/ops/<family>_cpu.cpp``), so tracing
+an op before its fakes are imported fails with a hint to import that module.
 """
 
-from torch_ascend_moe.meta import (  # noqa: F401
-    ep,
-    fp8_gemm,
-    fp8_linear,
-    gemm,
-    grouped,
-    hc_prenorm,
-    mega_moe,
-    moe_routing,
-    mqa_logits,
-)
+from torch_ascend_moe._registry import import_families
+
+import_families(__name__, __path__)

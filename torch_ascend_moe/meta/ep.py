@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 from torch_ascend_moe.distributed.groups import resolve_group
 
 LAYOUT = "ascend_moe::ep_dispatch_layout"
@@ -171,8 +172,8 @@ def _scale_cols(x_scales):
     return x_scales.shape[1] if x_scales is not None else 0
 
 
-@torch.library.register_fake(LAYOUT)
-def _layout_fake(topk_idx, num_experts, num_ranks, ranks_per_node=8):
+@fake
+def ep_dispatch_layout(topk_idx, num_experts, num_ranks, ranks_per_node):
     layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
     nodes = max(1, num_ranks // ranks_per_node)
     i32 = torch.int32
@@ -184,17 +185,9 @@ def _layout_fake(topk_idx, num_experts, num_ranks, ranks_per_node=8):
     )
 
 
-@torch.library.register_fake(DISPATCH)
-def _dispatch_fake(
-    x,
-    x_scales,
-    topk_idx,
-    topk_weights,
-    num_experts,
-    group_name,
-    expert_alignment=1,
-    num_worst_tokens=0,
-    timeout_s=300.0,
+@fake
+def ep_dispatch(
+    x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
 ):
     r = dispatch_signature(
         x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
@@ -225,27 +218,17 @@ def _dispatch_fake(
     )
 
 
-@torch.library.register_fake(CACHED)
-def _cached_fake(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
+@fake
+def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
     cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s)
     n = recv_gather.shape[0]
     s_dtype = x_scales.dtype if x_scales is not None else ABSENT
     return x.new_empty([n, x.shape[1]]), x.new_empty([n, _scale_cols(x_scales)], dtype=s_dtype)
 
 
-@torch.library.register_fake(COMBINE)
-def _combine_fake(
-    x,
-    topk_weights,
-    bias_0,
-    bias_1,
-    send_src,
-    send_counts,
-    recv_counts,
-    recv_gather,
-    num_tokens,
-    group_name,
-    timeout_s=300.0,
+@fake
+def ep_combine(
+    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
 ):
     combine_signature(
         x,
@@ -381,18 +364,18 @@ def ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_ma
     return r
 
 
-@torch.library.register_fake(LL_DISPATCH)
-def _ll_dispatch_fake(
+@fake
+def ep_low_latency_dispatch(
     x,
     topk_idx,
     num_max_dispatch_tokens_per_rank,
     num_experts,
     group_name,
-    use_fp8=True,
-    round_scale=False,
-    use_ue8m0=False,
-    slot_weights=None,
-    timeout_s=300.0,
+    use_fp8,
+    round_scale,
+    use_ue8m0,
+    slot_weights,
+    timeout_s,
 ):
     t_max = num_max_dispatch_tokens_per_rank
     r = ll_dispatch_signature(
@@ -409,9 +392,9 @@ def _ll_dispatch_fake(
     )
 
 
-@torch.library.register_fake(LL_COMBINE)
-def _ll_combine_fake(
-    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s=300.0
+@fake
+def ep_low_latency_combine(
+    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
 ):
     ll_combine_signature(
         x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s

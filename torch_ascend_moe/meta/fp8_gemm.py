@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::fp8_gemm"
 BMM = "ascend_moe::fp8_bmm"
@@ -216,21 +217,19 @@ def fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dt
     return shape, dtype
 
 
-@torch.library.register_fake(OP)
-def _fp8_gemm_fake(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+@fake
+def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(BMM)
-def _fp8_bmm_fake(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+@fake
+def fp8_bmm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(EINSUM)
-def _fp8_einsum_fake(
-    equation, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None
-):
+@fake
+def fp8_einsum(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 from torch_ascend_moe.meta.fp8_gemm import check_operand, check_scaled_out_dtype, logical_k
 
 QUANT_GEMM = "ascend_moe::fp8_quant_gemm"
@@ -67,14 +68,12 @@ def fp8_linear_signature(x, weight, bias, block) -> list:
     return [x.shape[0], n]
 
 
-@torch.library.register_fake(QUANT_GEMM)
-def _fp8_quant_gemm_fake(
-    x, b, sfb, c=None, gran_k=128, recipe_b=(128, 128), use_ue8m0=False, alpha=1.0, out_dtype=None
-):
+@fake
+def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     shape, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
     return x.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(LINEAR)
-def _fp8_linear_fake(x, weight, bias=None, block=128, use_ue8m0=False, fp8_backward=True):
+@fake
+def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
     return x.new_empty(fp8_linear_signature(x, weight, bias, block))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 
 GEMM = "ascend_moe::bf16_gemm"
 BMM = "ascend_moe::bf16_bmm"
@@ -60,19 +61,19 @@ def einsum_signature(equation, a, b, c, out_dtype) -> tuple[list, torch.dtype]:
     return shape, dtype
 
 
-@torch.library.register_fake(GEMM)
-def _bf16_gemm_fake(a, b, c=None, alpha=1.0, out_dtype=None):
+@fake
+def bf16_gemm(a, b, c, alpha, out_dtype):
     shape, dtype = gemm_signature(a, b, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(BMM)
-def _bf16_bmm_fake(a, b, c=None, alpha=1.0, out_dtype=None):
+@fake
+def bf16_bmm(a, b, c, alpha, out_dtype):
     shape, dtype = bmm_signature(a, b, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(EINSUM)
-def _bf16_einsum_fake(equation, a, b, c=None, alpha=1.0, out_dtype=None):
+@fake
+def bf16_einsum(equation, a, b, c, alpha, out_dtype):
     shape, dtype = einsum_signature(equation, a, b, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)

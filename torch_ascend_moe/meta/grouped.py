@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 from torch_ascend_moe.meta.fp8_gemm import check_fp8_pairing, check_operand, check_scaled_out_dtype
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
@@ -201,46 +202,42 @@ def k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_
     return shape, dtype
 
 
-@torch.library.register_fake(M_GROUPED)
-def _m_grouped_fake(a, b, layout, psum=True, alignment=1, out_dtype=None):
+@fake
+def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(MASKED)
-def _masked_fake(a, b, masked_m, out_dtype=None):
+@fake
+def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(K_GROUPED)
-def _k_grouped_fake(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
+@fake
+def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(M_GROUPED_FP8)
-def _m_grouped_fp8_fake(
-    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
-):
+@fake
+def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
     shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(MASKED_FP8)
-def _masked_fp8_fake(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+@fake
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake(LINEAR_FP8)
-def _m_grouped_fp8_linear_fake(
-    x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True
-):
+@fake
+def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     return x.new_empty(m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block))
 
 
-@torch.library.register_fake(K_GROUPED_FP8)
-def _k_grouped_fp8_fake(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+@fake
+def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)

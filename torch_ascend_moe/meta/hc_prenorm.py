@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::hc_prenorm_gemm"
 BLOCK_K = 64
@@ -44,8 +45,8 @@ def split_ranges(k: int, num_splits: int) -> list[tuple[int, int]]:
     return ranges
 
 
-@torch.library.register_fake(OP)
-def _hc_prenorm_fake(a, b, num_splits=None):
+@fake
+def hc_prenorm_gemm(a, b, num_splits):
     acc = hc_prenorm_signature(a, b, num_splits)
     lead = [] if num_splits is None else [num_splits]
     return a.new_empty([*lead, a.shape[0], b.shape[0]], dtype=acc), a.new_empty([*lead, a.shape[0]], dtype=acc)

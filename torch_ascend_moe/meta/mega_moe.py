@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::mega_moe"
 GRAN = 32
@@ -134,8 +135,8 @@ def mega_moe_signature(
     return experts * ranks, ranks
 
 
-@torch.library.register_fake(OP)
-def _mega_moe_fake(
+@fake
+def mega_moe(
     x,
     x_sf,
     topk_idx,
@@ -144,13 +145,13 @@ def _mega_moe_fake(
     l1_sf,
     l2_weights,
     l2_sf,
-    shared_l1_weights=None,
-    shared_l1_sf=None,
-    shared_l2_weights=None,
-    shared_l2_sf=None,
-    group_name=None,
-    activation_clamp=None,
-    timeout_s=300.0,
+    shared_l1_weights,
+    shared_l1_sf,
+    shared_l2_weights,
+    shared_l2_sf,
+    group_name,
+    activation_clamp,
+    timeout_s,
 ):
     mega_moe_signature(
         x,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 
 PERMUTE = "ascend_moe::moe_permute"
 UNPERMUTE = "ascend_moe::moe_unpermute"
@@ -78,8 +79,8 @@ def unpermute_signature(y, row_map, topk_weights) -> None:
         )
 
 
-@torch.library.register_fake(PERMUTE)
-def _permute_fake(x, topk_idx, num_experts, alignment=1):
+@fake
+def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     return (
         x.new_empty([capacity, x.shape[1]]),
@@ -88,8 +89,8 @@ def _permute_fake(x, topk_idx, num_experts, alignment=1):
     )
 
 
-@torch.library.register_fake(UNPERMUTE)
-def _unpermute_fake(y, row_map, topk_weights=None):
+@fake
+def moe_unpermute(y, row_map, topk_weights):
     unpermute_signature(y, row_map, topk_weights)
     return y.new_empty([row_map.shape[0], y.shape[1]])
 
@@ -152,17 +153,8 @@ def gating_signature(logits, topk, bias, score_func, num_groups, topk_groups) ->
     return torch.float64 if logits.dtype == torch.float64 else torch.float32
 
 
-@torch.library.register_fake(GATING)
-def _gating_fake(
-    logits,
-    topk,
-    bias=None,
-    score_func="softmax",
-    num_groups=1,
-    topk_groups=1,
-    renormalize=True,
-    routed_scaling_factor=1.0,
-):
+@fake
+def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
     t = logits.shape[0]
     return logits.new_empty([t, topk], dtype=acc), logits.new_empty([t, topk], dtype=torch.int64)

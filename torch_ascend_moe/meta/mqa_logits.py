@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
 from torch_ascend_moe.meta.fp8_gemm import is_fp4
 from torch_ascend_moe.meta.fp8_gemm import logical_k as head_dim  # D: packed FP4 holds two values per byte
 
@@ -387,32 +388,23 @@ def check_topk_values(ks, ke, columns: int, compressed: bool) -> None:
         ck.check_arg(need <= columns, TOPK, "ke", "values", f"{what} <= logits.size(1)={columns}", f"ke[{i}]={b}")
 
 
-@torch.library.register_fake(OP)
-def _mqa_logits_fake(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
+@fake
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
     sh = mqa_signature(OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     return q.new_empty([sh.S, max_seqlen_k if max_seqlen_k > 0 else sh.S_kv], dtype=sh.out_dtype)
 
 
-@torch.library.register_fake(BACKWARD)
-def _mqa_logits_backward_fake(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
+@fake
+def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
     sh = backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
     acc = acc_dtype(q)
     shapes = ([sh.S, sh.H, sh.D], [sh.S_kv, sh.D], [sh.S, sh.H])
     return tuple(q.new_empty(s if need else [0], dtype=acc) for s, need in zip(shapes, output_mask))
 
 
-@torch.library.register_fake(PAGED)
-def _paged_mqa_logits_fake(
-    q,
-    q_sf,
-    kv_cache,
-    weights,
-    context_lens,
-    block_table,
-    max_context_len,
-    indices=None,
-    ascend_kv_layout=False,
-    logits_dtype=None,
+@fake
+def paged_mqa_logits(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
     _, _, out = paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
@@ -420,13 +412,13 @@ def _paged_mqa_logits_fake(
     return q.new_empty([q.shape[0] * q.shape[1], max_context_len], dtype=out)
 
 
-@torch.library.register_fake(METADATA)
-def _paged_mqa_logits_metadata_fake(context_lens, block_kv, num_sms, indices=None):
+@fake
+def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
     metadata_signature(context_lens, block_kv, num_sms, indices)
     return context_lens.new_empty([num_sms + 1, 2])
 
 
-@torch.library.register_fake(TOPK)
-def _mqa_topk_fake(logits, ks, ke, topk, compressed=False):
+@fake
+def mqa_topk(logits, ks, ke, topk, compressed):
     topk_signature(logits, ks, ke, topk)
     return logits.new_empty([logits.shape[0], topk]), logits.new_empty([logits.shape[0], topk], dtype=torch.int32)

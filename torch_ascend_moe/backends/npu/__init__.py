@@ -8,11 +8,9 @@ and nothing here has run on Ascend hardware (see the README's verification table
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 
 def register() -> None:
     """Import every family module of this package (each registers its own adapters on PrivateUse1)."""
-    for family in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{family.name}")
+    from torch_ascend_moe._registry import import_families
+
+    import_families(__name__, __path__)

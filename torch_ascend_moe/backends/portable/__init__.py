@@ -6,8 +6,6 @@ family has no C++ kernel. They run on CPU too (called directly), which is how CI
 kernels and the fp64 references.
 """
 
-import importlib
-import pkgutil
+from torch_ascend_moe._registry import import_families
 
-for _family in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_family.name}")
+import_families(__name__, __path__)

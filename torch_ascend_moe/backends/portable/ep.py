@@ -35,7 +35,7 @@ _ABSENT = torch.int32
 
 
 @portable_kernel("ep_dispatch_layout")
-def layout(topk_idx, num_experts, num_ranks, ranks_per_node=8):
+def layout(topk_idx, num_experts, num_ranks, ranks_per_node):
     """DeepEP's get_dispatch_layout (specs §3)."""
     meta.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
     if not capture.capturing(topk_idx.device):
@@ -75,15 +75,7 @@ def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
 
 @portable_kernel
 def ep_dispatch(
-    x,
-    x_scales,
-    topk_idx,
-    topk_weights,
-    num_experts,
-    group_name,
-    expert_alignment=1,
-    num_worst_tokens=0,
-    timeout_s=300.0,
+    x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
 ):
     op = meta.DISPATCH
     r = exchange.checked(
@@ -272,7 +264,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
 
 
 @portable_kernel
-def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s=300.0):
+def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
     op = meta.CACHED
     exchange.checked(
         op,
@@ -310,17 +302,7 @@ def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gat
 
 @portable_kernel
 def ep_combine(
-    x,
-    topk_weights,
-    bias_0,
-    bias_1,
-    send_src,
-    send_counts,
-    recv_counts,
-    recv_gather,
-    num_tokens,
-    group_name,
-    timeout_s=300.0,
+    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
 ):
     op = meta.COMBINE
     exchange.checked(
@@ -436,11 +418,11 @@ def ep_low_latency_dispatch(
     num_max_dispatch_tokens_per_rank,
     num_experts,
     group_name,
-    use_fp8=True,
-    round_scale=False,
-    use_ue8m0=False,
-    slot_weights=None,
-    timeout_s=300.0,
+    use_fp8,
+    round_scale,
+    use_ue8m0,
+    slot_weights,
+    timeout_s,
 ):
     op = meta.LL_DISPATCH
     t_max = num_max_dispatch_tokens_per_rank
@@ -541,7 +523,7 @@ def ep_low_latency_dispatch(
 
 @portable_kernel
 def ep_low_latency_combine(
-    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s=300.0
+    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
 ):
     op = meta.LL_COMBINE
     t_max = num_max_dispatch_tokens_per_rank

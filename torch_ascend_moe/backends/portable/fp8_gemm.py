@@ -28,7 +28,7 @@ def dequantize(x: torch.Tensor, sf: torch.Tensor, recipe) -> torch.Tensor:
 
 
 @portable_kernel
-def fp8_gemm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
     acc = torch.addmm(acc, dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b).t(), alpha=alpha)
@@ -36,7 +36,7 @@ def fp8_gemm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alp
 
 
 @portable_kernel
-def fp8_bmm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_bmm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
     a_deq, b_deq = dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b)
@@ -44,7 +44,7 @@ def fp8_bmm(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alph
 
 
 @portable_kernel
-def fp8_einsum(equation, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_einsum(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     _, _, _, perm_a, perm_b, perm_out = einsum_plan(equation)
     c_h = None if c is None else c.permute(perm_out).float()

@@ -12,14 +12,14 @@ from torch_ascend_moe.quant import block_cast_to_fp8
 
 
 @portable_kernel
-def fp8_quant_gemm(x, b, sfb, c=None, gran_k=128, recipe_b=(128, 128), use_ue8m0=False, alpha=1.0, out_dtype=None):
+def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     _, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
     q, sf = block_cast_to_fp8(x, (1, gran_k), use_ue8m0)
     return fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, dtype)
 
 
 @portable_kernel
-def fp8_linear(x, weight, bias=None, block=128, use_ue8m0=False, fp8_backward=True):
+def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
     shape = fp8_linear_signature(x, weight, bias, block)
     xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
     wq, ws = block_cast_to_fp8(weight, (block, block), use_ue8m0)

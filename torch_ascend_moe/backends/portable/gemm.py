@@ -43,20 +43,20 @@ def _baddbmm(a, b, c, alpha, out_dtype, native_reduced):
 
 
 @portable_kernel
-def bf16_gemm(a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+def bf16_gemm(a, b, c, alpha, out_dtype, *, native_reduced=True):
     _, dtype = gemm_signature(a, b, c, out_dtype)
     c3 = None if c is None else c.unsqueeze(0)
     return _row_major(_baddbmm(a.unsqueeze(0), b.unsqueeze(0), c3, alpha, dtype, native_reduced).squeeze(0))
 
 
 @portable_kernel
-def bf16_bmm(a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+def bf16_bmm(a, b, c, alpha, out_dtype, *, native_reduced=True):
     _, dtype = bmm_signature(a, b, c, out_dtype)
     return _row_major(_baddbmm(a, b, c, alpha, dtype, native_reduced))
 
 
 @portable_kernel
-def bf16_einsum(equation, a, b, c=None, alpha=1.0, out_dtype=None, *, native_reduced=True):
+def bf16_einsum(equation, a, b, c, alpha, out_dtype, *, native_reduced=True):
     _, dtype = einsum_signature(equation, a, b, c, out_dtype)
     if equation == "bmk,bnk->mn":
         m, n = a.shape[1], b.shape[1]

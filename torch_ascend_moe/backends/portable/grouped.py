@@ -33,7 +33,7 @@ from torch_ascend_moe.quant import block_cast_to_fp8
 
 
 @portable_kernel
-def m_grouped_bf16_gemm(a, b, layout, psum=True, alignment=1, out_dtype=None):
+def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
     for g, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
@@ -53,7 +53,7 @@ def _masked_rows(op: str, masked_m: torch.Tensor, m_max: int) -> list[int]:
 
 
 @portable_kernel
-def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype=None):
+def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
     for g, m in enumerate(_masked_rows(MASKED, masked_m, a.shape[1])):
@@ -63,9 +63,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype=None):
 
 
 @portable_kernel
-def m_grouped_fp8_gemm(
-    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
-):
+def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
     shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
     for g, begin, end in layout_segments(M_GROUPED_FP8, layout, psum, alignment, a.shape[0], b.shape[0]):
@@ -75,7 +73,7 @@ def m_grouped_fp8_gemm(
 
 
 @portable_kernel
-def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
     for g, m in enumerate(_masked_rows(MASKED_FP8, masked_m, a.shape[1])):
@@ -85,7 +83,7 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recip
 
 
 @portable_kernel
-def k_grouped_bf16_gemm(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
+def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     acc_t = torch.float64 if a.dtype == torch.float64 else torch.float32
     acc = c.to(acc_t, copy=True) if c is not None else torch.zeros(shape, dtype=acc_t, device=a.device)
@@ -96,7 +94,7 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum=True, alignment=1, c=None
 
 
 @portable_kernel
-def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True):
+def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     shape = m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
     xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
     out = torch.zeros(shape, dtype=torch.float32, device=x.device)
@@ -110,7 +108,7 @@ def m_grouped_fp8_linear(x, weight, layout, psum=True, alignment=1, block=128, u
 
 
 @portable_kernel
-def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
     rows = sum(-(-(end - begin) // gran_k) for _, begin, end in segments)

@@ -11,7 +11,7 @@ from torch_ascend_moe.quant import round_to_tf32
 
 
 @portable_kernel
-def hc_prenorm_gemm(a, b, num_splits=None):
+def hc_prenorm_gemm(a, b, num_splits):
     acc = hc_prenorm_signature(a, b, num_splits)
     a_f = a.to(acc)
     b_r = b if acc == torch.float64 else round_to_tf32(b)

@@ -33,7 +33,7 @@ def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) 
 
 
 @portable_kernel
-def moe_permute(x, topk_idx, num_experts, alignment=1):
+def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     _check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     t, k = topk_idx.shape
@@ -61,7 +61,7 @@ def moe_permute(x, topk_idx, num_experts, alignment=1):
 
 
 @portable_kernel
-def moe_unpermute(y, row_map, topk_weights=None):
+def moe_unpermute(y, row_map, topk_weights):
     unpermute_signature(y, row_map, topk_weights)
     _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
@@ -81,16 +81,7 @@ def gating_scores(logits, score_func, acc):
 
 
 @portable_kernel
-def moe_gating_topk(
-    logits,
-    topk,
-    bias=None,
-    score_func="softmax",
-    num_groups=1,
-    topk_groups=1,
-    renormalize=True,
-    routed_scaling_factor=1.0,
-):
+def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
     t, e = logits.shape
     scores = gating_scores(logits, score_func, acc)

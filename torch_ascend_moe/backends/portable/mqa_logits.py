@@ -54,7 +54,7 @@ def logits_from_dequantized(qd, kd, weights, ks, ke, columns: int, compressed: b
 
 
 @portable_kernel
-def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
     sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
     acc = meta.acc_dtype(q)
@@ -134,16 +134,7 @@ def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
 
 @portable_kernel
 def paged_mqa_logits(
-    q,
-    q_sf,
-    kv_cache,
-    weights,
-    context_lens,
-    block_table,
-    max_context_len,
-    indices=None,
-    ascend_kv_layout=False,
-    logits_dtype=None,
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
     _, fmt, out = meta.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
@@ -155,7 +146,7 @@ def paged_mqa_logits(
 
 
 @portable_kernel
-def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
+def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
     meta.metadata_signature(context_lens, block_kv, num_sms, indices)
     lens = context_lens.tolist()
     meta.check_context_lens_values(meta.METADATA, lens)
@@ -180,7 +171,7 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
 
 
 @portable_kernel
-def mqa_topk(logits, ks, ke, topk, compressed=False):
+def mqa_topk(logits, ks, ke, topk, compressed):
     meta.topk_signature(logits, ks, ke, topk)
     meta.check_topk_values(ks, ke, logits.shape[1], compressed)
     S, columns = logits.shape
