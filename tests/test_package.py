@@ -103,7 +103,10 @@ def test_cli_info_table_and_bench(tmp_path):
     assert bench.returncode == 0, bench.stderr
     assert "speedup" in bench.stdout
     rows = json.loads(out.read_text())
-    assert len(rows) == 3 and all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 and r["speedup"] > 0 for r in rows)
+    from torch_ascend_moe.bench import gemm
+
+    assert [r["case"] for r in rows] == [c.name for c in gemm.cases(quick=True)]
+    assert all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 and r["speedup"] > 0 for r in rows)
 
 
 def test_cli_rejects_unknown_family():
@@ -182,3 +185,72 @@ def test_arguments_by_name_fill_the_schema_defaults():
     assert grads[0] is x and grads[3] is idx and all(g is None for i, g in enumerate(grads) if i not in (0, 3))
     with pytest.raises(TypeError, match="no argument"):
         _registry.gradients("ep_combine", y=x)
+
+
+def _python_calls(fn) -> list[str]:
+    """The Python functions (``module:function``) entered while ``fn()`` runs, beyond the lambda and
+    ``OpOverload.__call__`` themselves."""
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name not in ("<lambda>", "__call__"):
+            calls.append(f"{frame.f_globals.get('__name__')}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_call_without_gradients_runs_no_python_autograd():
+    """The Autograd-key kernel is C++: under no_grad, or with no input requiring grad, an op with a C++ CPU
+    kernel enters no Python at all; with a gradient needed it runs torch.library's autograd implementation."""
+    op = torch.ops.ascend_moe.bf16_gemm.default
+    a, b = torch.randn(2, 8), torch.randn(3, 8)
+    assert _python_calls(lambda: op(a, b)) == []
+    a.requires_grad_()
+    with torch.no_grad():
+        assert _python_calls(lambda: op(a, b)) == []
+    calls = _python_calls(lambda: op(a, b))
+    assert any(c.startswith("torch._library.autograd:") for c in calls), calls
+
+
+def _restated_schema_defaults(path: Path) -> list[str]:
+    """Parameters of the op-named (or registry-decorated) functions in ``path`` whose default restates a schema
+    default instead of leaving it to the schema (``with_defaults``) or reading it (``FROM_SCHEMA``)."""
+    import ast
+
+    from torch_ascend_moe._registry import _schema, op_names
+
+    ops = set(op_names())
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        named = [
+            d.args[0].value
+            for d in node.decorator_list
+            if isinstance(d, ast.Call) and d.args and isinstance(d.args[0], ast.Constant)
+        ]
+        op = next((n for n in [*named, node.name] if isinstance(n, str) and n in ops), None)
+        if op is None:
+            continue
+        defaults = {arg: d for arg, has, d in _schema(op) if has and d is not None}
+        a = node.args
+        positional = a.posonlyargs + a.args
+        pairs = [*zip(positional[len(positional) - len(a.defaults) :], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+        for arg, default in pairs:
+            if arg.arg in defaults and isinstance(default, (ast.Constant, ast.Tuple, ast.List)):
+                found.append(f"{path.name}:{node.lineno} {node.name}({arg.arg}={ast.unparse(default)})")
+    return found
+
+
+def test_no_schema_default_is_restated():
+    """Defaults live in the schema only: wrappers take them with FROM_SCHEMA, kernels/fakes/formulas get every
+    argument from the dispatcher (``_registry.with_defaults``)."""
+    root = Path(torch_ascend_moe.__file__).parent
+    files = [p for d in ("ops", "meta", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))]
+    assert files
+    assert [f for p in files for f in _restated_schema_defaults(p)] == []

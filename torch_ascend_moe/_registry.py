@@ -107,6 +107,50 @@ def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
     _C._register_autograd(name, make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context)))
 
 
+class _FromSchema:
+    def __repr__(self) -> str:
+        return "FROM_SCHEMA"
+
+
+# A wrapper parameter's default that ``schema_defaults`` replaces with the op schema's value.
+FROM_SCHEMA = _FromSchema()
+
+
+def schema_defaults(name: str | Callable | None = None):
+    """Give a typed wrapper of ``ascend_moe::<name>`` (default: the function's name) the schema's defaults:
+    every parameter whose default is ``FROM_SCHEMA`` gets the value of the schema argument of the same name
+    (lists as tuples), so ``help()`` shows it and no wrapper restates it.
+
+    >>> @schema_defaults
+    ... def bf16_gemm(a, b, c=None, *, alpha=FROM_SCHEMA, out_dtype=None): ...
+    """
+
+    def decorate(fn: Callable, op: str | None = None) -> Callable:
+        op = op or fn.__name__
+        schema = {arg: default for arg, has_default, default in _schema(op) if has_default}
+
+        def value(param: str, default):
+            if default is not FROM_SCHEMA:
+                return default
+            if param not in schema:
+                raise TypeError(f"{fn.__qualname__}: {NAMESPACE}::{op} has no default for '{param}'")
+            v = schema[param]
+            return tuple(v) if isinstance(v, list) else v
+
+        code = fn.__code__
+        positional = code.co_varnames[: code.co_argcount]
+        if fn.__defaults__:
+            names = positional[len(positional) - len(fn.__defaults__) :]
+            fn.__defaults__ = tuple(value(p, d) for p, d in zip(names, fn.__defaults__))
+        if fn.__kwdefaults__:
+            fn.__kwdefaults__ = {p: value(p, d) for p, d in fn.__kwdefaults__.items()}
+        return fn
+
+    if callable(name):
+        return decorate(name)
+    return lambda fn: decorate(fn, name)
+
+
 def portable_kernel(name: str | Callable | None = None):
     """Register a device-generic kernel for ``ascend_moe::<name>`` (default: the function's name), ONCE, under
     ``CompositeExplicitAutograd``: it serves CUDA, PrivateUse1 (Ascend) and any other device; a C++ CPU kernel,

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
 from torch_ascend_moe.distributed.groups import group_name_of
 
 _layout = torch.ops.ascend_moe.ep_dispatch_layout.default
@@ -35,12 +36,14 @@ class EPDispatchOutput(NamedTuple):
     handle: EPHandle
 
 
-def ep_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int = 8):
+@schema_defaults
+def ep_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int = FROM_SCHEMA):
     """``(num_tokens_per_rank [R], num_tokens_per_node, num_tokens_per_expert [E], is_token_in_rank [T, R])``,
     DeepEP's definitions (a token counts once per rank and once per node however many of its experts live there)."""
     return _layout(topk_idx, num_experts, num_ranks, ranks_per_node)
 
 
+@schema_defaults
 def ep_dispatch(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
@@ -49,9 +52,9 @@ def ep_dispatch(
     num_experts: int,
     group=None,
     x_scales: torch.Tensor | None = None,
-    expert_alignment: int = 1,
-    num_worst_tokens: int = 0,
-    timeout_s: float = 300.0,
+    expert_alignment: int = FROM_SCHEMA,
+    num_worst_tokens: int = FROM_SCHEMA,
+    timeout_s: float = FROM_SCHEMA,
 ) -> EPDispatchOutput:
     """Send each token to every rank owning one of its experts (once per rank), DeepEP's normal dispatch.
 
@@ -78,20 +81,22 @@ def ep_dispatch(
     )
 
 
+@schema_defaults
 def ep_dispatch_cached(
-    x: torch.Tensor, handle: EPHandle, x_scales: torch.Tensor | None = None, timeout_s: float = 300.0
+    x: torch.Tensor, handle: EPHandle, x_scales: torch.Tensor | None = None, timeout_s: float = FROM_SCHEMA
 ):
     """Replay ``handle``'s routing with new rows: ``(recv_x, recv_x_scales or None)``."""
     recv_x, recv_scales = _cached(x, x_scales, *handle[:4], handle.group_name, timeout_s)
     return recv_x, (recv_scales if x_scales is not None else None)
 
 
+@schema_defaults
 def ep_combine(
     x: torch.Tensor,
     handle: EPHandle,
     topk_weights: torch.Tensor | None = None,
     bias: torch.Tensor | tuple | None = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = FROM_SCHEMA,
 ):
     """Sum each token's returning copies (rows in ``handle``'s receive order), plus up to two biases, in FP32
     with one rounding: ``(combined_x [T, H], combined_topk_weights [T, K] or None)``. Unweighted, as DeepEP."""
@@ -116,6 +121,7 @@ class EPLowLatencyHandle(NamedTuple):
     group_name: str
 
 
+@schema_defaults
 def ep_low_latency_dispatch(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
@@ -123,10 +129,10 @@ def ep_low_latency_dispatch(
     num_experts: int,
     *,
     group=None,
-    use_fp8: bool = True,
-    round_scale: bool = False,
-    use_ue8m0: bool = False,
-    timeout_s: float = 300.0,
+    use_fp8: bool = FROM_SCHEMA,
+    round_scale: bool = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    timeout_s: float = FROM_SCHEMA,
 ):
     """DeepEP's low-latency dispatch: one message per (token, expert) into ``[L, R * T_max, H]`` per-expert
     buffers (rows ``[0, recv_count[i])`` valid, source-rank-major then ascending token; static shapes).
@@ -148,12 +154,13 @@ def ep_low_latency_dispatch(
     return ((recv_x, scales) if use_fp8 else recv_x), count, handle
 
 
+@schema_defaults
 def ep_low_latency_combine(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
     topk_weights: torch.Tensor,
     handle: EPLowLatencyHandle,
-    timeout_s: float = 300.0,
+    timeout_s: float = FROM_SCHEMA,
 ) -> torch.Tensor:
     """``combined[t] = sum_k topk_weights[t, k] * y_k(t)`` (valid slots, in slot order, FP32): weighted, as
     DeepEP's low-latency combine. ``x`` is ``[L, R * T_max, H]`` in the dispatch's layout."""

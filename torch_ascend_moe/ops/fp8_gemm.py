@@ -6,11 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _fp8_gemm = torch.ops.ascend_moe.fp8_gemm.default
 _fp8_bmm = torch.ops.ascend_moe.fp8_bmm.default
 _fp8_einsum = torch.ops.ascend_moe.fp8_einsum.default
 
 
+@schema_defaults
 def fp8_gemm(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -18,9 +21,9 @@ def fp8_gemm(
     sfb: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    recipe_a: Sequence[int] = (1, 128),
-    recipe_b: Sequence[int] = (128, 128),
-    alpha: float = 1.0,
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``D = alpha * deq(A) @ deq(B)^T + C`` with ``deq(X)[r, k] = X[r, k] * sf[r // gran_mn, k // gran_k]``.
@@ -39,6 +42,7 @@ def fp8_gemm(
     return _fp8_gemm(a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)
 
 
+@schema_defaults
 def fp8_bmm(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -46,9 +50,9 @@ def fp8_bmm(
     sfb: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    recipe_a: Sequence[int] = (1, 128),
-    recipe_b: Sequence[int] = (128, 128),
-    alpha: float = 1.0,
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Batched ``fp8_gemm``: ``D[g] = alpha * deq(A[g]) @ deq(B[g])^T + C[g]``.
@@ -59,6 +63,7 @@ def fp8_bmm(
     return _fp8_bmm(a, sfa, b, sfb, c, list(recipe_a), list(recipe_b), alpha, out_dtype)
 
 
+@schema_defaults
 def fp8_einsum(
     equation: str,
     a: torch.Tensor,
@@ -67,9 +72,9 @@ def fp8_einsum(
     sfb: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    recipe_a: Sequence[int] = (1, 128),
-    recipe_b: Sequence[int] = (128, 128),
-    alpha: float = 1.0,
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """DeepGEMM's ``fp8_einsum`` equations on FP8 operands: ``'bhr,hdr->bhd'``, ``'bhd,hdr->bhr'``, ``'bhd,bhr->hdr'``.

@@ -10,20 +10,23 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _fp8_quant_gemm = torch.ops.ascend_moe.fp8_quant_gemm.default
 _fp8_linear = torch.ops.ascend_moe.fp8_linear.default
 
 
+@schema_defaults
 def fp8_quant_gemm(
     x: torch.Tensor,
     b: torch.Tensor,
     sfb: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    gran_k: int = 128,
-    recipe_b: Sequence[int] = (128, 128),
-    use_ue8m0: bool = False,
-    alpha: float = 1.0,
+    gran_k: int = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Inference path: cast ``x`` (BF16/FP32 ``[M, K]``) per token in ``1 x gran_k`` groups to FP8 and
@@ -37,14 +40,15 @@ def fp8_quant_gemm(
     return _fp8_quant_gemm(x, b, sfb, c, gran_k, list(recipe_b), use_ue8m0, alpha, out_dtype)
 
 
+@schema_defaults
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     *,
-    block: int = 128,
-    use_ue8m0: bool = False,
-    fp8_backward: bool = True,
+    block: int = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    fp8_backward: bool = FROM_SCHEMA,
 ) -> torch.Tensor:
     """Training path: ``x @ weight^T + bias`` with DeepSeek-V3's FP8 recipe (``x`` 1 x block per token,
     ``weight`` block x block), both cast inside the op from BF16/FP32. Backward: dgrad and wgrad GEMMs in FP8

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _gemm = torch.ops.ascend_moe.bf16_gemm.default
 _bmm = torch.ops.ascend_moe.bf16_bmm.default
 _einsum = torch.ops.ascend_moe.bf16_einsum.default
 
 
+@schema_defaults
 def bf16_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    alpha: float = 1.0,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``D = alpha * A @ B^T + C`` for logical ``A[M, K]``, ``B[N, K]``.
@@ -34,12 +37,13 @@ def bf16_gemm(
     return _gemm(a, b, c, alpha, out_dtype)
 
 
+@schema_defaults
 def bf16_bmm(
     a: torch.Tensor,
     b: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    alpha: float = 1.0,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``D[i] = alpha * A[i] @ B[i]^T + C[i]`` for ``A[B, M, K]``, ``B[B, N, K]``; output ``[B, M, N]``.
@@ -51,13 +55,14 @@ def bf16_bmm(
     return _bmm(a, b, c, alpha, out_dtype)
 
 
+@schema_defaults
 def bf16_einsum(
     equation: str,
     a: torch.Tensor,
     b: torch.Tensor,
     c: torch.Tensor | None = None,
     *,
-    alpha: float = 1.0,
+    alpha: float = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """DeepGEMM's einsum contractions, ``D = alpha * einsum(equation, A, B) + C``.

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _m_grouped = torch.ops.ascend_moe.m_grouped_bf16_gemm.default
 _masked = torch.ops.ascend_moe.m_grouped_bf16_gemm_masked.default
 _k_grouped = torch.ops.ascend_moe.k_grouped_bf16_gemm.default
@@ -21,13 +23,14 @@ _linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
 _k_grouped_fp8 = torch.ops.ascend_moe.k_grouped_fp8_gemm.default
 
 
+@schema_defaults
 def m_grouped_bf16_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
     layout: torch.Tensor,
     *,
-    psum: bool = True,
-    alignment: int = 1,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``D[i] = A[i] @ B[g(i)]^T``: tokens ``a[M, K]`` sorted by expert, expert weights ``b[G, N, K]``.
@@ -47,6 +50,7 @@ def m_grouped_bf16_gemm_masked(
     return _masked(a, b, masked_m, out_dtype)
 
 
+@schema_defaults
 def k_grouped_bf16_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -54,8 +58,8 @@ def k_grouped_bf16_gemm(
     num_groups: int,
     c: torch.Tensor | None = None,
     *,
-    psum: bool = True,
-    alignment: int = 1,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``D[g] = C[g] + sum over rows s of group g of A[s]^T B[s]``: ``a[S, M]``, ``b[S, N]`` -> ``D[G, M, N]``.
@@ -65,6 +69,7 @@ def k_grouped_bf16_gemm(
     return _k_grouped(a, b, layout, num_groups, psum, alignment, c, out_dtype)
 
 
+@schema_defaults
 def m_grouped_fp8_gemm(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -72,10 +77,10 @@ def m_grouped_fp8_gemm(
     sfb: torch.Tensor,
     layout: torch.Tensor,
     *,
-    psum: bool = True,
-    alignment: int = 1,
-    recipe_a: Sequence[int] = (1, 128),
-    recipe_b: Sequence[int] = (128, 128),
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Scaled ``m_grouped_bf16_gemm``: FP8 (or packed FP4) ``a[M, K]`` with per-row scales ``sfa[M, K/gk]``,
@@ -83,6 +88,7 @@ def m_grouped_fp8_gemm(
     return _m_grouped_fp8(a, sfa, b, sfb, layout, psum, alignment, list(recipe_a), list(recipe_b), out_dtype)
 
 
+@schema_defaults
 def m_grouped_fp8_gemm_masked(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -90,24 +96,25 @@ def m_grouped_fp8_gemm_masked(
     sfb: torch.Tensor,
     masked_m: torch.Tensor,
     *,
-    recipe_a: Sequence[int] = (1, 128),
-    recipe_b: Sequence[int] = (128, 128),
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Scaled ``m_grouped_bf16_gemm_masked``: ``a[G, M_max, K]`` with ``sfa[G, M_max, K/gk]``."""
     return _masked_fp8(a, sfa, b, sfb, masked_m, list(recipe_a), list(recipe_b), out_dtype)
 
 
+@schema_defaults
 def m_grouped_fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     layout: torch.Tensor,
     *,
-    psum: bool = True,
-    alignment: int = 1,
-    block: int = 128,
-    use_ue8m0: bool = False,
-    fp8_backward: bool = True,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
+    block: int = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    fp8_backward: bool = FROM_SCHEMA,
 ) -> torch.Tensor:
     """FP8 experts for training: ``m_grouped_bf16_gemm`` computed in FP8 with DeepSeek-V3's recipe, BF16/FP32
     ``x`` and ``weight [G, N, K]`` cast inside the op. Straight-through gradients: dgrad in FP8 on the
@@ -121,6 +128,7 @@ def m_grouped_fp8_linear(
     return _linear_fp8(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward)
 
 
+@schema_defaults
 def k_grouped_fp8_gemm(
     a: torch.Tensor,
     sfa: torch.Tensor,
@@ -130,8 +138,8 @@ def k_grouped_fp8_gemm(
     num_groups: int,
     c: torch.Tensor | None = None,
     *,
-    alignment: int = 1,
-    gran_k: int = 128,
+    alignment: int = FROM_SCHEMA,
+    gran_k: int = FROM_SCHEMA,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """FP8 weight gradients ``D[g] = C[g] + deq(A)[rows_g]^T deq(B)[rows_g]`` over a psum layout.

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _mega_moe = torch.ops.ascend_moe.mega_moe.default
 
 
+@schema_defaults
 def mega_moe(
     x: torch.Tensor,
     topk_idx: torch.Tensor,
@@ -23,7 +26,7 @@ def mega_moe(
     shared_l2_sf: torch.Tensor | None = None,
     group=None,
     activation_clamp: float | None = None,
-    timeout_s: float = 300.0,
+    timeout_s: float = FROM_SCHEMA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MoE experts in one op: ``(y [T, H] BF16, pairs received per local expert int32 [E_local])``.
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _permute = torch.ops.ascend_moe.moe_permute.default
 _unpermute = torch.ops.ascend_moe.moe_unpermute.default
 _gating = torch.ops.ascend_moe.moe_gating_topk.default
 
 
+@schema_defaults
 def moe_permute(
-    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, *, alignment: int = 1
+    x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, *, alignment: int = FROM_SCHEMA
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Copy each token once per chosen expert into that expert's segment: ``(permuted, row_map, offs)``.
 
@@ -30,16 +33,17 @@ def moe_unpermute(y: torch.Tensor, row_map: torch.Tensor, topk_weights: torch.Te
     return _unpermute(y, row_map, topk_weights)
 
 
+@schema_defaults
 def moe_gating_topk(
     logits: torch.Tensor,
     topk: int,
     *,
     bias: torch.Tensor | None = None,
-    score_func: str = "softmax",
-    num_groups: int = 1,
-    topk_groups: int = 1,
-    renormalize: bool = True,
-    routed_scaling_factor: float = 1.0,
+    score_func: str = FROM_SCHEMA,
+    num_groups: int = FROM_SCHEMA,
+    topk_groups: int = FROM_SCHEMA,
+    renormalize: bool = FROM_SCHEMA,
+    routed_scaling_factor: float = FROM_SCHEMA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MoE gating: ``(topk_idx int64 [T, k], topk_weights [T, k])`` from router ``logits [T, E]`` (the op
     ``torch.ops.ascend_moe.moe_gating_topk`` returns them the other way round, as torch_npu's gating op).

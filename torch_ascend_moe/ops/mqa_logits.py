@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _mqa_logits = torch.ops.ascend_moe.mqa_logits.default
 _paged = torch.ops.ascend_moe.paged_mqa_logits.default
 _metadata = torch.ops.ascend_moe.paged_mqa_logits_metadata.default
 _topk = torch.ops.ascend_moe.mqa_topk.default
 
 
+@schema_defaults
 def mqa_logits(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -19,7 +22,7 @@ def mqa_logits(
     *,
     q_sf: torch.Tensor | None = None,
     k_sf: torch.Tensor | None = None,
-    max_seqlen_k: int = 0,
+    max_seqlen_k: int = FROM_SCHEMA,
     logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``logits[i, j] = sum_h weights[i, h] * relu(q[i, h] . k[j])`` for ``ks[i] <= j < ke[i]``, ``-inf`` elsewhere.
@@ -39,6 +42,7 @@ def mqa_logits(
     return _mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
 
 
+@schema_defaults
 def paged_mqa_logits(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -49,7 +53,7 @@ def paged_mqa_logits(
     *,
     q_sf: torch.Tensor | None = None,
     indices: torch.Tensor | None = None,
-    ascend_kv_layout: bool = False,
+    ascend_kv_layout: bool = FROM_SCHEMA,
     logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Decode logits over a paged KV cache: ``[B * next_n, max_context_len]``, row ``b * next_n + t`` scoring
@@ -74,8 +78,9 @@ def paged_mqa_logits_metadata(
     return _metadata(context_lens, block_kv, num_sms, indices)
 
 
+@schema_defaults
 def mqa_topk(
-    logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *, compressed: bool = False
+    logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *, compressed: bool = FROM_SCHEMA
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query, the ``topk`` KV positions in ``[ks, ke)`` with the largest logits (ties to the lower position),
     ordered like ``torch.topk``: ``(values [S, topk], indices int32 [S, topk])``, padded with -inf / -1 when
