@@ -102,6 +102,56 @@ at::Tensor ep_combine_reduce_cpu(const at::Tensor& rows, const at::Tensor& dest,
 }  // namespace
 }  // namespace ascend_moe
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- ep family: expert-parallel dispatch / combine over torch.distributed (specs/deepep_api.md §3-§5) ----
+  // Kernels are device-generic Python (torch.distributed moves the data); `group_name` names the process group.
+  m.set_python_module("torch_ascend_moe.meta.ep");
+  // (num_tokens_per_rank [R], num_tokens_per_node [max(1, R / ranks_per_node)], num_tokens_per_expert [E],
+  //  is_token_in_rank [T, R]): DeepEP's get_dispatch_layout, purely local.
+  m.def(
+      "ep_dispatch_layout(Tensor topk_idx, int num_experts, int num_ranks, int ranks_per_node=8) "
+      "-> (Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // One row per (token, destination rank), received source-rank-major then by ascending source token.
+  // Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert, num_recv,
+  // and the handle: send_src, send_counts, recv_counts, recv_gather). num_worst_tokens > 0: that many rows
+  // (static shapes, padding rows zero / -1); 0: exactly the received rows (a data-dependent size).
+  m.def(
+      "ep_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_experts, "
+      "str group_name, int expert_alignment=1, int num_worst_tokens=0, float timeout_s=300.0) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // Replays a dispatch's routing (its handle) with new rows: (recv_x, recv_x_scales).
+  m.def(
+      "ep_dispatch_cached(Tensor x, Tensor? x_scales, Tensor send_src, Tensor send_counts, Tensor recv_counts, "
+      "Tensor recv_gather, str group_name, float timeout_s=300.0) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // combined[t] = round(bias_0[t] + bias_1[t] + sum over the ranks t went to, ascending, of x_r[row of t]) in FP32;
+  // unweighted, as DeepEP's normal combine. Returns (combined_x [T, H], combined_topk_weights [T, K]).
+  m.def(
+      "ep_combine(Tensor x, Tensor? topk_weights, Tensor? bias_0, Tensor? bias_1, Tensor send_src, "
+      "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
+      "float timeout_s=300.0) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // Low-latency mode: one message per (token, valid slot) into fixed [L, R * T_max, H] per-local-expert buffers,
+  // rows [0, recv_count[i]) valid, source-rank-major then ascending token. Optional FP8 cast per 128 channels
+  // (DeepEP's: round_scale = power-of-two scales, use_ue8m0 = their exponent bytes packed 4 per int32);
+  // slot_weights scales each (token, slot) message (the combine's backward). Returns (recv_x, recv_x_scales,
+  // recv_count [L], src_info [L, R * T_max], layout_range [L, R]: (begin << 32) | count per source).
+  m.def(
+      "ep_low_latency_dispatch(Tensor x, Tensor topk_idx, int num_max_dispatch_tokens_per_rank, int num_experts, "
+      "str group_name, bool use_fp8=True, bool round_scale=False, bool use_ue8m0=False, Tensor? slot_weights=None, "
+      "float timeout_s=300.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // combined[t] = round(sum over valid slots k, in order, of topk_weights[t, k] * y_k(t)) in FP32: weighted.
+  m.def(
+      "ep_low_latency_combine(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor src_info, Tensor layout_range, "
+      "int num_max_dispatch_tokens_per_rank, str group_name, float timeout_s=300.0) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY(ascend_moe_kernels, m) {
   m.def("ep_combine_reduce(Tensor rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None) -> Tensor");
 }

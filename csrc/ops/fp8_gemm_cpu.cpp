@@ -462,6 +462,28 @@ at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, c
 
 }  // namespace
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- fp8_gemm family: D = alpha * deq(A) @ deq(B)^T + C with block scales (FP8 E4M3 or packed FP4) ----
+  // deq(X)[r, k] = X[r, k] * sf[r // gran_mn, k // gran_k]; recipes are [gran_mn, gran_k] per operand.
+  // FP4 operands are uint8 [MN, K / 2], two E2M1 codes per byte (low nibble first), K-major.
+  m.set_python_module("torch_ascend_moe.meta.fp8_gemm");
+  m.def(
+      "fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, int[2] recipe_a=[1, 128], "
+      "int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  m.def(
+      "fp8_bmm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, int[2] recipe_a=[1, 128], "
+      "int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Scales keep their operand's subscripts: h whole, the output letter / gran_mn, the contracted one / gran_k.
+  m.def(
+      "fp8_einsum(str equation, Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, "
+      "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("fp8_gemm", &fp8_gemm_cpu);
   m.impl("fp8_bmm", &fp8_bmm_cpu);

@@ -176,6 +176,25 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const s
 
 }  // namespace
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- fp8_linear family: high-precision inputs quantized to FP8 inside the op, then fp8_gemm ----
+  // Differentiable w.r.t. the high-precision inputs (straight-through estimator for the casts).
+  m.set_python_module("torch_ascend_moe.meta.fp8_linear");
+  // Inference: x [M, K] (BF16/FP32) cast per token in 1 x gran_k groups; b pre-quantized as in fp8_gemm.
+  m.def(
+      "fp8_quant_gemm(Tensor x, Tensor b, Tensor sfb, Tensor? c=None, int gran_k=128, "
+      "int[2] recipe_b=[128, 128], bool use_ue8m0=False, float alpha=1., ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Training: y = x @ weight^T + bias with x 1 x block per token and weight block x block (DeepSeek-V3);
+  // fp8_backward picks FP8 (requantized gradients) or high-precision dgrad/wgrad GEMMs.
+  m.def(
+      "fp8_linear(Tensor x, Tensor weight, Tensor? bias=None, int block=128, bool use_ue8m0=False, "
+      "bool fp8_backward=True) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("fp8_quant_gemm", &fp8_quant_gemm_cpu);
   m.impl("fp8_linear", &fp8_linear_cpu);

@@ -66,6 +66,14 @@ std::tuple<at::Tensor, at::Tensor> hc_prenorm_gemm_cpu(const at::Tensor& a, cons
 
 }  // namespace
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- hc_prenorm family: mHC pre-norm GEMM (d = a @ tf32(b)^T, sqr_sum = sum_k a^2; per-split partials) ----
+  m.set_python_module("torch_ascend_moe.meta.hc_prenorm");
+  m.def("hc_prenorm_gemm(Tensor a, Tensor b, int? num_splits=None) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) { m.impl("hc_prenorm_gemm", &hc_prenorm_gemm_cpu); }
 
 }  // namespace ascend_moe

@@ -206,6 +206,25 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
 
 }  // namespace
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- moe_routing family: tokens into expert-contiguous order and back ----
+  m.set_python_module("torch_ascend_moe.meta.moe_routing");
+  // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).
+  m.def(
+      "moe_permute(Tensor x, Tensor topk_idx, int num_experts, int alignment=1) -> (Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1).
+  m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // Gating: scores = softmax|sigmoid(logits); top-k of scores (+ bias) within the best topk_groups of num_groups
+  // groups -> (topk_weights = scores at the chosen experts, renormalized, scaled; topk_idx int64 [T, k]): torch_npu's order.
+  m.def(
+      "moe_gating_topk(Tensor logits, int topk, Tensor? bias=None, str score_func=\"softmax\", int num_groups=1, "
+      "int topk_groups=1, bool renormalize=True, float routed_scaling_factor=1.) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("moe_permute", &moe_permute_cpu);
   m.impl("moe_unpermute", &moe_unpermute_cpu);

@@ -680,6 +680,40 @@ std::tuple<at::Tensor, at::Tensor> mqa_topk_cpu(const at::Tensor& logits, const 
 
 }  // namespace
 
+// The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
+// namespace is opened in library.cpp). set_python_module names the module holding the fakes.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- mqa_logits family: the DeepSeek sparse-attention indexer (specs/deepgemm_api.md §8) ----
+  m.set_python_module("torch_ascend_moe.meta.mqa_logits");
+  // logits[i, j] = sum_h weights[i, h] * relu(deq(q)[i, h] . deq(k)[j]) for ks[i] <= j < ke[i], exactly -inf
+  // elsewhere: [S, S_kv], or compressed [S, max_seqlen_k] (column t holds j = ks[i] + t) when max_seqlen_k > 0.
+  m.def(
+      "mqa_logits(Tensor q, Tensor? q_sf, Tensor k, Tensor? k_sf, Tensor weights, Tensor ks, Tensor ke, "
+      "int max_seqlen_k=0, ScalarType? logits_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // (dq [S, H, D], dk [S_kv, D], dweights [S, H]) in FP32 (FP64), w.r.t. the dequantized operands; an output
+  // whose output_mask entry is false is an empty tensor.
+  m.def(
+      "mqa_logits_backward(Tensor grad, Tensor q, Tensor? q_sf, Tensor k, Tensor? k_sf, Tensor weights, Tensor ks, "
+      "Tensor ke, int max_seqlen_k, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // Decode over a paged FP8/FP4 KV cache: row b * next_n + t scores the first context_lens[b, t] tokens of
+  // request b (logical block p in physical block block_table[b, p]); later columns are -inf.
+  m.def(
+      "paged_mqa_logits(Tensor q, Tensor? q_sf, Tensor kv_cache, Tensor weights, Tensor context_lens, "
+      "Tensor block_table, int max_context_len, Tensor? indices=None, bool ascend_kv_layout=False, "
+      "ScalarType? logits_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // The paged kernel's work schedule: int32 [num_sms + 1, 2] (request, KV split) start per SM.
+  m.def(
+      "paged_mqa_logits_metadata(Tensor context_lens, int block_kv, int num_sms, Tensor? indices=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // Top-k KV positions per query inside [ks, ke) (largest first, ties to the lower position), as torch.topk:
+  // (values [S, topk], -inf padded; indices int32 [S, topk], absolute KV positions, -1 padded).
+  m.def("mqa_topk(Tensor logits, Tensor ks, Tensor ke, int topk, bool compressed=False) -> (Tensor, Tensor)",
+        {at::Tag::pt2_compliant_tag});
+}
+
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("mqa_logits", &mqa_logits_cpu);
   m.impl("mqa_logits_backward", &mqa_logits_backward_cpu);
