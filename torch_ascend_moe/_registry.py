@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import pkgutil
 import sys
 import types
@@ -40,7 +41,12 @@ def _by_name(name: str | Callable | None, register: Callable[[Callable, str], No
 def with_defaults(name: str, fn: Callable) -> Callable:
     """``fn`` called with every schema argument of ``ascend_moe::name``: the dispatcher drops trailing arguments
     equal to their defaults before calling a Python kernel, so the schema's defaults are filled back here and no
-    kernel, fake or formula repeats them. Keywords the schema does not know (a kernel's own options) pass on."""
+    kernel, fake or formula repeats them. Keywords the schema does not know (a kernel's own options) pass on.
+
+    A function whose only parameter is ``args`` gets them as one namespace by name (``args.timeout_s``): what an
+    op with many arguments uses, so its fake, kernel and checks do not each spell the whole list out.
+    """
+    by_namespace = list(inspect.signature(fn).parameters) == ["args"]
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -54,6 +60,8 @@ def with_defaults(name: str, fn: Callable) -> Callable:
                     args.append(default)
                 else:
                     raise TypeError(f"{NAMESPACE}::{name}: missing argument '{arg}'")
+        if by_namespace:
+            return fn(arguments(name, tuple(args)), **kwargs)
         return fn(*args, **kwargs)
 
     return call

@@ -6,6 +6,8 @@ bounds). Nothing of the forward but its inputs is kept. FP8 x FP4 mode: quantize
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
@@ -16,7 +18,8 @@ _DIFFERENTIABLE = ("x", "topk_weights", "l1_weights", "l2_weights", "shared_l1_w
 
 def _setup(ctx, inputs, output):
     args = arguments(OP, inputs)
-    ctx.group_name, ctx.clamp, ctx.timeout_s = args.group_name, args.activation_clamp, args.timeout_s
+    # Every non-tensor argument (group, clamp, timeout; the scales, None in the differentiable BF16 mode).
+    ctx.options = {name: v for name, v in vars(args).items() if not isinstance(v, torch.Tensor)}
     ctx.fp8 = args.x.dtype == torch.float8_e4m3fn
     ctx.save_for_backward(args.topk_idx, *(getattr(args, name) for name in _DIFFERENTIABLE))
 
@@ -32,24 +35,9 @@ def _backward(ctx, grad_y, grad_counts):
         None if t is None else t.detach().requires_grad_(n) for t, n in zip(saved, needs)
     )
     with torch.enable_grad():
-        y, _ = pipeline(
-            x,
-            None,
-            idx,
-            w,
-            l1,
-            None,
-            l2,
-            None,
-            shared_l1,
-            None,
-            shared_l2,
-            None,
-            ctx.group_name,
-            ctx.clamp,
-            ctx.timeout_s,
-        )
+        # The same arguments with the saved leaves (scales None: BF16 mode is the differentiable one).
         leaves = dict(zip(_DIFFERENTIABLE, (x, w, l1, l2, shared_l1, shared_l2)))
+        y, _ = pipeline(types.SimpleNamespace(**{**ctx.options, **leaves, "topk_idx": idx}))
         wanted = [name for name, n in zip(_DIFFERENTIABLE, needs) if n]
         grads = torch.autograd.grad(y, [leaves[name] for name in wanted], grad_y, allow_unused=True)
     return gradients(

@@ -73,34 +73,43 @@ def check_rows(op: str, x, x_scales, name: str = "x") -> None:
     ck.check_dim_size(op, f"{name}_scales", x_scales, 0, "T", x.shape[0], f"{name}.size(0)")
 
 
-def dispatch_signature(x, x_scales, topk_idx, topk_weights, num_experts, group_name, alignment, worst, timeout_s):
+def dispatch_signature(a):
     """Returns the world size R."""
     op = DISPATCH
-    group = resolve_group(op, group_name)
+    group = resolve_group(op, a.group_name)
     r = group.size()
-    check_rows(op, x, x_scales)
-    check_topk(op, topk_idx, num_experts, r, x)
-    if topk_weights is not None:
+    check_rows(op, a.x, a.x_scales)
+    check_topk(op, a.topk_idx, a.num_experts, r, a.x)
+    if a.topk_weights is not None:
         ck.check_arg(
-            topk_weights.dtype in (torch.float32, torch.float64),
+            a.topk_weights.dtype in (torch.float32, torch.float64),
             op,
             "topk_weights",
             "dtype",
             "torch.float32 or torch.float64",
-            topk_weights.dtype,
+            a.topk_weights.dtype,
         )
         ck.check_arg(
-            topk_weights.shape == topk_idx.shape,
+            a.topk_weights.shape == a.topk_idx.shape,
             op,
             "topk_weights",
             "shape",
-            lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
-            lambda: ck.shape_str(topk_weights.shape),
+            lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
+            lambda: ck.shape_str(a.topk_weights.shape),
         )
-    ck.check_int_arg(op, "expert_alignment", alignment, 1)
-    ck.check_arg(worst >= 0, op, "num_worst_tokens", "value", "0 (exact rows) or a positive capacity", worst)
-    ck.check_arg(worst <= ck.MAX_INT_ARG, op, "num_worst_tokens", "value", ck.MAX_INT_ARG_TEXT, worst)
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    ck.check_int_arg(op, "expert_alignment", a.expert_alignment, 1)
+    ck.check_arg(
+        a.num_worst_tokens >= 0,
+        op,
+        "num_worst_tokens",
+        "value",
+        "0 (exact rows) or a positive capacity",
+        a.num_worst_tokens,
+    )
+    ck.check_arg(
+        a.num_worst_tokens <= ck.MAX_INT_ARG, op, "num_worst_tokens", "value", ck.MAX_INT_ARG_TEXT, a.num_worst_tokens
+    )
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return r
 
 
@@ -117,54 +126,52 @@ def check_handle(op: str, send_src, send_counts, recv_counts, recv_gather, r) ->
     ck.check_dim_size(op, "recv_counts", recv_counts, 0, "ranks", r, "the group's size")
 
 
-def cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
+def cached_signature(a):
     op = CACHED
-    r = resolve_group(op, group_name).size()
-    check_rows(op, x, x_scales)
-    check_handle(op, send_src, send_counts, recv_counts, recv_gather, r)
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    r = resolve_group(op, a.group_name).size()
+    check_rows(op, a.x, a.x_scales)
+    check_handle(op, a.send_src, a.send_counts, a.recv_counts, a.recv_gather, r)
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return r
 
 
-def combine_signature(
-    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
-):
+def combine_signature(a):
     op = COMBINE
-    r = resolve_group(op, group_name).size()
-    ck.check_rank(op, "x", x, 2, "[N, H] (rows in the dispatch's receive order)")
+    r = resolve_group(op, a.group_name).size()
+    ck.check_rank(op, "x", a.x, 2, "[N, H] (rows in the dispatch's receive order)")
     ck.check_arg(
-        x.dtype in FLOAT_DTYPES,
+        a.x.dtype in FLOAT_DTYPES,
         op,
         "x",
         "dtype",
         "torch.bfloat16, torch.float16, torch.float32 or torch.float64 (FP8 rows are not combined)",
-        x.dtype,
+        a.x.dtype,
     )
-    check_handle(op, send_src, send_counts, recv_counts, recv_gather, r)
-    ck.check_dim_size(op, "x", x, 0, "N", recv_gather.shape[0], "the handle's received rows")
-    ck.check_int_arg(op, "num_tokens", num_tokens, 0)
-    if topk_weights is not None:
-        ck.check_rank(op, "topk_weights", topk_weights, 2, "[N, K]")
+    check_handle(op, a.send_src, a.send_counts, a.recv_counts, a.recv_gather, r)
+    ck.check_dim_size(op, "x", a.x, 0, "N", a.recv_gather.shape[0], "the handle's received rows")
+    ck.check_int_arg(op, "num_tokens", a.num_tokens, 0)
+    if a.topk_weights is not None:
+        ck.check_rank(op, "topk_weights", a.topk_weights, 2, "[N, K]")
         ck.check_arg(
-            topk_weights.dtype in (torch.float32, torch.float64),
+            a.topk_weights.dtype in (torch.float32, torch.float64),
             op,
             "topk_weights",
             "dtype",
             "torch.float32 or torch.float64",
-            topk_weights.dtype,
+            a.topk_weights.dtype,
         )
-        ck.check_dim_size(op, "topk_weights", topk_weights, 0, "N", x.shape[0], "x.size(0)")
-    for name, b in (("bias_0", bias_0), ("bias_1", bias_1)):
+        ck.check_dim_size(op, "topk_weights", a.topk_weights, 0, "N", a.x.shape[0], "x.size(0)")
+    for name, b in (("bias_0", a.bias_0), ("bias_1", a.bias_1)):
         if b is not None:
             ck.check_arg(
-                b.dim() == 2 and b.shape[0] == num_tokens and b.shape[1] == x.shape[1],
+                b.dim() == 2 and b.shape[0] == a.num_tokens and b.shape[1] == a.x.shape[1],
                 op,
                 name,
                 "shape",
-                lambda: ck.shape_str([num_tokens, x.shape[1]]) + " (num_tokens, H)",
+                lambda: ck.shape_str([a.num_tokens, a.x.shape[1]]) + " (num_tokens, H)",
                 lambda b=b: ck.shape_str(b.shape),
             )
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return r
 
 
@@ -186,66 +193,50 @@ def ep_dispatch_layout(topk_idx, num_experts, num_ranks, ranks_per_node):
 
 
 @fake
-def ep_dispatch(
-    x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
-):
-    r = dispatch_signature(
-        x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
-    )
-    if num_worst_tokens > 0:
-        n, m = num_worst_tokens, r * x.shape[0]
+def ep_dispatch(args):
+    r = dispatch_signature(args)
+    if args.num_worst_tokens > 0:
+        n, m = args.num_worst_tokens, r * args.x.shape[0]
     else:
         # Received rows: >= 0 (other ranks' token counts are unknown here, so no upper bound); sent rows: each
         # token goes at most once to each rank, <= R * T when T is static.
         ctx = torch.library.get_ctx()
-        t = x.shape[0]
+        t = args.x.shape[0]
         n = ctx.new_dynamic_size(min=0)
         m = ctx.new_dynamic_size(min=0, max=r * t) if isinstance(t, int) else ctx.new_dynamic_size(min=0)
-    k = topk_idx.shape[1]
-    w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
+    k = args.topk_idx.shape[1]
+    w_dtype = args.topk_weights.dtype if args.topk_weights is not None else ABSENT
     i64 = torch.int64
     return (
-        x.new_empty([n, x.shape[1]]),
-        x.new_empty([n, _scale_cols(x_scales)], dtype=x_scales.dtype if x_scales is not None else ABSENT),
-        x.new_empty([n, k], dtype=i64),
-        x.new_empty([n, k if topk_weights is not None else 0], dtype=w_dtype),
-        x.new_empty([num_experts // r], dtype=torch.int32),
-        x.new_empty([1], dtype=i64),
-        x.new_empty([m], dtype=i64),
-        x.new_empty([r], dtype=i64),
-        x.new_empty([r], dtype=i64),
-        x.new_empty([n], dtype=i64),
+        args.x.new_empty([n, args.x.shape[1]]),
+        args.x.new_empty(
+            [n, _scale_cols(args.x_scales)], dtype=args.x_scales.dtype if args.x_scales is not None else ABSENT
+        ),
+        args.x.new_empty([n, k], dtype=i64),
+        args.x.new_empty([n, k if args.topk_weights is not None else 0], dtype=w_dtype),
+        args.x.new_empty([args.num_experts // r], dtype=torch.int32),
+        args.x.new_empty([1], dtype=i64),
+        args.x.new_empty([m], dtype=i64),
+        args.x.new_empty([r], dtype=i64),
+        args.x.new_empty([r], dtype=i64),
+        args.x.new_empty([n], dtype=i64),
     )
 
 
 @fake
-def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
-    cached_signature(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s)
-    n = recv_gather.shape[0]
-    s_dtype = x_scales.dtype if x_scales is not None else ABSENT
-    return x.new_empty([n, x.shape[1]]), x.new_empty([n, _scale_cols(x_scales)], dtype=s_dtype)
+def ep_dispatch_cached(args):
+    cached_signature(args)
+    n = args.recv_gather.shape[0]
+    s_dtype = args.x_scales.dtype if args.x_scales is not None else ABSENT
+    return args.x.new_empty([n, args.x.shape[1]]), args.x.new_empty([n, _scale_cols(args.x_scales)], dtype=s_dtype)
 
 
 @fake
-def ep_combine(
-    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
-):
-    combine_signature(
-        x,
-        topk_weights,
-        bias_0,
-        bias_1,
-        send_src,
-        send_counts,
-        recv_counts,
-        recv_gather,
-        num_tokens,
-        group_name,
-        timeout_s,
-    )
-    k = topk_weights.shape[1] if topk_weights is not None else 0
-    w_dtype = topk_weights.dtype if topk_weights is not None else ABSENT
-    return x.new_empty([num_tokens, x.shape[1]]), x.new_empty([num_tokens, k], dtype=w_dtype)
+def ep_combine(args):
+    combine_signature(args)
+    k = args.topk_weights.shape[1] if args.topk_weights is not None else 0
+    w_dtype = args.topk_weights.dtype if args.topk_weights is not None else ABSENT
+    return args.x.new_empty([args.num_tokens, args.x.shape[1]]), args.x.new_empty([args.num_tokens, k], dtype=w_dtype)
 
 
 # ---- low-latency mode ----
@@ -255,44 +246,42 @@ LL_COMBINE = "ascend_moe::ep_low_latency_combine"
 LL_BLOCK = 128  # FP8 cast granularity (channels per scale)
 
 
-def ll_dispatch_signature(
-    x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
-):
+def ll_dispatch_signature(a):
     """Returns the world size R."""
     op = LL_DISPATCH
-    r = resolve_group(op, group_name).size()
-    ck.check_rank(op, "x", x, 2, "[T, H]")
+    r = resolve_group(op, a.group_name).size()
+    ck.check_rank(op, "x", a.x, 2, "[T, H]")
     ck.check_arg(
-        x.dtype in FLOAT_DTYPES,
+        a.x.dtype in FLOAT_DTYPES,
         op,
         "x",
         "dtype",
         "torch.bfloat16, torch.float16, torch.float32 or torch.float64 (the op casts to FP8 itself)",
-        x.dtype,
+        a.x.dtype,
     )
-    check_topk(op, topk_idx, num_experts, r, x)
-    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", t_max, 1)
+    check_topk(op, a.topk_idx, a.num_experts, r, a.x)
+    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", a.num_max_dispatch_tokens_per_rank, 1)
     ck.check_arg(
-        x.shape[0] <= t_max,
+        a.x.shape[0] <= a.num_max_dispatch_tokens_per_rank,
         op,
         "x",
         "size(0) (T)",
-        lambda: f"at most num_max_dispatch_tokens_per_rank={t_max}",
-        lambda: x.shape[0],
+        lambda: f"at most num_max_dispatch_tokens_per_rank={a.num_max_dispatch_tokens_per_rank}",
+        lambda: a.x.shape[0],
     )
-    if use_fp8:
+    if a.use_fp8:
         ck.check_arg(
-            x.shape[1] % (4 * LL_BLOCK if use_ue8m0 else LL_BLOCK) == 0,
+            a.x.shape[1] % (4 * LL_BLOCK if a.use_ue8m0 else LL_BLOCK) == 0,
             op,
             "x",
             "size(1) (H)",
-            "a multiple of 512 (UE8M0 scales)" if use_ue8m0 else "a multiple of 128 (FP8 cast)",
-            lambda: x.shape[1],
+            "a multiple of 512 (UE8M0 scales)" if a.use_ue8m0 else "a multiple of 128 (FP8 cast)",
+            lambda: a.x.shape[1],
         )
-    ck.check_arg(not use_ue8m0 or round_scale, op, "use_ue8m0", "value", "False unless round_scale", use_ue8m0)
-    if slot_weights is not None:
+    ck.check_arg(not a.use_ue8m0 or a.round_scale, op, "use_ue8m0", "value", "False unless round_scale", a.use_ue8m0)
+    if a.slot_weights is not None:
         ck.check_arg(
-            not use_fp8,
+            not a.use_fp8,
             op,
             "slot_weights",
             "value",
@@ -300,14 +289,14 @@ def ll_dispatch_signature(
             "a tensor",
         )
         ck.check_arg(
-            slot_weights.shape == topk_idx.shape,
+            a.slot_weights.shape == a.topk_idx.shape,
             op,
             "slot_weights",
             "shape",
-            lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
-            lambda: ck.shape_str(slot_weights.shape),
+            lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
+            lambda: ck.shape_str(a.slot_weights.shape),
         )
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return r
 
 
@@ -318,85 +307,75 @@ def ll_scale_shape(h, use_fp8, use_ue8m0):
     return (h // (4 * LL_BLOCK), torch.int32) if use_ue8m0 else (h // LL_BLOCK, torch.float32)
 
 
-def ll_combine_signature(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s):
+def ll_combine_signature(a):
     op = LL_COMBINE
-    r = resolve_group(op, group_name).size()
-    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", t_max, 1)
-    ck.check_rank(op, "x", x, 3, "[L, R * T_max, H] (expert outputs in the dispatch layout)")
+    r = resolve_group(op, a.group_name).size()
+    ck.check_int_arg(op, "num_max_dispatch_tokens_per_rank", a.num_max_dispatch_tokens_per_rank, 1)
+    ck.check_rank(op, "x", a.x, 3, "[L, R * T_max, H] (expert outputs in the dispatch layout)")
     ck.check_arg(
-        x.dtype in FLOAT_DTYPES,
+        a.x.dtype in FLOAT_DTYPES,
         op,
         "x",
         "dtype",
         "torch.bfloat16, torch.float16, torch.float32 or torch.float64",
-        x.dtype,
+        a.x.dtype,
     )
-    ck.check_arg(x.shape[1] == r * t_max, op, "x", "size(1)", lambda: f"{r * t_max} (R * T_max)", lambda: x.shape[1])
-    ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K] (this rank's original routing)")
     ck.check_arg(
-        topk_weights.shape == topk_idx.shape,
+        a.x.shape[1] == r * a.num_max_dispatch_tokens_per_rank,
+        op,
+        "x",
+        "size(1)",
+        lambda: f"{r * a.num_max_dispatch_tokens_per_rank} (R * T_max)",
+        lambda: a.x.shape[1],
+    )
+    ck.check_rank(op, "topk_idx", a.topk_idx, 2, "[T, K] (this rank's original routing)")
+    ck.check_arg(
+        a.topk_weights.shape == a.topk_idx.shape,
         op,
         "topk_weights",
         "shape",
-        lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
-        lambda: ck.shape_str(topk_weights.shape),
+        lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
+        lambda: ck.shape_str(a.topk_weights.shape),
     )
     ck.check_arg(
-        topk_idx.shape[0] <= t_max,
+        a.topk_idx.shape[0] <= a.num_max_dispatch_tokens_per_rank,
         op,
         "topk_idx",
         "size(0) (T)",
-        lambda: f"at most num_max_dispatch_tokens_per_rank={t_max}",
-        lambda: topk_idx.shape[0],
+        lambda: f"at most num_max_dispatch_tokens_per_rank={a.num_max_dispatch_tokens_per_rank}",
+        lambda: a.topk_idx.shape[0],
     )
     ck.check_arg(
-        src_info.shape == x.shape[:2] and layout_range.shape[0] == x.shape[0] and layout_range.shape[1] == r,
+        a.src_info.shape == a.x.shape[:2] and a.layout_range.shape[0] == a.x.shape[0] and a.layout_range.shape[1] == r,
         op,
         "src_info",
         "shape",
         lambda: (
-            f"src_info {ck.shape_str(x.shape[:2])} and layout_range {ck.shape_str([x.shape[0], r])} (the "
+            f"src_info {ck.shape_str(a.x.shape[:2])} and layout_range {ck.shape_str([a.x.shape[0], r])} (the "
             "dispatch's handle)"
         ),
-        lambda: f"{ck.shape_str(src_info.shape)} and {ck.shape_str(layout_range.shape)}",
+        lambda: f"{ck.shape_str(a.src_info.shape)} and {ck.shape_str(a.layout_range.shape)}",
     )
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return r
 
 
 @fake
-def ep_low_latency_dispatch(
-    x,
-    topk_idx,
-    num_max_dispatch_tokens_per_rank,
-    num_experts,
-    group_name,
-    use_fp8,
-    round_scale,
-    use_ue8m0,
-    slot_weights,
-    timeout_s,
-):
-    t_max = num_max_dispatch_tokens_per_rank
-    r = ll_dispatch_signature(
-        x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
-    )
-    local, rows, h = num_experts // r, r * t_max, x.shape[1]
-    cols, s_dtype = ll_scale_shape(h, use_fp8, use_ue8m0)
+def ep_low_latency_dispatch(args):
+    t_max = args.num_max_dispatch_tokens_per_rank
+    r = ll_dispatch_signature(args)
+    local, rows, h = args.num_experts // r, r * t_max, args.x.shape[1]
+    cols, s_dtype = ll_scale_shape(h, args.use_fp8, args.use_ue8m0)
     return (
-        x.new_empty([local, rows, h], dtype=torch.float8_e4m3fn if use_fp8 else x.dtype),
-        x.new_empty([local, rows, cols], dtype=s_dtype),
-        x.new_empty([local], dtype=torch.int32),
-        x.new_empty([local, rows], dtype=torch.int32),
-        x.new_empty([local, r], dtype=torch.int64),
+        args.x.new_empty([local, rows, h], dtype=torch.float8_e4m3fn if args.use_fp8 else args.x.dtype),
+        args.x.new_empty([local, rows, cols], dtype=s_dtype),
+        args.x.new_empty([local], dtype=torch.int32),
+        args.x.new_empty([local, rows], dtype=torch.int32),
+        args.x.new_empty([local, r], dtype=torch.int64),
     )
 
 
 @fake
-def ep_low_latency_combine(
-    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
-):
-    ll_combine_signature(
-        x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
-    )
-    return x.new_empty([topk_idx.shape[0], x.shape[2]])
+def ep_low_latency_combine(args):
+    ll_combine_signature(args)
+    return args.x.new_empty([args.topk_idx.shape[0], args.x.shape[2]])

@@ -65,112 +65,68 @@ def _check_shared(op, fp8, hidden, l1, l1_sf, l2, l2_sf):
     _check_weights(op, "shared_l2_weights", l2, l2_sf, kind, [], hidden, inter)
 
 
-def mega_moe_signature(
-    x,
-    x_sf,
-    topk_idx,
-    topk_weights,
-    l1,
-    l1_sf,
-    l2,
-    l2_sf,
-    shared_l1,
-    shared_l1_sf,
-    shared_l2,
-    shared_l2_sf,
-    group_name,
-    activation_clamp,
-    timeout_s,
-) -> tuple[int, int]:
+def mega_moe_signature(a) -> tuple[int, int]:
     """Checks the arguments; returns (total experts E = E_local * R, R)."""
     op = OP
-    ck.check_rank(op, "x", x, 2, "[T, H]")
-    fp8 = x.dtype == torch.float8_e4m3fn
-    ck.check_arg(fp8 or x.dtype == torch.bfloat16, op, "x", "dtype", "torch.bfloat16 or torch.float8_e4m3fn", x.dtype)
-    t, h = x.shape
+    ck.check_rank(op, "x", a.x, 2, "[T, H]")
+    fp8 = a.x.dtype == torch.float8_e4m3fn
+    ck.check_arg(
+        fp8 or a.x.dtype == torch.bfloat16, op, "x", "dtype", "torch.bfloat16 or torch.float8_e4m3fn", a.x.dtype
+    )
+    t, h = a.x.shape
     if fp8:
         ck.check_arg(h % GRAN == 0, op, "x", "size(1) (H)", "a multiple of 32 with FP8 x", h)
-        ck.check_arg(x_sf is not None, op, "x_sf", "value", "FP32 [T, H/32] scales with an FP8 x", None)
-        ck.check_arg(list(x_sf.shape) == [t, h // GRAN], op, "x_sf", "shape", [t, h // GRAN], list(x_sf.shape))
-        ck.check_arg(x_sf.dtype == torch.float32, op, "x_sf", "dtype", "torch.float32", x_sf.dtype)
+        ck.check_arg(a.x_sf is not None, op, "x_sf", "value", "FP32 [T, H/32] scales with an FP8 x", None)
+        ck.check_arg(list(a.x_sf.shape) == [t, h // GRAN], op, "x_sf", "shape", [t, h // GRAN], list(a.x_sf.shape))
+        ck.check_arg(a.x_sf.dtype == torch.float32, op, "x_sf", "dtype", "torch.float32", a.x_sf.dtype)
     else:
-        ck.check_arg(x_sf is None, op, "x_sf", "value", "None with a BF16 x", "a tensor")
-    ck.check_rank(op, "topk_idx", topk_idx, 2, "[T, K]")
+        ck.check_arg(a.x_sf is None, op, "x_sf", "value", "None with a BF16 x", "a tensor")
+    ck.check_rank(op, "topk_idx", a.topk_idx, 2, "[T, K]")
     ck.check_arg(
-        topk_idx.dtype in (torch.int32, torch.int64),
+        a.topk_idx.dtype in (torch.int32, torch.int64),
         op,
         "topk_idx",
         "dtype",
         "torch.int32 or torch.int64",
-        topk_idx.dtype,
+        a.topk_idx.dtype,
     )
-    ck.check_dim_size(op, "topk_idx", topk_idx, 0, "T", t, "x.size(0)")
+    ck.check_dim_size(op, "topk_idx", a.topk_idx, 0, "T", t, "x.size(0)")
     ck.check_arg(
-        list(topk_weights.shape) == list(topk_idx.shape),
+        list(a.topk_weights.shape) == list(a.topk_idx.shape),
         op,
         "topk_weights",
         "shape",
-        lambda: ck.shape_str(topk_idx.shape),
-        lambda: ck.shape_str(topk_weights.shape),
+        lambda: ck.shape_str(a.topk_idx.shape),
+        lambda: ck.shape_str(a.topk_weights.shape),
     )
-    ck.check_arg(topk_weights.dtype == torch.float32, op, "topk_weights", "dtype", "torch.float32", topk_weights.dtype)
-    ck.check_rank(op, "l1_weights", l1, 3, "[E_local, 2I, H]")
-    experts, two_i = l1.shape[0], l1.shape[1]
+    ck.check_arg(
+        a.topk_weights.dtype == torch.float32, op, "topk_weights", "dtype", "torch.float32", a.topk_weights.dtype
+    )
+    ck.check_rank(op, "l1_weights", a.l1_weights, 3, "[E_local, 2I, H]")
+    experts, two_i = a.l1_weights.shape[0], a.l1_weights.shape[1]
     ck.check_arg(two_i % 2 == 0, op, "l1_weights", "size(1) (2I)", "an even row count (gate rows, then up)", two_i)
     inter = two_i // 2
     if fp8:
         ck.check_arg(inter % GRAN == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 32 with FP8 x", inter)
     kind = "fp4" if fp8 else "bf16"
-    _check_weights(op, "l1_weights", l1, l1_sf, kind, [experts], two_i, h)
-    _check_weights(op, "l2_weights", l2, l2_sf, kind, [experts], h, inter)
-    _check_shared(op, fp8, h, shared_l1, shared_l1_sf, shared_l2, shared_l2_sf)
-    if activation_clamp is not None:
-        ck.check_arg(activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", activation_clamp)
+    _check_weights(op, "l1_weights", a.l1_weights, a.l1_sf, kind, [experts], two_i, h)
+    _check_weights(op, "l2_weights", a.l2_weights, a.l2_sf, kind, [experts], h, inter)
+    _check_shared(op, fp8, h, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf)
+    if a.activation_clamp is not None:
+        ck.check_arg(a.activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", a.activation_clamp)
     ranks = 1
-    if group_name is not None:
+    if a.group_name is not None:
         from torch_ascend_moe.distributed.groups import resolve_group
 
-        ranks = dist.get_world_size(resolve_group(op, group_name))
-    ck.check_arg(timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", timeout_s)
+        ranks = dist.get_world_size(resolve_group(op, a.group_name))
+    ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return experts * ranks, ranks
 
 
 @fake
-def mega_moe(
-    x,
-    x_sf,
-    topk_idx,
-    topk_weights,
-    l1_weights,
-    l1_sf,
-    l2_weights,
-    l2_sf,
-    shared_l1_weights,
-    shared_l1_sf,
-    shared_l2_weights,
-    shared_l2_sf,
-    group_name,
-    activation_clamp,
-    timeout_s,
-):
-    mega_moe_signature(
-        x,
-        x_sf,
-        topk_idx,
-        topk_weights,
-        l1_weights,
-        l1_sf,
-        l2_weights,
-        l2_sf,
-        shared_l1_weights,
-        shared_l1_sf,
-        shared_l2_weights,
-        shared_l2_sf,
-        group_name,
-        activation_clamp,
-        timeout_s,
-    )
+def mega_moe(args):
+    mega_moe_signature(args)
     return (
-        x.new_empty([x.shape[0], x.shape[1]], dtype=torch.bfloat16),
-        x.new_empty([l1_weights.shape[0]], dtype=torch.int32),
+        args.x.new_empty([args.x.shape[0], args.x.shape[1]], dtype=torch.bfloat16),
+        args.x.new_empty([args.l1_weights.shape[0]], dtype=torch.int32),
     )

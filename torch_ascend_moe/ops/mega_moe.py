@@ -49,25 +49,10 @@ def mega_moe(
     >>> y.shape, counts.tolist()
     (torch.Size([4, 64]), [4, 3])
     """
-    name = None
+    arguments = dict(locals())  # every schema argument by name (group becomes group_name)
+    group = arguments.pop("group")
     if group is not None:
         from torch_ascend_moe.distributed.groups import group_name_of
 
-        name = group_name_of(group)
-    return _mega_moe(
-        x,
-        x_sf,
-        topk_idx,
-        topk_weights,
-        l1_weights,
-        l1_sf,
-        l2_weights,
-        l2_sf,
-        shared_l1_weights,
-        shared_l1_sf,
-        shared_l2_weights,
-        shared_l2_sf,
-        name,
-        activation_clamp,
-        timeout_s,
-    )
+        group = group_name_of(group)
+    return _mega_moe(**arguments, group_name=group)

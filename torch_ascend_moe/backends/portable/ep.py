@@ -74,44 +74,42 @@ def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
 
 
 @portable_kernel
-def ep_dispatch(
-    x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
-):
+def ep_dispatch(args):
     op = meta.DISPATCH
     r = exchange.checked(
         op,
-        group_name,
-        x,
-        timeout_s,
-        lambda: meta.dispatch_signature(
-            x, x_scales, topk_idx, topk_weights, num_experts, group_name, expert_alignment, num_worst_tokens, timeout_s
-        ),
+        args.group_name,
+        args.x,
+        args.timeout_s,
+        lambda: meta.dispatch_signature(args),
     )
-    group = resolve_group(op, group_name)
-    rank, device = group.rank(), x.device
-    t, h = x.shape
-    k = topk_idx.shape[1]
-    local_experts = num_experts // r
-    idx = topk_idx.long()
-    out_of_range = (idx < -1) | (idx >= num_experts)
+    group = resolve_group(op, args.group_name)
+    rank, device = group.rank(), args.x.device
+    t, h = args.x.shape
+    k = args.topk_idx.shape[1]
+    local_experts = args.num_experts // r
+    idx = args.topk_idx.long()
+    out_of_range = (idx < -1) | (idx >= args.num_experts)
     idx = torch.where(out_of_range, -1, idx)  # the header exchange must still happen, so every rank can raise
-    _, _, _, in_rank = _layout(idx, num_experts, r)
-    static = num_worst_tokens > 0
+    _, _, _, in_rank = _layout(idx, args.num_experts, r)
+    static = args.num_worst_tokens > 0
     capturing = capture.capturing(device)
     bad_ids_message = (
-        f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}) on every "
+        f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {args.num_experts}) on every "
         "rank, got ids out of range on rank(s) {ranks}"
     )
     fields = {
-        "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": exchange.dtype_code(x.dtype),
-        "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
-        "x_scales' dtype": -1 if x_scales is None else exchange.dtype_code(x_scales.dtype),
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
+        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
         "topk_idx's K": k,
-        "num_experts": num_experts,
-        "topk_weights (given, dtype)": -1 if topk_weights is None else exchange.dtype_code(topk_weights.dtype),
-        "num_worst_tokens": num_worst_tokens,
-        "expert_alignment": expert_alignment,
+        "num_experts": args.num_experts,
+        "topk_weights (given, dtype)": -1
+        if args.topk_weights is None
+        else exchange.dtype_code(args.topk_weights.dtype),
+        "num_worst_tokens": args.num_worst_tokens,
+        "expert_alignment": args.expert_alignment,
     }
     if static:
         fields["T (a static dispatch needs the same token count on every rank)"] = t
@@ -126,7 +124,7 @@ def ep_dispatch(
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[rank]))
     else:
         errors = {"topk_idx": (bool(out_of_range.any()), bad_ids_message)}
-        table = exchange.exchange_header(op, group, device, fields, None if static else counts, errors, timeout_s)
+        table = exchange.exchange_header(op, group, device, fields, None if static else counts, errors, args.timeout_s)
     if static:
         # Equal splits: every rank sends every other rank one row per token (-1 = padding): no split sizes to
         # read on the host, so nothing here syncs.
@@ -144,25 +142,25 @@ def ep_dispatch(
         recv_rows = sum(out_splits)
     # Two all-to-alls: x rows alone (received straight into recv_x when compact: no repacking of the wide
     # data), and one narrow row per token of metadata: scales | topk_idx | topk_weights | token index + 1.
-    parts = [] if x_scales is None else [exchange.as_bytes(x_scales)]
+    parts = [] if args.x_scales is None else [exchange.as_bytes(args.x_scales)]
     parts.append(exchange.as_bytes(idx))
-    if topk_weights is not None:
-        parts.append(exchange.as_bytes(topk_weights))
+    if args.topk_weights is not None:
+        parts.append(exchange.as_bytes(args.topk_weights))
     parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
     parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     widths = [p.shape[1] for p in parts]
-    recv_x = x.new_empty(recv_rows, h)
+    recv_x = args.x.new_empty(recv_rows, h)
     recv_meta = parts[0].new_empty(recv_rows, sum(widths))
     exchange.all_to_all_rows(
         op,
         group,
         [
-            (recv_x, exchange.take_rows(x, send_src, static)),
+            (recv_x, exchange.take_rows(args.x, send_src, static)),
             (recv_meta, exchange.take_rows(exchange.join(parts), send_src, static)),
         ],
         out_splits,
         in_splits,
-        timeout_s,
+        args.timeout_s,
     )
     tag = recv_meta[:, -8:].contiguous().view(torch.int64).view(-1)
     valid = tag > 0
@@ -170,22 +168,22 @@ def ep_dispatch(
     if static:
         if capturing:
             torch._assert_async(
-                (n_valid <= num_worst_tokens).all(),
+                (n_valid <= args.num_worst_tokens).all(),
                 f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, got "
-                f"{num_worst_tokens} (rank {rank} receives more; rows are never dropped)",
+                f"{args.num_worst_tokens} (rank {rank} receives more; rows are never dropped)",
             )
         else:
-            overflow = (n_valid > num_worst_tokens).to(torch.int64)
-            exchange.all_reduce_max(op, group, overflow, timeout_s)
+            overflow = (n_valid > args.num_worst_tokens).to(torch.int64)
+            exchange.all_reduce_max(op, group, overflow, args.timeout_s)
             if bool(overflow):
                 raise ValueError(
                     f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, "
-                    f"got {num_worst_tokens} (rank {rank} receives {int(n_valid)}; rows are never dropped)"
+                    f"got {args.num_worst_tokens} (rank {rank} receives {int(n_valid)}; rows are never dropped)"
                 )
         order = torch.sort((~valid).to(torch.int8), stable=True).indices
-        width = min(num_worst_tokens, recv_rows)
-        pos = torch.arange(num_worst_tokens, device=device)
-        recv_gather = torch.full((num_worst_tokens,), -1, dtype=torch.int64, device=device)
+        width = min(args.num_worst_tokens, recv_rows)
+        pos = torch.arange(args.num_worst_tokens, device=device)
+        recv_gather = torch.full((args.num_worst_tokens,), -1, dtype=torch.int64, device=device)
         recv_gather[:width] = torch.where(pos[:width] < n_valid, order[:width], -1)
         recv_x = exchange.take_rows(recv_x, recv_gather, True)
         recv_meta = exchange.take_rows(recv_meta, recv_gather, True)
@@ -194,25 +192,27 @@ def ep_dispatch(
     rows = exchange.split(recv_meta, widths)
     n = recv_gather.shape[0]
     i = 0
-    if x_scales is not None:
-        recv_scales = rows[i].view(x_scales.dtype).view(n, x_scales.shape[1])
+    if args.x_scales is not None:
+        recv_scales = rows[i].view(args.x_scales.dtype).view(n, args.x_scales.shape[1])
         i += 1
     else:
-        recv_scales = x.new_empty(n, 0, dtype=_ABSENT)
+        recv_scales = args.x.new_empty(n, 0, dtype=_ABSENT)
     src_idx = rows[i].view(torch.int64).view(n, k)
     i += 1
     row_valid = (recv_gather >= 0).unsqueeze(1)
     local = src_idx - rank * local_experts
     mine = row_valid & (src_idx >= 0) & (local >= 0) & (local < local_experts)
     recv_topk_idx = torch.where(mine, local, -1)
-    if topk_weights is not None:
-        recv_w = rows[i].view(topk_weights.dtype).view(n, k)
+    if args.topk_weights is not None:
+        recv_w = rows[i].view(args.topk_weights.dtype).view(n, k)
         recv_topk_weights = torch.where(mine, recv_w, 0)
     else:
-        recv_topk_weights = x.new_empty(n, 0, dtype=_ABSENT)
+        recv_topk_weights = args.x.new_empty(n, 0, dtype=_ABSENT)
     per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
     per_expert.index_add_(0, torch.where(mine, local, local_experts).view(-1), torch.ones_like(local).view(-1))
-    per_expert = (per_expert[:local_experts] + expert_alignment - 1) // expert_alignment * expert_alignment
+    per_expert = (
+        (per_expert[:local_experts] + args.expert_alignment - 1) // args.expert_alignment * args.expert_alignment
+    )
     return (
         recv_x,
         recv_scales,
@@ -264,96 +264,84 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
 
 
 @portable_kernel
-def ep_dispatch_cached(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
+def ep_dispatch_cached(args):
     op = meta.CACHED
     exchange.checked(
         op,
-        group_name,
-        x,
-        timeout_s,
-        lambda: meta.cached_signature(
-            x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s
-        ),
+        args.group_name,
+        args.x,
+        args.timeout_s,
+        lambda: meta.cached_signature(args),
     )
-    group = resolve_group(op, group_name)
-    device = x.device
+    group = resolve_group(op, args.group_name)
+    device = args.x.device
     fields = {
-        "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": exchange.dtype_code(x.dtype),
-        "x_scales' columns": -1 if x_scales is None else x_scales.shape[1],
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
     }
-    route = _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s)
-    n = recv_gather.shape[0]
-    pairs = [(x, x.new_empty(route.rows_out, x.shape[1]))]
-    if x_scales is not None:
-        pairs.append((x_scales, x_scales.new_empty(route.rows_out, x_scales.shape[1])))
+    route = _route(
+        op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
+    )
+    n = args.recv_gather.shape[0]
+    pairs = [(args.x, args.x.new_empty(route.rows_out, args.x.shape[1]))]
+    if args.x_scales is not None:
+        pairs.append((args.x_scales, args.x_scales.new_empty(route.rows_out, args.x_scales.shape[1])))
     exchange.all_to_all_rows(
         op,
         group,
-        [(out, exchange.take_rows(rows, send_src, route.padded_send)) for rows, out in pairs],
+        [(out, exchange.take_rows(rows, args.send_src, route.padded_send)) for rows, out in pairs],
         route.out_splits,
         route.in_splits,
-        timeout_s,
+        args.timeout_s,
     )
-    received = [out if route.compact_recv else exchange.take_rows(out, recv_gather, True) for _, out in pairs]
-    recv_scales = received[1] if x_scales is not None else x.new_empty(n, 0, dtype=_ABSENT)
+    received = [out if route.compact_recv else exchange.take_rows(out, args.recv_gather, True) for _, out in pairs]
+    recv_scales = received[1] if args.x_scales is not None else args.x.new_empty(n, 0, dtype=_ABSENT)
     return received[0], recv_scales
 
 
 @portable_kernel
-def ep_combine(
-    x, topk_weights, bias_0, bias_1, send_src, send_counts, recv_counts, recv_gather, num_tokens, group_name, timeout_s
-):
+def ep_combine(args):
     op = meta.COMBINE
     exchange.checked(
         op,
-        group_name,
-        x,
-        timeout_s,
-        lambda: meta.combine_signature(
-            x,
-            topk_weights,
-            bias_0,
-            bias_1,
-            send_src,
-            send_counts,
-            recv_counts,
-            recv_gather,
-            num_tokens,
-            group_name,
-            timeout_s,
-        ),
+        args.group_name,
+        args.x,
+        args.timeout_s,
+        lambda: meta.combine_signature(args),
     )
-    group = resolve_group(op, group_name)
-    device = x.device
+    group = resolve_group(op, args.group_name)
+    device = args.x.device
     fields = {
-        "x's row bytes": x.shape[1] * x.element_size(),
-        "x's dtype": exchange.dtype_code(x.dtype),
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
         "topk_weights (K, dtype)": -1
-        if topk_weights is None
-        else topk_weights.shape[1] * 1000 + topk_weights.element_size(),
+        if args.topk_weights is None
+        else args.topk_weights.shape[1] * 1000 + args.topk_weights.element_size(),
     }
     # The reverse route: what this rank received it now sends back.
-    route = _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s)
+    route = _route(
+        op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
+    )
     # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
-    pairs = [(x, x.new_empty(route.rows_in, x.shape[1]))]
-    if topk_weights is not None:
-        pairs.append((topk_weights, topk_weights.new_empty(route.rows_in, topk_weights.shape[1])))
+    pairs = [(args.x, args.x.new_empty(route.rows_in, args.x.shape[1]))]
+    if args.topk_weights is not None:
+        pairs.append((args.topk_weights, args.topk_weights.new_empty(route.rows_in, args.topk_weights.shape[1])))
     exchange.all_to_all_rows(
         op,
         group,
         [
-            (back, rows if route.compact_recv else exchange.place_rows(rows, recv_gather, route.rows_out))
+            (back, rows if route.compact_recv else exchange.place_rows(rows, args.recv_gather, route.rows_out))
             for rows, back in pairs
         ],
         route.in_splits,
         route.out_splits,
-        timeout_s,
+        args.timeout_s,
     )
-    out = _reduce_rows(pairs[0][1], send_src, num_tokens, bias_0, bias_1, group.size())
-    if topk_weights is None:
-        return out, x.new_empty(num_tokens, 0, dtype=_ABSENT)
-    return out, _reduce_rows(pairs[1][1], send_src, num_tokens, None, None, group.size())
+    out = _reduce_rows(pairs[0][1], args.send_src, args.num_tokens, args.bias_0, args.bias_1, group.size())
+    if args.topk_weights is None:
+        return out, args.x.new_empty(args.num_tokens, 0, dtype=_ABSENT)
+    return out, _reduce_rows(pairs[1][1], args.send_src, args.num_tokens, None, None, group.size())
 
 
 def _reduce_rows(rows, dest, num_tokens, bias_0, bias_1, passes):
@@ -412,56 +400,43 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
 
 
 @portable_kernel
-def ep_low_latency_dispatch(
-    x,
-    topk_idx,
-    num_max_dispatch_tokens_per_rank,
-    num_experts,
-    group_name,
-    use_fp8,
-    round_scale,
-    use_ue8m0,
-    slot_weights,
-    timeout_s,
-):
+def ep_low_latency_dispatch(args):
     op = meta.LL_DISPATCH
-    t_max = num_max_dispatch_tokens_per_rank
+    t_max = args.num_max_dispatch_tokens_per_rank
     r = exchange.checked(
         op,
-        group_name,
-        x,
-        timeout_s,
-        lambda: meta.ll_dispatch_signature(
-            x, topk_idx, t_max, num_experts, group_name, use_fp8, round_scale, use_ue8m0, slot_weights, timeout_s
-        ),
+        args.group_name,
+        args.x,
+        args.timeout_s,
+        lambda: meta.ll_dispatch_signature(args),
     )
-    group = resolve_group(op, group_name)
-    device = x.device
-    t, h = x.shape
-    k = topk_idx.shape[1]
-    local = num_experts // r
-    idx = topk_idx.long()
-    out_of_range = (idx < -1) | (idx >= num_experts)
+    group = resolve_group(op, args.group_name)
+    device = args.x.device
+    t, h = args.x.shape
+    k = args.topk_idx.shape[1]
+    local = args.num_experts // r
+    idx = args.topk_idx.long()
+    out_of_range = (idx < -1) | (idx >= args.num_experts)
     sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
     duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any() if k > 1 else torch.zeros((), dtype=torch.bool)
     bad_ids_message = (
         f"{op}: argument 'topk_idx' values: expected expert ids in "
-        f"[-1, {num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}"
+        f"[-1, {args.num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}"
     )
     duplicates_message = (
         f"{op}: argument 'topk_idx' values: expected distinct experts in each row "
         "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}"
     )
     fields = {
-        "x's row bytes": h * x.element_size(),
-        "x's dtype": exchange.dtype_code(x.dtype),
+        "x's row bytes": h * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
         "num_max_dispatch_tokens_per_rank": t_max,
-        "num_experts": num_experts,
+        "num_experts": args.num_experts,
         "topk_idx's K": k,
-        "use_fp8": int(use_fp8),
-        "round_scale": int(round_scale),
-        "use_ue8m0": int(use_ue8m0),
-        "slot_weights (given)": int(slot_weights is not None),
+        "use_fp8": int(args.use_fp8),
+        "round_scale": int(args.round_scale),
+        "use_ue8m0": int(args.use_ue8m0),
+        "slot_weights (given)": int(args.slot_weights is not None),
     }
     if capture.capturing(device):  # no header (a host sync): bad ids trip device-side asserts
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[group.rank()]))
@@ -471,20 +446,22 @@ def ep_low_latency_dispatch(
             "topk_idx": (bool(out_of_range.any()), bad_ids_message),
             "distinct experts": (bool(duplicates), duplicates_message),
         }
-        exchange.exchange_header(op, group, device, fields, None, errors, timeout_s)
+        exchange.exchange_header(op, group, device, fields, None, errors, args.timeout_s)
     idx = torch.where(out_of_range, -1, idx)
-    if use_fp8:
-        data, scales = _ll_cast(x, round_scale, use_ue8m0)
+    if args.use_fp8:
+        data, scales = _ll_cast(args.x, args.round_scale, args.use_ue8m0)
         parts = [exchange.as_bytes(data), exchange.as_bytes(scales)]
     else:
-        parts = [exchange.as_bytes(x)]
+        parts = [exchange.as_bytes(args.x)]
     widths = [p.shape[1] for p in parts] + [4]
     # Messages: one per (token, slot), placed at [destination rank, local expert, token] (static layout); -1
     # slots go to a spare last row, so no boolean indexing (a host sync) is needed.
     valid = idx >= 0
     slot_t = torch.arange(t, device=device).repeat_interleave(k)
-    if slot_weights is not None:
-        payload = exchange.as_bytes((x.unsqueeze(1) * slot_weights.to(x.dtype).unsqueeze(-1)).reshape(t * k, h))
+    if args.slot_weights is not None:
+        payload = exchange.as_bytes(
+            (args.x.unsqueeze(1) * args.slot_weights.to(args.x.dtype).unsqueeze(-1)).reshape(t * k, h)
+        )
     else:
         payload = exchange.join(parts).index_select(0, slot_t)
     tag = exchange.as_bytes((slot_t + 1).to(torch.int32).view(-1, 1))
@@ -496,7 +473,7 @@ def ep_low_latency_dispatch(
     send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).view(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
-    exchange.all_to_all_rows(op, group, [(recv, send)], None, None, timeout_s)
+    exchange.all_to_all_rows(op, group, [(recv, send)], None, None, args.timeout_s)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
     recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
     tags = recv[:, :, -4:].contiguous().view(torch.int32).view(local, r * t_max)
@@ -507,13 +484,13 @@ def ep_low_latency_dispatch(
     packed = torch.where(ok_sorted.unsqueeze(-1), packed, 0)
     n = r * t_max
     cols = exchange.split(packed.reshape(local * n, width), widths)
-    if use_fp8:
+    if args.use_fp8:
         recv_x = cols[0].view(torch.float8_e4m3fn).view(local, n, h)
-        s_cols, s_dtype = meta.ll_scale_shape(h, True, use_ue8m0)
+        s_cols, s_dtype = meta.ll_scale_shape(h, True, args.use_ue8m0)
         recv_scales = cols[1].view(s_dtype).view(local, n, s_cols)
     else:
-        recv_x = cols[0].view(x.dtype).view(local, n, h)
-        recv_scales = x.new_empty(local, n, 0, dtype=_ABSENT)
+        recv_x = cols[0].view(args.x.dtype).view(local, n, h)
+        recv_scales = args.x.new_empty(local, n, 0, dtype=_ABSENT)
     src_info = torch.where(ok_sorted, tags.gather(1, order) - 1, -1).to(torch.int32)
     per_source = ok.view(local, r, t_max).sum(-1).to(torch.int64)  # [L, R]
     begins = torch.cumsum(per_source, dim=1) - per_source
@@ -522,54 +499,50 @@ def ep_low_latency_dispatch(
 
 
 @portable_kernel
-def ep_low_latency_combine(
-    x, topk_idx, topk_weights, src_info, layout_range, num_max_dispatch_tokens_per_rank, group_name, timeout_s
-):
+def ep_low_latency_combine(args):
     op = meta.LL_COMBINE
-    t_max = num_max_dispatch_tokens_per_rank
+    t_max = args.num_max_dispatch_tokens_per_rank
     r = exchange.checked(
         op,
-        group_name,
-        x,
-        timeout_s,
-        lambda: meta.ll_combine_signature(
-            x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s
-        ),
+        args.group_name,
+        args.x,
+        args.timeout_s,
+        lambda: meta.ll_combine_signature(args),
     )
-    group = resolve_group(op, group_name)
-    device = x.device
-    local, n, h = x.shape
+    group = resolve_group(op, args.group_name)
+    device = args.x.device
+    local, n, h = args.x.shape
     fields = {
-        "x's row bytes": h * x.element_size(),
-        "x's dtype": exchange.dtype_code(x.dtype),
+        "x's row bytes": h * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
         "num_max_dispatch_tokens_per_rank": t_max,
         "local experts": local,
     }
     if not capture.capturing(device):
-        exchange.exchange_header(op, group, device, fields, None, {}, timeout_s)
+        exchange.exchange_header(op, group, device, fields, None, {}, args.timeout_s)
     # Each valid row goes back to its source rank, at [source, local expert, token].
-    counts = layout_range & 0xFFFFFFFF
+    counts = args.layout_range & 0xFFFFFFFF
     ends = torch.cumsum(counts, dim=1)  # [L, R] inclusive
     j = torch.arange(n, device=device).expand(local, n)
     source = torch.searchsorted(ends.contiguous(), j.contiguous(), right=True)  # [L, n]
-    ok = src_info >= 0
+    ok = args.src_info >= 0
     expert = torch.arange(local, device=device).unsqueeze(1).expand(local, n)
-    dest = (source * local + expert) * t_max + src_info.long().clamp(min=0)
+    dest = (source * local + expert) * t_max + args.src_info.long().clamp(min=0)
     spare = r * local * t_max  # rows without a message land in a spare last row: no boolean indexing
-    send = x.new_zeros(spare + 1, h)
-    send[torch.where(ok, dest, spare).view(-1)] = x.reshape(local * n, h)
+    send = args.x.new_zeros(spare + 1, h)
+    send[torch.where(ok, dest, spare).view(-1)] = args.x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
-    exchange.all_to_all_rows(op, group, [(back, send)], None, None, timeout_s)
+    exchange.all_to_all_rows(op, group, [(back, send)], None, None, args.timeout_s)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
-    acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
-    t = topk_idx.shape[0]
-    idx = topk_idx.long()
+    acc_t = torch.float64 if args.x.dtype == torch.float64 else torch.float32
+    t = args.topk_idx.shape[0]
+    idx = args.topk_idx.long()
     out = torch.zeros(t, h, dtype=acc_t, device=device)
     tokens = torch.arange(t, device=device)
     for kk in range(idx.shape[1]):  # slot order, FP32 accumulation
         e = idx[:, kk]
         valid = (e >= 0).unsqueeze(1)
         rows = back[e.clamp(min=0), tokens].to(acc_t)
-        out += torch.where(valid, topk_weights[:, kk : kk + 1].to(acc_t) * rows, 0)
-    return out.to(x.dtype)
+        out += torch.where(valid, args.topk_weights[:, kk : kk + 1].to(acc_t) * rows, 0)
+    return out.to(args.x.dtype)

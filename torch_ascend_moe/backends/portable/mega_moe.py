@@ -116,96 +116,51 @@ def _combine_local(y_rows, row_map, shared):
 
 
 @portable_kernel
-def mega_moe(
-    x,
-    x_sf,
-    topk_idx,
-    topk_weights,
-    l1_weights,
-    l1_sf,
-    l2_weights,
-    l2_sf,
-    shared_l1_weights,
-    shared_l1_sf,
-    shared_l2_weights,
-    shared_l2_sf,
-    group_name,
-    activation_clamp,
-    timeout_s,
-):
-    args = (
-        x,
-        x_sf,
-        topk_idx,
-        topk_weights,
-        l1_weights,
-        l1_sf,
-        l2_weights,
-        l2_sf,
-        shared_l1_weights,
-        shared_l1_sf,
-        shared_l2_weights,
-        shared_l2_sf,
-        group_name,
-        activation_clamp,
-        timeout_s,
-    )
-    num_experts, ranks = mega_moe_signature(*args)
-    if group_name is None and topk_idx.numel():
-        bad = (topk_idx < -1) | (topk_idx >= num_experts)
+def mega_moe(args):
+    num_experts, ranks = mega_moe_signature(args)
+    if args.group_name is None and args.topk_idx.numel():
+        bad = (args.topk_idx < -1) | (args.topk_idx >= num_experts)
         if bool(bad.any()):
             raise ValueError(
                 f"ascend_moe::mega_moe: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), "
-                f"got {int(topk_idx[bad][0])}"
+                f"got {int(args.topk_idx[bad][0])}"
             )
-    return pipeline(*args)
+    return pipeline(args)
 
 
-def pipeline(
-    x,
-    x_sf,
-    topk_idx,
-    topk_weights,
-    l1,
-    l1_sf,
-    l2,
-    l2_sf,
-    shared_l1,
-    shared_l1_sf,
-    shared_l2,
-    shared_l2_sf,
-    group_name,
-    activation_clamp,
-    timeout_s,
-):
+def pipeline(a):
     """The unfused pipeline (no value checks: the backward reruns it under tracing)."""
     shared = None
-    if shared_l1 is not None:
-        shared = shared_experts(x, x_sf, shared_l1, shared_l1_sf, shared_l2, shared_l2_sf, activation_clamp)
-    if group_name is None:
-        y_rows, row_map, counts = local_experts(x, x_sf, topk_idx, topk_weights, l1, l1_sf, l2, l2_sf, activation_clamp)
+    if a.shared_l1_weights is not None:
+        shared = shared_experts(
+            a.x, a.x_sf, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf, a.activation_clamp
+        )
+    if a.group_name is None:
+        y_rows, row_map, counts = local_experts(
+            a.x, a.x_sf, a.topk_idx, a.topk_weights, a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp
+        )
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
 
-    experts = l1.shape[0] * resolve_group(OP, group_name).size()
+    experts = a.l1_weights.shape[0] * resolve_group(OP, a.group_name).size()
     sent = ep_dispatch(
-        x, topk_idx, topk_weights, num_experts=experts, group=group_name, x_scales=x_sf, timeout_s=timeout_s
+        a.x, a.topk_idx, a.topk_weights, num_experts=experts, group=a.group_name, x_scales=a.x_sf, timeout_s=a.timeout_s
     )
     y_rows, row_map, counts = local_experts(
         sent.recv_x,
         sent.recv_x_scales,
         sent.recv_topk_idx,
         sent.recv_topk_weights,
-        l1,
-        l1_sf,
-        l2,
-        l2_sf,
-        activation_clamp,
+        a.l1_weights,
+        a.l1_sf,
+        a.l2_weights,
+        a.l2_sf,
+        a.activation_clamp,
     )
     # Each received token's local slots summed here in FP32 and the ranks' FP32 partials (after the shared experts'
     # row) summed at home: one rounding to BF16, as the kernel's combine; only the FP32 sum's order differs from
     # one process (grouped by rank). FP32 partials cost at most twice BF16 ones on the way back.
     partial = moe_unpermute(y_rows.float(), row_map)
     bias = None if shared is None else shared.float()
-    y, _ = ep_combine(partial, sent.handle, bias=bias, timeout_s=timeout_s)
+    y, _ = ep_combine(partial, sent.handle, bias=bias, timeout_s=a.timeout_s)
     return y.bfloat16(), counts
