@@ -73,16 +73,15 @@ def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
 # ---- collectives with a deadline ----
 
 
+def _checked(op: str, args, signature) -> int:
+    """``signature(args)`` (the fake's checks) run on every rank with one agreed verdict: the world size R."""
+    return exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
+
+
 @portable_kernel
 def ep_dispatch(args):
     op = meta.DISPATCH
-    r = exchange.checked(
-        op,
-        args.group_name,
-        args.x,
-        args.timeout_s,
-        lambda: meta.dispatch_signature(args),
-    )
+    r = _checked(op, args, meta.dispatch_signature)
     group = resolve_group(op, args.group_name)
     rank, device = group.rank(), args.x.device
     t, h = args.x.shape
@@ -266,13 +265,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
 @portable_kernel
 def ep_dispatch_cached(args):
     op = meta.CACHED
-    exchange.checked(
-        op,
-        args.group_name,
-        args.x,
-        args.timeout_s,
-        lambda: meta.cached_signature(args),
-    )
+    _checked(op, args, meta.cached_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
     fields = {
@@ -303,13 +296,7 @@ def ep_dispatch_cached(args):
 @portable_kernel
 def ep_combine(args):
     op = meta.COMBINE
-    exchange.checked(
-        op,
-        args.group_name,
-        args.x,
-        args.timeout_s,
-        lambda: meta.combine_signature(args),
-    )
+    _checked(op, args, meta.combine_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
     fields = {
@@ -403,13 +390,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
 def ep_low_latency_dispatch(args):
     op = meta.LL_DISPATCH
     t_max = args.num_max_dispatch_tokens_per_rank
-    r = exchange.checked(
-        op,
-        args.group_name,
-        args.x,
-        args.timeout_s,
-        lambda: meta.ll_dispatch_signature(args),
-    )
+    r = _checked(op, args, meta.ll_dispatch_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
     t, h = args.x.shape
@@ -502,13 +483,7 @@ def ep_low_latency_dispatch(args):
 def ep_low_latency_combine(args):
     op = meta.LL_COMBINE
     t_max = args.num_max_dispatch_tokens_per_rank
-    r = exchange.checked(
-        op,
-        args.group_name,
-        args.x,
-        args.timeout_s,
-        lambda: meta.ll_combine_signature(args),
-    )
+    r = _checked(op, args, meta.ll_combine_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
     local, n, h = args.x.shape
