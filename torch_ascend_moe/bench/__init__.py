@@ -9,12 +9,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib
+import pkgutil
 from collections.abc import Callable
 
 import torch
 from torch.utils import benchmark
 
-FAMILIES = ("gemm", "fp8_gemm", "fp8_linear", "grouped", "mqa", "ep", "moe")
+# Every module of this package is a family's cases (no list is typed here).
+FAMILIES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 # Workload options a family may read (``bench ep``: --tokens, --hidden, --topk, --experts); set by the CLI.
 OPTIONS: dict[str, int] = {}
 # Names that run several families: ``bench fp8`` covers every FP8 op.
