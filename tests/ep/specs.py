@@ -519,4 +519,3 @@ SPECS = [
         fresh_setup=FRESH_SETUP,
     ),
 ]
-

@@ -43,9 +43,7 @@ def fp8_quant_gemm_samples(device, dtype, requires_grad=False, small=False) -> l
     return samples
 
 
-def fp8_quant_gemm_reference(
-    x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype
-):
+def fp8_quant_gemm_reference(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     q, sf = quant.block_cast_to_fp8(x.detach(), (1, gran_k), use_ue8m0)
     out = alpha * (dequantize(q, sf, (1, gran_k)).double() @ dequantize(b, sfb, recipe_b).double().T)
     return out if c is None else out + c.double()

@@ -258,9 +258,7 @@ def m_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> li
     return samples
 
 
-def m_grouped_fp8_reference(
-    a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype
-):
+def m_grouped_fp8_reference(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
     a_deq = dequantize(a, sfa, recipe_a).double()
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
@@ -378,9 +376,7 @@ def m_grouped_fp8_linear_samples(device, dtype, requires_grad=False, small=False
     return samples
 
 
-def m_grouped_fp8_linear_reference(
-    x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward
-):
+def m_grouped_fp8_linear_reference(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     from torch_ascend_moe.quant import block_cast_to_fp8
 
     xq, xs = block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)

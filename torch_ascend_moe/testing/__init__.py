@@ -37,4 +37,3 @@ def count_bytes(*tensors) -> int:
 
 
 __all__ = ["calc_diff", "count_bytes"]
-
