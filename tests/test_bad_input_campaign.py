@@ -1,4 +1,5 @@
-"""The randomized bad-input campaign (torch_ascend_moe.testing.campaign) over every family with op specs.
+"""The randomized bad-input campaign (torch_ascend_moe.testing.campaign) over every family with op specs
+(``tests/<family>/specs.py``, found by tests._families).
 
 Each family runs in a subprocess with a memory cap; the test fails listing every mutated call on which the eager
 kernel, the portable kernel and the fake disagree, or that fails with anything but an argument error.
@@ -7,12 +8,14 @@ kernel, the portable kernel and the fake disagree, or that fails with anything b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from torch_ascend_moe.testing import campaign, family_specs
+from tests._families import ROOT, family_specs, spec_modules
+from torch_ascend_moe.testing import campaign
 
 # ep's ops need a process group; their bad inputs run on one- and multi-rank groups in tests/ep.
 FAMILIES = sorted(f for f in family_specs() if f != "ep")
@@ -20,7 +23,15 @@ FAMILIES = sorted(f for f in family_specs() if f != "ep")
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_mutation_gets_one_verdict(family):
-    run = subprocess.run([sys.executable, "-m", campaign.__name__, family], capture_output=True, text=True, timeout=900)
+    # The subprocess imports the family's specs by module name (tests.<family>.specs): the root on sys.path.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    run = subprocess.run(
+        [sys.executable, "-m", campaign.__name__, spec_modules()[family]],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["cases"] > 0
@@ -33,7 +44,7 @@ def test_campaign_catches_a_drifting_message(monkeypatch):
     """The verdict flags a fake whose message differs from the kernel's (the defect class it exists for)."""
     import torch
 
-    from torch_ascend_moe.testing.gemm import SPECS
+    from tests.gemm.specs import SPECS
 
     spec = next(s for s in SPECS if s.name == "bf16_gemm")
     sample = spec.sample_inputs("cpu", torch.float32, small=True)[0]

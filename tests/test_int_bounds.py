@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_ascend_moe.testing import ep, fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits
+from tests._families import family_specs
+from torch_ascend_moe.backends.portable import moe_routing as portable_routing
 
-_FAMILIES = (ep, fp8_gemm, fp8_linear, grouped, hc_prenorm, moe_routing, mqa_logits)
-_SPECS = [s for family in _FAMILIES for s in family.SPECS]
+_SPECS = [s for specs in family_specs().values() for s in specs]
 _BAD = (2**62 + 1, 2**63 - 1, 2**31, -1, -(2**63))
 
 
@@ -66,7 +66,7 @@ def test_integer_argument_bounded(spec, position, name, entry, bad):
 def test_moe_permute_rows_fit_int32():
     """The issue's case: each alignment is valid alone, but the output's rows would not fit in int32."""
     x, idx = torch.randn(4, 8), torch.tensor([[0, 1], [1, 0], [0, 1], [1, 1]])
-    for fn in (torch.ops.ascend_moe.moe_permute, moe_routing.portable.moe_permute):
+    for fn in (torch.ops.ascend_moe.moe_permute, portable_routing.moe_permute):
         with pytest.raises(ValueError, match=r"moe_permute: argument 'alignment' value: .* fit in int32"):
             fn(x, idx, 2**31 - 1, 2**31 - 1)
 

@@ -17,7 +17,7 @@ from torch_ascend_moe.backends import portable
 
 def _spec_names() -> list[str]:
     """Every op a family's harness specs cover: the inventory the dispatcher must match (no list is kept)."""
-    from torch_ascend_moe.testing import family_specs
+    from tests._families import family_specs
 
     return sorted(spec.name for specs in family_specs().values() for spec in specs)
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from torch_ascend_moe.nn import MoE, SwiGLUMLP
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.moe import moe_reference
+from torch_ascend_moe.testing.references import moe_reference
 
 
 @dataclass

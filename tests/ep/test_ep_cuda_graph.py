@@ -1,6 +1,6 @@
 """The static ep ops captured in a CUDA graph on a one-rank NCCL group, replayed with new data, against eager.
 Needs a GPU (tools/device_check.sh runs it on a lent one); on CPU the same no-host-sync property is checked by
-testing.ep.emulated_capture (test_ep_ranks.py, test_ep_kernels.py)."""
+tests.distributed.ep_bodies.emulated_capture (test_ep_ranks.py, test_ep_kernels.py)."""
 
 import datetime
 import os

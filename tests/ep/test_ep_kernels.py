@@ -47,10 +47,11 @@ def test_combine_reduce_bad_dest():
 
 
 def test_emulated_capture_catches_host_syncs():
-    """The capture check (testing.ep.emulated_capture) can fail: boolean masks, item() and tolist() are caught;
-    a compact dispatch (data-dependent size) refuses to run while capturing."""
+    """The capture check (tests.distributed.ep_bodies.emulated_capture) can fail: boolean masks, item() and
+    tolist() are caught; a compact dispatch (data-dependent size) refuses to run while capturing."""
+    from tests.distributed.ep_bodies import emulated_capture
+    from tests.ep.specs import init_single_rank_group
     from torch_ascend_moe.ops.ep import ep_dispatch
-    from torch_ascend_moe.testing.ep import emulated_capture, init_single_rank_group
 
     init_single_rank_group()
     idx = torch.tensor([[0, 1], [1, -1]])
@@ -74,8 +75,8 @@ def test_compact_dispatch_fake_sizes_are_bounded():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+    from tests.ep.specs import init_single_rank_group
     from torch_ascend_moe.ops.ep import ep_dispatch
-    from torch_ascend_moe.testing.ep import init_single_rank_group
 
     init_single_rank_group()
     shape_env = ShapeEnv()

@@ -3,8 +3,8 @@
 
 import torch
 
+from tests.ep.specs import init_single_rank_group
 from torch_ascend_moe.ops.ep import ep_dispatch, ep_dispatch_cached, ep_dispatch_layout
-from torch_ascend_moe.testing.ep import init_single_rank_group
 
 
 def test_ep_dispatch_layout_counts_each_token_once_per_rank_and_node():

@@ -1,4 +1,4 @@
-"""The ep family on 2 and 4 gloo ranks in spawned processes (torch_ascend_moe.testing.ep.rank_checks): DeepEP's
+"""The ep family on 2 and 4 gloo ranks in spawned processes (tests.distributed.ep_bodies.rank_checks): DeepEP's
 validation strategies (value-encoded sources, all_reduce count cross-checks, all_gather references, bitwise
 combine, -1 slots, uneven token counts, alignment 1 and 128, 0/1/2 biases, FP8 rows, static-capacity prefix
 equality), gradients against one process running every expert, compile fullgraph forward+backward, bad input
@@ -7,7 +7,7 @@ on one rank raising on all, and the timeout path."""
 import pytest
 import torch.multiprocessing as mp
 
-from torch_ascend_moe.testing.ep import rank_checks
+from tests.distributed.ep_bodies import rank_checks
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.grouped.specs import psum_layout
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.grouped import psum_layout
 
 M, N, K = 32, 48, 128
 RECIPE = {"recipe_a": (1, 32), "recipe_b": (1, 32)}

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.fp8_gemm.specs import quantize_einsum_operand
 from torch_ascend_moe import quant
 from torch_ascend_moe.deep_gemm.epilogue import FP8Quantization
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.fp8_gemm import quantize_einsum_operand
 
 
 def _stack_cast(x: torch.Tensor, cast, *args):

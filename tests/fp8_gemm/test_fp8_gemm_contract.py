@@ -1,6 +1,6 @@
 """Every fp8_gemm-family op through the op-contract harness (torch_ascend_moe.testing.harness)."""
 
-from torch_ascend_moe.testing.fp8_gemm import SPECS
+from tests.fp8_gemm.specs import SPECS
 from torch_ascend_moe.testing.harness import contract_test
 
 test_op_contract = contract_test(SPECS)

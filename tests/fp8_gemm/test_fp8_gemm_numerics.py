@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from tests.fp8_gemm.specs import _FORMATS, quantize
 from torch_ascend_moe import fp8_gemm, quant
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize
 
 # calc_diff against the unquantized product (DeepGEMM's thresholds) per format index of _FORMATS.
 _THRESHOLDS = [1e-3, 1e-3, 1e-2, 2e-2]

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fp8_gemm.specs import _FORMATS, quantize, quantize_einsum_operand
+from tests.grouped.specs import psum_layout
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_gemm as portable
 from torch_ascend_moe.backends.portable import fp8_linear as portable_linear
 from torch_ascend_moe.backends.portable import grouped as portable_grouped
-from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize, quantize_einsum_operand
-from torch_ascend_moe.testing.grouped import psum_layout
 
 ops = torch.ops.ascend_moe  # the eager C++ kernels on CPU
 
@@ -276,7 +276,7 @@ def test_per_custom_dims_cast_nan():
 def test_k_grouped_fp8_gemm_nan(data, counts, ue8m0):
     """k-grouped: a NaN code or scale in a group's rows reaches that group's output only (the fp64
     reference, which decodes with PyTorch's casts, propagates it the same way)."""
-    from torch_ascend_moe.testing.grouped import k_grouped_fp8_reference, k_grouped_quantize
+    from tests.grouped.specs import k_grouped_fp8_reference, k_grouped_quantize
 
     layout, rows = psum_layout(counts, 8)
     if rows == 0:

@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fp8_gemm.specs import _FORMATS, quantize
+from tests.grouped.specs import psum_layout
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_gemm as portable
 from torch_ascend_moe.backends.portable import grouped as portable_grouped
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize
-from torch_ascend_moe.testing.grouped import psum_layout
 
 ops = torch.ops.ascend_moe  # the eager C++ kernels on CPU
 

@@ -68,7 +68,7 @@ def test_forward_error_against_the_unquantized_product():
     "fmt,recipe_b", [(("fp8-block", 128, 128, False), [128, 128]), (("fp4", 1, 32, True), [1, 32])]
 )
 def test_quant_gemm_ste_gradient(fmt, recipe_b):
-    from torch_ascend_moe.testing.fp8_gemm import quantize
+    from tests.fp8_gemm.specs import quantize
 
     x, w, _, grad = _inputs(9, 40, 256)
     b, sfb, recipe_b = quantize(w.detach(), fmt)

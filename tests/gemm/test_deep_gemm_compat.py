@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.gemm.specs import make_operand
 from torch_ascend_moe.deep_gemm import epilogue
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.gemm import make_operand
 
 BF16 = torch.bfloat16
 

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.gemm.specs import make_operand
 from torch_ascend_moe import bf16_gemm
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.gemm import make_operand
 
 BF16_THRESHOLD = 1e-5  # DeepGEMM's BF16 GEMM threshold
 EXACT_THRESHOLD = 1e-6  # FP32 output from exactly representable BF16 inputs (design §5)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.grouped.specs import ids_layout, psum_layout
 from torch_ascend_moe import quant
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.grouped import ids_layout, psum_layout
 
 ALIGN = 32
 COUNTS = [40, 0, 75, 9]
@@ -160,7 +160,7 @@ def test_bad_inputs_and_aliases():
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("use_psum", [False, True])
 def test_k_grouped_fp8_tn(packed, use_psum):
-    from torch_ascend_moe.testing.grouped import k_grouped_quantize
+    from tests.grouped.specs import k_grouped_quantize
 
     g = torch.Generator().manual_seed(6)
     if use_psum:
@@ -200,7 +200,7 @@ def test_k_grouped_fp8_tn(packed, use_psum):
 
 
 def test_k_grouped_fp8_nt_flat_form_matches_tn():
-    from torch_ascend_moe.testing.grouped import k_grouped_quantize
+    from tests.grouped.specs import k_grouped_quantize
 
     g = torch.Generator().manual_seed(7)
     ks = [128, 256]

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.grouped.specs import ids_layout
 from torch_ascend_moe import quant
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.grouped import ids_layout
 
 ALIGN = 32
 COUNTS = [40, 0, 75, 9]

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.moe_routing.specs import random_topk
 from torch_ascend_moe.nn import GroupedExperts
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.moe_routing import random_topk
 
 
 def _reference(experts: GroupedExperts, x, idx, weights):
@@ -128,9 +128,9 @@ def test_fp8_experts_any_size():
 @pytest.mark.parametrize("fp8_backward", [True, False])
 def test_fp8_linear_experts_straight_through_gradients(fp8_backward):
     """dx = dD @ deq(cast(W[g])) per the recipe (FP8: dD cast per token too); dW = dD^T x exactly."""
+    from tests.grouped.specs import psum_layout
     from torch_ascend_moe import m_grouped_fp8_linear, quant
     from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
-    from torch_ascend_moe.testing.grouped import psum_layout
 
     g = torch.Generator().manual_seed(5)
     layout, rows = psum_layout([7, 0, 12], 4)

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from tests.grouped.specs import ids_layout, psum_layout
+from tests.moe_routing.specs import random_topk
 from torch_ascend_moe import k_grouped_bf16_gemm, m_grouped_bf16_gemm, moe_permute, moe_unpermute
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.grouped import ids_layout, psum_layout
-from torch_ascend_moe.testing.moe_routing import random_topk
 
 
 def _counts(groups: int, expected_m: int, g: torch.Generator) -> list[int]:

@@ -6,9 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.grouped.specs import k_grouped_reference, m_grouped_reference, psum_layout
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.grouped import k_grouped_reference, m_grouped_reference, psum_layout
 
 ops = torch.ops.ascend_moe  # the eager C++ kernels on CPU
 _LAYOUTS = ("contiguous", "mn_major", "sliced", "expand_rows", "expand_k")
@@ -55,8 +55,8 @@ def grouped_case(draw):
 @given(case=grouped_case())
 def test_m_grouped_bf16_gemm_any_layout(case):
     a, b, layout, alignment = case
-    ref = m_grouped_reference(a, b, layout, True, alignment)
-    bound = m_grouped_reference(a.abs(), b.abs(), layout, True, alignment)
+    ref = m_grouped_reference(a, b, layout, True, alignment, None)
+    bound = m_grouped_reference(a.abs(), b.abs(), layout, True, alignment, None)
     for fn in (ops.m_grouped_bf16_gemm, portable.m_grouped_bf16_gemm):
         assert_exact(fn(a, b, layout, True, alignment, torch.float32), ref, bound)
 
@@ -84,7 +84,7 @@ def test_k_grouped_bf16_gemm_any_layout(case, b_layout):
     g = torch.Generator().manual_seed(a.shape[0])
     b = restride(torch.randn(a.shape[0], w.shape[1], generator=g).bfloat16(), b_layout)
     groups = layout.numel()
-    ref = k_grouped_reference(a, b, layout, groups, True, alignment)
-    bound = k_grouped_reference(a.abs(), b.abs(), layout, groups, True, alignment)
+    ref = k_grouped_reference(a, b, layout, groups, True, alignment, None, None)
+    bound = k_grouped_reference(a.abs(), b.abs(), layout, groups, True, alignment, None, None)
     for fn in (ops.k_grouped_bf16_gemm, portable.k_grouped_bf16_gemm):
         assert_exact(fn(a, b, layout, groups, True, alignment, None, torch.float32), ref, bound)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.hc_prenorm.specs import reference
 from torch_ascend_moe import hc_prenorm_gemm
 from torch_ascend_moe.quant import round_to_tf32
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.hc_prenorm import reference
 
 
 def test_tf32_rounding_ties_away_from_zero():

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.distributed.mega_moe_bodies import ep_worker
+from tests.mega_moe.specs import samples, unfused
 from torch_ascend_moe import mega_moe
-from torch_ascend_moe.testing.mega_moe import ep_worker, samples, unfused
 
 
 @pytest.mark.parametrize("case", range(4))

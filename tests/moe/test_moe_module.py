@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.distributed.moe_bodies import ep_parity_worker
 from torch_ascend_moe.nn import MegaMoE, MoE
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing.moe import ep_parity_worker, moe_reference
+from torch_ascend_moe.testing.references import moe_reference
 
 CONFIGS = {
     "mixtral": dict(),

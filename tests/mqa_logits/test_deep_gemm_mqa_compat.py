@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import torch_ascend_moe.deep_gemm as deep_gemm
+from tests.mqa_logits import specs as T
 from torch_ascend_moe import quant
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing import mqa_logits as T
 
 
 def _close(out, ref, bound=1e-10):

@@ -1,6 +1,6 @@
 """The mqa_logits family through the op-contract harness (torch_ascend_moe.testing.harness)."""
 
+from tests.mqa_logits.specs import SPECS
 from torch_ascend_moe.testing.harness import contract_test
-from torch_ascend_moe.testing.mqa_logits import SPECS
 
 test_op_contract = contract_test(SPECS)

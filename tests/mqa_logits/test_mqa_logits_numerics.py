@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 
 import torch_ascend_moe as tam
+from tests.mqa_logits import specs as T
 from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.testing import calc_diff
-from torch_ascend_moe.testing import mqa_logits as T
 
 
 def _inputs(s, h, d, s_kv, pattern, seed=0):
@@ -195,7 +195,7 @@ def test_random_shapes_cpp_vs_portable(s, h, d, s_kv, seed, compressed):
     out = tam.mqa_logits(q, k, w, ks, ke, max_seqlen_k=width)
     ref = portable.mqa_logits(q, None, k, None, w, ks, ke, width)
     assert _finite_diff(out, ref.double()) < 1e-10
-    assert _finite_diff(out, T.mqa_logits_reference(q, None, k, None, w, ks, ke, width)) < 1e-10
+    assert _finite_diff(out, T.mqa_logits_reference(q, None, k, None, w, ks, ke, width, None)) < 1e-10
 
 
 @pytest.mark.parametrize("compressed", [False, True])

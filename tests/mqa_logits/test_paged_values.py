@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.mqa_logits.specs import build_paged_cache
 from torch_ascend_moe.backends.portable import mqa_logits as portable
-from torch_ascend_moe.testing.mqa_logits import build_paged_cache
 
 ops = torch.ops.ascend_moe  # the eager C++ kernels on CPU
 _G = torch.Generator().manual_seed(71)

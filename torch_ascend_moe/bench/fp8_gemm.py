@@ -8,18 +8,44 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import quant
 from torch_ascend_moe.bench import Case
 from torch_ascend_moe.ops.fp8_gemm import fp8_bmm, fp8_einsum, fp8_gemm
-from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize, quantize_einsum_operand
+
+
+def _fp8_token(x):  # FP8 1x128 blocks (per token), FP32 scales
+    return (*quant.per_token_cast_to_fp8(x, False, 128), [1, 128])
+
+
+def _fp8_token_ue8m0(x):  # FP8 1x128, power-of-two (UE8M0) scales
+    return (*quant.per_token_cast_to_fp8(x, True, 128), [1, 128])
+
+
+def _fp8_block(x):  # FP8 128x128 blocks (weights)
+    return (*quant.per_block_cast_to_fp8(x, False, 128), [128, 128])
+
+
+def _fp4(x):  # FP4 (E2M1, packed as uint8) 1x32 blocks, UE8M0 scales
+    data, sf = quant.per_token_cast_to_fp4(x, True, gran_k=32)
+    return data.view(torch.uint8), sf, [1, 32]
+
+
+# (name, cast of a, cast of b): each cast returns (data, FP32 scales, recipe)
+_FORMATS = [
+    ("fp8-1x128 x fp8-128x128", _fp8_token, _fp8_block),
+    ("fp8-1x128 x fp8-1x128 ue8m0", _fp8_token_ue8m0, _fp8_token_ue8m0),
+    ("fp8-1x128 x fp4-1x32", _fp8_token_ue8m0, _fp4),
+    ("fp4-1x32 x fp4-1x32", _fp4, _fp4),
+]
 
 
 def _case(m, n, k, fmt_index=0) -> Case:
-    name, fa, fb = _FORMATS[fmt_index]
+    name, cast_a, cast_b = _FORMATS[fmt_index]
 
     def setup():
         x, w = torch.randn(m, k), torch.randn(n, k)
-        a, sfa, ra = quantize(x, fa)
-        b, sfb, rb = quantize(w, fb)
+        a, sfa, ra = cast_a(x)
+        b, sfb, rb = cast_b(w)
         xf, wf = x.clone(), w.clone()
         return (lambda: fp8_gemm(a, sfa, b, sfb, recipe_a=ra, recipe_b=rb)), (lambda: torch.mm(xf, wf.t()))
 
@@ -29,8 +55,8 @@ def _case(m, n, k, fmt_index=0) -> Case:
 def _bmm_case(groups, m, n, k) -> Case:
     def setup():
         x, w = torch.randn(groups, m, k), torch.randn(groups, n, k)
-        a = [quantize(x[i], _FORMATS[0][1]) for i in range(groups)]
-        b = [quantize(w[i], _FORMATS[0][2]) for i in range(groups)]
+        a = [_fp8_token(x[i]) for i in range(groups)]
+        b = [_fp8_block(w[i]) for i in range(groups)]
         a, sfa, b, sfb = (torch.stack([p[j] for p in src]) for src, j in ((a, 0), (a, 1), (b, 0), (b, 1)))
         return (lambda: fp8_bmm(a, sfa, b, sfb)), (lambda: torch.bmm(x, w.mT))
 
@@ -42,8 +68,11 @@ def _einsum_case(b_, h, r, d) -> Case:
 
     def setup():
         x, w = torch.randn(b_, h, r), torch.randn(h, d, r)
-        a, sfa = quantize_einsum_operand(x, "bhr", "bhd", (1, 128), False)
-        b, sfb = quantize_einsum_operand(w, "hdr", "bhd", (128, 128), False)
+        # Blocks of gran_mn along the output letter and gran_k along the contracted r, per head h.
+        xs = [quant.block_cast_to_fp8(x[:, i], (1, 128), False) for i in range(h)]
+        ws = [quant.block_cast_to_fp8(w[i], (128, 128), False) for i in range(h)]
+        a, sfa = torch.stack([p[0] for p in xs], dim=1), torch.stack([p[1] for p in xs], dim=1)
+        b, sfb = torch.stack([p[0] for p in ws]), torch.stack([p[1] for p in ws])
         return (lambda: fp8_einsum(eq, a, sfa, b, sfb)), (lambda: torch.einsum(eq, x, w))
 
     return Case(f"fp8_einsum {eq} b{b_} h{h} r{r} d{d}", 2 * b_ * h * r * d, setup, "torch.einsum fp32")

@@ -13,7 +13,12 @@ from torch_ascend_moe.backends.portable import moe_routing as torch_routing
 from torch_ascend_moe.bench import Case
 from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm
 from torch_ascend_moe.ops.moe_routing import moe_permute
-from torch_ascend_moe.testing.grouped import psum_layout
+
+
+def _psum(counts: list[int]) -> tuple[torch.Tensor, int]:
+    """(cumulative ends as int32, total rows) of contiguous groups of ``counts`` rows (no alignment gaps)."""
+    ends = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return ends, sum(counts)
 
 
 def _skewed_counts(experts: int, tokens: int, seed: int) -> list[int]:
@@ -26,7 +31,7 @@ def _skewed_counts(experts: int, tokens: int, seed: int) -> list[int]:
 def _m_case(experts, tokens, n, k, baseline: str) -> Case:
     def setup():
         counts = _skewed_counts(experts, tokens, experts + tokens)
-        offs, rows = psum_layout(counts, 1)
+        offs, rows = _psum(counts)
         a, b = torch.randn(rows, k).bfloat16(), torch.randn(experts, n, k).bfloat16()
         ends = offs.tolist()
 
@@ -46,7 +51,7 @@ def _m_case(experts, tokens, n, k, baseline: str) -> Case:
 
 def _k_case(experts, tokens, m, n) -> Case:
     def setup():
-        offs, rows = psum_layout(_skewed_counts(experts, tokens, experts * 3), 1)
+        offs, rows = _psum(_skewed_counts(experts, tokens, experts * 3))
         dy, x = torch.randn(rows, m).bfloat16(), torch.randn(rows, n).bfloat16()
         ends = offs.tolist()
 

@@ -10,9 +10,42 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import quant
 from torch_ascend_moe.bench import Case
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, paged_mqa_logits
-from torch_ascend_moe.testing import mqa_logits as samples
+
+
+def _causal_ranges(s: int, s_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's causal-suffix pattern: ks = 0, ke[i] = i + S_kv - S."""
+    ke = torch.arange(s, dtype=torch.int32) + (s_kv - s)
+    return torch.zeros(s, dtype=torch.int32), ke.clamp(min=0)
+
+
+def _fp8_rows(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k [N, D]`` as FP8 with one FP32 scale per row (``[N, 1]``), upstream's KV format."""
+    data, sf = quant.per_custom_dims_cast_to_fp8(k, (0,), False)
+    return data, sf.view(-1, 1)
+
+
+def _paged_fp8_cache(ks: list[torch.Tensor], block_kv: int):
+    """(cache, block table, fp64 values per request): DeepGEMM's paged FP8 layout, each block ``block_kv`` tokens'
+    E4M3 bytes followed by their FP32 scales, the requests' blocks one after another."""
+    d = ks[0].shape[1]
+    blocks = [-(-k.shape[0] // block_kv) for k in ks]
+    cache = torch.zeros(sum(blocks), block_kv * (d + 4), dtype=torch.uint8)
+    table = torch.zeros(len(ks), max(blocks), dtype=torch.int32)
+    values, first = [], 0
+    for b, k in enumerate(ks):
+        data, sf = _fp8_rows(k)
+        values.append(data.double() * sf.double())
+        for p in range(blocks[b]):
+            rows = slice(p * block_kv, min((p + 1) * block_kv, k.shape[0]))
+            n = rows.stop - rows.start
+            cache[first + p, : n * d] = data[rows].view(torch.uint8).reshape(-1)
+            cache[first + p, block_kv * d : block_kv * d + n * 4] = sf[rows].view(torch.uint8).reshape(-1)
+            table[b, p] = first + p
+        first += blocks[b]
+    return cache.view(-1, block_kv, 1, d + 4), table, values
 
 
 def _naive(qd, kd, w, ks, ke):
@@ -27,11 +60,11 @@ def _prefill_case(s, s_kv, h, d, fmt: str) -> Case:
         g = torch.Generator().manual_seed(s + s_kv)
         q, k = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
         w = torch.rand(s, h, generator=g)
-        ks, ke = samples.causal_ranges(s, s_kv)
+        ks, ke = _causal_ranges(s, s_kv)
         if fmt == "bf16":
             q, k = q.bfloat16(), k.bfloat16()
             return (lambda: mqa_logits(q, k, w, ks, ke)), (lambda: _naive(q.float(), k.float(), w, ks, ke))
-        (q8, _), (k8, k_sf) = samples.quantize(q, "fp8"), samples.quantize(k, "fp8-row")
+        q8, (k8, k_sf) = q.to(torch.float8_e4m3fn), _fp8_rows(k)
 
         def naive():
             return _naive(q8.float(), k8.float() * k_sf, w, ks, ke)
@@ -48,7 +81,7 @@ def _backward_case(s, s_kv, h, d) -> Case:
         q = torch.randn(s, h, d, generator=g, requires_grad=True)
         k = torch.randn(s_kv, d, generator=g, requires_grad=True)
         w = torch.rand(s, h, generator=g, requires_grad=True)
-        ks, ke = samples.causal_ranges(s, s_kv)
+        ks, ke = _causal_ranges(s, s_kv)
         grad = torch.randn(s, s_kv, generator=g)
 
         def ours():
@@ -75,7 +108,7 @@ def _paged_case(b, ctx, h, d, block_kv) -> Case:
     def setup():
         g = torch.Generator().manual_seed(5)
         lengths = [int(ctx * f) for f in torch.empty(b).uniform_(0.7, 1.3, generator=g).tolist()]
-        cache = samples.build_paged_cache([torch.randn(n, d, generator=g) for n in lengths], block_kv, "fp8", False, g)
+        cache, table, values = _paged_fp8_cache([torch.randn(n, d, generator=g) for n in lengths], block_kv)
         q = torch.randn(b, 1, h, d, generator=g).to(torch.float8_e4m3fn)
         w = torch.rand(b, h, generator=g)
         lens = torch.tensor(lengths, dtype=torch.int32).view(b, 1)
@@ -85,11 +118,11 @@ def _paged_case(b, ctx, h, d, block_kv) -> Case:
             out = torch.full((b, width), float("-inf"))
             qf = q.float()
             for r, n in enumerate(lengths):
-                scores = torch.einsum("hd,jd->hj", qf[r, 0], cache.values[r][:n].float()).relu()
+                scores = torch.einsum("hd,jd->hj", qf[r, 0], values[r][:n].float()).relu()
                 out[r, :n] = w[r] @ scores
             return out
 
-        return (lambda: paged_mqa_logits(q, cache.cache, w, lens, cache.block_table, width)), naive
+        return (lambda: paged_mqa_logits(q, cache, w, lens, table, width)), naive
 
     return Case(
         f"paged_mqa_logits fp8 B{b} ctx~{ctx} H{h} D{d} block{block_kv}",

@@ -1,5 +1,9 @@
-"""Test utilities shared by every op family: DeepGEMM's ``calc_diff``, fp64 references, sample inputs and
-the op-contract harness (``torch_ascend_moe.testing.harness``)."""
+"""What a user or a third-party backend needs to test ops: DeepGEMM's ``calc_diff`` and ``count_bytes`` (here),
+model-level fp64 references (``testing.references``), the op-contract harness (``testing.harness``: ``OpSpec``,
+``SampleInput``, ``BadInput``, the checks) and the bad-input campaign's mechanism (``testing.campaign``).
+
+This project's own specs (samples, fp64 references, bad inputs of every op) live with its tests, in
+``tests/<family>/specs.py`` of a source checkout; a backend runs the harness on them or on spec modules of its own."""
 
 from __future__ import annotations
 
@@ -33,16 +37,3 @@ def count_bytes(*tensors) -> int:
 
 
 __all__ = ["calc_diff", "count_bytes"]
-
-
-def family_specs() -> dict:
-    """``{family: its OpSpecs}`` for every module of this package that lists ``SPECS`` (imported on demand)."""
-    import importlib
-    import pkgutil
-
-    specs = {}
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "SPECS"):
-            specs[info.name] = list(module.SPECS)
-    return specs

@@ -11,8 +11,10 @@ Mutations: every other dtype, one dim more or fewer, each dim one shorter or lon
 tensor; int64 edge values for every integer (and each entry of an integer list), plus random ones drawn by
 hypothesis; NaN, infinities and signs for floats.
 
-Run one family in a subprocess with a memory cap (``python -m torch_ascend_moe.testing.campaign FAMILY``), so
-an accepted huge size cannot exhaust the machine; it prints one JSON line of findings.
+Run the specs of one module (any importable module listing ``SPECS``, e.g. ``tests.gemm.specs`` with the
+repository root on ``sys.path``, or a third-party backend's own) in a subprocess with a memory cap
+(``python -m torch_ascend_moe.testing.campaign MODULE``), so an accepted huge size cannot exhaust the machine;
+it prints one JSON line of findings.
 """
 
 from __future__ import annotations
@@ -209,16 +211,13 @@ def _mutated(sample, i, value) -> tuple:
     return tuple(args)
 
 
-def run_family(family: str, random_examples: int = 60) -> dict:
-    """Every fixed mutation of the family's ops, then ``random_examples`` hypothesis-drawn integers."""
+def run_specs(module: str, random_examples: int = 60) -> dict:
+    """Every fixed mutation of the ops in ``module``'s ``SPECS`` (a module name), then ``random_examples``
+    hypothesis-drawn integers."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    specs = [
-        s
-        for s in importlib.import_module(f"torch_ascend_moe.testing.{family}").SPECS
-        if s.devices is None or "cpu" in s.devices
-    ]
+    specs = [s for s in importlib.import_module(module).SPECS if s.devices is None or "cpu" in s.devices]
     findings, count = [], 0
     for spec, sample, i, name, mutate in cases(specs):
         count += 1
@@ -252,7 +251,7 @@ def run_family(family: str, random_examples: int = 60) -> dict:
                 findings.append(f"{spec.name}[{sample.name}] argument {i} (random {new}): {problem}")
 
         random_ints()
-    return {"family": family, "cases": count, "findings": findings}
+    return {"specs": module, "cases": count, "findings": findings}
 
 
 if __name__ == "__main__":
@@ -260,4 +259,4 @@ if __name__ == "__main__":
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
     import torch_ascend_moe  # noqa: F401  (registers the ops)
 
-    print(json.dumps(run_family(sys.argv[1])))
+    print(json.dumps(run_specs(sys.argv[1])))

@@ -1,7 +1,9 @@
 """The op-contract harness: one ``OpSpec`` per op, checked the same way for every family.
 
-A family's test module lists its specs and parametrizes over ``CHECKS``; each check takes
-``(spec, device, tmp_path)`` and raises ``AssertionError`` with a useful message on failure:
+A family's specs live in ``tests/<family>/specs.py`` (``SPECS``); its contract test module binds
+``test_op_contract = contract_test(SPECS)``, which parametrizes over ``CHECKS``. A third-party backend runs the
+same checks on its device with these specs or its own. Each check takes ``(spec, device, tmp_path)`` and raises
+``AssertionError`` with a useful message on failure:
 
     numerics     every sample vs the fp64 reference (DeepGEMM's calc_diff and thresholds; non-finite entries,
                  e.g. masked -inf logits, exactly equal), C++ and portable
@@ -33,6 +35,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from torch_ascend_moe._registry import with_defaults
 from torch_ascend_moe.testing import calc_diff
 
 # calc_diff bounds per operand dtype: DeepGEMM's BF16 threshold; FP32/FP64 accumulate far tighter.
@@ -65,7 +68,9 @@ class OpSpec:
     """Everything the harness needs to check one op.
 
     ``sample_inputs(device, dtype, requires_grad=False, small=False)`` yields ``SampleInput``s; ``small``
-    ones keep gradcheck and opcheck fast. ``reference`` computes in fp64 with the op's signature.
+    ones keep gradcheck and opcheck fast. ``reference`` computes in fp64 and receives every schema argument,
+    in the schema's order (a sample that omits trailing arguments gets the schema's defaults filled in, so a
+    reference states no default of its own).
     ``portable`` is the device-generic kernel that CUDA/NPU register (checked on CPU here), called with
     each of ``portable_variants`` as extra keyword arguments.
     """
@@ -110,9 +115,10 @@ class OpModule(torch.nn.Module):
 
 
 def check_numerics(spec: OpSpec, device: str, tmp_path: Path | None = None) -> None:
+    reference = with_defaults(spec.name, spec.reference)  # every schema argument, omitted defaults filled
     for dtype in spec.dtypes:
         for s in spec.sample_inputs(device, dtype):
-            ref = spec.reference(*(_on("cpu", x) for x in s.args))  # references compute in fp64 on the CPU
+            ref = reference(*(_on("cpu", x) for x in s.args))  # references compute in fp64 on the CPU
             fake_shape = None
             # A shape environment lets ops with data-dependent output sizes (unbacked SymInts) run as fakes.
             with FakeTensorMode(shape_env=ShapeEnv()) as mode:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from tests.fp8_gemm.specs import quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_linear as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
-from torch_ascend_moe.testing.fp8_gemm import quantize
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
-# (M, N, K, gran_k, weight format (see testing.fp8_gemm.quantize), use_ue8m0, with c, alpha)
+# (M, N, K, gran_k, weight format (see tests.fp8_gemm.specs.quantize), use_ue8m0, with c, alpha)
 _QUANT_GEMM_CASES = [
     (1, 576, 512, 128, ("fp8-block", 128, 128, False), False, False, 1.0),
     (33, 129, 384, 128, ("fp8-block", 128, 128, True), True, True, 0.5),
@@ -43,9 +43,7 @@ def fp8_quant_gemm_samples(device, dtype, requires_grad=False, small=False) -> l
     return samples
 
 
-def fp8_quant_gemm_reference(
-    x, b, sfb, c=None, gran_k=128, recipe_b=(128, 128), use_ue8m0=False, alpha=1.0, out_dtype=None
-):
+def fp8_quant_gemm_reference(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     q, sf = quant.block_cast_to_fp8(x.detach(), (1, gran_k), use_ue8m0)
     out = alpha * (dequantize(q, sf, (1, gran_k)).double() @ dequantize(b, sfb, recipe_b).double().T)
     return out if c is None else out + c.double()
@@ -97,7 +95,7 @@ def fp8_linear_samples(device, dtype, requires_grad=False, small=False) -> list[
     return samples
 
 
-def fp8_linear_reference(x, weight, bias=None, block=128, use_ue8m0=False, fp8_backward=True):
+def fp8_linear_reference(x, weight, bias, block, use_ue8m0, fp8_backward):
     xq, xs = quant.block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)
     wq, ws = quant.block_cast_to_fp8(weight.detach(), (block, block), use_ue8m0)
     out = dequantize(xq, xs, (1, block)).double() @ dequantize(wq, ws, (block, block)).double().T

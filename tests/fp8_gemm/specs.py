@@ -67,7 +67,7 @@ def fp8_gemm_samples(device, dtype, requires_grad=False, small=False) -> list[Sa
     return samples
 
 
-def fp8_gemm_reference(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_gemm_reference(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     """fp64 product of the exactly dequantized operands."""
     a64 = portable.dequantize(a, sfa, recipe_a).double()
     b64 = portable.dequantize(b, sfb, recipe_b).double()
@@ -131,7 +131,7 @@ def fp8_bmm_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
     return samples
 
 
-def fp8_bmm_reference(a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_bmm_reference(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     out = alpha * (portable.dequantize(a, sfa, recipe_a).double() @ portable.dequantize(b, sfb, recipe_b).double().mT)
     return out if c is None else out + c.double()
 
@@ -203,7 +203,7 @@ def fp8_einsum_samples(device, dtype, requires_grad=False, small=False) -> list[
     return samples
 
 
-def fp8_einsum_reference(eq, a, sfa, b, sfb, c=None, recipe_a=(1, 128), recipe_b=(128, 128), alpha=1.0, out_dtype=None):
+def fp8_einsum_reference(eq, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     sa, sb, so = eq[0:3], eq[4:7], eq[9:]
 
     def deq(x, sf, subs, recipe):

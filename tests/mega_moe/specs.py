@@ -1,5 +1,6 @@
 """Sample inputs, the FP64 reference, bad inputs and the harness spec of ``mega_moe`` (single process; the
-expert-parallel form is checked on spawned ranks in tests/mega_moe).
+expert-parallel form is checked on spawned ranks, ``tests.distributed.mega_moe_bodies``), and the unfused
+pipeline of our separate ops that tests/mega_moe compares the op with bitwise.
 
 The reference follows the op's definition step by step in FP64 with its rounding points (BF16 after L1, after
 the activation in BF16 mode, after L2 and after the combine; FP8 mode: per-32 UE8M0 requantization of the
@@ -26,7 +27,7 @@ _CASES = [
 GRAD_POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1, l2, shared l1, shared l2
 
 
-def _fp4(w: torch.Tensor):
+def fp4_experts(w: torch.Tensor):
     """Per-expert FP4 (1x32 UE8M0) of ``w [E, N, K]``: (uint8 [E, N, K/2], FP32 [E, N, K/32])."""
     packed, scales = zip(*(per_token_cast_to_fp4(w[e].float(), use_ue8m0=True, gran_k=32) for e in range(w.shape[0])))
     return torch.stack(packed).view(torch.uint8), torch.stack(scales)
@@ -58,7 +59,7 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
                 shared_args = (sl1.bfloat16(), None, sl2.bfloat16(), None)
         if fp8:
             xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
-            (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
+            (w1, s1), (w2, s2) = fp4_experts(l1), fp4_experts(l2)
             args = (xq, xsf, idx, w, w1, s1, w2, s2, *shared_args)
         else:
             args = (x.bfloat16(), None, idx, w, l1.bfloat16(), None, l2.bfloat16(), None, *shared_args)
@@ -116,13 +117,13 @@ def reference(
     l1_sf,
     l2,
     l2_sf,
-    shared_l1=None,
-    shared_l1_sf=None,
-    shared_l2=None,
-    shared_l2_sf=None,
-    group_name=None,
-    activation_clamp=None,
-    timeout_s=300.0,
+    shared_l1,
+    shared_l1_sf,
+    shared_l2,
+    shared_l2_sf,
+    group_name,
+    activation_clamp,
+    timeout_s,
 ):
     fp8 = x.dtype == torch.float8_e4m3fn
     xd = _deq_rows(x, x_sf)
@@ -172,7 +173,7 @@ def bad_inputs(device) -> list[BadInput]:
         return BadInput(tuple(values.get(n) for n in _ARG_NAMES), match, name, data_dependent=data_dependent)
 
     xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
-    (w1, f1), (w2, f2) = _fp4(l1.float()), _fp4(l2.float())
+    (w1, f1), (w2, f2) = fp4_experts(l1.float()), fp4_experts(l2.float())
     fp8 = dict(x=xq, x_sf=xsf, l1_weights=w1, l1_sf=f1, l2_weights=w2, l2_sf=f2)
     return [
         bad(r"argument 'x' dtype: expected torch.bfloat16 or", "x dtype", x=x.float()),
@@ -240,11 +241,11 @@ def unfused(
     l1_sf,
     l2,
     l2_sf,
-    shared_l1=None,
-    shared_l1_sf=None,
-    shared_l2=None,
-    shared_l2_sf=None,
-    activation_clamp=None,
+    shared_l1,
+    shared_l1_sf,
+    shared_l2,
+    shared_l2_sf,
+    activation_clamp,
 ):
     """Upstream's test pipeline rebuilt from our separate ops (single process): permute, grouped GEMM,
     clamp + SwiGLU x weight (+ per-32 UE8M0 FP8 requantization), grouped GEMM; the shared experts as dense
@@ -292,86 +293,3 @@ def unfused(
         ys = bf16_gemm(swiglu(bf16_gemm(x, shared_l1), 1.0)[0], shared_l2)
     shared_rows = torch.arange(x.shape[0], dtype=row_map.dtype).unsqueeze(1) + y.shape[0]
     return moe_unpermute(torch.cat([y, ys]), torch.cat([shared_rows, row_map], dim=1))
-
-
-def ep_worker(rank: int, world_size: int, store_path: str) -> None:
-    """Spawned by tests/mega_moe: expert-parallel mega_moe (BF16 and FP8 x FP4) against one process holding every
-    expert: forward, recv counts, gradients (BF16)."""
-    import datetime
-    import os
-    import traceback
-
-    import torch.distributed as dist
-
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
-    )
-    try:
-        from torch_ascend_moe import mega_moe
-        from torch_ascend_moe.testing import calc_diff
-
-        g = torch.Generator().manual_seed(0)  # the same full expert set (and shared experts) on every rank
-        e, h, inter, k = 2 * world_size, 64, 32, 2
-        l1 = (torch.randn(e, 2 * inter, h, generator=g) * h**-0.5).bfloat16()
-        l2 = (torch.randn(e, h, inter, generator=g) * inter**-0.5).bfloat16()
-        sl1 = (torch.randn(4 * inter, h, generator=g) * h**-0.5).bfloat16()
-        sl2 = (torch.randn(h, 2 * inter, generator=g) * (2 * inter) ** -0.5).bfloat16()
-        mine = slice(rank * 2, rank * 2 + 2)
-        t = 5 + rank
-        g = torch.Generator().manual_seed(10 + rank)
-        x = torch.randn(t, h, generator=g).bfloat16()
-        idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
-        w = torch.rand(t, k, generator=g)
-        for fp8 in (False, True):
-            if fp8:
-                xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
-                (w1, s1), (w2, s2) = _fp4(l1), _fp4(l2)
-                (q1, f1), (q2, f2) = (per_token_cast_to_fp8(m.float(), use_ue8m0=True, gran_k=32) for m in (sl1, sl2))
-                shared = dict(shared_l1_weights=q1, shared_l1_sf=f1, shared_l2_weights=q2, shared_l2_sf=f2)
-                full = mega_moe(xq, idx, w, w1, w2, x_sf=xsf, l1_sf=s1, l2_sf=s2, activation_clamp=1.0, **shared)
-                ep = mega_moe(
-                    xq,
-                    idx,
-                    w,
-                    w1[mine],
-                    w2[mine],
-                    x_sf=xsf,
-                    l1_sf=s1[mine],
-                    l2_sf=s2[mine],
-                    activation_clamp=1.0,
-                    group=dist.group.WORLD,
-                    **shared,
-                )
-            else:
-                xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
-                sg, se = sl1.clone().requires_grad_(), sl1.clone().requires_grad_()
-                full = mega_moe(xg, idx, w, l1, l2, activation_clamp=1.0, shared_l1_weights=sg, shared_l2_weights=sl2)
-                ep = mega_moe(
-                    xe,
-                    idx,
-                    w,
-                    l1[mine],
-                    l2[mine],
-                    activation_clamp=1.0,
-                    group=dist.group.WORLD,
-                    shared_l1_weights=se,
-                    shared_l2_weights=sl2,
-                )
-            # One rounding of FP32 partials summed by rank instead of slot order: a few last-bit differences.
-            diff = calc_diff(ep[0], full[0])
-            print(f"mega_moe EP vs one process (fp8={fp8}): calc_diff {diff:.2e}", flush=True)
-            assert diff < 1e-7, f"EP forward differs (fp8={fp8}): {diff}"
-            counts = full[1].clone()
-            dist.all_reduce(counts)
-            assert torch.equal(ep[1], counts[mine]), "received pair counts differ"
-            if not fp8:
-                c = torch.randn(full[0].shape, generator=g).bfloat16()
-                (full[0].float() * c).sum().backward()
-                (ep[0].float() * c).sum().backward()
-                assert calc_diff(xe.grad, xg.grad) < 1e-4, "EP input gradient differs"
-                assert calc_diff(se.grad, sg.grad) < 1e-4, "EP shared-expert gradient differs"
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)
-    os._exit(0)

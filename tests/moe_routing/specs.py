@@ -36,7 +36,7 @@ def permute_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
     return samples
 
 
-def permute_reference(x, topk_idx, num_experts, alignment=1):
+def permute_reference(x, topk_idx, num_experts, alignment):
     t, k = topk_idx.shape
     pairs = [(int(topk_idx[i, j]), i, j) for i in range(t) for j in range(k) if int(topk_idx[i, j]) >= 0]
     out = torch.zeros(permute_capacity(t, k, num_experts, alignment), x.shape[1], dtype=torch.float64)
@@ -87,7 +87,7 @@ def unpermute_samples(device, dtype, requires_grad=False, small=False) -> list[S
     return samples
 
 
-def unpermute_reference(y, row_map, topk_weights=None):
+def unpermute_reference(y, row_map, topk_weights):
     out = torch.zeros(row_map.shape[0], y.shape[1], dtype=torch.float64)
     for t in range(row_map.shape[0]):
         for j in range(row_map.shape[1]):
@@ -155,12 +155,12 @@ def gating_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
 def gating_reference(
     logits,
     topk,
-    bias=None,
-    score_func="softmax",
-    num_groups=1,
-    topk_groups=1,
-    renormalize=True,
-    routed_scaling_factor=1.0,
+    bias,
+    score_func,
+    num_groups,
+    topk_groups,
+    renormalize,
+    routed_scaling_factor,
 ):
     """Token by token in fp64, with sorted() on (-value, index) keys: best first, ties to the lower index."""
     t, e = logits.shape

@@ -29,7 +29,7 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
     return out
 
 
-def reference(a, b, num_splits=None):
+def reference(a, b, num_splits):
     a64 = a.detach().double()
     b64 = b.detach().double() if b.dtype == torch.float64 else round_to_tf32(b.detach()).double()
     if num_splits is None:

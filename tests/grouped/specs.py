@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from tests.fp8_gemm.specs import _FORMATS, quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
-from torch_ascend_moe.testing.fp8_gemm import _FORMATS, quantize
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
 _POISON = 1e4  # scale of the values placed in rows no group owns
@@ -81,7 +81,7 @@ def m_grouped_samples(device, dtype, requires_grad=False, small=False) -> list[S
     return samples
 
 
-def m_grouped_reference(a, b, layout, psum=True, alignment=1, out_dtype=None):
+def m_grouped_reference(a, b, layout, psum, alignment, out_dtype):
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
         out[begin:end] = a[begin:end].detach().double() @ b[grp].detach().double().T
@@ -147,7 +147,7 @@ def masked_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
     return samples
 
 
-def masked_reference(a, b, masked_m, out_dtype=None):
+def masked_reference(a, b, masked_m, out_dtype):
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float64)
     for grp, m in enumerate(masked_m.tolist()):
         out[grp, :m] = a[grp, :m].detach().double() @ b[grp].detach().double().T
@@ -205,7 +205,7 @@ def k_grouped_samples(device, dtype, requires_grad=False, small=False) -> list[S
     return samples
 
 
-def k_grouped_reference(a, b, layout, num_groups, psum=True, alignment=1, c=None, out_dtype=None):
+def k_grouped_reference(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float64)
     if c is not None:
         out += c.detach().double()
@@ -235,7 +235,7 @@ def _quantize_experts(w: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor,
     return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]), parts[0][2]
 
 
-# (counts per group, alignment, psum, format index of testing.fp8_gemm._FORMATS)
+# (counts per group, alignment, psum, format index of tests.fp8_gemm.specs._FORMATS)
 _M_FP8_CASES = [([5, 0, 9, 3], 1, True, 0), ([6, 2, 0, 7], 4, False, 1), ([3, 4, 2], 8, True, 2), ([0, 6], 1, True, 3)]
 _M_FP8_CASES_SMALL = [([2, 0, 3], 1, True, 0), ([1, 2], 2, False, 2)]
 
@@ -258,9 +258,7 @@ def m_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> li
     return samples
 
 
-def m_grouped_fp8_reference(
-    a, sfa, b, sfb, layout, psum=True, alignment=1, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None
-):
+def m_grouped_fp8_reference(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
     a_deq = dequantize(a, sfa, recipe_a).double()
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
@@ -321,7 +319,7 @@ def masked_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[
     return samples
 
 
-def masked_fp8_reference(a, sfa, b, sfb, masked_m, recipe_a=(1, 128), recipe_b=(128, 128), out_dtype=None):
+def masked_fp8_reference(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float64)
     for grp, m in enumerate(masked_m.tolist()):
         a_deq = dequantize(a[grp], sfa[grp], recipe_a).double()
@@ -378,9 +376,7 @@ def m_grouped_fp8_linear_samples(device, dtype, requires_grad=False, small=False
     return samples
 
 
-def m_grouped_fp8_linear_reference(
-    x, weight, layout, psum=True, alignment=1, block=128, use_ue8m0=False, fp8_backward=True
-):
+def m_grouped_fp8_linear_reference(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     from torch_ascend_moe.quant import block_cast_to_fp8
 
     xq, xs = block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)
@@ -459,7 +455,7 @@ def k_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> li
     return samples
 
 
-def k_grouped_fp8_reference(a, sfa, b, sfb, layout, num_groups, alignment=1, gran_k=128, c=None, out_dtype=None):
+def k_grouped_fp8_reference(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
     out = torch.zeros(num_groups, a.shape[1], b.shape[1], dtype=torch.float64)
     if c is not None:
         out += c.detach().double()

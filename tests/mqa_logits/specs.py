@@ -148,7 +148,7 @@ def mqa_logits_samples(device, dtype, requires_grad=False, small=False) -> list[
     return out
 
 
-def mqa_logits_reference(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k=0, logits_dtype=None):
+def mqa_logits_reference(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
     columns = max_seqlen_k if max_seqlen_k > 0 else k.shape[0]
     return reference_logits(dequantized(q, q_sf), dequantized(k, k_sf), weights, ks, ke, columns, max_seqlen_k > 0)
 
@@ -422,9 +422,9 @@ def paged_reference(
     context_lens,
     block_table,
     max_context_len,
-    indices=None,
-    ascend_kv_layout=False,
-    logits_dtype=None,
+    indices,
+    ascend_kv_layout,
+    logits_dtype,
 ):
     per_row = _PAGED_VALUES[_cache_key(kv_cache)]
     qd = dequantized(q, q_sf)
@@ -536,7 +536,7 @@ def metadata_samples(device, dtype, requires_grad=False, small=False) -> list[Sa
     ]
 
 
-def metadata_reference(context_lens, block_kv, num_sms, indices=None):
+def metadata_reference(context_lens, block_kv, num_sms, indices):
     """Enumerate every work unit as (request, unit within request), then read off each SM's first unit."""
     lens = context_lens.tolist()
     ids = indices.tolist() if indices is not None else list(range(len(lens)))
@@ -605,7 +605,7 @@ def topk_samples(device, dtype, requires_grad=False, small=False) -> list[Sample
     return out
 
 
-def topk_reference(logits, ks, ke, topk, compressed=False):
+def topk_reference(logits, ks, ke, topk, compressed):
     s = logits.shape[0]
     idx = torch.full((s, topk), -1, dtype=torch.int32)
     val = torch.full((s, topk), float("-inf"), dtype=torch.float64)

@@ -1,74 +1,27 @@
-"""FP64 references for the MoE layer (``torch_ascend_moe.nn.MoE``): tests and the ``demo`` compare against them.
-
-The reference takes the layer's expert choice (``topk_idx``: near-ties between FP32 and FP64 scores could
-otherwise pick different experts; the choice itself is tested op by op against ``testing.moe_routing``) and
-recomputes everything else in FP64 with plain loops: the gate's scores and weights, every chosen expert's
-SwiGLU, the weighted sum, the shared experts.
-"""
+"""The body each rank of tests/moe's spawned expert-parallel run executes."""
 
 from __future__ import annotations
 
+import datetime
+import os
+import traceback
+
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 
-
-def gate_weights_fp64(gate, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """The gate's weights at the chosen experts ``idx``, in FP64."""
-    logits = x.double() @ gate.weight.double().T
-    scores = logits.sigmoid() if gate.score_func == "sigmoid" else logits.softmax(-1)
-    w = scores.gather(1, idx)
-    if gate.renormalize:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    return w * gate.routed_scaling_factor
-
-
-def swiglu_fp64(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """One expert: ``gate_up [2I, H]`` (gate rows first), ``down [H, I]``."""
-    gate, up = (x @ gate_up.double().T).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ down.double().T
-
-
-def moe_reference(moe, x: torch.Tensor, gate_up: torch.Tensor | None = None, down: torch.Tensor | None = None):
-    """``moe(x)`` in FP64 (``x [..., H]``). ``gate_up`` / ``down`` hold every expert's weights when the layer
-    holds a slice of them (expert parallelism); by default the layer's own."""
-    shape = x.shape
-    tokens = x.detach().reshape(-1, shape[-1]).double()
-    gate_up = moe.experts.gate_up_proj if gate_up is None else gate_up
-    down = moe.experts.down_proj if down is None else down
-    with torch.no_grad():
-        idx, _, _ = moe.gate(x.detach().reshape(-1, shape[-1]))
-        weights = gate_weights_fp64(moe.gate, tokens, idx)
-        out = torch.zeros_like(tokens)
-        for e in range(gate_up.shape[0]):
-            rows, slots = (idx == e).nonzero(as_tuple=True)
-            if rows.numel():
-                out.index_add_(
-                    0, rows, weights[rows, slots].unsqueeze(1) * swiglu_fp64(tokens[rows], gate_up[e], down[e])
-                )
-        if moe.shared_experts is not None:
-            s = moe.shared_experts
-            hidden = F.silu(tokens @ s.gate_proj.weight.double().T) * (tokens @ s.up_proj.weight.double().T)
-            out += hidden @ s.down_proj.weight.double().T
-    return out.view(shape)
+from torch_ascend_moe.testing import calc_diff
 
 
 def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
     """Spawned by tests/moe: an expert-parallel ``MoE`` (compact and static dispatch) and ``MegaMoE`` against the
     same layer in one process (every expert local), forward and gradients; raises on mismatch (mp.spawn reports
     it)."""
-    import datetime
-    import os
-    import traceback
-
-    import torch.distributed as dist
-
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
     )
     try:
         from torch_ascend_moe.nn import MegaMoE, MoE
-        from torch_ascend_moe.testing import calc_diff
 
         config = dict(num_shared_experts=1, score_func="sigmoid", use_expert_bias=True, num_groups=2, topk_groups=1)
         torch.manual_seed(0)  # the same full layer on every rank
