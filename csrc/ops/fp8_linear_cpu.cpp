@@ -1,118 +1,21 @@
-// CPU kernels of the fp8_linear family: quantize high-precision inputs to FP8 E4M3 the way
-// deep_gemm.utils' casts do (bit for bit), then run the fp8_gemm family's scaled GEMM on them. The
+// CPU kernels of the fp8_linear family: quantize high-precision inputs to FP8 E4M3 with the quant family's
+// casts (quant.h, bit for bit deep_gemm.utils'), then run the fp8_gemm family's scaled GEMM on them. The
 // quantized copies are transient; the caller keeps its BF16/FP32 tensors (the training master weights).
 #include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <array>
-#include <cmath>
-#include <limits>
 #include <string>
-#include <utility>
 
 #include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear.h"
+#include "quant.h"
 
 namespace ascend_moe {
 namespace {
 
 constexpr const char* kQuantGemm = "ascend_moe::fp8_quant_gemm";
 constexpr const char* kLinear = "ascend_moe::fp8_linear";
-constexpr double kFp8Max = 448.0;
-constexpr double kAmaxFloor = 1e-4;
-
-// The smallest power of two >= sf (exponent clamped to [1, 254]): a UE8M0-representable scale. A NaN
-// scale (a block holding NaN) stays NaN (UE8M0 code 0xFF), as in quant.ceil_to_ue8m0.
-at::Tensor ceil_to_ue8m0(const at::Tensor& sf) {
-  const at::Tensor bits = sf.view(at::kInt);
-  const at::Tensor exponent =
-      bits.bitwise_right_shift(23).bitwise_and(0xFF) + bits.bitwise_and(0x7FFFFF).ne(0).to(at::kInt);
-  return at::where(sf.isnan(), sf, exponent.clamp(1, 254).bitwise_left_shift(23).view(at::kFloat));
-}
-
-// Per-block amax of a row-major [R, C] matrix in gr x gc blocks, into amax [ceil(R/gr), ceil(C/gc)]
-// (blocks past the edge cover only the rows/columns that exist, as zero padding would).
-template <typename T>
-void block_amax(const T* x, int64_t R, int64_t C, int64_t gr, int64_t gc, float* amax) {
-  const int64_t rb = (R + gr - 1) / gr, cb = (C + gc - 1) / gc;
-  at::parallel_for(0, rb, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      float* out = amax + b * cb;
-      std::fill(out, out + cb, 0.f);
-      for (int64_t r = b * gr; r < std::min(R, (b + 1) * gr); ++r) {
-        const T* row = x + r * C;
-        for (int64_t j = 0; j < cb; ++j) {
-          const int64_t c0 = j * gc, c1 = std::min(C, c0 + gc);
-          float m = out[j];
-          int nan = static_cast<int>(m != m);  // a NaN from an earlier row of the block
-          // std::max (and the max reduction) drop a NaN operand; counting NaNs apart keeps the loop a
-          // vector max and makes a block holding NaN get a NaN amax (so scale), as torch.amax in the
-          // reference cast does.
-#pragma omp simd reduction(max : m) reduction(| : nan)
-          for (int64_t c = c0; c < c1; ++c) {
-            const float v = std::abs(static_cast<float>(row[c]));
-            m = std::max(m, v);
-            nan |= static_cast<int>(v != v);
-          }
-          out[j] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
-        }
-      }
-    }
-  });
-}
-
-// q[r, c] = e4m3(x[r, c] * inv[r / gr, c / gc]), through c10's conversion (the one .to() uses).
-template <typename T>
-void scale_to_e4m3(const T* x, int64_t R, int64_t C, int64_t gr, int64_t gc, const float* inv, c10::Float8_e4m3fn* q) {
-  const int64_t cb = (C + gc - 1) / gc;
-  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* inv_row = inv + (r / gr) * cb;
-      for (int64_t j = 0; j < cb; ++j) {
-        const float f = inv_row[j];
-        for (int64_t c = j * gc; c < std::min(C, (j + 1) * gc); ++c) {
-          q[r * C + c] = c10::Float8_e4m3fn(static_cast<float>(x[r * C + c]) * f);
-        }
-      }
-    }
-  });
-}
-
-}  // namespace
-
-// (E4M3 [R, C], FP32 scales [ceil(R / gr), ceil(C / gc)]) of x in gr x gc blocks, bit-identical to the
-// Python reference casts (quant.block_cast_to_fp8): amax per block floored at 1e-4 and divided by 448,
-// optionally rounded up to a power of two, x multiplied by the scale's reciprocal. Two fused passes over
-// x; the scale arithmetic runs as the same ATen ops as the reference, on the small scale tensor.
-std::pair<at::Tensor, at::Tensor> quantize_blocks(const at::Tensor& x_in, int64_t gr, int64_t gc, bool ue8m0) {
-  const at::Tensor x = x_in.contiguous();
-  const int64_t R = x.size(0), C = x.size(1);
-  const int64_t rb = (R + gr - 1) / gr, cb = (C + gc - 1) / gc;
-  at::Tensor amax = at::empty({rb, cb}, x.options().dtype(at::kFloat));
-  at::Tensor q = at::empty({R, C}, x.options().dtype(at::kFloat8_e4m3fn));
-  AT_DISPATCH_SWITCH(x.scalar_type(), "quantize_blocks", AT_DISPATCH_CASE(at::kFloat, [&] {
-    block_amax(x.const_data_ptr<scalar_t>(), R, C, gr, gc, amax.data_ptr<float>());
-  }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-    block_amax(x.const_data_ptr<scalar_t>(), R, C, gr, gc, amax.data_ptr<float>());
-  }));
-  at::Tensor sf = amax.clamp_min(kAmaxFloor).div(kFp8Max);
-  if (ue8m0) sf = ceil_to_ue8m0(sf);
-  const at::Tensor inv = sf.reciprocal().mul(1.0);  // the reference multiplies by (1.0 / sf)
-  AT_DISPATCH_SWITCH(x.scalar_type(), "quantize_blocks", AT_DISPATCH_CASE(at::kFloat, [&] {
-    scale_to_e4m3(x.const_data_ptr<scalar_t>(), R, C, gr, gc, inv.const_data_ptr<float>(),
-                  q.data_ptr<c10::Float8_e4m3fn>());
-  }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-    scale_to_e4m3(x.const_data_ptr<scalar_t>(), R, C, gr, gc, inv.const_data_ptr<float>(),
-                  q.data_ptr<c10::Float8_e4m3fn>());
-  }));
-  return {q, sf};
-}
-
-namespace {
 
 void check_high_precision(const char* op, const char* name, const at::Tensor& x, const char* layout) {
   check_rank(op, name, x, 2, layout);

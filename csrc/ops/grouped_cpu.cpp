@@ -17,8 +17,8 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear.h"
 #include "gemm.h"
+#include "quant.h"
 
 namespace ascend_moe {
 namespace {

@@ -57,7 +57,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _float_bits(x: torch.Tensor) -> torch.Tensor:
-    return _row_major(x.float()).view(torch.int32)
+    return row_major(x.float()).view(torch.int32)
 
 
 def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +79,7 @@ def _ue8m0_codes(api: str, sf: torch.Tensor) -> torch.Tensor:
     return torch.where(nan, 255, (bits >> 23) & 0xFF).to(torch.uint8)
 
 
-def _row_major(t: torch.Tensor) -> torch.Tensor:
+def row_major(t: torch.Tensor) -> torch.Tensor:
     """``t`` with exactly row-major strides, as dtype views need (``contiguous()`` keeps any stride of a
     size-1 dim, which a view between element sizes rejects)."""
     strides, step = [], 1
@@ -96,7 +96,7 @@ def _pack_codes(api: str, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     ck.check_arg(codes.shape[-1] % per == 0, api, "sf", "size(-1)", f"a multiple of {per}", codes.shape[-1])
     if codes.numel() == 0:  # a dtype view of an empty tensor has no strides to check: build it
         return codes.new_empty((*codes.shape[:-1], codes.shape[-1] // per), dtype=dtype)
-    return _row_major(codes).view(dtype)
+    return row_major(codes).view(dtype)
 
 
 def pack_ue8m0_to_int(sf: torch.Tensor) -> torch.Tensor:
@@ -111,7 +111,7 @@ def pack_ue8m0_to_int16(sf: torch.Tensor) -> torch.Tensor:
 
 def _unpack_codes(api: str, packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ck.check_arg(packed.dtype == dtype, api, "packed", "dtype", dtype, packed.dtype)
-    return _row_major(packed).view(torch.uint8)
+    return row_major(packed).view(torch.uint8)
 
 
 def _codes_to_float(codes: torch.Tensor) -> torch.Tensor:
@@ -137,7 +137,7 @@ def repack_ue8m0(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         packed.dtype in _PACKINGS, "repack_ue8m0", "packed", "dtype", "torch.int32 or torch.int16", packed.dtype
     )
     ck.check_arg(dtype in _PACKINGS, "repack_ue8m0", "dtype", "value", "torch.int32 or torch.int16", dtype)
-    codes = _row_major(packed).view(torch.uint8)
+    codes = row_major(packed).view(torch.uint8)
     per = _PACKINGS[dtype]
     tail = (-codes.shape[-1]) % per
     if tail:

@@ -1,0 +1,330 @@
+// The quant family: schemas and CPU kernels of quantize_fp8, quantize_fp4 and dequantize, and the casts every
+// op that quantizes inside shares (quant.h). Bit-identical to torch_ascend_moe/quant/reference.py, DeepGEMM's
+// reference quantizers (specs/deepgemm_api.md §2.2, §12).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+#include "fp8_gemm.h"
+#include "quant.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kQuantizeFp8 = "ascend_moe::quantize_fp8";
+constexpr const char* kQuantizeFp4 = "ascend_moe::quantize_fp4";
+constexpr const char* kDequantize = "ascend_moe::dequantize";
+constexpr double kFp8Max = 448.0;
+constexpr double kFp4Max = 6.0;
+constexpr double kAmaxFloor = 1e-4;
+constexpr uint8_t kUe8m0One = 127;  // the packed tail: scale 1.0
+
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+// The smallest power of two >= sf (exponent clamped to [1, 254]): a UE8M0-representable scale. A NaN
+// scale (a block holding NaN) stays NaN (UE8M0 code 0xFF), as in quant.ceil_to_ue8m0.
+at::Tensor ceil_to_ue8m0(const at::Tensor& sf) {
+  const at::Tensor bits = sf.view(at::kInt);
+  const at::Tensor exponent =
+      bits.bitwise_right_shift(23).bitwise_and(0xFF) + bits.bitwise_and(0x7FFFFF).ne(0).to(at::kInt);
+  return at::where(sf.isnan(), sf, exponent.clamp(1, 254).bitwise_left_shift(23).view(at::kFloat));
+}
+
+// Per-block amax of a row-major [R, C] matrix in gr x gc blocks, into amax [ceil(R/gr), ceil(C/gc)]
+// (blocks past the edge cover only the rows/columns that exist, as zero padding would).
+template <typename T>
+void block_amax(const T* x, int64_t R, int64_t C, int64_t gr, int64_t gc, float* amax) {
+  const int64_t rb = ceil_div(R, gr), cb = ceil_div(C, gc);
+  at::parallel_for(0, rb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* out = amax + b * cb;
+      std::fill(out, out + cb, 0.f);
+      for (int64_t r = b * gr; r < std::min(R, (b + 1) * gr); ++r) {
+        const T* row = x + r * C;
+        if (gc == 1) {
+          // One scale per column: a running max per column that a NaN, once seen, keeps.
+#pragma omp simd
+          for (int64_t c = 0; c < C; ++c) {
+            const float v = std::abs(static_cast<float>(row[c]));
+            out[c] = (v > out[c] || v != v) ? v : out[c];
+          }
+          continue;
+        }
+        for (int64_t j = 0; j < cb; ++j) {
+          const int64_t c0 = j * gc, c1 = std::min(C, c0 + gc);
+          float m = out[j];
+          int nan = static_cast<int>(m != m);  // a NaN from an earlier row of the block
+          // std::max (and the max reduction) drop a NaN operand; counting NaNs apart keeps the loop a
+          // vector max and makes a block holding NaN get a NaN amax (so scale), as torch.amax in the
+          // reference cast does.
+#pragma omp simd reduction(max : m) reduction(| : nan)
+          for (int64_t c = c0; c < c1; ++c) {
+            const float v = std::abs(static_cast<float>(row[c]));
+            m = std::max(m, v);
+            nan |= static_cast<int>(v != v);
+          }
+          out[j] = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+        }
+      }
+    }
+  });
+}
+
+// out[c] = float(row[c]) * inv_row[c / gc]: the reference's multiply by the scale's reciprocal, in FP32.
+template <typename T>
+void scaled_row(const T* row, int64_t C, int64_t gc, const float* inv_row, float* out) {
+  if (gc == 1) {
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) out[c] = static_cast<float>(row[c]) * inv_row[c];
+    return;
+  }
+  for (int64_t c0 = 0, j = 0; c0 < C; c0 += gc, ++j) {
+    const float f = inv_row[j];
+    const int64_t c1 = std::min(C, c0 + gc);
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) out[c] = static_cast<float>(row[c]) * f;
+  }
+}
+
+// DeepGEMM's E2M1 rounding: the code counts the midpoints |v| strictly exceeds; the sign only on nonzero codes
+// (NaN compares false everywhere: code 0).
+inline uint8_t e2m1_code(float v) {
+  const float a = std::abs(v);
+  const uint8_t code = static_cast<uint8_t>((a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
+                                            (a > 3.5f) + (a > 5.0f));
+  return code | static_cast<uint8_t>((v < 0.f && code != 0) ? 8 : 0);
+}
+
+// Row-major x of a BF16/FP16/FP32/FP64 matrix, dispatched on its dtype.
+template <typename F>
+void dispatch_high_precision(const at::Tensor& x, F&& fn) {
+  AT_DISPATCH_SWITCH(x.scalar_type(), "quantize",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { fn(x.const_data_ptr<scalar_t>()); })
+                     AT_DISPATCH_CASE(at::kBFloat16, [&] { fn(x.const_data_ptr<scalar_t>()); })
+                     AT_DISPATCH_CASE(at::kHalf, [&] { fn(x.const_data_ptr<scalar_t>()); })
+                     AT_DISPATCH_CASE(at::kDouble, [&] { fn(x.const_data_ptr<scalar_t>()); }));
+}
+
+// (FP32 scales, their reciprocals) of x's blocks: amax floored at 1e-4 over the format's maximum, optionally
+// rounded up to a power of two; the scale arithmetic runs as the same ATen ops as the reference, on the small
+// scale tensor.
+std::pair<at::Tensor, at::Tensor> block_scales(const at::Tensor& x, int64_t gr, int64_t gc, double fmt_max,
+                                               bool ue8m0) {
+  const int64_t R = x.size(0), C = x.size(1);
+  at::Tensor amax = at::empty({ceil_div(R, gr), ceil_div(C, gc)}, x.options().dtype(at::kFloat));
+  dispatch_high_precision(x, [&](const auto* data) { block_amax(data, R, C, gr, gc, amax.data_ptr<float>()); });
+  at::Tensor sf = amax.clamp_min(kAmaxFloor).div(fmt_max);
+  if (ue8m0) sf = ceil_to_ue8m0(sf);
+  return {sf, sf.reciprocal().mul(1.0)};  // the reference multiplies by (1.0 / sf)
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> quantize_blocks(const at::Tensor& x_in, int64_t gr, int64_t gc, bool ue8m0) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t R = x.size(0), C = x.size(1), cb = ceil_div(C, gc);
+  auto [sf, inv] = block_scales(x, gr, gc, kFp8Max, ue8m0);
+  at::Tensor q = at::empty({R, C}, x.options().dtype(at::kFloat8_e4m3fn));
+  const float* inv_p = inv.const_data_ptr<float>();
+  auto* q_p = q.data_ptr<c10::Float8_e4m3fn>();
+  dispatch_high_precision(x, [&](const auto* data) {
+    at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(C);
+      for (int64_t r = r0; r < r1; ++r) {
+        scaled_row(data + r * C, C, gc, inv_p + (r / gr) * cb, buf.data());
+        // c10's conversion: the one .to(torch.float8_e4m3fn) uses.
+        for (int64_t c = 0; c < C; ++c) q_p[r * C + c] = c10::Float8_e4m3fn(buf[c]);
+      }
+    });
+  });
+  return {q, sf};
+}
+
+std::pair<at::Tensor, at::Tensor> quantize_blocks_fp4(const at::Tensor& x_in, int64_t gr, int64_t gc, bool ue8m0) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t R = x.size(0), C = x.size(1), cb = ceil_div(C, gc);
+  auto [sf, inv] = block_scales(x, gr, gc, kFp4Max, ue8m0);
+  at::Tensor packed = at::empty({R, C / 2}, x.options().dtype(at::kByte));
+  const float* inv_p = inv.const_data_ptr<float>();
+  uint8_t* out = packed.data_ptr<uint8_t>();
+  dispatch_high_precision(x, [&](const auto* data) {
+    at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(C);
+      for (int64_t r = r0; r < r1; ++r) {
+        scaled_row(data + r * C, C, gc, inv_p + (r / gr) * cb, buf.data());
+        uint8_t* row = out + r * (C / 2);
+        for (int64_t j = 0; j < C / 2; ++j) {
+          row[j] = static_cast<uint8_t>(e2m1_code(buf[2 * j]) | (e2m1_code(buf[2 * j + 1]) << 4));
+        }
+      }
+    });
+  });
+  return {packed, sf};
+}
+
+at::Tensor pack_ue8m0(const at::Tensor& sf_in) {
+  const at::Tensor sf = sf_in.contiguous();
+  const int64_t S = sf.size(0), n = sf.size(1), words = ceil_div(n, 4);
+  at::Tensor packed = at::empty({S, words}, sf.options().dtype(at::kInt));
+  const float* src = sf.const_data_ptr<float>();
+  // Byte j of word i is scale 4i + j: the words' memory order on a little-endian host, as the reference's
+  // uint8 -> int32 view.
+  auto* dst = reinterpret_cast<uint8_t*>(packed.data_ptr<int32_t>());
+  for (int64_t s = 0; s < S; ++s) {
+    uint8_t* row = dst + s * words * 4;
+    for (int64_t j = 0; j < words * 4; ++j) {
+      if (j >= n) {
+        row[j] = kUe8m0One;
+        continue;
+      }
+      const float v = src[s * n + j];
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof(bits));
+      row[j] = v != v ? 0xFF : static_cast<uint8_t>((bits >> 23) & 0xFF);
+    }
+  }
+  return packed;
+}
+
+namespace {
+
+void check_block(const char* op, at::IntArrayRef block) {
+  AM_CHECK_ARG(block.size() == 2 && block[0] > 0 && block[1] > 0, op, "block", "value",
+               "[rows, cols] with positive entries", shape_str(block));
+  AM_CHECK_ARG(block[0] <= kMaxIntArg && block[1] <= kMaxIntArg, op, "block", "value",
+               "[rows, cols] with entries at most 2147483647", shape_str(block));
+}
+
+void check_quantize(const char* op, const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
+                    bool use_packed_ue8m0, bool fp4) {
+  check_rank(op, "x", x, 2, "[M, N]");
+  AM_CHECK_ARG(is_gemm_dtype(x.scalar_type()), op, "x", "dtype", kGemmDtypes, dtype_name(x.scalar_type()));
+  check_block(op, block);
+  if (fp4) {
+    AM_CHECK_ARG(x.size(1) % 2 == 0, op, "x", "size(1)", "an even number (two E2M1 codes per byte)", x.size(1));
+  }
+  AM_CHECK_ARG(!use_packed_ue8m0 || use_ue8m0, op, "use_packed_ue8m0", "value", "False unless use_ue8m0", "True");
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
+                                                    bool use_packed_ue8m0) {
+  check_quantize(kQuantizeFp8, x, block, use_ue8m0, use_packed_ue8m0, false);
+  auto [q, sf] = quantize_blocks(x, block[0], block[1], use_ue8m0);
+  return {q, use_packed_ue8m0 ? pack_ue8m0(sf) : sf};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp4_cpu(const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
+                                                    bool use_packed_ue8m0) {
+  check_quantize(kQuantizeFp4, x, block, use_ue8m0, use_packed_ue8m0, true);
+  auto [q, sf] = quantize_blocks_fp4(x, block[0], block[1], use_ue8m0);
+  return {q, use_packed_ue8m0 ? pack_ue8m0(sf) : sf};
+}
+
+// UE8M0 scales packed `per` to an integer word, FP32 [S, n]: code 255 NaN, 0 2^-127 (float8_e8m0fnu's values).
+at::Tensor unpack_ue8m0(const at::Tensor& packed_in, int64_t n) {
+  const at::Tensor packed = packed_in.contiguous();
+  const int64_t S = packed.size(0), row_bytes = packed.size(1) * packed.element_size();
+  at::Tensor out = at::empty({S, n}, packed.options().dtype(at::kFloat));
+  const auto* src = static_cast<const uint8_t*>(packed.const_data_ptr());
+  float* dst = out.data_ptr<float>();
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t j = 0; j < n; ++j) {
+      dst[s * n + j] = static_cast<float>(c10::Float8_e8m0fnu(src[s * row_bytes + j], c10::Float8_e8m0fnu::from_bits()));
+    }
+  }
+  return out;
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scale, at::IntArrayRef block,
+                          std::optional<at::ScalarType> out_dtype) {
+  const char* op = kDequantize;
+  check_rank(op, "data", data, 2, "[M, N] (FP8) or [M, N/2] (FP4 packed in uint8)");
+  const bool fp4 = data.scalar_type() == at::kByte;
+  AM_CHECK_ARG(fp4 || data.scalar_type() == at::kFloat8_e4m3fn, op, "data", "dtype",
+               "torch.float8_e4m3fn, or torch.uint8 (packed FP4)", dtype_name(data.scalar_type()));
+  check_block(op, block);
+  AM_CHECK_ARG(scale.device() == data.device(), op, "scale", "device", data.device().str() + " (same as 'data')",
+               scale.device().str());
+  const at::ScalarType st = scale.scalar_type();
+  const int64_t per = st == at::kInt ? 4 : (st == at::kShort ? 2 : 1);
+  AM_CHECK_ARG(st == at::kFloat || st == at::kFloat8_e8m0fnu || per > 1, op, "scale", "dtype",
+               "torch.float32, torch.float8_e8m0fnu, torch.int32 or torch.int16 (packed UE8M0)", dtype_name(st));
+  const int64_t M = data.size(0), N = fp4 ? 2 * data.size(1) : data.size(1);
+  const int64_t gr = block[0], gc = block[1], cb = ceil_div(N, gc);
+  const std::vector<int64_t> expected{ceil_div(M, gr), ceil_div(cb, per)};
+  const std::string how = per > 1 ? "(ceil(M / block[0]), ceil(ceil(N / block[1]) / " + std::to_string(per) + "))"
+                                  : "(ceil(M / block[0]), ceil(N / block[1]))";
+  AM_CHECK_ARG(scale.sizes() == at::IntArrayRef(expected), op, "scale", "shape", shape_str(expected) + " " + how,
+               shape_str(scale.sizes()));
+  if (out_dtype.has_value()) {
+    AM_CHECK_ARG(is_gemm_dtype(*out_dtype), op, "out_dtype", "value", kGemmDtypes, dtype_name(*out_dtype));
+  }
+  const at::Tensor sf = per > 1 ? unpack_ue8m0(scale, cb) : scale.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({M, N}, data.options().dtype(at::kFloat));
+  const at::Tensor bytes = data.view(at::kByte).contiguous();
+  const uint8_t* src = bytes.const_data_ptr<uint8_t>();
+  const float* sf_p = sf.const_data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const int64_t row_bytes = fp4 ? N / 2 : N;
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = dst + r * N;
+      decode_quantized_rows(src + r * row_bytes, 1, row_bytes, N, fp4, row);
+      const float* s = sf_p + (r / gr) * cb;
+      for (int64_t c0 = 0, j = 0; c0 < N; c0 += gc, ++j) {
+        const float f = s[j];
+        const int64_t c1 = std::min(N, c0 + gc);
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) row[c] *= f;
+      }
+    }
+  });
+  const at::ScalarType out_t = out_dtype.value_or(at::kFloat);
+  return out_t == at::kFloat ? out : out.to(out_t);
+}
+
+}  // namespace
+
+// The quant family's schemas, a fragment of the ascend_moe library (the table in library.cpp is shared).
+// Codes carry no gradient: the quantize ops' outputs are not differentiable (a gradient stored in FP8 would be
+// rounded to 3 mantissa bits and flushed below 2^-9; FP4 codes are integers) and dequantize differentiates
+// only its FP32 scale; quant.fake_quantize is the straight-through path.
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  m.set_python_module("torch_ascend_moe.meta.quant");
+  // x [M, N] (BF16/FP16/FP32/FP64) in block = [rows, cols] blocks -> (E4M3 [M, N], scale): FP32
+  // [ceil(M / rows), ceil(N / cols)], or with use_packed_ue8m0 (needs use_ue8m0) int32 [.., ceil(.. / 4)].
+  // Per-token [1, g], per-channel [g, 1], per-block [g, g]; ragged blocks are zero-padded.
+  m.def(
+      "quantize_fp8(Tensor x, int[2] block=[1, 128], bool use_ue8m0=False, bool use_packed_ue8m0=False) "
+      "-> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // The same blocks to E2M1: (uint8 [M, N / 2], two codes per byte, low nibble first; scale as above), N even.
+  m.def(
+      "quantize_fp4(Tensor x, int[2] block=[1, 128], bool use_ue8m0=False, bool use_packed_ue8m0=False) "
+      "-> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // data (E4M3 [M, N] or packed FP4 uint8 [M, N / 2]) * scale (FP32, float8_e8m0fnu, or int32 / int16 packed
+  // UE8M0) per block, in FP32, rounded once to out_dtype (default FP32).
+  m.def("dequantize(Tensor data, Tensor scale, int[2] block=[1, 128], ScalarType? out_dtype=None) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("quantize_fp8", &quantize_fp8_cpu);
+  m.impl("quantize_fp4", &quantize_fp4_cpu);
+  m.impl("dequantize", &dequantize_cpu);
+}
+
+}  // namespace ascend_moe
