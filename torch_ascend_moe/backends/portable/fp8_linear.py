@@ -1,4 +1,4 @@
-"""Device-generic fp8_linear family: the reference casts (``quant.block_cast_to_fp8``), then the
+"""Device-generic fp8_linear family: the reference casts (``quant.reference.quantize_fp8``), then the
 portable ``fp8_gemm``. Same bits as the C++ kernels' quantization."""
 
 from __future__ import annotations
@@ -8,20 +8,20 @@ import torch
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
-from torch_ascend_moe.quant import block_cast_to_fp8
+from torch_ascend_moe.quant import reference
 
 
 @portable_kernel
 def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     _, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
-    q, sf = block_cast_to_fp8(x, (1, gran_k), use_ue8m0)
+    q, sf = reference.quantize_fp8(x, (1, gran_k), use_ue8m0, False)
     return fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, dtype)
 
 
 @portable_kernel
 def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
     shape = fp8_linear_signature(x, weight, bias, block)
-    xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
-    wq, ws = block_cast_to_fp8(weight, (block, block), use_ue8m0)
+    xq, xs = reference.quantize_fp8(x, (1, block), use_ue8m0, False)
+    wq, ws = reference.quantize_fp8(weight, (block, block), use_ue8m0, False)
     c = None if bias is None else bias.float().expand(shape)
     return fp8_gemm(xq, xs, wq, ws, c, [1, block], [block, block], 1.0, torch.float32).to(x.dtype)

@@ -29,7 +29,7 @@ from torch_ascend_moe.meta.grouped import (
     masked_fp8_signature,
     masked_signature,
 )
-from torch_ascend_moe.quant import block_cast_to_fp8
+from torch_ascend_moe.quant import reference
 
 
 @portable_kernel
@@ -96,11 +96,11 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
 @portable_kernel
 def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     shape = m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
-    xq, xs = block_cast_to_fp8(x, (1, block), use_ue8m0)
+    xq, xs = reference.quantize_fp8(x, (1, block), use_ue8m0, False)
     out = torch.zeros(shape, dtype=torch.float32, device=x.device)
     for g, begin, end in layout_segments(LINEAR_FP8, layout, psum, alignment, x.shape[0], weight.shape[0]):
         if end > begin:
-            wq, ws = block_cast_to_fp8(weight[g], (block, block), use_ue8m0)
+            wq, ws = reference.quantize_fp8(weight[g], (block, block), use_ue8m0, False)
             out[begin:end] = fp8_gemm(
                 xq[begin:end], xs[begin:end], wq, ws, None, [1, block], [block, block], 1.0, torch.float32
             )
