@@ -1,0 +1,235 @@
+"""Sample inputs, bad inputs and the harness specs of the quant family (quantize_fp8, quantize_fp4, dequantize).
+
+``dtype`` is the high-precision input dtype of the quantize ops and the output dtype of ``dequantize``. The
+quantize references are DeepGEMM's reference math (``quant.reference``, plain torch), so the numerics check
+expects the same values exactly (calc_diff 0); tests/quant/test_quant_ops.py checks every bit. The dequantize
+reference multiplies in fp64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import quant
+from torch_ascend_moe.backends.portable import quant as portable
+from torch_ascend_moe.quant import reference
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+# (M, N, block, use_ue8m0, use_packed_ue8m0, stored transposed)
+_QUANTIZE_CASES = [
+    (33, 300, [1, 128], False, False, False),
+    (256, 40, [128, 1], True, False, False),
+    (300, 260, [128, 128], True, False, True),
+    (16, 512, [1, 128], True, True, False),
+    (7, 10, [3, 4], True, True, False),
+    (5, 96, [1, 32], False, False, True),
+    (0, 128, [1, 128], True, True, False),
+    (4, 0, [1, 128], False, False, False),
+]
+_QUANTIZE_CASES_SMALL = [
+    (4, 64, [1, 32], False, False, False),
+    (6, 10, [3, 4], True, True, True),
+    (8, 6, [4, 1], True, False, False),
+    (0, 8, [1, 8], False, False, False),
+]
+
+
+def _high_precision(m, n, dtype, device, transposed, generator):
+    """Rows of very different magnitudes (the scales differ), one row of zeros (the 1e-4 amax floor)."""
+    x = torch.randn(m, n, generator=generator, dtype=torch.float64)
+    x *= 10.0 ** torch.randint(-6, 7, (m, 1), generator=generator)
+    if m > 2:
+        x[1] = 0.0
+    if transposed:
+        x = x.t().contiguous().t()
+    return x.to(dtype=dtype, device=device)
+
+
+def _quantize_samples(fp4: bool):
+    def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+        g = torch.Generator().manual_seed(21 + fp4)
+        out = []
+        for m, n, block, ue8m0, packed, transposed in _QUANTIZE_CASES_SMALL if small else _QUANTIZE_CASES:
+            x = _high_precision(m, n, dtype, device, transposed, g).requires_grad_(requires_grad)
+            name = f"M{m}N{n} block={block}{' ue8m0' if ue8m0 else ''}{' packed' if packed else ''}"
+            out.append(SampleInput((x, block, ue8m0, packed), name + (" transposed" if transposed else "")))
+        return out
+
+    return samples
+
+
+def _exact_values(outputs):
+    """The reference's outputs as the harness compares them: FP8 codes as their fp64 values, the rest as is."""
+    return tuple(t.double() if t.dtype == torch.float8_e4m3fn or t.dtype == torch.float32 else t for t in outputs)
+
+
+def quantize_fp8_reference(x, block, use_ue8m0, use_packed_ue8m0):
+    return _exact_values(reference.quantize_fp8(x.detach(), block, use_ue8m0, use_packed_ue8m0))
+
+
+def quantize_fp4_reference(x, block, use_ue8m0, use_packed_ue8m0):
+    return _exact_values(reference.quantize_fp4(x.detach(), block, use_ue8m0, use_packed_ue8m0))
+
+
+def _quantize_bad_inputs(fp4: bool):
+    def bad_inputs(device) -> list[BadInput]:
+        x = torch.randn(4, 256, generator=torch.Generator().manual_seed(23))
+        cases = [
+            BadInput((x[0], [1, 128], False, False), r"argument 'x' rank: expected 2-D \[M, N\]", "rank"),
+            BadInput(
+                (x.to(torch.int32), [1, 128], False, False),
+                r"argument 'x' dtype: expected one of torch.bfloat16, .*, got torch.int32",
+                "dtype",
+            ),
+            BadInput(
+                (x, [0, 128], False, False),
+                r"argument 'block' value: expected \[rows, cols\] with positive entries, got \[0, 128\]",
+                "block",
+            ),
+            BadInput((x, [1, 128, 1], False, False), r"argument 'block' value: expected \[rows, cols\]", "block len"),
+            BadInput((x, [1, 2**31], False, False), r"argument 'block' value: .* at most 2147483647", "block big"),
+            BadInput(
+                (x, [1, 128], False, True),
+                r"argument 'use_packed_ue8m0' value: expected False unless use_ue8m0, got True",
+                "packed",
+            ),
+        ]
+        if fp4:
+            cases.append(
+                BadInput(
+                    (x[:, :255], [1, 128], True, False),
+                    r"argument 'x' size\(1\): expected an even number \(two E2M1 codes per byte\), got 255",
+                    "odd N",
+                )
+            )
+        return cases
+
+    return bad_inputs
+
+
+def _e8m0(sf):
+    return sf.to(torch.float8_e8m0fnu)
+
+
+def _int16(sf):
+    return quant.repack_ue8m0(sf, torch.int16)
+
+
+# (M, N, fp4, block, use_ue8m0, use_packed_ue8m0, scale conversion)
+_DEQUANTIZE_CASES = [
+    (33, 300, False, [1, 128], False, False, None),
+    (300, 260, False, [128, 128], True, False, _e8m0),
+    (16, 512, False, [1, 128], True, True, None),
+    (6, 100, False, [1, 32], True, True, _int16),
+    (9, 64, True, [1, 32], False, False, None),
+    (4, 96, True, [1, 32], True, True, None),
+    (7, 11, False, [3, 5], False, False, None),
+    (0, 128, False, [1, 128], False, False, None),
+]
+_DEQUANTIZE_CASES_SMALL = [
+    (4, 64, False, [1, 32], False, False, None),
+    (6, 10, True, [3, 4], True, True, None),
+    (5, 8, False, [2, 8], True, False, _e8m0),
+    (0, 8, True, [1, 8], False, False, None),
+]
+
+
+def dequantize_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(24)
+    out = []
+    for i, (m, n, fp4, block, ue8m0, packed, convert) in enumerate(
+        _DEQUANTIZE_CASES_SMALL if small else _DEQUANTIZE_CASES
+    ):
+        x = _high_precision(m, n, torch.float32, "cpu", False, g)
+        cast = reference.quantize_fp4 if fp4 else reference.quantize_fp8
+        data, scale = cast(x, block, ue8m0, packed)
+        scale = scale if convert is None else convert(scale)
+        # Only an FP32 scale is differentiable; the data are codes.
+        scale = scale.to(device).requires_grad_(requires_grad and scale.dtype == torch.float32)
+        out_dtype = dtype if dtype == torch.float64 or i % 2 == 0 else None
+        name = f"M{m}N{n} {'fp4' if fp4 else 'fp8'} block={block} scale {scale.dtype} out {out_dtype}"
+        out.append(SampleInput((data.to(device), scale, block, out_dtype), name))
+    return out
+
+
+def dequantize_reference(data, scale, block, out_dtype):
+    """fp64 ``data * scale`` per block: the codes' exact values times the scales'."""
+    values = quant.decode_e2m1(quant.unpack_e2m1(data)) if data.dtype == torch.uint8 else data.float()
+    m, n = values.shape
+    rows, cols = min(block[0], max(m, 1)), min(block[1], max(n, 1))
+    full = quant.scales_to_float(scale.detach()).double().repeat_interleave(rows, 0)[:m]
+    return values.double() * full.repeat_interleave(cols, 1)[:, :n]
+
+
+def dequantize_bad_inputs(device) -> list[BadInput]:
+    x = torch.randn(33, 300, generator=torch.Generator().manual_seed(25))
+    q, sf = reference.quantize_fp8(x, [1, 128], False, False)
+    qp, sfp = reference.quantize_fp8(x[:16], [1, 128], True, True)
+    return [
+        BadInput((q.unsqueeze(0), sf, [1, 128], None), r"argument 'data' rank: expected 2-D \[M, N\] \(FP8\)", "rank"),
+        BadInput(
+            (x, sf, [1, 128], None),
+            r"argument 'data' dtype: expected torch.float8_e4m3fn, or torch.uint8 \(packed FP4\), got torch.float32",
+            "data dtype",
+        ),
+        BadInput((q, sf, [1, 0], None), r"argument 'block' value: expected \[rows, cols\] with positive", "block"),
+        BadInput((q, sf, [2**31, 1], None), r"argument 'block' value: .* at most 2147483647", "block big"),
+        BadInput(
+            (q, sf.to("meta"), [1, 128], None),
+            r"argument 'scale' device: expected (cpu|cuda:0) \(same as 'data'\), got meta",
+            "device",
+        ),
+        BadInput(
+            (q, sf.half(), [1, 128], None),
+            r"argument 'scale' dtype: expected torch.float32, torch.float8_e8m0fnu, torch.int32 or torch.int16",
+            "scale dtype",
+        ),
+        BadInput(
+            (q, sf[:, :2], [1, 128], None),
+            r"argument 'scale' shape: expected \[33, 3\] \(ceil\(M / block\[0\]\), ceil\(N / block\[1\]\)\), "
+            r"got \[33, 2\]",
+            "scale shape",
+        ),
+        BadInput(
+            (qp, sfp, [1, 32], None),
+            r"argument 'scale' shape: expected \[16, 3\] "
+            r"\(ceil\(M / block\[0\]\), ceil\(ceil\(N / block\[1\]\) / 4\)\)",
+            "packed shape",
+        ),
+        BadInput(
+            (q, sf, [1, 128], torch.int32),
+            r"argument 'out_dtype' value: expected one of torch.bfloat16, .*, got torch.int32",
+            "out_dtype",
+        ),
+    ]
+
+
+_NO_GRADIENT = "codes carry no gradient: the outputs are non-differentiable (tests/quant/test_quant_ops.py checks it)"
+
+SPECS = [
+    OpSpec(
+        "quantize_fp8",
+        _quantize_samples(fp4=False),
+        quantize_fp8_reference,
+        _quantize_bad_inputs(fp4=False),
+        portable.quantize_fp8,
+        gradcheck=_NO_GRADIENT,
+    ),
+    OpSpec(
+        "quantize_fp4",
+        _quantize_samples(fp4=True),
+        quantize_fp4_reference,
+        _quantize_bad_inputs(fp4=True),
+        portable.quantize_fp4,
+        gradcheck=_NO_GRADIENT,
+    ),
+    OpSpec(
+        "dequantize",
+        dequantize_samples,
+        dequantize_reference,
+        dequantize_bad_inputs,
+        portable.dequantize,
+        gradcheck="only the FP32 scale is differentiable, with no float64 path; its gradient is checked against fp64 "
+        "block sums in tests/quant/test_quant_ops.py",
+    ),
+]
