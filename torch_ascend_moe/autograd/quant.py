@@ -34,10 +34,10 @@ def _register_quantize(name: str) -> None:
 
 
 def _block_sums(t: torch.Tensor, block) -> torch.Tensor:
-    """FP32 sums of ``t [M, N]`` over ``block`` blocks (zero-padded at the edges): ``[ceil(M/rows), ceil(N/cols)]``."""
+    """Sums of ``t [M, N]`` over ``block`` blocks (zero-padded at the edges): ``[ceil(M/rows), ceil(N/cols)]``."""
     (m, n), (gr, gc) = t.shape, block
     gr, gc = min(gr, max(m, 1)), min(gc, max(n, 1))  # the same blocks, without padding to a huge block
-    padded = F.pad(t.float(), (0, (-n) % gc, 0, (-m) % gr))
+    padded = F.pad(t, (0, (-n) % gc, 0, (-m) % gr))
     return padded.view(padded.shape[0] // gr, gr, padded.shape[1] // gc, gc).sum(dim=(1, 3))
 
 
@@ -56,8 +56,9 @@ def _dequantize_backward(ctx, grad):
                 f"(got {ctx.scale_dtype}: UE8M0 scales are exponent codes)"
             )
         data, scale = ctx.saved_tensors
-        values = dequantize(data, torch.ones_like(scale), ctx.block)  # the data's FP32 values
-        grad_scale = _block_sums(grad.float() * values, ctx.block)
+        values = dequantize(data, torch.ones_like(scale), ctx.block)  # the data's values (exact in FP32)
+        # Summed in FP32, or in the gradient's FP64.
+        grad_scale = _block_sums(grad * values.to(torch.promote_types(grad.dtype, torch.float32)), ctx.block)
     return gradients(DEQUANTIZE, scale=grad_scale)
 
 
