@@ -2,9 +2,12 @@
 
 ``fp8_linear`` (DeepSeek-V3's training recipe): dgrad ``grad @ W`` quantizes ``grad`` per token in
 1 x block groups and reuses W's block x block cast; wgrad ``grad^T @ x`` quantizes both along the token
-axis (1 x block per channel). Reduction axes that are not a multiple of block are zero-padded, which adds
-nothing to the products. With ``fp8_backward=False`` both run in the input precision through
-``bf16_gemm``. ``fp8_quant_gemm``'s weight is already FP8, so its dgrad is the exact ``grad @ deq(b)``.
+axis (1 x block per channel). The casts are the quant family's ops (``quantize_fp8``: the C++ kernel on CPU).
+Reduction axes that are not a multiple of block are zero-padded, which adds nothing to the products: the
+codes are padded (zeros never raise a block's amax, so the scales are the unpadded tensor's), and the
+per-channel casts along the tokens are ``block x 1`` casts of ``grad`` and ``x`` read transposed, so no
+high-precision copy is padded or transposed. With ``fp8_backward=False`` both run in the input precision
+through ``bf16_gemm``. ``fp8_quant_gemm``'s weight is already FP8, so its dgrad is the exact ``grad @ deq(b)``.
 """
 
 from __future__ import annotations
@@ -16,20 +19,16 @@ from torch_ascend_moe._registry import arguments, autograd, gradients, needs_gra
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
-from torch_ascend_moe.quant import block_cast_to_fp8
+from torch_ascend_moe.ops.quant import quantize_fp8
 
 LINEAR, QUANT_GEMM = "fp8_linear", "fp8_quant_gemm"
 
 
-def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    return F.pad(x, (0, 0, 0, (-x.shape[0]) % multiple))
-
-
-def _fp8_nt(a: torch.Tensor, b: torch.Tensor, recipe_a, recipe_b, use_ue8m0: bool) -> torch.Tensor:
-    """FP32 ``a @ b^T`` of two high-precision operands cast with the given block recipes."""
-    qa, sa = block_cast_to_fp8(a, recipe_a, use_ue8m0)
-    qb, sb = block_cast_to_fp8(b, recipe_b, use_ue8m0)
-    return fp8_gemm(qa, sa, qb, sb, recipe_a=recipe_a, recipe_b=recipe_b, out_dtype=torch.float32)
+def _pad_codes(q: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """E4M3 codes ``q`` zero-padded (code 0 is 0.0) to ``[rows, cols]``."""
+    if (rows, cols) == tuple(q.shape):
+        return q
+    return F.pad(q.view(torch.uint8), (0, cols - q.shape[1], 0, rows - q.shape[0])).view(torch.float8_e4m3fn)
 
 
 def _linear_setup_context(ctx, inputs, output):
@@ -40,25 +39,42 @@ def _linear_setup_context(ctx, inputs, output):
 
 def _linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    g, blk = grad.to(x.dtype), ctx.block
+    g, blk, ue8m0 = grad.to(x.dtype), ctx.block, ctx.use_ue8m0
+    (m, k), n = x.shape, weight.shape[0]
     grad_x = grad_w = grad_b = None
     if needs_grad(ctx, LINEAR, "x"):
         if ctx.fp8_backward:
             # grad [M, N] @ W [N, K]: N is the reduction, padded to whole blocks in both operands.
-            g_pad = F.pad(g, (0, (-g.shape[1]) % blk))
-            w_pad = _pad_rows(weight, blk)
-            qw, sw = block_cast_to_fp8(w_pad, (blk, blk), ctx.use_ue8m0)
-            qg, sg = block_cast_to_fp8(g_pad, (1, blk), ctx.use_ue8m0)
+            n_pad = n + (-n) % blk
+            qg, sg = quantize_fp8(g, (1, blk), use_ue8m0=ue8m0)
+            qw, sw = quantize_fp8(weight, (blk, blk), use_ue8m0=ue8m0)
             grad_x = fp8_gemm(
-                qg, sg, qw.t(), sw.t(), recipe_a=(1, blk), recipe_b=(blk, blk), out_dtype=torch.float32
+                _pad_codes(qg, m, n_pad),
+                sg,
+                _pad_codes(qw, n_pad, k).t(),
+                sw.t(),
+                recipe_a=(1, blk),
+                recipe_b=(blk, blk),
+                out_dtype=torch.float32,
             ).to(x.dtype)
         else:
             grad_x = bf16_gemm(g, weight.t())
     if needs_grad(ctx, LINEAR, "weight"):
         if ctx.fp8_backward:
-            # grad^T [N, M] @ x [M, K]: tokens are the reduction, both cast per channel along them.
-            grad_w = _fp8_nt(_pad_rows(g, blk).t(), _pad_rows(x, blk).t(), (1, blk), (1, blk), ctx.use_ue8m0)
-            grad_w = grad_w.to(weight.dtype)
+            # grad^T [N, M] @ x [M, K]: tokens are the reduction, both cast 1 x block per channel along them,
+            # i.e. block x 1 casts of grad and x, read transposed.
+            m_pad = m + (-m) % blk
+            qg, sg = quantize_fp8(g, (blk, 1), use_ue8m0=ue8m0)
+            qx, sx = quantize_fp8(x, (blk, 1), use_ue8m0=ue8m0)
+            grad_w = fp8_gemm(
+                _pad_codes(qg, m_pad, n).t(),
+                sg.t(),
+                _pad_codes(qx, m_pad, k).t(),
+                sx.t(),
+                recipe_a=(1, blk),
+                recipe_b=(1, blk),
+                out_dtype=torch.float32,
+            ).to(weight.dtype)
         else:
             grad_w = bf16_gemm(g.t(), x.t())
     if needs_grad(ctx, LINEAR, "bias"):
