@@ -30,6 +30,7 @@ constexpr double kFp8Max = 448.0;
 constexpr double kFp4Max = 6.0;
 constexpr double kAmaxFloor = 1e-4;
 constexpr uint8_t kUe8m0One = 127;  // the packed tail: scale 1.0
+constexpr int64_t kChunkFloats = 65536;  // 256 KB of FP32 rows: a conversion buffer that stays in cache
 
 int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
@@ -100,11 +101,13 @@ void scaled_row(const T* row, int64_t C, int64_t gc, const float* inv_row, float
 
 // DeepGEMM's E2M1 rounding: the code counts the midpoints |v| strictly exceeds; the sign only on nonzero codes
 // (NaN compares false everywhere: code 0).
-inline uint8_t e2m1_code(float v) {
+inline uint32_t e2m1_code(float v) {
   const float a = std::abs(v);
-  const uint8_t code = static_cast<uint8_t>((a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) +
-                                            (a > 3.5f) + (a > 5.0f));
-  return code | static_cast<uint8_t>((v < 0.f && code != 0) ? 8 : 0);
+  const uint32_t code = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a > 0.75f) +
+                        static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a > 1.75f) +
+                        static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a > 3.5f) +
+                        static_cast<uint32_t>(a > 5.0f);
+  return code | ((static_cast<uint32_t>(v < 0.f) & static_cast<uint32_t>(code != 0)) << 3);
 }
 
 // Row-major x of a BF16/FP16/FP32/FP64 matrix, dispatched on its dtype.
@@ -132,23 +135,43 @@ std::pair<at::Tensor, at::Tensor> block_scales(const at::Tensor& x, int64_t gr, 
   return {sf, sf.reciprocal().mul(1.0)};  // the reference multiplies by (1.0 / sf)
 }
 
+// out [R, C] = rows that fill(r0, r1, dst) writes in FP32 (row r0 at dst), chunk by chunk: straight into an FP32
+// `out`, else through a cache-sized FP32 buffer and ATen's copy_, whose conversion (vectorized for the CPU at hand)
+// is the one the reference's .to() runs.
+template <typename F>
+void rows_through_fp32(at::Tensor& out, F&& fill) {
+  const int64_t R = out.size(0), C = out.size(1);
+  if (R == 0 || C == 0) return;
+  const int64_t chunk = std::max<int64_t>(1, kChunkFloats / C);
+  at::parallel_for(0, R, chunk, [&](int64_t r0, int64_t r1) {
+    if (out.scalar_type() == at::kFloat) {
+      fill(r0, r1, out.data_ptr<float>() + r0 * C);
+      return;
+    }
+    at::Tensor buf = at::empty({std::min(chunk, r1 - r0), C}, out.options().dtype(at::kFloat));
+    for (int64_t a = r0; a < r1; a += chunk) {
+      const int64_t b = std::min(r1, a + chunk);
+      fill(a, b, buf.data_ptr<float>());
+      out.narrow(0, a, b - a).copy_(buf.narrow(0, 0, b - a));
+    }
+  });
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> quantize_blocks(const at::Tensor& x_in, int64_t gr, int64_t gc, bool ue8m0) {
   const at::Tensor x = x_in.contiguous();
   const int64_t R = x.size(0), C = x.size(1), cb = ceil_div(C, gc);
   auto [sf, inv] = block_scales(x, gr, gc, kFp8Max, ue8m0);
-  at::Tensor scaled = at::empty({R, C}, x.options().dtype(at::kFloat));
+  at::Tensor q = at::empty({R, C}, x.options().dtype(at::kFloat8_e4m3fn));
   const float* inv_p = inv.const_data_ptr<float>();
-  float* scaled_p = scaled.data_ptr<float>();
+  // The E4M3 rounding is ATen's conversion (finite overflow saturates to 448, NaN stays NaN).
   dispatch_high_precision(x, [&](const auto* data) {
-    at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) scaled_row(data + r * C, C, gc, inv_p + (r / gr) * cb, scaled_p + r * C);
+    rows_through_fp32(q, [&](int64_t r0, int64_t r1, float* dst) {
+      for (int64_t r = r0; r < r1; ++r) scaled_row(data + r * C, C, gc, inv_p + (r / gr) * cb, dst + (r - r0) * C);
     });
   });
-  // ATen's own FP32 -> E4M3 conversion: the very kernel the reference's .to(torch.float8_e4m3fn) runs (vectorized
-  // for the CPU at hand; finite overflow saturates to 448, NaN stays NaN).
-  return {scaled.to(at::kFloat8_e4m3fn), sf};
+  return {q, sf};
 }
 
 std::pair<at::Tensor, at::Tensor> quantize_blocks_fp4(const at::Tensor& x_in, int64_t gr, int64_t gc, bool ue8m0) {
@@ -164,8 +187,10 @@ std::pair<at::Tensor, at::Tensor> quantize_blocks_fp4(const at::Tensor& x_in, in
       for (int64_t r = r0; r < r1; ++r) {
         scaled_row(data + r * C, C, gc, inv_p + (r / gr) * cb, buf.data());
         uint8_t* row = out + r * (C / 2);
+        const float* v = buf.data();
+#pragma omp simd
         for (int64_t j = 0; j < C / 2; ++j) {
-          row[j] = static_cast<uint8_t>(e2m1_code(buf[2 * j]) | (e2m1_code(buf[2 * j + 1]) << 4));
+          row[j] = static_cast<uint8_t>(e2m1_code(v[2 * j]) | (e2m1_code(v[2 * j + 1]) << 4));
         }
       }
     });
@@ -271,15 +296,15 @@ at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scale, at::I
     AM_CHECK_ARG(is_gemm_dtype(*out_dtype), op, "out_dtype", "value", kGemmDtypes, dtype_name(*out_dtype));
   }
   const at::Tensor sf = per > 1 ? unpack_ue8m0(scale, cb) : scale.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({M, N}, data.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({M, N}, data.options().dtype(out_dtype.value_or(at::kFloat)));
   const at::Tensor bytes = data.view(at::kByte).contiguous();
   const uint8_t* src = bytes.const_data_ptr<uint8_t>();
   const float* sf_p = sf.const_data_ptr<float>();
-  float* dst = out.data_ptr<float>();
   const int64_t row_bytes = fp4 ? N / 2 : N;
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+  // The FP32 product, rounded once to the output dtype by ATen's conversion (the reference's .to()).
+  rows_through_fp32(out, [&](int64_t r0, int64_t r1, float* dst) {
     for (int64_t r = r0; r < r1; ++r) {
-      float* row = dst + r * N;
+      float* row = dst + (r - r0) * N;
       decode_quantized_rows(src + r * row_bytes, 1, row_bytes, N, fp4, row);
       const float* s = sf_p + (r / gr) * cb;
       for (int64_t c0 = 0, j = 0; c0 < N; c0 += gc, ++j) {
@@ -290,8 +315,7 @@ at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scale, at::I
       }
     }
   });
-  const at::ScalarType out_t = out_dtype.value_or(at::kFloat);
-  return out_t == at::kFloat ? out : out.to(out_t);
+  return out;
 }
 
 }  // namespace
