@@ -20,7 +20,7 @@ FAMILIES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 # Workload options a family may read (``bench ep``: --tokens, --hidden, --topk, --experts); set by the CLI.
 OPTIONS: dict[str, int] = {}
 # Names that run several families: ``bench fp8`` covers every FP8 op.
-GROUPS = {"fp8": ("fp8_gemm", "fp8_linear")}
+GROUPS = {"fp8": ("fp8_gemm", "fp8_linear", "quant")}
 
 
 @dataclasses.dataclass

@@ -44,12 +44,33 @@ def _linear_case(m, n, k, train: bool) -> Case:
     return Case(f"fp8_linear {kind} {m}x{n}x{k}", (6 if train else 2) * m * n * k, setup, f"F.linear fp32 {kind}")
 
 
+def _linear_backward_case(m, n, k, dtype=torch.float32) -> Case:
+    """The backward alone (dgrad and wgrad FP8 GEMMs on requantized gradients, the casts by the quant ops)."""
+
+    def setup():
+        x = torch.randn(m, k, dtype=dtype, requires_grad=True)
+        w = (torch.randn(n, k) / k**0.5).to(dtype).requires_grad_()
+        grad = torch.randn(m, n, dtype=dtype)
+
+        def backward(fn):
+            with torch.enable_grad():
+                y = fn(x, w)
+            return lambda: torch.autograd.grad(y, (x, w), grad, retain_graph=True)
+
+        return backward(fp8_linear), backward(F.linear)
+
+    kind = str(dtype).removeprefix("torch.")
+    return Case(f"fp8_linear bwd {kind} {m}x{n}x{k}", 4 * m * n * k, setup, f"F.linear {kind} bwd", grad=True)
+
+
 def cases(quick: bool = False) -> list[Case]:
     if quick:
-        return [_quant_gemm_case(4, 256, 512), _linear_case(64, 256, 512, True)]
+        return [_quant_gemm_case(4, 256, 512), _linear_case(64, 256, 512, True), _linear_backward_case(64, 256, 512)]
     return [
         _quant_gemm_case(1, 2112, 7168),
         _quant_gemm_case(128, 2112, 1792),
         _linear_case(512, 2048, 2048, False),
         _linear_case(512, 2048, 2048, True),
+        _linear_backward_case(512, 2048, 2048),
+        _linear_backward_case(512, 2048, 2048, torch.bfloat16),
     ]
