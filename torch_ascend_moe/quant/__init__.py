@@ -1,8 +1,10 @@
 """Low-precision encodings and quantizers: FP8 E4M3, FP4 E2M1 (two codes per byte), UE8M0 scales.
 
-Plain torch functions (Dynamo traces and fuses them), with DeepGEMM's exact semantics
-(specs/deepgemm_api.md §2.2, §12): they are the reference quantizers of the FP8/FP4 GEMM family and
-back ``torch_ascend_moe.deep_gemm.utils``.
+DeepGEMM's exact semantics (specs/deepgemm_api.md §2.2, §12). The casts (``casts``: upstream's names and
+signatures, backing ``torch_ascend_moe.deep_gemm.utils``) run on the quant family's ops
+(``torch.ops.ascend_moe.quantize_fp8`` / ``quantize_fp4`` / ``dequantize``: a C++ kernel on CPU, opaque to
+Dynamo); ``reference`` holds their plain-torch math, the portable kernel and the reference the kernels are
+tested against bit for bit. The encodings are plain torch functions (Dynamo traces and fuses them).
 """
 
 from torch_ascend_moe.quant.casts import (
