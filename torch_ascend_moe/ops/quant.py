@@ -19,13 +19,20 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
 _quantize_fp8 = torch.ops.ascend_moe.quantize_fp8.default
 _quantize_fp4 = torch.ops.ascend_moe.quantize_fp4.default
 _dequantize = torch.ops.ascend_moe.dequantize.default
 
 
+@schema_defaults
 def quantize_fp8(
-    x: torch.Tensor, block: Sequence[int] = (1, 128), *, use_ue8m0: bool = False, use_packed_ue8m0: bool = False
+    x: torch.Tensor,
+    block: Sequence[int] = FROM_SCHEMA,
+    *,
+    use_ue8m0: bool = FROM_SCHEMA,
+    use_packed_ue8m0: bool = FROM_SCHEMA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, N]`` (BF16/FP16/FP32/FP64) in ``block = (rows, cols)`` blocks -> (E4M3 ``[M, N]``, scales).
 
@@ -40,8 +47,13 @@ def quantize_fp8(
     return _quantize_fp8(x, list(block), use_ue8m0, use_packed_ue8m0)
 
 
+@schema_defaults
 def quantize_fp4(
-    x: torch.Tensor, block: Sequence[int] = (1, 128), *, use_ue8m0: bool = False, use_packed_ue8m0: bool = False
+    x: torch.Tensor,
+    block: Sequence[int] = FROM_SCHEMA,
+    *,
+    use_ue8m0: bool = FROM_SCHEMA,
+    use_packed_ue8m0: bool = FROM_SCHEMA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [M, N]`` (N even) in ``block`` blocks to E2M1 -> (uint8 ``[M, N/2]``, scales as ``quantize_fp8``).
 
@@ -55,10 +67,11 @@ def quantize_fp4(
     return _quantize_fp4(x, list(block), use_ue8m0, use_packed_ue8m0)
 
 
+@schema_defaults
 def dequantize(
     data: torch.Tensor,
     scale: torch.Tensor,
-    block: Sequence[int] = (1, 128),
+    block: Sequence[int] = FROM_SCHEMA,
     *,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
