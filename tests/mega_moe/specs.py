@@ -108,23 +108,13 @@ def _expert(xd, w1, w2, weight, activation_clamp, fp8):
     return _bf16(act.view(-1) @ w2.T)
 
 
-def reference(
-    x,
-    x_sf,
-    topk_idx,
-    topk_weights,
-    l1,
-    l1_sf,
-    l2,
-    l2_sf,
-    shared_l1,
-    shared_l1_sf,
-    shared_l2,
-    shared_l2_sf,
-    group_name,
-    activation_clamp,
-    timeout_s,
-):
+def reference(args):
+    """fp64 per token: each routed expert's clamped SwiGLU x weight, plus the shared experts' (weight 1)."""
+    x, x_sf, topk_idx, topk_weights = args.x, args.x_sf, args.topk_idx, args.topk_weights
+    l1, l1_sf, l2, l2_sf = args.l1_weights, args.l1_sf, args.l2_weights, args.l2_sf
+    shared_l1, shared_l1_sf = args.shared_l1_weights, args.shared_l1_sf
+    shared_l2, shared_l2_sf = args.shared_l2_weights, args.shared_l2_sf
+    activation_clamp = args.activation_clamp
     fp8 = x.dtype == torch.float8_e4m3fn
     xd = _deq_rows(x, x_sf)
     w1, w2 = _dequant(l1, l1_sf), _dequant(l2, l2_sf)
