@@ -115,6 +115,15 @@ def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
     _C._register_autograd(name, make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context)))
 
 
+def schema_default(name: str, arg: str):
+    """The schema's default of ``arg`` of ``ascend_moe::name`` (a qualified name works too)."""
+    name = name.removeprefix(f"{NAMESPACE}::")
+    for a, has_default, default in _schema(name):
+        if a == arg and has_default:
+            return default
+    raise TypeError(f"{NAMESPACE}::{name} has no default for '{arg}'")
+
+
 class _FromSchema:
     def __repr__(self) -> str:
         return "FROM_SCHEMA"

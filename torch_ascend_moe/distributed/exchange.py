@@ -91,7 +91,12 @@ def announce_rejection(op: str, group_name, x, timeout_s) -> None:
             device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
         if capturing(device):
             return
-        timeout = float(timeout_s) if isinstance(timeout_s, (int, float)) and timeout_s > 0 else 300.0
+        if isinstance(timeout_s, (int, float)) and timeout_s > 0:
+            timeout = float(timeout_s)
+        else:  # the rejected argument may be the timeout itself: wait the op's default for the others
+            from torch_ascend_moe._registry import schema_default
+
+            timeout = float(schema_default(op, "timeout_s"))
         gather_header(op, group, device, REJECTED, [], None, timeout)
     except (ValueError, RuntimeError, TypeError):
         pass
