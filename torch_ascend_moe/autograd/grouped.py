@@ -101,9 +101,13 @@ def _linear_backward(ctx, grad):
         if ctx.fp8_backward:
             pad = (-weight.shape[1]) % blk
             qg, sg = block_cast_to_fp8(F.pad(g, (0, pad)), (1, blk), ctx.use_ue8m0)
-            casts = [block_cast_to_fp8(F.pad(w, (0, 0, 0, pad)), (blk, blk), ctx.use_ue8m0) for w in weight]
-            qw = torch.stack([c[0] for c in casts]).transpose(1, 2)  # [G, K, N]: MN-major views
-            sw = torch.stack([c[1] for c in casts]).transpose(1, 2)
+            # Every expert in one cast: with N padded to whole blocks no block straddles two experts, so the
+            # [G * N_pad, K] cast is each expert's own block x block cast, stacked (no loop over G).
+            wp = F.pad(weight, (0, 0, 0, pad))
+            experts, rows, k = wp.shape
+            q, s = block_cast_to_fp8(wp.reshape(experts * rows, k), (blk, blk), ctx.use_ue8m0)
+            qw = q.view(experts, rows, k).transpose(1, 2)  # [G, K, N]: MN-major views
+            sw = s.view(experts, rows // blk, -1).transpose(1, 2)
             grad_x = m_grouped_fp8_gemm(
                 qg, sg, qw, sw, layout, recipe_a=(1, blk), recipe_b=(blk, blk), out_dtype=torch.float32, **kw
             ).to(x.dtype)
