@@ -1,0 +1,71 @@
+"""DeepEP V1 compat checks (issue 16, specs/deepep_api.md §2.1, §4, §6), run on each rank of spawned gloo
+processes by tests/ep/test_deep_ep_compat.py: one named check per spawn, the way DeepEP's own tests use
+``deep_ep.Buffer``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from tests.ep.specs import random_routing
+
+
+def _routing(rank: int, t: int, k: int, experts: int, seed: int):
+    g = torch.Generator().manual_seed(seed + rank)
+    idx = random_routing(t, k, experts, g)
+    x = torch.randn(t, 256, generator=g).to(torch.bfloat16)
+    w = torch.rand(t, k, generator=g)
+    return x, idx, w
+
+
+def check_sm90_gates_fp8(rank: int, world_size: int) -> None:
+    """DeepEP's intranode test only runs FP8 dispatch when ``is_sm90_compiled()``: it must, and FP8 works."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    assert deep_ep.Buffer.is_sm90_compiled(), "is_sm90_compiled() is False: DeepEP's tests skip FP8"
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 6, 2, 2 * world_size, seed=100)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    x8 = x.float().to(torch.float8_e4m3fn)
+    sf = torch.ones(x.shape[0], x.shape[1] // 128)
+    (recv8, recv_sf), *_ = buffer.dispatch(
+        (x8, sf),
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    recv, *_ = buffer.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    assert torch.equal(recv8.view(torch.uint8), recv.float().to(torch.float8_e4m3fn).view(torch.uint8))
+    assert recv_sf.shape == (recv.shape[0], 2)
+
+
+CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+
+
+def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
+    )
+    import torch_ascend_moe  # noqa: F401
+
+    try:
+        CHECKS[name](rank, world_size)
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
+    os._exit(0)
