@@ -52,6 +52,21 @@ def check_sm90_gates_fp8(rank: int, world_size: int) -> None:
     assert recv_sf.shape == (recv.shape[0], 2)
 
 
+def check_enable_shrink_refused(rank: int, world_size: int) -> None:
+    """Shrink mode (specs §6.5) does not exist here: asking for it fails at construction, on every rank."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    try:
+        deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=True)
+    except ValueError as e:
+        text = str(e)
+        assert "deep_ep.Buffer" in text and "enable_shrink" in text and "expected False" in text, text
+        assert "got True" in text, text
+    else:
+        raise AssertionError("deep_ep.Buffer(enable_shrink=True) was accepted")
+    deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=False)
+
+
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

@@ -144,6 +144,13 @@ class Buffer:
                 "deep_ep.Buffer: argument 'group' value: expected a torch.distributed ProcessGroup "
                 "(mpi4py communicators are not supported), got None"
             )
+        if enable_shrink:
+            # Shrink mode (specs §6.5: auto-masking ranks that time out, the mask-buffer methods) is not
+            # implemented; accepting it would leave survivors blocked until the timeout instead.
+            raise ValueError(
+                "deep_ep.Buffer: argument 'enable_shrink' value: expected False (shrink / fault-tolerant "
+                "low-latency mode is not implemented), got True"
+            )
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if value < 0 or value % 128:
                 raise ValueError(
