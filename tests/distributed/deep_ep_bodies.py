@@ -67,6 +67,43 @@ def check_enable_shrink_refused(rank: int, world_size: int) -> None:
     deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=False)
 
 
+def check_dispatch_without_topk_counts(rank: int, world_size: int) -> None:
+    """Without top-k, ``num_recv_tokens_per_expert_list`` is still DeepEP's: per local expert, summed over the
+    source ranks' layouts, rounded up to ``expert_alignment`` (DeepEP's intranode check); None when cached."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    experts = 3 * world_size
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 7 + 2 * rank, 3, experts, seed=110)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+    everyone = per_expert.long().clone()
+    dist.all_reduce(everyone)
+    mine = everyone.view(world_size, -1)[rank].tolist()
+    for alignment in (1, 4):
+        expected = [-(-c // alignment) * alignment for c in mine]
+        recv, recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            expert_alignment=alignment,
+        )
+        assert recv_idx is None and recv_w is None
+        assert counts == expected, f"without top-k: {counts} != {expected}"
+        with_topk, _, _, counts_topk, _, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            expert_alignment=alignment,
+        )
+        assert counts_topk == expected and torch.equal(recv, with_topk)
+        cached = buffer.dispatch(x, handle=handle)
+        assert cached[3] is None and torch.equal(cached[0], recv)
+
+
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

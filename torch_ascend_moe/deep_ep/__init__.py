@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe.distributed import exchange
 from torch_ascend_moe.ops.ep import (
     EPHandle,
     EPLowLatencyHandle,
@@ -162,6 +163,7 @@ class Buffer:
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
+        self._timeout_s = 300.0
         self._destroyed = False
 
     # ---- static helpers ----
@@ -282,6 +284,11 @@ class Buffer:
             raise ValueError(
                 "deep_ep.Buffer.dispatch: arguments 'topk_idx' and 'topk_weights' value: expected both or neither"
             )
+        if num_tokens_per_expert is None:
+            raise ValueError(
+                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the layout's "
+                "num_tokens_per_expert (required without a cached handle, as DeepEP), got None"
+            )
         with_topk = topk_idx is not None
         if not with_topk:
             if is_token_in_rank is None:
@@ -290,31 +297,49 @@ class Buffer:
                     "is_token_in_rank (or topk_idx), got None"
                 )
             # Route by rank alone: one pseudo-expert per destination rank.
-            num_experts = self.group_size
             ranks = torch.arange(self.group_size, device=is_token_in_rank.device)
-            topk_idx = torch.where(is_token_in_rank, ranks, -1)
-        else:
-            if num_tokens_per_expert is None:
-                raise ValueError(
-                    "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the "
-                    "layout's num_tokens_per_expert, got None"
-                )
-            num_experts = num_tokens_per_expert.shape[0]
+            out = ep_dispatch(
+                data,
+                torch.where(is_token_in_rank, ranks, -1),
+                num_experts=self.group_size,
+                group=self.group_name,
+                x_scales=scales,
+                num_worst_tokens=num_worst_tokens,
+            )
+            recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
+            counts = [] if num_worst_tokens > 0 else self._recv_counts(num_tokens_per_expert, expert_alignment)
+            return recv_x, None, None, counts, out.handle, _event(async_finish)
         out = ep_dispatch(
             data,
             topk_idx,
             topk_weights,
-            num_experts=num_experts,
+            num_experts=num_tokens_per_expert.shape[0],
             group=self.group_name,
             x_scales=scales,
             expert_alignment=expert_alignment,
             num_worst_tokens=num_worst_tokens,
         )
         recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
-        if not with_topk:
-            return recv_x, None, None, None, out.handle, _event(async_finish)
         counts = [] if num_worst_tokens > 0 else out.num_recv_tokens_per_expert.tolist()
         return recv_x, out.recv_topk_idx, out.recv_topk_weights, counts, out.handle, _event(async_finish)
+
+    def _recv_counts(self, num_tokens_per_expert: torch.Tensor, expert_alignment: int) -> list[int]:
+        """DeepEP's ``num_recv_tokens_per_expert_list`` from the layouts alone (a dispatch without top-k has no
+        per-slot routing): each local expert's count summed over the source ranks, rounded up to the alignment."""
+        if num_tokens_per_expert.shape[0] % self.group_size:
+            raise ValueError(
+                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' shape: expected [num_experts] with "
+                f"num_experts a multiple of {self.group_size} ranks, got {list(num_tokens_per_expert.shape)}"
+            )
+        if expert_alignment < 1:
+            raise ValueError(
+                f"deep_ep.Buffer.dispatch: argument 'expert_alignment' value: expected >= 1, got {expert_alignment}"
+            )
+        total = num_tokens_per_expert.to(torch.int64).clone()
+        work = dist.all_reduce(total, group=self.group, async_op=True)
+        exchange.wait("deep_ep.Buffer.dispatch", self.group, work, self._timeout_s, "the per-expert count all-reduce")
+        mine = total.view(self.group_size, -1)[self.rank].tolist()
+        return [-(-c // expert_alignment) * expert_alignment for c in mine]
 
     def combine(
         self,
