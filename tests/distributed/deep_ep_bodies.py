@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ep.specs import random_routing
+from torch_ascend_moe.testing import calc_diff
 
 
 def _routing(rank: int, t: int, k: int, experts: int, seed: int):
@@ -102,6 +103,34 @@ def check_dispatch_without_topk_counts(rank: int, world_size: int) -> None:
         assert counts_topk == expected and torch.equal(recv, with_topk)
         cached = buffer.dispatch(x, handle=handle)
         assert cached[3] is None and torch.equal(cached[0], recv)
+
+
+def _low_latency_setup(rank: int, world_size: int):
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    t_max, experts = 8, 2 * world_size
+    x, idx, w = _routing(rank, 5 + rank, 3, experts, seed=120)
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(t_max, x.shape[1], world_size, experts)
+    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=experts // world_size)
+    return buffer, t_max, experts, x, idx, w
+
+
+def check_low_latency_handle_is_deep_eps(rank: int, world_size: int) -> None:
+    """The low-latency handle is DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range,
+    num_max_dispatch_tokens_per_rank, hidden, num_experts)``; combine takes it (or a copy) back."""
+    buffer, t_max, experts, x, idx, w = _low_latency_setup(rank, world_size)
+    recv, count, handle, _, _ = buffer.low_latency_dispatch(x, idx, t_max, experts, use_fp8=False)
+    assert isinstance(handle, tuple) and len(handle) == 5, f"handle has {len(handle)} fields"
+    src_info, layout_range, t, hidden, e = handle
+    local = experts // world_size
+    assert src_info.dtype == torch.int32 and src_info.shape == (local, world_size * t_max)
+    assert layout_range.dtype == torch.int64 and layout_range.shape == (local, world_size)
+    assert (t, hidden, e) == (t_max, x.shape[1], experts)
+    expected = x.float() * torch.where(idx >= 0, w, 0).sum(1, keepdim=True)
+    for h in (handle, tuple(handle)):
+        combined, _, _ = buffer.low_latency_combine(recv, idx, w, h)
+        assert calc_diff(combined.float(), expected) < 1e-5
+    assert buffer.get_next_low_latency_combine_buffer(handle).shape == recv.shape
 
 
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -5,8 +5,10 @@ What differs, on purpose (specs/deepep_api.md §2.3): the ops are synchronous on
 ``async_finish`` / ``previous_event`` / ``allocate_on_comm_stream`` are accepted and validated the way
 DeepEP validates them, and the returned ``EventOverlap`` holds no event (waiting on it runs its hook only).
 ``num_nvl_bytes`` / ``num_rdma_bytes`` / ``Config`` size DeepEP's own buffers; they are validated and kept,
-not used (``torch.distributed`` owns the transport). Handles are ``EPHandle`` tuples, not DeepEP's prefix
-matrices: they are opaque either way and only ever passed back.
+not used (``torch.distributed`` owns the transport). Normal-mode handles are ``EPHandle`` tuples, not DeepEP's
+prefix matrices. The low-latency handle is DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range,
+num_max_dispatch_tokens_per_rank, hidden, num_experts)``; the buffer adds its own group when it passes it back
+to the ops.
 """
 
 from __future__ import annotations
@@ -399,6 +401,8 @@ class Buffer:
             round_scale=round_scale,
             use_ue8m0=use_ue8m0,
         )
+        # DeepEP's 5-tuple; low_latency_combine rebuilds the op's handle with this buffer's group.
+        handle = tuple(handle[:5])
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count.to(cumulative_local_expert_recv_stats.dtype)
         hook = (lambda: None) if return_recv_hook else None
@@ -409,7 +413,7 @@ class Buffer:
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
-        handle: EPLowLatencyHandle,
+        handle: tuple,
         use_logfmt: bool = False,
         zero_copy: bool = False,
         async_finish: bool = False,
@@ -425,15 +429,28 @@ class Buffer:
                 "deep_ep.Buffer.low_latency_combine: arguments 'use_logfmt' and 'zero_copy' value: "
                 "expected at most one of them True, got both"
             )
-        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle)
+        combined = ep_low_latency_combine(x, topk_idx, topk_weights, self._ll_handle(handle))
         if out is not None:
             out.copy_(combined)
             combined = out
         hook = (lambda: None) if return_recv_hook else None
         return combined, _event(async_finish), hook
 
-    def get_next_low_latency_combine_buffer(self, handle: EPLowLatencyHandle) -> torch.Tensor:
+    def _ll_handle(self, handle) -> EPLowLatencyHandle:
+        """The op's handle from DeepEP's ``(packed_recv_src_info, packed_recv_layout_range,
+        num_max_dispatch_tokens_per_rank, hidden, num_experts)`` (an ``EPLowLatencyHandle`` passes through)."""
+        if isinstance(handle, EPLowLatencyHandle):
+            return handle
+        if not isinstance(handle, (tuple, list)) or len(handle) != 5:
+            raise ValueError(
+                "deep_ep.Buffer: argument 'handle' value: expected the 5-tuple low_latency_dispatch returned, "
+                f"got {type(handle).__name__} of length {len(handle) if isinstance(handle, (tuple, list)) else '-'}"
+            )
+        return EPLowLatencyHandle(*handle, self.group_name)
+
+    def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
         """A ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into (for ``zero_copy=True``)."""
+        handle = self._ll_handle(handle)
         local = handle.num_experts // self.group_size
         rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
         return torch.empty(local, rows, handle.hidden, dtype=torch.bfloat16, device=handle.src_info.device)
