@@ -133,6 +133,25 @@ def check_low_latency_handle_is_deep_eps(rank: int, world_size: int) -> None:
     assert buffer.get_next_low_latency_combine_buffer(handle).shape == recv.shape
 
 
+def check_zero_copy_combine_reads_the_buffer(rank: int, world_size: int) -> None:
+    """DeepEP's zero-copy combine: expert outputs written into ``get_next_low_latency_combine_buffer(handle)``
+    are what ``low_latency_combine(..., zero_copy=True)`` combines (the ``x`` passed is not read), bitwise
+    equal to the copying combine of the same outputs; the buffer is the same tensor on every call."""
+    buffer, t_max, experts, x, idx, w = _low_latency_setup(rank, world_size)
+    recv, _, handle, _, _ = buffer.low_latency_dispatch(x, idx, t_max, experts, use_fp8=False)
+    scale = torch.arange(1, experts // world_size + 1, dtype=torch.bfloat16).view(-1, 1, 1)
+    y = recv * scale  # one "expert" per local expert
+    reference, _, _ = buffer.low_latency_combine(y, idx, w, handle)
+    target = buffer.get_next_low_latency_combine_buffer(handle)
+    assert target.shape == recv.shape and target.dtype == torch.bfloat16
+    target[:, :, :] = y
+    assert buffer.get_next_low_latency_combine_buffer(handle).data_ptr() == target.data_ptr()
+    garbage = torch.full_like(y, float("nan"))
+    out = torch.empty_like(x)
+    combined, _, _ = buffer.low_latency_combine(garbage, idx, w, handle, zero_copy=True, out=out)
+    assert combined is out and torch.equal(combined, reference), "zero_copy=True did not combine the buffer"
+
+
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

@@ -166,6 +166,7 @@ class Buffer:
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
         self._timeout_s = 300.0
+        self._combine_buffers: dict = {}  # (T_max, hidden, num_experts, device) -> the zero-copy combine buffer
         self._destroyed = False
 
     # ---- static helpers ----
@@ -422,14 +423,31 @@ class Buffer:
         combine_wait_recv_cost_stats=None,
     ):
         """``(combined_x, event, hook)``: ``sum_k w[t, k] * y_k(t)``. ``use_logfmt`` (DeepEP's lossy 10-bit
-        transport) is accepted and the rows travel exactly; ``zero_copy`` needs nothing special here."""
+        transport) is accepted and the rows travel exactly; ``zero_copy=True`` combines the rows written into
+        ``get_next_low_latency_combine_buffer(handle)`` (``x`` only gives the shape), as DeepEP."""
         self._require_low_latency("low_latency_combine")
         if use_logfmt and zero_copy:
             raise ValueError(
                 "deep_ep.Buffer.low_latency_combine: arguments 'use_logfmt' and 'zero_copy' value: "
                 "expected at most one of them True, got both"
             )
-        combined = ep_low_latency_combine(x, topk_idx, topk_weights, self._ll_handle(handle))
+        handle = self._ll_handle(handle)
+        if zero_copy:
+            # DeepEP's kernel skips copying x: the expert outputs are already in the combine buffer.
+            source = self._combine_buffers.get(self._combine_buffer_key(handle))
+            if source is None:
+                raise ValueError(
+                    "deep_ep.Buffer.low_latency_combine: argument 'zero_copy' value: expected True only after "
+                    "writing the outputs into get_next_low_latency_combine_buffer(handle), got True with no "
+                    "such buffer for this handle's shape"
+                )
+            if tuple(x.shape) != tuple(source.shape):
+                raise ValueError(
+                    "deep_ep.Buffer.low_latency_combine: argument 'x' shape: expected "
+                    f"{list(source.shape)} (the combine buffer's), got {list(x.shape)}"
+                )
+            x = source
+        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle)
         if out is not None:
             out.copy_(combined)
             combined = out
@@ -449,11 +467,20 @@ class Buffer:
         return EPLowLatencyHandle(*handle, self.group_name)
 
     def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
-        """A ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into (for ``zero_copy=True``)."""
+        """The ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into for ``low_latency_combine(...,
+        zero_copy=True)``, which combines it instead of its ``x``. One persistent tensor per buffer and shape
+        (DeepEP's is a view of its registered RDMA buffer, alternating between two halves; ours has no halves)."""
         handle = self._ll_handle(handle)
-        local = handle.num_experts // self.group_size
-        rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
-        return torch.empty(local, rows, handle.hidden, dtype=torch.bfloat16, device=handle.src_info.device)
+        key = self._combine_buffer_key(handle)
+        if key not in self._combine_buffers:
+            local = handle.num_experts // self.group_size
+            rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
+            self._combine_buffers[key] = torch.zeros(local, rows, handle.hidden, dtype=torch.bfloat16, device=key[3])
+        return self._combine_buffers[key]
+
+    @staticmethod
+    def _combine_buffer_key(handle: EPLowLatencyHandle):
+        return handle.num_max_dispatch_tokens_per_rank, handle.hidden, handle.num_experts, handle.src_info.device
 
 
 __all__ = ["Buffer", "Config", "EPHandle", "EPLowLatencyHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
