@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 import traceback
 
 import torch
@@ -150,6 +151,72 @@ def check_zero_copy_combine_reads_the_buffer(rank: int, world_size: int) -> None
     out = torch.empty_like(x)
     combined, _, _ = buffer.low_latency_combine(garbage, idx, w, handle, zero_copy=True, out=out)
     assert combined is out and torch.equal(combined, reference), "zero_copy=True did not combine the buffer"
+
+
+def _expect_runtime_error(fn, present: tuple, absent: tuple = ()) -> float:
+    start = time.monotonic()
+    try:
+        fn()
+    except RuntimeError as e:
+        text = str(e)
+        assert all(p in text for p in present) and not any(a in text for a in absent), text
+        return time.monotonic() - start
+    raise AssertionError(f"expected a RuntimeError with {present}")
+
+
+def check_timeout_is_settable(rank: int, world_size: int) -> None:
+    """``deep_ep.Buffer(..., num_cpu_timeout_secs=...)`` (default 100 s, DeepEP V1's compiled-in CPU timeout)
+    bounds every wait: a rank that never calls dispatch gives the others an error naming the timeout."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    assert deep_ep.Buffer(dist.group.WORLD).num_cpu_timeout_secs == 100
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9), num_cpu_timeout_secs=2)
+    x, idx, w = _routing(rank, 4, 2, 2 * world_size, seed=130)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    dist.barrier()
+    if rank == 0:
+        elapsed = _expect_runtime_error(
+            lambda: buffer.dispatch(
+                x,
+                num_tokens_per_rank=per_rank,
+                is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert,
+                topk_idx=idx,
+                topk_weights=w,
+            ),
+            ("did not complete within 2 s", "a rank never arrived"),
+        )
+        assert elapsed < 30, f"a 2 s timeout took {elapsed:.1f} s"
+    else:
+        time.sleep(6)  # never dispatches; outlives rank 0's timeout
+    os._exit(0)  # the group is out of step now: no final barrier
+
+
+def check_dead_peer_error_says_so(rank: int, world_size: int) -> None:
+    """A peer that exited is reported as such, at once, not as "did not complete within 100 s"."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 4, 2, 2 * world_size, seed=140)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    dist.barrier()
+    if rank != 0:
+        os._exit(0)  # dies without dispatching
+    time.sleep(1)
+    elapsed = _expect_runtime_error(
+        lambda: buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+        ),
+        ("a peer rank exited or crashed", "before its 100 s timeout"),
+        ("did not complete within",),
+    )
+    assert elapsed < 30, f"the error took {elapsed:.1f} s"
+    os._exit(0)
 
 
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -141,6 +141,7 @@ class Buffer:
         explicitly_destroy: bool = False,
         enable_shrink: bool = False,
         comm=None,
+        num_cpu_timeout_secs: float = 100.0,
     ):
         if group is None:
             raise ValueError(
@@ -154,6 +155,11 @@ class Buffer:
                 "deep_ep.Buffer: argument 'enable_shrink' value: expected False (shrink / fault-tolerant "
                 "low-latency mode is not implemented), got True"
             )
+        if not isinstance(num_cpu_timeout_secs, (int, float)) or not num_cpu_timeout_secs > 0:
+            raise ValueError(
+                "deep_ep.Buffer: argument 'num_cpu_timeout_secs' value: expected a positive number of seconds, "
+                f"got {num_cpu_timeout_secs!r}"
+            )
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if value < 0 or value % 128:
                 raise ValueError(
@@ -165,7 +171,9 @@ class Buffer:
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
-        self._timeout_s = 300.0
+        # How long every collective of this buffer waits for the other ranks (the ops' timeout_s). Upstream V1
+        # compiles in 100 s (LEGACY_NUM_CPU_TIMEOUT_SECS); V2's ElasticBuffer takes it as num_cpu_timeout_secs.
+        self.num_cpu_timeout_secs = float(num_cpu_timeout_secs)
         self._combine_buffers: dict = {}  # (T_max, hidden, num_experts, device) -> the zero-copy combine buffer
         self._destroyed = False
 
@@ -281,7 +289,7 @@ class Buffer:
                     "deep_ep.Buffer.dispatch: arguments 'topk_idx'/'topk_weights' value: expected None "
                     "with a cached handle, got tensors"
                 )
-            recv_x, recv_scales = ep_dispatch_cached(data, handle, scales)
+            recv_x, recv_scales = ep_dispatch_cached(data, handle, scales, timeout_s=self.num_cpu_timeout_secs)
             return (recv_x, recv_scales) if scales is not None else recv_x, None, None, None, None, _event(async_finish)
         if (topk_idx is None) != (topk_weights is None):
             raise ValueError(
@@ -308,6 +316,7 @@ class Buffer:
                 group=self.group_name,
                 x_scales=scales,
                 num_worst_tokens=num_worst_tokens,
+                timeout_s=self.num_cpu_timeout_secs,
             )
             recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
             counts = [] if num_worst_tokens > 0 else self._recv_counts(num_tokens_per_expert, expert_alignment)
@@ -321,6 +330,7 @@ class Buffer:
             x_scales=scales,
             expert_alignment=expert_alignment,
             num_worst_tokens=num_worst_tokens,
+            timeout_s=self.num_cpu_timeout_secs,
         )
         recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
         counts = [] if num_worst_tokens > 0 else out.num_recv_tokens_per_expert.tolist()
@@ -340,7 +350,9 @@ class Buffer:
             )
         total = num_tokens_per_expert.to(torch.int64).clone()
         work = dist.all_reduce(total, group=self.group, async_op=True)
-        exchange.wait("deep_ep.Buffer.dispatch", self.group, work, self._timeout_s, "the per-expert count all-reduce")
+        exchange.wait(
+            "deep_ep.Buffer.dispatch", self.group, work, self.num_cpu_timeout_secs, "the per-expert count all-reduce"
+        )
         mine = total.view(self.group_size, -1)[self.rank].tolist()
         return [-(-c // expert_alignment) * expert_alignment for c in mine]
 
@@ -357,7 +369,7 @@ class Buffer:
     ):
         """``(combined_x, combined_topk_weights, event)``: the unweighted sum of each token's returning copies."""
         self._check_async("combine", previous_event, async_finish, allocate_on_comm_stream)
-        combined, weights = ep_combine(x, handle, topk_weights, bias)
+        combined, weights = ep_combine(x, handle, topk_weights, bias, timeout_s=self.num_cpu_timeout_secs)
         return combined, weights, _event(async_finish)
 
     # ---- low-latency mode ----
@@ -368,7 +380,10 @@ class Buffer:
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Nothing to clean (no signal areas); a barrier, as upstream's."""
-        dist.barrier(group=self.group)
+        work = dist.barrier(group=self.group, async_op=True)
+        exchange.wait(
+            "deep_ep.Buffer.clean_low_latency_buffer", self.group, work, self.num_cpu_timeout_secs, "the barrier"
+        )
 
     def low_latency_dispatch(
         self,
@@ -401,6 +416,7 @@ class Buffer:
             use_fp8=use_fp8,
             round_scale=round_scale,
             use_ue8m0=use_ue8m0,
+            timeout_s=self.num_cpu_timeout_secs,
         )
         # DeepEP's 5-tuple; low_latency_combine rebuilds the op's handle with this buffer's group.
         handle = tuple(handle[:5])
@@ -447,7 +463,7 @@ class Buffer:
                     f"{list(source.shape)} (the combine buffer's), got {list(x.shape)}"
                 )
             x = source
-        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle)
+        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle, timeout_s=self.num_cpu_timeout_secs)
         if out is not None:
             out.copy_(combined)
             combined = out
