@@ -222,6 +222,101 @@ def check_dead_peer_error_says_so(rank: int, world_size: int) -> None:
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 
+def upstream_style(local_rank: int, num_local_ranks: int, port: int) -> None:
+    """A scaled-down DeepEP intranode test written against ``deep_ep.utils`` as upstream's tests are:
+    ``init_dist`` from the environment, FP8 casts, ``inplace_unique`` layout reference, ``calc_diff``,
+    ``bench`` / ``bench_kineto``, plus upstream's exact values of the math helpers."""
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        import torch_ascend_moe.deep_ep as deep_ep
+        from torch_ascend_moe.deep_ep.utils import EventHandle, event
+        from torch_ascend_moe.deep_ep.utils.envs import dist_print, get_global_seed, get_local_seed, init_dist
+        from torch_ascend_moe.deep_ep.utils.math import (
+            align,
+            calc_diff,
+            ceil_div,
+            count_bytes,
+            hash_tensor,
+            hash_tensors,
+            inplace_unique,
+            per_token_cast_back,
+            per_token_cast_to_fp8,
+            safe_div,
+        )
+        from torch_ascend_moe.deep_ep.utils.testing import bench, bench_kineto
+
+        rank, num_ranks, group = init_dist(local_rank, num_local_ranks, seed=5)
+        assert torch.get_default_dtype() == torch.bfloat16 and (get_local_seed(), get_global_seed()) == (5 + rank, 5)
+        assert event.EventOverlap is deep_ep.EventOverlap and EventHandle is deep_ep.EventHandle
+        dist_print("deep_ep.utils: init_dist ok", once_in_node=True)
+
+        # Upstream's values of the helpers.
+        assert calc_diff(torch.zeros(3), torch.zeros(3)) == 0  # the +1: defined for all-zero inputs
+        a, b = torch.tensor([1.0, -2.0], dtype=torch.float64), torch.tensor([1.5, -2.0], dtype=torch.float64)
+        ref = 1 - 2 * ((a + 1) * (b + 1)).sum() / ((a + 1) ** 2 + (b + 1) ** 2).sum()
+        assert abs(calc_diff(a, b) - float(ref)) < 1e-12
+        assert (ceil_div(5, 4), align(5, 4), safe_div(0, 0), safe_div(3, 2)) == (2, 8, 0, 1.5)
+        rows = torch.tensor([[3, 1, 3, -1], [0, 0, 0, 0], [-1, -1, 2, 1]])
+        inplace_unique(rows, 4)
+        assert rows.tolist() == [[3, 1, -1, -1], [0, -1, -1, -1], [2, 1, -1, -1]]
+        t = torch.tensor([1, 2, 3], dtype=torch.int32)
+        assert hash_tensor(t) == 6 and hash_tensors(t, (t, None)) == 0 and count_bytes(t, (t, None)) == 24
+        x = torch.randn(4, 200, dtype=torch.float32).to(torch.bfloat16)
+        x8, sf = per_token_cast_to_fp8(x)
+        assert x8.dtype == torch.float8_e4m3fn and x8.shape == (4, 200) and sf.shape == (4, 2)
+        assert sf.dtype == torch.float32 and calc_diff(per_token_cast_back(x8, sf), x) < 1e-3
+        pow2 = torch.tensor([[2.0**-3, 2.0**-5, 1.0, 2.0]], dtype=torch.float32)
+        # UE8M0: the exponent bytes, 4 per int32
+        packed = (pow2.view(torch.int32) >> 23).to(torch.uint8).view(torch.int32)
+        ones = torch.ones(1, 512).to(torch.float8_e4m3fn)
+        back = per_token_cast_back(ones, packed).float()
+        assert torch.equal(back, pow2.repeat_interleave(128, dim=1)), back
+
+        # DeepEP's intranode test, scaled down.
+        num_tokens, hidden, num_topk, num_experts = 16, 256, 3, 4 * num_ranks
+        x = torch.ones((num_tokens, hidden), dtype=torch.bfloat16) * rank
+        x_e4m3 = per_token_cast_to_fp8(x) if deep_ep.Buffer.is_sm90_compiled() else None
+        scores = torch.randn((num_tokens, num_experts), dtype=torch.float32).abs() + 1
+        topk_idx = torch.topk(scores, num_topk, dim=-1, largest=True, sorted=False)[1]
+        topk_weights = torch.ones((num_tokens, num_topk), dtype=torch.float32) * rank
+        rank_idx = topk_idx // (num_experts // num_ranks)
+        rank_idx.masked_fill_(topk_idx == -1, -1)
+        inplace_unique(rank_idx, num_ranks)
+        ref_num_tokens_per_rank = torch.stack([(rank_idx == i).sum() for i in range(num_ranks)]).int()
+        buffer = deep_ep.Buffer(group, int(1e9))
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
+        assert torch.equal(per_rank, ref_num_tokens_per_rank)
+        gbl_per_rank = per_rank.clone()
+        dist.all_reduce(gbl_per_rank, group=group)
+        for current_x in filter(lambda elem: elem is not None, (x, x_e4m3)):
+            for with_topk in (False, True):
+                args = {"x": current_x, "num_tokens_per_rank": per_rank, "is_token_in_rank": in_rank}
+                args["num_tokens_per_expert"] = per_expert
+                if with_topk:
+                    args.update(topk_idx=topk_idx, topk_weights=topk_weights)
+                recv_x, _, _, counts, handle, ev = buffer.dispatch(**args)
+                ev.current_stream_wait()
+                recv_x = per_token_cast_back(*recv_x) if isinstance(recv_x, tuple) else recv_x
+                assert recv_x.shape[0] == int(gbl_per_rank[rank]) and len(counts) == num_experts // num_ranks
+                combined, _, _ = buffer.combine(recv_x, handle)
+                copies = in_rank.sum(dim=1, keepdim=True).to(torch.bfloat16)
+                assert calc_diff(combined.float() / copies.float(), x.float()) < 5e-6
+        avg, lo, hi = bench(lambda: buffer.get_dispatch_layout(topk_idx, num_experts), num_warmups=2, num_tests=4)
+        assert 0 < lo <= avg <= hi
+        t = bench_kineto(
+            lambda: buffer.dispatch(x, **{k: v for k, v in args.items() if k != "x"}),
+            "ep_dispatch",
+            num_tests=2,
+            barrier_comm_profiling=True,
+        )
+        assert t > 0, t
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
 def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
