@@ -5,8 +5,10 @@ What differs, on purpose (specs/deepep_api.md §2.3): the ops are synchronous on
 ``async_finish`` / ``previous_event`` / ``allocate_on_comm_stream`` are accepted and validated the way
 DeepEP validates them, and the returned ``EventOverlap`` holds no event (waiting on it runs its hook only).
 ``num_nvl_bytes`` / ``num_rdma_bytes`` / ``Config`` size DeepEP's own buffers; they are validated and kept,
-not used (``torch.distributed`` owns the transport). Handles are ``EPHandle`` tuples, not DeepEP's prefix
-matrices: they are opaque either way and only ever passed back.
+not used (``torch.distributed`` owns the transport). Normal-mode handles are ``EPHandle`` tuples, not DeepEP's
+prefix matrices. The low-latency handle is DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range,
+num_max_dispatch_tokens_per_rank, hidden, num_experts)``; the buffer adds its own group when it passes it back
+to the ops.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe.deep_ep import utils  # noqa: F401  (deep_ep.utils, as upstream)
+from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
+from torch_ascend_moe.distributed import exchange
 from torch_ascend_moe.ops.ep import (
     EPHandle,
     EPLowLatencyHandle,
@@ -75,48 +80,6 @@ class Config:
         return -(-size // 128) * 128
 
 
-class EventHandle:
-    """DeepEP's event handle; our ops finish before they return, so there is nothing to wait for."""
-
-    def current_stream_wait(self) -> None:
-        return None
-
-
-class EventOverlap:
-    """DeepEP's ``EventOverlap``: ``current_stream_wait()`` runs the hook registered with
-    ``register_hook_after_wait`` once (the operation itself has already completed)."""
-
-    def __init__(self, event: EventHandle | None = None, extra_tensors: tuple | None = None):
-        self.event, self.extra_tensors, self._hook = event, extra_tensors, None
-
-    def register_hook_after_wait(self, hook) -> None:
-        if self._hook is not None:
-            raise RuntimeError("deep_ep.EventOverlap: a hook is already registered (only one is allowed)")
-        self._hook = hook
-
-    def current_stream_wait(self, release_handle: bool = False):
-        if self.event is not None:
-            self.event.current_stream_wait()
-        hook, self._hook = self._hook, None
-        result = hook() if hook is not None else None
-        if release_handle:
-            self.event = None
-        return result
-
-    def wait(self):
-        return self.current_stream_wait()
-
-    def __call__(self, release_handle: bool = True) -> EventOverlap:
-        self._release = release_handle
-        return self
-
-    def __enter__(self) -> EventOverlap:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.current_stream_wait(getattr(self, "_release", False))
-
-
 def _event(async_finish: bool) -> EventOverlap:
     return EventOverlap(EventHandle() if async_finish else None)
 
@@ -138,11 +101,24 @@ class Buffer:
         explicitly_destroy: bool = False,
         enable_shrink: bool = False,
         comm=None,
+        num_cpu_timeout_secs: float = 100.0,
     ):
         if group is None:
             raise ValueError(
                 "deep_ep.Buffer: argument 'group' value: expected a torch.distributed ProcessGroup "
                 "(mpi4py communicators are not supported), got None"
+            )
+        if enable_shrink:
+            # Shrink mode (specs §6.5: auto-masking ranks that time out, the mask-buffer methods) is not
+            # implemented; accepting it would leave survivors blocked until the timeout instead.
+            raise ValueError(
+                "deep_ep.Buffer: argument 'enable_shrink' value: expected False (shrink / fault-tolerant "
+                "low-latency mode is not implemented), got True"
+            )
+        if not isinstance(num_cpu_timeout_secs, (int, float)) or not num_cpu_timeout_secs > 0:
+            raise ValueError(
+                "deep_ep.Buffer: argument 'num_cpu_timeout_secs' value: expected a positive number of seconds, "
+                f"got {num_cpu_timeout_secs!r}"
             )
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if value < 0 or value % 128:
@@ -155,6 +131,10 @@ class Buffer:
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode = low_latency_mode
         self.explicitly_destroy = explicitly_destroy
+        # How long every collective of this buffer waits for the other ranks (the ops' timeout_s). Upstream V1
+        # compiles in 100 s (LEGACY_NUM_CPU_TIMEOUT_SECS); V2's ElasticBuffer takes it as num_cpu_timeout_secs.
+        self.num_cpu_timeout_secs = float(num_cpu_timeout_secs)
+        self._combine_buffers: dict = {}  # (T_max, hidden, num_experts, device) -> the zero-copy combine buffer
         self._destroyed = False
 
     # ---- static helpers ----
@@ -169,7 +149,9 @@ class Buffer:
 
     @staticmethod
     def is_sm90_compiled() -> bool:
-        return False
+        """True: upstream answers whether its SM90 kernels (FP8 dispatch, UE8M0 scales) were built, and DeepEP
+        code gates those paths on it. Ours are the device-generic ep ops, which implement them everywhere."""
+        return True
 
     @staticmethod
     def capture() -> EventOverlap:
@@ -267,11 +249,16 @@ class Buffer:
                     "deep_ep.Buffer.dispatch: arguments 'topk_idx'/'topk_weights' value: expected None "
                     "with a cached handle, got tensors"
                 )
-            recv_x, recv_scales = ep_dispatch_cached(data, handle, scales)
+            recv_x, recv_scales = ep_dispatch_cached(data, handle, scales, timeout_s=self.num_cpu_timeout_secs)
             return (recv_x, recv_scales) if scales is not None else recv_x, None, None, None, None, _event(async_finish)
         if (topk_idx is None) != (topk_weights is None):
             raise ValueError(
                 "deep_ep.Buffer.dispatch: arguments 'topk_idx' and 'topk_weights' value: expected both or neither"
+            )
+        if num_tokens_per_expert is None:
+            raise ValueError(
+                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the layout's "
+                "num_tokens_per_expert (required without a cached handle, as DeepEP), got None"
             )
         with_topk = topk_idx is not None
         if not with_topk:
@@ -281,31 +268,53 @@ class Buffer:
                     "is_token_in_rank (or topk_idx), got None"
                 )
             # Route by rank alone: one pseudo-expert per destination rank.
-            num_experts = self.group_size
             ranks = torch.arange(self.group_size, device=is_token_in_rank.device)
-            topk_idx = torch.where(is_token_in_rank, ranks, -1)
-        else:
-            if num_tokens_per_expert is None:
-                raise ValueError(
-                    "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the "
-                    "layout's num_tokens_per_expert, got None"
-                )
-            num_experts = num_tokens_per_expert.shape[0]
+            out = ep_dispatch(
+                data,
+                torch.where(is_token_in_rank, ranks, -1),
+                num_experts=self.group_size,
+                group=self.group_name,
+                x_scales=scales,
+                num_worst_tokens=num_worst_tokens,
+                timeout_s=self.num_cpu_timeout_secs,
+            )
+            recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
+            counts = [] if num_worst_tokens > 0 else self._recv_counts(num_tokens_per_expert, expert_alignment)
+            return recv_x, None, None, counts, out.handle, _event(async_finish)
         out = ep_dispatch(
             data,
             topk_idx,
             topk_weights,
-            num_experts=num_experts,
+            num_experts=num_tokens_per_expert.shape[0],
             group=self.group_name,
             x_scales=scales,
             expert_alignment=expert_alignment,
             num_worst_tokens=num_worst_tokens,
+            timeout_s=self.num_cpu_timeout_secs,
         )
         recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
-        if not with_topk:
-            return recv_x, None, None, None, out.handle, _event(async_finish)
         counts = [] if num_worst_tokens > 0 else out.num_recv_tokens_per_expert.tolist()
         return recv_x, out.recv_topk_idx, out.recv_topk_weights, counts, out.handle, _event(async_finish)
+
+    def _recv_counts(self, num_tokens_per_expert: torch.Tensor, expert_alignment: int) -> list[int]:
+        """DeepEP's ``num_recv_tokens_per_expert_list`` from the layouts alone (a dispatch without top-k has no
+        per-slot routing): each local expert's count summed over the source ranks, rounded up to the alignment."""
+        if num_tokens_per_expert.shape[0] % self.group_size:
+            raise ValueError(
+                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' shape: expected [num_experts] with "
+                f"num_experts a multiple of {self.group_size} ranks, got {list(num_tokens_per_expert.shape)}"
+            )
+        if expert_alignment < 1:
+            raise ValueError(
+                f"deep_ep.Buffer.dispatch: argument 'expert_alignment' value: expected >= 1, got {expert_alignment}"
+            )
+        total = num_tokens_per_expert.to(torch.int64).clone()
+        work = dist.all_reduce(total, group=self.group, async_op=True)
+        exchange.wait(
+            "deep_ep.Buffer.dispatch", self.group, work, self.num_cpu_timeout_secs, "the per-expert count all-reduce"
+        )
+        mine = total.view(self.group_size, -1)[self.rank].tolist()
+        return [-(-c // expert_alignment) * expert_alignment for c in mine]
 
     def combine(
         self,
@@ -320,7 +329,7 @@ class Buffer:
     ):
         """``(combined_x, combined_topk_weights, event)``: the unweighted sum of each token's returning copies."""
         self._check_async("combine", previous_event, async_finish, allocate_on_comm_stream)
-        combined, weights = ep_combine(x, handle, topk_weights, bias)
+        combined, weights = ep_combine(x, handle, topk_weights, bias, timeout_s=self.num_cpu_timeout_secs)
         return combined, weights, _event(async_finish)
 
     # ---- low-latency mode ----
@@ -331,7 +340,10 @@ class Buffer:
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Nothing to clean (no signal areas); a barrier, as upstream's."""
-        dist.barrier(group=self.group)
+        work = dist.barrier(group=self.group, async_op=True)
+        exchange.wait(
+            "deep_ep.Buffer.clean_low_latency_buffer", self.group, work, self.num_cpu_timeout_secs, "the barrier"
+        )
 
     def low_latency_dispatch(
         self,
@@ -364,7 +376,10 @@ class Buffer:
             use_fp8=use_fp8,
             round_scale=round_scale,
             use_ue8m0=use_ue8m0,
+            timeout_s=self.num_cpu_timeout_secs,
         )
+        # DeepEP's 5-tuple; low_latency_combine rebuilds the op's handle with this buffer's group.
+        handle = tuple(handle[:5])
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count.to(cumulative_local_expert_recv_stats.dtype)
         hook = (lambda: None) if return_recv_hook else None
@@ -375,7 +390,7 @@ class Buffer:
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
-        handle: EPLowLatencyHandle,
+        handle: tuple,
         use_logfmt: bool = False,
         zero_copy: bool = False,
         async_finish: bool = False,
@@ -384,25 +399,64 @@ class Buffer:
         combine_wait_recv_cost_stats=None,
     ):
         """``(combined_x, event, hook)``: ``sum_k w[t, k] * y_k(t)``. ``use_logfmt`` (DeepEP's lossy 10-bit
-        transport) is accepted and the rows travel exactly; ``zero_copy`` needs nothing special here."""
+        transport) is accepted and the rows travel exactly; ``zero_copy=True`` combines the rows written into
+        ``get_next_low_latency_combine_buffer(handle)`` (``x`` only gives the shape), as DeepEP."""
         self._require_low_latency("low_latency_combine")
         if use_logfmt and zero_copy:
             raise ValueError(
                 "deep_ep.Buffer.low_latency_combine: arguments 'use_logfmt' and 'zero_copy' value: "
                 "expected at most one of them True, got both"
             )
-        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle)
+        handle = self._ll_handle(handle)
+        if zero_copy:
+            # DeepEP's kernel skips copying x: the expert outputs are already in the combine buffer.
+            source = self._combine_buffers.get(self._combine_buffer_key(handle))
+            if source is None:
+                raise ValueError(
+                    "deep_ep.Buffer.low_latency_combine: argument 'zero_copy' value: expected True only after "
+                    "writing the outputs into get_next_low_latency_combine_buffer(handle), got True with no "
+                    "such buffer for this handle's shape"
+                )
+            if tuple(x.shape) != tuple(source.shape):
+                raise ValueError(
+                    "deep_ep.Buffer.low_latency_combine: argument 'x' shape: expected "
+                    f"{list(source.shape)} (the combine buffer's), got {list(x.shape)}"
+                )
+            x = source
+        combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle, timeout_s=self.num_cpu_timeout_secs)
         if out is not None:
             out.copy_(combined)
             combined = out
         hook = (lambda: None) if return_recv_hook else None
         return combined, _event(async_finish), hook
 
-    def get_next_low_latency_combine_buffer(self, handle: EPLowLatencyHandle) -> torch.Tensor:
-        """A ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into (for ``zero_copy=True``)."""
-        local = handle.num_experts // self.group_size
-        rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
-        return torch.empty(local, rows, handle.hidden, dtype=torch.bfloat16, device=handle.src_info.device)
+    def _ll_handle(self, handle) -> EPLowLatencyHandle:
+        """The op's handle from DeepEP's ``(packed_recv_src_info, packed_recv_layout_range,
+        num_max_dispatch_tokens_per_rank, hidden, num_experts)`` (an ``EPLowLatencyHandle`` passes through)."""
+        if isinstance(handle, EPLowLatencyHandle):
+            return handle
+        if not isinstance(handle, (tuple, list)) or len(handle) != 5:
+            raise ValueError(
+                "deep_ep.Buffer: argument 'handle' value: expected the 5-tuple low_latency_dispatch returned, "
+                f"got {type(handle).__name__} of length {len(handle) if isinstance(handle, (tuple, list)) else '-'}"
+            )
+        return EPLowLatencyHandle(*handle, self.group_name)
+
+    def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
+        """The ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into for ``low_latency_combine(...,
+        zero_copy=True)``, which combines it instead of its ``x``. One persistent tensor per buffer and shape
+        (DeepEP's is a view of its registered RDMA buffer, alternating between two halves; ours has no halves)."""
+        handle = self._ll_handle(handle)
+        key = self._combine_buffer_key(handle)
+        if key not in self._combine_buffers:
+            local = handle.num_experts // self.group_size
+            rows = self.group_size * handle.num_max_dispatch_tokens_per_rank
+            self._combine_buffers[key] = torch.zeros(local, rows, handle.hidden, dtype=torch.bfloat16, device=key[3])
+        return self._combine_buffers[key]
+
+    @staticmethod
+    def _combine_buffer_key(handle: EPLowLatencyHandle):
+        return handle.num_max_dispatch_tokens_per_rank, handle.hidden, handle.num_experts, handle.src_info.device
 
 
 __all__ = ["Buffer", "Config", "EPHandle", "EPLowLatencyHandle", "EventHandle", "EventOverlap", "topk_idx_t"]

@@ -10,6 +10,7 @@ rank that never arrives produces an error on the others. Rows travel as bytes (a
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -23,9 +24,16 @@ def wait(op: str, group, work, timeout_s: float, what: str) -> None:
     if capturing_current_stream():
         work.wait()  # a deadline is a host-side wait, illegal in a capture: the stream waits instead
         return
+    start = time.monotonic()
     try:
         work.wait(timeout=datetime.timedelta(seconds=timeout_s))
     except RuntimeError as e:
+        elapsed = time.monotonic() - start
+        if elapsed < 0.9 * timeout_s:  # the transport failed before the deadline: not a timeout
+            raise RuntimeError(
+                f"{op}: rank {group.rank()} of {group.size()}: {what} failed after {elapsed:.3g} s, before its "
+                f"{timeout_s:g} s timeout (a peer rank exited or crashed, or its connection broke): {e}"
+            ) from e
         raise RuntimeError(
             f"{op}: rank {group.rank()} of {group.size()}: {what} did not complete within {timeout_s:g} s "
             f"(a rank never arrived, or the ranks called different ops): {e}"

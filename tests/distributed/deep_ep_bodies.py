@@ -1,0 +1,333 @@
+"""DeepEP V1 compat checks (issue 16, specs/deepep_api.md §2.1, §4, §6), run on each rank of spawned gloo
+processes by tests/ep/test_deep_ep_compat.py: one named check per spawn, the way DeepEP's own tests use
+``deep_ep.Buffer``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from tests.ep.specs import random_routing
+from torch_ascend_moe.testing import calc_diff
+
+
+def _routing(rank: int, t: int, k: int, experts: int, seed: int):
+    g = torch.Generator().manual_seed(seed + rank)
+    idx = random_routing(t, k, experts, g)
+    x = torch.randn(t, 256, generator=g).to(torch.bfloat16)
+    w = torch.rand(t, k, generator=g)
+    return x, idx, w
+
+
+def check_sm90_gates_fp8(rank: int, world_size: int) -> None:
+    """DeepEP's intranode test only runs FP8 dispatch when ``is_sm90_compiled()``: it must, and FP8 works."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    assert deep_ep.Buffer.is_sm90_compiled(), "is_sm90_compiled() is False: DeepEP's tests skip FP8"
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 6, 2, 2 * world_size, seed=100)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    x8 = x.float().to(torch.float8_e4m3fn)
+    sf = torch.ones(x.shape[0], x.shape[1] // 128)
+    (recv8, recv_sf), *_ = buffer.dispatch(
+        (x8, sf),
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    recv, *_ = buffer.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    assert torch.equal(recv8.view(torch.uint8), recv.float().to(torch.float8_e4m3fn).view(torch.uint8))
+    assert recv_sf.shape == (recv.shape[0], 2)
+
+
+def check_enable_shrink_refused(rank: int, world_size: int) -> None:
+    """Shrink mode (specs §6.5) does not exist here: asking for it fails at construction, on every rank."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    try:
+        deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=True)
+    except ValueError as e:
+        text = str(e)
+        assert "deep_ep.Buffer" in text and "enable_shrink" in text and "expected False" in text, text
+        assert "got True" in text, text
+    else:
+        raise AssertionError("deep_ep.Buffer(enable_shrink=True) was accepted")
+    deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=False)
+
+
+def check_dispatch_without_topk_counts(rank: int, world_size: int) -> None:
+    """Without top-k, ``num_recv_tokens_per_expert_list`` is still DeepEP's: per local expert, summed over the
+    source ranks' layouts, rounded up to ``expert_alignment`` (DeepEP's intranode check); None when cached."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    experts = 3 * world_size
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 7 + 2 * rank, 3, experts, seed=110)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+    everyone = per_expert.long().clone()
+    dist.all_reduce(everyone)
+    mine = everyone.view(world_size, -1)[rank].tolist()
+    for alignment in (1, 4):
+        expected = [-(-c // alignment) * alignment for c in mine]
+        recv, recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            expert_alignment=alignment,
+        )
+        assert recv_idx is None and recv_w is None
+        assert counts == expected, f"without top-k: {counts} != {expected}"
+        with_topk, _, _, counts_topk, _, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            expert_alignment=alignment,
+        )
+        assert counts_topk == expected and torch.equal(recv, with_topk)
+        cached = buffer.dispatch(x, handle=handle)
+        assert cached[3] is None and torch.equal(cached[0], recv)
+
+
+def _low_latency_setup(rank: int, world_size: int):
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    t_max, experts = 8, 2 * world_size
+    x, idx, w = _routing(rank, 5 + rank, 3, experts, seed=120)
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(t_max, x.shape[1], world_size, experts)
+    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=experts // world_size)
+    return buffer, t_max, experts, x, idx, w
+
+
+def check_low_latency_handle_is_deep_eps(rank: int, world_size: int) -> None:
+    """The low-latency handle is DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range,
+    num_max_dispatch_tokens_per_rank, hidden, num_experts)``; combine takes it (or a copy) back."""
+    buffer, t_max, experts, x, idx, w = _low_latency_setup(rank, world_size)
+    recv, count, handle, _, _ = buffer.low_latency_dispatch(x, idx, t_max, experts, use_fp8=False)
+    assert isinstance(handle, tuple) and len(handle) == 5, f"handle has {len(handle)} fields"
+    src_info, layout_range, t, hidden, e = handle
+    local = experts // world_size
+    assert src_info.dtype == torch.int32 and src_info.shape == (local, world_size * t_max)
+    assert layout_range.dtype == torch.int64 and layout_range.shape == (local, world_size)
+    assert (t, hidden, e) == (t_max, x.shape[1], experts)
+    expected = x.float() * torch.where(idx >= 0, w, 0).sum(1, keepdim=True)
+    for h in (handle, tuple(handle)):
+        combined, _, _ = buffer.low_latency_combine(recv, idx, w, h)
+        assert calc_diff(combined.float(), expected) < 1e-5
+    assert buffer.get_next_low_latency_combine_buffer(handle).shape == recv.shape
+
+
+def check_zero_copy_combine_reads_the_buffer(rank: int, world_size: int) -> None:
+    """DeepEP's zero-copy combine: expert outputs written into ``get_next_low_latency_combine_buffer(handle)``
+    are what ``low_latency_combine(..., zero_copy=True)`` combines (the ``x`` passed is not read), bitwise
+    equal to the copying combine of the same outputs; the buffer is the same tensor on every call."""
+    buffer, t_max, experts, x, idx, w = _low_latency_setup(rank, world_size)
+    recv, _, handle, _, _ = buffer.low_latency_dispatch(x, idx, t_max, experts, use_fp8=False)
+    scale = torch.arange(1, experts // world_size + 1, dtype=torch.bfloat16).view(-1, 1, 1)
+    y = recv * scale  # one "expert" per local expert
+    reference, _, _ = buffer.low_latency_combine(y, idx, w, handle)
+    target = buffer.get_next_low_latency_combine_buffer(handle)
+    assert target.shape == recv.shape and target.dtype == torch.bfloat16
+    target[:, :, :] = y
+    assert buffer.get_next_low_latency_combine_buffer(handle).data_ptr() == target.data_ptr()
+    garbage = torch.full_like(y, float("nan"))
+    out = torch.empty_like(x)
+    combined, _, _ = buffer.low_latency_combine(garbage, idx, w, handle, zero_copy=True, out=out)
+    assert combined is out and torch.equal(combined, reference), "zero_copy=True did not combine the buffer"
+
+
+def _expect_runtime_error(fn, present: tuple, absent: tuple = ()) -> float:
+    start = time.monotonic()
+    try:
+        fn()
+    except RuntimeError as e:
+        text = str(e)
+        assert all(p in text for p in present) and not any(a in text for a in absent), text
+        return time.monotonic() - start
+    raise AssertionError(f"expected a RuntimeError with {present}")
+
+
+def check_timeout_is_settable(rank: int, world_size: int) -> None:
+    """``deep_ep.Buffer(..., num_cpu_timeout_secs=...)`` (default 100 s, DeepEP V1's compiled-in CPU timeout)
+    bounds every wait: a rank that never calls dispatch gives the others an error naming the timeout."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    assert deep_ep.Buffer(dist.group.WORLD).num_cpu_timeout_secs == 100
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9), num_cpu_timeout_secs=2)
+    x, idx, w = _routing(rank, 4, 2, 2 * world_size, seed=130)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    dist.barrier()
+    if rank == 0:
+        elapsed = _expect_runtime_error(
+            lambda: buffer.dispatch(
+                x,
+                num_tokens_per_rank=per_rank,
+                is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert,
+                topk_idx=idx,
+                topk_weights=w,
+            ),
+            ("did not complete within 2 s", "a rank never arrived"),
+        )
+        assert elapsed < 30, f"a 2 s timeout took {elapsed:.1f} s"
+    else:
+        time.sleep(6)  # never dispatches; outlives rank 0's timeout
+    os._exit(0)  # the group is out of step now: no final barrier
+
+
+def check_dead_peer_error_says_so(rank: int, world_size: int) -> None:
+    """A peer that exited is reported as such, at once, not as "did not complete within 100 s"."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 4, 2, 2 * world_size, seed=140)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    dist.barrier()
+    if rank != 0:
+        os._exit(0)  # dies without dispatching
+    time.sleep(1)
+    elapsed = _expect_runtime_error(
+        lambda: buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+        ),
+        ("a peer rank exited or crashed", "before its 100 s timeout"),
+        ("did not complete within",),
+    )
+    assert elapsed < 30, f"the error took {elapsed:.1f} s"
+    os._exit(0)
+
+
+CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+
+
+def upstream_style(local_rank: int, num_local_ranks: int, port: int) -> None:
+    """A scaled-down DeepEP intranode test written against ``deep_ep.utils`` as upstream's tests are:
+    ``init_dist`` from the environment, FP8 casts, ``inplace_unique`` layout reference, ``calc_diff``,
+    ``bench`` / ``bench_kineto``, plus upstream's exact values of the math helpers."""
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        import torch_ascend_moe.deep_ep as deep_ep
+        from torch_ascend_moe.deep_ep.utils import EventHandle, event
+        from torch_ascend_moe.deep_ep.utils.envs import dist_print, get_global_seed, get_local_seed, init_dist
+        from torch_ascend_moe.deep_ep.utils.math import (
+            align,
+            calc_diff,
+            ceil_div,
+            count_bytes,
+            hash_tensor,
+            hash_tensors,
+            inplace_unique,
+            per_token_cast_back,
+            per_token_cast_to_fp8,
+            safe_div,
+        )
+        from torch_ascend_moe.deep_ep.utils.testing import bench, bench_kineto
+
+        rank, num_ranks, group = init_dist(local_rank, num_local_ranks, seed=5)
+        assert torch.get_default_dtype() == torch.bfloat16 and (get_local_seed(), get_global_seed()) == (5 + rank, 5)
+        assert event.EventOverlap is deep_ep.EventOverlap and EventHandle is deep_ep.EventHandle
+        dist_print("deep_ep.utils: init_dist ok", once_in_node=True)
+
+        # Upstream's values of the helpers.
+        assert calc_diff(torch.zeros(3), torch.zeros(3)) == 0  # the +1: defined for all-zero inputs
+        a, b = torch.tensor([1.0, -2.0], dtype=torch.float64), torch.tensor([1.5, -2.0], dtype=torch.float64)
+        ref = 1 - 2 * ((a + 1) * (b + 1)).sum() / ((a + 1) ** 2 + (b + 1) ** 2).sum()
+        assert abs(calc_diff(a, b) - float(ref)) < 1e-12
+        assert (ceil_div(5, 4), align(5, 4), safe_div(0, 0), safe_div(3, 2)) == (2, 8, 0, 1.5)
+        rows = torch.tensor([[3, 1, 3, -1], [0, 0, 0, 0], [-1, -1, 2, 1]])
+        inplace_unique(rows, 4)
+        assert rows.tolist() == [[3, 1, -1, -1], [0, -1, -1, -1], [2, 1, -1, -1]]
+        t = torch.tensor([1, 2, 3], dtype=torch.int32)
+        assert hash_tensor(t) == 6 and hash_tensors(t, (t, None)) == 0 and count_bytes(t, (t, None)) == 24
+        x = torch.randn(4, 200, dtype=torch.float32).to(torch.bfloat16)
+        x8, sf = per_token_cast_to_fp8(x)
+        assert x8.dtype == torch.float8_e4m3fn and x8.shape == (4, 200) and sf.shape == (4, 2)
+        assert sf.dtype == torch.float32 and calc_diff(per_token_cast_back(x8, sf), x) < 1e-3
+        pow2 = torch.tensor([[2.0**-3, 2.0**-5, 1.0, 2.0]], dtype=torch.float32)
+        # UE8M0: the exponent bytes, 4 per int32
+        packed = (pow2.view(torch.int32) >> 23).to(torch.uint8).view(torch.int32)
+        ones = torch.ones(1, 512).to(torch.float8_e4m3fn)
+        back = per_token_cast_back(ones, packed).float()
+        assert torch.equal(back, pow2.repeat_interleave(128, dim=1)), back
+
+        # DeepEP's intranode test, scaled down.
+        num_tokens, hidden, num_topk, num_experts = 16, 256, 3, 4 * num_ranks
+        x = torch.ones((num_tokens, hidden), dtype=torch.bfloat16) * rank
+        x_e4m3 = per_token_cast_to_fp8(x) if deep_ep.Buffer.is_sm90_compiled() else None
+        scores = torch.randn((num_tokens, num_experts), dtype=torch.float32).abs() + 1
+        topk_idx = torch.topk(scores, num_topk, dim=-1, largest=True, sorted=False)[1]
+        topk_weights = torch.ones((num_tokens, num_topk), dtype=torch.float32) * rank
+        rank_idx = topk_idx // (num_experts // num_ranks)
+        rank_idx.masked_fill_(topk_idx == -1, -1)
+        inplace_unique(rank_idx, num_ranks)
+        ref_num_tokens_per_rank = torch.stack([(rank_idx == i).sum() for i in range(num_ranks)]).int()
+        buffer = deep_ep.Buffer(group, int(1e9))
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, num_experts)
+        assert torch.equal(per_rank, ref_num_tokens_per_rank)
+        gbl_per_rank = per_rank.clone()
+        dist.all_reduce(gbl_per_rank, group=group)
+        for current_x in filter(lambda elem: elem is not None, (x, x_e4m3)):
+            for with_topk in (False, True):
+                args = {"x": current_x, "num_tokens_per_rank": per_rank, "is_token_in_rank": in_rank}
+                args["num_tokens_per_expert"] = per_expert
+                if with_topk:
+                    args.update(topk_idx=topk_idx, topk_weights=topk_weights)
+                recv_x, _, _, counts, handle, ev = buffer.dispatch(**args)
+                ev.current_stream_wait()
+                recv_x = per_token_cast_back(*recv_x) if isinstance(recv_x, tuple) else recv_x
+                assert recv_x.shape[0] == int(gbl_per_rank[rank]) and len(counts) == num_experts // num_ranks
+                combined, _, _ = buffer.combine(recv_x, handle)
+                copies = in_rank.sum(dim=1, keepdim=True).to(torch.bfloat16)
+                assert calc_diff(combined.float() / copies.float(), x.float()) < 5e-6
+        avg, lo, hi = bench(lambda: buffer.get_dispatch_layout(topk_idx, num_experts), num_warmups=2, num_tests=4)
+        assert 0 < lo <= avg <= hi
+        t = bench_kineto(
+            lambda: buffer.dispatch(x, **{k: v for k, v in args.items() if k != "x"}),
+            "ep_dispatch",
+            num_tests=2,
+            barrier_comm_profiling=True,
+        )
+        assert t > 0, t
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
+    )
+    import torch_ascend_moe  # noqa: F401
+
+    try:
+        CHECKS[name](rank, world_size)
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
+    os._exit(0)

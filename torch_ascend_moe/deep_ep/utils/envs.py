@@ -1,0 +1,147 @@
+"""``deep_ep.utils.envs``: process-group and environment helpers of DeepEP's tests, upstream's names.
+
+``init_dist`` reads upstream's environment (``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` = nodes, ``RANK`` =
+node rank) and, as upstream, makes BF16 the default dtype. Upstream always uses NCCL and CUDA; without CUDA
+this uses gloo and leaves the default device alone, so DeepEP's test scripts run on CPU. The hardware probes
+(NVLink, RDMA NIC) answer as upstream's do when their tools are missing: 0 GB/s, no fast atomics.
+Not here: ``get_physical_domain_size`` / ``get_logical_domain_size`` (V2 ``ElasticBuffer`` topology).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import re
+import subprocess
+
+import torch
+import torch.distributed as dist
+
+_local_rank: int | None = None
+_local_seed = 0
+_global_seed = 0
+
+_DEFAULT_NIC_NAME = os.getenv("EP_NIC_NAME", "mlx5_0")
+
+
+def init_seed(global_seed: int) -> None:
+    """Seed ``torch`` and ``random`` with ``global_seed + rank`` (the local seed)."""
+    global _local_seed, _global_seed
+    _local_seed = global_seed + dist.get_rank()
+    _global_seed = global_seed
+    torch.manual_seed(_local_seed)
+    random.seed(_local_seed)
+
+
+def get_local_seed() -> int:
+    return _local_seed
+
+
+def get_global_seed() -> int:
+    return _global_seed
+
+
+def dist_print(s: str = "", once_in_node: bool = False) -> None:
+    """Print ``s`` on every rank (or local rank 0 only), then barrier; needs ``init_dist`` first."""
+    if _local_rank is None:
+        raise RuntimeError("deep_ep.utils.envs.dist_print: call init_dist first")
+    if not once_in_node or _local_rank == 0:
+        print(s, flush=True)
+    dist.barrier()
+
+
+def init_dist(local_rank: int, num_local_ranks: int, seed: int = 0) -> tuple[int, int, dist.ProcessGroup]:
+    """Join the job as ``node_rank * num_local_ranks + local_rank``; returns ``(rank, world size, group of all)``."""
+    global _local_rank
+    ip = os.getenv("MASTER_ADDR", "127.0.0.1")
+    port = int(os.getenv("MASTER_PORT", "8361"))
+    num_nodes = int(os.getenv("WORLD_SIZE", "1"))
+    node_rank = int(os.getenv("RANK", "0"))
+    _local_rank = local_rank
+    cuda = torch.cuda.is_available()
+    params = {
+        "backend": "nccl" if cuda else "gloo",
+        "init_method": f"tcp://{ip}:{port}",
+        "world_size": num_nodes * num_local_ranks,
+        "rank": node_rank * num_local_ranks + local_rank,
+    }
+    if cuda:
+        params["device_id"] = torch.device(f"cuda:{local_rank}")
+    dist.init_process_group(**params)
+    torch.set_default_dtype(torch.bfloat16)
+    if cuda:
+        torch.set_default_device("cuda")
+        torch.cuda.set_device(local_rank)
+    init_seed(seed)
+    return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_local_ranks * num_nodes)))
+
+
+def check_nvlink_connections(group: dist.ProcessGroup) -> None:
+    """Upstream asserts NVLink between PCIe GPUs of the group; nothing to check without CUDA or NVLink."""
+    if torch.cuda.is_available() and "PCIE" in torch.cuda.get_device_name():
+        if group.size() > 2:
+            raise RuntimeError("deep_ep.utils.envs.check_nvlink_connections: PCIe GPUs only have pairwise NVLink")
+
+
+def check_torch_deterministic() -> None:
+    """Deterministic algorithms and ``fill_uninitialized_memory`` must not both be on (upstream's assert)."""
+    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
+        raise RuntimeError(
+            "deep_ep.utils.envs.check_torch_deterministic: torch.use_deterministic_algorithms and "
+            "torch.utils.deterministic.fill_uninitialized_memory are both enabled"
+        )
+
+
+@functools.lru_cache
+def get_nvlink_gbs(factor: float = 0.9) -> float:
+    """Total NVLink GB/s of this GPU from ``nvidia-smi nvlink -s`` times ``factor``; 0 when it cannot be read."""
+    try:
+        output = subprocess.run(["nvidia-smi", "nvlink", "-s"], capture_output=True, text=True, check=True).stdout
+        match = re.search(r"GPU \d+:.*?(?=^GPU \d+:|^$)", output, re.MULTILINE | re.DOTALL)
+        links = re.findall(r"Link \d+:\s*([\d\.]+) GB/s", match.group(0)) if match else []
+        if not links:
+            raise RuntimeError("no NVLink in nvidia-smi's output")
+        return sum(float(bw) for bw in links) * factor
+    except Exception as e:  # noqa: BLE001  (upstream: any failure means 0)
+        print(f"Failed to get NVLink connection speed: {e}")
+        return 0
+
+
+@functools.lru_cache
+def check_fast_rdma_atomic_support(nic_name: str = _DEFAULT_NIC_NAME) -> bool:
+    """Whether ``ibstat`` reports the NIC as MT4131 (or newer); False when it cannot be read."""
+    try:
+        output = subprocess.run(["ibstat"], capture_output=True, text=True, check=True).stdout
+        match = re.search(rf"CA '{nic_name}'.*?CA type:\s*(\S+)", output, re.DOTALL)
+        return bool(match) and match.group(1) == "MT4131"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@functools.lru_cache
+def get_rdma_gbs(nic_name: str = _DEFAULT_NIC_NAME) -> float:
+    """The NIC's port rate / 8 from ``ibstat`` in GB/s; 0 when it cannot be read."""
+    try:
+        output = subprocess.run(["ibstat"], capture_output=True, text=True, check=True).stdout
+        match = re.search(rf"CA '{nic_name}'.*?Port \d+:\s*.*?Rate:\s*(\d+)", output, re.DOTALL)
+        if not match:
+            raise RuntimeError(f"no rate for {nic_name} in ibstat's output")
+        return int(match.group(1)) / 8
+    except Exception as e:  # noqa: BLE001
+        print(f"Failed to get RDMA connection speed: {e}")
+        return 0
+
+
+__all__ = [
+    "check_fast_rdma_atomic_support",
+    "check_nvlink_connections",
+    "check_torch_deterministic",
+    "dist_print",
+    "get_global_seed",
+    "get_local_seed",
+    "get_nvlink_gbs",
+    "get_rdma_gbs",
+    "init_dist",
+    "init_seed",
+]
