@@ -173,6 +173,27 @@ def _check_static(world: _World, t_max: int) -> None:
     )
 
 
+def _check_static_uneven(world: _World, worst: int) -> None:
+    """A static (num_worst_tokens) dispatch with each rank's own token count, as DeepEP allows: the first
+    num_recv rows bitwise the compact dispatch's, and its combine and cached dispatch the same."""
+    from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch, ep_dispatch_cached
+
+    compact = ep_dispatch(world.x, world.idx, world.w, num_experts=world.experts)
+    static = ep_dispatch(world.x, world.idx, world.w, num_experts=world.experts, num_worst_tokens=worst)
+    n = int(static.num_recv)
+    assert static.recv_x.shape[0] == worst and n == compact.recv_x.shape[0]
+    assert torch.equal(static.recv_x[:n], compact.recv_x)
+    assert torch.equal(static.recv_topk_idx[:n], compact.recv_topk_idx)
+    assert torch.equal(static.recv_topk_weights[:n], compact.recv_topk_weights)
+    assert (static.recv_topk_idx[n:] == -1).all() and (static.recv_x[n:] == 0).all()
+    assert torch.equal(static.num_recv_tokens_per_expert, compact.num_recv_tokens_per_expert)
+    a, wa = ep_combine(static.recv_x * 2, static.handle, static.recv_topk_weights)
+    b, wb = ep_combine(compact.recv_x * 2, compact.handle, compact.recv_topk_weights)
+    assert torch.equal(a, b) and torch.equal(wa, wb), "uneven static and compact combines differ"
+    again, _ = ep_dispatch_cached(world.x * 3, static.handle)
+    assert torch.equal(again[:n], ep_dispatch_cached(world.x * 3, compact.handle)[0]) and (again[n:] == 0).all()
+
+
 def _check_capturable(world: _World, t_max: int) -> None:
     """The static ops (static dispatch, combine and cached dispatch of its handle, low-latency dispatch and
     combine) make no host sync when capturing, and give bitwise the results of the normal path."""
@@ -454,6 +475,7 @@ def rank_checks(rank: int, world_size: int, store_path: str) -> None:
             for biases in (0, 1, 2):
                 _check_combine(world, biases)
             _check_static(world, max(t_of))
+            _check_static_uneven(world, sum(t_of))
             _check_capturable(world, max(t_of))
         # FP8 rows with their scales move bitwise.
         world = _World(rank, world_size, t_of[rank], 128, 2, 2 * world_size, torch.float32, seed=20)

@@ -62,7 +62,8 @@ def ep_dispatch(
     (-1 for experts elsewhere), ``recv_topk_weights`` the weights at those slots (0 elsewhere), and
     ``num_recv_tokens_per_expert`` the per-local-expert counts rounded up to ``expert_alignment``.
     ``num_worst_tokens > 0`` gives exactly that many rows (static shapes; padding rows are zero / -1,
-    ``num_recv`` counts the real ones; every rank must pass the same ``T``); 0 gives exactly the received rows.
+    ``num_recv`` counts the real ones; ranks may differ in ``T``, except under CUDA graph capture); 0 gives
+    exactly the received rows.
     Differentiable w.r.t. ``x`` (BF16/FP32) and ``topk_weights``.
     """
     name = group_name_of(group)

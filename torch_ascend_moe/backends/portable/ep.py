@@ -110,8 +110,6 @@ def ep_dispatch(args):
         "num_worst_tokens": args.num_worst_tokens,
         "expert_alignment": args.expert_alignment,
     }
-    if static:
-        fields["T (a static dispatch needs the same token count on every rank)"] = t
     counts = in_rank.sum(0).long()
     if capturing and not static:
         raise ValueError(
@@ -123,15 +121,23 @@ def ep_dispatch(args):
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[rank]))
     else:
         errors = {"topk_idx": (bool(out_of_range.any()), bad_ids_message)}
-        table = exchange.exchange_header(op, group, device, fields, None if static else counts, errors, args.timeout_s)
+        # A static dispatch sends every rank T slots, so its header carries T (ranks may differ, as DeepEP's).
+        sent = torch.full((r,), t, dtype=torch.int64) if static else counts
+        table = exchange.exchange_header(op, group, device, fields, sent, errors, args.timeout_s)
     if static:
-        # Equal splits: every rank sends every other rank one row per token (-1 = padding): no split sizes to
-        # read on the host, so nothing here syncs.
+        # Every rank sends every other rank one slot per token (-1 = padding), so the send side needs no count.
+        # The receive side takes each source's T from the header; while a graph is captured there is none, and
+        # the splits are equal: every rank must then pass the same T (the graph's static shapes).
         send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
         send_counts = torch.full((r,), t, dtype=torch.int64, device=device)
-        recv_counts = send_counts.clone()
-        in_splits = out_splits = None
-        recv_rows = r * t
+        if capturing:
+            recv_counts = send_counts.clone()
+            in_splits = out_splits = None
+            recv_rows = r * t
+        else:
+            recv_counts = table[:, rank].to(device).clone(memory_format=torch.contiguous_format)
+            in_splits, out_splits = [t] * r, recv_counts.tolist()
+            recv_rows = sum(out_splits)
     else:
         pairs = in_rank.t().nonzero()  # (destination, token), destination-major then ascending token
         send_src = pairs[:, 1].clone(memory_format=torch.contiguous_format)
