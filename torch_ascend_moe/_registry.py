@@ -144,14 +144,11 @@ def schema_defaults(name: str | Callable | None = None):
 
     def decorate(fn: Callable, op: str | None = None) -> Callable:
         op = op or fn.__name__
-        schema = {arg: default for arg, has_default, default in _schema(op) if has_default}
 
         def value(param: str, default):
             if default is not FROM_SCHEMA:
                 return default
-            if param not in schema:
-                raise TypeError(f"{fn.__qualname__}: {NAMESPACE}::{op} has no default for '{param}'")
-            v = schema[param]
+            v = schema_default(op, param)
             return tuple(v) if isinstance(v, list) else v
 
         code = fn.__code__

@@ -18,7 +18,10 @@ import subprocess
 import torch
 import torch.distributed as dist
 
-_local_rank: int | None = None
+# Upstream DeepEP and DeepGEMM ship the same process-group helpers: one implementation serves both.
+from torch_ascend_moe.deep_gemm.utils.dist import dist_print
+from torch_ascend_moe.deep_gemm.utils.dist import init_dist as _join
+
 _local_seed = 0
 _global_seed = 0
 
@@ -42,39 +45,14 @@ def get_global_seed() -> int:
     return _global_seed
 
 
-def dist_print(s: str = "", once_in_node: bool = False) -> None:
-    """Print ``s`` on every rank (or local rank 0 only), then barrier; needs ``init_dist`` first."""
-    if _local_rank is None:
-        raise RuntimeError("deep_ep.utils.envs.dist_print: call init_dist first")
-    if not once_in_node or _local_rank == 0:
-        print(s, flush=True)
-    dist.barrier()
-
-
 def init_dist(local_rank: int, num_local_ranks: int, seed: int = 0) -> tuple[int, int, dist.ProcessGroup]:
-    """Join the job as ``node_rank * num_local_ranks + local_rank``; returns ``(rank, world size, group of all)``."""
-    global _local_rank
-    ip = os.getenv("MASTER_ADDR", "127.0.0.1")
-    port = int(os.getenv("MASTER_PORT", "8361"))
-    num_nodes = int(os.getenv("WORLD_SIZE", "1"))
-    node_rank = int(os.getenv("RANK", "0"))
-    _local_rank = local_rank
-    cuda = torch.cuda.is_available()
-    params = {
-        "backend": "nccl" if cuda else "gloo",
-        "init_method": f"tcp://{ip}:{port}",
-        "world_size": num_nodes * num_local_ranks,
-        "rank": node_rank * num_local_ranks + local_rank,
-    }
-    if cuda:
-        params["device_id"] = torch.device(f"cuda:{local_rank}")
-    dist.init_process_group(**params)
+    """Join the job as ``node_rank * num_local_ranks + local_rank`` (DeepGEMM's ``init_dist``, the same helper
+    upstream), then as DeepEP's: BF16 default dtype and ``init_seed(seed)``. Returns ``(rank, world size, group
+    of all)``."""
+    joined = _join(local_rank, num_local_ranks)
     torch.set_default_dtype(torch.bfloat16)
-    if cuda:
-        torch.set_default_device("cuda")
-        torch.cuda.set_device(local_rank)
     init_seed(seed)
-    return dist.get_rank(), dist.get_world_size(), dist.new_group(list(range(num_local_ranks * num_nodes)))
+    return joined
 
 
 def check_nvlink_connections(group: dist.ProcessGroup) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.testing import count_bytes  # DeepEP's and DeepGEMM's are the same helper
+
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """DeepEP's ``1 - 2·Σ(x+1)(y+1) / Σ((x+1)² + (y+1)²)`` in float64 (the +1 keeps all-zero inputs defined;
@@ -111,17 +113,6 @@ def hash_tensors(*tensors) -> int:
         elif t is not None and isinstance(t, torch.Tensor):
             value ^= hash_tensor(t)
     return value
-
-
-def count_bytes(*tensors) -> int:
-    """Bytes held by the tensors (recursing into tuples/lists, skipping None)."""
-    total = 0
-    for t in tensors:
-        if isinstance(t, (tuple, list)):
-            total += count_bytes(*t)
-        elif t is not None:
-            total += t.numel() * t.element_size()
-    return total
 
 
 __all__ = [
