@@ -116,12 +116,13 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       {at::Tag::pt2_compliant_tag});
   // One row per (token, destination rank), received source-rank-major then by ascending source token.
   // Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert, num_recv,
-  // and the handle: send_src, send_counts, recv_counts, recv_gather). num_worst_tokens > 0: that many rows
+  // the handle: send_src, send_counts, recv_counts, recv_gather, and recv_src_idx: each row's token index on
+  // its source rank, -1 for padding; DeepEP's recv_src_idx / V2's global token id). num_worst_tokens > 0: that many rows
   // (static shapes, padding rows zero / -1); 0: exactly the received rows (a data-dependent size).
   m.def(
       "ep_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_experts, "
       "str group_name, int expert_alignment=1, int num_worst_tokens=0, float timeout_s=300.0) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // Replays a dispatch's routing (its handle) with new rows: (recv_x, recv_x_scales).
   m.def(

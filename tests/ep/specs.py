@@ -109,6 +109,7 @@ def dispatch_reference(
         torch.tensor([sent]),
         torch.tensor([sent]),
         gather,
+        torch.tensor(tokens + [-1] * (n - len(tokens)), dtype=torch.int64),  # recv_src_idx
     )
 
 

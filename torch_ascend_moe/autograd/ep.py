@@ -25,7 +25,7 @@ def _dispatch_setup(ctx, inputs, output):
     ctx.num_tokens, ctx.hidden, ctx.x_dtype = args.x.shape[0], args.x.shape[1], args.x.dtype
     ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
     ctx.mark_non_differentiable(output[1], output[2], *output[4:])
-    ctx.save_for_backward(output[2], *output[6:])
+    ctx.save_for_backward(output[2], *output[6:10])
 
 
 def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):

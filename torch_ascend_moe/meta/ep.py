@@ -220,6 +220,7 @@ def ep_dispatch(args):
         args.x.new_empty([r], dtype=i64),
         args.x.new_empty([r], dtype=i64),
         args.x.new_empty([n], dtype=i64),
+        args.x.new_empty([n], dtype=i64),
     )
 
 

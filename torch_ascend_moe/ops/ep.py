@@ -34,6 +34,7 @@ class EPDispatchOutput(NamedTuple):
     num_recv_tokens_per_expert: torch.Tensor
     num_recv: torch.Tensor
     handle: EPHandle
+    recv_src_idx: torch.Tensor  # [N] each row's token index on its source rank (-1: padding)
 
 
 @schema_defaults
@@ -70,7 +71,7 @@ def ep_dispatch(
     out = _dispatch(
         x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
     )
-    handle = EPHandle(*out[6:], x.shape[0], name)
+    handle = EPHandle(*out[6:10], x.shape[0], name)
     return EPDispatchOutput(
         out[0],
         out[1] if x_scales is not None else None,
@@ -79,6 +80,7 @@ def ep_dispatch(
         out[4],
         out[5],
         handle,
+        out[10],
     )
 
 

@@ -229,6 +229,7 @@ def ep_dispatch(args):
         send_counts,
         recv_counts,
         recv_gather,
+        rows[-1].view(torch.int64).view(n) - 1,  # the tag is token index + 1, 0 on padding rows
     )
 
 
