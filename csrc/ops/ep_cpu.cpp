@@ -136,6 +136,17 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
       "float timeout_s=300.0) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
+  // DeepEP V2's GEMM-ready expanded layout (do_expand), purely local: one row per (received row, local expert
+  // it selected), grouped by local expert; expert e's block starts where block e - 1 ends, aligned up to
+  // expert_alignment, and holds its rows in receive order, then zero padding (the m-grouped GEMMs' psum layout).
+  // Returns (expanded_x [M, H], expanded_x_scales [M, S], expanded_weights [M] (0 on padding), expand_rows [N, K]
+  // (each slot's expanded row, -1), psum [L] (block start + real count, V2's psum_num_recv_tokens_per_expert),
+  // counts [L] (real rows per expert)). num_rows > 0: exactly that many rows (static; must hold the layout);
+  // 0: exactly sum(align(counts, expert_alignment)) rows (a data-dependent size).
+  m.def(
+      "ep_expand(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_local_experts, "
+      "int expert_alignment=1, int num_rows=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
   // Low-latency mode: one message per (token, valid slot) into fixed [L, R * T_max, H] per-local-expert buffers,
   // rows [0, recv_count[i]) valid, source-rank-major then ascending token. Optional FP8 cast per 128 channels
   // (DeepEP's: round_scale = power-of-two scales, use_ue8m0 = their exponent bytes packed 4 per int32);

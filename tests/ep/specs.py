@@ -448,6 +448,76 @@ def ll_combine_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+def expand_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(11)
+    out = []
+    for n, h, k, local, align, rows in [(7, 16, 3, 4, 1, 0), (6, 8, 2, 3, 4, 20), (5, 8, 4, 2, 128, 0), (0, 8, 2, 2, 4, 0)]:
+        x = torch.randn(n, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+        idx = random_routing(n, k, local, g).to(device) if k <= local else random_routing(n, k, k, g) % local
+        w_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        w = torch.rand(n, k, generator=g, dtype=w_dtype).to(device).requires_grad_(requires_grad)
+        out.append(SampleInput((x, None, idx.to(device), w, local, align, rows), f"N{n} K{k} L{local} align{align} rows{rows}"))
+    if dtype == torch.float32 and not requires_grad:
+        x8 = torch.randn(5, 128, generator=g).to(torch.float8_e4m3fn).to(device)
+        sf = torch.rand(5, 1, generator=g).to(device)
+        out.append(SampleInput((x8, sf, random_routing(5, 2, 4, g).to(device), None, 4, 2, 0), "FP8 rows"))
+    return out
+
+
+def expand_reference(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows):
+    """Loops: expert by expert, rows in order, each block padded up to the alignment."""
+    idx = topk_idx.long().cpu()
+    n, k = idx.shape
+    blocks, expand_rows = [], torch.full((n, k), -1, dtype=torch.int64)
+    psum, counts, start = [], [], 0
+    for e in range(num_local_experts):
+        slots = [(j, s) for j in range(n) for s in range(k) if idx[j, s] == e]
+        for i, (j, s) in enumerate(slots):
+            expand_rows[j, s] = start + i
+        blocks += slots + [None] * (-len(slots) % expert_alignment)
+        counts.append(len(slots))
+        psum.append(start + len(slots))
+        start = len(blocks)
+    m = num_rows or len(blocks)
+    blocks += [None] * (m - len(blocks))
+    xd = x.detach().cpu()
+    ex = torch.zeros(m, x.shape[1], dtype=torch.float64)
+    es = torch.zeros(m, x_scales.shape[1] if x_scales is not None else 0, dtype=x_scales.dtype if x_scales is not None else torch.int32)
+    ew = torch.zeros(m if topk_weights is not None else 0, dtype=torch.float64) if topk_weights is not None else torch.empty(0, dtype=torch.int32)
+    for row, slot in enumerate(blocks):
+        if slot is not None:
+            ex[row] = xd[slot[0]].double()
+            if x_scales is not None:
+                es[row] = x_scales[slot[0]].cpu()
+            if topk_weights is not None:
+                ew[row] = topk_weights[slot].detach().double().cpu()
+    return ex, es, ew, expand_rows, torch.tensor(psum, dtype=torch.int32), torch.tensor(counts, dtype=torch.int32)
+
+
+def expand_bad_inputs(device) -> list[BadInput]:
+    x, idx, w = torch.randn(4, 8), torch.tensor([[0, 1], [2, -1], [1, 0], [1, 2]]), torch.rand(4, 2)
+    return [
+        BadInput((x, None, idx[:3], w, 3, 1, 0), r"argument 'topk_idx' size\(0\) \(N\): expected 4", "rows"),
+        BadInput((x, None, idx, w[:, :1], 3, 1, 0), r"argument 'topk_weights' shape: expected \[4, 2\]", "weights"),
+        BadInput((x, None, idx, w, 0, 1, 0), r"argument 'num_local_experts' value: expected a positive integer, got 0", "experts"),
+        BadInput((x, None, idx, w, 3, 0, 0), r"argument 'expert_alignment' value: expected a positive integer, got 0", "alignment"),
+        BadInput((x, None, idx, w, 3, 1, -2), r"argument 'num_rows' value: expected a non-negative integer, got -2", "num_rows"),
+        BadInput((x, None, idx.float(), w, 3, 1, 0), r"argument 'topk_idx' dtype: expected torch.int64", "idx dtype"),
+        BadInput(
+            (x, None, idx, w, 2, 1, 0),
+            r"argument 'topk_idx' values: expected local expert ids in \[-1, 2\), got 2",
+            "id >= L",
+            data_dependent=True,
+        ),
+        BadInput(
+            (x, None, idx, w, 3, 4, 8),
+            r"argument 'num_rows' value: expected at least the layout's 12 rows",
+            "num_rows too small",
+            data_dependent=True,
+        ),
+    ]
+
+
 _NO_AOTI = "kernels are Python on torch.distributed: an AOTInductor (C++-only) deployment cannot run them"
 _DTYPES = (torch.bfloat16, torch.float32)
 # The one-rank group is gloo (CPU tensors); CUDA runs need an NCCL group (tests/ep does not start one yet).
@@ -496,6 +566,16 @@ SPECS = [
         aoti=_NO_AOTI,
         devices=_DEVICES,
         fresh_setup=FRESH_SETUP,
+    ),
+    OpSpec(
+        "ep_expand",
+        expand_samples,
+        expand_reference,
+        expand_bad_inputs,
+        portable.ep_expand,
+        dtypes=_DTYPES,
+        aoti=_NO_AOTI,
+        devices=_DEVICES,
     ),
     OpSpec(
         "ep_low_latency_dispatch",

@@ -114,10 +114,33 @@ def _layout_backward(ctx, *grads):
     return gradients("ep_dispatch_layout")
 
 
+def _expand_setup(ctx, inputs, output):
+    args = arguments("ep_expand", inputs)
+    ctx.x_dtype = args.x.dtype
+    ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
+    ctx.mark_non_differentiable(output[1], *output[3:])
+    ctx.save_for_backward(output[3])
+
+
+def _expand_backward(ctx, grad_x, grad_scales, grad_w, *unused):
+    """The adjoint of a gather: each row's gradient sums its slots' expanded rows (FP32, slot order, one
+    rounding: the local reduction of V2's expanded combine); each weight gets its expanded row's gradient."""
+    from torch_ascend_moe.ops.ep import ep_reduce_slots
+
+    (expand_rows,) = ctx.saved_tensors
+    dx = dw = None
+    if needs_grad(ctx, "ep_expand", "x") and grad_x is not None and ctx.x_dtype != torch.float8_e4m3fn:
+        dx = ep_reduce_slots(grad_x, expand_rows)
+    if needs_grad(ctx, "ep_expand", "topk_weights") and grad_w is not None and ctx.w_dtype is not None:
+        dw = torch.cat([grad_w, grad_w.new_zeros(1)])[expand_rows].to(ctx.w_dtype)  # -1 reads the zero row
+    return gradients("ep_expand", x=dx, topk_weights=dw)
+
+
 autograd("ep_dispatch", _dispatch_backward, _dispatch_setup)
 autograd("ep_dispatch_cached", _cached_backward, _cached_setup)
 autograd("ep_combine", _combine_backward, _combine_setup)
 autograd("ep_dispatch_layout", _layout_backward, _layout_setup)
+autograd("ep_expand", _expand_backward, _expand_setup)
 
 
 # ---- low-latency mode (DeepEP's are inference-only; these are differentiable) ----

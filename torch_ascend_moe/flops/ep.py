@@ -15,6 +15,7 @@ for _op in (
     torch.ops.ascend_moe.ep_dispatch,
     torch.ops.ascend_moe.ep_dispatch_cached,
     torch.ops.ascend_moe.ep_combine,
+    torch.ops.ascend_moe.ep_expand,
     torch.ops.ascend_moe.ep_low_latency_dispatch,
     torch.ops.ascend_moe.ep_low_latency_combine,
 ):

@@ -240,6 +240,56 @@ def ep_combine(args):
     return args.x.new_empty([args.num_tokens, args.x.shape[1]]), args.x.new_empty([args.num_tokens, k], dtype=w_dtype)
 
 
+# ---- expanded layout (DeepEP V2's do_expand) ----
+
+EXPAND = "ascend_moe::ep_expand"
+
+
+def expand_signature(a) -> None:
+    op = EXPAND
+    check_rows(op, a.x, a.x_scales)
+    ck.check_rank(op, "topk_idx", a.topk_idx, 2, "[N, K]")
+    ck.check_arg(a.topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", a.topk_idx.dtype)
+    ck.check_dim_size(op, "topk_idx", a.topk_idx, 0, "N", a.x.shape[0], "x.size(0)")
+    if a.topk_weights is not None:
+        ck.check_arg(
+            a.topk_weights.dtype in (torch.float32, torch.float64),
+            op,
+            "topk_weights",
+            "dtype",
+            "torch.float32 or torch.float64",
+            a.topk_weights.dtype,
+        )
+        ck.check_arg(
+            a.topk_weights.shape == a.topk_idx.shape,
+            op,
+            "topk_weights",
+            "shape",
+            lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
+            lambda: ck.shape_str(a.topk_weights.shape),
+        )
+    ck.check_int_arg(op, "num_local_experts", a.num_local_experts, 1)
+    ck.check_int_arg(op, "expert_alignment", a.expert_alignment, 1)
+    ck.check_int_arg(op, "num_rows", a.num_rows, 0)
+
+
+@fake
+def ep_expand(args):
+    expand_signature(args)
+    m = args.num_rows if args.num_rows > 0 else torch.library.get_ctx().new_dynamic_size(min=0)
+    x, local = args.x, args.num_local_experts
+    s_dtype = args.x_scales.dtype if args.x_scales is not None else ABSENT
+    w = args.topk_weights
+    return (
+        x.new_empty([m, x.shape[1]]),
+        x.new_empty([m, _scale_cols(args.x_scales)], dtype=s_dtype),
+        x.new_empty([m if w is not None else 0], dtype=w.dtype if w is not None else ABSENT),
+        x.new_empty(list(args.topk_idx.shape), dtype=torch.int64),
+        x.new_empty([local], dtype=torch.int32),
+        x.new_empty([local], dtype=torch.int32),
+    )
+
+
 # ---- low-latency mode ----
 
 LL_DISPATCH = "ascend_moe::ep_low_latency_dispatch"

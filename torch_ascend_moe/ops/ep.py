@@ -111,6 +111,64 @@ def ep_combine(
     return combined, (weights if topk_weights is not None else None)
 
 
+_expand = torch.ops.ascend_moe.ep_expand.default
+
+
+class EPExpanded(NamedTuple):
+    x: torch.Tensor  # [M, H] one row per (row, local expert), expert-major, blocks aligned, zero padding
+    x_scales: torch.Tensor | None  # [M, S]
+    weights: torch.Tensor | None  # [M] the (row, expert) pair's weight, 0 on padding
+    expand_rows: torch.Tensor  # [N, K] each slot's expanded row (-1: not a local expert)
+    psum: torch.Tensor  # [L] int32 block start + real rows (DeepEP V2's psum_num_recv_tokens_per_expert)
+    counts: torch.Tensor  # [L] int32 real rows per local expert
+
+
+@schema_defaults
+def ep_expand(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor | None = None,
+    *,
+    num_local_experts: int,
+    x_scales: torch.Tensor | None = None,
+    expert_alignment: int = FROM_SCHEMA,
+    num_rows: int = FROM_SCHEMA,
+) -> EPExpanded:
+    """DeepEP V2's GEMM-ready layout of dispatched rows (``do_expand``): one row per (row, local expert it
+    selected), grouped by expert in receive order, expert ``e``'s block starting at
+    ``align(psum[e - 1], expert_alignment)``. ``psum`` (or ``align``-ed block ends) is the m-grouped GEMMs'
+    layout. ``num_rows > 0`` gives that many rows (static shapes). Differentiable w.r.t. ``x`` and
+    ``topk_weights``; the adjoint is ``ep_reduce_slots``."""
+    out = _expand(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows)
+    return EPExpanded(
+        out[0],
+        out[1] if x_scales is not None else None,
+        out[2] if topk_weights is not None else None,
+        out[3],
+        out[4],
+        out[5],
+    )
+
+
+def ep_reduce_slots(rows: torch.Tensor, index: torch.Tensor, bias=None) -> torch.Tensor:
+    """``out[j] = round(bias_0[j] + bias_1[j] + rows[index[j, 0]] + rows[index[j, 1]] + ...)`` over the slots
+    with ``index >= 0``, in slot order, accumulated in FP32 (FP64 for FP64 rows) and rounded once: DeepEP V2's
+    ``ordered_accumulate`` (the local reduction of an expanded combine, the adjoint of ``ep_expand``).
+    ``rows`` ``[M, H]``, ``index`` ``[N, K]`` (a row may not repeat within one ``j``'s slots for an adjoint),
+    ``bias`` None, a ``[N, H]`` tensor or a pair. Plain tensor ops: differentiable, traceable, no host sync."""
+    acc_t = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    n, h = index.shape[0], rows.shape[-1]
+    acc = rows.new_zeros(n, h, dtype=acc_t)
+    for b in bias if isinstance(bias, (tuple, list)) else (bias,):
+        if b is not None:
+            acc = acc + b.to(acc_t)
+    # -1 slots read the appended zero row (index -1 is the last row): no boolean indexing, no sizes needed.
+    spare = torch.cat([rows, rows.new_zeros(1, h)])
+    for k in range(index.shape[1]):
+        acc = acc + spare[index[:, k]].to(acc_t)
+    return acc.to(rows.dtype)
+
+
 _ll_dispatch = torch.ops.ascend_moe.ep_low_latency_dispatch.default
 _ll_combine = torch.ops.ascend_moe.ep_low_latency_combine.default
 
