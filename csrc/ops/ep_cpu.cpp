@@ -130,11 +130,13 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "Tensor recv_gather, str group_name, float timeout_s=300.0) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // combined[t] = round(bias_0[t] + bias_1[t] + sum over the ranks t went to, ascending, of x_r[row of t]) in FP32;
-  // unweighted, as DeepEP's normal combine. Returns (combined_x [T, H], combined_topk_weights [T, K]).
+  // unweighted, as DeepEP's normal combine. copy_order [T, R] (optional): sum token t's copy from rank r in
+  // ascending copy_order[t, r] instead (DeepEP V2 sums in top-k slot order). Returns (combined_x [T, H],
+  // combined_topk_weights [T, K]).
   m.def(
       "ep_combine(Tensor x, Tensor? topk_weights, Tensor? bias_0, Tensor? bias_1, Tensor send_src, "
       "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
-      "float timeout_s=300.0) -> (Tensor, Tensor)",
+      "float timeout_s=300.0, Tensor? copy_order=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // DeepEP V2's GEMM-ready expanded layout (do_expand), purely local: one row per (received row, local expert
   // it selected), grouped by local expert; expert e's block starts where block e - 1 ends, aligned up to

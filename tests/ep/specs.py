@@ -126,6 +126,9 @@ def combine_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
         t, h = x.shape
         b0 = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad) if worst else None
         out.append(SampleInput((y, rw, b0, None, *res[6:10], t, name, timeout), s.name + (" bias" if worst else "")))
+        if worst:
+            order = torch.randint(0, 3, (t, 1), generator=g).to(device)
+            out.append(SampleInput((y, rw, None, b0, *res[6:10], t, name, timeout, order), s.name + " copy_order"))
     return out
 
 
@@ -141,7 +144,9 @@ def combine_reference(
     num_tokens,
     group_name,
     timeout_s,
+    copy_order,
 ):
+    """One rank: a token has one copy, so ``copy_order`` cannot change the sum (tests/distributed checks it)."""
     h = x.shape[1]
     out = torch.zeros(num_tokens, h, dtype=torch.float64)
     k = topk_weights.shape[1] if topk_weights is not None else 0
@@ -259,6 +264,11 @@ def combine_bad_inputs(device) -> list[BadInput]:
             (y.to(torch.float8_e4m3fn), None, b0, b1, *handle, t, name, timeout),
             r"argument 'x' dtype: expected torch.bfloat16",
             "FP8 combine",
+        ),
+        BadInput(
+            (y, rw, b0, b1, *handle, t, name, timeout, torch.zeros(t, 2, dtype=torch.long)),
+            r"argument 'copy_order' shape: expected \[7, 1\] \(num_tokens, ranks\), got \[7, 2\]",
+            "copy_order shape",
         ),
     ]
 

@@ -172,6 +172,23 @@ def combine_signature(a):
                 lambda b=b: ck.shape_str(b.shape),
             )
     ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
+    if a.copy_order is not None:
+        ck.check_arg(
+            a.copy_order.dtype in INDEX_DTYPES,
+            op,
+            "copy_order",
+            "dtype",
+            "torch.int64 or torch.int32",
+            a.copy_order.dtype,
+        )
+        ck.check_arg(
+            a.copy_order.dim() == 2 and a.copy_order.shape[0] == a.num_tokens and a.copy_order.shape[1] == r,
+            op,
+            "copy_order",
+            "shape",
+            lambda: ck.shape_str([a.num_tokens, r]) + " (num_tokens, ranks)",
+            lambda: ck.shape_str(a.copy_order.shape),
+        )
     return r
 
 

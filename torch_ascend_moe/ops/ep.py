@@ -100,13 +100,23 @@ def ep_combine(
     topk_weights: torch.Tensor | None = None,
     bias: torch.Tensor | tuple | None = None,
     timeout_s: float = FROM_SCHEMA,
+    copy_order: torch.Tensor | None = None,
 ):
     """Sum each token's returning copies (rows in ``handle``'s receive order), plus up to two biases, in FP32
-    with one rounding: ``(combined_x [T, H], combined_topk_weights [T, K] or None)``. Unweighted, as DeepEP."""
+    with one rounding: ``(combined_x [T, H], combined_topk_weights [T, K] or None)``. Unweighted, as DeepEP.
+    Copies add in ascending source rank, or in ascending ``copy_order[t, r]`` (``[T, R]``) when given."""
     biases = tuple(bias) if isinstance(bias, (tuple, list)) else (bias,)
     biases = (*biases, None, None)[:2]
     combined, weights = _combine(
-        x, topk_weights, biases[0], biases[1], *handle[:4], handle.num_tokens, handle.group_name, timeout_s
+        x,
+        topk_weights,
+        biases[0],
+        biases[1],
+        *handle[:4],
+        handle.num_tokens,
+        handle.group_name,
+        timeout_s,
+        copy_order,
     )
     return combined, (weights if topk_weights is not None else None)
 

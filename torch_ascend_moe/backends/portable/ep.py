@@ -332,10 +332,22 @@ def ep_combine(args):
         route.out_splits,
         args.timeout_s,
     )
-    out = _reduce_rows(pairs[0][1], args.send_src, args.num_tokens, args.bias_0, args.bias_1, group.size())
+    rows, dest = [back for _, back in pairs], args.send_src
+    if args.copy_order is not None:
+        # The reduction adds a token's copies in row order: put the rows in copy_order first (a stable sort, so
+        # equal keys keep ascending rank). Send rows are destination-major: row i went to the rank whose
+        # cumulative count first exceeds i (no host sync).
+        n_rows = args.send_src.shape[0]
+        ends = torch.cumsum(args.send_counts, 0)
+        rank_of = torch.searchsorted(ends, torch.arange(n_rows, device=device), right=True).clamp(max=group.size() - 1)
+        key = args.copy_order.long()[args.send_src.clamp(min=0), rank_of] if n_rows else args.send_src
+        perm = torch.sort(key, stable=True).indices
+        rows = [exchange.take_rows(b, perm, False) for b in rows]
+        dest = args.send_src[perm]
+    out = _reduce_rows(rows[0], dest, args.num_tokens, args.bias_0, args.bias_1, group.size())
     if args.topk_weights is None:
         return out, args.x.new_empty(args.num_tokens, 0, dtype=_ABSENT)
-    return out, _reduce_rows(pairs[1][1], args.send_src, args.num_tokens, None, None, group.size())
+    return out, _reduce_rows(rows[1], dest, args.num_tokens, None, None, group.size())
 
 
 def _reduce_rows(rows, dest, num_tokens, bias_0, bias_1, passes):
