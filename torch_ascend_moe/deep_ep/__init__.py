@@ -17,10 +17,12 @@ import torch
 import torch.distributed as dist
 
 from torch_ascend_moe.deep_ep import utils  # noqa: F401  (deep_ep.utils, as upstream)
+from torch_ascend_moe.deep_ep.buffers.elastic import ElasticBuffer, EPHandle
+from torch_ascend_moe.deep_ep.utils.envs import get_logical_domain_size, get_physical_domain_size
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
 from torch_ascend_moe.distributed import exchange
+from torch_ascend_moe.ops.ep import EPHandle as _OpHandle
 from torch_ascend_moe.ops.ep import (
-    EPHandle,
     EPLowLatencyHandle,
     ep_combine,
     ep_dispatch,
@@ -30,7 +32,7 @@ from torch_ascend_moe.ops.ep import (
     ep_low_latency_dispatch,
 )
 
-__version__ = "1.2.1+ascend_moe"
+__version__ = "2.1.0+ascend_moe"
 topk_idx_t = torch.int64
 
 _CONFIG_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
@@ -226,7 +228,7 @@ class Buffer:
     def dispatch(
         self,
         x,
-        handle: EPHandle | None = None,
+        handle: _OpHandle | None = None,
         num_tokens_per_rank=None,
         num_tokens_per_rdma_rank=None,
         is_token_in_rank=None,
@@ -319,7 +321,7 @@ class Buffer:
     def combine(
         self,
         x: torch.Tensor,
-        handle: EPHandle,
+        handle: _OpHandle,
         topk_weights=None,
         bias=None,
         config: Config | None = None,
@@ -459,4 +461,15 @@ class Buffer:
         return handle.num_max_dispatch_tokens_per_rank, handle.hidden, handle.num_experts, handle.src_info.device
 
 
-__all__ = ["Buffer", "Config", "EPHandle", "EPLowLatencyHandle", "EventHandle", "EventOverlap", "topk_idx_t"]
+__all__ = [
+    "Buffer",
+    "Config",
+    "EPHandle",
+    "EPLowLatencyHandle",
+    "ElasticBuffer",
+    "EventHandle",
+    "EventOverlap",
+    "get_logical_domain_size",
+    "get_physical_domain_size",
+    "topk_idx_t",
+]

@@ -4,7 +4,9 @@
 node rank) and, as upstream, makes BF16 the default dtype. Upstream always uses NCCL and CUDA; without CUDA
 this uses gloo and leaves the default device alone, so DeepEP's test scripts run on CPU. The hardware probes
 (NVLink, RDMA NIC) answer as upstream's do when their tools are missing: 0 GB/s, no fast atomics.
-Not here: ``get_physical_domain_size`` / ``get_logical_domain_size`` (V2 ``ElasticBuffer`` topology).
+``get_physical_domain_size`` / ``get_logical_domain_size`` (V2's topology) count the ranks on each host
+(one all_gather of host names, cached per group); ``TORCH_ASCEND_MOE_EP_RANKS_PER_NODE=n`` makes every ``n``
+consecutive ranks one node instead, to run a multi-node topology on one machine.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import functools
 import os
 import random
 import re
+import socket
 import subprocess
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -111,6 +115,53 @@ def get_rdma_gbs(nic_name: str = _DEFAULT_NIC_NAME) -> float:
         return 0
 
 
+_DOMAINS: dict[str, tuple[int, int]] = {}
+
+
+def get_physical_domain_size(group: dist.ProcessGroup) -> tuple[int, int]:
+    """``(num_rdma_ranks, num_nvlink_ranks)``: nodes, and ranks per node (upstream reads them from its NCCL
+    communicator). Collective the first time per group: the ranks exchange host names. Ranks must be laid out
+    node-major with the same count per node, as upstream's ``rank = node · ranks_per_node + local`` assumes."""
+    from torch_ascend_moe.distributed import exchange
+
+    key = group.group_name
+    if key not in _DOMAINS:
+        r = group.size()
+        per_node = os.environ.get("TORCH_ASCEND_MOE_EP_RANKS_PER_NODE")
+        if per_node is not None:
+            n = int(per_node)
+            if n < 1 or r % n:
+                raise ValueError(
+                    "deep_ep.get_physical_domain_size: TORCH_ASCEND_MOE_EP_RANKS_PER_NODE value: expected a "
+                    f"positive divisor of the group size {r}, got {per_node}"
+                )
+            hosts = [i // n for i in range(r)]
+        else:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+            mine = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.int64, device=device)
+            gathered = [torch.empty_like(mine) for _ in range(r)]
+            work = dist.all_gather(gathered, mine, group=group, async_op=True)
+            exchange.wait("deep_ep.get_physical_domain_size", group, work, 300.0, "the host-name exchange")
+            hosts = [int(t) for t in gathered]
+        firsts = list(dict.fromkeys(hosts))
+        per = len(hosts) // len(firsts)
+        node_major = all(hosts[i] == firsts[i // per] for i in range(r)) and len(hosts) % len(firsts) == 0
+        if not node_major:
+            raise ValueError(
+                "deep_ep.get_physical_domain_size: the group's ranks are not node-major with equal ranks per node "
+                f"(host of each rank: {hosts}); DeepEP's topology needs rank = node * ranks_per_node + local rank"
+            )
+        _DOMAINS[key] = (len(firsts), per)
+    return _DOMAINS[key]
+
+
+def get_logical_domain_size(group: dist.ProcessGroup, allow_hybrid_mode: bool = True) -> tuple[int, int]:
+    """``(num_scaleout_ranks, num_scaleup_ranks)``: the physical domains in hybrid mode, else one scale-out
+    domain whose scale-up peers are all ranks (upstream's direct mode)."""
+    nodes, per_node = get_physical_domain_size(group)
+    return (nodes, per_node) if allow_hybrid_mode else (1, nodes * per_node)
+
+
 __all__ = [
     "check_fast_rdma_atomic_support",
     "check_nvlink_connections",
@@ -118,7 +169,9 @@ __all__ = [
     "dist_print",
     "get_global_seed",
     "get_local_seed",
+    "get_logical_domain_size",
     "get_nvlink_gbs",
+    "get_physical_domain_size",
     "get_rdma_gbs",
     "init_dist",
     "init_seed",
