@@ -531,6 +531,53 @@ def upstream_style(local_rank: int, num_local_ranks: int, port: int) -> None:
     os._exit(0)
 
 
+def internode_handle(rank: int, world_size: int, store_path: str) -> None:
+    """DeepEP's internode test on the handle, on ``world_size`` > 8 spawned gloo ranks (nodes of 8): the
+    10-tuple; rows ``[handle[-4][i-1], handle[-4][i])`` of ``x = ones * rank`` all equal ``i``; every field
+    equals upstream's kernels simulated token by token; combine and cached dispatch take it."""
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        import torch_ascend_moe.deep_ep as deep_ep
+
+        experts = 2 * world_size
+        buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9), int(1e9))
+        _, idx, w = _routing(rank, 3 + rank % 5, 3, experts, seed=170)
+        x = torch.ones(idx.shape[0], 128, dtype=torch.bfloat16) * rank
+        per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+        assert per_node is not None and per_node.shape == (world_size // 8,)
+        config = deep_ep.Config(6)
+        recv, *_, handle, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_node,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            config=config,
+        )
+        assert isinstance(handle, tuple) and len(handle) == 10, f"handle has {len(handle)} fields"
+        prefix = handle[-4]
+        for i in range(world_size):  # upstream test_internode's check_data
+            block = recv[(int(prefix[i - 1]) if i else 0) : int(prefix[i])]
+            assert bool((block == i).all()), f"rows from rank {i} are not rank {i}'s"
+        assert int(prefix[-1]) == recv.shape[0]
+        want = reference_handle(rank, 3, _gather_rows(in_rank, world_size))
+        for k, (got, exp) in enumerate(zip(handle, want)):
+            assert got.dtype == exp.dtype and torch.equal(got, exp), f"field {k}"
+        combined, _, _ = buffer.combine(recv, handle)
+        assert torch.equal(combined, buffer.combine(recv, handle.ep)[0])
+        assert torch.equal(buffer.dispatch(x, handle=handle)[0], recv)
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
 def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.distributed.deep_ep_bodies import CHECKS, reference_handle, run_check, upstream_style
+from tests.distributed.deep_ep_bodies import CHECKS, internode_handle, reference_handle, run_check, upstream_style
 from tests.ep.specs import random_routing
 from torch_ascend_moe.deep_ep import _DeepEPHandle
 
@@ -24,6 +24,11 @@ def test_deep_ep_utils_as_upstream_tests_use_them():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(upstream_style, args=(2, port), nprocs=2, join=True)
+
+
+def test_internode_handle_on_16_ranks(tmp_path):
+    """The buffer's internode path (R > 8): 16 spawned gloo ranks, two "nodes" of 8."""
+    mp.spawn(internode_handle, args=(16, str(tmp_path / "store")), nprocs=16, join=True)
 
 
 def _layouts(num_ranks: int, tokens: list[int], seed: int) -> list[torch.Tensor]:

@@ -108,7 +108,7 @@ class _DeepEPHandle(tuple):
     as the kernels write them); ``send_head`` / ``send_rdma_head`` / ``send_nvl_head`` are each token's index
     among the earlier tokens of its channel going to the same destination (upstream's queue tail before the
     token; its slot is that modulo the ring size), -1 when not sent. With ``num_worst_tokens`` the padding rows
-    have ``recv_src_idx`` -1 (upstream leaves them unspecified)."""
+    have ``recv_src_idx`` -1 and a zero ``recv_src_meta`` (upstream leaves them unspecified)."""
 
     ep: EPHandle
 
