@@ -106,6 +106,220 @@ def check_dispatch_without_topk_counts(rank: int, world_size: int) -> None:
         assert cached[3] is None and torch.equal(cached[0], recv)
 
 
+def _ranges(num_tokens: int, num_channels: int) -> list[range]:
+    """Upstream's ``get_channel_task_range``, written out."""
+    per = -(-num_tokens // num_channels)
+    return [range(min(per * c, num_tokens), min(per * c + per, num_tokens)) for c in range(num_channels)]
+
+
+def reference_handle(rank: int, num_channels: int, in_rank: list[torch.Tensor], num_rows: int | None = None) -> tuple:
+    """DeepEP V1's normal-mode handle fields for ``rank``, simulated token by token the way upstream's kernels
+    fill them (intranode.cu / internode.cu: channels as token ranges, per-(channel, destination) queue tails),
+    from every rank's ``is_token_in_rank`` (``in_rank[i]``: rank i's ``[T_i, R]``). 6 fields for R <= 8, else 10."""
+    num_ranks = in_rank[0].shape[1]
+    m = [[[bool(v) for v in row] for row in r.tolist()] for r in in_rank]
+    rows_from = [[t for t in range(len(m[s])) if m[s][t][rank]] for s in range(num_ranks)]
+    real = sum(len(r) for r in rows_from)
+    num_rows = real if num_rows is None else num_rows
+
+    def channel_prefix(mask, width, inclusive=True):  # [K][C] from mask rows [T][K]
+        out = []
+        for k in range(width):
+            acc, row = 0, []
+            for ch in _ranges(len(mask), num_channels):
+                before = acc
+                acc += sum(mask[t][k] for t in ch)
+                row.append(acc if inclusive else before)
+            out.append(row)
+        return out
+
+    def heads(mask, width):  # [T][K]: queue tail of (channel, k) when token t is sent, else -1
+        out = [[-1] * width for _ in mask]
+        for ch in _ranges(len(mask), num_channels):
+            tail = [0] * width
+            for t in ch:
+                for k in range(width):
+                    if mask[t][k]:
+                        out[t][k], tail[k] = tail[k], tail[k] + 1
+        return out
+
+    def i32(v, *shape):
+        return torch.tensor(v, dtype=torch.int32).reshape(*shape)
+
+    mine = m[rank]
+    t_mine = len(mine)
+    if num_ranks <= 8:
+        sent = [[sum(row[j] for row in m[i]) for j in range(num_ranks)] for i in range(num_ranks)]
+        prefix = [[sum(sent[a][j] for a in range(i + 1)) for j in range(num_ranks)] for i in range(num_ranks)]
+        send_prefix = channel_prefix(mine, num_ranks)
+        recv_channel = [channel_prefix([[row[rank]] for row in m[s]], 1, False)[0] for s in range(num_ranks)]
+        src_idx = [t for r in rows_from for t in r] + [-1] * (num_rows - real)
+        return (
+            i32(prefix, num_ranks, num_ranks),
+            i32(send_prefix, num_ranks, num_channels),
+            i32(recv_channel, num_ranks, num_channels),
+            i32(src_idx, num_rows),
+            in_rank[rank].clone(),
+            i32(heads(mine, num_ranks), t_mine, num_ranks),
+        )
+    nvl, nodes, node, local = 8, num_ranks // 8, rank // 8, rank % 8
+    any_node = [[[any(row[n * nvl : (n + 1) * nvl]) for n in range(nodes)] for row in r] for r in m]
+    peers = [n * nvl + local for n in range(nodes)]
+    recv_rdma_channel = [channel_prefix([[row[node]] for row in any_node[p]], 1)[0] for p in peers]
+    got = [sum(row[node] for row in any_node[p]) for p in peers]
+    recv_rdma_prefix = [sum(got[: n + 1]) for n in range(nodes)]
+    send_nvl = []
+    for p in peers:
+        h = heads([row[node * nvl : (node + 1) * nvl] for row in m[p]], nvl)
+        send_nvl += [h[t] for t in range(len(m[p])) if any_node[p][t][node]]
+    counts = [len(r) for r in rows_from]
+    gbl_prefix = [sum(counts[: s + 1]) for s in range(num_ranks)]
+    recv_gbl_channel = [
+        [gbl_prefix[s] - counts[s] + v for v in channel_prefix([[row[rank]] for row in m[s]], 1, False)[0]]
+        for s in range(num_ranks)
+    ]
+    meta = []
+    for s in range(num_ranks):
+        for t in rows_from[s]:
+            meta.append([s // nvl, sum(int(m[s][t][node * nvl + j]) << j for j in range(nvl))])
+    meta += [[0, 0]] * (num_rows - real)
+    return (
+        in_rank[rank].clone(),
+        i32(channel_prefix(any_node[rank], nodes), nodes, num_channels),
+        i32(channel_prefix(mine, num_ranks), num_ranks, num_channels),
+        i32(recv_rdma_channel, nodes, num_channels),
+        i32(recv_rdma_prefix, nodes),
+        i32(recv_gbl_channel, num_ranks, num_channels),
+        i32(gbl_prefix, num_ranks),
+        i32(meta, num_rows, 2).view(torch.uint8),
+        i32(heads(any_node[rank], nodes), t_mine, nodes),
+        i32(send_nvl, len(send_nvl), nvl),
+    )
+
+
+def _gather_rows(t: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """Every rank's ``t`` (first dimension may differ between ranks)."""
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([t.shape[0]]))
+    top = max(int(s) for s in sizes)
+    padded = torch.zeros(top, *t.shape[1:], dtype=t.dtype)
+    padded[: t.shape[0]] = t
+    out = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(out, padded)
+    return [o[: int(s)] for o, s in zip(out, sizes)]
+
+
+def check_handle_is_deep_eps_intranode(rank: int, world_size: int) -> None:
+    """DeepEP's intranode test on the normal-mode handle: it is upstream's 6-tuple; rows
+    ``[rank_prefix_matrix[i-1][rank], rank_prefix_matrix[i][rank])`` of ``x = ones * rank`` all equal ``i``;
+    ``recv_src_idx`` is each row's source token; ``is_token_in_rank`` the layout's; the channel matrices and
+    ``send_head`` upstream's kernels' values for ``Config(num_sms)`` (simulated token by token); the handle
+    combines and replays as the ops' own (bitwise), with and without ``num_worst_tokens``."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    experts = 2 * world_size
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    _, idx, w = _routing(rank, 9 + 4 * rank, 2, experts, seed=150)
+    t = idx.shape[0]
+    x = torch.ones(t, 256, dtype=torch.bfloat16) * rank
+    ids = torch.arange(t, dtype=torch.float32)[:, None].expand(t, 8).contiguous()  # each row's token id
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+    everyone = _gather_rows(in_rank, world_size)
+    for num_sms, with_topk in ((20, True), (4, False), (6, True)):
+        config = deep_ep.Config(num_sms)
+        args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        if with_topk:
+            args.update(topk_idx=idx, topk_weights=w)
+        recv, *_, handle, _ = buffer.dispatch(x, config=config, **args)
+        assert isinstance(handle, tuple) and len(handle) == 6, f"handle has {len(handle)} fields"
+        prefix, send_prefix, recv_channel, src_idx, handle_in_rank, send_head = handle
+        for name, field, dtype in zip(
+            (
+                "rank_prefix_matrix",
+                "channel_prefix_matrix",
+                "recv_channel_prefix_matrix",
+                "recv_src_idx",
+                "is_token_in_rank",
+                "send_head",
+            ),
+            handle,
+            (torch.int32,) * 4 + (torch.bool, torch.int32),
+        ):
+            assert field.dtype == dtype, f"{name}: {field.dtype}"
+        assert prefix.shape == (world_size, world_size) and send_prefix.shape == (world_size, num_sms // 2)
+        assert recv_channel.shape == (world_size, num_sms // 2) and src_idx.shape == (recv.shape[0],)
+        for i in range(world_size):  # upstream's check_data
+            begin = int(prefix[i - 1][rank]) if i else 0
+            block = recv[begin : int(prefix[i][rank])]
+            assert block.shape[0] > 0 and bool((block == i).all()), f"rows from rank {i} are not rank {i}'s"
+        assert int(prefix[-1][rank]) == recv.shape[0]
+        assert torch.equal(handle_in_rank, in_rank)
+        ref = reference_handle(rank, num_sms // 2, everyone)
+        for name, got, want in zip(
+            (
+                "rank_prefix_matrix",
+                "channel_prefix_matrix",
+                "recv_channel_prefix_matrix",
+                "recv_src_idx",
+                "is_token_in_rank",
+                "send_head",
+            ),
+            handle,
+            ref,
+        ):
+            assert torch.equal(got, want), f"{name}:\n{got}\n!=\n{want}"
+        # recv_src_idx names the rows' source tokens: the rows of the token ids say so too.
+        recv_ids, *_ = buffer.dispatch(ids, config=config, **args)
+        assert torch.equal(src_idx.float(), recv_ids[:, 0])
+        # The handle replays and combines as the ops' own handle, bitwise.
+        cached, *_ = buffer.dispatch(ids, handle=handle)
+        assert torch.equal(cached, recv_ids)
+        assert torch.equal(buffer.dispatch(ids, handle=handle.ep)[0], recv_ids)
+        combined, _, _ = buffer.combine(recv, handle)
+        assert torch.equal(combined, buffer.combine(recv, handle.ep)[0])
+        expected = x.float() * in_rank.sum(1, keepdim=True).float()
+        assert calc_diff(combined.float(), expected) < 1e-6
+        # Static capacity: the same fields, recv_src_idx padded with -1.
+        worst = 2 * 13 * world_size
+        recv_w, *_, handle_w, _ = buffer.dispatch(x, config=config, num_worst_tokens=worst, **args)
+        assert recv_w.shape[0] == worst and handle_w[3].shape == (worst,)
+        want = reference_handle(rank, num_sms // 2, everyone, worst)
+        for k in range(6):
+            assert torch.equal(handle_w[k], want[k]), f"num_worst_tokens: field {k}"
+        assert torch.equal(buffer.combine(recv_w, handle_w)[0], combined)
+        assert torch.equal(buffer.dispatch(ids, handle=handle_w)[0][: recv.shape[0]], recv_ids)
+
+
+def check_repacked_handle_is_refused(rank: int, world_size: int) -> None:
+    """A tuple without the dispatch's ``.ep`` (a user re-packed DeepEP's fields) cannot be replayed here:
+    combine and cached dispatch say so, naming the API, the argument, what was expected and what came."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9))
+    x, idx, w = _routing(rank, 6, 2, 2 * world_size, seed=160)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, 2 * world_size)
+    recv, *_, handle, _ = buffer.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    for api, call in (
+        ("combine", lambda h: buffer.combine(recv, h)),
+        ("dispatch", lambda h: buffer.dispatch(x, handle=h)),
+    ):
+        try:
+            call(tuple(handle))
+        except ValueError as e:
+            text = str(e)
+            assert f"deep_ep.Buffer.{api}" in text and "'handle'" in text and "expected" in text, text
+            assert "got tuple of length 6" in text, text
+        else:
+            raise AssertionError(f"deep_ep.Buffer.{api} accepted a tuple without .ep")
+
+
 def _low_latency_setup(rank: int, world_size: int):
     import torch_ascend_moe.deep_ep as deep_ep
 
@@ -310,6 +524,53 @@ def upstream_style(local_rank: int, num_local_ranks: int, port: int) -> None:
             barrier_comm_profiling=True,
         )
         assert t > 0, t
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)
+
+
+def internode_handle(rank: int, world_size: int, store_path: str) -> None:
+    """DeepEP's internode test on the handle, on ``world_size`` > 8 spawned gloo ranks (nodes of 8): the
+    10-tuple; rows ``[handle[-4][i-1], handle[-4][i])`` of ``x = ones * rank`` all equal ``i``; every field
+    equals upstream's kernels simulated token by token; combine and cached dispatch take it."""
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        import torch_ascend_moe.deep_ep as deep_ep
+
+        experts = 2 * world_size
+        buffer = deep_ep.Buffer(dist.group.WORLD, int(1e9), int(1e9))
+        _, idx, w = _routing(rank, 3 + rank % 5, 3, experts, seed=170)
+        x = torch.ones(idx.shape[0], 128, dtype=torch.bfloat16) * rank
+        per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+        assert per_node is not None and per_node.shape == (world_size // 8,)
+        config = deep_ep.Config(6)
+        recv, *_, handle, _ = buffer.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_node,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            config=config,
+        )
+        assert isinstance(handle, tuple) and len(handle) == 10, f"handle has {len(handle)} fields"
+        prefix = handle[-4]
+        for i in range(world_size):  # upstream test_internode's check_data
+            block = recv[(int(prefix[i - 1]) if i else 0) : int(prefix[i])]
+            assert bool((block == i).all()), f"rows from rank {i} are not rank {i}'s"
+        assert int(prefix[-1]) == recv.shape[0]
+        want = reference_handle(rank, 3, _gather_rows(in_rank, world_size))
+        for k, (got, exp) in enumerate(zip(handle, want)):
+            assert got.dtype == exp.dtype and torch.equal(got, exp), f"field {k}"
+        combined, _, _ = buffer.combine(recv, handle)
+        assert torch.equal(combined, buffer.combine(recv, handle.ep)[0])
+        assert torch.equal(buffer.dispatch(x, handle=handle)[0], recv)
         dist.barrier()
     except BaseException:
         traceback.print_exc()

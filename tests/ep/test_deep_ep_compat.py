@@ -4,9 +4,12 @@ spawn per check (tests.distributed.deep_ep_bodies)."""
 import socket
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
-from tests.distributed.deep_ep_bodies import CHECKS, run_check, upstream_style
+from tests.distributed.deep_ep_bodies import CHECKS, internode_handle, reference_handle, run_check, upstream_style
+from tests.ep.specs import random_routing
+from torch_ascend_moe.deep_ep import _DeepEPHandle
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
@@ -21,3 +24,50 @@ def test_deep_ep_utils_as_upstream_tests_use_them():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(upstream_style, args=(2, port), nprocs=2, join=True)
+
+
+def test_internode_handle_on_16_ranks(tmp_path):
+    """The buffer's internode path (R > 8): 16 spawned gloo ranks, two "nodes" of 8."""
+    mp.spawn(internode_handle, args=(16, str(tmp_path / "store")), nprocs=16, join=True)
+
+
+def _layouts(num_ranks: int, tokens: list[int], seed: int) -> list[torch.Tensor]:
+    from torch_ascend_moe.ops.ep import ep_dispatch_layout
+
+    g = torch.Generator().manual_seed(seed)
+    experts = 2 * num_ranks
+    return [ep_dispatch_layout(random_routing(t, 4, experts, g), experts, num_ranks)[3] for t in tokens]
+
+
+@pytest.mark.parametrize("num_ranks", [16, 24])
+def test_internode_handle_fields(num_ranks):
+    """DeepEP's internode 10-tuple (R > 8: nodes of 8), built from every rank's ``is_token_in_rank`` (what the
+    buffer all-gathers) without spawning R processes: each rank's fields equal upstream's kernels simulated token
+    by token; ``handle[-4]`` (``recv_gbl_rank_prefix_sum``, what DeepEP's internode test reads) is the inclusive
+    prefix over source ranks of the tokens this rank receives; ``recv_src_meta`` is ``[N, 8]`` bytes."""
+    tokens = [(5 * r + 3) % 17 for r in range(num_ranks)]  # uneven, one rank with none
+    in_rank = _layouts(num_ranks, tokens, seed=num_ranks)
+    for rank in (0, 7, 9, num_ranks - 1):
+        for channels in (1, 3, 10):
+            rows = sum(int(m[:, rank].sum()) for m in in_rank)
+            fields = _DeepEPHandle.internode(rank, channels, in_rank, rows)
+            assert len(fields) == 10
+            received = torch.tensor([int(m[:, rank].sum()) for m in in_rank])
+            assert fields[-4].dtype == torch.int32 and torch.equal(fields[-4], received.cumsum(0).int())
+            assert fields[7].dtype == torch.uint8 and fields[7].shape == (rows, 8)
+            want = reference_handle(rank, channels, in_rank)
+            for k, (got, exp) in enumerate(zip(fields, want)):
+                assert got.dtype == exp.dtype and torch.equal(got, exp), f"rank {rank}, C={channels}, field {k}"
+
+
+def test_intranode_handle_fields_pure():
+    """The 6 intranode fields from the counts alone (what the buffer all-gathers), with padding rows: equal to
+    upstream's kernels simulated token by token."""
+    num_ranks, tokens = 8, [7, 0, 12, 3, 9, 9, 1, 16]
+    in_rank = _layouts(num_ranks, tokens, seed=3)
+    sent = torch.stack([m.sum(0) for m in in_rank])
+    for rank in range(num_ranks):
+        want = reference_handle(rank, 4, in_rank, num_rows=40)
+        fields = _DeepEPHandle.intranode(rank, 4, in_rank[rank], sent, torch.tensor(tokens), want[3])
+        for k, (got, exp) in enumerate(zip(fields, want)):
+            assert got.dtype == exp.dtype and torch.equal(got, exp), f"rank {rank}, field {k}"

@@ -5,9 +5,12 @@ What differs, on purpose (specs/deepep_api.md §2.3): the ops are synchronous on
 ``async_finish`` / ``previous_event`` / ``allocate_on_comm_stream`` are accepted and validated the way
 DeepEP validates them, and the returned ``EventOverlap`` holds no event (waiting on it runs its hook only).
 ``num_nvl_bytes`` / ``num_rdma_bytes`` / ``Config`` size DeepEP's own buffers; they are validated and kept,
-not used (``torch.distributed`` owns the transport). Normal-mode handles are ``EPHandle`` tuples, not DeepEP's
-prefix matrices. The low-latency handle is DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range,
-num_max_dispatch_tokens_per_rank, hidden, num_experts)``; the buffer adds its own group when it passes it back
+not used (``torch.distributed`` owns the transport). The normal-mode handle is DeepEP's tuple (intranode 6
+fields, internode 10: prefix matrices, ``recv_src_idx``, ``is_token_in_rank``, ...; exact where upstream's values
+are determined by the routing, a faithful model of its channels and ring queues otherwise: ``_DeepEPHandle``),
+carrying the ops' ``EPHandle`` as ``.ep`` for ``combine`` and cached ``dispatch``. The low-latency handle is
+DeepEP's 5-tuple ``(packed_recv_src_info, packed_recv_layout_range, num_max_dispatch_tokens_per_rank, hidden,
+num_experts)``; the buffer adds its own group when it passes it back
 to the ops.
 """
 
@@ -84,6 +87,159 @@ class Config:
 
 def _event(async_finish: bool) -> EventOverlap:
     return EventOverlap(EventHandle() if async_finish else None)
+
+
+class _DeepEPHandle(tuple):
+    """DeepEP V1's normal-mode handle: upstream's tuple, its fields at upstream's positions, plus ``.ep``, the ops'
+    ``EPHandle`` that ``combine`` and cached ``dispatch`` replay (the fields are for code that reads them).
+
+    Intranode (``R <= 8``) 6-tuple ``(rank_prefix_matrix [R, R], channel_prefix_matrix [R, C],
+    recv_channel_prefix_matrix [R, C], recv_src_idx [N], is_token_in_rank [T, R], send_head [T, R])``; internode
+    (``R > 8``: nodes of 8 ranks, as ``get_dispatch_layout``'s per-node counts) 10-tuple ``(is_token_in_rank,
+    rdma_channel_prefix_matrix [R/8, C], gbl_channel_prefix_matrix [R, C], recv_rdma_channel_prefix_matrix
+    [R/8, C], recv_rdma_rank_prefix_sum [R/8], recv_gbl_channel_prefix_matrix [R, C], recv_gbl_rank_prefix_sum
+    [R], recv_src_meta [N, 8] uint8, send_rdma_head [T, R/8], send_nvl_head [rows received over RDMA, 8])``;
+    int32 unless said. ``C = config.num_sms / 2`` channels, as upstream.
+
+    Exact (what upstream computes, and its receive order is ours: source-rank-major, then ascending source
+    token): the rank prefix sums, ``recv_src_idx``, ``is_token_in_rank`` and ``recv_src_meta``'s
+    ``{src_rdma_rank, NVL-rank bitmask}`` (two int32, little-endian). A model of upstream's kernels, since no
+    channels or ring queues exist here: channels are upstream's token-index ranges (``get_channel_task_range``),
+    so the channel prefix matrices are what its kernels would count (sender side inclusive; intranode receiver
+    side exclusive and within the source's block, internode receiver side with the source's block offset added,
+    as the kernels write them); ``send_head`` / ``send_rdma_head`` / ``send_nvl_head`` are each token's index
+    among the earlier tokens of its channel going to the same destination (upstream's queue tail before the
+    token; its slot is that modulo the ring size), -1 when not sent. With ``num_worst_tokens`` the padding rows
+    have ``recv_src_idx`` -1 and a zero ``recv_src_meta`` (upstream leaves them unspecified)."""
+
+    ep: _OpHandle
+
+    def __new__(cls, fields, ep):
+        self = super().__new__(cls, fields)
+        self.ep = ep
+        return self
+
+    @staticmethod
+    def intranode(
+        rank: int,
+        num_channels: int,
+        is_token_in_rank: torch.Tensor,
+        sent: torch.Tensor,
+        num_tokens: torch.Tensor,
+        recv_src_idx: torch.Tensor,
+    ) -> tuple:
+        """The 6 fields from this rank's ``is_token_in_rank [T, R]``, every rank's layout counts ``sent [R, R]``
+        (``sent[i][j]``: tokens rank i sends to rank j), every rank's token count and the rows' source tokens."""
+        dev = is_token_in_rank.device
+        rank_prefix = sent.to(torch.int64).cumsum(0)
+        channel_prefix = _DeepEPHandle._channel_counts(is_token_in_rank, num_channels).cumsum(1)
+        # Receiver side: where channel c of source s starts inside s's block, i.e. how many of s's rows here come
+        # from tokens before that channel's first token. Tensor ops only (no host sync: the sizes stay on the
+        # device, as under num_worst_tokens). Padding rows (-1) count nowhere.
+        src_idx = recv_src_idx.to(torch.int64)
+        rows = torch.arange(src_idx.shape[0], device=dev)
+        src_rank = torch.searchsorted(rank_prefix[:, rank].contiguous(), rows, right=True)
+        valid = src_idx >= 0
+        src_rank = torch.where(valid, src_rank, 0)
+        per = torch.clamp((num_tokens.to(torch.int64) + num_channels - 1) // num_channels, min=1)
+        channel = torch.where(valid, src_idx // per[src_rank], 0)
+        counts = torch.zeros(sent.shape[0] * num_channels, dtype=torch.int64, device=dev)
+        counts.index_add_(0, src_rank * num_channels + channel, valid.to(torch.int64))
+        counts = counts.view(sent.shape[0], num_channels)
+        recv_channel = counts.cumsum(1) - counts
+        return (
+            rank_prefix.to(torch.int32),
+            channel_prefix.to(torch.int32),
+            recv_channel.to(torch.int32),
+            recv_src_idx.to(torch.int32),
+            is_token_in_rank,
+            _DeepEPHandle._position_in_channel(is_token_in_rank, num_channels),
+        )
+
+    @staticmethod
+    def internode(rank: int, num_channels: int, in_rank: list[torch.Tensor], num_recv_rows: int) -> tuple:
+        """The 10 fields from every rank's ``is_token_in_rank`` (``in_rank[i]``: rank i's ``[T_i, R]``; the
+        forwarding hop and the source metadata depend on the other ranks' routing) and the rows this rank's
+        receive holds (``num_recv_rows`` >= the real rows; the rest are padding)."""
+        nvl = 8
+        mine = in_rank[rank]
+        dev, num_ranks = mine.device, mine.shape[1]
+        nodes, node, local = num_ranks // nvl, rank // nvl, rank % nvl
+
+        def node_mask(m):  # [T, nodes]: the token goes to some rank of that node (counted once per node)
+            return m.view(m.shape[0], nodes, nvl).any(-1)
+
+        rdma_channel = _DeepEPHandle._channel_counts(node_mask(mine), num_channels).cumsum(1)
+        gbl_channel = _DeepEPHandle._channel_counts(mine, num_channels).cumsum(1)
+        # RDMA hop: rank (n, local) sends this rank, once per token, what any rank of this node needs.
+        peers = [in_rank[n * nvl + local] for n in range(nodes)]
+        to_node = [node_mask(p)[:, node] for p in peers]
+        recv_rdma_channel = torch.stack(
+            [_DeepEPHandle._channel_counts(m[:, None], num_channels)[0].cumsum(0) for m in to_node]
+        )
+        recv_rdma_prefix = torch.stack([m.sum() for m in to_node]).cumsum(0)
+        # The forwarder's NVL queues: per (source node, channel, local destination), in source token order.
+        send_nvl = torch.cat(
+            [
+                _DeepEPHandle._position_in_channel(p[:, node * nvl : (node + 1) * nvl], num_channels)[m]
+                for p, m in zip(peers, to_node)
+            ]
+        )
+        to_me = [m[:, rank] for m in in_rank]
+        recv_gbl_prefix = torch.stack([m.sum() for m in to_me]).cumsum(0)
+        block_start = recv_gbl_prefix - torch.stack([m.sum() for m in to_me])
+        counts = torch.stack([_DeepEPHandle._channel_counts(m[:, None], num_channels)[0] for m in to_me])
+        recv_gbl_channel = block_start[:, None] + counts.cumsum(1) - counts
+        bits = 1 << torch.arange(nvl, device=dev)
+        meta = torch.zeros(num_recv_rows, 2, dtype=torch.int32, device=dev)
+        rows = 0
+        for i, (m, t) in enumerate(zip(in_rank, to_me)):
+            got = m[t][:, node * nvl : (node + 1) * nvl].to(torch.int64)
+            meta[rows : rows + got.shape[0], 0] = i // nvl
+            meta[rows : rows + got.shape[0], 1] = (got * bits).sum(1).to(torch.int32)
+            rows += got.shape[0]
+        return (
+            mine,
+            rdma_channel.to(torch.int32),
+            gbl_channel.to(torch.int32),
+            recv_rdma_channel.to(torch.int32),
+            recv_rdma_prefix.to(torch.int32),
+            recv_gbl_channel.to(torch.int32),
+            recv_gbl_prefix.to(torch.int32),
+            meta.view(torch.uint8),
+            _DeepEPHandle._position_in_channel(node_mask(mine), num_channels),
+            send_nvl,
+        )
+
+    # ---- the model of upstream's channels and queues ----
+
+    @staticmethod
+    def _channel_starts(num_tokens: int, num_channels: int) -> list[int]:
+        """First token of each channel, then ``num_tokens``: upstream's ``get_channel_task_range`` splits a
+        rank's tokens into ``num_channels`` contiguous ranges of ``ceil(T / C)`` tokens (the last may be short or
+        empty)."""
+        per = -(-num_tokens // num_channels)
+        return [min(per * c, num_tokens) for c in range(num_channels)] + [num_tokens]
+
+    @staticmethod
+    def _channel_counts(mask: torch.Tensor, num_channels: int) -> torch.Tensor:
+        """``[K, C]`` int64: per column of ``mask [T, K]``, the set rows in each channel's token range."""
+        starts = _DeepEPHandle._channel_starts(mask.shape[0], num_channels)
+        prefix = torch.zeros(mask.shape[0] + 1, mask.shape[1], dtype=torch.int64, device=mask.device)
+        prefix[1:] = mask.to(torch.int64).cumsum(0)
+        bounds = torch.tensor(starts, device=mask.device)
+        return (prefix[bounds[1:]] - prefix[bounds[:-1]]).T.contiguous()
+
+    @staticmethod
+    def _position_in_channel(mask: torch.Tensor, num_channels: int) -> torch.Tensor:
+        """``[T, K]`` int32: for each set entry of ``mask [T, K]``, how many set rows of its column precede it in its
+        channel (upstream's per-(channel, destination) queue tail when the token is sent), else -1."""
+        t = mask.shape[0]
+        per = max(-(-t // num_channels), 1)
+        counts = mask.to(torch.int64)
+        before = counts.cumsum(0) - counts  # set rows before each row, over the whole column
+        first = (torch.arange(t, device=mask.device) // per) * per  # the first token of each row's channel
+        return torch.where(mask, before - before[first], -1).to(torch.int32)
 
 
 class Buffer:
@@ -228,7 +384,7 @@ class Buffer:
     def dispatch(
         self,
         x,
-        handle: _OpHandle | None = None,
+        handle: tuple | None = None,
         num_tokens_per_rank=None,
         num_tokens_per_rdma_rank=None,
         is_token_in_rank=None,
@@ -251,6 +407,7 @@ class Buffer:
                     "deep_ep.Buffer.dispatch: arguments 'topk_idx'/'topk_weights' value: expected None "
                     "with a cached handle, got tensors"
                 )
+            handle = self._op_handle("dispatch", handle)
             recv_x, recv_scales = ep_dispatch_cached(data, handle, scales, timeout_s=self.num_cpu_timeout_secs)
             return (recv_x, recv_scales) if scales is not None else recv_x, None, None, None, None, _event(async_finish)
         if (topk_idx is None) != (topk_weights is None):
@@ -282,7 +439,8 @@ class Buffer:
             )
             recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
             counts = [] if num_worst_tokens > 0 else self._recv_counts(num_tokens_per_expert, expert_alignment)
-            return recv_x, None, None, counts, out.handle, _event(async_finish)
+            handle = self._deep_ep_handle(is_token_in_rank, out, config)
+            return recv_x, None, None, counts, handle, _event(async_finish)
         out = ep_dispatch(
             data,
             topk_idx,
@@ -296,7 +454,52 @@ class Buffer:
         )
         recv_x = (out.recv_x, out.recv_x_scales) if scales is not None else out.recv_x
         counts = [] if num_worst_tokens > 0 else out.num_recv_tokens_per_expert.tolist()
-        return recv_x, out.recv_topk_idx, out.recv_topk_weights, counts, out.handle, _event(async_finish)
+        if is_token_in_rank is None:  # DeepEP requires it; the ops do not, and the handle carries it
+            is_token_in_rank = ep_dispatch_layout(topk_idx, num_tokens_per_expert.shape[0], self.group_size)[3]
+        handle = self._deep_ep_handle(is_token_in_rank, out, config)
+        return recv_x, out.recv_topk_idx, out.recv_topk_weights, counts, handle, _event(async_finish)
+
+    def _deep_ep_handle(self, is_token_in_rank: torch.Tensor, out, config: Config | None) -> _DeepEPHandle:
+        """DeepEP's handle tuple for a dispatch (see ``_DeepEPHandle``). The prefix matrices need every rank's
+        layout counts and token count: one small all-gather; across nodes (R > 8) the forwarding hop and the
+        source metadata need every rank's ``is_token_in_rank``: a second one."""
+        api, num_channels = "deep_ep.Buffer.dispatch", (config.num_sms if config is not None else Buffer.num_sms) // 2
+        in_rank = is_token_in_rank.to(torch.bool)
+        mine = torch.cat([in_rank.sum(0), torch.tensor([in_rank.shape[0]], device=in_rank.device)]).to(torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
+        work = dist.all_gather(everyone, mine, group=self.group, async_op=True)
+        exchange.wait(api, self.group, work, self.num_cpu_timeout_secs, "the handle's layout-count all-gather")
+        everyone = torch.stack(everyone)
+        sent, num_tokens = everyone[:, :-1], everyone[:, -1]
+        if self.group_size <= 8:
+            fields = _DeepEPHandle.intranode(self.rank, num_channels, in_rank, sent, num_tokens, out.recv_src_idx)
+            return _DeepEPHandle(fields, out.handle)
+        sizes = num_tokens.tolist()
+        padded = torch.zeros(max(sizes), self.group_size, dtype=torch.uint8, device=in_rank.device)
+        padded[: in_rank.shape[0]] = in_rank.to(torch.uint8)
+        masks = [torch.empty_like(padded) for _ in range(self.group_size)]
+        work = dist.all_gather(masks, padded, group=self.group, async_op=True)
+        exchange.wait(api, self.group, work, self.num_cpu_timeout_secs, "the handle's is_token_in_rank all-gather")
+        masks = [m[:t].to(torch.bool) for m, t in zip(masks, sizes)]
+        masks[self.rank] = in_rank
+        fields = _DeepEPHandle.internode(self.rank, num_channels, masks, out.recv_src_idx.shape[0])
+        return _DeepEPHandle(fields, out.handle)
+
+    @staticmethod
+    def _op_handle(api: str, handle) -> _OpHandle:
+        """The ops' ``EPHandle`` inside DeepEP's handle tuple (a bare ``EPHandle`` passes through). A tuple
+        without it (re-packed, or DeepEP's own) cannot be replayed: its fields model channels that do not exist."""
+        if isinstance(handle, _DeepEPHandle):
+            return handle.ep
+        if isinstance(handle, _OpHandle):
+            return handle
+        got = type(handle).__name__
+        if isinstance(handle, (tuple, list)):
+            got += f" of length {len(handle)} without the .ep the dispatch's handle carries"
+        raise ValueError(
+            f"deep_ep.Buffer.{api}: argument 'handle' value: expected the handle deep_ep.Buffer.dispatch returned "
+            f"(DeepEP's 6- or 10-tuple carrying .ep, or an EPHandle), got {got}"
+        )
 
     def _recv_counts(self, num_tokens_per_expert: torch.Tensor, expert_alignment: int) -> list[int]:
         """DeepEP's ``num_recv_tokens_per_expert_list`` from the layouts alone (a dispatch without top-k has no
@@ -321,7 +524,7 @@ class Buffer:
     def combine(
         self,
         x: torch.Tensor,
-        handle: _OpHandle,
+        handle: tuple,
         topk_weights=None,
         bias=None,
         config: Config | None = None,
@@ -331,6 +534,7 @@ class Buffer:
     ):
         """``(combined_x, combined_topk_weights, event)``: the unweighted sum of each token's returning copies."""
         self._check_async("combine", previous_event, async_finish, allocate_on_comm_stream)
+        handle = self._op_handle("combine", handle)
         combined, weights = ep_combine(x, handle, topk_weights, bias, timeout_s=self.num_cpu_timeout_secs)
         return combined, weights, _event(async_finish)
 
