@@ -28,7 +28,8 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
         full = MoE(32, 16, 4 * world_size, 2, dtype=torch.float64, **config)
         with torch.no_grad():
             full.gate.e_score_correction_bias.copy_(torch.randn(4 * world_size) * 0.01)
-        for static in (None, 5 + world_size):
+        modes = [(static, expand, align) for static in (None, 5 + world_size) for expand, align in ((False, 1), (True, 4))]
+        for static, expand, align in modes:
             ep = MoE(
                 32,
                 16,
@@ -37,6 +38,8 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
                 dtype=torch.float64,
                 ep_group=dist.group.WORLD,
                 ep_static_tokens=static,
+                ep_expand=expand,
+                ep_alignment=align,
                 **config,
             )
             ep.load_full_state_dict(full.state_dict())
@@ -44,7 +47,7 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
             x = torch.randn(t, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(10 + rank))
             x_ep, x_full = x.clone().requires_grad_(), x.clone().requires_grad_()
             y_ep, y_full = ep(x_ep), full(x_full)
-            assert calc_diff(y_ep, y_full) < 1e-12, f"EP forward differs (static={static})"
+            assert calc_diff(y_ep, y_full) < 1e-12, f"EP forward differs (static={static}, expand={expand})"
             c = torch.randn(y_full.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(20 + rank))
             (y_ep * c).sum().backward()
             (y_full * c).sum().backward()

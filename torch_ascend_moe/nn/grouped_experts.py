@@ -106,14 +106,22 @@ class GroupedExperts(nn.Module):
         hidden = self._grouped(self.act_fn(gate) * up, self.down_proj, offs)
         return moe_unpermute(hidden, row_map, topk_weights)
 
-    def _grouped(self, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    def expanded(self, x: torch.Tensor, psum: torch.Tensor, alignment: int = 1) -> torch.Tensor:
+        """The experts on rows already in expert order (``ep_expand``'s layout: expert ``e``'s rows from
+        ``align(psum[e - 1], alignment)`` to ``psum[e]``): ``[M, H] -> [M, H]``, unweighted; rows outside
+        every block are not computed (padding)."""
+        gate, up = self._grouped(x, self.gate_up_proj, psum, alignment).chunk(2, dim=-1)
+        return self._grouped(self.act_fn(gate) * up, self.down_proj, psum, alignment)
+
+    def _grouped(self, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, alignment=None) -> torch.Tensor:
+        alignment = self.alignment if alignment is None else alignment
         if not self.fp8:
-            return m_grouped_bf16_gemm(x, weight, offs, alignment=self.alignment)
+            return m_grouped_bf16_gemm(x, weight, offs, alignment=alignment)
         return m_grouped_fp8_linear(
             x,
             weight,
             offs,
-            alignment=self.alignment,
+            alignment=alignment,
             block=self.block,
             use_ue8m0=self.use_ue8m0,
             fp8_backward=self.fp8_backward,

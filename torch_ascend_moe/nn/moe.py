@@ -117,6 +117,10 @@ class MoE(nn.Module):
     state dict is sliced by ``load_full_state_dict``); tokens go out with ``ep_dispatch`` and return with
     ``ep_combine``. ``ep_static_tokens=T`` uses the static dispatch (``num_worst_tokens = R·T``, every rank
     passing T tokens: fixed shapes, capturable) instead of the compact one (data-dependent row count).
+    ``ep_expand=True`` takes DeepEP V2's path: the dispatched rows are expanded (``ep_expand``: one row per
+    (token, local expert), blocks aligned to ``ep_alignment``) straight into the grouped GEMMs, and each token's
+    weighted expert outputs are reduced locally in slot order (``ep_reduce_slots``) before ``ep_combine`` adds the
+    ranks' partials in slot order, as ``ElasticBuffer`` does; no permute.
 
     >>> moe = MoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
     >>> moe(torch.randn(2, 3, 64)).shape
@@ -143,6 +147,8 @@ class MoE(nn.Module):
         block: int = 128,
         ep_group=None,
         ep_static_tokens: int | None = None,
+        ep_expand: bool = False,
+        ep_alignment: int = 1,
         activation: str | Callable = "silu",
         input_jitter: float = 0.0,
         device=None,
@@ -170,6 +176,9 @@ class MoE(nn.Module):
             if num_experts % self.ep_size:
                 raise _error("MoE", "num_experts", f"a multiple of the EP world size {self.ep_size}", num_experts)
         self.ep_static_tokens = ep_static_tokens
+        if ep_alignment < 1:
+            raise _error("MoE", "ep_alignment", "a positive integer", ep_alignment)
+        self.ep_expand, self.ep_alignment = ep_expand, ep_alignment
         self.input_jitter = input_jitter
         factory = {"device": device, "dtype": dtype}
         self.gate = MoEGate(
@@ -226,8 +235,29 @@ class MoE(nn.Module):
         sent = ep_dispatch(
             tokens, idx, weights, num_experts=self.num_experts, group=self.ep_group_name, num_worst_tokens=worst
         )
-        local = self.experts(sent.recv_x, sent.recv_topk_idx, sent.recv_topk_weights)
-        out, _ = ep_combine(local, sent.handle)
+        if not self.ep_expand:
+            local = self.experts(sent.recv_x, sent.recv_topk_idx, sent.recv_topk_weights)
+            out, _ = ep_combine(local, sent.handle)
+            return out
+        from torch_ascend_moe.ops.ep import ep_copy_order, ep_expand, ep_reduce_slots
+
+        local_experts, k = self.num_experts // self.ep_size, idx.shape[1]
+        # Static dispatch: a static expanded capacity too (every row on min(K, L) experts, plus the padding).
+        rows = 0
+        if worst:
+            rows = worst * min(k, local_experts) + (self.ep_alignment - 1) * local_experts
+        ex = ep_expand(
+            sent.recv_x,
+            sent.recv_topk_idx,
+            sent.recv_topk_weights,
+            num_local_experts=local_experts,
+            expert_alignment=self.ep_alignment,
+            num_rows=rows,
+        )
+        hidden = self.experts.expanded(ex.x, ex.psum, self.ep_alignment)
+        partial = ep_reduce_slots(hidden, ex.expand_rows, weights=ex.weights)
+        order = ep_copy_order(idx, self.num_experts, self.ep_size)
+        out, _ = ep_combine(partial, sent.handle, copy_order=order)
         return out
 
     @torch.no_grad()

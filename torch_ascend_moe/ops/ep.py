@@ -160,12 +160,13 @@ def ep_expand(
     )
 
 
-def ep_reduce_slots(rows: torch.Tensor, index: torch.Tensor, bias=None) -> torch.Tensor:
-    """``out[j] = round(bias_0[j] + bias_1[j] + rows[index[j, 0]] + rows[index[j, 1]] + ...)`` over the slots
-    with ``index >= 0``, in slot order, accumulated in FP32 (FP64 for FP64 rows) and rounded once: DeepEP V2's
-    ``ordered_accumulate`` (the local reduction of an expanded combine, the adjoint of ``ep_expand``).
-    ``rows`` ``[M, H]``, ``index`` ``[N, K]`` (a row may not repeat within one ``j``'s slots for an adjoint),
-    ``bias`` None, a ``[N, H]`` tensor or a pair. Plain tensor ops: differentiable, traceable, no host sync."""
+def ep_reduce_slots(rows: torch.Tensor, index: torch.Tensor, bias=None, weights: torch.Tensor | None = None):
+    """``out[j] = round(bias_0[j] + bias_1[j] + w[index[j, 0]]·rows[index[j, 0]] + ...)`` over the slots with
+    ``index >= 0`` (-1 marks an empty slot), in slot order, accumulated in FP32 (FP64 for FP64 rows) and rounded
+    once: DeepEP V2's ``ordered_accumulate`` (the local reduction of an expanded combine; the adjoint of
+    ``ep_expand``). ``rows`` ``[M, H]``, ``index`` ``[N, K]``, ``bias`` None, ``[N, H]`` or a pair, ``weights``
+    ``[M]`` (a MoE layer's routing weights, applied in the accumulator's precision; V2's combine takes none).
+    Plain tensor ops: differentiable, traceable, no host sync."""
     acc_t = torch.float64 if rows.dtype == torch.float64 else torch.float32
     n, h = index.shape[0], rows.shape[-1]
     acc = rows.new_zeros(n, h, dtype=acc_t)
@@ -174,9 +175,23 @@ def ep_reduce_slots(rows: torch.Tensor, index: torch.Tensor, bias=None) -> torch
             acc = acc + b.to(acc_t)
     # -1 slots read the appended zero row (index -1 is the last row): no boolean indexing, no sizes needed.
     spare = torch.cat([rows, rows.new_zeros(1, h)])
+    scale = None if weights is None else torch.cat([weights, weights.new_zeros(1)]).to(acc_t)
     for k in range(index.shape[1]):
-        acc = acc + spare[index[:, k]].to(acc_t)
+        term = spare[index[:, k]].to(acc_t)
+        acc = acc + (term if scale is None else scale[index[:, k]].unsqueeze(1) * term)
     return acc.to(rows.dtype)
+
+
+def ep_copy_order(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> torch.Tensor:
+    """``[T, R]``: the last top-k slot each rank serves for each token (-1 where none), ``ep_combine``'s
+    ``copy_order`` for DeepEP V2's reduction order (rank partials added in slot order, each at its rank's last
+    slot)."""
+    idx = topk_idx.long()
+    t, k = idx.shape
+    owner = torch.where(idx >= 0, idx // (num_experts // num_ranks), num_ranks)
+    lanes = torch.arange(k, device=idx.device).expand(t, k)
+    order = torch.full((t, num_ranks + 1), -1, dtype=torch.int64, device=idx.device)
+    return order.scatter_reduce(1, owner, lanes, reduce="amax")[:, :num_ranks]
 
 
 _ll_dispatch = torch.ops.ascend_moe.ep_low_latency_dispatch.default

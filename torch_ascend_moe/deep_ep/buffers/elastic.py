@@ -40,6 +40,7 @@ from torch_ascend_moe.deep_ep.utils.math import align
 from torch_ascend_moe.distributed import exchange
 from torch_ascend_moe.ops.ep import (
     ep_combine,
+    ep_copy_order,
     ep_dispatch,
     ep_dispatch_cached,
     ep_expand,
@@ -586,7 +587,7 @@ class ElasticBuffer:
             combined, cw = self._hybrid_combine(partial, handle, w, bias, local, k)
             return combined, cw, event
         combined, cw = ep_combine(partial, route, w, bias, timeout_s=timeout,
-                                  copy_order=_last_slot_order(handle.topk_idx, local, self.num_ranks))
+                                  copy_order=ep_copy_order(handle.topk_idx, handle.num_experts, self.num_ranks))
         return combined, cw, event
 
     def _hybrid_combine(self, partial, handle, w, bias, local, k):
@@ -783,17 +784,6 @@ class ElasticBuffer:
 def recv_idx_rows(handle: EPHandle) -> torch.Tensor:
     """The expanded row of each received row's slot (``recv_src_metadata[:, 2:]``), int64 for indexing."""
     return handle.recv_src_metadata[:, 2:].long()
-
-
-def _last_slot_order(topk_idx: torch.Tensor, local: int, num_ranks: int) -> torch.Tensor:
-    """``[T, R]``: the last top-k slot each rank serves for each token (V2 adds the rank partials in slot
-    order, each at its rank's last slot)."""
-    idx = topk_idx.long()
-    t, k = idx.shape
-    owner = torch.where(idx >= 0, idx // local, num_ranks)
-    lanes = torch.arange(k, device=idx.device).expand(t, k)
-    order = torch.full((t, num_ranks + 1), -1, dtype=torch.int64, device=idx.device)
-    return order.scatter_reduce(1, owner, lanes, reduce="amax")[:, :num_ranks]
 
 
 def _grouped_reduce(y: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
