@@ -28,7 +28,9 @@ def ep_parity_worker(rank: int, world_size: int, store_path: str) -> None:
         full = MoE(32, 16, 4 * world_size, 2, dtype=torch.float64, **config)
         with torch.no_grad():
             full.gate.e_score_correction_bias.copy_(torch.randn(4 * world_size) * 0.01)
-        modes = [(static, expand, align) for static in (None, 5 + world_size) for expand, align in ((False, 1), (True, 4))]
+        modes = [
+            (static, expand, align) for static in (None, 5 + world_size) for expand, align in ((False, 1), (True, 4))
+        ]
         for static, expand, align in modes:
             ep = MoE(
                 32,

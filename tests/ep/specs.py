@@ -461,12 +461,19 @@ def ll_combine_bad_inputs(device) -> list[BadInput]:
 def expand_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(11)
     out = []
-    for n, h, k, local, align, rows in [(7, 16, 3, 4, 1, 0), (6, 8, 2, 3, 4, 20), (5, 8, 4, 2, 128, 0), (0, 8, 2, 2, 4, 0)]:
+    for n, h, k, local, align, rows in [
+        (7, 16, 3, 4, 1, 0),
+        (6, 8, 2, 3, 4, 20),
+        (5, 8, 4, 2, 128, 0),
+        (0, 8, 2, 2, 4, 0),
+    ]:
         x = torch.randn(n, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
         idx = random_routing(n, k, local, g).to(device) if k <= local else random_routing(n, k, k, g) % local
         w_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         w = torch.rand(n, k, generator=g, dtype=w_dtype).to(device).requires_grad_(requires_grad)
-        out.append(SampleInput((x, None, idx.to(device), w, local, align, rows), f"N{n} K{k} L{local} align{align} rows{rows}"))
+        out.append(
+            SampleInput((x, None, idx.to(device), w, local, align, rows), f"N{n} K{k} L{local} align{align} rows{rows}")
+        )
     if dtype == torch.float32 and not requires_grad:
         x8 = torch.randn(5, 128, generator=g).to(torch.float8_e4m3fn).to(device)
         sf = torch.rand(5, 1, generator=g).to(device)
@@ -492,8 +499,16 @@ def expand_reference(x, x_scales, topk_idx, topk_weights, num_local_experts, exp
     blocks += [None] * (m - len(blocks))
     xd = x.detach().cpu()
     ex = torch.zeros(m, x.shape[1], dtype=torch.float64)
-    es = torch.zeros(m, x_scales.shape[1] if x_scales is not None else 0, dtype=x_scales.dtype if x_scales is not None else torch.int32)
-    ew = torch.zeros(m if topk_weights is not None else 0, dtype=torch.float64) if topk_weights is not None else torch.empty(0, dtype=torch.int32)
+    es = torch.zeros(
+        m,
+        x_scales.shape[1] if x_scales is not None else 0,
+        dtype=x_scales.dtype if x_scales is not None else torch.int32,
+    )
+    ew = (
+        torch.zeros(m if topk_weights is not None else 0, dtype=torch.float64)
+        if topk_weights is not None
+        else torch.empty(0, dtype=torch.int32)
+    )
     for row, slot in enumerate(blocks):
         if slot is not None:
             ex[row] = xd[slot[0]].double()
@@ -509,9 +524,21 @@ def expand_bad_inputs(device) -> list[BadInput]:
     return [
         BadInput((x, None, idx[:3], w, 3, 1, 0), r"argument 'topk_idx' size\(0\) \(N\): expected 4", "rows"),
         BadInput((x, None, idx, w[:, :1], 3, 1, 0), r"argument 'topk_weights' shape: expected \[4, 2\]", "weights"),
-        BadInput((x, None, idx, w, 0, 1, 0), r"argument 'num_local_experts' value: expected a positive integer, got 0", "experts"),
-        BadInput((x, None, idx, w, 3, 0, 0), r"argument 'expert_alignment' value: expected a positive integer, got 0", "alignment"),
-        BadInput((x, None, idx, w, 3, 1, -2), r"argument 'num_rows' value: expected a non-negative integer, got -2", "num_rows"),
+        BadInput(
+            (x, None, idx, w, 0, 1, 0),
+            r"argument 'num_local_experts' value: expected a positive integer, got 0",
+            "experts",
+        ),
+        BadInput(
+            (x, None, idx, w, 3, 0, 0),
+            r"argument 'expert_alignment' value: expected a positive integer, got 0",
+            "alignment",
+        ),
+        BadInput(
+            (x, None, idx, w, 3, 1, -2),
+            r"argument 'num_rows' value: expected a non-negative integer, got -2",
+            "num_rows",
+        ),
         BadInput((x, None, idx.float(), w, 3, 1, 0), r"argument 'topk_idx' dtype: expected torch.int64", "idx dtype"),
         BadInput(
             (x, None, idx, w, 2, 1, 0),

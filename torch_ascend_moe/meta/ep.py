@@ -266,7 +266,9 @@ def expand_signature(a) -> None:
     op = EXPAND
     check_rows(op, a.x, a.x_scales)
     ck.check_rank(op, "topk_idx", a.topk_idx, 2, "[N, K]")
-    ck.check_arg(a.topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", a.topk_idx.dtype)
+    ck.check_arg(
+        a.topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", a.topk_idx.dtype
+    )
     ck.check_dim_size(op, "topk_idx", a.topk_idx, 0, "N", a.x.shape[0], "x.size(0)")
     if a.topk_weights is not None:
         ck.check_arg(

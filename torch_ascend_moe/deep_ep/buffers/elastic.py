@@ -110,8 +110,16 @@ class EPHandle:
         self.route = route
         self.recv_topk_idx = recv_topk_idx
 
-    def deterministic_sort(self, do_cpu_sync, is_cached_dispatch, recv_x, recv_sf, recv_topk_idx, recv_topk_weights,
-                           channel_linked_list=None) -> None:
+    def deterministic_sort(
+        self,
+        do_cpu_sync,
+        is_cached_dispatch,
+        recv_x,
+        recv_sf,
+        recv_topk_idx,
+        recv_topk_weights,
+        channel_linked_list=None,
+    ) -> None:
         """Upstream sorts the received rows by ``src_token_global_idx``; ours already arrive in that order."""
         if not is_cached_dispatch:
             self.cached_recv_src_metadata_before_sort = self.recv_src_metadata
@@ -148,19 +156,32 @@ class ElasticBuffer:
         api = "deep_ep.ElasticBuffer"
         if group is None:
             raise ValueError(f"{api}: argument 'group' value: expected a torch.distributed ProcessGroup, got None")
-        for name, value in (("num_cpu_timeout_secs", num_cpu_timeout_secs), ("num_gpu_timeout_secs", num_gpu_timeout_secs)):
+        for name, value in (
+            ("num_cpu_timeout_secs", num_cpu_timeout_secs),
+            ("num_gpu_timeout_secs", num_gpu_timeout_secs),
+        ):
             if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{api}: argument '{name}' value: expected a positive number of seconds, got {value!r}")
-        for name, value in (("num_max_tokens_per_rank", num_max_tokens_per_rank), ("hidden", hidden),
-                            ("num_topk", num_topk), ("num_cpu_bytes", num_cpu_bytes), ("num_allocated_qps", num_allocated_qps)):
+                raise ValueError(
+                    f"{api}: argument '{name}' value: expected a positive number of seconds, got {value!r}"
+                )
+        for name, value in (
+            ("num_max_tokens_per_rank", num_max_tokens_per_rank),
+            ("hidden", hidden),
+            ("num_topk", num_topk),
+            ("num_cpu_bytes", num_cpu_bytes),
+            ("num_allocated_qps", num_allocated_qps),
+        ):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{api}: argument '{name}' value: expected a non-negative integer, got {value!r}")
         if num_cpu_bytes > 0 and num_bytes is None:
-            raise ValueError(f"{api}: argument 'num_bytes' value: expected the total bytes when num_cpu_bytes > 0, got None")
+            raise ValueError(
+                f"{api}: argument 'num_bytes' value: expected the total bytes when num_cpu_bytes > 0, got None"
+            )
         for name, value in (("num_bytes", num_bytes), ("num_cpu_bytes", num_cpu_bytes)):
             if value is not None and (value < 0 or value % _ALIGNMENT):
                 raise ValueError(
-                    f"{api}: argument '{name}' value: expected a non-negative multiple of {_ALIGNMENT} (2 MiB), got {value}"
+                    f"{api}: argument '{name}' value: expected a non-negative multiple of {_ALIGNMENT} (2 MiB), "
+                    f"got {value}"
                 )
         self.group = group
         self.group_name = group.group_name
@@ -181,7 +202,12 @@ class ElasticBuffer:
         self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
         if num_bytes is None:
             num_bytes = ElasticBuffer.get_buffer_size_hint(
-                group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode,
+                group,
+                num_max_tokens_per_rank,
+                hidden,
+                num_topk,
+                use_fp8_dispatch,
+                allow_hybrid_mode,
                 allow_multiple_reduction,
             )
         self.num_bytes, self.num_cpu_bytes = num_bytes, num_cpu_bytes
@@ -200,9 +226,15 @@ class ElasticBuffer:
     # ---- sizes and topology ----
 
     @staticmethod
-    def get_buffer_size_hint(group, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
-                             use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
-                             allow_multiple_reduction: bool = True) -> int:
+    def get_buffer_size_hint(
+        group,
+        num_max_tokens_per_rank: int,
+        hidden: int,
+        num_topk: int = 0,
+        use_fp8_dispatch: bool = False,
+        allow_hybrid_mode: bool = True,
+        allow_multiple_reduction: bool = True,
+    ) -> int:
         """``align_2MiB(max(dispatch, combine))`` bytes of a direct-mode receive area of ``R · num_max`` token
         slots (``num_topk = 0`` counts as 32, FP8 as ``ceil(H / 32)`` 4-byte SF packs); hybrid mode doubles it
         for the forwarding area. An estimate of upstream's (its exact per-channel layout is not modelled);
@@ -216,8 +248,9 @@ class ElasticBuffer:
         return align(max(total, 1), _ALIGNMENT)
 
     @staticmethod
-    def get_engram_storage_size_hint(num_entries: int, hidden: int, num_max_tokens_per_rank: int,
-                                     dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
+    def get_engram_storage_size_hint(
+        num_entries: int, hidden: int, num_max_tokens_per_rank: int, dtype: torch.dtype = torch.bfloat16
+    ) -> tuple[int, int]:
         entry = align(hidden * dtype.itemsize, 32)
         return align(entry * num_max_tokens_per_rank, _ALIGNMENT), align(entry * num_entries, _ALIGNMENT)
 
@@ -241,9 +274,16 @@ class ElasticBuffer:
     def get_logical_domain_size(self) -> tuple[int, int]:
         return self.num_scaleout_ranks, self.num_scaleup_ranks
 
-    def get_theoretical_num_sms(self, num_experts: int, num_topk: int, num_scaleout_topk: int = 0,
-                                rdma_gbs: float = 0, nvlink_gbs: float = 0, sm_read_gbs: float = 200,
-                                sm_write_gbs: float = 50) -> int:
+    def get_theoretical_num_sms(
+        self,
+        num_experts: int,
+        num_topk: int,
+        num_scaleout_topk: int = 0,
+        rdma_gbs: float = 0,
+        nvlink_gbs: float = 0,
+        sm_read_gbs: float = 200,
+        sm_write_gbs: float = 50,
+    ) -> int:
         """Upstream's balanced-gate traffic model (even, at least 4, at most the device's SMs), cached per buffer.
         Off CUDA the "device" is an H800's 132 SMs and missing link speeds count as 1 GB/s (only ratios matter)."""
         key = (num_experts, num_topk, num_scaleout_topk, rdma_gbs, nvlink_gbs, sm_read_gbs, sm_write_gbs)
@@ -251,8 +291,9 @@ class ElasticBuffer:
             self._num_sms[key] = self._theoretical_num_sms(*key)
         return self._num_sms[key]
 
-    def _theoretical_num_sms(self, num_experts, num_topk, num_scaleout_topk, rdma_gbs, nvlink_gbs, sm_read_gbs,
-                             sm_write_gbs) -> int:
+    def _theoretical_num_sms(
+        self, num_experts, num_topk, num_scaleout_topk, rdma_gbs, nvlink_gbs, sm_read_gbs, sm_write_gbs
+    ) -> int:
         if num_scaleout_topk != 0:
             raise ValueError(
                 "deep_ep.ElasticBuffer.get_theoretical_num_sms: argument 'num_scaleout_topk' value: expected 0 "
@@ -265,7 +306,9 @@ class ElasticBuffer:
         rdma_gbs, nvlink_gbs = rdma_gbs or 1.0, nvlink_gbs or 1.0
 
         def expected_topk(groups: int) -> float:
-            return groups * (1 - math.comb(num_experts - num_experts // groups, num_topk) / math.comb(num_experts, num_topk))
+            return groups * (
+                1 - math.comb(num_experts - num_experts // groups, num_topk) / math.comb(num_experts, num_topk)
+            )
 
         so, r = self.num_scaleout_ranks, self.num_ranks
         expected_so = expected_topk(so) if so > 1 else 0
@@ -370,52 +413,88 @@ class ElasticBuffer:
         data, sf = x if isinstance(x, tuple) else (x, None)
         event = EventOverlap(EventHandle() if async_with_compute_stream else None)
         if handle is not None:
-            return self._cached_dispatch(api, data, sf, topk_idx, topk_weights, num_experts, num_max_tokens_per_rank,
-                                         expert_alignment, previous_event, allocate_on_comm_stream, num_qps, handle,
-                                         do_cpu_sync, do_expand, use_tma_aligned_col_major_sf, event)
+            return self._cached_dispatch(
+                api,
+                data,
+                sf,
+                topk_idx,
+                topk_weights,
+                num_experts,
+                num_max_tokens_per_rank,
+                expert_alignment,
+                previous_event,
+                allocate_on_comm_stream,
+                num_qps,
+                handle,
+                do_cpu_sync,
+                do_expand,
+                use_tma_aligned_col_major_sf,
+                event,
+            )
         num_max = _value_or(num_max_tokens_per_rank, self.num_max_tokens_per_rank)
         alignment = _value_or(expert_alignment, 1)
         do_cpu_sync = _value_or(do_cpu_sync, True)
 
         def check():
             if not isinstance(data, torch.Tensor) or data.dim() != 2:
-                raise ValueError(f"{api}: argument 'x' value: expected a [T, H] tensor or an (FP8 [T, H], sf) pair, "
-                                 f"got {type(data).__name__}")
+                raise ValueError(
+                    f"{api}: argument 'x' value: expected a [T, H] tensor or an (FP8 [T, H], sf) pair, "
+                    f"got {type(data).__name__}"
+                )
             if topk_idx is None:
-                raise ValueError(f"{api}: argument 'topk_idx' value: expected the [T, K] expert ids (required "
-                                 "without a cached handle), got None")
+                raise ValueError(
+                    f"{api}: argument 'topk_idx' value: expected the [T, K] expert ids (required "
+                    "without a cached handle), got None"
+                )
             if num_experts is None:
-                raise ValueError(f"{api}: argument 'num_experts' value: expected the number of experts (required "
-                                 "without a cached handle), got None")
+                raise ValueError(
+                    f"{api}: argument 'num_experts' value: expected the number of experts (required "
+                    "without a cached handle), got None"
+                )
             if not isinstance(num_max, int) or num_max < 1:
-                raise ValueError(f"{api}: argument 'num_max_tokens_per_rank' value: expected a positive integer "
-                                 f"(here or at construction), got {num_max!r}")
+                raise ValueError(
+                    f"{api}: argument 'num_max_tokens_per_rank' value: expected a positive integer "
+                    f"(here or at construction), got {num_max!r}"
+                )
             if data.shape[0] > num_max:
-                raise ValueError(f"{api}: argument 'x' size(0) (T): expected at most num_max_tokens_per_rank="
-                                 f"{num_max}, got {data.shape[0]}")
+                raise ValueError(
+                    f"{api}: argument 'x' size(0) (T): expected at most num_max_tokens_per_rank="
+                    f"{num_max}, got {data.shape[0]}"
+                )
             if self.hidden and data.shape[1] > self.hidden:
-                raise ValueError(f"{api}: argument 'x' size(1) (hidden): expected at most {self.hidden} (the "
-                                 f"buffer was sized for it), got {data.shape[1]}")
+                raise ValueError(
+                    f"{api}: argument 'x' size(1) (hidden): expected at most {self.hidden} (the "
+                    f"buffer was sized for it), got {data.shape[1]}"
+                )
             if not isinstance(alignment, int) or alignment < 1:
-                raise ValueError(f"{api}: argument 'expert_alignment' value: expected a positive integer, got "
-                                 f"{alignment!r}")
+                raise ValueError(
+                    f"{api}: argument 'expert_alignment' value: expected a positive integer, got {alignment!r}"
+                )
             if do_zero_padding and not do_expand:
                 raise ValueError(f"{api}: argument 'do_zero_padding' value: expected False unless do_expand, got True")
             if cumulative_local_expert_recv_stats is not None and (
                 cumulative_local_expert_recv_stats.dim() != 1
                 or cumulative_local_expert_recv_stats.shape[0] != num_experts // self.num_ranks
             ):
-                raise ValueError(f"{api}: argument 'cumulative_local_expert_recv_stats' shape: expected "
-                                 f"[{num_experts // self.num_ranks}] (local experts), got "
-                                 f"{list(cumulative_local_expert_recv_stats.shape)}")
+                raise ValueError(
+                    f"{api}: argument 'cumulative_local_expert_recv_stats' shape: expected "
+                    f"[{num_experts // self.num_ranks}] (local experts), got "
+                    f"{list(cumulative_local_expert_recv_stats.shape)}"
+                )
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, data, check)
         r, k = self.num_ranks, topk_idx.shape[1]
         num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
         out = ep_dispatch(
-            data, topk_idx, topk_weights, num_experts=num_experts, group=self.group_name, x_scales=sf,
-            expert_alignment=alignment, num_worst_tokens=0 if do_cpu_sync else r * num_max,
+            data,
+            topk_idx,
+            topk_weights,
+            num_experts=num_experts,
+            group=self.group_name,
+            x_scales=sf,
+            expert_alignment=alignment,
+            num_worst_tokens=0 if do_cpu_sync else r * num_max,
             timeout_s=self.num_cpu_timeout_secs,
         )
         route, recv_idx, device = out.handle, out.recv_topk_idx, out.recv_x.device
@@ -444,8 +523,15 @@ class ElasticBuffer:
         recv_x, recv_sf, recv_w = out.recv_x, out.recv_x_scales, out.recv_topk_weights
         if do_expand:
             rows = 0 if do_cpu_sync else _expand_capacity(r, num_max, k, local, alignment)
-            ex = ep_expand(recv_x, recv_idx, recv_w, num_local_experts=local, x_scales=recv_sf,
-                           expert_alignment=alignment, num_rows=rows)
+            ex = ep_expand(
+                recv_x,
+                recv_idx,
+                recv_w,
+                num_local_experts=local,
+                x_scales=recv_sf,
+                expert_alignment=alignment,
+                num_rows=rows,
+            )
             recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
             meta[:, 2:] = ex.expand_rows.int()
             psum_expert, num_expanded = ex.psum, ex.x.shape[0]
@@ -454,16 +540,33 @@ class ElasticBuffer:
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += unaligned.to(cumulative_local_expert_recv_stats.dtype)
         handle = EPHandle(
-            do_expand, num_experts, alignment, num_max, num_sms,
+            do_expand,
+            num_experts,
+            alignment,
+            num_max,
+            num_sms,
             topk_idx.clone() if do_handle_copy else topk_idx,
-            n, num_expanded, counts_list, psum_scaleup, psum_expert, unaligned, meta,
+            n,
+            num_expanded,
+            counts_list,
+            psum_scaleup,
+            psum_expert,
+            unaligned,
+            meta,
             self._dst_slots(topk_idx, local, not do_cpu_sync),
-            route=route, recv_topk_idx=recv_idx,
+            route=route,
+            recv_topk_idx=recv_idx,
         )
         if self.deterministic:
             handle.deterministic_sort(do_cpu_sync, False, recv_x, recv_sf, recv_idx, recv_w)
         recv_sf = _sf_layout(recv_sf, use_tma_aligned_col_major_sf)
-        return ((recv_x, recv_sf) if sf is not None else recv_x), (None if do_expand else recv_idx), recv_w, handle, event
+        return (
+            ((recv_x, recv_sf) if sf is not None else recv_x),
+            (None if do_expand else recv_idx),
+            recv_w,
+            handle,
+            event,
+        )
 
     def _dst_slots(self, topk_idx, local, padded):
         """Each slot's row among those sent to its rank: the token's rank in that destination's send list
@@ -472,33 +575,59 @@ class ElasticBuffer:
         t, r = idx.shape[0], self.num_ranks
         owner = torch.where(idx >= 0, idx // local, r)
         in_rank = torch.zeros(t, r + 1, dtype=torch.int64, device=idx.device).scatter_(1, owner, 1)[:, :r]
-        pos = (torch.arange(t, device=idx.device).unsqueeze(1).expand(t, r) if padded
-               else torch.cumsum(in_rank, 0) - 1)
+        pos = torch.arange(t, device=idx.device).unsqueeze(1).expand(t, r) if padded else torch.cumsum(in_rank, 0) - 1
         pos = torch.cat([pos, pos.new_full((t, 1), -1)], 1)
         return pos.gather(1, owner).int()
 
-    def _cached_dispatch(self, api, data, sf, topk_idx, topk_weights, num_experts, num_max, alignment,
-                         previous_event, allocate_on_comm_stream, num_qps, handle, do_cpu_sync, do_expand,
-                         use_tma_aligned_col_major_sf, event):
+    def _cached_dispatch(
+        self,
+        api,
+        data,
+        sf,
+        topk_idx,
+        topk_weights,
+        num_experts,
+        num_max,
+        alignment,
+        previous_event,
+        allocate_on_comm_stream,
+        num_qps,
+        handle,
+        do_cpu_sync,
+        do_expand,
+        use_tma_aligned_col_major_sf,
+        event,
+    ):
         def check():
             if not isinstance(handle, EPHandle) or handle.route is None:
-                raise ValueError(f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
-                                 f"package returned, got {type(handle).__name__}")
+                raise ValueError(
+                    f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
+                    f"package returned, got {type(handle).__name__}"
+                )
             if topk_idx is not None:
-                raise ValueError(f"{api}: argument 'topk_idx' value: expected None with a cached handle (it "
-                                 "reuses handle.topk_idx), got a tensor")
+                raise ValueError(
+                    f"{api}: argument 'topk_idx' value: expected None with a cached handle (it "
+                    "reuses handle.topk_idx), got a tensor"
+                )
             if do_cpu_sync:
-                raise ValueError(f"{api}: argument 'do_cpu_sync' value: expected None or False with a cached "
-                                 "handle, got True")
-            given = (_value_or(num_experts, handle.num_experts), _value_or(alignment, handle.expert_alignment),
-                     _value_or(num_max, handle.num_max_tokens_per_rank))
+                raise ValueError(
+                    f"{api}: argument 'do_cpu_sync' value: expected None or False with a cached handle, got True"
+                )
+            given = (
+                _value_or(num_experts, handle.num_experts),
+                _value_or(alignment, handle.expert_alignment),
+                _value_or(num_max, handle.num_max_tokens_per_rank),
+            )
             held = (handle.num_experts, handle.expert_alignment, handle.num_max_tokens_per_rank)
             if given != held:
-                raise ValueError(f"{api}: arguments (num_experts, expert_alignment, num_max_tokens_per_rank) value: "
-                                 f"expected the handle's {held}, got {given}")
+                raise ValueError(
+                    f"{api}: arguments (num_experts, expert_alignment, num_max_tokens_per_rank) value: "
+                    f"expected the handle's {held}, got {given}"
+                )
             if do_expand != handle.do_expand:
-                raise ValueError(f"{api}: argument 'do_expand' value: expected the handle's {handle.do_expand}, "
-                                 f"got {do_expand}")
+                raise ValueError(
+                    f"{api}: argument 'do_expand' value: expected the handle's {handle.do_expand}, got {do_expand}"
+                )
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, data, check)
@@ -511,9 +640,15 @@ class ElasticBuffer:
             # slots as the first dispatch's, which makes its gradient the exact adjoint.
             recv_w = torch.where(recv_idx >= 0, ep_dispatch_cached(topk_weights, route, timeout_s=timeout)[0], 0)
         if handle.do_expand:
-            ex = ep_expand(recv_x, recv_idx, recv_w, num_local_experts=handle.num_experts // self.num_ranks,
-                           x_scales=recv_sf, expert_alignment=handle.expert_alignment,
-                           num_rows=handle.num_expanded_tokens)
+            ex = ep_expand(
+                recv_x,
+                recv_idx,
+                recv_w,
+                num_local_experts=handle.num_experts // self.num_ranks,
+                x_scales=recv_sf,
+                expert_alignment=handle.expert_alignment,
+                num_rows=handle.num_expanded_tokens,
+            )
             recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
         recv_sf = _sf_layout(recv_sf, use_tma_aligned_col_major_sf)
         out_x = (recv_x, recv_sf) if sf is not None else recv_x
@@ -542,22 +677,30 @@ class ElasticBuffer:
 
         def check():
             if not isinstance(handle, EPHandle) or handle.route is None:
-                raise ValueError(f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
-                                 f"package returned, got {type(handle).__name__}")
+                raise ValueError(
+                    f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
+                    f"package returned, got {type(handle).__name__}"
+                )
             if isinstance(bias, tuple) and len(bias) != 2:
                 raise ValueError(f"{api}: argument 'bias' value: expected a tensor or a pair, got {len(bias)} tensors")
             rows = handle.num_expanded_tokens if handle.do_expand else handle.recv_topk_idx.shape[0]
             if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != rows:
-                raise ValueError(f"{api}: argument 'x' shape: expected [{rows}, H] (the handle's "
-                                 f"{'expanded' if handle.do_expand else 'received'} rows), got "
-                                 f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+                raise ValueError(
+                    f"{api}: argument 'x' shape: expected [{rows}, H] (the handle's "
+                    f"{'expanded' if handle.do_expand else 'received'} rows), got "
+                    f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+                )
             if handle.do_expand and topk_weights is not None:
                 if not self.allow_multiple_reduction:
-                    raise ValueError(f"{api}: argument 'topk_weights' value: expected None in expand mode unless "
-                                     "the buffer allows multiple reductions (upstream's rule), got a tensor")
+                    raise ValueError(
+                        f"{api}: argument 'topk_weights' value: expected None in expand mode unless "
+                        "the buffer allows multiple reductions (upstream's rule), got a tensor"
+                    )
                 if topk_weights.dim() != 1 or topk_weights.shape[0] != rows:
-                    raise ValueError(f"{api}: argument 'topk_weights' shape: expected [{rows}] (one per expanded "
-                                     f"row), got {list(topk_weights.shape)}")
+                    raise ValueError(
+                        f"{api}: argument 'topk_weights' shape: expected [{rows}] (one per expanded "
+                        f"row), got {list(topk_weights.shape)}"
+                    )
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, x, check)
@@ -567,8 +710,11 @@ class ElasticBuffer:
         timeout = self.num_cpu_timeout_secs
         w = None
         if topk_weights is not None:
-            w = torch.cat([topk_weights, topk_weights.new_zeros(1)])[recv_idx_rows(handle)] if handle.do_expand \
+            w = (
+                torch.cat([topk_weights, topk_weights.new_zeros(1)])[recv_idx_rows(handle)]
+                if handle.do_expand
                 else topk_weights
+            )
             w = torch.where(recv_idx >= 0, w, 0)  # each slot comes back from its owner only
         hybrid = self.allow_hybrid_mode and self.num_scaleout_ranks > 1
         if handle.do_expand and not self.allow_multiple_reduction:
@@ -586,8 +732,14 @@ class ElasticBuffer:
         if hybrid:
             combined, cw = self._hybrid_combine(partial, handle, w, bias, local, k)
             return combined, cw, event
-        combined, cw = ep_combine(partial, route, w, bias, timeout_s=timeout,
-                                  copy_order=ep_copy_order(handle.topk_idx, handle.num_experts, self.num_ranks))
+        combined, cw = ep_combine(
+            partial,
+            route,
+            w,
+            bias,
+            timeout_s=timeout,
+            copy_order=ep_copy_order(handle.topk_idx, handle.num_experts, self.num_ranks),
+        )
         return combined, cw, event
 
     def _hybrid_combine(self, partial, handle, w, bias, local, k):
@@ -616,16 +768,22 @@ class ElasticBuffer:
         api = "deep_ep.ElasticBuffer.engram_write"
         self._alive("engram_write")
         if storage.dim() != 2 or storage.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-            raise ValueError(f"{api}: argument 'storage' value: expected a [num_entries, hidden] BF16 or FP8 tensor, "
-                             f"got {storage.dtype} of shape {list(storage.shape)}")
+            raise ValueError(
+                f"{api}: argument 'storage' value: expected a [num_entries, hidden] BF16 or FP8 tensor, "
+                f"got {storage.dtype} of shape {list(storage.shape)}"
+            )
         fp8 = storage.dtype == torch.float8_e4m3fn
         if fp8 != (sf is not None):
-            raise ValueError(f"{api}: argument 'sf' value: expected the scales exactly when the storage is FP8, got "
-                             f"{'None' if sf is None else 'a tensor'} for {storage.dtype}")
+            raise ValueError(
+                f"{api}: argument 'sf' value: expected the scales exactly when the storage is FP8, got "
+                f"{'None' if sf is None else 'a tensor'} for {storage.dtype}"
+            )
         r = self.num_ranks
         if sf is not None and (sf.dim() != 2 or sf.shape[0] != r * storage.shape[0] or sf.element_size() != 4):
-            raise ValueError(f"{api}: argument 'sf' shape: expected [{r * storage.shape[0]}, packs] of 4-byte packs, "
-                             f"got {list(sf.shape)} {sf.dtype}")
+            raise ValueError(
+                f"{api}: argument 'sf' shape: expected [{r * storage.shape[0]}, packs] of 4-byte packs, "
+                f"got {list(sf.shape)} {sf.dtype}"
+            )
         self.barrier()
         rows = exchange.as_bytes(storage)
         gathered = rows.new_empty(r * rows.shape[0], rows.shape[1])
@@ -643,11 +801,15 @@ class ElasticBuffer:
             raise RuntimeError(f"{api}: no storage: call engram_write first")
         storage, sf = self._engram
         if indices.dim() != 2 or indices.dtype != torch.int32:
-            raise ValueError(f"{api}: argument 'indices' value: expected [num_tokens, entries_per_token] "
-                             f"torch.int32, got {indices.dtype} of shape {list(indices.shape)}")
+            raise ValueError(
+                f"{api}: argument 'indices' value: expected [num_tokens, entries_per_token] "
+                f"torch.int32, got {indices.dtype} of shape {list(indices.shape)}"
+            )
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= storage.shape[0]):
-            raise ValueError(f"{api}: argument 'indices' values: expected entry ids in [0, {storage.shape[0]}), "
-                             f"got [{int(indices.min())}, {int(indices.max())}]")
+            raise ValueError(
+                f"{api}: argument 'indices' values: expected entry ids in [0, {storage.shape[0]}), "
+                f"got [{int(indices.min())}, {int(indices.max())}]"
+            )
         t = indices.shape[0]
         flat = indices.reshape(-1).long()
         data = exchange.take_rows(storage, flat, False).view(t, -1)
@@ -661,8 +823,10 @@ class ElasticBuffer:
         api = "deep_ep.ElasticBuffer.pp_set_config"
         self._alive("pp_set_config")
         if num_max_tensor_bytes < 1 or num_max_inflight_tensors < 1:
-            raise ValueError(f"{api}: arguments 'num_max_tensor_bytes'/'num_max_inflight_tensors' value: expected "
-                             f"positive integers, got {num_max_tensor_bytes}, {num_max_inflight_tensors}")
+            raise ValueError(
+                f"{api}: arguments 'num_max_tensor_bytes'/'num_max_inflight_tensors' value: expected "
+                f"positive integers, got {num_max_tensor_bytes}, {num_max_inflight_tensors}"
+            )
         self._drain_pp_sends(api)
         self.barrier()
         self._pp = (num_max_tensor_bytes, num_max_inflight_tensors)
@@ -673,11 +837,15 @@ class ElasticBuffer:
         r = self.num_ranks
         neighbours = {(self.rank_idx - 1) % r, (self.rank_idx + 1) % r}
         if peer not in neighbours or peer == self.rank_idx:
-            raise ValueError(f"{api}: argument '{name}' value: expected the previous or next rank in the ring "
-                             f"{sorted(neighbours - {self.rank_idx})}, got {peer}")
+            raise ValueError(
+                f"{api}: argument '{name}' value: expected the previous or next rank in the ring "
+                f"{sorted(neighbours - {self.rank_idx})}, got {peer}"
+            )
         if not t.is_contiguous() or t.numel() * t.element_size() > self._pp[0]:
-            raise ValueError(f"{api}: argument 't' value: expected a contiguous tensor of at most "
-                             f"{self._pp[0]} bytes (pp_set_config), got {t.numel() * t.element_size()} bytes")
+            raise ValueError(
+                f"{api}: argument 't' value: expected a contiguous tensor of at most "
+                f"{self._pp[0]} bytes (pp_set_config), got {t.numel() * t.element_size()} bytes"
+            )
         return dist.get_global_rank(self.group, peer)
 
     def pp_send(self, t: torch.Tensor, dst_rank_idx: int, num_sms: int = 0) -> None:

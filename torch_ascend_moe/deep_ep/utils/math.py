@@ -46,10 +46,10 @@ def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = x.shape
     aligned_n = align(n, 128)
     x_padded = torch.nn.functional.pad(x, (0, aligned_n - n), mode="constant", value=0)
-    x_padded_view = x_padded.view(m, -1, 128)
-    x_amax = x_padded_view.abs().float().amax(dim=2).view(m, -1).clamp(1e-4)
+    x_padded_view = x_padded.view(m, aligned_n // 128, 128)  # explicit: -1 cannot be inferred for 0 tokens
+    x_amax = x_padded_view.abs().float().amax(dim=2).view(m, aligned_n // 128).clamp(1e-4)
     fp8 = (x_padded_view * (448.0 / x_amax.unsqueeze(2))).to(torch.float8_e4m3fn)
-    return fp8.view(m, aligned_n)[:, :n].contiguous(), (x_amax / 448.0).view(m, -1)
+    return fp8.view(m, aligned_n)[:, :n].contiguous(), (x_amax / 448.0).view(m, aligned_n // 128)
 
 
 def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Tensor:
