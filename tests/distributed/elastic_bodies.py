@@ -307,6 +307,27 @@ def check_upstream_test_ep(
     buffer.destroy()
 
 
+def check_combine_adds_in_slot_order(rank: int, world_size: int) -> None:
+    """V2 adds the rank partials in top-k slot order, V1 in rank order; FP32 hides the difference for a few
+    BF16 terms, so the values make it visible: bias -2^25, rank 0's partial 2^25 (slot 1), rank 1's 1 (slot 0).
+    Slot order: (-2^25 + 1) + 2^25 = 0 in FP32 (1 is below -2^25's ulp); rank order gives 1."""
+    import torch_ascend_moe.deep_ep as deep_ep
+    from torch_ascend_moe.deep_ep.utils.refs import combine as ref_combine
+
+    buffer = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=2, hidden=8, num_cpu_timeout_secs=30)
+    topk_idx = torch.tensor([[1, 0]]) if rank == 0 else torch.full((1, 2), -1)  # experts 0 | 1 on ranks 0 | 1
+    x = torch.randn(1, 8).bfloat16()
+    bias = torch.full((1, 8), -(2.0**25)).bfloat16()
+    _, recv_idx, _, handle, _ = buffer.dispatch(x, topk_idx, num_experts=2)
+    partial = torch.full((recv_idx.shape[0], 8), 2.0**25 if rank == 0 else 1.0).bfloat16()
+    combined, _, _ = buffer.combine(partial, handle, bias=bias)
+    if rank == 0:
+        y = torch.stack([torch.full((8,), 1.0), torch.full((8,), 2.0**25)]).bfloat16().unsqueeze(0)
+        want = ref_combine(y, topk_idx, 1, world_size, 2, bias, True, False)
+        assert torch.equal(want, torch.zeros(1, 8).bfloat16()), "the reference lost the ordering effect"
+        assert torch.equal(combined, want), f"combine is not in slot order: {combined[0, 0].item()}"
+
+
 def check_bad_input_fails_every_rank(rank: int, world_size: int) -> None:
     """A bad argument on one rank (T above the maximum, a wider hidden than the buffer's, different experts)
     raises on every rank, fast (the others are told instead of timing out)."""
@@ -509,6 +530,7 @@ CHECKS = {
     "upstream_test_ep_deterministic_masked": lambda r, w: check_upstream_test_ep(
         r, w, deterministic=True, masked_ratio=0.3, modes_step=3
     ),
+    "combine_adds_in_slot_order": check_combine_adds_in_slot_order,
     "bad_input_fails_every_rank": check_bad_input_fails_every_rank,
     "experimental": check_experimental,
     "autograd_expand_gemm_combine": check_autograd_expand_gemm_combine,
