@@ -6,6 +6,7 @@
 // sort); segments start at multiples of `alignment`; the output has the static capacity
 // T*k + (E-1)*(alignment-1) rows, padding rows are zero; topk_idx -1 drops a pair (row_map -1).
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -27,20 +28,26 @@ constexpr const char* kGating = "ascend_moe::moe_gating_topk";
 
 bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
 
-// out[t] += w[t, j] * y[map[t, j]] for tokens t0..t1 (pragmas cannot sit inside AT_DISPATCH's macro).
-template <typename T>
-void gather_weighted(const T* y, const T* w, const int32_t* map, int64_t k, int64_t H, int64_t t0, int64_t t1,
-                     T* out) {
+// out[t] = round(sum_j w[t, j] * Acc(y[map[t, j]])) for tokens t0..t1, in slot order from zero: each row is
+// widened as it is read, so there is no [rows, H] FP32 copy of y (fresh pages cost more than the arithmetic).
+// (Pragmas cannot sit inside AT_DISPATCH's macro, hence a template.)
+template <typename T, typename Acc>
+void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* map, int64_t k, int64_t H,
+                     int64_t t0, int64_t t1, T* out) {
+  std::vector<Acc> acc(H);
   for (int64_t t = t0; t < t1; ++t) {
+    std::fill(acc.begin(), acc.end(), Acc(0));
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = map[t * k + j];
       if (r < 0) continue;
-      const T wt = w ? w[t * k + j] : T(1);
-      const T* row = y + r * H;
-      T* o = out + t * H;
+      const Acc wt = w ? w[t * k + j] : Acc(1);
+      const T* row = y + r * y_stride;
+      Acc* a = acc.data();
 #pragma omp simd
-      for (int64_t h = 0; h < H; ++h) o[h] += wt * row[h];
+      for (int64_t h = 0; h < H; ++h) a[h] += wt * static_cast<Acc>(row[h]);
     }
+    T* o = out + t * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = static_cast<T>(acc[h]);
   }
 }
 
@@ -131,16 +138,19 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
                  "rows of y in [-1, " + std::to_string(R) + ") (-1 = not routed)",
                  "row_map[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(map[i]));
   }
-  const at::Tensor yc = y.to(acc_t).contiguous();
-  at::Tensor acc = at::zeros({T, H}, y.options().dtype(acc_t));
-  AT_DISPATCH_FLOATING_TYPES(acc_t, "moe_unpermute", [&] {
+  const at::Tensor yc = H <= 1 || y.stride(1) == 1 ? y : y.contiguous();
+  at::Tensor out = at::empty({T, H}, y.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "moe_unpermute", [&] {
+    using Acc = at::opmath_type<scalar_t>;  // FP32 for the 16-bit types and FP32, FP64 for FP64
     const scalar_t* ys = yc.const_data_ptr<scalar_t>();
-    const scalar_t* ws = w.defined() ? w.const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* out = acc.data_ptr<scalar_t>();
-    at::parallel_for(0, T, 16,
-                     [&](int64_t t0, int64_t t1) { gather_weighted(ys, ws, map, k, H, t0, t1, out); });
+    const Acc* ws = w.defined() ? w.const_data_ptr<Acc>() : nullptr;
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const int64_t stride = R ? yc.stride(0) : 0;
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+      gather_weighted<scalar_t, Acc>(ys, stride, ws, map, k, H, t0, t1, o);
+    });
   });
-  return acc.scalar_type() == y.scalar_type() ? acc : acc.to(y.scalar_type());
+  return out;
 }
 
 

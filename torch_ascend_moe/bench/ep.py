@@ -6,6 +6,10 @@ DeepEP's workload (tokens per rank, hidden, top-k of E experts; options ``--toke
 times ``(1 + 4/128) / 2``), the same bytes for combine. The baseline is a bare ``all_to_all_single`` moving
 those rows with the same splits in the same run, so the ratio is our overhead over the transport (the
 header exchange, routing metadata, packing and the ordered reduction). Without torchrun it runs on one rank.
+
+The V2 cases run DeepEP V2's ``ElasticBuffer`` (compat API) on the same workload: ``dispatch`` (compact, and
+``do_expand`` into the GEMM-ready layout) and ``combine`` (slot-order reduction; expanded rows reduced locally
+first), each against the same bare all-to-all, so they read next to the V1 op rows.
 """
 
 from __future__ import annotations
@@ -103,6 +107,38 @@ def _combine_case(quick: bool) -> Case:
     )
 
 
+def _elastic_case(quick: bool, what: str) -> Case:
+    state = {"bytes": 0.0}
+
+    def setup():
+        from torch_ascend_moe.deep_ep import ElasticBuffer
+
+        r, t, h, k, e, x, idx, w = _workload(quick)
+        buffer = ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=t, hidden=h, num_topk=k)
+        expand = what.endswith("expand")
+        recv_x, _, recv_w, handle, _ = buffer.dispatch(x, idx, w, num_experts=e, do_expand=expand)
+        route = handle.route
+        compact = route.recv_gather.shape[0]
+        state["bytes"] = compact * h * 2
+        if what.startswith("dispatch"):
+            send = x[route.send_src]
+            base = _a2a_baseline(compact, send, route.recv_counts.tolist(), route.send_counts.tolist())
+            return (lambda: buffer.dispatch(x, idx, w, num_experts=e, do_expand=expand)), base
+        y = torch.randn(recv_x.shape).bfloat16()
+        rows = torch.randn(compact, h).bfloat16()
+        base = _a2a_baseline(route.send_src.shape[0], rows, route.send_counts.tolist(), route.recv_counts.tolist())
+        return (lambda: buffer.combine(y, handle, topk_weights=recv_w)), base
+
+    return Case(
+        _label(f"ElasticBuffer.{what} BF16", quick),
+        0,
+        setup,
+        "all_to_all_single of the same rows",
+        bytes=lambda: state["bytes"],
+        iterations=3 if quick else 10,
+    )
+
+
 def _label(name: str, quick: bool) -> str:
     _init()
     t = OPTIONS.get("tokens", 64 if quick else 2048)
@@ -113,4 +149,5 @@ def _label(name: str, quick: bool) -> str:
 
 
 def cases(quick: bool = False) -> list[Case]:
-    return [_dispatch_case(quick, False), _dispatch_case(quick, True), _combine_case(quick)]
+    v2 = [_elastic_case(quick, what) for what in ("dispatch", "dispatch expand", "combine", "combine expand")]
+    return [_dispatch_case(quick, False), _dispatch_case(quick, True), _combine_case(quick), *v2]

@@ -163,7 +163,9 @@ def take_rows(rows: torch.Tensor, index: torch.Tensor, padded: bool) -> torch.Te
     # uint8 rows: CPU index_select copies whole rows of bytes (int64 words take a per-element path, 5x slower).
     out = b.index_select(0, index.clamp(min=0) if padded else index)
     if padded:
-        out.masked_fill_((index < 0).unsqueeze(1), 0)
+        # Zero the padding rows through 8-byte words when the width allows (a byte-wise fill is 2x slower).
+        words = out.view(torch.int64) if out.shape[1] % 8 == 0 and out.shape[1] else out
+        words.masked_fill_((index < 0).unsqueeze(1), 0)
     return out.view(rows.dtype).view(index.shape[0], *rows.shape[1:])
 
 

@@ -167,12 +167,19 @@ def ep_reduce_slots(rows: torch.Tensor, index: torch.Tensor, bias=None, weights:
     ``ep_expand``). ``rows`` ``[M, H]``, ``index`` ``[N, K]``, ``bias`` None, ``[N, H]`` or a pair, ``weights``
     ``[M]`` (a MoE layer's routing weights, applied in the accumulator's precision; V2's combine takes none).
     Plain tensor ops: differentiable, traceable, no host sync."""
+    biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
+    if not biases:
+        # moe_unpermute is this sum with per-slot weights (slot order from zero, one rounding), an op with a
+        # C++ CPU kernel that widens rows as it reads them.
+        from torch_ascend_moe.ops.moe_routing import moe_unpermute
+
+        slot_w = None if weights is None else torch.cat([weights, weights.new_zeros(1)])[index]
+        return moe_unpermute(rows, index.int(), slot_w)
     acc_t = torch.float64 if rows.dtype == torch.float64 else torch.float32
     n, h = index.shape[0], rows.shape[-1]
     acc = rows.new_zeros(n, h, dtype=acc_t)
-    for b in bias if isinstance(bias, (tuple, list)) else (bias,):
-        if b is not None:
-            acc = acc + b.to(acc_t)
+    for b in biases:
+        acc = acc + b.to(acc_t)
     # -1 slots read the appended zero row (index -1 is the last row): no boolean indexing, no sizes needed.
     spare = torch.cat([rows, rows.new_zeros(1, h)])
     scale = None if weights is None else torch.cat([weights, weights.new_zeros(1)]).to(acc_t)

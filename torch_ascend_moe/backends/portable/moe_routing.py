@@ -66,12 +66,16 @@ def moe_unpermute(y, row_map, topk_weights):
     _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
     rows = row_map.long()
-    gathered = y.to(acc_t)[rows.clamp(min=0)]
-    if topk_weights is not None:
-        gathered = gathered * topk_weights.to(acc_t).unsqueeze(-1)
-    # A -1 slot contributes nothing, whatever the row it was clamped to or its weight holds (NaN included): where,
-    # not a multiply by 0.
-    return torch.where((rows >= 0).unsqueeze(-1), gathered, 0).sum(1).to(y.dtype)
+    out = y.new_zeros(rows.shape[0], y.shape[1], dtype=acc_t)
+    # Slot by slot from zero, as the CPU kernel adds (bitwise the same; a sum over slots may reorder). A -1 slot
+    # contributes nothing, whatever the row it was clamped to or its weight holds (NaN included): where, not a
+    # multiply by 0.
+    for j in range(rows.shape[1]):
+        term = y[rows[:, j].clamp(min=0)].to(acc_t)
+        if topk_weights is not None:
+            term = topk_weights[:, j : j + 1].to(acc_t) * term
+        out = out + torch.where((rows[:, j] >= 0).unsqueeze(-1), term, 0)
+    return out.to(y.dtype)
 
 
 def gating_scores(logits, score_func, acc):
