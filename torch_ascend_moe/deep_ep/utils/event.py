@@ -14,22 +14,29 @@ class EventHandle:
         return None
 
 
+class HookAlreadyRegistered(RuntimeError, AssertionError):
+    """A second hook on one ``EventOverlap``: upstream asserts, so DeepEP code may catch ``AssertionError``."""
+
+
 class EventOverlap:
-    """DeepEP's ``EventOverlap``: ``current_stream_wait()`` runs the hook registered with
-    ``register_hook_after_wait`` once (the operation itself has already completed)."""
+    """DeepEP's ``EventOverlap``: ``current_stream_wait()`` waits on the event, then runs the hook registered
+    with ``register_hook_after_wait`` once and returns its result (DeepEP-Ascend's semantics: the hook is taken
+    before it runs, so a failing or re-entrant hook is not repeated and a hook may register a successor; a failed
+    wait keeps the hook). The operation itself has already completed."""
 
     def __init__(self, event: EventHandle | None = None, extra_tensors: tuple | None = None):
-        self.event, self.extra_tensors, self._hook = event, extra_tensors, None
+        self.event, self.extra_tensors = event, extra_tensors
+        self.hook_after_wait = None
 
     def register_hook_after_wait(self, hook) -> None:
-        if self._hook is not None:
-            raise RuntimeError("deep_ep.EventOverlap: a hook is already registered (only one is allowed)")
-        self._hook = hook
+        if self.hook_after_wait is not None:
+            raise HookAlreadyRegistered("deep_ep.EventOverlap: a hook is already registered on this EventOverlap")
+        self.hook_after_wait = hook
 
     def current_stream_wait(self, release_handle: bool = False):
         if self.event is not None:
             self.event.current_stream_wait()
-        hook, self._hook = self._hook, None
+        hook, self.hook_after_wait = self.hook_after_wait, None
         result = hook() if hook is not None else None
         if release_handle:
             self.event = None
@@ -49,4 +56,4 @@ class EventOverlap:
         self.current_stream_wait(getattr(self, "_release", False))
 
 
-__all__ = ["EventHandle", "EventOverlap"]
+__all__ = ["EventHandle", "EventOverlap", "HookAlreadyRegistered"]
