@@ -143,3 +143,20 @@ def test_reference_dispatch_optional_weights(weighted, packed, empty):
         assert received_weights is None
     else:
         torch.testing.assert_close(received_weights, weights[:rows])
+
+
+@pytest.mark.parametrize("reduce_in_local", [False, True])
+def test_reference_combine_ascend_signature(reduce_in_local):
+    """DeepEP-Ascend's ``refs.combine(y, topk_idx, num_experts, bias, reduce_in_local)`` (no scale-out) is
+    upstream's direct-mode recipe on one domain of all ranks; a 1-tuple bias is allowed there."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(6, 4, 16, generator=g).bfloat16()
+    idx = torch.randint(-1, 8, (6, 4), generator=g)
+    bias = torch.randn(6, 16, generator=g).bfloat16()
+    with patch.object(dist, "get_world_size", return_value=2):
+        ascend = refs.combine(y, idx, 8, (bias,), reduce_in_local)
+        keyword = refs.combine(y, idx, num_experts=8, bias=bias, reduce_in_local=reduce_in_local)
+    upstream = refs.combine(y, idx, 1, 2, 8, bias, reduce_in_local, False)
+    assert torch.equal(ascend, upstream) and torch.equal(keyword, upstream)
+    with pytest.raises(TypeError, match="expected"):
+        refs.combine(y, idx, 1, 2, 8, bias)

@@ -196,24 +196,46 @@ def _grouped_reduce(data: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
     return result.view(num_tokens, num_topk, hidden)
 
 
-def combine(
-    y: torch.Tensor,
-    topk_idx: torch.Tensor,
-    num_scaleout_ranks: int,
-    num_scaleup_ranks: int,
-    num_experts: int,
-    bias: tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None,
-    reduce_in_local: bool,
-    reduce_in_scaleup: bool,
-) -> torch.Tensor:
-    """Reference (possibly multi-level) combine of ``y`` ``[N, K, hidden]`` routed by ``topk_idx`` ``[N, K]``.
+def combine(y: torch.Tensor, topk_idx: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """Reference (possibly multi-level) combine of ``y`` ``[N, K, hidden]`` routed by ``topk_idx`` ``[N, K]``,
+    in either published signature: upstream DeepEP's ``combine(y, topk_idx, num_scaleout_ranks,
+    num_scaleup_ranks, num_experts, bias, reduce_in_local, reduce_in_scaleup)`` or DeepEP-Ascend's
+    ``combine(y, topk_idx, num_experts, bias, reduce_in_local)`` (no scale-out: one domain of the default
+    group's ranks; ``bias`` may be a tuple of one or two).
 
     ``reduce_in_local``: first reduce the slots of each destination rank (``topk_idx // experts_per_rank``);
     ``reduce_in_scaleup``: then the slots of each scale-out node (``// (experts_per_rank * num_scaleup_ranks)``);
     each group's FP32 slot-order sum is rounded to ``y``'s dtype at its last slot (see ``_grouped_reduce``).
-    Finally ``ordered_accumulate`` from the FP32 bias sum (``bias0 + bias1`` for a pair). ``(True, True)`` =
-    hybrid, ``(True, False)`` = direct, ``(False, False)`` = no multiple reduction; ``(False, True)`` is invalid.
+    Finally ``ordered_accumulate`` from the FP32 bias sum. ``(True, True)`` = hybrid, ``(True, False)`` =
+    direct, ``(False, False)`` = no multiple reduction; ``(False, True)`` is invalid.
     """
+    ascend_names = {"num_experts", "bias", "reduce_in_local"}
+    if len(args) + len(kwargs) == 3 and set(kwargs) <= ascend_names:
+        bound = dict(zip(("num_experts", "bias", "reduce_in_local"), args), **kwargs)
+        num_scaleout_ranks, num_scaleup_ranks = 1, dist.get_world_size()
+        num_experts, bias = bound["num_experts"], bound["bias"]
+        reduce_in_local, reduce_in_scaleup = bound["reduce_in_local"], False
+    else:
+        names = (
+            "num_scaleout_ranks",
+            "num_scaleup_ranks",
+            "num_experts",
+            "bias",
+            "reduce_in_local",
+            "reduce_in_scaleup",
+        )
+        bound = dict(zip(names, args), **kwargs)
+        missing = [n for n in names if n not in bound]
+        if missing or len(bound) != len(names):
+            raise TypeError(
+                "deep_ep.utils.refs.combine: expected (y, topk_idx, num_scaleout_ranks, num_scaleup_ranks, "
+                "num_experts, bias, reduce_in_local, reduce_in_scaleup) or DeepEP-Ascend's (y, topk_idx, "
+                f"num_experts, bias, reduce_in_local), got {len(args)} positional and {sorted(kwargs)} keyword "
+                "arguments after topk_idx"
+            )
+        num_scaleout_ranks, num_scaleup_ranks, num_experts, bias, reduce_in_local, reduce_in_scaleup = (
+            bound[n] for n in names
+        )
     if reduce_in_scaleup and not reduce_in_local:
         raise ValueError("deep_ep.utils.refs.combine: reduce_in_scaleup requires reduce_in_local")
     num_ranks = num_scaleout_ranks * num_scaleup_ranks
@@ -222,10 +244,11 @@ def combine(
         y = _grouped_reduce(y, topk_idx // num_experts_per_rank)
     if reduce_in_scaleup:
         y = _grouped_reduce(y, topk_idx // (num_experts_per_rank * num_scaleup_ranks))
-    if isinstance(bias, tuple):
-        bias_sum = bias[0].float() + bias[1].float()
-    else:
-        bias_sum = bias.float() if bias is not None else None
+    biases = bias if isinstance(bias, (tuple, list)) else (bias,)
+    bias_sum = None
+    for b in biases:
+        if b is not None:
+            bias_sum = b.float() if bias_sum is None else bias_sum + b.float()
     return ordered_accumulate(y, bias_sum)
 
 
