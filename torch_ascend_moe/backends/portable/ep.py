@@ -435,9 +435,11 @@ def ep_expand(args):
     slot_of.scatter_(0, target, torch.arange(n * k, device=device))
     slot_of = slot_of[:m]
     src = torch.where(slot_of >= 0, slot_of // max(k, 1), -1)
-    expanded_x = exchange.take_rows(args.x, src, True)
+    # Exact rows without alignment padding have no -1 source: skip the zeroing pass.
+    padded = not (align == 1 and args.num_rows == 0)
+    expanded_x = exchange.take_rows(args.x, src, padded)
     if args.x_scales is not None:
-        expanded_scales = exchange.take_rows(args.x_scales, src, True)
+        expanded_scales = exchange.take_rows(args.x_scales, src, padded)
     else:
         expanded_scales = args.x.new_empty(m, 0, dtype=_ABSENT)
     if args.topk_weights is not None:
