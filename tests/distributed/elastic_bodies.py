@@ -328,6 +328,36 @@ def check_combine_adds_in_slot_order(rank: int, world_size: int) -> None:
         assert torch.equal(combined, want), f"combine is not in slot order: {combined[0, 0].item()}"
 
 
+def check_fp8_ue8m0_packs(rank: int, world_size: int) -> None:
+    """FP8 rows with int32 SF packs (4 UE8M0 bytes each, V2's other SF form) move bitwise, compact, expanded
+    (TMA-aligned column-major) and cached, against ``refs.dispatch``."""
+    import torch_ascend_moe.deep_ep as deep_ep
+    from torch_ascend_moe.deep_ep.utils.refs import dispatch as ref_dispatch
+
+    buffer = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=12, hidden=256, num_cpu_timeout_secs=30)
+    g = torch.Generator().manual_seed(rank)
+    t = 12 - 3 * rank
+    x = torch.randn(t, 256, generator=g).to(torch.float8_e4m3fn)
+    sf = torch.randint(-(2**31), 2**31 - 1, (t, 2), generator=g, dtype=torch.int32)
+    idx = torch.stack([torch.randperm(8, generator=g)[:3] for _ in range(t)])
+    (recv_x, recv_sf), recv_idx, _, handle, _ = buffer.dispatch((x, sf), idx, num_experts=8)
+    (ref_x, ref_sf), ref_idx, _, ref_src, _ = ref_dispatch((x, sf), idx, None, 12, 8)
+    order = torch.sort(handle.recv_src_metadata[:, 0]).indices
+    assert torch.equal(handle.recv_src_metadata[order, 0], ref_src)
+    assert torch.equal(recv_x[order].view(torch.uint8), ref_x.view(torch.uint8))
+    assert torch.equal(recv_sf[order], ref_sf) and torch.equal(recv_idx[order], ref_idx)
+    (ex, esf), _, _, ehandle, _ = buffer.dispatch(
+        (x, sf), idx, num_experts=8, do_expand=True, expert_alignment=4, use_tma_aligned_col_major_sf=True
+    )
+    assert esf.stride() == (1, -(-esf.shape[0] // 4) * 4), f"column-major SF strides: {esf.stride()}"
+    rows = ehandle.recv_src_metadata[:, 2:]
+    for j in range(rows.shape[0]):
+        for r in rows[j][rows[j] >= 0].tolist():
+            assert torch.equal(ex[r].view(torch.uint8), recv_x[j].view(torch.uint8)) and torch.equal(esf[r], recv_sf[j])
+    (cx, csf), _, _, same, _ = buffer.dispatch((x, sf), handle=handle)
+    assert same is handle and torch.equal(cx.view(torch.uint8), recv_x.view(torch.uint8)) and torch.equal(csf, recv_sf)
+
+
 def check_bad_input_fails_every_rank(rank: int, world_size: int) -> None:
     """A bad argument on one rank (T above the maximum, a wider hidden than the buffer's, different experts)
     raises on every rank, fast (the others are told instead of timing out)."""
@@ -531,6 +561,7 @@ CHECKS = {
         r, w, deterministic=True, masked_ratio=0.3, modes_step=3
     ),
     "combine_adds_in_slot_order": check_combine_adds_in_slot_order,
+    "fp8_ue8m0_packs": check_fp8_ue8m0_packs,
     "bad_input_fails_every_rank": check_bad_input_fails_every_rank,
     "experimental": check_experimental,
     "autograd_expand_gemm_combine": check_autograd_expand_gemm_combine,

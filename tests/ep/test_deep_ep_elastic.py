@@ -14,6 +14,7 @@ CASES = [
     # Two emulated nodes of two ranks: hybrid mode's per-domain reduction and scale-up grouping.
     ("upstream_test_ep_deterministic_masked", 4, {"TORCH_ASCEND_MOE_EP_RANKS_PER_NODE": "2"}),
     ("combine_adds_in_slot_order", 2, None),
+    ("fp8_ue8m0_packs", 2, None),
     ("bad_input_fails_every_rank", 2, None),
     ("experimental", 2, None),
     ("autograd_expand_gemm_combine", 2, None),
