@@ -385,6 +385,11 @@ def check_bad_input_fails_every_rank(rank: int, world_size: int) -> None:
             lambda: buffer.dispatch(torch.randn(8, 64).bfloat16(), idx, num_experts=4 if rank else 8),
             r"the ranks disagree on num_experts",
         ),
+        (
+            "experts not a multiple of ranks",
+            lambda: buffer.dispatch(torch.randn(8, 64).bfloat16(), idx, num_experts=3),
+            r"argument 'num_experts' value: expected a multiple of the number of ranks \(2\), got 3",
+        ),
     ]
     for name, call, own in cases:
         start = time.monotonic()
@@ -394,7 +399,7 @@ def check_bad_input_fails_every_rank(rank: int, world_size: int) -> None:
             text = str(e)
             import re
 
-            if rank == 1 or name == "experts":
+            if rank == 1 or name.startswith("experts"):
                 assert re.search(own, text), f"{name}: {text}"
             else:
                 assert "rejected their arguments" in text, f"{name}: {text}"

@@ -485,7 +485,6 @@ class ElasticBuffer:
 
         self._check(api, data, check)
         r, k = self.num_ranks, topk_idx.shape[1]
-        num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
         out = ep_dispatch(
             data,
             topk_idx,
@@ -498,6 +497,8 @@ class ElasticBuffer:
             timeout_s=self.num_cpu_timeout_secs,
         )
         route, recv_idx, device = out.handle, out.recv_topk_idx, out.recv_x.device
+        # After the op validated num_experts (the SM model divides by it).
+        num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
         local = num_experts // r
         # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
         # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
