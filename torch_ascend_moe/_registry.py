@@ -178,6 +178,29 @@ def portable_kernel(name: str | Callable | None = None):
     return _by_name(name, lambda fn, op: _PORTABLE.impl(op, fn, "CompositeExplicitAutograd"))
 
 
+# One library object for the device overrides (torch_npu adapters on PrivateUse1, ...).
+_DEVICE = torch.library.Library(NAMESPACE, "IMPL")
+# op -> the torch_npu op(s) its Ascend adapter calls (``info`` shows it; an op absent here runs its portable
+# kernel on an NPU).
+NPU_KERNELS: dict[str, str] = {}
+
+
+def npu_kernel(name: str | Callable | None = None, *, calls: str):
+    """Register an Ascend adapter for ``ascend_moe::<name>`` under ``PrivateUse1`` (the key torch_npu renames
+    "npu"); ``calls`` names the torch_npu op(s) it runs. It receives every schema argument, as a portable kernel.
+    Importing the module registers it; nothing reaches it without NPU tensors, so tests call it directly.
+
+    >>> @npu_kernel(calls="npu_grouped_matmul")
+    ... def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype): ...
+    """
+
+    def register(kernel: Callable, op: str) -> None:
+        NPU_KERNELS[op] = calls
+        _DEVICE.impl(op, kernel, "PrivateUse1")
+
+    return _by_name(name, register)
+
+
 def import_families(package: str, path) -> None:
     """Import every module of ``package`` (``__name__``, ``__path__``): each family module registers its own
     pieces by name at import, so no list of families or ops is kept here."""

@@ -1,0 +1,34 @@
+"""The shim itself: torch_npu's schemas and meta rules load on CPU, and they are the wheel's (a wrong call fails
+the way torch_npu would), without touching torch's own Meta kernels or leaving a torch_npu module behind."""
+
+import sys
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+def test_schemas_and_metas_are_the_wheels(npu_ops):
+    schema = str(torch.ops.npu.npu_grouped_matmul.default._schema)
+    assert "int? group_list_type=0" in schema and "Tensor[] weight, *," in schema
+    assert not npu_ops.failed.keys() & {"npu_grouped_matmul", "npu_moe_distribute_dispatch_v2", "npu_dynamic_mx_quant"}
+    with FakeTensorMode():
+        x = torch.empty(64, 256, dtype=torch.bfloat16)
+        w = torch.empty(4, 256, 128, dtype=torch.bfloat16)
+        (y,) = torch.ops.npu.npu_grouped_matmul(
+            [x], [w], group_list=torch.tensor([16, 32, 48, 64]), split_item=3, group_type=0, group_list_type=0
+        )
+        assert y.shape == (64, 128) and y.dtype == torch.bfloat16
+        q, s = torch.ops.npu.npu_dynamic_mx_quant(x, dst_type=292)
+        assert q.dtype == torch.float8_e4m3fn and s.shape == (64, 4, 2) and s.dtype == torch.uint8
+        with pytest.raises(RuntimeError, match="takes 2 positional"):  # keyword-only, as the schema says
+            torch.ops.npu.npu_grouped_matmul([x], [w], None)
+    assert "torch_npu" not in sys.modules  # the stand-in was only there while the metas were defined
+    assert "npu_grouped_matmul" in npu_ops.docs("npu_grouped_matmul")
+
+
+def test_torch_meta_kernels_untouched(npu_ops):
+    """The wheel's ``aten::_convolution`` Meta override is dropped: torch's own conv meta still serves."""
+    with FakeTensorMode():
+        out = torch.nn.functional.conv2d(torch.empty(1, 3, 8, 8), torch.empty(4, 3, 3, 3))
+    assert out.shape == (1, 4, 6, 6)

@@ -1,0 +1,203 @@
+"""torch_npu's own op schemas and meta rules on a machine without CANN: what the NPU adapters are checked
+against in CI (specs/npu_triton_facts.md §3).
+
+``load()`` fetches the pinned torch_npu wheel (the one matching torch's version) into a cache directory once
+(``pip download --no-deps``; never installed: an installed torch_npu breaks ``import torch`` without CANN),
+defines every ``npu::`` schema from the wheel's ``npu_native_functions_by_codegen.yaml`` and runs the wheel's
+``_meta_registrations.py`` / ``_fake_registrations.py`` against a stand-in ``torch_npu`` module (error codes,
+``get_cann_version``, ``get_soc_version``, torch_npu's dtype enums). After it, ``torch.ops.npu.<op>`` exists
+with torch_npu's exact schema (argument names, keyword-only layout, defaults, outputs) and Meta kernel, so an
+adapter written as ``torch.ops.npu.X(...)`` runs under ``FakeTensorMode``, on meta tensors and through
+``torch.compile`` exactly as torch_npu would check it.
+
+Values need a kernel: ``cpu_reference("npu_x")`` registers a CPU implementation of an op's documented semantics
+(written from the wheel's docs, ``torch_npu/_op_plugin_docs.py``): our reading of Ascend's op, not Ascend's
+kernel. Nothing of the wheel is vendored; the stand-in replaces only what the metas import. The wheel's two
+``aten`` Meta overrides (``matmul_backward``, ``_convolution``) are not applied: they would replace torch's own
+process-wide.
+
+Cache: ``$TORCH_ASCEND_MOE_CACHE`` or ``~/.cache/torch_ascend_moe``. Offline without a cached wheel, ``load``
+raises ``WheelUnavailable`` (tests skip on it, except under ``CI=true``, where a missing wheel is a failure).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+VERSION = torch.__version__.split("+")[0]  # torch_npu X.Y.Z pins torch==X.Y.Z.*
+_MEMBERS = (
+    "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml",
+    "torch_npu/op_plugin/meta/_meta_registrations.py",
+    "torch_npu/op_plugin/meta/_fake_registrations.py",
+    "torch_npu/utils/_error_code.py",
+    "torch_npu/_op_plugin_docs.py",
+)
+# torch_npu's own dtype enums (ScalarType numbers beyond torch's), as the metas compare them.
+NPU_DTYPES = {
+    "int4": 285,
+    "hifloat8": 290,
+    "float8_e5m2": 291,
+    "float8_e4m3fn": 292,
+    "float8_e8m0fnu": 293,
+    "float4_e2m1fn_x2": 296,
+    "float4_e1m2fn_x2": 297,
+}
+# Ascend 950 is SoC >= 260 in the metas; A2/A3 below. The default is A3's (torch_npu 2.13's main target).
+SOC = {"version": 250, "cann": "9.2.0"}
+
+
+class WheelUnavailable(RuntimeError):
+    """The torch_npu wheel is neither cached nor downloadable here."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TORCH_ASCEND_MOE_CACHE", Path.home() / ".cache" / "torch_ascend_moe"))
+
+
+def wheel_root() -> Path:
+    """The unpacked members of the torch_npu wheel for this torch (downloaded and unpacked on first use)."""
+    root = cache_dir() / f"torch_npu-{VERSION}"
+    if all((root / m).is_file() for m in _MEMBERS):
+        return root
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache_dir().glob(f"torch_npu-{VERSION}-*.whl"))
+    if not wheels:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-q",
+            f"torch-npu=={VERSION}",
+            "-d",
+            str(cache_dir()),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        wheels = sorted(cache_dir().glob(f"torch_npu-{VERSION}-*.whl"))
+        if done.returncode or not wheels:
+            raise WheelUnavailable(f"pip download torch-npu=={VERSION} failed: {done.stderr.strip()[-500:]}")
+    with zipfile.ZipFile(wheels[-1]) as z:
+        for member in _MEMBERS:
+            z.extract(member, root)
+    return root
+
+
+def _stand_in(root: Path) -> dict[str, types.ModuleType]:
+    """The modules ``_meta_registrations.py`` imports, as far as it uses them (the error codes are the wheel's)."""
+
+    def module(name: str, package: bool = False, **attrs) -> types.ModuleType:
+        m = types.ModuleType(name)
+        if package:
+            m.__path__ = []
+        m.__dict__.update(attrs)
+        return m
+
+    npu_utils = module("torch_npu.npu.utils", get_cann_version=lambda *a, **k: SOC["cann"])
+    backends = module("torch_npu.npu._backends", get_soc_version=lambda: SOC["version"])
+    utils_utils = module("torch_npu.utils.utils", _is_interactive_command_line=lambda: False)
+    mods = {
+        "torch_npu": module("torch_npu", package=True, **NPU_DTYPES),
+        "torch_npu.utils": module("torch_npu.utils", package=True),
+        "torch_npu.utils.utils": utils_utils,
+        "torch_npu.npu": module("torch_npu.npu", package=True, utils=npu_utils, _backends=backends),
+        "torch_npu.npu.utils": npu_utils,
+        "torch_npu.npu._backends": backends,
+    }
+    codes = module("torch_npu.utils._error_code")
+    mods["torch_npu.utils._error_code"] = codes
+    mods["torch_npu.utils"]._error_code = codes
+    mods["torch_npu.utils"].utils = utils_utils
+    with mock.patch.dict(sys.modules, mods):
+        path = root / "torch_npu/utils/_error_code.py"
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), codes.__dict__)  # noqa: S102
+    mods["torch_npu"].uint8 = torch.uint8
+    mods["torch_npu"].utils = mods["torch_npu.utils"]
+    mods["torch_npu"].npu = mods["torch_npu.npu"]
+    return mods
+
+
+class _NoAtenOverride(torch.library.Library):
+    """Stands in for the metas' ``Library("aten", "IMPL", "Meta")``: its registrations are dropped (a subclass,
+    so ``torch.library.impl`` still takes the library form)."""
+
+    def impl(self, *args, **kwargs) -> None:
+        return None
+
+
+class NpuOps:
+    """What ``load()`` returns: the libraries and module globals that keep the definitions alive."""
+
+    def __init__(self, root: Path, libraries: list, namespaces: list[dict], failed: dict[str, str]):
+        self.root, self.libraries, self.namespaces, self.failed = root, libraries, namespaces, failed
+        self.cpu = torch.library.Library("npu", "IMPL", "CPU")  # cpu_reference's kernels
+
+    @property
+    def ops(self):
+        return torch.ops.npu
+
+    def docs(self, name: str) -> str:
+        """The wheel's docstring of ``torch_npu.<name>`` (``_op_plugin_docs.py``)."""
+        text = (self.root / "torch_npu/_op_plugin_docs.py").read_text(encoding="utf-8")
+        start = text.find(f'torch_npu.{name}"')
+        start = text.find(f"torch_npu.{name}") if start < 0 else start
+        return text[start : text.find("_add_torch_npu_docstr", start + 1)] if start >= 0 else ""
+
+
+@functools.cache
+def load() -> NpuOps:
+    """Define torch_npu's ``npu::`` schemas and Meta kernels in this process (once)."""
+    import yaml
+
+    root = wheel_root()
+    spec = yaml.safe_load((root / _MEMBERS[0]).read_text(encoding="utf-8"))
+    lib = torch.library.Library("npu", "DEF")
+    failed: dict[str, str] = {}
+    defined: set[str] = set()
+    for section in spec.values() if isinstance(spec, dict) else ():
+        for entry in section if isinstance(section, list) else ():
+            func = entry.get("func") if isinstance(entry, dict) else None
+            if not func or func.split("(")[0] in defined:
+                continue
+            try:
+                lib.define(func)
+                defined.add(func.split("(")[0])
+            except Exception as e:  # noqa: BLE001  (a few entries are duplicates or use defaults torch rejects)
+                failed[func.split("(")[0]] = str(e).splitlines()[0]
+    real_library = torch.library.Library
+
+    def library(ns, kind, dispatch_key=""):
+        return _NoAtenOverride(ns, kind, dispatch_key) if ns == "aten" else real_library(ns, kind, dispatch_key)
+
+    namespaces = []
+    with mock.patch.dict(sys.modules, _stand_in(root)), mock.patch.object(torch.library, "Library", library):
+        for member in _MEMBERS[1:3]:
+            path = root / member
+            scope = {"__name__": f"torch_npu.op_plugin.meta.{path.stem}", "__file__": str(path)}
+            exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), scope)  # noqa: S102
+            namespaces.append(scope)
+    return NpuOps(root, [lib], namespaces, failed)
+
+
+def cpu_reference(name: str):
+    """Register ``fn`` as the CPU kernel of ``npu::<name>`` (our reading of its documented semantics), so an
+    adapter's glue can be checked for values on CPU tensors."""
+
+    def register(fn):
+        load().cpu.impl(name, fn)
+        return fn
+
+    return register
+
+
+__all__ = ["NPU_DTYPES", "SOC", "NpuOps", "WheelUnavailable", "cpu_reference", "load", "wheel_root"]
