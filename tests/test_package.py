@@ -93,6 +93,7 @@ def test_cli_info_json():
     assert info["build"]["torch"] == torch.__version__
     assert sorted(info["ops"]) == OPS
     assert all(info["ops"][n]["CPU"] and info["ops"][n]["autograd"] for n in OPS)
+    assert set(info["npu_kernels"]) <= set(OPS) and all(isinstance(v, str) for v in info["npu_kernels"].values())
 
 
 def test_cli_info_table_and_bench(tmp_path):

@@ -43,6 +43,15 @@ def capabilities(name: str) -> dict[str, bool]:
     return caps
 
 
+def npu_kernels() -> dict[str, str]:
+    """Which torch_npu op each ascend_moe op's Ascend adapter calls (the rest run their portable kernel on an
+    NPU). The adapter modules are imported to read it: they touch ``torch.ops.npu`` only when called."""
+    from torch_ascend_moe.backends import npu
+
+    npu.register()
+    return dict(_registry.NPU_KERNELS)
+
+
 def build_info() -> dict[str, object]:
     ext = torch_ascend_moe._C
     return {
@@ -84,7 +93,12 @@ def cmd_info(args, console: Console) -> int:
     if args.json:
         print(
             json.dumps(
-                {"build": build_info(), "backends": backend_info(), "ops": {n: capabilities(n) for n in op_names()}},
+                {
+                    "build": build_info(),
+                    "backends": backend_info(),
+                    "ops": {n: capabilities(n) for n in op_names()},
+                    "npu_kernels": npu_kernels(),
+                },
                 indent=2,
                 default=str,
             )
@@ -100,9 +114,12 @@ def cmd_info(args, console: Console) -> int:
     matrix.add_column("op")
     for col in columns:
         matrix.add_column(col, justify="center")
+    matrix.add_column("on NPU")
+    on_npu = npu_kernels()
     for name in names:
         caps = capabilities(name)
-        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns))
+        npu_kernel = f"torch_npu.{on_npu[name]}" if name in on_npu else "portable"
+        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), npu_kernel)
     console.print(matrix)
     return 0
 

@@ -32,3 +32,14 @@ def test_torch_meta_kernels_untouched(npu_ops):
     with FakeTensorMode():
         out = torch.nn.functional.conv2d(torch.empty(1, 3, 8, 8), torch.empty(4, 3, 3, 3))
     assert out.shape == (1, 4, 6, 6)
+
+
+def test_every_adapter_calls_torch_npu_ops_that_exist(npu_ops):
+    """``info``'s "on NPU" column: each adapter's ``calls`` names torch_npu ops of the pinned wheel."""
+    from torch_ascend_moe import _registry
+    from torch_ascend_moe.backends import npu
+
+    npu.register()
+    for op, calls in _registry.NPU_KERNELS.items():
+        for name in calls.replace(" ", "").split(","):
+            assert hasattr(torch.ops.npu, name) and name not in npu_ops.failed, f"{op}: torch_npu has no {name}"
