@@ -456,8 +456,19 @@ SLOW_CHECKS = frozenset({"aoti"})
 
 
 def devices() -> list[str]:
-    """Devices the harness runs on here: CPU always, CUDA when present."""
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    """Devices the harness runs on here: ``$TORCH_ASCEND_MOE_DEVICES`` (comma-separated; what ``pytest --device``
+    sets), else CPU always plus CUDA and Ascend (``torch.npu``, once torch_npu is imported) when present."""
+    import os
+
+    chosen = os.environ.get("TORCH_ASCEND_MOE_DEVICES")
+    if chosen:
+        return [d.strip() for d in chosen.split(",") if d.strip()]
+    npu = getattr(torch, "npu", None)
+    return (
+        ["cpu"]
+        + (["cuda"] if torch.cuda.is_available() else [])
+        + (["npu"] if npu is not None and npu.is_available() else [])
+    )
 
 
 def contract_test(specs: list[OpSpec]):
