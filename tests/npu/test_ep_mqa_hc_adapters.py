@@ -77,17 +77,20 @@ def _expert_fn(rows, e):
     return (rows.float() * (e + 1) - 0.25 * e).to(rows.dtype)
 
 
-@pytest.mark.parametrize("t, h, k, e, empty", [(7, 16, 2, 4, True), (6, 8, 3, 6, False), (1, 8, 2, 2, True)])
-def test_ep_values_one_rank(refs_on, comm_name, t, h, k, e, empty):
+@pytest.mark.parametrize(
+    "t, h, k, e, empty, t_max",
+    [(7, 16, 2, 4, True, 0), (6, 8, 3, 6, False, 0), (1, 8, 2, 2, True, 0), (5, 16, 2, 4, True, 8)],
+)
+def test_ep_values_one_rank(refs_on, comm_name, t, h, k, e, empty, t_max):
     """On one rank (CPU reference of MC2): the expanded rows are ep_expand's (after ep_dispatch) and the
     low-latency dispatch's per-expert rows, bitwise; counts equal; the weighted combine of per-expert outputs
-    equals ep_low_latency_combine bitwise."""
+    equals ep_low_latency_combine bitwise. ``t_max > 0``: a static capacity above this rank's T (global_bs)."""
     name = init_single_rank_group()
     g = torch.Generator().manual_seed(t * 100 + e)
     x = torch.randn(t, h, generator=g).to(torch.bfloat16)
     idx, w = _routing(t, k, e, g, empty)
-    out = npu_ep.dispatch_expand(x, idx, w, num_experts=e, group_name=name)
-    a = t * min(e, k)
+    out = npu_ep.dispatch_expand(x, idx, w, num_experts=e, group_name=name, num_max_tokens_per_rank=t_max)
+    a = (t_max or t) * min(e, k)
     assert out.x.shape == (a, h)
     n = int(out.counts.sum())
     assert n == int((idx >= 0).sum())
@@ -97,7 +100,7 @@ def test_ep_values_one_rank(refs_on, comm_name, t, h, k, e, empty):
     assert torch.equal(out.counts, exp.counts) and torch.equal(out.psum, exp.psum)
     assert torch.equal(out.x[:n], exp.x[:n])
     # The low-latency layout: expert e's rows are recv_x[e, :count[e]].
-    ll_x, ll_count, ll_h = ep_low_latency_dispatch(x, idx, t, e, group=name, use_fp8=False)
+    ll_x, ll_count, ll_h = ep_low_latency_dispatch(x, idx, t_max or t, e, group=name, use_fp8=False)
     assert torch.equal(out.counts, ll_count)
     starts = (out.psum - out.counts).tolist()
     for ex in range(e):
@@ -112,6 +115,23 @@ def test_ep_values_one_rank(refs_on, comm_name, t, h, k, e, empty):
         ll_y[ex, :c] = _expert_fn(ll_x[ex, :c], ex)
     combined = npu_ep.combine_expanded(y, out.handle)
     assert torch.equal(combined, ep_low_latency_combine(ll_y, idx, w, ll_h))
+
+
+def test_ep_compiles_fullgraph(refs_on, comm_name):
+    """dispatch_expand -> experts -> combine_expanded traces in one graph (the group's size, rank and comm name
+    are trace-time constants) and runs the same as eager."""
+    name = init_single_rank_group()
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 16, generator=g).to(torch.bfloat16)
+    idx, w = _routing(6, 2, 4, g)
+
+    def moe(x, idx, w):
+        out = npu_ep.dispatch_expand(x, idx, w, num_experts=4, group_name=name)
+        return npu_ep.combine_expanded(out.x * 2, out.handle)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(moe, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, idx, w), moe(x, idx, w))
 
 
 def test_ep_comm_name_helper_is_isolated(monkeypatch):
@@ -178,6 +198,16 @@ def test_mqa_values_vs_composition(refs_on, lens_q, lens_k, causal, topk):
     assert torch.equal(values, ref_v.to(torch.bfloat16))
     with pytest.raises(ValueError, match="implied_ranges"):
         npu_mqa.mqa_logits_topk(q, k, w, ks, ke + 1, topk, causal=causal, validate=True, **kw)
+
+
+def test_mqa_compiles_fullgraph(refs_on):
+    g = torch.Generator().manual_seed(2)
+    q, k, w = _mqa_inputs(8, 24, 4, 32, g)
+    ks, ke = npu_mqa.implied_ranges(8, None, None, 24, True)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: npu_mqa.mqa_logits_topk(*a, 16), backend="aot_eager", fullgraph=True)
+    for got, want in zip(compiled(q, k, w, ks, ke), npu_mqa.mqa_logits_topk(q, k, w, ks, ke, 16)):
+        assert torch.equal(got, want)
 
 
 # ---- hc_prenorm ----

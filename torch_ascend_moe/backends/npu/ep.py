@@ -56,6 +56,14 @@ def hccl_comm_name(group_name: str) -> str:
     return backend.get_hccl_comm_name(group.rank())
 
 
+@torch._dynamo.assume_constant_result
+def _group_info(group_name: str) -> tuple[int, int, str]:
+    """(world size, rank, HCCL communicator name) of ``group_name``: constants of a compiled graph (dynamo
+    calls this while tracing instead of tracing the process-group lookup)."""
+    group = resolve_group(OP, group_name)
+    return group.size(), group.rank(), hccl_comm_name(group_name)
+
+
 class MC2Handle(NamedTuple):
     """What ``combine_expanded`` replays: MC2's opaque routing state plus the dispatch's routing."""
 
@@ -105,11 +113,9 @@ def dispatch_expand(
     this rank's ``T``, which every rank must then share). ``topk_weights`` travel in the handle (MC2 applies
     them in combine). ``mask_empty_slots`` passes ``topk_idx >= 0`` as the 2-D ``x_active_mask`` (A3); with
     ``False`` every id must be a valid expert, distinct per row (A2)."""
-    group = resolve_group(OP, group_name)
-    r, rank = group.size(), group.rank()
+    r, rank, name = _group_info(group_name)
     global_bs = r * num_max_tokens_per_rank if num_max_tokens_per_rank > 0 else 0
     expert_ids, weights, active = _routing(topk_idx, topk_weights, mask_empty_slots)
-    name = hccl_comm_name(group_name)
     expand_x, _, assist_info, token_nums, ep_recv_counts, tp_recv_counts, _ = (
         torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
             x,
@@ -143,16 +149,16 @@ def combine_expanded(y: torch.Tensor, handle: MC2Handle) -> torch.Tensor:
     """``combined[t] = sum_k w[t, k] * y[row(t, k)]`` back on the source ranks (MC2 combine: weighted, as
     ``ep_low_latency_combine`` / ``ep_reduce_slots(weights=...)`` + ``ep_combine``): ``[T, H]`` in ``y``'s dtype.
     ``y`` is the expert outputs in ``dispatch_expand``'s layout (``[A, H]``)."""
-    group = resolve_group(OP, handle.group_name)
+    r, rank, name = _group_info(handle.group_name)
     return torch.ops.npu.npu_moe_distribute_combine_v2.default(
         y,
         handle.expert_ids,
         handle.assist_info,
         handle.ep_recv_counts,
         handle.expert_scales,
-        hccl_comm_name(handle.group_name),
-        group.size(),
-        group.rank(),
+        name,
+        r,
+        rank,
         handle.num_experts,
         tp_send_counts=handle.tp_recv_counts,
         x_active_mask=handle.active_mask,
