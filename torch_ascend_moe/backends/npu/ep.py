@@ -17,20 +17,27 @@ What maps, and what stays on the portable kernels (``all_to_all_single`` over HC
   then our schema's handle (``send_src``, ``send_counts``, ``recv_counts``, ``recv_gather``) must be real
   tensors that ``ep_combine``, ``ep_dispatch_cached`` and the autograd backward consume, while MC2's routing
   state (``assist_info_for_combine``, ``ep_recv_counts``) is opaque: no exact adapter.
-* ``ep_low_latency_dispatch`` / ``ep_low_latency_combine``: portable. The data part maps (expert-major rows =
-  ``recv_x[e, :recv_count[e]]`` packed back to back, ``expert_token_nums`` = ``recv_count``; checked on one
-  rank), but the handle does not: ``src_info [L, R*T_max]`` / ``layout_range [L, R]`` cannot be derived from
-  MC2's opaque ``assist_info_for_combine``, and ``combine_v2`` cannot run from ours. Registering the pair needs
-  a handle that carries MC2's state (a schema change: ``ep_low_latency_dispatch`` returning
-  ``assist_info``/``ep_recv_counts`` and the combine taking them). Also unverified on hardware: that MC2's
-  rows inside an expert are source-rank-major then ascending token (our order); on one rank they are.
+* ``ep_low_latency_dispatch`` / ``ep_low_latency_combine``: portable. The data part maps: MC2's rows inside
+  an expert are source-rank-major, then ascending token (CANN's MoeDistributeDispatch design note for A2,
+  ``ops-transformer/mc2/moe_distribute_dispatch_v2/docs``: ``ep_recv_counts`` = inclusive sums over (local
+  expert, source rank), a token's slot in its expert's segment = how many earlier tokens of that source chose
+  the expert), i.e. ``recv_x[e, :recv_count[e]]`` packed back to back, and ``expert_token_nums`` =
+  ``recv_count`` (both checked on one rank). The handle does not: ``src_info [L, R*T_max]`` (source token of
+  each row) is not an MC2 output, and the aclnn docs say ``assist_info_for_combine`` / ``ep_recv_counts`` /
+  ``tp_recv_counts`` / ``expand_scales`` values differ by product, algorithm and version: "pass them to
+  combine, do not depend on them". So ``combine_v2`` cannot run from our handle, nor ours from MC2's.
+  Registering the pair needs a handle that carries MC2's state (a schema change: the dispatch returning an
+  opaque state tensor, the combine taking it; ``src_info`` unspecified on Ascend). FP8 (``use_fp8``) does not
+  map either: MC2 quantizes to int8 per token (``quant_mode=2``), DeepEP to E4M3 per 128 channels.
 * ``ep_expand`` / ``ep_dispatch_layout``: local, portable (``npu_moe_init_routing_v2`` is the local analogue;
   its order is the same expert-major stable order, but it has no alignment padding; not wired here).
 
-Limits MC2 puts on the mapping (torch_npu docs, deepep_api.md §10.1): bf16/fp16 ``x``, ``K <= 8``/16,
+Limits MC2 puts on the mapping (CANN's aclnnMoeDistributeDispatchV2 docs; the torch_npu 2.13 wheel's docstrings
+have no entry for the MC2 ops; deepep_api.md §10.1): bf16/fp16 ``x``, ``K <= 16``,
 ``H`` in [1024, 8192] (A3), ``BS <= 512``, ``ep_world_size >= 2`` on hardware (the CPU reference here runs
 one rank), empty slots (-1) only through the 2-D ``x_active_mask`` (A3), ``HCCL_BUFFSIZE`` sized for ``A``
-rows, and a dedicated EP communicator. Nothing here has run on Ascend hardware: the checks are torch_npu's
+rows, and a dedicated EP communicator; when ranks' ``BS`` differ (``global_bs``) every token must be active,
+so no empty slots either. Nothing here has run on Ascend hardware: the checks are torch_npu's
 own schemas and Meta kernels under FakeTensorMode, and values against a one-rank CPU reference of the MC2
 ops written from their documented semantics (tests/npu/ep_mqa_hc_refs.py).
 """
@@ -112,7 +119,8 @@ def dispatch_expand(
     experts' rows, expert-major, ``A = R * T_max * min(L, K)`` rows (``T_max = num_max_tokens_per_rank`` or
     this rank's ``T``, which every rank must then share). ``topk_weights`` travel in the handle (MC2 applies
     them in combine). ``mask_empty_slots`` passes ``topk_idx >= 0`` as the 2-D ``x_active_mask`` (A3); with
-    ``False`` every id must be a valid expert, distinct per row (A2)."""
+    ``False`` every id must be a valid expert, distinct per row (A2; also required with
+    ``num_max_tokens_per_rank`` when ranks' T differ: MC2 then wants every token active)."""
     r, rank, name = _group_info(group_name)
     global_bs = r * num_max_tokens_per_rank if num_max_tokens_per_rank > 0 else 0
     expert_ids, weights, active = _routing(topk_idx, topk_weights, mask_empty_slots)
@@ -125,6 +133,7 @@ def dispatch_expand(
             rank,
             num_experts,
             x_active_mask=active,
+            shared_expert_num=0,  # no shared-expert ranks (A2 wants 0; A3 takes 0 or 1)
             quant_mode=0,
             global_bs=global_bs,
             expert_token_nums_type=1,  # counts
@@ -162,6 +171,7 @@ def combine_expanded(y: torch.Tensor, handle: MC2Handle) -> torch.Tensor:
         handle.num_experts,
         tp_send_counts=handle.tp_recv_counts,
         x_active_mask=handle.active_mask,
+        shared_expert_num=0,
         global_bs=handle.global_bs,
     )
 
