@@ -15,14 +15,16 @@ the weights, as ours), one key head, top-k by value. Where they differ (the mapp
 * Dtypes: the indexer takes BF16/FP16 ``q``, ``k`` AND ``weights`` (ours: FP32 or BF16 weights, FP8/FP4
   operands with scales): FP32 weights are rounded to the query's dtype here (not exact); quantized operands
   need ``npu_quant_lightning_indexer`` (int8 on A3, FP8/HiF8 on A5: another mapping, not done). Values come
-  back in the query's dtype (ours: the logits dtype): exact vs ``logits_dtype=bfloat16``.
+  back in the query's dtype (ours: the logits dtype). Assumed: scores ranked in FP32, values rounded after,
+  i.e. ``mqa_topk`` of FP32 logits with the values rounded (with BF16 logits ``mqa_topk`` ranks rounded values,
+  so keys tied after rounding may order differently).
 * Shapes: heads ``N1 <= 64`` and ``D = 128`` on hardware (docs/peers.md), ``sparse_count`` in 1..2048 or
   3072..8192 by 1024; ``topk`` beyond that cannot map.
 * Indices: assumed relative to the batch's first key (shifted back to absolute KV positions here), as
   vllm-ascend feeds them to ``npu_sparse_flash_attention`` with per-request lengths / block tables; with one
   batch it does not matter. The formula is CANN's (the op's ops-transformer / sgl-kernel-npu docs; the
-  wheel's docstring has none); ranking is assumed to be on FP32 scores, values rounded to the query's dtype. Tie order and the padding of rows with fewer than ``topk`` visible keys (-1 / -inf
-  here, as ``mqa_topk``) are not documented: unverified on hardware.
+  wheel's docstring has none). Tie order and the padding of rows with fewer than ``topk`` visible keys
+  (-1 / -inf here, as ``mqa_topk``) are not documented: unverified on hardware.
 * ``paged_mqa_logits`` (decode) maps to ``layout_key="PA_BSND"`` + ``block_table`` in principle, but our
   cache layout (FP8 data + scales per block, DeepGEMM's) is not the indexer's BF16 ``[blocks, block, 1, D]``.
 """
