@@ -94,6 +94,12 @@ def test_ep_values_one_rank(refs_on, comm_name, t, h, k, e, empty, t_max):
     assert out.x.shape == (a, h)
     n = int(out.counts.sum())
     assert n == int((idx >= 0).sum())
+    # MC2 wants int32 ids without -1 or repeats in a row: empty slots get unused experts, masked out.
+    ids = out.handle.expert_ids
+    assert ids.dtype == torch.int32 and int(ids.min()) >= 0
+    assert all(len(set(row)) == k for row in ids.tolist())
+    assert torch.equal(torch.where(idx >= 0, ids.long(), -1), idx)
+    assert torch.equal(out.handle.active_mask, idx >= 0)
     # ep_dispatch (static) + ep_expand: GEMM-ready rows, bitwise.
     ours = ep_dispatch(x, idx, w, num_experts=e, group=name, num_worst_tokens=t)
     exp = ep_expand(ours.recv_x, ours.recv_topk_idx, ours.recv_topk_weights, num_local_experts=e, num_rows=a)

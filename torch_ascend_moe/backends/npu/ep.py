@@ -74,7 +74,7 @@ def _group_info(group_name: str) -> tuple[int, int, str]:
 class MC2Handle(NamedTuple):
     """What ``combine_expanded`` replays: MC2's opaque routing state plus the dispatch's routing."""
 
-    expert_ids: torch.Tensor  # [BS, K] int32 (empty slots: 0, masked out)
+    expert_ids: torch.Tensor  # [BS, K] int32 (empty slots: an unused expert of the row, masked out)
     expert_scales: torch.Tensor  # [BS, K] float32: the routing weights combine applies
     active_mask: torch.Tensor | None  # [BS, K] bool (2-D x_active_mask), None when every slot is valid
     assist_info: torch.Tensor  # MC2's assist_info_for_combine (opaque)
@@ -92,10 +92,22 @@ class MC2Expanded(NamedTuple):
     handle: MC2Handle
 
 
-def _routing(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, mask_empty_slots: bool):
+def _fill_empty_slots(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``idx`` with each -1 slot replaced by an expert its row does not use (the smallest ones, in slot order),
+    so rows stay duplicate-free as MC2 requires even for masked slots; no host sync."""
+    t, k = idx.shape
+    empty = idx < 0
+    used = torch.zeros(t, num_experts + 1, dtype=torch.int8, device=idx.device)
+    used.scatter_(1, torch.where(empty, num_experts, idx), 1)
+    free = torch.sort(used[:, :num_experts], dim=1, stable=True).indices[:, :k]  # unused experts first
+    nth = (torch.cumsum(empty.long(), 1) - 1).clamp(min=0)
+    return torch.where(empty, free.gather(1, nth), idx)
+
+
+def _routing(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int, mask_empty_slots: bool):
     idx = topk_idx.long()
     active = idx >= 0 if mask_empty_slots else None
-    expert_ids = idx.clamp(min=0).to(torch.int32)
+    expert_ids = (_fill_empty_slots(idx, num_experts) if mask_empty_slots else idx).to(torch.int32)
     if topk_weights is None:
         weights = torch.ones(idx.shape, dtype=torch.float32, device=idx.device)
     else:
@@ -123,7 +135,7 @@ def dispatch_expand(
     ``num_max_tokens_per_rank`` when ranks' T differ: MC2 then wants every token active)."""
     r, rank, name = _group_info(group_name)
     global_bs = r * num_max_tokens_per_rank if num_max_tokens_per_rank > 0 else 0
-    expert_ids, weights, active = _routing(topk_idx, topk_weights, mask_empty_slots)
+    expert_ids, weights, active = _routing(topk_idx, topk_weights, num_experts, mask_empty_slots)
     expand_x, _, assist_info, token_nums, ep_recv_counts, tp_recv_counts, _ = (
         torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
             x,
