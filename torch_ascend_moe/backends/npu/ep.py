@@ -1,0 +1,191 @@
+"""The ep family on Ascend: torch_npu's MC2 ops (``npu_moe_distribute_dispatch_v2`` / ``combine_v2``) where
+their semantics map onto ours (specs/deepep_api.md §10, specs/npu_triton_facts.md §2).
+
+What maps, and what stays on the portable kernels (``all_to_all_single`` over HCCL):
+
+* ``dispatch_expand`` / ``combine_expanded`` (functions, not registered on an op): MC2 dispatch natively
+  produces the EXPANDED layout, one row per (token, expert) grouped by local expert (DeepEP V2's
+  ``do_expand`` = our ``ep_expand`` of a dispatch's rows, with ``expert_alignment=1``), with a static capacity
+  ``A = global_bs * min(L, K)`` rows; MC2 combine is WEIGHTED (``sum_k w[t, k] * y_k(t)``, DeepEP LL's
+  combine). So the exact pair is "dispatch + ep_expand" fused, and "weighted un-expand + combine" fused:
+  what a compiler pass (or ``nn.MoE``) can call in place of ``ep_dispatch`` -> ``ep_expand`` -> GEMMs ->
+  ``ep_reduce_slots(weights)`` -> ``ep_combine`` on an NPU. Rows past ``counts.sum()`` are unspecified (MC2
+  does not zero them; ``ep_expand`` does).
+* ``ep_dispatch`` (compact or static ``num_worst_tokens``), ``ep_dispatch_cached``, ``ep_combine``: portable.
+  They move one row per (token, destination RANK) and combine UNWEIGHTED; MC2 moves one row per (token,
+  EXPERT) and combines weighted. The two coincide only when every rank owns one expert (E == R), and even
+  then our schema's handle (``send_src``, ``send_counts``, ``recv_counts``, ``recv_gather``) must be real
+  tensors that ``ep_combine``, ``ep_dispatch_cached`` and the autograd backward consume, while MC2's routing
+  state (``assist_info_for_combine``, ``ep_recv_counts``) is opaque: no exact adapter.
+* ``ep_low_latency_dispatch`` / ``ep_low_latency_combine``: portable. The data part maps: MC2's rows inside
+  an expert are source-rank-major, then ascending token (CANN's MoeDistributeDispatch design note for A2,
+  ``ops-transformer/mc2/moe_distribute_dispatch_v2/docs``: ``ep_recv_counts`` = inclusive sums over (local
+  expert, source rank), a token's slot in its expert's segment = how many earlier tokens of that source chose
+  the expert), i.e. ``recv_x[e, :recv_count[e]]`` packed back to back, and ``expert_token_nums`` =
+  ``recv_count`` (both checked on one rank). The handle does not: ``src_info [L, R*T_max]`` (source token of
+  each row) is not an MC2 output, and the aclnn docs say ``assist_info_for_combine`` / ``ep_recv_counts`` /
+  ``tp_recv_counts`` / ``expand_scales`` values differ by product, algorithm and version: "pass them to
+  combine, do not depend on them". So ``combine_v2`` cannot run from our handle, nor ours from MC2's.
+  Registering the pair needs a handle that carries MC2's state (a schema change: the dispatch returning an
+  opaque state tensor, the combine taking it; ``src_info`` unspecified on Ascend). FP8 (``use_fp8``) does not
+  map either: MC2 quantizes to int8 per token (``quant_mode=2``), DeepEP to E4M3 per 128 channels.
+* ``ep_expand`` / ``ep_dispatch_layout``: local, portable (``npu_moe_init_routing_v2`` is the local analogue;
+  its order is the same expert-major stable order, but it has no alignment padding; not wired here).
+
+Limits MC2 puts on the mapping (CANN's aclnnMoeDistributeDispatchV2 docs; the torch_npu 2.13 wheel's docstrings
+have no entry for the MC2 ops; deepep_api.md §10.1): bf16/fp16 ``x``, ``K <= 16``,
+``H`` in [1024, 8192] (A3), ``BS <= 512``, ``ep_world_size >= 2`` on hardware (the CPU reference here runs
+one rank), empty slots (-1) only through the 2-D ``x_active_mask`` (A3), ``HCCL_BUFFSIZE`` sized for ``A``
+rows, and a dedicated EP communicator; when ranks' ``BS`` differ (``global_bs``) every token must be active,
+so no empty slots either. Nothing here has run on Ascend hardware: the checks are torch_npu's
+own schemas and Meta kernels under FakeTensorMode, and values against a one-rank CPU reference of the MC2
+ops written from their documented semantics (tests/npu/ep_mqa_hc_refs.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from torch_ascend_moe.distributed.groups import resolve_group
+
+OP = "ascend_moe.backends.npu.ep"
+
+
+def hccl_comm_name(group_name: str) -> str:
+    """The HCCL communicator name of the process group ``group_name`` (what MC2's ``group_ep`` takes), as
+    vllm-ascend obtains it: ``group._get_backend(npu).get_hccl_comm_name(rank in the group)``. Needs
+    torch_npu and an HCCL group; tests monkeypatch this function."""
+    group = resolve_group(OP, group_name)
+    # PrivateUse1's name: "npu" once torch_npu has renamed it (vllm-ascend passes torch.device("npu")).
+    backend = group._get_backend(torch.device(torch._C._get_privateuse1_backend_name()))
+    return backend.get_hccl_comm_name(group.rank())
+
+
+@torch._dynamo.assume_constant_result
+def _group_info(group_name: str) -> tuple[int, int, str]:
+    """(world size, rank, HCCL communicator name) of ``group_name``: constants of a compiled graph (dynamo
+    calls this while tracing instead of tracing the process-group lookup)."""
+    group = resolve_group(OP, group_name)
+    return group.size(), group.rank(), hccl_comm_name(group_name)
+
+
+class MC2Handle(NamedTuple):
+    """What ``combine_expanded`` replays: MC2's opaque routing state plus the dispatch's routing."""
+
+    expert_ids: torch.Tensor  # [BS, K] int32 (empty slots: an unused expert of the row, masked out)
+    expert_scales: torch.Tensor  # [BS, K] float32: the routing weights combine applies
+    active_mask: torch.Tensor | None  # [BS, K] bool (2-D x_active_mask), None when every slot is valid
+    assist_info: torch.Tensor  # MC2's assist_info_for_combine (opaque)
+    ep_recv_counts: torch.Tensor  # MC2's ep_recv_counts (combine's ep_send_counts)
+    tp_recv_counts: torch.Tensor
+    group_name: str
+    num_experts: int
+    global_bs: int  # MC2's global_bs: 0 = every rank has this rank's BS, else R * T_max
+
+
+class MC2Expanded(NamedTuple):
+    x: torch.Tensor  # [A, H] expert-major rows; rows past counts.sum() unspecified
+    counts: torch.Tensor  # [L] int32 rows per local expert (ep_expand's counts)
+    psum: torch.Tensor  # [L] int32 inclusive prefix sums (ep_expand's psum with expert_alignment=1)
+    handle: MC2Handle
+
+
+def _fill_empty_slots(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """``idx`` with each -1 slot replaced by an expert its row does not use (the smallest ones, in slot order),
+    so rows stay duplicate-free as MC2 requires even for masked slots; no host sync."""
+    t, k = idx.shape
+    empty = idx < 0
+    used = torch.zeros(t, num_experts + 1, dtype=torch.int8, device=idx.device)
+    used.scatter_(1, torch.where(empty, num_experts, idx), 1)
+    free = torch.sort(used[:, :num_experts], dim=1, stable=True).indices[:, :k]  # unused experts first
+    nth = (torch.cumsum(empty.long(), 1) - 1).clamp(min=0)
+    return torch.where(empty, free.gather(1, nth), idx)
+
+
+def _routing(topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int, mask_empty_slots: bool):
+    idx = topk_idx.long()
+    active = idx >= 0 if mask_empty_slots else None
+    expert_ids = (_fill_empty_slots(idx, num_experts) if mask_empty_slots else idx).to(torch.int32)
+    if topk_weights is None:
+        weights = torch.ones(idx.shape, dtype=torch.float32, device=idx.device)
+    else:
+        weights = topk_weights.to(torch.float32)
+    if active is not None:
+        weights = torch.where(active, weights, 0)
+    return expert_ids, weights, active
+
+
+def dispatch_expand(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor | None = None,
+    *,
+    num_experts: int,
+    group_name: str,
+    num_max_tokens_per_rank: int = 0,
+    mask_empty_slots: bool = True,
+) -> MC2Expanded:
+    """``ep_dispatch`` then ``ep_expand(expert_alignment=1, num_rows=A)`` in one MC2 dispatch: this rank's
+    experts' rows, expert-major, ``A = R * T_max * min(L, K)`` rows (``T_max = num_max_tokens_per_rank`` or
+    this rank's ``T``, which every rank must then share). ``topk_weights`` travel in the handle (MC2 applies
+    them in combine). ``mask_empty_slots`` passes ``topk_idx >= 0`` as the 2-D ``x_active_mask`` (A3); with
+    ``False`` every id must be a valid expert, distinct per row (A2; also required with
+    ``num_max_tokens_per_rank`` when ranks' T differ: MC2 then wants every token active)."""
+    r, rank, name = _group_info(group_name)
+    global_bs = r * num_max_tokens_per_rank if num_max_tokens_per_rank > 0 else 0
+    expert_ids, weights, active = _routing(topk_idx, topk_weights, num_experts, mask_empty_slots)
+    expand_x, _, assist_info, token_nums, ep_recv_counts, tp_recv_counts, _ = (
+        torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
+            x,
+            expert_ids,
+            name,
+            r,
+            rank,
+            num_experts,
+            x_active_mask=active,
+            shared_expert_num=0,  # no shared-expert ranks (A2 wants 0; A3 takes 0 or 1)
+            quant_mode=0,
+            global_bs=global_bs,
+            expert_token_nums_type=1,  # counts
+        )
+    )
+    counts = token_nums.to(torch.int32)
+    handle = MC2Handle(
+        expert_ids,
+        weights,
+        active,
+        assist_info,
+        ep_recv_counts,
+        tp_recv_counts,
+        group_name,
+        num_experts,
+        global_bs,
+    )
+    return MC2Expanded(expand_x, counts, torch.cumsum(counts, 0, dtype=torch.int32), handle)
+
+
+def combine_expanded(y: torch.Tensor, handle: MC2Handle) -> torch.Tensor:
+    """``combined[t] = sum_k w[t, k] * y[row(t, k)]`` back on the source ranks (MC2 combine: weighted, as
+    ``ep_low_latency_combine`` / ``ep_reduce_slots(weights=...)`` + ``ep_combine``): ``[T, H]`` in ``y``'s dtype.
+    ``y`` is the expert outputs in ``dispatch_expand``'s layout (``[A, H]``)."""
+    r, rank, name = _group_info(handle.group_name)
+    return torch.ops.npu.npu_moe_distribute_combine_v2.default(
+        y,
+        handle.expert_ids,
+        handle.assist_info,
+        handle.ep_recv_counts,
+        handle.expert_scales,
+        name,
+        r,
+        rank,
+        handle.num_experts,
+        tp_send_counts=handle.tp_recv_counts,
+        x_active_mask=handle.active_mask,
+        shared_expert_num=0,
+        global_bs=handle.global_bs,
+    )
+
+
+__all__ = ["MC2Expanded", "MC2Handle", "combine_expanded", "dispatch_expand", "hccl_comm_name"]
