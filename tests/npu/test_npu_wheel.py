@@ -25,6 +25,8 @@ def test_schemas_and_metas_are_the_wheels(npu_ops):
             torch.ops.npu.npu_grouped_matmul([x], [w], None)
     assert "torch_npu" not in sys.modules  # the stand-in was only there while the metas were defined
     assert "npu_grouped_matmul" in npu_ops.docs("npu_grouped_matmul")
+    assert "npu_lightning_indexer" in npu_ops.docs("npu_lightning_indexer")
+    assert "npu_mhc_pre_backward" not in npu_ops.docs("npu_mhc_pre")[:200]
 
 
 def test_torch_meta_kernels_untouched(npu_ops):

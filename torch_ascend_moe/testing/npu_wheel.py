@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -118,7 +119,8 @@ def _stand_in(root: Path) -> dict[str, types.ModuleType]:
     mods["torch_npu.utils._error_code"] = codes
     mods["torch_npu.utils"]._error_code = codes
     mods["torch_npu.utils"].utils = utils_utils
-    with mock.patch.dict(sys.modules, mods):
+    with mock.patch.dict(sys.modules, mods), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the file has invalid escape sequences
         path = root / "torch_npu/utils/_error_code.py"
         exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), codes.__dict__)  # noqa: S102
     mods["torch_npu"].uint8 = torch.uint8
@@ -141,6 +143,7 @@ class NpuOps:
     def __init__(self, root: Path, libraries: list, namespaces: list[dict], failed: dict[str, str]):
         self.root, self.libraries, self.namespaces, self.failed = root, libraries, namespaces, failed
         self.cpu = torch.library.Library("npu", "IMPL", "CPU")  # cpu_reference's kernels
+        self.references: dict[str, object] = {}
 
     @property
     def ops(self):
@@ -149,9 +152,13 @@ class NpuOps:
     def docs(self, name: str) -> str:
         """The wheel's docstring of ``torch_npu.<name>`` (``_op_plugin_docs.py``)."""
         text = (self.root / "torch_npu/_op_plugin_docs.py").read_text(encoding="utf-8")
-        start = text.find(f'torch_npu.{name}"')
-        start = text.find(f"torch_npu.{name}") if start < 0 else start
-        return text[start : text.find("_add_torch_npu_docstr", start + 1)] if start >= 0 else ""
+        # Entries are ``_add_torch_npu_docstr(\n    "<name>",\n    """...""")``: match the quoted name exactly
+        # (a prefix search would find npu_mhc_pre_backward for npu_mhc_pre).
+        start = text.find(f'_add_torch_npu_docstr(\n    "{name}",')
+        if start < 0:
+            return ""
+        end = text.find("_add_torch_npu_docstr(", start + 1)
+        return text[start : end if end >= 0 else len(text)]
 
 
 @functools.cache
@@ -194,7 +201,11 @@ def cpu_reference(name: str):
     adapter's glue can be checked for values on CPU tensors."""
 
     def register(fn):
-        load().cpu.impl(name, fn)
+        ops = load()
+        if name in ops.references:  # a second reference would silently replace the first (import order)
+            raise RuntimeError(f"npu_wheel.cpu_reference: npu::{name} already has a CPU reference")
+        ops.cpu.impl(name, fn)
+        ops.references[name] = fn
         return fn
 
     return register
