@@ -93,6 +93,8 @@ def npu_moe_init_routing_v2(
     if drop_pad_mode != 0 or quant_mode != -1 or expert_tokens_num_type != 1 or row_idx_type != 0 or active_num > 0:
         raise NotImplementedError("reference: dropless, unquantized, count mode, gather-type row index only")
     t, k = expert_idx.shape
+    if bool(((expert_idx < 0) | (expert_idx >= expert_num)).any()):
+        raise ValueError("expert_idx: ids must be in [0, expert_num)")  # the docs' rule
     start, end = active_expert_range if active_expert_range else (0, expert_num)
     ids = expert_idx.long().flatten()
     valid = (ids >= start) & (ids < end)

@@ -112,9 +112,9 @@ MAPPED = {
         ("moe_gating_topk", torch.float32): {"T9 E16 top-4 sigmoid bias groups 2/4 renorm=True"},
     },
 }
-for _soc in (A3, ASCEND950):  # the routing ops other than gating do not depend on the SoC
-    for _key in (("moe_permute", torch.bfloat16), ("moe_permute", torch.float32), ("moe_unpermute", torch.float32)):
-        MAPPED[ASCEND950].setdefault(_key, MAPPED[A3].get(_key, set()))
+# moe_permute and moe_unpermute do not depend on the SoC
+for _key in (("moe_permute", torch.bfloat16), ("moe_permute", torch.float32), ("moe_unpermute", torch.float32)):
+    MAPPED[ASCEND950][_key] = MAPPED[A3][_key]
 
 
 @pytest.fixture(params=[A3, ASCEND950], ids=["A3", "Ascend950"])

@@ -3,12 +3,14 @@
 ``moe_permute`` -> ``npu_moe_init_routing_v2`` (dropless, unquantized, ``active_expert_range=[0, E]``,
 ``expert_tokens_num_type=1`` counts, ``row_idx_type=0``). Its sort is ``keyValueSort(expertIdx, rowIdx)`` with
 rowIdx the flat (token, choice) index, i.e. by expert then pair order, ours; its gather-type
-``expanded_row_idx`` (``[T*k]``, -1 for an expert outside the range) is our ``row_map`` for ``alignment=1``, and
-an id of -1 (not routed) is outside ``[0, E)``, so it gets -1 as ours. The rows past the routed ones are
-undefined in the op (ours are zero): they are zeroed. For ``alignment > 1`` the op's dense segments are moved
-to our aligned starts on the device (segment ``e`` starts at the exclusive cumsum of ``align_up(count)``; each
-row moves by its segment's shift; no host sync): one extra copy of the rows, still one sort.
-Portable for FP64 ``x`` (the op takes FP16/BF16/FP32), ``num_experts > 10240`` (its limit) and empty inputs.
+``expanded_row_idx`` (``[T*k]``, -1 for an expert outside the range) is our ``row_map`` for ``alignment=1``.
+An id of -1 (not routed) is passed as expert ``E`` (with ``expert_num=E+1``): a valid id outside the active
+range, which the op documents as filtered out with -1, as ours (negative ids it does not document). The rows
+past the routed ones are undefined in the op (ours are zero): they are zeroed. For ``alignment > 1`` the op's
+dense segments are moved to our aligned starts on the device (segment ``e`` starts at the exclusive cumsum of
+``align_up(count)``; each row moves by its segment's shift; no host sync): one extra copy of the rows, still
+one sort. Portable for FP64 ``x`` (the op takes FP16/BF16/FP32), ``num_experts >= 10240`` (its limit, with the
+extra id) and empty inputs.
 
 ``moe_gating_topk`` -> ``npu_moe_gating_top_k`` for FP32 logits with ``renormalize=True``. Formula (CANN's
 MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32,
@@ -75,15 +77,15 @@ def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     if has_values(topk_idx):
         portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
-    if x.dtype not in _ROUTING_DTYPES or num_experts > MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
+    if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
         return portable.moe_permute(x, topk_idx, num_experts, alignment)
     t, k = topk_idx.shape
     expanded, row_idx, counts, _ = torch.ops.npu.npu_moe_init_routing_v2(
         x,
-        topk_idx.to(torch.int32),
+        torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32),
         active_num=-1,
         expert_capacity=-1,
-        expert_num=num_experts,
+        expert_num=num_experts + 1,
         drop_pad_mode=0,
         expert_tokens_num_type=1,
         expert_tokens_num_flag=True,
