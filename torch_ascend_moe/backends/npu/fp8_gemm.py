@@ -50,5 +50,5 @@ def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     if not block_recipe(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype):
         return portable.fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype)
     return torch.ops.npu.npu_quant_matmul(
-        a, b.t(), sfb.t(), pertoken_scale=sfa, output_dtype=dtype, group_sizes=GROUP_SIZES
+        a, b.t(), sfb.t().contiguous(), pertoken_scale=sfa.contiguous(), output_dtype=dtype, group_sizes=GROUP_SIZES
     ).contiguous()
