@@ -20,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.fp8_gemm.specs import SPECS as FP8_GEMM_SPECS
+from tests.fp8_gemm.specs import quantize as fp8_quantize
 from tests.moe_routing.specs import SPECS as ROUTING_SPECS
 from tests.npu import quant_routing_refs
 from tests.quant.specs import SPECS as QUANT_SPECS
@@ -71,7 +72,25 @@ def _extra_unpermute_samples(device, dtype):
     return out
 
 
-EXTRA = {"quantize_fp8": _extra_quantize_samples, "moe_unpermute": _extra_unpermute_samples}
+def _extra_fp8_gemm_samples(device, dtype):
+    """The 1x128 x 128x128 recipe the G-B mode takes, ragged M and N, an MN-major A and its MN-major scales."""
+    g = torch.Generator().manual_seed(43)
+    out = []
+    for m, n, k, mn_major in [(33, 129, 384, False), (128, 264, 256, True)]:
+        a, sfa, recipe_a = fp8_quantize(torch.randn(m, k, generator=g), ("fp8-token", 1, 128, False))
+        b, sfb, recipe_b = fp8_quantize(torch.randn(n, k, generator=g), ("fp8-block", 128, 128, False))
+        if mn_major:
+            a, sfa = a.t().contiguous().t(), sfa.t().contiguous().t()
+        args = (a, sfa, b, sfb, None, recipe_a, recipe_b, 1.0, dtype)
+        out.append(SampleInput(args, f"extra M{m}N{n}K{k}{' mn-major' if mn_major else ''}"))
+    return out
+
+
+EXTRA = {
+    "quantize_fp8": _extra_quantize_samples,
+    "moe_unpermute": _extra_unpermute_samples,
+    "fp8_gemm": _extra_fp8_gemm_samples,
+}
 
 # The samples each adapter maps to torch_npu, per SoC rule set: (op, dtype) -> sample names. Everything else
 # must reach the portable kernel.
@@ -108,7 +127,11 @@ MAPPED = {
             "extra M6N64 [1, 32]",
         },
         ("quantize_fp8", torch.float32): {"extra M7N100 [1, 32]", "extra M6N64 [1, 32]"},
-        ("fp8_gemm", torch.bfloat16): {"M1N576K512 fp8-1x128 x fp8-128x128"},
+        ("fp8_gemm", torch.bfloat16): {
+            "M1N576K512 fp8-1x128 x fp8-128x128",
+            "extra M33N129K384",
+            "extra M128N264K256 mn-major",
+        },
         ("moe_gating_topk", torch.float32): {"T9 E16 top-4 sigmoid bias groups 2/4 renorm=True"},
     },
 }
