@@ -1,0 +1,54 @@
+"""Ascend adapter of ``fp8_gemm`` (torch_npu 2.13): DeepGEMM's 1x128 x 128x128 FP32 block recipe through
+``npu_quant_matmul``'s "G-B" mode.
+
+Mapping: ``npu_quant_matmul(a, b.t(), sfb.t(), pertoken_scale=sfa, output_dtype=bf16, group_sizes=[1, 128,
+128])``: x1 = ``a [M, K]`` FP8 with per-token-group FP32 scales ``[M, K/128]``, x2 = ``b.t() [K, N]`` (a
+transposed view, the op's "transposed weight") with FP32 block scales ``[K/128, N/128]``; the product is
+accumulated in FP32 and rounded once to BF16, as ours. Where the reading comes from: the wheel's docs describe
+only the INT8 / INT4 modes of ``npu_quant_matmul``; the FP8 inputs, ``group_sizes`` and the G-B scale shapes are
+what its meta checks (``quant_matmul_group_sizes_check``), and torchao-npu uses this mode for block FP8 on
+Ascend 950. Our FP32 sum over all of K and the op's per-128 block partial sums differ in summation order only
+(not bitwise; the harness's calc_diff bound), so this adapter is checked against our reading, not Ascend's
+kernel. Only on Ascend 950 (SoC >= 260): A2/A3 have no FP8.
+
+Stays portable, and why: ``c`` given or ``alpha != 1`` (the op has a bias vector, no accumulator and no alpha;
+folding alpha into a scale adds a rounding), FP32 output (not among the op's documented output dtypes), UE8M0
+``float8_e8m0fnu`` scales and the 1x128 x 1x128 / FP4 recipes (MX modes with E8M0 scale layouts the docs do not
+describe), K or N above 65535 (its limit), empty operands. ``fp8_bmm`` / ``fp8_einsum``: the batched G-B scale
+layout is not described anywhere in the wheel (the meta indexes scales from the last two dims only), so they keep
+the portable kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
+from torch_ascend_moe.backends.portable import fp8_gemm as portable
+from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature
+
+GROUP_SIZES = [1, 128, 128]  # npu_quant_matmul's [M, N, K] groups of the "G-B" mode
+MAX_INNER = 65535  # the op's limit on the last dims of x1 and x2
+
+
+def block_recipe(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype) -> bool:
+    """Whether ``npu_quant_matmul``'s G-B mode computes this ``fp8_gemm`` call."""
+    fp8 = a.dtype == torch.float8_e4m3fn and b.dtype == torch.float8_e4m3fn
+    scales = sfa.dtype == torch.float32 and sfb.dtype == torch.float32
+    recipe = list(recipe_a) == [1, 128] and list(recipe_b) == [128, 128]
+    (m, k), n = a.shape, b.shape[0]
+    sizes = 0 < m and 0 < n <= MAX_INNER and 0 < k <= MAX_INNER
+    if not (fp8 and scales and recipe and sizes and c is None and alpha == 1.0 and dtype == torch.bfloat16):
+        return False
+    return soc_version() >= ASCEND950
+
+
+@npu_kernel(calls="npu_quant_matmul")
+def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    _, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    if not block_recipe(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype):
+        return portable.fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype)
+    return torch.ops.npu.npu_quant_matmul(
+        a, b.t(), sfb.t().contiguous(), pertoken_scale=sfa.contiguous(), output_dtype=dtype, group_sizes=GROUP_SIZES
+    ).contiguous()

@@ -1,0 +1,165 @@
+"""Ascend adapters of the moe_routing family (torch_npu 2.13), where a torch_npu op computes exactly our op.
+
+``moe_permute`` -> ``npu_moe_init_routing_v2`` (dropless, unquantized, ``active_expert_range=[0, E]``,
+``expert_tokens_num_type=1`` counts, ``row_idx_type=0``). Its sort is ``keyValueSort(expertIdx, rowIdx)`` with
+rowIdx the flat (token, choice) index, i.e. by expert then pair order, ours; its gather-type
+``expanded_row_idx`` (``[T*k]``, -1 for an expert outside the range) is our ``row_map`` for ``alignment=1``.
+An id of -1 (not routed) is passed as expert ``E`` (with ``expert_num=E+1``): a valid id outside the active
+range, which the op documents as filtered out with -1, as ours (negative ids it does not document). The rows
+past the routed ones are undefined in the op (ours are zero): they are zeroed. For ``alignment > 1`` the op's
+dense segments are moved to our aligned starts on the device (segment ``e`` starts at the exclusive cumsum of
+``align_up(count)``; each row moves by its segment's shift; no host sync): one extra copy of the rows, still
+one sort. Portable for FP64 ``x`` (the op takes FP16/BF16/FP32), ``num_experts >= 10240`` (its limit, with the
+extra id) and empty inputs.
+
+``moe_gating_topk`` -> ``npu_moe_gating_top_k`` for FP32 logits with ``renormalize=True``. Formula (CANN's
+MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32,
+``+ bias`` for the choice, groups scored by their max (``group_select_mode=0``, ours without a bias) or top-2
+sum (1, ours with a bias), ``k_group`` groups kept, top-k, ``yOut = y / (sum(y) + eps) * routed_scaling_factor``
+with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: BF16/FP16
+logits (``yOut`` comes in x's dtype, ours is FP32), FP64 logits, ``renormalize=False`` (the op always
+renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k <= E / groups * k_group``; ours
+then takes the best others), groups of 2 or fewer experts or more than 2048 (the op's limits), softmax or a
+bias-less group score on Ascend 950 (it supports sigmoid and top-2-sum only), and empty logits. Ids come as
+int32 and are widened to our int64. Ties: the docs do not say which of two equal scores wins (ours: the lower
+index); with FP32 scores an exact tie needs equal logits.
+
+``moe_unpermute`` -> ``npu_moe_finalize_routing`` for FP32 ``y`` and FP32 (or no) weights, ``y`` with exactly
+``T*k`` rows and no unrouted (-1) slot: ``out[i] = sum_k scales[i, k] * y[src_to_dst[i + k*T]]``, so its
+``expanded_src_to_dst_row`` is our ``row_map`` in choice-major order (``row_map.t().flatten()``). In FP32 every
+product and sum of that formula is a rounding point of ours (slot by slot from zero). Portable otherwise:
+BF16/FP16 (the docs do not say where the op rounds, and vllm-ascend replaced this op for accuracy; our op
+accumulates in FP32 and rounds once), weights in another dtype than ``y`` (the op needs one dtype), -1 slots
+(the op has no "not routed"), aligned ``y`` with padding rows (dropless indices must be in ``[0, T*k)``), and
+empty inputs. ``npu_moe_token_unpermute`` is BF16 only (BF16 probs too), so it cannot take our FP32 weights.
+
+Every adapter validates first, as the portable kernels do (value checks included), so bad inputs raise our
+errors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
+from torch_ascend_moe.backends.portable import moe_routing as portable
+from torch_ascend_moe.meta.moe_routing import (
+    PERMUTE,
+    UNPERMUTE,
+    gating_signature,
+    permute_signature,
+    unpermute_signature,
+)
+
+_ROUTING_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_EXPERTS = 10240  # npu_moe_init_routing_v2's expert_num limit
+MAX_GATING_EXPERTS = 2048  # npu_moe_gating_top_k's: E, and align32(E / groups) * groups
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds data the eager value checks can read: the adapters run on real NPU tensors, but the
+    shape checks trace them on fake tensors, where id/row values are unknown (our fakes skip the same checks)."""
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+
+
+def _aligned_layout(counts: torch.Tensor, alignment: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift of each expert's rows from the dense layout to ours, our segment ends), both ``[E]`` int64."""
+    dense_starts = torch.cumsum(counts, 0) - counts
+    aligned = (counts + alignment - 1) // alignment * alignment
+    starts = torch.cumsum(aligned, 0) - aligned
+    return starts - dense_starts, starts + counts
+
+
+@npu_kernel(calls="npu_moe_init_routing_v2")
+def moe_permute(x, topk_idx, num_experts, alignment):
+    capacity = permute_signature(x, topk_idx, num_experts, alignment)
+    if has_values(topk_idx):
+        portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
+        return portable.moe_permute(x, topk_idx, num_experts, alignment)
+    t, k = topk_idx.shape
+    expanded, row_idx, counts, _ = torch.ops.npu.npu_moe_init_routing_v2(
+        x,
+        torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32),
+        active_num=-1,
+        expert_capacity=-1,
+        expert_num=num_experts + 1,
+        drop_pad_mode=0,
+        expert_tokens_num_type=1,
+        expert_tokens_num_flag=True,
+        quant_mode=-1,
+        active_expert_range=[0, num_experts],
+        row_idx_type=0,
+    )
+    shift, ends = _aligned_layout(counts, alignment)
+    routed = torch.arange(t * k, device=x.device) < counts.sum()
+    if alignment == 1:  # the dense layout is ours; only the undefined tail is cleared
+        out = torch.where(routed.unsqueeze(1), expanded, 0)
+        return out, row_idx.view(t, k), ends.to(torch.int32)
+    # Dense row i belongs to the expert whose dense segment holds it; it moves by that expert's shift. Rows past
+    # the routed ones go to a scratch row dropped at the end.
+    expert = torch.searchsorted(torch.cumsum(counts, 0), torch.arange(t * k, device=x.device), right=True)
+    dest = torch.where(
+        routed, torch.arange(t * k, device=x.device) + shift[expert.clamp(max=num_experts - 1)], capacity
+    )
+    out = x.new_zeros(capacity + 1, x.shape[1]).index_copy_(0, dest, expanded)[:capacity]
+    row_map = torch.where(row_idx >= 0, row_idx + shift[topk_idx.flatten().long().clamp(min=0)], -1)
+    return out, row_map.to(torch.int32).view(t, k), ends.to(torch.int32)
+
+
+def gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize) -> dict | None:
+    """``npu_moe_gating_top_k``'s grouping arguments for a call it computes exactly, else None."""
+    t, e = logits.shape
+    if logits.dtype != torch.float32 or not renormalize or t == 0:
+        return None
+    grouped = 1 < num_groups and topk_groups < num_groups
+    groups, kept = (num_groups, topk_groups) if grouped else (1, 1)
+    size = e // groups
+    if size <= 2 or e > MAX_GATING_EXPERTS or -(-size // 32) * 32 * groups > MAX_GATING_EXPERTS:
+        return None
+    if topk > size * kept:
+        return None
+    mode = 1 if bias is not None else 0
+    if soc_version() >= ASCEND950 and (score_func != "sigmoid" or (grouped and mode == 0)):
+        return None
+    return {"k_group": kept, "group_count": groups, "group_select_mode": mode}
+
+
+@npu_kernel(calls="npu_moe_gating_top_k")
+def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
+    gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
+    plan = gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize)
+    if plan is None:
+        return portable.moe_gating_topk(
+            logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor
+        )
+    weights, idx, _ = torch.ops.npu.npu_moe_gating_top_k(
+        logits,
+        topk,
+        bias=None if bias is None else bias.to(torch.float32),
+        renorm=0,
+        norm_type=1 if score_func == "sigmoid" else 0,
+        out_flag=False,
+        routed_scaling_factor=routed_scaling_factor,
+        eps=1e-20,
+        **plan,
+    )
+    return weights.contiguous(), idx.to(torch.int64).contiguous()
+
+
+@npu_kernel(calls="npu_moe_finalize_routing")
+def moe_unpermute(y, row_map, topk_weights):
+    unpermute_signature(y, row_map, topk_weights)
+    unrouted = False
+    if has_values(row_map):
+        portable._check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+        unrouted = bool((row_map < 0).any())
+    t, k = row_map.shape
+    exact = y.dtype == torch.float32 and (topk_weights is None or topk_weights.dtype == torch.float32)
+    if not exact or y.shape[0] != t * k or row_map.numel() == 0 or y.shape[1] == 0 or unrouted:
+        return portable.moe_unpermute(y, row_map, topk_weights)
+    return torch.ops.npu.npu_moe_finalize_routing(
+        y, None, None, None, topk_weights, row_map.t().flatten(), None, drop_pad_mode=0, k=k
+    )

@@ -1,0 +1,94 @@
+"""Ascend adapters of the quant family (torch_npu 2.13), where a torch_npu op computes exactly our op.
+
+``quantize_fp8`` with ``block = [1, c]`` (``c`` a multiple of 32, at most 1024) and ``use_ue8m0``, on Ascend 950
+(SoC >= 260): ``npu_dynamic_mx_quant(dst_type=float8_e4m3fn, block_size=c, scale_alg=1, max_low_bound=1e-4)``.
+Its scale_alg 1 ("cuBLAS" algorithm, docs of the MX quant ops) is DeepGEMM's UE8M0 recipe step for step:
+``S = fp32(max(amax, max_low_bound) / 448)``, the exponent rounded up to a power of two, ``R = 1 / S_ue8m0``,
+``y = e4m3(x * R)``, a short last group zero-padded; our ``max(amax, 1e-4) / 448`` is the same with
+``max_low_bound = 1e-4``. Its scales (uint8 E8M0 codes ``[M, ceil(G/2), 2]``, the group count padded to even)
+are turned into ours: FP32 ``2^(code-127)`` ``[M, G]``, or four codes per int32 (a ragged count padded with
+code 127 = 1.0, as ours). FP32 input only with ``c == 32`` and ``N >= 32`` (the docs' limits). Not verified:
+blocks holding NaN/Inf (ours gives code 255 / 254; the docs do not say what the op writes).
+
+Stays portable, and why:
+
+* ``quantize_fp8`` with FP32 (non power-of-two) scales, 1x128 or 128x128: ``npu_dynamic_block_quant`` is
+  documented (2.13) for int8 output only (``dst_type=1``), ``row_block_size=1``, ``col_block_size=128``, on
+  A2/A3, with no formula for its scale or rounding (is ``x / scale`` or ``x * (1 / scale)``, is
+  ``min_scale`` applied to the amax or the scale?); FP8 output exists only in its meta. Nothing to map exactly.
+* ``quantize_fp8`` with column or 2-D blocks and UE8M0 (``[g, 1]``, ``[128, 128]``): the MX op groups along one
+  axis; on a non-last axis its scales come interleaved two rows at a time, and 2-D blocks do not exist.
+* ``quantize_fp8`` on A2/A3: no FP8 (the MX ops are Ascend 950 only).
+* ``quantize_fp4``: E2M1 rounding differs. Ours is DeepGEMM's (ties toward the smaller magnitude: 0.75 -> 0.5,
+  2.5 -> 2); the op's ``round_mode`` offers ``rint`` (ties to even: 0.75 -> 1), ``round`` (ties away) and
+  ``floor`` (truncation). Its FP4 scales are OCP's ``floor(log2 amax) - 2`` (scale_alg 0) or a mantissa-bit rule
+  (scale_alg 2), not our ``ceil(log2(amax / 6))``; scale_alg 1 is FP8 only.
+* ``dequantize``: one multiply per element, rounded once, which the portable kernel already runs on ACLNN
+  kernels; ``npu_anti_mx_quant`` takes only MX (1x32 E8M0) scales in the op's own layout, none of our FP32 /
+  packed / arbitrary-block scales, and would add a layout conversion to an op with no rounding to share.
+
+Every adapter validates first (``meta/quant.py``), as the portable kernels do, so bad inputs raise our errors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.portable import quant as portable
+from torch_ascend_moe.meta.quant import QUANTIZE_FP8, quantize_signature
+from torch_ascend_moe.quant.reference import AMAX_FLOOR
+
+ASCEND950 = 260  # get_soc_version() from here on is Ascend 950 (the metas' _ASCEND950_SOC_VERSION)
+NPU_FLOAT8_E4M3FN = 292  # torch_npu's dtype enum, as the MX quant docs list it
+_UE8M0_ONE = 127  # code of 1.0: what a ragged packed word is padded with
+_MX_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def soc_version() -> int:
+    """torch_npu's SoC number (Ascend 950 is >= 260); the tests replace this function."""
+    from torch_npu.npu._backends import get_soc_version
+
+    return get_soc_version()
+
+
+def mx_fp8_block(x: torch.Tensor, block, use_ue8m0: bool) -> int | None:
+    """The MX group size for a ``quantize_fp8`` call ``npu_dynamic_mx_quant`` computes exactly, else None."""
+    m, n = x.shape
+    cols = block[1]
+    if not use_ue8m0 or block[0] != 1 or cols % 32 or cols > 1024 or m == 0 or n == 0:
+        return None
+    if x.dtype not in _MX_DTYPES or (x.dtype == torch.float32 and (cols != 32 or n < 32)):
+        return None
+    return cols if soc_version() >= ASCEND950 else None
+
+
+def mx_scales_to_ours(codes: torch.Tensor, groups: int, packed: bool) -> torch.Tensor:
+    """uint8 E8M0 codes ``[M, ceil(G/2), 2]`` -> FP32 ``[M, G]`` powers of two (code 255 -> NaN), or int32
+    ``[M, ceil(G/4)]`` with four codes per word, little end first, a ragged count padded with 1.0."""
+    codes = codes.flatten(1)[:, :groups]
+    if packed:
+        pad = (-groups) % 4
+        codes = torch.cat([codes, codes.new_full((codes.shape[0], pad), _UE8M0_ONE)], 1) if pad else codes
+        return codes.contiguous().view(torch.int32)
+    powers = (codes.to(torch.int32) << 23).view(torch.float32)
+    return torch.where(codes == 255, float("nan"), powers).contiguous()
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant")
+def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
+    quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
+    group = mx_fp8_block(x, block, use_ue8m0)
+    if group is None:
+        return portable.quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0)
+    y, codes = torch.ops.npu.npu_dynamic_mx_quant(
+        x,
+        axis=-1,
+        round_mode="rint",
+        dst_type=NPU_FLOAT8_E4M3FN,
+        block_size=group,
+        scale_alg=1,
+        max_low_bound=AMAX_FLOOR,
+    )
+    groups = -(-x.shape[1] // group)
+    return y.contiguous(), mx_scales_to_ours(codes, groups, use_packed_ue8m0)
