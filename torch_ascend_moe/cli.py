@@ -118,7 +118,8 @@ def cmd_info(args, console: Console) -> int:
     on_npu = npu_kernels()
     for name in names:
         caps = capabilities(name)
-        npu_kernel = f"torch_npu.{on_npu[name]}" if name in on_npu else "portable"
+        # An adapter takes the cases its torch_npu op computes exactly and hands the rest to the portable kernel.
+        npu_kernel = f"torch_npu.{on_npu[name]} | portable" if name in on_npu else "portable"
         matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), npu_kernel)
     console.print(matrix)
     return 0

@@ -1,9 +1,14 @@
 """Ascend NPU overrides, on PrivateUse1 (which torch_npu renames to "npu"): a family module here
 (``backends/npu/<family>.py``) registers its torch_npu adapters (grouped matmul, MoE dispatch, ...).
 
-The portable kernels already reach torch_npu's ops (ACLNN matmul, FP32 accumulation) through
-``CompositeExplicitAutograd``. Imported only after ``import torch_npu`` succeeded; no family has an adapter yet
-and nothing here has run on Ascend hardware (see the README's verification table).
+An adapter (``_registry.npu_kernel(calls=...)``) takes the cases a torch_npu op computes exactly (same rounding
+points, same layout after our conversions) and hands every other case to the family's portable kernel, which
+reaches torch_npu's ACLNN ops through ``CompositeExplicitAutograd``; each module's docstring says which cases map
+and why the rest do not. Some mappings have no op of ours to sit under yet (fused MC2 dispatch + expand, the
+lightning indexer's logits + top-k): they are plain functions for the compiler passes. Adapter modules touch
+``torch.ops.npu`` only when called, so ``info`` imports them anywhere. Registered only after ``import torch_npu``
+succeeded; checked in CI against the pinned torch_npu wheel's own schemas and Meta kernels
+(``testing.npu_wheel``, ``tests/npu``); nothing here has run on Ascend hardware.
 """
 
 from __future__ import annotations
