@@ -19,7 +19,8 @@ Our expert weights ``[G, N, K]`` are passed as the ``[G, K, N]`` view ``b.transp
 weight" for torch_npu when ``b`` is K-major, a contiguous one when ``b`` is MN-major).
 
 Output dtype: the kernel's own when it equals the input's; otherwise FP32 (``output_dtype``) rounded once to the
-requested dtype. FP64 operands (no Ascend matmul) run the portable kernel.
+requested dtype. FP64 operands (no Ascend matmul) and shapes beyond the documented limits (``MAX_GROUPS``,
+``INNER_LIMIT``) run the portable kernel.
 
 Errors: each adapter runs our op's signature check first and, on real tensors, the layout *value* checks of the
 portable kernel (one host read of the layout / ``masked_m``), so a bad input fails with our op's message and
@@ -55,6 +56,11 @@ from torch_ascend_moe.meta.grouped import (
 M_AXIS, K_AXIS = 0, 2
 # group_list_type: 0 = cumulative ends, 1 = per-group counts.
 CUMSUM = 0
+# torch_npu 2.13's documented limits (A2 docs): at most 1024 groups with a single 3-D weight, and the last
+# dimension of x and weight (x: K, or M when transposed; weight: N, or K when transposed) below 65536. A call
+# outside them runs the portable kernel.
+MAX_GROUPS = 1024
+INNER_LIMIT = 65536
 
 
 def _gmm(x, weight, group_list, group_type, output_dtype=None):
@@ -70,6 +76,10 @@ def _gmm(x, weight, group_list, group_type, output_dtype=None):
         output_dtype=output_dtype,
     )
     return y
+
+
+def _fits(groups: int, *inner: int) -> bool:
+    return groups <= MAX_GROUPS and all(d < INNER_LIMIT for d in inner)
 
 
 def _real(t: torch.Tensor) -> bool:
@@ -112,7 +122,7 @@ def _id_groups(layout: torch.Tensor, groups: int):
 @npu_kernel(calls="npu_grouped_matmul")
 def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
-    if a.dtype == torch.float64:
+    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
     if _real(layout):
@@ -134,7 +144,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
 @npu_kernel(calls="npu_grouped_matmul")
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
-    if a.dtype == torch.float64:
+    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
     groups, m_max, k = a.shape
     if _real(masked_m):
@@ -150,7 +160,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
 @npu_kernel(calls="npu_grouped_matmul")
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
-    if a.dtype == torch.float64:
+    if a.dtype == torch.float64 or not _fits(num_groups, a.shape[1], b.shape[1]):
         return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
     if _real(layout):
