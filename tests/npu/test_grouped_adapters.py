@@ -33,9 +33,15 @@ def gmm_calls(monkeypatch):
     calls = []
     real = adapters._gmm
 
-    def counting(*args, **kwargs):
-        calls.append(args[3])
-        return real(*args, **kwargs)
+    def counting(x, weight, group_list, group_type, output_dtype=None):
+        # torch_npu's layout rules: M-grouped x row-major; K-grouped x the transposed view of a row-major [S, M].
+        if group_type == 0:
+            assert x.is_contiguous(), x.stride()
+        else:
+            assert x.T.is_contiguous() and weight.is_contiguous(), (x.stride(), weight.stride())
+        assert group_list.dtype == torch.int64 and group_list.dim() == 1
+        calls.append(group_type)
+        return real(x, weight, group_list, group_type, output_dtype)
 
     monkeypatch.setattr(adapters, "_gmm", counting)
     return calls
@@ -109,6 +115,23 @@ def test_values_match_reference(spec, refs, gmm_calls):
         assert calc_diff(out, ours) < THRESHOLDS[out.dtype], where
     assert len(gmm_calls) >= len(_cases(spec)) - 2  # all but the empty samples reached npu_grouped_matmul
     assert {0, 2} & set(gmm_calls)
+
+
+def test_strided_operands(refs, gmm_calls):
+    """Column-major, sliced and broadcast operands reach npu_grouped_matmul in the layouts it takes (the
+    counting fixture checks them), with our op's values."""
+    layout = torch.tensor([4, 20], dtype=torch.int32)
+    b = torch.randn(1, 6).expand(20, 6)  # stride 0 along S
+    for a in (torch.randn(5, 20).T, torch.randn(20, 10)[:, ::2]):  # column-major; sliced columns
+        out = adapters.k_grouped_bf16_gemm(a, b, layout, 2, True, 4, None, None)
+        ref = torch.ops.ascend_moe.k_grouped_bf16_gemm(a.contiguous(), b.contiguous(), layout, 2, True, 4)
+        assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
+    x, w = torch.randn(16, 12).T, torch.randn(2, 8, 16)[:, ::2]  # x column-major; w sliced along N
+    m_layout = torch.tensor([4, 12], dtype=torch.int32)
+    out = adapters.m_grouped_bf16_gemm(x, w, m_layout, True, 1, None)
+    ref = torch.ops.ascend_moe.m_grouped_bf16_gemm(x.contiguous(), w.contiguous(), m_layout, True, 1)
+    assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
+    assert gmm_calls == [2, 2, 0]
 
 
 def test_float64_runs_the_portable_kernel(refs, gmm_calls):

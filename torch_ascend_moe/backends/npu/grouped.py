@@ -12,7 +12,8 @@ is ``x.size(0)``), so our layouts are mapped on the device, without a host loop:
   with group 0), multiplied, and put back in place; padding rows are zeroed as above.
 * masked (``[G, M_max, K]``): every group spans ``M_max`` rows; rows at or beyond ``masked_m[g]`` are zeroed in
   the output (computed, never used: their values cannot leak, even when they are inf/NaN).
-* k-grouped: ``group_type=2`` with ``x = a.T`` (``[M, S]``, the transposed view torch_npu's K-grouped form takes),
+* k-grouped: ``group_type=2`` with ``x = a.T`` (``[M, S]``, the transposed view torch_npu's K-grouped form takes,
+  as MindSpeed's and others' weight gradients call it),
   ``weight = b`` (``[S, N]``), output ``[G, M, N]``; ``c`` is added in FP32 before the one rounding.
 
 Our expert weights ``[G, N, K]`` are passed as the ``[G, K, N]`` view ``b.transpose(1, 2)`` (a "transposed
@@ -173,7 +174,10 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
         perm, cum, valid = _id_groups(layout, num_groups)
         a, b = a.index_select(0, perm), b.index_select(0, perm)
     # Padding rows sit inside a group's contiguous range: zero them in both operands (0 * inf would be NaN).
-    a, b = (t.masked_fill(~valid.unsqueeze(1), 0) for t in (a, b))
+    # Row-major copies: torch_npu's K-grouped form wants x as the *transposed view* a.T (a contiguous x loses
+    # the transpose marker: EZ1001 per users' reports). masked_fill's result is row-major on CPU; .contiguous()
+    # makes that a guarantee rather than a property of one backend's masked_fill.
+    a, b = (t.masked_fill(~valid.unsqueeze(1), 0).contiguous() for t in (a, b))
     if c is None and dtype == a.dtype:
         return _gmm(a.T, b, cum, K_AXIS)
     y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
