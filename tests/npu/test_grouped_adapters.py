@@ -52,7 +52,8 @@ def _samples(spec, dtype):
 
 
 def _cases(spec):
-    return [(dtype, s) for dtype in spec.dtypes for s in _samples(spec, dtype)]
+    """Every sample, in the spec's dtypes and FP16 (npu_grouped_matmul's third float input dtype)."""
+    return [(dtype, s) for dtype in (*spec.dtypes, torch.float16) for s in _samples(spec, dtype)]
 
 
 def _out_dtype_variants(spec):
