@@ -132,7 +132,15 @@ def test_strided_operands(refs, gmm_calls):
     out = adapters.m_grouped_bf16_gemm(x, w, m_layout, True, 1, None)
     ref = torch.ops.ascend_moe.m_grouped_bf16_gemm(x.contiguous(), w.contiguous(), m_layout, True, 1)
     assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
-    assert gmm_calls == [2, 2, 0]
+    # A column-major accumulator: the output is still row-major (our op's fake), with and without rows.
+    c = torch.randn(2, 6, 5).transpose(1, 2)
+    for a in (torch.randn(20, 5), torch.randn(0, 5)):
+        rows = a.shape[0]
+        ends = torch.tensor([min(4, rows), rows], dtype=torch.int32)
+        out = adapters.k_grouped_bf16_gemm(a, b[:rows], ends, 2, True, 4, c, None)
+        ref = torch.ops.ascend_moe.k_grouped_bf16_gemm(a, b[:rows].contiguous(), ends, 2, True, 4, c)
+        assert out.is_contiguous() and calc_diff(out, ref) < THRESHOLDS[torch.float32]
+    assert gmm_calls == [2, 2, 0, 2]
 
 
 def test_float64_runs_the_portable_kernel(refs, gmm_calls):

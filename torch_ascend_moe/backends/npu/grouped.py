@@ -135,7 +135,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
         cum, valid = _psum_groups(layout, alignment, rows)
         y = _gmm(x, w, cum, M_AXIS, _kernel_dtype(a, dtype))
     else:
-        perm, cum, valid_sorted = _id_groups(layout, groups)
+        perm, cum, _ = _id_groups(layout, groups)
         y_sorted = _gmm(x.index_select(0, perm), w, cum, M_AXIS, _kernel_dtype(a, dtype))
         y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted)
         valid = layout >= 0
@@ -167,7 +167,8 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if _real(layout):
         layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
     if rows == 0 or num_groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
-        return c.to(dtype, copy=True) if c is not None else torch.zeros(shape, dtype=dtype, device=a.device)
+        out = torch.zeros(shape, dtype=dtype, device=a.device)
+        return out if c is None else out.copy_(c)  # row-major, as our op's fake, whatever c's strides
     if psum:
         cum, valid = _psum_groups(layout, alignment, rows)
     else:
@@ -181,4 +182,4 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if c is None and dtype == a.dtype:
         return _gmm(a.T, b, cum, K_AXIS)
     y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
-    return (y if c is None else y + c.float()).to(dtype)
+    return (y if c is None else y.add_(c)).to(dtype)  # in place: y's row-major strides, whatever c's
