@@ -1,0 +1,185 @@
+"""Ascend adapters of the grouped family: one ``torch_npu.npu_grouped_matmul`` per call instead of the portable
+kernel's one GEMM per expert segment.
+
+Every adapter uses npu_grouped_matmul's "single x, single weight, single y" form (``split_item=3``, one int64
+``group_list``). Its groups are contiguous and cover every row (``group_type=0``: cumulative ends whose last value
+is ``x.size(0)``), so our layouts are mapped on the device, without a host loop:
+
+* ``psum=True`` (``[align(end[g-1]), end[g])``): the padding rows before a group's aligned start belong to the
+  previous group (the ones after the last end to the last group); they are computed and then zeroed in the output
+  (m-grouped), or zeroed in both operands before the reduction (k-grouped), so their values never matter.
+* ``psum=False`` (one id per row, -1 = padding, ids in any order): rows are stably sorted by group (padding rows
+  with group 0), multiplied, and put back in place; padding rows are zeroed as above.
+* masked (``[G, M_max, K]``): every group spans ``M_max`` rows; rows at or beyond ``masked_m[g]`` are zeroed in
+  the output (computed, never used: their values cannot leak, even when they are inf/NaN).
+* k-grouped: ``group_type=2`` with ``x = a.T`` (``[M, S]``, the transposed view torch_npu's K-grouped form takes,
+  as MindSpeed's and others' weight gradients call it),
+  ``weight = b`` (``[S, N]``), output ``[G, M, N]``; ``c`` is added in FP32 before the one rounding.
+
+Our expert weights ``[G, N, K]`` are passed as the ``[G, K, N]`` view ``b.transpose(1, 2)`` (a "transposed
+weight" for torch_npu when ``b`` is K-major, a contiguous one when ``b`` is MN-major).
+
+Output dtype: the kernel's own when it equals the input's; otherwise FP32 (``output_dtype``) rounded once to the
+requested dtype. FP64 operands (no Ascend matmul) and shapes beyond the documented limits (``MAX_GROUPS``,
+``INNER_LIMIT``) run the portable kernel.
+
+Errors: each adapter runs our op's signature check first and, on real tensors, the layout *value* checks of the
+portable kernel (one host read of the layout / ``masked_m``), so a bad input fails with our op's message and
+torch_npu never sees an invalid ``group_list``.
+
+FP8 ops stay on the portable kernels (``m_grouped_fp8_gemm``, ``m_grouped_fp8_gemm_masked``,
+``m_grouped_fp8_linear``, ``k_grouped_fp8_gemm``): their scales vary *along K* (1 x gran_k blocks of A, gran_k x
+gran_k blocks of B, gran_k row blocks of k-grouped operands, FP32 or UE8M0), while npu_grouped_matmul scales only
+after the whole K reduction (``scale [E, N]`` per channel, ``per_token_scale [M]`` per row; A2/A3 docs: no FP8
+inputs at all). Its only K-block form is MX on Ascend 950 (``scale_dtype=float8_e8m0fnu``: 1 x 32 blocks with
+power-of-two scales): that would be exact only for the UE8M0 recipes with ``gran_k % 32 == 0``, and the MX scale
+layout is not documented in torch_npu 2.13's docstrings, so it is not written here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.portable import grouped as portable
+from torch_ascend_moe.meta.grouped import (
+    K_GROUPED,
+    M_GROUPED,
+    MASKED,
+    k_grouped_signature,
+    layout_segments,
+    m_grouped_signature,
+    masked_signature,
+)
+
+# torch_npu's group_type values.
+M_AXIS, K_AXIS = 0, 2
+# group_list_type: 0 = cumulative ends, 1 = per-group counts.
+CUMSUM = 0
+# torch_npu 2.13's documented limits (A2 docs): at most 1024 groups with a single 3-D weight, and the last
+# dimension of x and weight (x: K, or M when transposed; weight: N, or K when transposed) below 65536. A call
+# outside them runs the portable kernel.
+MAX_GROUPS = 1024
+INNER_LIMIT = 65536
+
+
+def _gmm(x, weight, group_list, group_type, output_dtype=None):
+    """``npu_grouped_matmul``'s single-tensor form; ``torch.ops.npu`` is looked up here, at call time (it exists
+    only once torch_npu, or the test wheel's schemas, are loaded)."""
+    (y,) = torch.ops.npu.npu_grouped_matmul(
+        [x],
+        [weight],
+        group_list=group_list,
+        split_item=3,
+        group_type=group_type,
+        group_list_type=CUMSUM,
+        output_dtype=output_dtype,
+    )
+    return y
+
+
+def _fits(groups: int, *inner: int) -> bool:
+    return groups <= MAX_GROUPS and all(d < INNER_LIMIT for d in inner)
+
+
+def _real(t: torch.Tensor) -> bool:
+    """Whether ``t`` has values to read (not a fake or meta tensor): the layout value checks run only then."""
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+
+
+def _weight_kn(b: torch.Tensor) -> torch.Tensor:
+    """``[G, K, N]`` view of our ``[G, N, K]`` weights in a layout torch_npu takes (row-major or transposed)."""
+    w = b.transpose(1, 2)
+    transposed = w.stride(1) == 1 and w.stride(2) == w.shape[1]
+    return w if w.is_contiguous() or transposed else w.contiguous()
+
+
+def _kernel_dtype(a: torch.Tensor, dtype: torch.dtype) -> torch.dtype | None:
+    """``output_dtype`` to request: none when ``dtype`` is the input's, else FP32 (rounded once afterwards)."""
+    return None if dtype == a.dtype else torch.float32
+
+
+def _psum_groups(layout: torch.Tensor, alignment: int, rows: int):
+    """(int64 cumulative ends covering every row, bool mask of the rows some group owns) of a psum layout."""
+    ends = layout.long()
+    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = (prev + alignment - 1) // alignment * alignment
+    cum = torch.cat([starts[1:], ends.new_full((1,), rows)])
+    r = torch.arange(rows, device=layout.device)
+    group = torch.searchsorted(cum, r, right=True).clamp(max=ends.numel() - 1)
+    return cum, r < ends[group]
+
+
+def _id_groups(layout: torch.Tensor, groups: int):
+    """(stable permutation sorting rows by group, int64 cumulative ends of the sorted rows, bool mask of the
+    sorted rows that are not padding) of a per-row id layout; padding rows sort with group 0."""
+    ids = layout.long()
+    key, perm = torch.sort(ids.clamp(min=0), stable=True)
+    cum = torch.searchsorted(key, torch.arange(groups, device=layout.device), right=True)
+    return perm, cum, ids.index_select(0, perm) >= 0
+
+
+@npu_kernel(calls="npu_grouped_matmul")
+def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
+    shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
+    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
+        return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
+    rows, groups = a.shape[0], b.shape[0]
+    if _real(layout):
+        layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
+    if rows == 0 or groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
+        return torch.zeros(shape, dtype=dtype, device=a.device)
+    x, w = a.contiguous(), _weight_kn(b)
+    if psum:
+        cum, valid = _psum_groups(layout, alignment, rows)
+        y = _gmm(x, w, cum, M_AXIS, _kernel_dtype(a, dtype))
+    else:
+        perm, cum, _ = _id_groups(layout, groups)
+        y_sorted = _gmm(x.index_select(0, perm), w, cum, M_AXIS, _kernel_dtype(a, dtype))
+        y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted)
+        valid = layout >= 0
+    return y.masked_fill(~valid.unsqueeze(1), 0).to(dtype)
+
+
+@npu_kernel(calls="npu_grouped_matmul")
+def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
+    shape, dtype = masked_signature(a, b, masked_m, out_dtype)
+    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
+        return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
+    groups, m_max, k = a.shape
+    if _real(masked_m):
+        portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
+    if groups * m_max == 0 or k == 0 or b.shape[1] == 0:
+        return torch.zeros(shape, dtype=dtype, device=a.device)
+    cum = torch.arange(1, groups + 1, device=a.device) * m_max
+    y = _gmm(a.reshape(groups * m_max, k).contiguous(), _weight_kn(b), cum, M_AXIS, _kernel_dtype(a, dtype))
+    valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)
+    return y.view(shape).masked_fill(~valid.unsqueeze(2), 0).to(dtype)
+
+
+@npu_kernel(calls="npu_grouped_matmul")
+def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
+    shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    if a.dtype == torch.float64 or not _fits(num_groups, a.shape[1], b.shape[1]):
+        return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    rows = a.shape[0]
+    if _real(layout):
+        layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
+    if rows == 0 or num_groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
+        out = torch.zeros(shape, dtype=dtype, device=a.device)
+        return out if c is None else out.copy_(c)  # row-major, as our op's fake, whatever c's strides
+    if psum:
+        cum, valid = _psum_groups(layout, alignment, rows)
+    else:
+        perm, cum, valid = _id_groups(layout, num_groups)
+        a, b = a.index_select(0, perm), b.index_select(0, perm)
+    # Padding rows sit inside a group's contiguous range: zero them in both operands (0 * inf would be NaN).
+    # Row-major copies: torch_npu's K-grouped form wants x as the *transposed view* a.T (a contiguous x loses
+    # the transpose marker: EZ1001 per users' reports). masked_fill's result is row-major on CPU; .contiguous()
+    # makes that a guarantee rather than a property of one backend's masked_fill.
+    a, b = (t.masked_fill(~valid.unsqueeze(1), 0).contiguous() for t in (a, b))
+    if c is None and dtype == a.dtype:
+        return _gmm(a.T, b, cum, K_AXIS)
+    y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
+    return (y if c is None else y.add_(c)).to(dtype)  # in place: y's row-major strides, whatever c's
