@@ -156,7 +156,9 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   check_accumulator(kKGrouped, c, a, shape);
   // One accumulator for all segments of a group: a group split into several runs still rounds once.
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor acc = c.has_value() ? c->to(acc_t, false, /*copy=*/true) : at::zeros(shape, a.options().dtype(acc_t));
+  // A contiguous copy of c: the output's layout is the fake's (row-major), whatever c's strides are.
+  at::Tensor acc = c.has_value() ? c->to(acc_t, false, /*copy=*/true, at::MemoryFormat::Contiguous)
+                                 : at::zeros(shape, a.options().dtype(acc_t));
   for (const Segment& s : layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups)) {
     if (s.end == s.begin) continue;
     at::Tensor acc_g = acc.select(0, s.group);

@@ -88,3 +88,23 @@ def test_k_grouped_bf16_gemm_any_layout(case, b_layout):
     bound = k_grouped_reference(a.abs(), b.abs(), layout, groups, True, alignment, None, None)
     for fn in (ops.k_grouped_bf16_gemm, portable.k_grouped_bf16_gemm):
         assert_exact(fn(a, b, layout, groups, True, alignment, None, torch.float32), ref, bound)
+
+
+def test_k_grouped_output_is_row_major_whatever_c_is():
+    """The kernels' output layout is the fake's (row-major) also when the accumulator c is column-major."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_ascend_moe.backends.portable import grouped as portable
+
+    a, b = torch.randn(8, 6).bfloat16(), torch.randn(8, 5).bfloat16()
+    layout = torch.tensor([4, 8], dtype=torch.int32)
+    c = torch.randn(2, 5, 6).transpose(1, 2)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.ascend_moe.k_grouped_bf16_gemm(
+            *(mode.from_tensor(t) for t in (a, b, layout)), 2, True, 1, mode.from_tensor(c), None
+        )
+    for out in (
+        torch.ops.ascend_moe.k_grouped_bf16_gemm(a, b, layout, 2, True, 1, c, None),
+        portable.k_grouped_bf16_gemm(a, b, layout, 2, True, 1, c, None),
+    ):
+        assert out.stride() == fake.stride() == (30, 5, 1)

@@ -86,7 +86,12 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     acc_t = torch.float64 if a.dtype == torch.float64 else torch.float32
-    acc = c.to(acc_t, copy=True) if c is not None else torch.zeros(shape, dtype=acc_t, device=a.device)
+    # Row-major whatever c's strides (the fake's layout).
+    acc = (
+        c.to(acc_t, copy=True, memory_format=torch.contiguous_format)
+        if c is not None
+        else torch.zeros(shape, dtype=acc_t, device=a.device)
+    )
     for g, begin, end in layout_segments(K_GROUPED, layout, psum, alignment, a.shape[0], num_groups):
         if end > begin:
             acc[g] += a[begin:end].to(acc_t).T @ b[begin:end].to(acc_t)
@@ -118,7 +123,11 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
                 f"{K_GROUPED_FP8}: argument '{name}' size(0): expected {rows} (sum over groups of ceil(k_g / gran_k)), "
                 f"got {sf.shape[0]}"
             )
-    acc = c.to(torch.float32, copy=True) if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
+    acc = (
+        c.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
+        if c is not None
+        else torch.zeros(shape, dtype=torch.float32, device=a.device)
+    )
     row = 0
     for g, begin, end in segments:
         n = end - begin
