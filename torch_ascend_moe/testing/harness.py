@@ -247,9 +247,16 @@ def check_compile(spec: OpSpec, device: str, tmp_path: Path | None = None) -> No
                     assert (e is None) == (g is None), f"{where} backward: gradient presence differs"
                     if e is None:
                         continue
+                    # Compiled backward formulas (block sums, ...) may reduce in another order than eager: FP32
+                    # gets the summation error bound of the reductions here (~n·eps, n = 128); the others have
+                    # not needed more than 1e-6.
+                    tol = _GRAD_TOL.get(e.dtype, 1e-6)
                     torch.testing.assert_close(
-                        g, e, rtol=1e-6, atol=1e-6, msg=lambda m, where=where: f"{where} backward: {m}"
+                        g, e, rtol=tol, atol=tol, msg=lambda m, where=where: f"{where} backward: {m}"
                     )
+
+
+_GRAD_TOL = {torch.float32: 1e-5}
 
 
 class FamilyModule(torch.nn.Module):
