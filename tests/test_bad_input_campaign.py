@@ -17,16 +17,17 @@ import pytest
 from tests._families import ROOT, family_specs, spec_modules
 from torch_ascend_moe.testing import campaign
 
-# ep's ops need a process group; their bad inputs run on one- and multi-rank groups in tests/ep.
-FAMILIES = sorted(f for f in family_specs() if f != "ep")
+# ep's communicating ops need a process group (their bad inputs run on one- and multi-rank groups in tests/ep);
+# its local ops (ep_expand) run here through tests.ep.local_specs.
+MODULES = {f: spec_modules()[f] for f in family_specs() if f != "ep"} | {"ep (local ops)": "tests.ep.local_specs"}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", sorted(MODULES))
 def test_every_mutation_gets_one_verdict(family):
     # The subprocess imports the family's specs by module name (tests.<family>.specs): the root on sys.path.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     run = subprocess.run(
-        [sys.executable, "-m", campaign.__name__, spec_modules()[family]],
+        [sys.executable, "-m", campaign.__name__, MODULES[family]],
         capture_output=True,
         text=True,
         timeout=900,

@@ -113,8 +113,12 @@ def _outcome(fn):
 
 
 def _fake_call(op, args):
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        return op(*(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args))
+    # A shape environment lets a fake with data-dependent output sizes (unbacked symbols) answer; inputs stay
+    # static, so every other fake sees what it always saw.
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()) as mode:
+        return op(*(mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x for x in args))
 
 
 def _is_argument_error(e: BaseException) -> bool:
@@ -137,7 +141,8 @@ def _outputs(x) -> list:
 def _same_meta(eager, fake) -> bool:
     e, f = _outputs(eager), _outputs(fake)
     return len(e) == len(f) and all(
-        x.dtype == y.dtype and (tuple(x.shape) == tuple(y.shape) or not all(isinstance(s, int) for s in y.shape))
+        # A symbolic (data-dependent) size matches any; asked first, so comparing never guards on it.
+        x.dtype == y.dtype and (not all(isinstance(s, int) for s in y.shape) or tuple(x.shape) == tuple(y.shape))
         for x, y in zip(e, f)
     )
 

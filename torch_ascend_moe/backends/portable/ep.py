@@ -403,7 +403,7 @@ def ep_expand(args):
                 f"{op}: argument 'topk_idx' values: expected local expert ids in [-1, {local}), got {int(idx[bad][0])}"
             )
     valid = (idx >= 0) & (idx < local)
-    flat = torch.where(valid, idx, local).view(-1)  # invalid slots sort after every expert
+    flat = torch.where(valid, idx, local).reshape(-1)  # invalid slots sort after every expert (any strides)
     counts = torch.zeros(local + 1, dtype=torch.int64, device=device)
     counts.index_add_(0, flat, torch.ones_like(flat))
     counts = counts[:local]
@@ -430,7 +430,7 @@ def ep_expand(args):
     expand_rows[order.indices] = dest_sorted
     expand_rows = expand_rows.view(n, k)
     # Each expanded row's source row and slot (-1: padding), by a scatter into a spare last row.
-    target = torch.where(valid, expand_rows, m).view(-1)
+    target = torch.where(valid, expand_rows, m).reshape(-1)
     slot_of = torch.full((m + 1,), -1, dtype=torch.int64, device=device)
     slot_of.scatter_(0, target, torch.arange(n * k, device=device))
     slot_of = slot_of[:m]
