@@ -87,3 +87,30 @@ def test_compact_dispatch_fake_sizes_are_bounded():
     recv_range, send_range = ranges[str(recv_rows.node.expr)], ranges[str(send_rows.node.expr)]
     assert recv_range.lower == 0 and send_range.lower == 0
     assert send_range.upper == 5  # one rank, five tokens
+
+
+def test_ops_take_any_strides():
+    """Transposed (non-contiguous) x, topk_idx and topk_weights give bitwise the contiguous copies' results
+    (a view of a strided temporary used to raise), for dispatch, layout, low-latency dispatch and expand."""
+    from tests.ep.specs import init_single_rank_group
+    from torch_ascend_moe.ops.ep import ep_dispatch, ep_dispatch_layout, ep_expand, ep_low_latency_dispatch
+
+    name = init_single_rank_group()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(128, 9, generator=g).bfloat16().t()
+    idx = torch.stack([torch.randperm(8, generator=g)[:3] for _ in range(9)]).t().contiguous().t()
+    w = torch.rand(3, 9, generator=g).t()
+    assert not (x.is_contiguous() or idx.is_contiguous() or w.is_contiguous())
+    strided = ep_dispatch(x, idx, w, num_experts=8, group=name)
+    dense = ep_dispatch(x.contiguous(), idx.contiguous(), w.contiguous(), num_experts=8, group=name)
+    for a, b in zip(strided[:6], dense[:6]):
+        assert a is None and b is None or torch.equal(a, b)
+    assert all(
+        torch.equal(a, b) for a, b in zip(ep_dispatch_layout(idx, 8, 1), ep_dispatch_layout(idx.contiguous(), 8, 1))
+    )
+    ll = ep_low_latency_dispatch(x, idx, 9, 8, group=name, use_fp8=True)[0]
+    ll_dense = ep_low_latency_dispatch(x.contiguous(), idx.contiguous(), 9, 8, group=name, use_fp8=True)[0]
+    assert torch.equal(ll[0].view(torch.uint8), ll_dense[0].view(torch.uint8)) and torch.equal(ll[1], ll_dense[1])
+    ex = ep_expand(x, idx, w, num_local_experts=8, expert_alignment=4)
+    ex_dense = ep_expand(x.contiguous(), idx.contiguous(), w.contiguous(), num_local_experts=8, expert_alignment=4)
+    assert all(torch.equal(a, b) for a, b in zip(ex, ex_dense) if a is not None)

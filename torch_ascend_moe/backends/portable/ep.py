@@ -53,7 +53,8 @@ def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
     t = idx.shape[0]
     valid = idx >= 0
     per_expert = torch.zeros(num_experts + 1, dtype=torch.int64, device=idx.device)
-    per_expert.index_add_(0, torch.where(valid, idx, num_experts).view(-1), torch.ones_like(idx).view(-1))
+    # reshape, not view: topk_idx may come with any strides.
+    per_expert.index_add_(0, torch.where(valid, idx, num_experts).reshape(-1), torch.ones_like(idx).reshape(-1))
     rank_of = torch.where(valid, idx // (num_experts // num_ranks), num_ranks)
     in_rank = torch.zeros(t, num_ranks + 1, dtype=torch.bool, device=idx.device).scatter_(1, rank_of, True)
     in_rank = in_rank[:, :num_ranks].clone(memory_format=torch.contiguous_format)
@@ -214,7 +215,7 @@ def ep_dispatch(args):
     else:
         recv_topk_weights = args.x.new_empty(n, 0, dtype=_ABSENT)
     per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
-    per_expert.index_add_(0, torch.where(mine, local, local_experts).view(-1), torch.ones_like(local).view(-1))
+    per_expert.index_add_(0, torch.where(mine, local, local_experts).reshape(-1), torch.ones_like(local).reshape(-1))
     per_expert = (
         (per_expert[:local_experts] + args.expert_alignment - 1) // args.expert_alignment * args.expert_alignment
     )
@@ -458,7 +459,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     stored ``scale_inv = amax / 448``; ``round_scale`` makes ``scale_inv`` a power of two (rounded up) and
     ``scale = 1 / scale_inv``; ``use_ue8m0`` stores its exponent byte, 4 per int32."""
     t, h = x.shape
-    groups = x.float().view(t, h // meta.LL_BLOCK, meta.LL_BLOCK)
+    groups = x.float().reshape(t, h // meta.LL_BLOCK, meta.LL_BLOCK)  # any strides
     amax = groups.abs().amax(-1).clamp(min=1e-4)
     if round_scale:
         scale_inv = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
@@ -537,7 +538,7 @@ def ep_low_latency_dispatch(args):
     spare = r * local * t_max
     send = payload.new_zeros(spare + 1, width)
     # idx = destination * local + local expert
-    send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).view(-1)] = payload
+    send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).reshape(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
     exchange.all_to_all_rows(op, group, [(recv, send)], None, None, args.timeout_s)
@@ -591,7 +592,7 @@ def ep_low_latency_combine(args):
     dest = (source * local + expert) * t_max + args.src_info.long().clamp(min=0)
     spare = r * local * t_max  # rows without a message land in a spare last row: no boolean indexing
     send = args.x.new_zeros(spare + 1, h)
-    send[torch.where(ok, dest, spare).view(-1)] = args.x.reshape(local * n, h)
+    send[torch.where(ok, dest, spare).reshape(-1)] = args.x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
     exchange.all_to_all_rows(op, group, [(back, send)], None, None, args.timeout_s)
