@@ -100,10 +100,11 @@ def _linear_backward(ctx, grad):
     if needs_grad(ctx, LINEAR, "x"):
         if ctx.fp8_backward:
             pad = (-weight.shape[1]) % blk
-            qg, sg = block_cast_to_fp8(F.pad(g, (0, pad)), (1, blk), ctx.use_ue8m0)
+            # Padding copies the whole high-precision operand: only when N is not already whole blocks.
+            qg, sg = block_cast_to_fp8(F.pad(g, (0, pad)) if pad else g, (1, blk), ctx.use_ue8m0)
             # Every expert in one cast: with N padded to whole blocks no block straddles two experts, so the
             # [G * N_pad, K] cast is each expert's own block x block cast, stacked (no loop over G).
-            wp = F.pad(weight, (0, 0, 0, pad))
+            wp = F.pad(weight, (0, 0, 0, pad)) if pad else weight
             experts, rows, k = wp.shape
             q, s = block_cast_to_fp8(wp.reshape(experts * rows, k), (blk, blk), ctx.use_ue8m0)
             qw = q.view(experts, rows, k).transpose(1, 2)  # [G, K, N]: MN-major views
