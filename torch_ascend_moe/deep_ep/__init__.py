@@ -1,5 +1,6 @@
-"""DeepEP(-Ascend)-compatible API over the ``ascend_moe`` ep ops: code written for ``import deep_ep`` (V1 normal
-and low-latency modes) runs unchanged with ``import torch_ascend_moe.deep_ep as deep_ep``.
+"""DeepEP(-Ascend)-compatible API over the ``ascend_moe`` ep ops: code written for ``import deep_ep`` (V1's
+``Buffer``, normal and low-latency modes, and V2's ``ElasticBuffer`` / ``EPHandle``, DeepEP-Ascend's API: see
+``deep_ep.buffers.elastic``) runs unchanged with ``import torch_ascend_moe.deep_ep as deep_ep``.
 
 What differs, on purpose (specs/deepep_api.md §2.3): the ops are synchronous on ``torch.distributed``, so
 ``async_finish`` / ``previous_event`` / ``allocate_on_comm_stream`` are accepted and validated the way
