@@ -54,6 +54,11 @@ def get_elastic_buffer_alignment() -> int:
     return _ALIGNMENT
 
 
+# Upstream's kernel names as profiler ranges, so DeepEP's bench_kineto(kernel_names=("dispatch_impl",
+# "dispatch_copy_epilogue_impl")) and its combine pair time our phases (the transport op; the local epilogue).
+_kernel = torch.profiler.record_function
+
+
 def _value_or(value, default):
     return default if value is None else value
 
@@ -485,61 +490,63 @@ class ElasticBuffer:
 
         self._check(api, data, check)
         r, k = self.num_ranks, topk_idx.shape[1]
-        out = ep_dispatch(
-            data,
-            topk_idx,
-            topk_weights,
-            num_experts=num_experts,
-            group=self.group_name,
-            x_scales=sf,
-            expert_alignment=alignment,
-            num_worst_tokens=0 if do_cpu_sync else r * num_max,
-            timeout_s=self.num_cpu_timeout_secs,
-        )
-        route, recv_idx, device = out.handle, out.recv_topk_idx, out.recv_x.device
-        # After the op validated num_experts (the SM model divides by it).
-        num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
-        local = num_experts // r
-        # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
-        # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
-        ends = torch.cumsum(route.recv_counts, 0)
-        src_rank = torch.searchsorted(ends, route.recv_gather.clamp(min=0), right=True).clamp(max=r - 1)
-        real = route.recv_gather >= 0
-        src_rank = torch.where(real, src_rank, -1)
-        per_source = torch.zeros(r + 1, dtype=torch.int64, device=device)
-        per_source.index_add_(0, torch.where(real, src_rank, r), torch.ones_like(src_rank))
-        groups = per_source[:r].view(-1, self.num_scaleup_ranks).sum(0)  # source scale-up index i: ranks i::su
-        psum_scaleup = torch.cumsum(groups, 0).int()
-        n = recv_idx.shape[0]
-        lanes = recv_idx >= 0
-        first_lane = torch.where(lanes.any(1), lanes.int().argmax(1), 0)
-        meta = torch.full((n, k + 2), -1, dtype=torch.int32, device=device)
-        meta[:, 0] = torch.where(real, src_rank * num_max + out.recv_src_idx, -1).int()
-        meta[:, 1] = torch.where(real, src_rank * k + first_lane, -1).int()
-        unaligned = torch.zeros(local + 1, dtype=torch.int64, device=device)
-        unaligned.index_add_(0, torch.where(lanes, recv_idx, local).view(-1), torch.ones_like(recv_idx).view(-1))
-        unaligned = unaligned[:local].int()
-        aligned = out.num_recv_tokens_per_expert
-        counts_list = aligned.tolist() if do_cpu_sync else []
-        recv_x, recv_sf, recv_w = out.recv_x, out.recv_x_scales, out.recv_topk_weights
-        if do_expand:
-            rows = 0 if do_cpu_sync else _expand_capacity(r, num_max, k, local, alignment)
-            ex = ep_expand(
-                recv_x,
-                recv_idx,
-                recv_w,
-                num_local_experts=local,
-                x_scales=recv_sf,
+        with _kernel("dispatch_impl"):  # upstream's kernel names: bench_kineto times them
+            out = ep_dispatch(
+                data,
+                topk_idx,
+                topk_weights,
+                num_experts=num_experts,
+                group=self.group_name,
+                x_scales=sf,
                 expert_alignment=alignment,
-                num_rows=rows,
+                num_worst_tokens=0 if do_cpu_sync else r * num_max,
+                timeout_s=self.num_cpu_timeout_secs,
             )
-            recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
-            meta[:, 2:] = ex.expand_rows.int()
-            psum_expert, num_expanded = ex.psum, ex.x.shape[0]
-        else:
-            psum_expert, num_expanded = torch.cumsum(aligned, 0).int(), 0
-        if cumulative_local_expert_recv_stats is not None:
-            cumulative_local_expert_recv_stats += unaligned.to(cumulative_local_expert_recv_stats.dtype)
+        with _kernel("dispatch_copy_epilogue_impl"):
+            route, recv_idx, device = out.handle, out.recv_topk_idx, out.recv_x.device
+            # After the op validated num_experts (the SM model divides by it).
+            num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
+            local = num_experts // r
+            # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
+            # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
+            ends = torch.cumsum(route.recv_counts, 0)
+            src_rank = torch.searchsorted(ends, route.recv_gather.clamp(min=0), right=True).clamp(max=r - 1)
+            real = route.recv_gather >= 0
+            src_rank = torch.where(real, src_rank, -1)
+            per_source = torch.zeros(r + 1, dtype=torch.int64, device=device)
+            per_source.index_add_(0, torch.where(real, src_rank, r), torch.ones_like(src_rank))
+            groups = per_source[:r].view(-1, self.num_scaleup_ranks).sum(0)  # source scale-up index i: ranks i::su
+            psum_scaleup = torch.cumsum(groups, 0).int()
+            n = recv_idx.shape[0]
+            lanes = recv_idx >= 0
+            first_lane = torch.where(lanes.any(1), lanes.int().argmax(1), 0)
+            meta = torch.full((n, k + 2), -1, dtype=torch.int32, device=device)
+            meta[:, 0] = torch.where(real, src_rank * num_max + out.recv_src_idx, -1).int()
+            meta[:, 1] = torch.where(real, src_rank * k + first_lane, -1).int()
+            unaligned = torch.zeros(local + 1, dtype=torch.int64, device=device)
+            unaligned.index_add_(0, torch.where(lanes, recv_idx, local).view(-1), torch.ones_like(recv_idx).view(-1))
+            unaligned = unaligned[:local].int()
+            aligned = out.num_recv_tokens_per_expert
+            counts_list = aligned.tolist() if do_cpu_sync else []
+            recv_x, recv_sf, recv_w = out.recv_x, out.recv_x_scales, out.recv_topk_weights
+            if do_expand:
+                rows = 0 if do_cpu_sync else _expand_capacity(r, num_max, k, local, alignment)
+                ex = ep_expand(
+                    recv_x,
+                    recv_idx,
+                    recv_w,
+                    num_local_experts=local,
+                    x_scales=recv_sf,
+                    expert_alignment=alignment,
+                    num_rows=rows,
+                )
+                recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
+                meta[:, 2:] = ex.expand_rows.int()
+                psum_expert, num_expanded = ex.psum, ex.x.shape[0]
+            else:
+                psum_expert, num_expanded = torch.cumsum(aligned, 0).int(), 0
+            if cumulative_local_expert_recv_stats is not None:
+                cumulative_local_expert_recv_stats += unaligned.to(cumulative_local_expert_recv_stats.dtype)
         handle = EPHandle(
             do_expand,
             num_experts,
@@ -634,24 +641,26 @@ class ElasticBuffer:
         self._check(api, data, check)
         route, recv_idx = handle.route, handle.recv_topk_idx
         timeout = self.num_cpu_timeout_secs
-        recv_x, recv_sf = ep_dispatch_cached(data, route, sf, timeout_s=timeout)
-        recv_w = None
-        if topk_weights is not None:
-            # V2's cached dispatch carries weights too (an expanded backward needs them); masked to the local
-            # slots as the first dispatch's, which makes its gradient the exact adjoint.
-            recv_w = torch.where(recv_idx >= 0, ep_dispatch_cached(topk_weights, route, timeout_s=timeout)[0], 0)
-        if handle.do_expand:
-            ex = ep_expand(
-                recv_x,
-                recv_idx,
-                recv_w,
-                num_local_experts=handle.num_experts // self.num_ranks,
-                x_scales=recv_sf,
-                expert_alignment=handle.expert_alignment,
-                num_rows=handle.num_expanded_tokens,
-            )
-            recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
-        recv_sf = _sf_layout(recv_sf, use_tma_aligned_col_major_sf)
+        with _kernel("dispatch_impl"):
+            recv_x, recv_sf = ep_dispatch_cached(data, route, sf, timeout_s=timeout)
+            recv_w = None
+            if topk_weights is not None:
+                # V2's cached dispatch carries weights too (an expanded backward needs them); masked to the
+                # local slots as the first dispatch's, which makes its gradient the exact adjoint.
+                recv_w = torch.where(recv_idx >= 0, ep_dispatch_cached(topk_weights, route, timeout_s=timeout)[0], 0)
+        with _kernel("dispatch_copy_epilogue_impl"):
+            if handle.do_expand:
+                ex = ep_expand(
+                    recv_x,
+                    recv_idx,
+                    recv_w,
+                    num_local_experts=handle.num_experts // self.num_ranks,
+                    x_scales=recv_sf,
+                    expert_alignment=handle.expert_alignment,
+                    num_rows=handle.num_expanded_tokens,
+                )
+                recv_x, recv_sf, recv_w = ex.x, ex.x_scales, ex.weights
+            recv_sf = _sf_layout(recv_sf, use_tma_aligned_col_major_sf)
         out_x = (recv_x, recv_sf) if sf is not None else recv_x
         return out_x, (None if handle.do_expand else recv_idx), recv_w, handle, event
 
@@ -723,24 +732,30 @@ class ElasticBuffer:
             # token, zero where another rank owns the slot, so the sum of copies is exact), then all of a
             # token's slots add in slot order from the bias.
             spread = torch.cat([x, x.new_zeros(1, x.shape[1])])[recv_idx_rows(handle)]  # [N, K, H]
-            back, cw = ep_combine(spread.reshape(spread.shape[0], -1), route, w, timeout_s=timeout)
-            t = back.shape[0]
-            slots = torch.arange(t * k, device=back.device).view(t, k)
-            slots = torch.where(handle.topk_idx >= 0, slots, -1)
-            combined = ep_reduce_slots(back.view(t * k, x.shape[1]), slots, bias)
+            with _kernel("combine_impl"):
+                back, cw = ep_combine(spread.reshape(spread.shape[0], -1), route, w, timeout_s=timeout)
+            with _kernel("combine_reduce_epilogue_impl"):
+                t = back.shape[0]
+                slots = torch.arange(t * k, device=back.device).view(t, k)
+                slots = torch.where(handle.topk_idx >= 0, slots, -1)
+                combined = ep_reduce_slots(back.view(t * k, x.shape[1]), slots, bias)
             return combined, cw, event
-        partial = ep_reduce_slots(x, recv_idx_rows(handle)) if handle.do_expand else x
+        # The local reduction of an expanded combine: upstream's reduce epilogue (the destination's FP32 sum is
+        # inside ep_combine).
+        with _kernel("combine_reduce_epilogue_impl"):
+            partial = ep_reduce_slots(x, recv_idx_rows(handle)) if handle.do_expand else x
         if hybrid:
             combined, cw = self._hybrid_combine(partial, handle, w, bias, local, k)
             return combined, cw, event
-        combined, cw = ep_combine(
-            partial,
-            route,
-            w,
-            bias,
-            timeout_s=timeout,
-            copy_order=ep_copy_order(handle.topk_idx, handle.num_experts, self.num_ranks),
-        )
+        with _kernel("combine_impl"):
+            combined, cw = ep_combine(
+                partial,
+                route,
+                w,
+                bias,
+                timeout_s=timeout,
+                copy_order=ep_copy_order(handle.topk_idx, handle.num_experts, self.num_ranks),
+            )
         return combined, cw, event
 
     def _hybrid_combine(self, partial, handle, w, bias, local, k):
@@ -753,13 +768,15 @@ class ElasticBuffer:
         last = torch.where(recv_idx >= 0, lanes, -1).amax(1)
         spread = partial.new_zeros(n, k + 1, h)
         spread.scatter_(1, torch.where(last >= 0, last, k).view(n, 1, 1).expand(n, 1, h), partial.unsqueeze(1))
-        back, cw = ep_combine(spread[:, :k].reshape(n, k * h), handle.route, w, timeout_s=self.num_cpu_timeout_secs)
-        t = back.shape[0]
-        y = back.view(t, k, h)
-        domain = torch.where(handle.topk_idx >= 0, handle.topk_idx // (local * self.num_scaleup_ranks), -1)
-        y = _grouped_reduce(y, domain)
-        slots = torch.where(handle.topk_idx >= 0, torch.arange(t * k, device=y.device).view(t, k), -1)
-        return ep_reduce_slots(y.reshape(t * k, h), slots, bias), cw
+        with _kernel("combine_impl"):
+            back, cw = ep_combine(spread[:, :k].reshape(n, k * h), handle.route, w, timeout_s=self.num_cpu_timeout_secs)
+        with _kernel("combine_reduce_epilogue_impl"):
+            t = back.shape[0]
+            y = back.view(t, k, h)
+            domain = torch.where(handle.topk_idx >= 0, handle.topk_idx // (local * self.num_scaleup_ranks), -1)
+            y = _grouped_reduce(y, domain)
+            slots = torch.where(handle.topk_idx >= 0, torch.arange(t * k, device=y.device).view(t, k), -1)
+            return ep_reduce_slots(y.reshape(t * k, h), slots, bias), cw
 
     # ---- experimental: Engram, PP, AGRS ----
 
