@@ -12,6 +12,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from tests.distributed import run_named
 from tests.ep.specs import random_routing
 from torch_ascend_moe.testing import calc_diff
 
@@ -579,16 +580,4 @@ def internode_handle(rank: int, world_size: int, store_path: str) -> None:
 
 
 def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
-    )
-    import torch_ascend_moe  # noqa: F401
-
-    try:
-        CHECKS[name](rank, world_size)
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
-    os._exit(0)
+    run_named(CHECKS, rank, world_size, store_path, name)

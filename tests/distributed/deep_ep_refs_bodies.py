@@ -4,13 +4,10 @@ picks what it should receive, in (source rank, source token) order."""
 
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
-
 import torch
 import torch.distributed as dist
 
+from tests.distributed import run_named
 from torch_ascend_moe.deep_ep.utils import refs
 from torch_ascend_moe.deep_ep.utils.math import per_token_cast_to_fp8
 
@@ -134,14 +131,4 @@ CHECKS = {
 
 
 def run_check(rank: int, world_size: int, store_path: str, name: str) -> None:
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60)
-    )
-    try:
-        CHECKS[name](rank, world_size)
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
-    os._exit(0)
+    run_named(CHECKS, rank, world_size, store_path, name)

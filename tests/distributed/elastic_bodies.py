@@ -6,14 +6,12 @@ matrix, the same references (``deep_ep.utils.refs``), the same assertions (bitwi
 
 from __future__ import annotations
 
-import datetime
-import os
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
+from tests.distributed import run_named
 from torch_ascend_moe.testing import calc_diff
 
 
@@ -575,17 +573,4 @@ CHECKS = {
 
 
 def run_check(rank: int, world_size: int, store_path: str, name: str, env: dict | None = None) -> None:
-    os.environ.update(env or {})
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
-    )
-    import torch_ascend_moe  # noqa: F401
-
-    try:
-        CHECKS[name](rank, world_size)
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        os._exit(1)  # a broken group can hang interpreter shutdown; the traceback above says what failed
-    os._exit(0)
+    run_named(CHECKS, rank, world_size, store_path, name, env, timeout_s=120)

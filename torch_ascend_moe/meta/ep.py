@@ -73,6 +73,28 @@ def check_rows(op: str, x, x_scales, name: str = "x") -> None:
     ck.check_dim_size(op, f"{name}_scales", x_scales, 0, "T", x.shape[0], f"{name}.size(0)")
 
 
+def check_topk_weights(op: str, topk_weights, topk_idx) -> None:
+    """Optional routing weights: FP32/FP64, shaped like ``topk_idx``."""
+    if topk_weights is None:
+        return
+    ck.check_arg(
+        topk_weights.dtype in (torch.float32, torch.float64),
+        op,
+        "topk_weights",
+        "dtype",
+        "torch.float32 or torch.float64",
+        topk_weights.dtype,
+    )
+    ck.check_arg(
+        topk_weights.shape == topk_idx.shape,
+        op,
+        "topk_weights",
+        "shape",
+        lambda: f"{ck.shape_str(topk_idx.shape)} (topk_idx's)",
+        lambda: ck.shape_str(topk_weights.shape),
+    )
+
+
 def dispatch_signature(a):
     """Returns the world size R."""
     op = DISPATCH
@@ -80,23 +102,7 @@ def dispatch_signature(a):
     r = group.size()
     check_rows(op, a.x, a.x_scales)
     check_topk(op, a.topk_idx, a.num_experts, r, a.x)
-    if a.topk_weights is not None:
-        ck.check_arg(
-            a.topk_weights.dtype in (torch.float32, torch.float64),
-            op,
-            "topk_weights",
-            "dtype",
-            "torch.float32 or torch.float64",
-            a.topk_weights.dtype,
-        )
-        ck.check_arg(
-            a.topk_weights.shape == a.topk_idx.shape,
-            op,
-            "topk_weights",
-            "shape",
-            lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
-            lambda: ck.shape_str(a.topk_weights.shape),
-        )
+    check_topk_weights(op, a.topk_weights, a.topk_idx)
     ck.check_int_arg(op, "expert_alignment", a.expert_alignment, 1)
     ck.check_arg(
         a.num_worst_tokens >= 0,
@@ -270,23 +276,7 @@ def expand_signature(a) -> None:
         a.topk_idx.dtype in INDEX_DTYPES, op, "topk_idx", "dtype", "torch.int64 or torch.int32", a.topk_idx.dtype
     )
     ck.check_dim_size(op, "topk_idx", a.topk_idx, 0, "N", a.x.shape[0], "x.size(0)")
-    if a.topk_weights is not None:
-        ck.check_arg(
-            a.topk_weights.dtype in (torch.float32, torch.float64),
-            op,
-            "topk_weights",
-            "dtype",
-            "torch.float32 or torch.float64",
-            a.topk_weights.dtype,
-        )
-        ck.check_arg(
-            a.topk_weights.shape == a.topk_idx.shape,
-            op,
-            "topk_weights",
-            "shape",
-            lambda: f"{ck.shape_str(a.topk_idx.shape)} (topk_idx's)",
-            lambda: ck.shape_str(a.topk_weights.shape),
-        )
+    check_topk_weights(op, a.topk_weights, a.topk_idx)
     ck.check_int_arg(op, "num_local_experts", a.num_local_experts, 1)
     ck.check_int_arg(op, "expert_alignment", a.expert_alignment, 1)
     ck.check_int_arg(op, "num_rows", a.num_rows, 0)
