@@ -201,6 +201,33 @@ def npu_kernel(name: str | Callable | None = None, *, calls: str):
     return _by_name(name, register)
 
 
+NPU_GE_CONVERTERS: dict[str, Callable] = {}
+
+
+def npu_ge_converter(name: str, *, ir: str):
+    """Declare ``fn`` the TorchAir GE converter of ``ascend_moe::<name>`` (GE graph mode on Ascend): it gets the
+    op's arguments as GE tensors / Python values, every schema default filled, plus ``meta_outputs`` (TorchAir's
+    TensorSpecs of our fake's outputs), and returns GE tensors built with ``torchair.ge`` ops; ``ir`` names the
+    Ascend IR op it builds around (for ``info``). ``backends.npu.register_ge_converters`` hands them to
+    TorchAir's ``register_fx_node_ge_converter`` once TorchAir imports.
+
+    >>> @npu_ge_converter("m_grouped_bf16_gemm", ir="GroupedMatmul")
+    ... def m_grouped_bf16_gemm_ge(a, b, layout, psum, alignment, out_dtype, meta_outputs=None): ...
+    """
+
+    def register(fn: Callable) -> Callable:
+        kernel = with_defaults(name, fn)
+        functools.update_wrapper(kernel, fn)  # TorchAir reads the signature for ``meta_outputs``
+        NPU_GE_CONVERTERS[name] = kernel
+        NPU_GE_IR[name] = ir
+        return fn
+
+    return register
+
+
+NPU_GE_IR: dict[str, str] = {}
+
+
 def import_families(package: str, path) -> None:
     """Import every module of ``package`` (``__name__``, ``__path__``): each family module registers its own
     pieces by name at import, so no list of families or ops is kept here."""

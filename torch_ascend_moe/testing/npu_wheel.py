@@ -16,6 +16,12 @@ kernel. Nothing of the wheel is vendored; the stand-in replaces only what the me
 ``aten`` Meta overrides (``matmul_backward``, ``_convolution``) are not applied: they would replace torch's own
 process-wide.
 
+TorchAir (the wheel's ``torch_npu/dynamo/torchair``): ``torchair()`` unpacks its Python sources and imports them
+with the same stand-ins plus an inert ``torchair.core._torchair`` (its C++ extension needs CANN; only
+compile/run call it). That is TorchAir's real FX-to-GE conversion (``GeConcreteGraph``, every converter of
+torch_npu's, our ``register_fx_node_ge_converter`` ones): ``ge_graph(fn, *inputs)`` traces ``fn`` and converts it
+to the GE ``GraphDef`` TorchAir would hand to Ascend's graph engine, up to (not including) its compilation.
+
 Cache: ``$TORCH_ASCEND_MOE_CACHE`` or ``~/.cache/torch_ascend_moe``. Offline without a cached wheel, ``load``
 raises ``WheelUnavailable`` (tests skip on it, except under ``CI=true``, where a missing wheel is a failure).
 """
@@ -23,6 +29,7 @@ raises ``WheelUnavailable`` (tests skip on it, except under ``CI=true``, where a
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -196,6 +203,110 @@ def load() -> NpuOps:
     return NpuOps(root, [lib], namespaces, failed)
 
 
+_TORCHAIR = "torch_npu/dynamo/torchair/"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
+class _Inert(types.ModuleType):
+    """Stands in for TorchAir's C++ extension ``_torchair``: any attribute is an empty class (some are base
+    classes at import; the rest are called only to compile or run a graph, which needs CANN anyway)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = type(name, (), {"__init__": lambda self, *a, **k: None})
+        setattr(self, name, cls)
+        return cls
+
+
+class TorchAir:
+    """TorchAir's Python modules from the wheel, importable only inside ``with torchair.active():`` (its
+    modules and the torch_npu stand-ins live in ``sys.modules`` only there, so nothing else in the process
+    sees a ``torch_npu``)."""
+
+    def __init__(self, modules: dict[str, types.ModuleType]):
+        self.modules = modules
+
+    def active(self):
+        return mock.patch.dict(sys.modules, self.modules)
+
+    def converter(self, op):
+        """The GE converter TorchAir would call for ``op`` (an OpOverload), or None."""
+        return getattr(op, "_ge_converter", None)
+
+
+@functools.cache
+def torchair() -> TorchAir:
+    """Unpack TorchAir's sources from the wheel (once) and import its FX-to-GE converter with every converter
+    it registers (torch_npu's for the ``npu::`` ops defined by ``load()``, ours from ``backends.npu``)."""
+    ops = load()
+    root = cache_dir() / f"torch_npu-{VERSION}"
+    marker = root / _TORCHAIR / "_ge_concrete_graph/fx2ge_converter.py"
+    if not marker.is_file():
+        with zipfile.ZipFile(sorted(cache_dir().glob(f"torch_npu-{VERSION}-*.whl"))[-1]) as z:
+            for member in z.namelist():
+                if member.startswith(_TORCHAIR) and member.endswith(".py"):
+                    z.extract(member, root)
+    base = root / _TORCHAIR
+    mods = _stand_in(ops.root)
+    npu = mods["torch_npu.npu"]
+    npu.get_device_name = lambda *a: "Ascend950" if SOC["version"] >= 260 else "Ascend910_9392"
+    npu.utils._is_gte_cann_version = lambda v, *a: _version_tuple(SOC["cann"]) >= _version_tuple(v)
+    npu.is_available = lambda: False
+    npu._get_deterministic_level = lambda: 0
+    for name, path in (("torchair", base), ("torchair.core", base / "core")):
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(path)]
+        mods[name] = pkg
+    mods["torchair.core._torchair"] = _Inert("torchair.core._torchair")
+    before = set(sys.modules)
+    with mock.patch.dict(sys.modules, mods), warnings.catch_warnings():
+        # torch_npu's converter package imports every converter module and warns for each whose npu:: op the
+        # YAML does not define (ops of other builds); those converters are not ours to check.
+        warnings.simplefilter("ignore")
+        importlib.import_module("torchair._ge_concrete_graph.fx2ge_converter")
+        importlib.import_module("torchair._ge_concrete_graph.ge_converter.custom")
+        importlib.import_module("torchair._ge_concrete_graph.ge_converter.aten")
+        importlib.import_module("torchair.npu_fx_compiler")
+        loaded = {k: v for k, v in sys.modules.items() if k not in before}
+    from torch_ascend_moe.backends import npu as ours
+
+    air = TorchAir({**mods, **loaded})
+    with air.active():
+        ours.register_ge_converters()
+    return air
+
+
+def _as_tuple(out) -> tuple:
+    """Graph outputs as a tuple, as AOT graphs return them (TorchAir iterates over them)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def ge_graph(fn, *inputs, soc: int | None = None):
+    """The GE ``GraphDef`` TorchAir's GE mode builds for ``fn(*inputs)``: ``fn`` traced to aten/npu/ascend_moe
+    ops under FakeTensorMode (fake copies of ``inputs``), each node converted by its registered converter, the
+    graph's outputs set; TorchAir's compile step (CANN) is not run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    air = torchair()
+    with air.active(), mock.patch.dict(SOC, {} if soc is None else {"version": soc}):
+        fx2ge = sys.modules["torchair._ge_concrete_graph.fx2ge_converter"]
+        config = sys.modules["torchair.configs.compiler_config"].CompilerConfig()
+        converter = sys.modules["torchair.npu_fx_compiler"]._NpuGraphConverter
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+        # GeConcreteGraph starts Ascend's graph engine (CANN) when built: the one step left out here.
+        with mode, mock.patch.object(fx2ge, "initialize_graph_engine", lambda *a, **k: None):
+            gm = make_fx(lambda *xs: _as_tuple(fn(*xs)), tracing_mode="fake")(*fakes)
+            graph = fx2ge.GeConcreteGraph(config, name="ascend_moe")
+            converter(gm, graph=graph, garbage_collect_values=False).run(*fakes)
+    return graph.graph, gm
+
+
 def cpu_reference(name: str):
     """Register ``fn`` as the CPU kernel of ``npu::<name>`` (our reading of its documented semantics), so an
     adapter's glue can be checked for values on CPU tensors."""
@@ -211,4 +322,15 @@ def cpu_reference(name: str):
     return register
 
 
-__all__ = ["NPU_DTYPES", "SOC", "NpuOps", "WheelUnavailable", "cpu_reference", "load", "wheel_root"]
+__all__ = [
+    "NPU_DTYPES",
+    "SOC",
+    "NpuOps",
+    "TorchAir",
+    "WheelUnavailable",
+    "cpu_reference",
+    "ge_graph",
+    "load",
+    "torchair",
+    "wheel_root",
+]

@@ -13,9 +13,23 @@ succeeded; checked in CI against the pinned torch_npu wheel's own schemas and Me
 
 from __future__ import annotations
 
+import torch
+
 
 def register() -> None:
     """Import every family module of this package (each registers its own adapters on PrivateUse1)."""
     from torch_ascend_moe._registry import import_families
 
     import_families(__name__, __path__)
+
+
+def register_ge_converters() -> None:
+    """Register every family's TorchAir GE converter (``_registry.npu_ge_converter``); called once TorchAir's
+    converter module imports (on Ascend: after ``import torch_npu``; in CI: ``testing.npu_wheel.torchair``)."""
+    from torchair._ge_concrete_graph.fx2ge_converter import register_fx_node_ge_converter
+
+    from torch_ascend_moe._registry import NPU_GE_CONVERTERS
+
+    register()
+    for op, converter in NPU_GE_CONVERTERS.items():
+        register_fx_node_ge_converter(getattr(torch.ops.ascend_moe, op).default)(converter)

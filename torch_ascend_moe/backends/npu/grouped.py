@@ -27,6 +27,13 @@ Errors: each adapter runs our op's signature check first and, on real tensors, t
 portable kernel (one host read of the layout / ``masked_m``), so a bad input fails with our op's message and
 torch_npu never sees an invalid ``group_list``.
 
+GE graph mode (TorchAir): each op's converter builds the same mapping from GE ops (Range, SearchSorted, Sort,
+GatherV2, SelectV2) around one ``GroupedMatmul``, through torch_npu's own converter of ``npu_grouped_matmul``;
+the id layout is put back in place by gathering with the inverse permutation (TorchAir has no ``index_copy``
+converter). Differences GE forces: FP32 output from BF16/FP16 inputs before Ascend 950 (torch_npu's converter
+rejects ``output_dtype=float32`` there) multiplies the inputs cast to FP32, which is exact for their values and
+still one FP32 accumulation; FP64 and shapes beyond the limits have no graph (a clear error while it is built).
+
 FP8 ops stay on the portable kernels (``m_grouped_fp8_gemm``, ``m_grouped_fp8_gemm_masked``,
 ``m_grouped_fp8_linear``, ``k_grouped_fp8_gemm``): their scales vary *along K* (1 x gran_k blocks of A, gran_k x
 gran_k blocks of B, gran_k row blocks of k-grouped operands, FP32 or UE8M0), while npu_grouped_matmul scales only
@@ -41,7 +48,8 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
@@ -183,3 +191,120 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
         return _gmm(a.T, b, cum, K_AXIS)
     y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
     return (y if c is None else y.add_(c)).to(dtype)  # in place: y's row-major strides, whatever c's
+
+
+# ---- TorchAir GE converters ----------------------------------------------------------------------------------
+
+
+def _gmm_ge(op, x, weight_kn, group_list, group_type, dtype, out_dtype):
+    """One ``GroupedMatmul`` (torch_npu's converter of ``npu_grouped_matmul``) of ``dtype`` operands: output in
+    ``dtype`` when ``out_dtype`` is it, else in FP32 (to be rounded once to ``out_dtype``): requested from the
+    kernel on Ascend 950, or, before it (torch_npu's converter rejects an FP32 request there), the operands cast
+    to FP32."""
+    if dtype == torch.float64:
+        raise ge_graph.unsupported(op, "float64 operands: Ascend has no float64 matmul")
+    x, weight_kn = ge_graph.typed(x, dtype), ge_graph.typed(weight_kn, dtype)
+    request = None
+    if out_dtype != dtype and dtype != torch.float32:  # FP32 operands give FP32 already
+        if ge_graph.is_ascend950():
+            request = 6  # torch.float32's ScalarType number, as torch_npu's converter compares it
+        else:
+            x, weight_kn = ge_graph.cast(x, torch.float32), ge_graph.cast(weight_kn, torch.float32)
+    (y,) = ge_graph.npu_converter("npu_grouped_matmul")(
+        [x],
+        [weight_kn],
+        group_list=group_list,
+        split_item=3,
+        group_type=group_type,
+        group_list_type=CUMSUM,
+        output_dtype=request,
+    )
+    return ge_graph.typed(y, dtype if out_dtype == dtype else torch.float32)
+
+
+def _ge_fits(op, groups, *inner):
+    if not _fits(groups, *inner):
+        raise ge_graph.unsupported(op, f"{groups} groups or a dimension of {inner} beyond npu_grouped_matmul's limits")
+
+
+def _psum_groups_ge(layout, alignment: int, groups: int, rows):
+    """GE form of ``_psum_groups``: (cumulative ends, row mask); ``rows`` an int64 ``[1]`` tensor."""
+    ge = ge_graph.api()
+    ends = ge_graph.cast(layout, torch.int64)
+    step = ge_graph.i64(alignment)
+    aligned = ge.Mul(ge.FloorDiv(ge.Add(ends, ge_graph.i64(alignment - 1)), step), step)
+    cum = rows if groups == 1 else ge.ConcatV2([ge.SliceD(aligned, offsets=[0], size=[groups - 1]), rows], 0, N=2)
+    r = ge_graph.arange(ge.Squeeze(rows, axis=[0]))
+    found = ge.SearchSorted(cum, r, None, dtype=ge_graph.ge_dtype(torch.int64), right=True)
+    group = ge.Minimum(found, ge_graph.i64(groups - 1))
+    return cum, ge.Less(r, ge.GatherV2(ends, group, ge_graph.i64(0)))
+
+
+def _id_groups_ge(layout, groups: int):
+    """GE form of ``_id_groups``: (permutation, its inverse, cumulative ends of the sorted rows)."""
+    ge, i32, i64 = ge_graph.api(), ge_graph.ge_dtype(torch.int32), ge_graph.ge_dtype(torch.int64)
+    key = ge.Maximum(ge_graph.cast(layout, torch.int32), ge.Const(0, i32))
+    key_sorted, perm = ge.Sort(key, axis=-1, descending=False, stable=True)
+    _, inverse = ge.Sort(perm, axis=-1, descending=False, stable=True)
+    found = ge.SearchSorted(key_sorted, ge.Const(list(range(groups)), i32), None, dtype=i64, right=True)
+    return perm, inverse, found
+
+
+def _weight_kn_ge(b):
+    """Our ``[G, N, K]`` weights as the ``[G, K, N]`` operand: a Transpose, as TorchAir converts ``b.transpose``."""
+    return ge_graph.api().Transpose(b, ge_graph.i64([0, 2, 1]))
+
+
+def _gather_rows(x, index):
+    return ge_graph.api().GatherV2(x, index, ge_graph.i64(0))
+
+
+@npu_ge_converter("m_grouped_bf16_gemm", ir="GroupedMatmul")
+def m_grouped_bf16_gemm_ge(a, b, layout, psum, alignment, out_dtype, meta_outputs=None):
+    ge, op = ge_graph.api(), "m_grouped_bf16_gemm"
+    dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
+    groups = b.symsize[0]
+    _ge_fits(op, groups, b.symsize[1], b.symsize[2])
+    if psum:
+        cum, valid = _psum_groups_ge(layout, alignment, groups, ge_graph.dim(a, 0))
+        y = _gmm_ge(op, a, _weight_kn_ge(b), cum, M_AXIS, dtype, out)
+    else:
+        perm, inverse, cum = _id_groups_ge(layout, groups)
+        y = _gather_rows(_gmm_ge(op, _gather_rows(a, perm), _weight_kn_ge(b), cum, M_AXIS, dtype, out), inverse)
+        valid = ge.GreaterEqual(layout, ge.Const(0, layout.dtype))
+    return ge_graph.cast(ge_graph.zero_rows(y, valid, 1), out)
+
+
+@npu_ge_converter("m_grouped_bf16_gemm_masked", ir="GroupedMatmul")
+def m_grouped_bf16_gemm_masked_ge(a, b, masked_m, out_dtype, meta_outputs=None):
+    ge, op = ge_graph.api(), "m_grouped_bf16_gemm_masked"
+    dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
+    groups, m_max, k = a.symsize
+    n = b.symsize[1]
+    _ge_fits(op, groups, n, k)
+    cum = ge_graph.i64([(g + 1) * m_max for g in range(groups)])
+    x = ge.Reshape(a, ge_graph.i64([groups * m_max, k]))
+    y = _gmm_ge(op, x, _weight_kn_ge(b), cum, M_AXIS, dtype, out)
+    y = ge_graph.typed(ge.Reshape(y, ge_graph.i64([groups, m_max, n])), y._torch_dtype)
+    rows = ge.Unsqueeze(ge_graph.arange(m_max), axes=[0])
+    valid = ge.Less(rows, ge.Unsqueeze(ge_graph.cast(masked_m, torch.int64), axes=[1]))
+    return ge_graph.cast(ge_graph.zero_rows(y, valid, 2), out)
+
+
+@npu_ge_converter("k_grouped_bf16_gemm", ir="GroupedMatmul")
+def k_grouped_bf16_gemm_ge(a, b, layout, num_groups, psum, alignment, c, out_dtype, meta_outputs=None):
+    ge, op = ge_graph.api(), "k_grouped_bf16_gemm"
+    dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
+    _ge_fits(op, num_groups, a.symsize[1], b.symsize[1])
+    if psum:
+        cum, valid = _psum_groups_ge(layout, alignment, num_groups, ge_graph.dim(a, 0))
+    else:
+        perm, _, cum = _id_groups_ge(layout, num_groups)
+        a, b = _gather_rows(a, perm), _gather_rows(b, perm)
+        valid = ge.GreaterEqual(_gather_rows(layout, perm), ge.Const(0, layout.dtype))
+    a, b = (ge_graph.zero_rows(t, valid, 1) for t in (a, b))  # padding rows: 0 in both (0 * inf is NaN)
+    x = ge.Transpose(a, ge_graph.i64([1, 0]))  # the K-grouped form's x is a.T ([M, S])
+    y = _gmm_ge(op, x, b, cum, K_AXIS, dtype, torch.float32 if c is not None or out != dtype else dtype)
+    if c is not None:
+        y = ge_graph.typed(ge.Add(y, ge_graph.cast(c, torch.float32)), torch.float32)
+    return ge_graph.cast(y, out)

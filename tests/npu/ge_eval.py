@@ -1,0 +1,159 @@
+"""A CPU evaluator of the GE graphs our TorchAir converters build (``npu_wheel.ge_graph``): each Ascend IR op they
+use, computed with torch from its ``REG_OP`` definition (the docstrings of TorchAir's
+``auto_generated_ge_raw_ops.py`` / ``dynamic_output_ops.py``), ``GroupedMatmul`` through our CPU reference of
+torch_npu's ``npu_grouped_matmul`` (tests/npu/grouped_refs.py). Our reading of the IR, not Ascend's graph engine:
+it checks that a converter wires the right values into the right inputs, attributes and dtypes.
+
+An op type not listed here raises, so a converter that starts using a new IR op cannot pass unchecked.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def _proto_to_torch(proto_dtype: int) -> torch.dtype:
+    g = sys.modules["torchair.ge._ge_graph"]
+    return g.ge_type_to_torch_type(g._ge_proto_dtype_to_ge_dtype(proto_dtype))
+
+
+def _ge_to_torch(ge_dtype: int) -> torch.dtype:
+    return sys.modules["torchair.ge._ge_graph"].ge_type_to_torch_type(ge_dtype)
+
+
+def _const(op) -> torch.Tensor:
+    t = op.attr["value"].t
+    dtype = _proto_to_torch(t.desc.dtype)
+    flat = torch.frombuffer(bytearray(t.data), dtype=dtype) if t.data else torch.empty(0, dtype=dtype)
+    return flat.reshape(list(t.desc.shape.dim)).clone()
+
+
+def _inputs(op, env):
+    """Op inputs by name (``x``, or ``x0, x1, ...`` gathered into a list for dynamic inputs); an unfed optional
+    input is None."""
+    named: dict[str, object] = {}
+    data = [i for i in op.input if not i.endswith(":-1")]  # control edges carry no value
+    for ref, desc in zip(data, op.input_desc):
+        value = env[ref] if ref else None
+        name = desc.name
+        stem = name.rstrip("0123456789")
+        if stem != name and stem in DYNAMIC.get(op.type, ()):
+            named.setdefault(stem, []).append(value)
+        else:
+            named[name] = value
+    return named
+
+
+def _attr(op, name):
+    a = op.attr[name]
+    kind = a.WhichOneof("value")
+    if kind == "list":
+        return list(a.list.i) or list(a.list.f) or list(a.list.b)
+    return getattr(a, kind) if kind else None
+
+
+DYNAMIC = {
+    "GroupedMatmul": ("x", "weight", "bias", "scale", "offset", "antiquant_scale", "antiquant_offset"),
+    "ConcatV2": ("x",),
+}
+
+
+def _grouped_matmul(op, i):
+    empty = lambda ts: None if not ts or all(t is None or t.numel() == 0 for t in ts) else ts  # noqa: E731
+    for unused in ("bias", "scale", "offset", "antiquant_scale", "antiquant_offset"):
+        if empty(i.get(unused)) is not None:
+            raise NotImplementedError(f"GroupedMatmul: input {unused} is not modelled")
+    if i.get("per_token_scale") is not None or _attr(op, "act_type") or _attr(op, "transpose_x"):
+        raise NotImplementedError("GroupedMatmul: per_token_scale / act_type / transpose_x are not modelled")
+    weight = i["weight"]
+    if _attr(op, "transpose_weight"):
+        weight = [w.transpose(-1, -2) for w in weight]
+    # IR attr dtype: -1 = x's dtype, 0 fp16, 1 bf16, 2 int32, 3 fp32 (torch_npu's convert_ydtype_in_a8)
+    out = {-1: None, 0: 5, 1: 15, 2: 3, 3: 6}[_attr(op, "dtype")]
+    return torch.ops.npu.npu_grouped_matmul(
+        i["x"],
+        weight,
+        group_list=i["group_list"],
+        split_item=_attr(op, "split_item"),
+        group_type=_attr(op, "group_type"),
+        group_list_type=_attr(op, "group_list_type"),
+        output_dtype=out,
+    )
+
+
+def _sort(op, i):
+    values, indices = torch.sort(
+        i["x"], dim=_attr(op, "axis"), descending=bool(_attr(op, "descending")), stable=bool(_attr(op, "stable"))
+    )
+    return [values, indices.to(torch.int32)]
+
+
+def _gather(x, index, axis):
+    axis = int(axis)
+    return x.index_select(axis, index.reshape(-1).long()).reshape(
+        [*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]]
+    )
+
+
+OPS = {
+    "Cast": lambda op, i: i["x"].to(_ge_to_torch(_attr(op, "dst_type"))),
+    "Shape": lambda op, i: torch.tensor(i["x"].shape, dtype=_ge_to_torch(_attr(op, "dtype"))),
+    "GatherV2": lambda op, i: _gather(i["x"], i["indices"], i["axis"]),
+    "ConcatV2": lambda op, i: torch.cat(i["x"], int(i["concat_dim"])),
+    "SliceD": lambda op, i: i["x"][
+        tuple(slice(o, o + s) for o, s in zip(_attr(op, "offsets"), _attr(op, "size")))
+    ],
+    "Squeeze": lambda op, i: i["x"].squeeze(tuple(_attr(op, "axis"))),
+    "Unsqueeze": lambda op, i: i["x"].reshape(
+        _unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))
+    ),
+    "Reshape": lambda op, i: i["x"].reshape(i["shape"].tolist()),
+    "Transpose": lambda op, i: i["x"].permute(i["perm"].tolist()).contiguous(),
+    "Range": lambda op, i: torch.arange(i["start"].item(), i["limit"].item(), i["delta"].item(),
+                                        dtype=i["start"].dtype),
+    "SearchSorted": lambda op, i: torch.searchsorted(
+        i["sorted_sequence"], i["values"], right=bool(_attr(op, "right"))
+    ).to(_ge_to_torch(_attr(op, "dtype"))),
+    "Sort": _sort,
+    "Add": lambda op, i: i["x1"] + i["x2"],
+    "Sub": lambda op, i: i["x1"] - i["x2"],
+    "Mul": lambda op, i: i["x1"] * i["x2"],
+    "FloorDiv": lambda op, i: torch.div(i["x1"], i["x2"], rounding_mode="floor"),
+    "Minimum": lambda op, i: torch.minimum(i["x1"], i["x2"]),
+    "Maximum": lambda op, i: torch.maximum(i["x1"], i["x2"]),
+    "Less": lambda op, i: i["x1"] < i["x2"],
+    "GreaterEqual": lambda op, i: i["x1"] >= i["x2"],
+    "Fill": lambda op, i: torch.full(i["dims"].tolist(), i["value"].item(), dtype=i["value"].dtype),
+    "ZerosLike": lambda op, i: torch.zeros_like(i["x"]),
+    "SelectV2": lambda op, i: torch.where(i["condition"], i["then"], i["else"]),
+    "GroupedMatmul": _grouped_matmul,
+}
+
+
+def _unsqueezed_shape(shape, axes):
+    for a in sorted(a % (len(shape) + len(axes)) for a in axes):
+        shape.insert(a, 1)
+    return shape
+
+
+def evaluate(graph, inputs) -> list[torch.Tensor]:
+    """Run ``graph`` (a GE GraphDef) on CPU tensors ``inputs`` (in its Data index order); its outputs."""
+    env: dict[str, torch.Tensor] = {}
+    for op in graph.op:
+        if op.type == "Data":
+            env[f"{op.name}:0"] = inputs[_attr(op, "index")]
+            continue
+        if op.type == "Const":
+            env[f"{op.name}:0"] = _const(op)
+            continue
+        i = _inputs(op, env)
+        if op.type == "NetOutput":
+            return [env[ref] for ref in op.input if not ref.endswith(":-1")]
+        if op.type not in OPS:
+            raise NotImplementedError(f"ge_eval: IR op {op.type} has no CPU evaluation")
+        out = OPS[op.type](op, i)
+        for k, value in enumerate(out if isinstance(out, (list, tuple)) else [out]):
+            env[f"{op.name}:{k}"] = value
+    raise AssertionError("graph has no NetOutput")

@@ -1,0 +1,107 @@
+"""TorchAir GE graph mode: our converters (``_registry.npu_ge_converter``) run inside TorchAir's own FX-to-GE
+conversion from the pinned torch_npu wheel (``npu_wheel.ge_graph``: GeConcreteGraph, torch_npu's converters),
+and the GE graph they build is evaluated on CPU (tests/npu/ge_eval.py) against the spec's fp64 reference."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from tests.grouped.specs import SPECS
+from tests.npu import ge_eval
+from tests.npu.test_grouped_adapters import _cases as _grouped_cases
+from tests.npu.test_grouped_adapters import _out_dtype_variants
+from torch_ascend_moe._registry import NPU_GE_CONVERTERS, NPU_GE_IR, with_defaults
+from torch_ascend_moe.backends import npu as npu_backend
+from torch_ascend_moe.testing import calc_diff, npu_wheel
+from torch_ascend_moe.testing.harness import THRESHOLDS
+
+npu_backend.register()  # every family module: their converters are declared at import
+GROUPED = [s for s in SPECS if s.name in NPU_GE_CONVERTERS]
+ASCEND_A3, ASCEND_950 = 250, 260
+
+
+@pytest.fixture(scope="module")
+def air(npu_ops):
+    importlib.import_module("tests.npu.grouped_refs")  # CPU reference of npu_grouped_matmul for ge_eval
+    return npu_wheel.torchair()
+
+
+def _op_call(spec):
+    def call(*args):
+        return getattr(torch.ops.ascend_moe, spec.name)(*args)
+
+    return call
+
+
+def _tensor_args(s):
+    return [a for a in s.args if isinstance(a, torch.Tensor)]
+
+
+def _bind(s):
+    """The sample as fn(*tensors): non-tensor arguments fixed, so they reach the converter as Python values."""
+    positions = [i for i, a in enumerate(s.args) if isinstance(a, torch.Tensor)]
+
+    def bound(call):
+        def fn(*tensors):
+            args = list(s.args)
+            for i, t in zip(positions, tensors):
+                args[i] = t
+            return call(*args)
+
+        return fn
+
+    return bound
+
+
+def _cases(spec):
+    """Non-empty samples (TorchAir replaces an all-empty node by zeros before any converter runs), in the spec's
+    dtypes and with an explicit out_dtype other than the input's."""
+    return [(dtype, s) for dtype, s in _grouped_cases(spec) + _out_dtype_variants(spec) if s.args[0].numel()]
+
+
+def test_every_converter_is_registered_in_torchair(air):
+    assert {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"} <= NPU_GE_CONVERTERS.keys()
+    for name in NPU_GE_CONVERTERS:
+        assert air.converter(getattr(torch.ops.ascend_moe, name).default) is not None, name
+
+
+@pytest.mark.parametrize("soc", [ASCEND_A3, ASCEND_950], ids=["A3", "950"])
+@pytest.mark.parametrize("spec", GROUPED, ids=str)
+def test_grouped_ge_graph_values(spec, soc, air):
+    """One GroupedMatmul per graph with the adapter's attributes; the graph's values are the reference's."""
+    reference = with_defaults(spec.name, spec.reference)
+    for dtype, s in _cases(spec):
+        where = f"{spec.name}[{s.name}, {dtype}, soc {soc}]"
+        fn = _bind(s)(_op_call(spec))
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+        gmm = [op for op in graph.op if op.type == NPU_GE_IR[spec.name]]
+        assert len(gmm) == 1, where
+        attrs = gmm[0].attr
+        assert attrs["split_item"].i == 3 and attrs["group_list_type"].i == 0, where
+        assert attrs["group_type"].i == (2 if spec.name.startswith("k_") else 0), where
+        with air.active():
+            (out,) = ge_eval.evaluate(graph, _tensor_args(s))
+        ours, ref = spec.op(*s.args), reference(*s.args)
+        assert out.shape == ours.shape and out.dtype == ours.dtype, where
+        # Another output dtype than the input's, or k-grouped's c (added in FP32): FP32 requested from the kernel
+        # on Ascend 950, FP32 operands before it.
+        with_c = spec.name == "k_grouped_bf16_gemm" and s.args[6] is not None
+        fp32 = dtype != torch.float32 and (out.dtype != dtype or with_c)
+        requested = attrs["dtype"].i == 3
+        assert requested == (fp32 and soc >= ASCEND_950), f"{where}: dtype attr {attrs['dtype'].i}"
+        assert torch.isfinite(out).all(), f"{where}: non-finite values (a padding row leaked)"
+        assert (out[ref == 0] == 0).all(), f"{where}: rows no group owns are not zeros"
+        diff = calc_diff(out, ref)
+        assert diff < max(THRESHOLDS[dtype], THRESHOLDS[out.dtype]), f"{where}: calc_diff {diff:.3g}"
+        assert calc_diff(out, ours) < THRESHOLDS[out.dtype], where  # rounded once, as our op
+
+
+def test_float64_has_no_graph(air):
+    """FP64 (no Ascend matmul) fails while the graph is built, naming the op, instead of a graph that rounds."""
+    spec = next(s for s in GROUPED if s.name == "m_grouped_bf16_gemm")
+    s = spec.sample_inputs("cpu", torch.float64)[0]
+    with pytest.raises(NotImplementedError, match=r"ascend_moe::m_grouped_bf16_gemm: no GE graph .*float64"):
+        npu_wheel.ge_graph(_bind(s)(_op_call(spec)), *_tensor_args(s))
