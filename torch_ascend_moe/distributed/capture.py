@@ -1,4 +1,5 @@
-"""Whether a CUDA graph is being captured: the static expert-parallel ops then skip their header and make no host
+"""Whether a CUDA or NPU (aclgraph: torch_npu's ``NPUGraph``, the ``npugraph_ex`` backend) graph is being captured:
+the static expert-parallel ops and the NPU adapters then skip their host-side value checks and make no host
 sync. ``emulated()`` makes every check answer yes, so CPU tests can run the capture path (and catch host syncs)."""
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ def capturing_current_stream() -> bool:
 
 def capturing(device: torch.device) -> bool:
     """A capture is under way for work on ``device`` (or emulated)."""
-    return _emulated or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    if _emulated:
+        return True
+    if device.type == "cuda":
+        return torch.cuda.is_current_stream_capturing()
+    # torch_npu registers torch.npu (with is_current_stream_capturing) when imported; no NPU tensor exists before
+    return device.type == "npu" and torch.npu.is_current_stream_capturing()
 
 
 @contextlib.contextmanager

@@ -272,9 +272,13 @@ def torchair() -> TorchAir:
         importlib.import_module("torchair._ge_concrete_graph.ge_converter.aten")
         importlib.import_module("torchair.npu_fx_compiler")
         loaded = {k: v for k, v in sys.modules.items() if k not in before}
+    # Only TorchAir and the stand-ins are scoped; what else it imported (torch's own inductor/quantization
+    # modules) stays imported, as it would have been: removing those would make torch import them twice.
+    scoped = {k: v for k, v in loaded.items() if k.split(".")[0] in ("torchair", "torch_npu")}
+    sys.modules.update({k: v for k, v in loaded.items() if k not in scoped})
     from torch_ascend_moe.backends import npu as ours
 
-    air = TorchAir({**mods, **loaded})
+    air = TorchAir({**mods, **scoped})
     with air.active():
         ours.register_ge_converters()
     return air

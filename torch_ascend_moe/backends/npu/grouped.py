@@ -46,10 +46,9 @@ layout is not documented in torch_npu 2.13's docstrings, so it is not written he
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe.backends.npu import ge_graph, has_values
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
@@ -91,11 +90,6 @@ def _fits(groups: int, *inner: int) -> bool:
     return groups <= MAX_GROUPS and all(d < INNER_LIMIT for d in inner)
 
 
-def _real(t: torch.Tensor) -> bool:
-    """Whether ``t`` has values to read (not a fake or meta tensor): the layout value checks run only then."""
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
-
-
 def _weight_kn(b: torch.Tensor) -> torch.Tensor:
     """``[G, K, N]`` view of our ``[G, N, K]`` weights in a layout torch_npu takes (row-major or transposed)."""
     w = b.transpose(1, 2)
@@ -134,7 +128,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
-    if _real(layout):
+    if has_values(layout):
         layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
     if rows == 0 or groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
         return torch.zeros(shape, dtype=dtype, device=a.device)
@@ -156,7 +150,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
     groups, m_max, k = a.shape
-    if _real(masked_m):
+    if has_values(masked_m):
         portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     if groups * m_max == 0 or k == 0 or b.shape[1] == 0:
         return torch.zeros(shape, dtype=dtype, device=a.device)
@@ -172,7 +166,7 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if a.dtype == torch.float64 or not _fits(num_groups, a.shape[1], b.shape[1]):
         return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
-    if _real(layout):
+    if has_values(layout):
         layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
     if rows == 0 or num_groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
         out = torch.zeros(shape, dtype=dtype, device=a.device)

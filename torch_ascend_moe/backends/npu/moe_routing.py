@@ -40,11 +40,12 @@ errors.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.npu import has_values
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import moe_routing as portable
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta.moe_routing import (
     PERMUTE,
     UNPERMUTE,
@@ -56,12 +57,6 @@ from torch_ascend_moe.meta.moe_routing import (
 _ROUTING_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_EXPERTS = 10240  # npu_moe_init_routing_v2's expert_num limit
 MAX_GATING_EXPERTS = 2048  # npu_moe_gating_top_k's: E, and align32(E / groups) * groups
-
-
-def has_values(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds data the eager value checks can read: the adapters run on real NPU tensors, but the
-    shape checks trace them on fake tensors, where id/row values are unknown (our fakes skip the same checks)."""
-    return not isinstance(t, FakeTensor) and t.device.type != "meta"
 
 
 def _aligned_layout(counts: torch.Tensor, alignment: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +147,9 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
 @npu_kernel(calls="npu_moe_finalize_routing")
 def moe_unpermute(y, row_map, topk_weights):
     unpermute_signature(y, row_map, topk_weights)
-    unrouted = False
+    # Unknown -1 slots (during a graph capture) go to the portable kernel, which handles them without a host read;
+    # under fake tensors (the shape checks) the op's path is traced.
+    unrouted = capture.capturing(row_map.device)
     if has_values(row_map):
         portable._check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
         unrouted = bool((row_map < 0).any())

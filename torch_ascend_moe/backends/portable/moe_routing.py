@@ -6,6 +6,7 @@ import torch
 
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta.moe_routing import (
     PERMUTE,
     UNPERMUTE,
@@ -16,7 +17,9 @@ from torch_ascend_moe.meta.moe_routing import (
 
 
 def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
-    if values.numel() == 0:
+    """Ids outside [-1, high) fail with our message: one host read, skipped while a device graph is captured
+    (a read would break the capture; the kernels clamp every id they gather with)."""
+    if values.numel() == 0 or capture.capturing(values.device):
         return
     bad = (values < -1) | (values >= high)
     if bool(bad.any()):
