@@ -9,6 +9,8 @@ An op type not listed here raises, so a converter that starts using a new IR op 
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
 
 import torch
@@ -46,7 +48,28 @@ def _inputs(op, env):
     return named
 
 
+@functools.cache
+def _ir_defaults(op_type: str) -> dict[str, object]:
+    """The ``.ATTR(name, Type, default)`` defaults of an IR op's ``REG_OP`` text: TorchAir leaves an optional
+    attribute equal to its default out of the graph (``compat_ir``), so the evaluator reads it from here."""
+    raw = sys.modules["torchair._ge_concrete_graph.auto_generated_ge_raw_ops"]
+    doc = getattr(raw, op_type, None).__doc__ or ""
+    out: dict[str, object] = {}
+    for name, kind, value in re.findall(r"\.ATTR\((\w+), (\w+), ([^)]*)\)", doc):
+        if kind == "Int":
+            out[name] = int(value) if value.lstrip("-").isdigit() else getattr(sys.modules["torchair.ge._ge_graph"].DataType, value)
+        elif kind == "Float":
+            out[name] = float(value)
+        elif kind == "Bool":
+            out[name] = value == "true"
+        elif kind == "String":
+            out[name] = value.strip('"').encode()
+    return out
+
+
 def _attr(op, name):
+    if name not in op.attr:
+        return _ir_defaults(op.type)[name]
     a = op.attr[name]
     kind = a.WhichOneof("value")
     if kind == "list":
@@ -90,6 +113,51 @@ def _sort(op, i):
     return [values, indices.to(torch.int32)]
 
 
+def _bitcast(op, i):
+    """TensorFlow's Bitcast: to a narrower type adds a last dim of the size ratio, to a wider one removes it."""
+    x, dtype = i["x"].contiguous(), _ge_to_torch(_attr(op, "type"))
+    if x.dtype.itemsize > dtype.itemsize:
+        return x.view(dtype).reshape(*x.shape, x.dtype.itemsize // dtype.itemsize)
+    return x.view(dtype).reshape(x.shape[:-1]) if x.dtype.itemsize < dtype.itemsize else x.view(dtype)
+
+
+def _torch_npu_dtype(ge_dtype: int) -> int:
+    """torch_npu's dtype enum (NPU_DTYPES) of a GE dtype, as torch_npu's ops take it."""
+    from torch_ascend_moe.testing.npu_wheel import NPU_DTYPES
+
+    return NPU_DTYPES[str(_ge_to_torch(ge_dtype)).split(".")[-1]]
+
+
+def _dynamic_mx_quant(op, i):
+    return list(
+        torch.ops.npu.npu_dynamic_mx_quant(
+            i["x"],
+            axis=_attr(op, "axis"),
+            round_mode=_attr(op, "round_mode").decode(),
+            dst_type=_torch_npu_dtype(_attr(op, "dst_type")),
+            # the graph's attribute is "blocksize" (what torch_npu's raw op writes; its REG_OP text says block_size)
+            block_size=_attr(op, "blocksize") if "blocksize" in op.attr else _ir_defaults(op.type)["block_size"],
+            scale_alg=_attr(op, "scale_alg"),
+            dst_type_max=_attr(op, "dst_type_max"),
+            max_low_bound=_attr(op, "max_low_bound"),
+        )
+    )
+
+
+def _moe_gating_top_k(op, i):
+    if i.get("input_ids") is not None:
+        raise NotImplementedError("MoeGatingTopK: the hash mode is not modelled")
+    names = ("k_group", "group_count", "group_select_mode", "renorm", "norm_type", "out_flag")
+    kwargs = {n: _attr(op, n) for n in names}
+    kwargs["out_flag"] = bool(kwargs["out_flag"])
+    return list(
+        torch.ops.npu.npu_moe_gating_top_k(
+            i["x"], _attr(op, "k"), bias=i.get("bias"), routed_scaling_factor=_attr(op, "routed_scaling_factor"),
+            eps=_attr(op, "eps"), **kwargs
+        )
+    )
+
+
 def _gather(x, index, axis):
     axis = int(axis)
     return x.index_select(axis, index.reshape(-1).long()).reshape(
@@ -103,8 +171,13 @@ OPS = {
     "GatherV2": lambda op, i: _gather(i["x"], i["indices"], i["axis"]),
     "ConcatV2": lambda op, i: torch.cat(i["x"], int(i["concat_dim"])),
     "SliceD": lambda op, i: i["x"][
-        tuple(slice(o, o + s) for o, s in zip(_attr(op, "offsets"), _attr(op, "size")))
+        tuple(slice(o, None if s == -1 else o + s) for o, s in zip(_attr(op, "offsets"), _attr(op, "size")))
     ],
+    "Bitcast": _bitcast,
+    "LeftShift": lambda op, i: torch.bitwise_left_shift(i["x"], i["y"]),
+    "Equal": lambda op, i: i["x1"] == i["x2"],
+    "DynamicMxQuant": _dynamic_mx_quant,
+    "MoeGatingTopK": _moe_gating_top_k,
     "Squeeze": lambda op, i: i["x"].squeeze(tuple(_attr(op, "axis"))),
     "Unsqueeze": lambda op, i: i["x"].reshape(
         _unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))

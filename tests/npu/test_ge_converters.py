@@ -105,3 +105,55 @@ def test_float64_has_no_graph(air):
     s = spec.sample_inputs("cpu", torch.float64)[0]
     with pytest.raises(NotImplementedError, match=r"ascend_moe::m_grouped_bf16_gemm: no GE graph .*float64"):
         npu_wheel.ge_graph(_bind(s)(_op_call(spec)), *_tensor_args(s))
+
+
+ROUTED = ("quantize_fp8", "moe_gating_topk")  # the quant / moe_routing ops with a converter
+
+
+def _routing_cases():
+    from tests.npu import test_quant_routing_adapters as adapters
+
+    return [
+        pytest.param(soc, name, dtype, id=f"{name}-{str(dtype).split('.')[-1]}-{soc}")
+        for soc in (ASCEND_A3, ASCEND_950)
+        for name in ROUTED
+        for dtype in adapters.SPECS[name].dtypes
+    ]
+
+
+@pytest.mark.parametrize(("soc", "name", "dtype"), _routing_cases())
+def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, air, monkeypatch):
+    """Every sample the eager adapter maps to torch_npu gets a GE graph whose values equal the adapter's, bit for
+    bit (same torch_npu op, the same conversions in GE ops); every sample it leaves portable has no graph."""
+    from tests.npu import quant_routing_refs
+    from tests.npu import test_quant_routing_adapters as adapters
+
+    quant_routing_refs.register()
+    monkeypatch.setitem(npu_wheel.SOC, "version", soc)
+    for module in (adapters.npu_quant, adapters.npu_routing, adapters.npu_fp8_gemm):
+        monkeypatch.setattr(module, "soc_version", lambda: soc)
+    mapped = adapters.MAPPED[soc].get((name, dtype), set())
+    seen = 0
+    for s in adapters._samples(name, dtype):
+        where = f"{name}[{s.name}, {dtype}, soc {soc}]"
+        fn = _bind(s)(lambda *args: getattr(torch.ops.ascend_moe, name)(*args))
+        if s.args[0].numel() == 0:
+            continue  # TorchAir makes all-empty outputs itself, without a converter
+        if s.name not in mapped:
+            with pytest.raises(NotImplementedError, match=f"ascend_moe::{name}: no GE graph"):
+                npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+            continue
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+        assert sum(op.type == NPU_GE_IR[name] for op in graph.op) == 1, where
+        with air.active():
+            outs = ge_eval.evaluate(graph, _tensor_args(s))
+        eager, _ = adapters._call(name, s.args)
+        assert len(outs) == len(eager), where
+        for got, want in zip(outs, eager):
+            assert got.shape == want.shape and got.dtype == want.dtype, f"{where}: {got.shape} {got.dtype}"
+            assert torch.equal(adapters._bits(got), adapters._bits(want)) or (
+                got.is_floating_point() and torch.equal(got.isnan(), want.isnan())
+                and torch.equal(torch.nan_to_num(got.float()), torch.nan_to_num(want.float()))
+            ), where
+        seen += 1
+    assert seen == len(mapped), f"{name}: {seen} of {len(mapped)} mapped samples found"

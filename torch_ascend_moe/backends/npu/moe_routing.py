@@ -33,6 +33,11 @@ accumulates in FP32 and rounds once), weights in another dtype than ``y`` (the o
 (the op has no "not routed"), aligned ``y`` with padding rows (dropless indices must be in ``[0, T*k)``), and
 empty inputs. ``npu_moe_token_unpermute`` is BF16 only (BF16 probs too), so it cannot take our FP32 weights.
 
+GE graph mode (TorchAir): ``moe_gating_topk`` has a converter, ``MoeGatingTopK`` through torch_npu's converter,
+for the calls ``gating_plan`` maps (decided from shapes, dtypes and arguments, so at graph build); any other
+call has no graph. ``moe_permute`` and ``moe_unpermute`` have none yet: their exact mappings depend on values
+(``moe_unpermute``'s -1 slots, which finalize_routing cannot express) or need a scatter (aligned permute).
+
 Every adapter validates first, as the portable kernels do (value checks included), so bad inputs raise our
 errors.
 """
@@ -41,8 +46,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
-from torch_ascend_moe.backends.npu import has_values
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import ge_graph, has_values
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import moe_routing as portable
 from torch_ascend_moe.distributed import capture
@@ -160,3 +165,25 @@ def moe_unpermute(y, row_map, topk_weights):
     return torch.ops.npu.npu_moe_finalize_routing(
         y, None, None, None, topk_weights, row_map.t().flatten(), None, drop_pad_mode=0, k=k
     )
+
+
+@npu_ge_converter("moe_gating_topk", ir="MoeGatingTopK")
+def moe_gating_topk_ge(
+    logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor, meta_outputs=None
+):
+    plan = gating_plan(logits.meta, topk, bias, score_func, num_groups, topk_groups, renormalize)
+    if plan is None:
+        raise ge_graph.unsupported("moe_gating_topk", "MoeGatingTopK does not compute this call exactly (see "
+                                   "backends/npu/moe_routing.py)")
+    weights, idx, _ = ge_graph.npu_converter("npu_moe_gating_top_k")(
+        logits,
+        topk,
+        bias=None if bias is None else ge_graph.cast(bias, torch.float32),
+        renorm=0,
+        norm_type=1 if score_func == "sigmoid" else 0,
+        out_flag=False,
+        routed_scaling_factor=routed_scaling_factor,
+        eps=1e-20,
+        **plan,
+    )
+    return weights, ge_graph.cast(ge_graph.typed(idx, torch.int32), torch.int64)

@@ -27,6 +27,11 @@ Stays portable, and why:
   kernels; ``npu_anti_mx_quant`` takes only MX (1x32 E8M0) scales in the op's own layout, none of our FP32 /
   packed / arbitrary-block scales, and would add a layout conversion to an op with no rounding to share.
 
+GE graph mode (TorchAir): ``quantize_fp8``'s converter builds the same call (``DynamicMxQuant`` through torch_npu's
+converter) and the same scale conversion from GE ops (the E8M0 codes bitcast to uint8, sliced to ``G`` groups;
+FP32 scales as ``code << 23`` bitcast, 255 -> NaN; packed as four codes bitcast to one int32); a call the MX op
+does not compute exactly has no graph.
+
 Every adapter validates first (``meta/quant.py``), as the portable kernels do, so bad inputs raise our errors.
 """
 
@@ -34,7 +39,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.portable import quant as portable
 from torch_ascend_moe.meta.quant import QUANTIZE_FP8, quantize_signature
 from torch_ascend_moe.quant.reference import AMAX_FLOOR
@@ -92,3 +98,35 @@ def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
     )
     groups = -(-x.shape[1] // group)
     return y.contiguous(), mx_scales_to_ours(codes, groups, use_packed_ue8m0)
+
+
+@npu_ge_converter("quantize_fp8", ir="DynamicMxQuant")
+def quantize_fp8_ge(x, block, use_ue8m0, use_packed_ue8m0, meta_outputs=None):
+    group = mx_fp8_block(x.meta, block, use_ue8m0)
+    if group is None:
+        raise ge_graph.unsupported("quantize_fp8", "only 1 x c UE8M0 blocks on Ascend 950 map to DynamicMxQuant")
+    ge, dt = ge_graph.api(), ge_graph.dtypes()
+    y, codes = ge_graph.npu_converter("npu_dynamic_mx_quant")(
+        x,
+        axis=-1,
+        round_mode="rint",
+        dst_type=NPU_FLOAT8_E4M3FN,
+        block_size=group,
+        scale_alg=1,
+        max_low_bound=AMAX_FLOOR,
+    )
+    groups = -(-x.symsize[1] // group)
+    codes = ge.Reshape(ge.Bitcast(codes, type=dt.DT_UINT8), ge_graph.i64([-1, groups + groups % 2]))
+    codes = ge.SliceD(codes, offsets=[0, 0], size=[-1, groups])
+    if use_packed_ue8m0:
+        pad = (-groups) % 4
+        if pad:
+            ones = ge.Fill(ge.ConcatV2([ge_graph.dim(x, 0), ge_graph.i64([pad])], 0, N=2),
+                           ge.Const(_UE8M0_ONE, dt.DT_UINT8))
+            codes = ge.ConcatV2([codes, ones], 1, N=2)
+        scales = ge.Bitcast(ge.Reshape(codes, ge_graph.i64([-1, (groups + pad) // 4, 4])), type=dt.DT_INT32)
+    else:
+        powers = ge.LeftShift(ge.Cast(codes, dst_type=dt.DT_INT32), ge.Const(23, dt.DT_INT32))
+        nan = ge.Const(float("nan"), dt.DT_FLOAT)
+        scales = ge.SelectV2(ge.Equal(codes, ge.Const(255, dt.DT_UINT8)), nan, ge.Bitcast(powers, type=dt.DT_FLOAT))
+    return y, scales
