@@ -115,12 +115,15 @@ def cmd_info(args, console: Console) -> int:
     for col in columns:
         matrix.add_column(col, justify="center")
     matrix.add_column("on NPU")
+    matrix.add_column("GE graph")
     on_npu = npu_kernels()
     for name in names:
         caps = capabilities(name)
         # An adapter takes the cases its torch_npu op computes exactly and hands the rest to the portable kernel.
         npu_kernel = f"torch_npu.{on_npu[name]} | portable" if name in on_npu else "portable"
-        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), npu_kernel)
+        # TorchAir's GE mode: the Ascend IR op our converter builds, for the cases the adapter maps
+        ge_ir = _registry.NPU_GE_IR.get(name, "-")
+        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), npu_kernel, ge_ir)
     console.print(matrix)
     return 0
 

@@ -57,7 +57,8 @@ def _ir_defaults(op_type: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, kind, value in re.findall(r"\.ATTR\((\w+), (\w+), ([^)]*)\)", doc):
         if kind == "Int":
-            out[name] = int(value) if value.lstrip("-").isdigit() else getattr(sys.modules["torchair.ge._ge_graph"].DataType, value)
+            dtypes = sys.modules["torchair.ge._ge_graph"].DataType  # an Int default may name a DataType
+            out[name] = int(value) if value.lstrip("-").isdigit() else getattr(dtypes, value)
         elif kind == "Float":
             out[name] = float(value)
         elif kind == "Bool":
@@ -152,17 +153,34 @@ def _moe_gating_top_k(op, i):
     kwargs["out_flag"] = bool(kwargs["out_flag"])
     return list(
         torch.ops.npu.npu_moe_gating_top_k(
-            i["x"], _attr(op, "k"), bias=i.get("bias"), routed_scaling_factor=_attr(op, "routed_scaling_factor"),
-            eps=_attr(op, "eps"), **kwargs
+            i["x"],
+            _attr(op, "k"),
+            bias=i.get("bias"),
+            routed_scaling_factor=_attr(op, "routed_scaling_factor"),
+            eps=_attr(op, "eps"),
+            **kwargs,
         )
     )
 
 
+def _quant_batch_matmul_v4(op, i):
+    unused = ("bias", "y_scale", "x1_offset", "x2_offset", "y_offset", "x2_table")
+    if any(i.get(n) is not None for n in unused) or _attr(op, "transpose_x1") or _attr(op, "transpose_x2"):
+        raise NotImplementedError("QuantBatchMatmulV4: only x1, x2, x1_scale, x2_scale and group_size are modelled")
+    packed = _attr(op, "group_size")  # (m << 32) + (n << 16) + k, torch_npu's converter's encoding
+    sizes = [packed >> 32, (packed >> 16) & 0xFFFF, packed & 0xFFFF]
+    out = {v: k for k, v in _SCALAR_TYPES.items()}[_ge_to_torch(_attr(op, "dtype"))]
+    return torch.ops.npu.npu_quant_matmul(
+        i["x1"], i["x2"], i["x2_scale"], pertoken_scale=i["x1_scale"], output_dtype=out, group_sizes=sizes
+    )
+
+
+_SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
+
+
 def _gather(x, index, axis):
     axis = int(axis)
-    return x.index_select(axis, index.reshape(-1).long()).reshape(
-        [*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]]
-    )
+    return x.index_select(axis, index.reshape(-1).long()).reshape([*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]])
 
 
 OPS = {
@@ -178,14 +196,14 @@ OPS = {
     "Equal": lambda op, i: i["x1"] == i["x2"],
     "DynamicMxQuant": _dynamic_mx_quant,
     "MoeGatingTopK": _moe_gating_top_k,
+    "QuantBatchMatmulV4": _quant_batch_matmul_v4,
     "Squeeze": lambda op, i: i["x"].squeeze(tuple(_attr(op, "axis"))),
-    "Unsqueeze": lambda op, i: i["x"].reshape(
-        _unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))
-    ),
+    "Unsqueeze": lambda op, i: i["x"].reshape(_unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))),
     "Reshape": lambda op, i: i["x"].reshape(i["shape"].tolist()),
     "Transpose": lambda op, i: i["x"].permute(i["perm"].tolist()).contiguous(),
-    "Range": lambda op, i: torch.arange(i["start"].item(), i["limit"].item(), i["delta"].item(),
-                                        dtype=i["start"].dtype),
+    "Range": lambda op, i: torch.arange(
+        i["start"].item(), i["limit"].item(), i["delta"].item(), dtype=i["start"].dtype
+    ),
     "SearchSorted": lambda op, i: torch.searchsorted(
         i["sorted_sequence"], i["values"], right=bool(_attr(op, "right"))
     ).to(_ge_to_torch(_attr(op, "dtype"))),

@@ -35,4 +35,8 @@ def register_npu() -> bool:
     from torch_ascend_moe.backends import npu
 
     npu.register()
+    try:  # TorchAir ships inside torch_npu (a lazy ``torchair`` module); our GE converters need its registry
+        npu.register_ge_converters()
+    except ImportError:
+        pass  # a torch_npu build without TorchAir: eager and npugraph_ex still work
     return True

@@ -17,13 +17,18 @@ folding alpha into a scale adds a rounding), FP32 output (not among the op's doc
 describe), K or N above 65535 (its limit), empty operands. ``fp8_bmm`` / ``fp8_einsum``: the batched G-B scale
 layout is not described anywhere in the wheel (the meta indexes scales from the last two dims only), so they keep
 the portable kernel.
+
+GE graph mode (TorchAir): the converter builds the same call (``b`` and ``sfb`` transposed by Transpose nodes, as
+TorchAir converts ``.t()``) through torch_npu's converter of ``npu_quant_matmul``, which emits
+``QuantBatchMatmulV4`` with the packed ``group_size`` on Ascend 950; any other call has no graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import fp8_gemm as portable
 from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature
@@ -52,3 +57,25 @@ def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     return torch.ops.npu.npu_quant_matmul(
         a, b.t(), sfb.t().contiguous(), pertoken_scale=sfa.contiguous(), output_dtype=dtype, group_sizes=GROUP_SIZES
     ).contiguous()
+
+
+@npu_ge_converter("fp8_gemm", ir="QuantBatchMatmulV4")
+def fp8_gemm_ge(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype, meta_outputs=None):
+    dtype = ge_graph.torch_dtype(meta_outputs)
+    if not block_recipe(a.meta, sfa.meta, b.meta, sfb.meta, c, recipe_a, recipe_b, alpha, dtype):
+        raise ge_graph.unsupported(
+            "fp8_gemm",
+            "only the 1x128 x 128x128 FP32-scale recipe to BF16 on Ascend 950, "
+            "without c or alpha, maps to QuantBatchMatmulV4",
+        )
+    ge = ge_graph.api()
+    b_t = ge_graph.with_meta(ge.Transpose(b, ge_graph.i64([1, 0])), b.meta.t())
+    sfb_t = ge_graph.with_meta(ge.Transpose(sfb, ge_graph.i64([1, 0])), sfb.meta.t())
+    return ge_graph.npu_converter("npu_quant_matmul")(
+        a,
+        b_t,
+        sfb_t,
+        pertoken_scale=sfa,
+        output_dtype=15,
+        group_sizes=GROUP_SIZES,  # 15: bfloat16's ScalarType
+    )

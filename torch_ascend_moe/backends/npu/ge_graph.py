@@ -52,8 +52,16 @@ def is_ascend950() -> bool:
 
 
 def unsupported(op: str, why: str) -> NotImplementedError:
-    return NotImplementedError(f"ascend_moe::{op}: no GE graph for this call ({why}); run it eagerly or compile "
-                               f"with the npugraph_ex backend")
+    return NotImplementedError(
+        f"ascend_moe::{op}: no GE graph for this call ({why}); run it eagerly or compile with the npugraph_ex backend"
+    )
+
+
+def with_meta(t, meta: torch.Tensor):
+    """``t`` given the fake tensor ``meta`` (dtype and sizes) it stands for: what TorchAir sets on a node's outputs
+    after its converter, needed earlier by the torch_npu converters ours call (they read ``symsize``)."""
+    t.set_meta(meta)
+    return t
 
 
 def i64(value):

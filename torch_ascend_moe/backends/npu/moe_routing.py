@@ -173,8 +173,9 @@ def moe_gating_topk_ge(
 ):
     plan = gating_plan(logits.meta, topk, bias, score_func, num_groups, topk_groups, renormalize)
     if plan is None:
-        raise ge_graph.unsupported("moe_gating_topk", "MoeGatingTopK does not compute this call exactly (see "
-                                   "backends/npu/moe_routing.py)")
+        raise ge_graph.unsupported(
+            "moe_gating_topk", "MoeGatingTopK does not compute this call exactly (see backends/npu/moe_routing.py)"
+        )
     weights, idx, _ = ge_graph.npu_converter("npu_moe_gating_top_k")(
         logits,
         topk,

@@ -121,8 +121,9 @@ def quantize_fp8_ge(x, block, use_ue8m0, use_packed_ue8m0, meta_outputs=None):
     if use_packed_ue8m0:
         pad = (-groups) % 4
         if pad:
-            ones = ge.Fill(ge.ConcatV2([ge_graph.dim(x, 0), ge_graph.i64([pad])], 0, N=2),
-                           ge.Const(_UE8M0_ONE, dt.DT_UINT8))
+            ones = ge.Fill(
+                ge.ConcatV2([ge_graph.dim(x, 0), ge_graph.i64([pad])], 0, N=2), ge.Const(_UE8M0_ONE, dt.DT_UINT8)
+            )
             codes = ge.ConcatV2([codes, ones], 1, N=2)
         scales = ge.Bitcast(ge.Reshape(codes, ge_graph.i64([-1, (groups + pad) // 4, 4])), type=dt.DT_INT32)
     else:
