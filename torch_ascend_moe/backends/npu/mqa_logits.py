@@ -27,6 +27,10 @@ the weights, as ours), one key head, top-k by value. Where they differ (the mapp
   (-1 / -inf here, as ``mqa_topk``) are not documented: unverified on hardware.
 * ``paged_mqa_logits`` (decode) maps to ``layout_key="PA_BSND"`` + ``block_table`` in principle, but our
   cache layout (FP8 data + scales per block, DeepGEMM's) is not the indexer's BF16 ``[blocks, block, 1, D]``.
+* ``mqa_logits_backward`` (the logits' gradient w.r.t. q, k, weights) has no CANN counterpart (the indexer has
+  no backward in torch_npu 2.13); it runs its portable kernel (ACLNN matmuls). ``paged_mqa_logits_metadata`` is
+  DeepGEMM's scheduling table (per-SM block ranges for the paged kernel): integer bookkeeping, no CANN op, and
+  the indexer schedules itself.
 """
 
 from __future__ import annotations

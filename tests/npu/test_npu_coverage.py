@@ -1,0 +1,30 @@
+"""Every op has an Ascend adapter or a stated reason to stay portable: an op without an adapter is named in the
+docstring of its family's NPU module (``backends/npu/<family>.py``), which says why."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from torch_ascend_moe import _registry
+from torch_ascend_moe.backends import npu, portable
+
+
+def test_every_family_has_an_npu_module():
+    families = {m.name for m in pkgutil.iter_modules(portable.__path__)}
+    npu_modules = {m.name for m in pkgutil.iter_modules(npu.__path__)}
+    assert families <= npu_modules, f"families without backends/npu/<family>.py: {sorted(families - npu_modules)}"
+
+
+def test_every_op_without_an_adapter_is_explained():
+    npu.register()
+    docs = {
+        m.name: importlib.import_module(f"{npu.__name__}.{m.name}").__doc__ or ""
+        for m in pkgutil.iter_modules(npu.__path__)
+    }
+    unexplained = [
+        op
+        for op in _registry.op_names()
+        if op not in _registry.NPU_KERNELS and not any(f"``{op}``" in d for d in docs.values())
+    ]
+    assert not unexplained, f"ops with neither an Ascend adapter nor a stated reason: {unexplained}"

@@ -1,0 +1,45 @@
+"""Ascend adapters of the fp8_linear family: the portable kernels' steps through the dispatcher, so each step
+reaches its own Ascend adapter where one maps (``quantize_fp8``: ``npu_dynamic_mx_quant`` for 1 x c UE8M0 rows on
+Ascend 950; ``fp8_gemm``: ``npu_quant_matmul``'s G-B mode for the 1x128 x 128x128 FP32-scale recipe to BF16 on
+Ascend 950) and the portable kernel elsewhere. Bitwise the portable kernels: the quantizers are DeepGEMM's casts on
+every path, and the GEMM keeps one FP32 accumulation rounded once.
+
+* ``fp8_quant_gemm``: ``quantize_fp8(x, [1, gran_k])`` then ``fp8_gemm``; DeepSeek-V3's recipe (``gran_k=128``,
+  ``recipe_b=[128, 128]``, no ``c``, ``alpha=1``, BF16 out) is one ``npu_quant_matmul`` after the cast.
+* ``fp8_linear`` forward: ``x`` cast 1 x block, ``weight`` block x block, then ``fp8_gemm``. For BF16 ``x``
+  without a bias the GEMM is asked for BF16 directly (the FP32 sum rounded once, the same bits as FP32 then
+  ``.to(bf16)``), which is the G-B mode for ``block=128``; with a bias the FP32 output is kept (the bias is added
+  before the one rounding; ``npu_quant_matmul``'s bias is not documented as added in FP32), so that call stays on
+  the portable GEMM. Its backward GEMMs (``autograd/fp8_linear.py``) already call ``fp8_gemm`` through the
+  dispatcher: dgrad (1 x block x block x block) maps the same way; wgrad (1 x block on both operands) has no G-B
+  form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
+
+# The ops the steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the tests put the
+# adapters themselves here, as the dispatcher would route NPU tensors to them, to run the composition on CPU.
+OPS = torch.ops.ascend_moe
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
+def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
+    _, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
+    q, sf = OPS.quantize_fp8(x, [1, gran_k], use_ue8m0, False)
+    return OPS.fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, dtype)
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
+def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
+    shape = fp8_linear_signature(x, weight, bias, block)
+    xq, xs = OPS.quantize_fp8(x, [1, block], use_ue8m0, False)
+    wq, ws = OPS.quantize_fp8(weight, [block, block], use_ue8m0, False)
+    if bias is None and x.dtype == torch.bfloat16:
+        return OPS.fp8_gemm(xq, xs, wq, ws, None, [1, block], [block, block], 1.0, torch.bfloat16)
+    c = None if bias is None else bias.float().expand(shape)
+    return OPS.fp8_gemm(xq, xs, wq, ws, c, [1, block], [block, block], 1.0, torch.float32).to(x.dtype)
