@@ -135,6 +135,10 @@ MAPPED = {
         ("moe_gating_topk", torch.float32): {"T9 E16 top-4 sigmoid bias groups 2/4 renorm=True"},
     },
 }
+# BF16/FP16 logits are cast to FP32 (exactly) first: the FP32 samples' mapping
+for _soc in (A3, ASCEND950):
+    for _dtype in (torch.bfloat16, torch.float16):
+        MAPPED[_soc][("moe_gating_topk", _dtype)] = MAPPED[_soc][("moe_gating_topk", torch.float32)]
 # moe_permute and moe_unpermute do not depend on the SoC
 for _key in (("moe_permute", torch.bfloat16), ("moe_permute", torch.float32), ("moe_unpermute", torch.float32)):
     MAPPED[ASCEND950][_key] = MAPPED[A3][_key]

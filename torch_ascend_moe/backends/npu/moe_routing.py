@@ -12,12 +12,12 @@ dense segments are moved to our aligned starts on the device (segment ``e`` star
 one sort. Portable for FP64 ``x`` (the op takes FP16/BF16/FP32), ``num_experts >= 10240`` (its limit, with the
 extra id) and empty inputs.
 
-``moe_gating_topk`` -> ``npu_moe_gating_top_k`` for FP32 logits with ``renormalize=True``. Formula (CANN's
+``moe_gating_topk`` -> ``npu_moe_gating_top_k`` with ``renormalize=True``, BF16/FP16 logits cast to FP32 first
+(exact: the op computes in its input's dtype and returns ``yOut`` in it; ours computes in FP32). Formula (CANN's
 MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32,
 ``+ bias`` for the choice, groups scored by their max (``group_select_mode=0``, ours without a bias) or top-2
 sum (1, ours with a bias), ``k_group`` groups kept, top-k, ``yOut = y / (sum(y) + eps) * routed_scaling_factor``
-with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: BF16/FP16
-logits (``yOut`` comes in x's dtype, ours is FP32), FP64 logits, ``renormalize=False`` (the op always
+with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: FP64 logits, ``renormalize=False`` (the op always
 renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k <= E / groups * k_group``; ours
 then takes the best others), groups of 2 or fewer experts or more than 2048 (the op's limits), softmax or a
 bias-less group score on Ascend 950 (it supports sigmoid and top-2-sum only), and empty logits. Ids come as
@@ -112,7 +112,7 @@ def moe_permute(x, topk_idx, num_experts, alignment):
 def gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize) -> dict | None:
     """``npu_moe_gating_top_k``'s grouping arguments for a call it computes exactly, else None."""
     t, e = logits.shape
-    if logits.dtype != torch.float32 or not renormalize or t == 0:
+    if logits.dtype not in _ROUTING_DTYPES or not renormalize or t == 0:
         return None
     grouped = 1 < num_groups and topk_groups < num_groups
     groups, kept = (num_groups, topk_groups) if grouped else (1, 1)
@@ -136,7 +136,7 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
             logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor
         )
     weights, idx, _ = torch.ops.npu.npu_moe_gating_top_k(
-        logits,
+        logits.to(torch.float32),  # exact; the op computes (and returns) in its input's dtype, ours in FP32
         topk,
         bias=None if bias is None else bias.to(torch.float32),
         renorm=0,
@@ -177,7 +177,7 @@ def moe_gating_topk_ge(
             "moe_gating_topk", "MoeGatingTopK does not compute this call exactly (see backends/npu/moe_routing.py)"
         )
     weights, idx, _ = ge_graph.npu_converter("npu_moe_gating_top_k")(
-        logits,
+        ge_graph.cast(logits, torch.float32),
         topk,
         bias=None if bias is None else ge_graph.cast(bias, torch.float32),
         renorm=0,
