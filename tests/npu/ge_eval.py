@@ -178,6 +178,32 @@ def _quant_batch_matmul_v4(op, i):
 _SCALAR_TYPES = {5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
 
 
+def _moe_init_routing_v3(op, i):
+    if i.get("scale") is not None or i.get("offset") is not None:
+        raise NotImplementedError("MoeInitRoutingV3: scale / offset are not modelled")
+    names = (
+        "active_num",
+        "expert_capacity",
+        "expert_num",
+        "drop_pad_mode",
+        "expert_tokens_num_type",
+        "quant_mode",
+        "active_expert_range",
+        "row_idx_type",
+    )
+    kwargs = {n: _attr(op, n) for n in names}
+    kwargs["expert_tokens_num_flag"] = bool(_attr(op, "expert_tokens_num_flag"))
+    return list(torch.ops.npu.npu_moe_init_routing_v2(i["x"], i["expert_idx"], **kwargs))
+
+
+def _cumsum(op, i):
+    x, axis = i["x"], int(i["axis"])
+    out = torch.cumsum(x.flip(axis) if _attr(op, "reverse") else x, axis)
+    if _attr(op, "exclusive"):
+        out = out - (x.flip(axis) if _attr(op, "reverse") else x)
+    return out.flip(axis) if _attr(op, "reverse") else out
+
+
 def _gather(x, index, axis):
     axis = int(axis)
     return x.index_select(axis, index.reshape(-1).long()).reshape([*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]])
@@ -196,6 +222,11 @@ OPS = {
     "Equal": lambda op, i: i["x1"] == i["x2"],
     "DynamicMxQuant": _dynamic_mx_quant,
     "MoeGatingTopK": _moe_gating_top_k,
+    "MoeInitRoutingV3": _moe_init_routing_v3,
+    "Cumsum": _cumsum,
+    "ReduceSum": lambda op, i: i["x"].sum(
+        dim=tuple(i["axes"].reshape(-1).tolist()), keepdim=bool(_attr(op, "keep_dims"))
+    ),
     "QuantBatchMatmulV4": _quant_batch_matmul_v4,
     "Squeeze": lambda op, i: i["x"].squeeze(tuple(_attr(op, "axis"))),
     "Unsqueeze": lambda op, i: i["x"].reshape(_unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))),

@@ -107,7 +107,7 @@ def test_float64_has_no_graph(air):
         npu_wheel.ge_graph(_bind(s)(_op_call(spec)), *_tensor_args(s))
 
 
-ROUTED = ("quantize_fp8", "moe_gating_topk", "fp8_gemm")  # the quant / moe_routing / fp8_gemm converters
+ROUTED = ("quantize_fp8", "moe_gating_topk", "fp8_gemm", "moe_permute")  # converters of the eager mappings
 
 
 def _routing_cases():
@@ -158,3 +158,28 @@ def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, air, monke
             ), where
         seen += 1
     assert seen == len(mapped), f"{name}: {seen} of {len(mapped)} mapped samples found"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_moe_unpermute_ge_graph_is_the_portable_kernel(dtype, air):
+    """moe_unpermute's GE graph is the portable kernel's slot-order FP32 sum in GE ops: bitwise equal on every
+    sample (-1 slots, aligned padding rows, no weights, mixed dtypes), since no value decides the graph."""
+    from tests.npu import test_quant_routing_adapters as adapters
+
+    spec = adapters.SPECS["moe_unpermute"]
+    samples = [s for s in adapters._samples("moe_unpermute", dtype) if s.args[1].numel() and s.args[0].shape[1]]
+    assert any((s.args[1] < 0).any() for s in samples)  # -1 slots are among them
+    for s in samples:
+        where = f"moe_unpermute[{s.name}, {dtype}]"
+        fn = _bind(s)(lambda *args: torch.ops.ascend_moe.moe_unpermute(*args))
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s))
+        with air.active():
+            (out,) = ge_eval.evaluate(graph, _tensor_args(s))
+        want = spec.portable(*s.args)
+        assert out.dtype == want.dtype and torch.equal(out, want), where
+
+
+def test_moe_unpermute_float64_has_no_graph(air):
+    y, row_map = torch.randn(4, 3, dtype=torch.float64), torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=r"ascend_moe::moe_unpermute: no GE graph .*float64"):
+        npu_wheel.ge_graph(lambda y, r: torch.ops.ascend_moe.moe_unpermute(y, r, None), y, row_map)

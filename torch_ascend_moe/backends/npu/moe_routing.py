@@ -33,10 +33,13 @@ accumulates in FP32 and rounds once), weights in another dtype than ``y`` (the o
 (the op has no "not routed"), aligned ``y`` with padding rows (dropless indices must be in ``[0, T*k)``), and
 empty inputs. ``npu_moe_token_unpermute`` is BF16 only (BF16 probs too), so it cannot take our FP32 weights.
 
-GE graph mode (TorchAir): ``moe_gating_topk`` has a converter, ``MoeGatingTopK`` through torch_npu's converter,
-for the calls ``gating_plan`` maps (decided from shapes, dtypes and arguments, so at graph build); any other
-call has no graph. ``moe_permute`` and ``moe_unpermute`` have none yet: their exact mappings depend on values
-(``moe_unpermute``'s -1 slots, which finalize_routing cannot express) or need a scatter (aligned permute).
+GE graph mode (TorchAir), decided from shapes, dtypes and arguments (so at graph build; a call outside has no
+graph): ``moe_gating_topk`` -> ``MoeGatingTopK`` for the calls ``gating_plan`` maps; ``moe_permute`` ->
+``MoeInitRoutingV3`` (what torch_npu's converter of ``npu_moe_init_routing_v2`` builds), its aligned layout by a
+gather from each output row to its dense row (TorchAir has no ``index_copy`` converter); ``moe_unpermute`` -> not
+``MoeFinalizeRouting`` (its -1 slots are values, unknown when the graph is built, and the op has no "not
+routed") but our portable kernel's slot-by-slot FP32 sum in GE ops (GatherV2, Mul, SelectV2, Add), bitwise ours
+for every dtype but FP64 (no graph).
 
 Every adapter validates first, as the portable kernels do (value checks included), so bad inputs raise our
 errors.
@@ -188,3 +191,82 @@ def moe_gating_topk_ge(
         **plan,
     )
     return weights, ge_graph.cast(ge_graph.typed(idx, torch.int32), torch.int64)
+
+
+def _routing_dtype_ge(op, x):
+    if x.meta.dtype not in _ROUTING_DTYPES:
+        raise ge_graph.unsupported(op, f"{x.meta.dtype} rows (the routing ops take FP16/BF16/FP32)")
+
+
+@npu_ge_converter("moe_permute", ir="MoeInitRoutingV3")
+def moe_permute_ge(x, topk_idx, num_experts, alignment, meta_outputs=None):
+    _routing_dtype_ge(PERMUTE, x)
+    if num_experts >= MAX_EXPERTS:
+        raise ge_graph.unsupported(PERMUTE, f"{num_experts} experts (npu_moe_init_routing_v2 takes < {MAX_EXPERTS})")
+    ge = ge_graph.api()
+    i32, i64 = torch.int32, torch.int64
+    ids = ge.SelectV2(ge.Less(topk_idx, ge.Const(0, topk_idx.dtype)), ge.Const(num_experts, topk_idx.dtype), topk_idx)
+    expanded, row_idx, counts, _ = ge_graph.npu_converter("npu_moe_init_routing_v2")(
+        x,
+        ge_graph.cast(ids, i32),
+        active_num=-1,
+        expert_capacity=-1,
+        expert_num=num_experts + 1,
+        drop_pad_mode=0,
+        expert_tokens_num_type=1,
+        expert_tokens_num_flag=True,
+        quant_mode=-1,
+        active_expert_range=[0, num_experts],
+        row_idx_type=0,
+    )
+    counts = ge_graph.cast(counts, i64)
+    axis0 = ge_graph.i64(0)
+    flat_ids = ge.Reshape(ge_graph.cast(topk_idx, i64), ge_graph.i64([-1]))
+    pairs = ge_graph.dim(flat_ids, 0, scalar=True)
+    routed_rows = ge_graph.arange(pairs)
+    if alignment == 1:  # the dense layout is ours; only the undefined tail is cleared
+        routed = ge.Less(routed_rows, ge.ReduceSum(counts, axis0, keep_dims=False))
+        out = ge_graph.zero_rows(expanded, routed, 1)
+        row_map = ge.Reshape(ge_graph.cast(row_idx, i32), ge.Shape(topk_idx, dtype=ge_graph.ge_dtype(i64)))
+        return out, row_map, ge_graph.cast(ge.Cumsum(counts, axis0), i32)
+    step = ge_graph.i64(alignment)
+    aligned = ge.Mul(ge.FloorDiv(ge.Add(counts, ge_graph.i64(alignment - 1)), step), step)
+    starts = ge.Cumsum(aligned, axis0, exclusive=True)
+    dense_starts = ge.Cumsum(counts, axis0, exclusive=True)
+    # Output row r belongs to the expert e whose aligned segment holds it; it is dense row dense_starts[e] + (r -
+    # starts[e]) when that is inside e's count, else a zero row.
+    rows = ge_graph.arange(meta_outputs[0]._meta.shape[0])
+    found = ge.SearchSorted(ge.Cumsum(aligned, axis0), rows, None, dtype=ge_graph.ge_dtype(i64), right=True)
+    expert = ge.Minimum(found, ge_graph.i64(num_experts - 1))
+    local = ge.Sub(rows, ge.GatherV2(starts, expert, axis0))
+    valid = ge.Less(local, ge.GatherV2(counts, expert, axis0))
+    source = ge.SelectV2(valid, ge.Add(ge.GatherV2(dense_starts, expert, axis0), local), ge_graph.i64(0))
+    out = ge_graph.zero_rows(ge_graph.typed(ge.GatherV2(expanded, source, axis0), x.meta.dtype), valid, 1)
+    shift = ge.Sub(starts, dense_starts)
+    moved = ge.Add(ge_graph.cast(row_idx, i64), ge.GatherV2(shift, ge.Maximum(flat_ids, ge_graph.i64(0)), axis0))
+    row_map = ge.SelectV2(ge.GreaterEqual(ge_graph.cast(row_idx, i64), ge_graph.i64(0)), moved, ge_graph.i64(-1))
+    row_map = ge.Reshape(ge_graph.cast(row_map, i32), ge.Shape(topk_idx, dtype=ge_graph.ge_dtype(i64)))
+    return out, row_map, ge_graph.cast(ge.Add(starts, counts), i32)
+
+
+@npu_ge_converter("moe_unpermute", ir="GatherV2 + Add (slot order)")
+def moe_unpermute_ge(y, row_map, topk_weights, meta_outputs=None):
+    if y.meta.dtype == torch.float64:
+        raise ge_graph.unsupported(UNPERMUTE, "float64 rows")
+    ge = ge_graph.api()
+    slots = row_map.symsize[1]
+    rows = ge_graph.cast(row_map, torch.int64)
+    yf = ge_graph.cast(y, torch.float32)
+    out = ge.Fill(
+        ge.ConcatV2([ge_graph.dim(row_map, 0), ge_graph.dim(y, 1)], 0, N=2),
+        ge.Const(0.0, ge_graph.ge_dtype(torch.float32)),
+    )
+    for j in range(slots):  # slot by slot from zero (0 + -0.0 is 0.0), as the portable and C++ kernels add
+        column = ge.Squeeze(ge.SliceD(rows, offsets=[0, j], size=[-1, 1]), axis=[1])
+        term = ge.GatherV2(yf, ge.Maximum(column, ge_graph.i64(0)), ge_graph.i64(0))
+        if topk_weights is not None:
+            w = ge_graph.cast(ge.SliceD(topk_weights, offsets=[0, j], size=[-1, 1]), torch.float32)
+            term = ge.Mul(w, term)
+        term = ge_graph.zero_rows(term, ge.GreaterEqual(column, ge_graph.i64(0)), 1)  # -1: nothing, NaN included
+        out = ge.Add(out, term)
+    return ge_graph.cast(ge_graph.typed(out, torch.float32), y.meta.dtype)
