@@ -17,8 +17,8 @@ extra id) and empty inputs.
 MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32,
 ``+ bias`` for the choice, groups scored by their max (``group_select_mode=0``, ours without a bias) or top-2
 sum (1, ours with a bias), ``k_group`` groups kept, top-k, ``yOut = y / (sum(y) + eps) * routed_scaling_factor``
-with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: FP64 logits, ``renormalize=False`` (the op always
-renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k <= E / groups * k_group``; ours
+with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: FP64 logits,
+``renormalize=False`` (the op always renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k <= E / groups * k_group``; ours
 then takes the best others), groups of 2 or fewer experts or more than 2048 (the op's limits), softmax or a
 bias-less group score on Ascend 950 (it supports sigmoid and top-2-sum only), and empty logits. Ids come as
 int32 and are widened to our int64. Ties: the docs do not say which of two equal scores wins (ours: the lower
