@@ -14,15 +14,15 @@ extra id) and empty inputs.
 
 ``moe_gating_topk`` -> ``npu_moe_gating_top_k`` with ``renormalize=True``, BF16/FP16 logits cast to FP32 first
 (exact: the op computes in its input's dtype and returns ``yOut`` in it; ours computes in FP32). Formula (CANN's
-MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32,
-``+ bias`` for the choice, groups scored by their max (``group_select_mode=0``, ours without a bias) or top-2
-sum (1, ours with a bias), ``k_group`` groups kept, top-k, ``yOut = y / (sum(y) + eps) * routed_scaling_factor``
-with ``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: FP64 logits,
-``renormalize=False`` (the op always renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k <= E / groups * k_group``; ours
-then takes the best others), groups of 2 or fewer experts or more than 2048 (the op's limits), softmax or a
-bias-less group score on Ascend 950 (it supports sigmoid and top-2-sum only), and empty logits. Ids come as
-int32 and are widened to our int64. Ties: the docs do not say which of two equal scores wins (ours: the lower
-index); with FP32 scores an exact tie needs equal logits.
+MoeGatingTopK; the wheel's docs list the arguments only): norm (sigmoid ``norm_type=1`` / softmax 0) in FP32, ``+
+bias`` for the choice, groups scored by their max (``group_select_mode=0``, ours without a bias) or top-2 sum (1,
+ours with a bias), ``k_group`` groups kept, top-k, ``yOut = y / (sum(y) + eps) * routed_scaling_factor`` with
+``eps=1e-20``: ours, with the weights the unbiased scores. Not an exact match, so portable: FP64 logits,
+``renormalize=False`` (the op always renormalizes), a ``topk`` above the kept groups' experts (the op requires ``k
+<= E / groups * k_group``; ours then takes the best others), groups of 2 or fewer experts or more than 2048 (the
+op's limits), softmax or a bias-less group score on Ascend 950 (it supports sigmoid and top-2-sum only), and empty
+logits. Ids come as int32 and are widened to our int64. Ties: the docs do not say which of two equal scores wins
+(ours: the lower index); with FP32 scores an exact tie needs equal logits.
 
 ``moe_unpermute`` -> ``npu_moe_finalize_routing`` for FP32 ``y`` and FP32 (or no) weights, ``y`` with exactly
 ``T*k`` rows and no unrouted (-1) slot: ``out[i] = sum_k scales[i, k] * y[src_to_dst[i + k*T]]``, so its
