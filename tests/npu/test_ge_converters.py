@@ -68,17 +68,23 @@ def test_every_converter_is_registered_in_torchair(air):
         assert air.converter(getattr(torch.ops.ascend_moe, name).default) is not None, name
 
 
+DYNAMIC = pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])  # torch.compile(dynamic=)
+
+
+@DYNAMIC
 @pytest.mark.parametrize("soc", [ASCEND_A3, ASCEND_950], ids=["A3", "950"])
 @pytest.mark.parametrize("spec", GROUPED, ids=str)
-def test_grouped_ge_graph_values(spec, soc, air):
+def test_grouped_ge_graph_values(spec, soc, dynamic, air):
     """One GroupedMatmul per graph with the adapter's attributes; the graph's values are the reference's."""
     reference = with_defaults(spec.name, spec.reference)
     for dtype, s in _cases(spec):
         where = f"{spec.name}[{s.name}, {dtype}, soc {soc}]"
         fn = _bind(s)(_op_call(spec))
-        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc, dynamic=dynamic)
         gmm = [op for op in graph.op if op.type == NPU_GE_IR[spec.name]]
         assert len(gmm) == 1, where
+        data_dims = [d for op in graph.op if op.type == "Data" for desc in op.output_desc for d in desc.shape.dim]
+        assert (-1 in data_dims) == dynamic, f"{where}: input dims {data_dims}"  # symbolic sizes stay symbolic
         attrs = gmm[0].attr
         assert attrs["split_item"].i == 3 and attrs["group_list_type"].i == 0, where
         assert attrs["group_type"].i == (2 if spec.name.startswith("k_") else 0), where
@@ -121,8 +127,9 @@ def _routing_cases():
     ]
 
 
+@DYNAMIC
 @pytest.mark.parametrize(("soc", "name", "dtype"), _routing_cases())
-def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, air, monkeypatch):
+def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, dynamic, air, monkeypatch):
     """Every sample the eager adapter maps to torch_npu gets a GE graph whose values equal the adapter's, bit for
     bit (same torch_npu op, the same conversions in GE ops); every sample it leaves portable has no graph."""
     from tests.npu import quant_routing_refs
@@ -141,9 +148,9 @@ def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, air, monke
             continue  # TorchAir makes all-empty outputs itself, without a converter
         if s.name not in mapped:
             with pytest.raises(NotImplementedError, match=f"ascend_moe::{name}: no GE graph"):
-                npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+                npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc, dynamic=dynamic)
             continue
-        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc, dynamic=dynamic)
         assert sum(op.type == NPU_GE_IR[name] for op in graph.op) == 1, where
         with air.active():
             outs = ge_eval.evaluate(graph, _tensor_args(s))
@@ -160,8 +167,9 @@ def test_quant_routing_ge_graphs_equal_the_adapters(soc, name, dtype, air, monke
     assert seen == len(mapped), f"{name}: {seen} of {len(mapped)} mapped samples found"
 
 
+@DYNAMIC
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_moe_unpermute_ge_graph_is_the_portable_kernel(dtype, air):
+def test_moe_unpermute_ge_graph_is_the_portable_kernel(dtype, dynamic, air):
     """moe_unpermute's GE graph is the portable kernel's slot-order FP32 sum in GE ops: bitwise equal on every
     sample (-1 slots, aligned padding rows, no weights, mixed dtypes), since no value decides the graph."""
     from tests.npu import test_quant_routing_adapters as adapters
@@ -172,7 +180,7 @@ def test_moe_unpermute_ge_graph_is_the_portable_kernel(dtype, air):
     for s in samples:
         where = f"moe_unpermute[{s.name}, {dtype}]"
         fn = _bind(s)(lambda *args: torch.ops.ascend_moe.moe_unpermute(*args))
-        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s))
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), dynamic=dynamic)
         with air.active():
             (out,) = ge_eval.evaluate(graph, _tensor_args(s))
         want = spec.portable(*s.args)

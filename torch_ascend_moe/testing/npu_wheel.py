@@ -293,10 +293,12 @@ def _as_tuple(out) -> tuple:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def ge_graph(fn, *inputs, soc: int | None = None):
+def ge_graph(fn, *inputs, soc: int | None = None, dynamic: bool = False):
     """The GE ``GraphDef`` TorchAir's GE mode builds for ``fn(*inputs)``: ``fn`` traced to aten/npu/ascend_moe
-    ops under FakeTensorMode (fake copies of ``inputs``), each node converted by its registered converter, the
+    ops under FakeTensorMode (fake copies of ``inputs``; with ``dynamic``, every dimension symbolic, as
+    ``torch.compile(dynamic=True)`` hands TorchAir), each node converted by its registered converter, the
     graph's outputs set; TorchAir's compile step (CANN) is not run."""
+    from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -305,11 +307,18 @@ def ge_graph(fn, *inputs, soc: int | None = None):
         fx2ge = sys.modules["torchair._ge_concrete_graph.fx2ge_converter"]
         config = sys.modules["torchair.configs.compiler_config"].CompilerConfig()
         converter = sys.modules["torchair.npu_fx_compiler"]._NpuGraphConverter
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+        traced = lambda *xs: _as_tuple(fn(*xs))  # noqa: E731
+        if dynamic:
+            gm = make_fx(traced, tracing_mode="symbolic")(*inputs)
+            fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+            mode = detect_fake_mode(fakes)
+        else:
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+            with mode:
+                gm = make_fx(traced, tracing_mode="fake")(*fakes)
         # GeConcreteGraph starts Ascend's graph engine (CANN) when built: the one step left out here.
         with mode, mock.patch.object(fx2ge, "initialize_graph_engine", lambda *a, **k: None):
-            gm = make_fx(lambda *xs: _as_tuple(fn(*xs)), tracing_mode="fake")(*fakes)
             graph = fx2ge.GeConcreteGraph(config, name="ascend_moe")
             converter(gm, graph=graph, garbage_collect_values=False).run(*fakes)
     return graph.graph, gm

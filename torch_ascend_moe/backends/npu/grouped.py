@@ -221,26 +221,31 @@ def _ge_fits(op, groups, *inner):
         raise ge_graph.unsupported(op, f"{groups} groups or a dimension of {inner} beyond npu_grouped_matmul's limits")
 
 
-def _psum_groups_ge(layout, alignment: int, groups: int, rows):
-    """GE form of ``_psum_groups``: (cumulative ends, row mask); ``rows`` an int64 ``[1]`` tensor."""
-    ge = ge_graph.api()
-    ends = ge_graph.cast(layout, torch.int64)
+def _psum_groups_ge(layout, alignment: int, rows):
+    """GE form of ``_psum_groups``: (cumulative ends, row mask); ``rows`` an int64 scalar tensor. Sizes are read
+    from the graph (``Shape``), so symbolic token and expert counts (``dynamic=True``) stay symbolic."""
+    ge, i64 = ge_graph.api(), torch.int64
+    ends = ge_graph.cast(layout, i64)
     step = ge_graph.i64(alignment)
     aligned = ge.Mul(ge.FloorDiv(ge.Add(ends, ge_graph.i64(alignment - 1)), step), step)
-    cum = rows if groups == 1 else ge.ConcatV2([ge.SliceD(aligned, offsets=[0], size=[groups - 1]), rows], 0, N=2)
-    r = ge_graph.arange(ge.Squeeze(rows, axis=[0]))
-    found = ge.SearchSorted(cum, r, None, dtype=ge_graph.ge_dtype(torch.int64), right=True)
-    group = ge.Minimum(found, ge_graph.i64(groups - 1))
-    return cum, ge.Less(r, ge.GatherV2(ends, group, ge_graph.i64(0)))
+    # cum[g] = aligned start of group g + 1, the last one = every row: a select, not a slice (no static count)
+    g = ge_graph.arange(ge_graph.dim(layout, 0, scalar=True))
+    last = ge.Sub(ge_graph.dim(layout, 0, scalar=True), ge_graph.i64(1))
+    cum = ge.SelectV2(ge.Equal(g, last), rows, aligned)
+    r = ge_graph.arange(rows)
+    found = ge.SearchSorted(cum, r, None, dtype=ge_graph.ge_dtype(i64), right=True)
+    return cum, ge.Less(r, ge.GatherV2(ends, ge.Minimum(found, last), ge_graph.i64(0)))
 
 
-def _id_groups_ge(layout, groups: int):
-    """GE form of ``_id_groups``: (permutation, its inverse, cumulative ends of the sorted rows)."""
+def _id_groups_ge(layout, groups):
+    """GE form of ``_id_groups``: (permutation, its inverse, cumulative ends of the sorted rows); ``groups`` an
+    int64 scalar tensor."""
     ge, i32, i64 = ge_graph.api(), ge_graph.ge_dtype(torch.int32), ge_graph.ge_dtype(torch.int64)
     key = ge.Maximum(ge_graph.cast(layout, torch.int32), ge.Const(0, i32))
     key_sorted, perm = ge.Sort(key, axis=-1, descending=False, stable=True)
     _, inverse = ge.Sort(perm, axis=-1, descending=False, stable=True)
-    found = ge.SearchSorted(key_sorted, ge.Const(list(range(groups)), i32), None, dtype=i64, right=True)
+    ids = ge_graph.cast(ge_graph.arange(groups), torch.int32)
+    found = ge.SearchSorted(key_sorted, ids, None, dtype=i64, right=True)
     return perm, inverse, found
 
 
@@ -257,13 +262,12 @@ def _gather_rows(x, index):
 def m_grouped_bf16_gemm_ge(a, b, layout, psum, alignment, out_dtype, meta_outputs=None):
     ge, op = ge_graph.api(), "m_grouped_bf16_gemm"
     dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
-    groups = b.symsize[0]
-    _ge_fits(op, groups, b.symsize[1], b.symsize[2])
+    _ge_fits(op, b.symsize[0], b.symsize[1], b.symsize[2])
     if psum:
-        cum, valid = _psum_groups_ge(layout, alignment, groups, ge_graph.dim(a, 0))
+        cum, valid = _psum_groups_ge(layout, alignment, ge_graph.dim(a, 0, scalar=True))
         y = _gmm_ge(op, a, _weight_kn_ge(b), cum, M_AXIS, dtype, out)
     else:
-        perm, inverse, cum = _id_groups_ge(layout, groups)
+        perm, inverse, cum = _id_groups_ge(layout, ge_graph.dim(b, 0, scalar=True))
         y = _gather_rows(_gmm_ge(op, _gather_rows(a, perm), _weight_kn_ge(b), cum, M_AXIS, dtype, out), inverse)
         valid = ge.GreaterEqual(layout, ge.Const(0, layout.dtype))
     return ge_graph.cast(ge_graph.zero_rows(y, valid, 1), out)
@@ -273,13 +277,13 @@ def m_grouped_bf16_gemm_ge(a, b, layout, psum, alignment, out_dtype, meta_output
 def m_grouped_bf16_gemm_masked_ge(a, b, masked_m, out_dtype, meta_outputs=None):
     ge, op = ge_graph.api(), "m_grouped_bf16_gemm_masked"
     dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
-    groups, m_max, k = a.symsize
-    n = b.symsize[1]
-    _ge_fits(op, groups, n, k)
-    cum = ge_graph.i64([(g + 1) * m_max for g in range(groups)])
-    x = ge.Reshape(a, ge_graph.i64([groups * m_max, k]))
+    _ge_fits(op, a.symsize[0], b.symsize[1], a.symsize[2])
+    groups, m_max = ge_graph.dim(a, 0, scalar=True), ge_graph.dim(a, 1, scalar=True)
+    cum = ge.Mul(ge.Add(ge_graph.arange(groups), ge_graph.i64(1)), m_max)  # every group spans m_max rows
+    x = ge.Reshape(a, ge.ConcatV2([ge_graph.i64([-1]), ge_graph.dim(a, 2)], 0, N=2))
     y = _gmm_ge(op, x, _weight_kn_ge(b), cum, M_AXIS, dtype, out)
-    y = ge_graph.typed(ge.Reshape(y, ge_graph.i64([groups, m_max, n])), y._torch_dtype)
+    shape = ge.ConcatV2([ge_graph.dim(a, 0), ge_graph.dim(a, 1), ge_graph.dim(b, 1)], 0, N=3)
+    y = ge_graph.typed(ge.Reshape(y, shape), y._torch_dtype)
     rows = ge.Unsqueeze(ge_graph.arange(m_max), axes=[0])
     valid = ge.Less(rows, ge.Unsqueeze(ge_graph.cast(masked_m, torch.int64), axes=[1]))
     return ge_graph.cast(ge_graph.zero_rows(y, valid, 2), out)
@@ -291,9 +295,9 @@ def k_grouped_bf16_gemm_ge(a, b, layout, num_groups, psum, alignment, c, out_dty
     dtype, out = ge_graph.torch_dtype(a), ge_graph.torch_dtype(meta_outputs)
     _ge_fits(op, num_groups, a.symsize[1], b.symsize[1])
     if psum:
-        cum, valid = _psum_groups_ge(layout, alignment, num_groups, ge_graph.dim(a, 0))
+        cum, valid = _psum_groups_ge(layout, alignment, ge_graph.dim(a, 0, scalar=True))
     else:
-        perm, _, cum = _id_groups_ge(layout, num_groups)
+        perm, _, cum = _id_groups_ge(layout, ge_graph.i64(num_groups))
         a, b = _gather_rows(a, perm), _gather_rows(b, perm)
         valid = ge.GreaterEqual(_gather_rows(layout, perm), ge.Const(0, layout.dtype))
     a, b = (ge_graph.zero_rows(t, valid, 1) for t in (a, b))  # padding rows: 0 in both (0 * inf is NaN)

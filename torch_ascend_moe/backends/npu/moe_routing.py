@@ -235,7 +235,7 @@ def moe_permute_ge(x, topk_idx, num_experts, alignment, meta_outputs=None):
     dense_starts = ge.Cumsum(counts, axis0, exclusive=True)
     # Output row r belongs to the expert e whose aligned segment holds it; it is dense row dense_starts[e] + (r -
     # starts[e]) when that is inside e's count, else a zero row.
-    rows = ge_graph.arange(meta_outputs[0]._meta.shape[0])
+    rows = ge_graph.arange(ge.Add(pairs, ge_graph.i64((num_experts - 1) * (alignment - 1))))  # our capacity
     found = ge.SearchSorted(ge.Cumsum(aligned, axis0), rows, None, dtype=ge_graph.ge_dtype(i64), right=True)
     expert = ge.Minimum(found, ge_graph.i64(num_experts - 1))
     local = ge.Sub(rows, ge.GatherV2(starts, expert, axis0))
