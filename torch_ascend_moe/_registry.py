@@ -228,6 +228,26 @@ def npu_ge_converter(name: str, *, ir: str):
 NPU_GE_IR: dict[str, str] = {}
 
 
+CUDA_KERNELS: dict[str, str] = {}
+
+
+def cuda_kernel(name: str | Callable | None = None, *, calls: str):
+    """Register a CUDA kernel for ``ascend_moe::<name>`` under ``CUDA`` (it wins over the portable one there);
+    ``calls`` names what it runs (an ATen op, a Triton kernel). Like an Ascend adapter, it takes the cases its
+    kernel computes exactly and hands the rest to the portable kernel; on CPU tensors (tests) it runs the same
+    ATen ops' CPU kernels.
+
+    >>> @cuda_kernel(calls="torch._grouped_mm")
+    ... def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype): ...
+    """
+
+    def register(kernel: Callable, op: str) -> None:
+        CUDA_KERNELS[op] = calls
+        _DEVICE.impl(op, kernel, "CUDA")
+
+    return _by_name(name, register)
+
+
 def import_families(package: str, path) -> None:
     """Import every module of ``package`` (``__name__``, ``__path__``): each family module registers its own
     pieces by name at import, so no list of families or ops is kept here."""

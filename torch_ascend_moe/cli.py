@@ -52,6 +52,15 @@ def npu_kernels() -> dict[str, str]:
     return dict(_registry.NPU_KERNELS)
 
 
+def cuda_kernels() -> dict[str, str]:
+    """What each ascend_moe op's CUDA kernel runs (the rest run their portable kernel on a GPU); the modules are
+    imported to read it (registering on the CUDA key is harmless without a GPU)."""
+    from torch_ascend_moe.backends import cuda
+
+    cuda.register()
+    return dict(_registry.CUDA_KERNELS)
+
+
 def build_info() -> dict[str, object]:
     ext = torch_ascend_moe._C
     return {
@@ -114,16 +123,18 @@ def cmd_info(args, console: Console) -> int:
     matrix.add_column("op")
     for col in columns:
         matrix.add_column(col, justify="center")
+    matrix.add_column("on CUDA")
     matrix.add_column("on NPU")
     matrix.add_column("GE graph")
-    on_npu = npu_kernels()
+    on_cuda, on_npu = cuda_kernels(), npu_kernels()
     for name in names:
         caps = capabilities(name)
         # An adapter takes the cases its torch_npu op computes exactly and hands the rest to the portable kernel.
         npu_kernel = f"torch_npu.{on_npu[name]} | portable" if name in on_npu else "portable"
         # TorchAir's GE mode: the Ascend IR op our converter builds, for the cases the adapter maps
         ge_ir = _registry.NPU_GE_IR.get(name, "-")
-        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), npu_kernel, ge_ir)
+        cuda_kernel = f"{on_cuda[name]} | portable" if name in on_cuda else "portable"
+        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), cuda_kernel, npu_kernel, ge_ir)
     console.print(matrix)
     return 0
 

@@ -26,6 +26,15 @@ def capturing(device: torch.device) -> bool:
     return device.type == "npu" and torch.npu.is_current_stream_capturing()
 
 
+def host_readable(t: torch.Tensor) -> bool:
+    """Whether a kernel may read ``t``'s values on the host (its op's value checks, a data-dependent choice):
+    not for fake or meta tensors (shape checks trace kernels on them; our fakes skip the same checks) nor while a
+    device graph is captured on its device, where a host read breaks the capture."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return not isinstance(t, FakeTensor) and t.device.type != "meta" and not capturing(t.device)
+
+
 @contextlib.contextmanager
 def emulated():
     """Every ``capturing`` check answers True inside the block."""

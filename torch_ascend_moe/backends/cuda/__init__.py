@@ -1,8 +1,9 @@
 """CUDA overrides: a family module here (``backends/cuda/<family>.py``) registers the kernels CUDA has beyond
-the portable ones (cuBLAS through ATen already serves them with FP32 accumulation).
+the portable ones (``_registry.cuda_kernel``; cuBLAS through ATen already serves the dense GEMMs with FP32
+accumulation): each takes the cases its kernel computes exactly, with no host sync while a CUDA graph is
+captured, and hands the rest to the portable kernel. ``info``'s "on CUDA" column lists them.
 
-Imported by ``torch_ascend_moe.backends.register_available`` when torch is built with CUDA; no family has an
-override yet.
+Imported by ``torch_ascend_moe.backends.register_available`` when torch is built with CUDA.
 """
 
 from __future__ import annotations

@@ -15,16 +15,7 @@ from __future__ import annotations
 
 import torch
 
-
-def has_values(t: torch.Tensor) -> bool:
-    """Whether an adapter may read ``t``'s values on the host (its op's value checks, a data-dependent choice):
-    not for fake or meta tensors (the shape checks trace adapters on them; our fakes skip the same checks) nor
-    while an NPU graph is captured (``npugraph_ex``, ``NPUGraph``), where a host read breaks the capture."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    from torch_ascend_moe.distributed import capture
-
-    return not isinstance(t, FakeTensor) and t.device.type != "meta" and not capture.capturing(t.device)
+from torch_ascend_moe.distributed.capture import host_readable as has_values  # noqa: F401  (the adapters' import)
 
 
 def register() -> None:

@@ -102,26 +102,6 @@ def _kernel_dtype(a: torch.Tensor, dtype: torch.dtype) -> torch.dtype | None:
     return None if dtype == a.dtype else torch.float32
 
 
-def _psum_groups(layout: torch.Tensor, alignment: int, rows: int):
-    """(int64 cumulative ends covering every row, bool mask of the rows some group owns) of a psum layout."""
-    ends = layout.long()
-    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
-    starts = (prev + alignment - 1) // alignment * alignment
-    cum = torch.cat([starts[1:], ends.new_full((1,), rows)])
-    r = torch.arange(rows, device=layout.device)
-    group = torch.searchsorted(cum, r, right=True).clamp(max=ends.numel() - 1)
-    return cum, r < ends[group]
-
-
-def _id_groups(layout: torch.Tensor, groups: int):
-    """(stable permutation sorting rows by group, int64 cumulative ends of the sorted rows, bool mask of the
-    sorted rows that are not padding) of a per-row id layout; padding rows sort with group 0."""
-    ids = layout.long()
-    key, perm = torch.sort(ids.clamp(min=0), stable=True)
-    cum = torch.searchsorted(key, torch.arange(groups, device=layout.device), right=True)
-    return perm, cum, ids.index_select(0, perm) >= 0
-
-
 @npu_kernel(calls="npu_grouped_matmul")
 def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
@@ -134,10 +114,10 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
         return torch.zeros(shape, dtype=dtype, device=a.device)
     x, w = a.contiguous(), _weight_kn(b)
     if psum:
-        cum, valid = _psum_groups(layout, alignment, rows)
+        cum, valid = portable.covering_psum_groups(layout, alignment, rows)
         y = _gmm(x, w, cum, M_AXIS, _kernel_dtype(a, dtype))
     else:
-        perm, cum, _ = _id_groups(layout, groups)
+        perm, cum, _ = portable.sorted_id_groups(layout, groups)
         y_sorted = _gmm(x.index_select(0, perm), w, cum, M_AXIS, _kernel_dtype(a, dtype))
         y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted)
         valid = layout >= 0
@@ -172,9 +152,9 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
         out = torch.zeros(shape, dtype=dtype, device=a.device)
         return out if c is None else out.copy_(c)  # row-major, as our op's fake, whatever c's strides
     if psum:
-        cum, valid = _psum_groups(layout, alignment, rows)
+        cum, valid = portable.covering_psum_groups(layout, alignment, rows)
     else:
-        perm, cum, valid = _id_groups(layout, num_groups)
+        perm, cum, valid = portable.sorted_id_groups(layout, num_groups)
         a, b = a.index_select(0, perm), b.index_select(0, perm)
     # Padding rows sit inside a group's contiguous range: zero them in both operands (0 * inf would be NaN).
     # Row-major copies: torch_npu's K-grouped form wants x as the *transposed view* a.T (a contiguous x loses
@@ -222,8 +202,9 @@ def _ge_fits(op, groups, *inner):
 
 
 def _psum_groups_ge(layout, alignment: int, rows):
-    """GE form of ``_psum_groups``: (cumulative ends, row mask); ``rows`` an int64 scalar tensor. Sizes are read
-    from the graph (``Shape``), so symbolic token and expert counts (``dynamic=True``) stay symbolic."""
+    """GE form of ``portable.covering_psum_groups``: (cumulative ends, row mask); ``rows`` an int64 scalar tensor.
+    Sizes are read from the graph (``Shape``), so symbolic token and expert counts (``dynamic=True``) stay
+    symbolic."""
     ge, i64 = ge_graph.api(), torch.int64
     ends = ge_graph.cast(layout, i64)
     step = ge_graph.i64(alignment)
@@ -238,8 +219,8 @@ def _psum_groups_ge(layout, alignment: int, rows):
 
 
 def _id_groups_ge(layout, groups):
-    """GE form of ``_id_groups``: (permutation, its inverse, cumulative ends of the sorted rows); ``groups`` an
-    int64 scalar tensor."""
+    """GE form of ``portable.sorted_id_groups``: (permutation, its inverse, cumulative ends of the sorted rows);
+    ``groups`` an int64 scalar tensor."""
     ge, i32, i64 = ge_graph.api(), ge_graph.ge_dtype(torch.int32), ge_graph.ge_dtype(torch.int64)
     key = ge.Maximum(ge_graph.cast(layout, torch.int32), ge.Const(0, i32))
     key_sorted, perm = ge.Sort(key, axis=-1, descending=False, stable=True)

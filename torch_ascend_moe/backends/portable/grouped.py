@@ -32,6 +32,29 @@ from torch_ascend_moe.meta.grouped import (
 from torch_ascend_moe.quant import reference
 
 
+def covering_psum_groups(layout: torch.Tensor, alignment: int, rows: int):
+    """(int64 cumulative ends covering every row, bool mask of the rows some group owns) of a psum layout, on the
+    device (no host read): the contiguous groups a fused grouped GEMM takes (``npu_grouped_matmul``'s
+    ``group_list``, ``torch._grouped_mm``'s ``offs``), the padding before an aligned start given to the previous
+    group (computed, then zeroed by the caller through the mask)."""
+    ends = layout.long()
+    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+    starts = (prev + alignment - 1) // alignment * alignment
+    cum = torch.cat([starts[1:], ends.new_full((1,), rows)])
+    r = torch.arange(rows, device=layout.device)
+    group = torch.searchsorted(cum, r, right=True).clamp(max=ends.numel() - 1)
+    return cum, r < ends[group]
+
+
+def sorted_id_groups(layout: torch.Tensor, groups: int):
+    """(stable permutation sorting rows by group, int64 cumulative ends of the sorted rows, bool mask of the
+    sorted rows that are not padding) of a per-row id layout, on the device; padding rows sort with group 0."""
+    ids = layout.long()
+    key, perm = torch.sort(ids.clamp(min=0), stable=True)
+    cum = torch.searchsorted(key, torch.arange(groups, device=layout.device), right=True)
+    return perm, cum, ids.index_select(0, perm) >= 0
+
+
 @portable_kernel
 def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)

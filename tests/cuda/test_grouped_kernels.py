@@ -1,0 +1,100 @@
+"""The grouped family's CUDA kernels (backends/cuda/grouped.py) on CPU tensors: ``torch._grouped_mm`` has a CPU
+kernel and a Meta kernel in torch itself, so the layout mapping around it (device-side, no host sync) is checked
+here for values against the specs' fp64 references, for shapes/dtypes/strides against our fakes under
+FakeTensorMode (torch's own _grouped_mm checks), for no host read while a graph is captured, and for which
+samples take the fused path. Its CUDA kernel itself (CUTLASS) runs on the lent GPU only (tools/device_check.sh)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tests.grouped.specs import SPECS
+from tests.npu.test_capture import no_host_reads
+from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults
+from torch_ascend_moe.backends.cuda import grouped as kernels
+from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.harness import THRESHOLDS
+
+ADAPTED = [s for s in SPECS if hasattr(kernels, s.name)]
+
+
+def _samples(spec):
+    return [
+        (dtype, s)
+        for dtype in spec.dtypes
+        for small in (False, True)
+        for s in spec.sample_inputs("cpu", dtype, small=small)
+    ]
+
+
+def _fused(spec, dtype, s) -> bool:
+    """Whether the sample should take torch._grouped_mm: BF16, 16-byte aligned K and N, non-empty, no c."""
+    a, b = s.args[0], s.args[1]
+    if dtype != torch.bfloat16 or a.numel() == 0 or b.shape[0] == 0:
+        return False
+    if spec.name == "k_grouped_bf16_gemm":
+        return s.args[6] is None and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0
+    return b.shape[-1] % 8 == 0 and b.shape[1] % 8 == 0
+
+
+def test_registered():
+    assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
+    assert all(CUDA_KERNELS[s.name] == "torch._grouped_mm" for s in ADAPTED)
+
+
+@pytest.mark.parametrize("spec", ADAPTED, ids=str)
+def test_values_and_mapping(spec):
+    reference = with_defaults(spec.name, spec.reference)
+    fused = 0
+    for dtype, s in _samples(spec):
+        where = f"{spec.name}[{s.name}, {dtype}]"
+        with mock.patch.object(torch, "_grouped_mm", wraps=torch._grouped_mm) as gmm:
+            out = getattr(kernels, spec.name)(*s.args)
+        ours, ref = spec.op(*s.args), reference(*s.args)
+        assert gmm.called == _fused(spec, dtype, s), f"{where}: fused path taken = {gmm.called}"
+        fused += gmm.called
+        assert out.shape == ours.shape and out.dtype == ours.dtype, where
+        assert out.stride() == ours.stride(), f"{where}: strides {out.stride()} != {ours.stride()}"
+        assert torch.isfinite(out).all(), f"{where}: non-finite values (a padding row leaked)"
+        assert (out[ref == 0] == 0).all(), f"{where}: rows no group owns are not zeros"
+        if out.numel():
+            assert calc_diff(out, ref) < THRESHOLDS[dtype], where
+    assert fused, f"{spec.name}: no sample took torch._grouped_mm"
+
+
+@pytest.mark.parametrize("spec", ADAPTED, ids=str)
+def test_fake_matches_our_fake(spec):
+    """Under FakeTensorMode the kernel runs torch's own Meta of _grouped_mm (dtype and 16-byte stride rules);
+    its outputs are our op's fake."""
+    for dtype, s in _samples(spec):
+        if not _fused(spec, dtype, s):
+            continue
+        with FakeTensorMode() as mode:
+            args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
+            out, fake = getattr(kernels, spec.name)(*args), spec.op(*args)
+        assert (out.shape, out.dtype, out.stride()) == (fake.shape, fake.dtype, fake.stride()), spec.name
+
+
+@pytest.mark.parametrize("spec", ADAPTED, ids=str)
+def test_no_host_read_while_capturing(spec):
+    """The fused path reads no tensor value on the host while a CUDA graph is captured (emulated here), and gives
+    the eager result."""
+    for dtype, s in _samples(spec):
+        if not _fused(spec, dtype, s):
+            continue
+        eager = getattr(kernels, spec.name)(*s.args)
+        with capture.emulated(), no_host_reads():
+            captured = getattr(kernels, spec.name)(*s.args)
+        assert torch.equal(eager, captured), spec.name
+
+
+@pytest.mark.parametrize("spec", ADAPTED, ids=str)
+def test_bad_inputs_raise_our_errors(spec):
+    for bad in spec.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            getattr(kernels, spec.name)(*bad.args)
