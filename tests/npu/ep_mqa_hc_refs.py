@@ -62,7 +62,7 @@ def dispatch_v2(
 ):
     assert ep_world_size == 1 and ep_rank_id == 0, "the CPU reference models one rank"
     assert quant_mode == 0 and scales is None and tp_world_size <= 1 and shared_expert_rank_num == 0
-    assert expert_scales is None and elastic_info is None
+    assert elastic_info is None
     shapes = torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
         _meta_like(x),
         _meta_like(expert_ids),
@@ -71,6 +71,7 @@ def dispatch_v2(
         ep_rank_id,
         moe_expert_num,
         x_active_mask=_meta_like(x_active_mask),
+        expert_scales=_meta_like(expert_scales),
         quant_mode=quant_mode,
         global_bs=global_bs,
         expert_token_nums_type=expert_token_nums_type,
@@ -92,6 +93,8 @@ def dispatch_v2(
                 if active[t, s] and ids[t, s] == e:
                     out[0][row] = x[t]
                     assist[3 * row : 3 * row + 3] = torch.tensor([0, t, s], dtype=torch.int32)
+                    if expert_scales is not None:  # each received row's expert_scales entry, as FP32
+                        out[6][row] = expert_scales[t, s].float()
                     counts[e] += 1
                     row += 1
     out[3][:] = counts if expert_token_nums_type == 1 else torch.cumsum(counts, 0)

@@ -17,7 +17,17 @@ What maps, and what stays on the portable kernels (``all_to_all_single`` over HC
   then our schema's handle (``send_src``, ``send_counts``, ``recv_counts``, ``recv_gather``) must be real
   tensors that ``ep_combine``, ``ep_dispatch_cached`` and the autograd backward consume, while MC2's routing
   state (``assist_info_for_combine``, ``ep_recv_counts``) is opaque: no exact adapter.
-* ``ep_low_latency_dispatch`` / ``ep_low_latency_combine``: portable. The data part maps: MC2's rows inside
+* ``ep_low_latency_dispatch``: ``npu_moe_distribute_dispatch_v2`` (the adapter below), exactly, without relying
+  on MC2's row order or opaque state: each (token, slot) carries its source code ``rank * T + t`` as its
+  ``expert_scales`` value (an FP32 integer, exact below 2^24), which MC2 returns per received row as
+  ``expand_scales``; the rows are then sorted by (local expert, source rank, token) on the device, which is our
+  layout, and ``src_info`` / ``layout_range`` / ``recv_count`` are computed from the codes. Conditions (the
+  same on every rank, so every rank takes the same path): BF16/FP16 rows without ``use_fp8`` (MC2 quantizes to
+  int8, DeepEP to E4M3) or ``slot_weights``, ``K <= 16``, ``H`` within MC2's range, every rank with the same
+  ``T <= 512`` (MC2's ``global_bs = 0`` form; read from the header all ranks exchange anyway), not capturing
+  (no header then). Otherwise the portable transport, after the same checks.
+* ``ep_low_latency_combine``: portable: ``combine_v2`` needs MC2's opaque ``assist_info_for_combine``, which our
+  handle does not carry (ours works from ``src_info``). The data part maps: MC2's rows inside
   an expert are source-rank-major, then ascending token (CANN's MoeDistributeDispatch design note for A2,
   ``ops-transformer/mc2/moe_distribute_dispatch_v2/docs``: ``ep_recv_counts`` = inclusive sums over (local
   expert, source rank), a token's slot in its expert's segment = how many earlier tokens of that source chose
@@ -48,6 +58,10 @@ from typing import NamedTuple
 
 import torch
 
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.portable import ep as portable
+from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.distributed.exchange import place_rows
 from torch_ascend_moe.distributed.groups import resolve_group
 
 OP = "ascend_moe.backends.npu.ep"
@@ -188,4 +202,90 @@ def combine_expanded(y: torch.Tensor, handle: MC2Handle) -> torch.Tensor:
     )
 
 
-__all__ = ["MC2Expanded", "MC2Handle", "combine_expanded", "dispatch_expand", "hccl_comm_name"]
+# MC2's documented limits (A3) on the low-latency form: hidden size, top-k, tokens per rank (BS).
+MC2_HIDDEN = (1024, 8192)
+MC2_MAX_TOPK = 16
+MC2_MAX_TOKENS = 512
+_MC2_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def ll_layout_from_mc2(expand_x, token_nums, expand_scales, tokens: int, t_max: int, ranks: int):
+    """Our low-latency layout ``(recv_x [L, R*T_max, H], recv_count [L], src_info [L, R*T_max],
+    layout_range [L, R])`` from MC2 dispatch outputs, whatever MC2's row order inside an expert: ``expand_x``'s
+    rows are grouped by local expert (``token_nums`` rows each, the rest unspecified), ``expand_scales[row]`` is
+    the row's source code ``source rank * tokens + token``. No host sync."""
+    local, n, device = token_nums.shape[0], ranks * t_max, expand_x.device
+    counts = token_nums.long()
+    ends = torch.cumsum(counts, 0)
+    rows = torch.arange(expand_x.shape[0], device=device)
+    valid = rows < ends[-1]
+    expert = torch.searchsorted(ends, rows, right=True).clamp(max=local - 1)
+    code = expand_scales.round().long().clamp(min=0)
+    source, token = code // tokens, code % tokens
+    # (local expert, source rank, token): our order; rows past the valid ones sort last.
+    key = torch.where(valid, (expert * ranks + source) * t_max + token, local * n)
+    order = torch.sort(key, stable=True).indices
+    valid, expert, source, token = (v.index_select(0, order) for v in (valid, expert, source, token))
+    position = torch.arange(order.shape[0], device=device) - (ends - counts).index_select(0, expert)
+    dest = torch.where(valid, expert * n + position, -1)
+    recv_x = place_rows(expand_x.index_select(0, order), dest, local * n).view(local, n, expand_x.shape[1])
+    src_info = torch.full((local * n + 1,), -1, dtype=torch.int32, device=device)
+    src_info.index_copy_(0, torch.where(valid, dest, local * n), torch.where(valid, token, -1).int())
+    per_source = torch.zeros(local * ranks + 1, dtype=torch.int64, device=device)
+    per_source.index_add_(0, torch.where(valid, expert * ranks + source, local * ranks), torch.ones_like(source))
+    per_source = per_source[:-1].view(local, ranks)
+    begins = torch.cumsum(per_source, 1) - per_source
+    return recv_x, counts.int(), src_info[:-1].view(local, n), (begins << 32) | per_source
+
+
+def _mc2_static(args) -> bool:
+    """The conditions every rank shares (the header makes them agree): dtype, FP8, slot weights, K, H."""
+    h, k = args.x.shape[1], args.topk_idx.shape[1]
+    fits = MC2_HIDDEN[0] <= h <= MC2_HIDDEN[1] and k <= MC2_MAX_TOPK
+    return args.x.dtype in _MC2_DTYPES and not args.use_fp8 and args.slot_weights is None and fits
+
+
+@npu_kernel(calls="npu_moe_distribute_dispatch_v2")
+def ep_low_latency_dispatch(args):
+    mc2 = _mc2_static(args) and not capture.capturing(args.x.device)
+    t, k = args.topk_idx.shape
+    group, r, idx, tokens = portable.ll_dispatch_checks(
+        args, torch.tensor([t], dtype=torch.int64, device=args.x.device) if mc2 else None
+    )
+    if mc2 and tokens is not None:  # None on fake tensors (shape checks): no header was exchanged
+        every = tokens[:, 0].tolist()  # each rank's T, from the header every rank exchanged
+        mc2 = len(set(every)) == 1 and 0 < t <= MC2_MAX_TOKENS
+    if not mc2:
+        return portable.ll_transport(args, group, r, idx)
+    ranks, rank, name = _group_info(args.group_name)
+    expert_ids, _, active = _routing(idx, None, args.num_experts, True)
+    code = (rank * t + torch.arange(t, device=args.x.device)).float().unsqueeze(1).expand(t, k).contiguous()
+    expand_x, _, _, token_nums, _, _, expand_scales = torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
+        args.x,
+        expert_ids,
+        name,
+        ranks,
+        rank,
+        args.num_experts,
+        x_active_mask=active,
+        expert_scales=code,
+        shared_expert_num=0,
+        quant_mode=0,
+        global_bs=0,  # every rank has T rows (checked above)
+        expert_token_nums_type=1,
+    )
+    recv_x, count, src_info, layout_range = ll_layout_from_mc2(
+        expand_x, token_nums, expand_scales, t, args.num_max_dispatch_tokens_per_rank, ranks
+    )
+    return recv_x, args.x.new_empty(*recv_x.shape[:2], 0, dtype=portable._ABSENT), count, src_info, layout_range
+
+
+__all__ = [
+    "MC2Expanded",
+    "MC2Handle",
+    "combine_expanded",
+    "dispatch_expand",
+    "ep_low_latency_dispatch",
+    "hccl_comm_name",
+    "ll_layout_from_mc2",
+]

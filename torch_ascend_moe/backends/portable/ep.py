@@ -473,8 +473,11 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     return data, scale_inv
 
 
-@portable_kernel
-def ep_low_latency_dispatch(args):
+def ll_dispatch_checks(args, extra: torch.Tensor | None = None):
+    """The low-latency dispatch's checks, the same on every backend: signature, ids, and the header every rank
+    exchanges (shapes and options agree; a bad id on any rank fails every rank); skipped while capturing (device
+    asserts instead). Returns ``(group, ranks, ids with out-of-range ones as -1, the ranks' ``extra`` ints or
+    None)``."""
     op = meta.LL_DISPATCH
     t_max = args.num_max_dispatch_tokens_per_rank
     r = _checked(op, args, meta.ll_dispatch_signature)
@@ -482,7 +485,6 @@ def ep_low_latency_dispatch(args):
     device = args.x.device
     t, h = args.x.shape
     k = args.topk_idx.shape[1]
-    local = args.num_experts // r
     idx = args.topk_idx.long()
     out_of_range = (idx < -1) | (idx >= args.num_experts)
     sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
@@ -506,7 +508,9 @@ def ep_low_latency_dispatch(args):
         "use_ue8m0": int(args.use_ue8m0),
         "slot_weights (given)": int(args.slot_weights is not None),
     }
-    if capture.capturing(device):  # no header (a host sync): bad ids trip device-side asserts
+    gathered = None
+    # No header while capturing (a host sync) nor on fake tensors (shape checks): bad ids trip device asserts.
+    if not capture.host_readable(args.topk_idx):
         torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[group.rank()]))
         torch._assert_async(~duplicates.to(device), duplicates_message.format(ranks=[group.rank()]))
     else:
@@ -514,8 +518,18 @@ def ep_low_latency_dispatch(args):
             "topk_idx": (bool(out_of_range.any()), bad_ids_message),
             "distinct experts": (bool(duplicates), duplicates_message),
         }
-        exchange.exchange_header(op, group, device, fields, None, errors, args.timeout_s)
-    idx = torch.where(out_of_range, -1, idx)
+        gathered = exchange.exchange_header(op, group, device, fields, extra, errors, args.timeout_s)
+    return group, r, torch.where(out_of_range, -1, idx), gathered
+
+
+def ll_transport(args, group, r: int, idx: torch.Tensor):
+    """The low-latency dispatch's data movement over ``all_to_all`` (after ``ll_dispatch_checks``)."""
+    op = meta.LL_DISPATCH
+    t_max = args.num_max_dispatch_tokens_per_rank
+    device = args.x.device
+    t, h = args.x.shape
+    k = args.topk_idx.shape[1]
+    local = args.num_experts // r
     if args.use_fp8:
         data, scales = _ll_cast(args.x, args.round_scale, args.use_ue8m0)
         parts = [exchange.as_bytes(data), exchange.as_bytes(scales)]
@@ -564,6 +578,12 @@ def ep_low_latency_dispatch(args):
     begins = torch.cumsum(per_source, dim=1) - per_source
     layout_range = (begins << 32) | per_source
     return recv_x, recv_scales, per_source.sum(1).to(torch.int32), src_info, layout_range
+
+
+@portable_kernel
+def ep_low_latency_dispatch(args):
+    group, r, idx, _ = ll_dispatch_checks(args)
+    return ll_transport(args, group, r, idx)
 
 
 @portable_kernel
