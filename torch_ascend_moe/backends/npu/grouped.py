@@ -71,10 +71,10 @@ MAX_GROUPS = 1024
 INNER_LIMIT = 65536
 
 
-def _gmm(x, weight, group_list, group_type, output_dtype=None):
-    """``npu_grouped_matmul``'s single-tensor form; ``torch.ops.npu`` is looked up here, at call time (it exists
-    only once torch_npu, or the test wheel's schemas, are loaded)."""
-    (y,) = torch.ops.npu.npu_grouped_matmul(
+def _gmm_with(call, x, weight, group_list, group_type, output_dtype):
+    """``npu_grouped_matmul``'s single-tensor form through ``call``: the op itself (eager) or torch_npu's GE
+    converter of it (graph mode), which take the same arguments."""
+    (y,) = call(
         [x],
         [weight],
         group_list=group_list,
@@ -84,6 +84,12 @@ def _gmm(x, weight, group_list, group_type, output_dtype=None):
         output_dtype=output_dtype,
     )
     return y
+
+
+def _gmm(x, weight, group_list, group_type, output_dtype=None):
+    """``torch.ops.npu`` is looked up here, at call time (it exists only once torch_npu, or the test wheel's
+    schemas, are loaded)."""
+    return _gmm_with(torch.ops.npu.npu_grouped_matmul, x, weight, group_list, group_type, output_dtype)
 
 
 def _fits(groups: int, *inner: int) -> bool:
@@ -184,15 +190,7 @@ def _gmm_ge(op, x, weight_kn, group_list, group_type, dtype, out_dtype):
             request = 6  # torch.float32's ScalarType number, as torch_npu's converter compares it
         else:
             x, weight_kn = ge_graph.cast(x, torch.float32), ge_graph.cast(weight_kn, torch.float32)
-    (y,) = ge_graph.npu_converter("npu_grouped_matmul")(
-        [x],
-        [weight_kn],
-        group_list=group_list,
-        split_item=3,
-        group_type=group_type,
-        group_list_type=CUMSUM,
-        output_dtype=request,
-    )
+    y = _gmm_with(ge_graph.npu_converter("npu_grouped_matmul"), x, weight_kn, group_list, group_type, request)
     return ge_graph.typed(y, dtype if out_dtype == dtype else torch.float32)
 
 

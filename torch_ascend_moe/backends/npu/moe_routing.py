@@ -75,17 +75,12 @@ def _aligned_layout(counts: torch.Tensor, alignment: int) -> tuple[torch.Tensor,
     return starts - dense_starts, starts + counts
 
 
-@npu_kernel(calls="npu_moe_init_routing_v2")
-def moe_permute(x, topk_idx, num_experts, alignment):
-    capacity = permute_signature(x, topk_idx, num_experts, alignment)
-    if has_values(topk_idx):
-        portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
-    if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
-        return portable.moe_permute(x, topk_idx, num_experts, alignment)
-    t, k = topk_idx.shape
-    expanded, row_idx, counts, _ = torch.ops.npu.npu_moe_init_routing_v2(
+def _init_routing(call, x, ids, num_experts: int):
+    """``npu_moe_init_routing_v2`` through ``call`` (the op, or torch_npu's GE converter of it): dropless,
+    unquantized, counts per expert, ids of -1 passed as the extra expert ``num_experts`` (outside the range)."""
+    return call(
         x,
-        torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32),
+        ids,
         active_num=-1,
         expert_capacity=-1,
         expert_num=num_experts + 1,
@@ -96,6 +91,18 @@ def moe_permute(x, topk_idx, num_experts, alignment):
         active_expert_range=[0, num_experts],
         row_idx_type=0,
     )
+
+
+@npu_kernel(calls="npu_moe_init_routing_v2")
+def moe_permute(x, topk_idx, num_experts, alignment):
+    capacity = permute_signature(x, topk_idx, num_experts, alignment)
+    if has_values(topk_idx):
+        portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
+        return portable.moe_permute(x, topk_idx, num_experts, alignment)
+    t, k = topk_idx.shape
+    ids = torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32)
+    expanded, row_idx, counts, _ = _init_routing(torch.ops.npu.npu_moe_init_routing_v2, x, ids, num_experts)
     shift, ends = _aligned_layout(counts, alignment)
     routed = torch.arange(t * k, device=x.device) < counts.sum()
     if alignment == 1:  # the dense layout is ours; only the undefined tail is cleared
@@ -206,19 +213,8 @@ def moe_permute_ge(x, topk_idx, num_experts, alignment, meta_outputs=None):
     ge = ge_graph.api()
     i32, i64 = torch.int32, torch.int64
     ids = ge.SelectV2(ge.Less(topk_idx, ge.Const(0, topk_idx.dtype)), ge.Const(num_experts, topk_idx.dtype), topk_idx)
-    expanded, row_idx, counts, _ = ge_graph.npu_converter("npu_moe_init_routing_v2")(
-        x,
-        ge_graph.cast(ids, i32),
-        active_num=-1,
-        expert_capacity=-1,
-        expert_num=num_experts + 1,
-        drop_pad_mode=0,
-        expert_tokens_num_type=1,
-        expert_tokens_num_flag=True,
-        quant_mode=-1,
-        active_expert_range=[0, num_experts],
-        row_idx_type=0,
-    )
+    converter = ge_graph.npu_converter("npu_moe_init_routing_v2")
+    expanded, row_idx, counts, _ = _init_routing(converter, x, ge_graph.cast(ids, i32), num_experts)
     counts = ge_graph.cast(counts, i64)
     axis0 = ge_graph.i64(0)
     flat_ids = ge.Reshape(ge_graph.cast(topk_idx, i64), ge_graph.i64([-1]))

@@ -81,13 +81,10 @@ def mx_scales_to_ours(codes: torch.Tensor, groups: int, packed: bool) -> torch.T
     return torch.where(codes == 255, float("nan"), powers).contiguous()
 
 
-@npu_kernel(calls="npu_dynamic_mx_quant")
-def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
-    quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
-    group = mx_fp8_block(x, block, use_ue8m0)
-    if group is None:
-        return portable.quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0)
-    y, codes = torch.ops.npu.npu_dynamic_mx_quant(
+def _mx_quant(call, x, group: int):
+    """``npu_dynamic_mx_quant`` through ``call`` (the op, or torch_npu's GE converter of it) with DeepGEMM's UE8M0
+    recipe (scale_alg 1, amax floored at 1e-4), E4M3 out, ``group``-wide row blocks."""
+    return call(
         x,
         axis=-1,
         round_mode="rint",
@@ -96,6 +93,15 @@ def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
         scale_alg=1,
         max_low_bound=AMAX_FLOOR,
     )
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant")
+def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
+    quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
+    group = mx_fp8_block(x, block, use_ue8m0)
+    if group is None:
+        return portable.quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0)
+    y, codes = _mx_quant(torch.ops.npu.npu_dynamic_mx_quant, x, group)
     groups = -(-x.shape[1] // group)
     return y.contiguous(), mx_scales_to_ours(codes, groups, use_packed_ue8m0)
 
@@ -106,15 +112,7 @@ def quantize_fp8_ge(x, block, use_ue8m0, use_packed_ue8m0, meta_outputs=None):
     if group is None:
         raise ge_graph.unsupported("quantize_fp8", "only 1 x c UE8M0 blocks on Ascend 950 map to DynamicMxQuant")
     ge, dt = ge_graph.api(), ge_graph.dtypes()
-    y, codes = ge_graph.npu_converter("npu_dynamic_mx_quant")(
-        x,
-        axis=-1,
-        round_mode="rint",
-        dst_type=NPU_FLOAT8_E4M3FN,
-        block_size=group,
-        scale_alg=1,
-        max_low_bound=AMAX_FLOOR,
-    )
+    y, codes = _mx_quant(ge_graph.npu_converter("npu_dynamic_mx_quant"), x, group)
     groups = -(-x.symsize[1] // group)
     codes = ge.Reshape(ge.Bitcast(codes, type=dt.DT_UINT8), ge_graph.i64([-1, groups + groups % 2]))
     codes = ge.SliceD(codes, offsets=[0, 0], size=[-1, groups])
