@@ -98,3 +98,24 @@ def test_bad_inputs_raise_our_errors(spec):
     for bad in spec.bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
             getattr(kernels, spec.name)(*bad.args)
+
+
+def test_operands_start_16_byte_aligned():
+    """A view starting mid-storage (a slice) reaches _grouped_mm as an aligned copy: CUDA checks the pointer."""
+    spec = next(s for s in ADAPTED if s.name == "m_grouped_bf16_gemm")
+    s = spec.sample_inputs("cpu", torch.bfloat16)[0]
+    a = s.args[0]
+    a_view = torch.cat([a.new_zeros(1), a.flatten()])[1:].view(a.shape)  # one element into its storage
+    assert (a_view.storage_offset() * 2) % 16
+    seen = []
+    real = torch._grouped_mm
+
+    def check(x, w, *args, **kwargs):
+        for t in (x, w):
+            seen.append(t.storage_offset() * t.element_size() % 16)
+        return real(x, w, *args, **kwargs)
+
+    with mock.patch.object(torch, "_grouped_mm", check):
+        out = kernels.m_grouped_bf16_gemm(a_view, *s.args[1:])
+    assert seen and not any(seen)
+    assert torch.equal(out, kernels.m_grouped_bf16_gemm(a, *s.args[1:]))

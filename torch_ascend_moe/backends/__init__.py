@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 
 REGISTERED: dict[str, bool] = {"cuda": False, "npu": False}
 
@@ -39,4 +40,6 @@ def register_npu() -> bool:
         npu.register_ge_converters()
     except ImportError:
         pass  # a torch_npu build without TorchAir: eager and npugraph_ex still work
+    except Exception as e:  # noqa: BLE001  (TorchAir failing to start must not break eager use)
+        warnings.warn(f"torch_ascend_moe: TorchAir GE converters not registered ({type(e).__name__}: {e})", stacklevel=2)
     return True

@@ -46,6 +46,13 @@ def _aligned(*dims: int) -> bool:
     return all(d % _ALIGN == 0 and d > 0 for d in dims)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` row-major with a 16-byte aligned start (``_grouped_mm`` checks the data pointer; a view's storage
+    offset can break it, a fresh allocation cannot)."""
+    t = t.contiguous()
+    return t if t.storage_offset() * t.element_size() % 16 == 0 else t.clone()
+
+
 def _bf16(*tensors: torch.Tensor, dtype: torch.dtype) -> bool:
     """BF16 operands and output, on a device whose ``_grouped_mm`` is the fused kernel: sm90+ (CUTLASS; older GPUs
     are not assumed to have it) or CPU (torch's composite kernel, what the tests run)."""
@@ -63,7 +70,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
         return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     if host_readable(layout):
         layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
-    x, w = a.contiguous(), b.contiguous().transpose(1, 2)  # row-major A, column-major [G, K, N] B
+    x, w = _rows(a), _rows(b).transpose(1, 2)  # row-major A, column-major [G, K, N] B
     if psum:
         ends, valid = portable.covering_psum_groups(layout, alignment, rows)
         y = torch._grouped_mm(x, w, offs=ends.int())
@@ -83,7 +90,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
         return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
     if host_readable(masked_m):
         portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
-    y = torch._grouped_mm(a.contiguous(), b.contiguous().transpose(1, 2))
+    y = torch._grouped_mm(_rows(a), _rows(b).transpose(1, 2))
     valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)
     return torch.where(valid.unsqueeze(2), y, 0)
 
@@ -104,5 +111,5 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
         a, b = a.index_select(0, perm), b.index_select(0, perm)
     # Padding rows: zero in both operands (0 * inf would be NaN). _grouped_mm's 2-D x 2-D form groups the
     # reduction: mat_a [M, S] (a.T of a row-major copy), mat_b [S, N] row-major.
-    a, b = (torch.where(valid.unsqueeze(1), t, 0).contiguous() for t in (a, b))
+    a, b = (_rows(torch.where(valid.unsqueeze(1), t, 0)) for t in (a, b))
     return torch._grouped_mm(a.T, b, offs=ends.int())
