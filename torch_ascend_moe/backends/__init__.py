@@ -41,5 +41,7 @@ def register_npu() -> bool:
     except ImportError:
         pass  # a torch_npu build without TorchAir: eager and npugraph_ex still work
     except Exception as e:  # noqa: BLE001  (TorchAir failing to start must not break eager use)
-        warnings.warn(f"torch_ascend_moe: TorchAir GE converters not registered ({type(e).__name__}: {e})", stacklevel=2)
+        warnings.warn(
+            f"torch_ascend_moe: TorchAir GE converters not registered ({type(e).__name__}: {e})", stacklevel=2
+        )
     return True
