@@ -80,6 +80,10 @@ def dispatch_v2(
     out = [torch.zeros(s.shape, dtype=s.dtype) for s in shapes]
     bs, k = expert_ids.shape
     ids = expert_ids.long()
+    # MC2 wants each row's expert ids distinct and valid, masked slots included (what _fill_empty_slots ensures).
+    sorted_ids = torch.sort(ids, dim=1).values
+    if k > 1 and (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any() or ((ids < 0) | (ids >= moe_expert_num)).any():
+        raise RuntimeError("npu_moe_distribute_dispatch_v2: expert_ids must be distinct valid experts per row")
     active = torch.ones(bs, k, dtype=torch.bool)
     if x_active_mask is not None:
         active = x_active_mask.bool() if x_active_mask.dim() == 2 else x_active_mask.bool().unsqueeze(1).expand(bs, k)

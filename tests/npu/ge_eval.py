@@ -204,6 +204,26 @@ def _cumsum(op, i):
     return out.flip(axis) if _attr(op, "reverse") else out
 
 
+def _moe_distribute_dispatch_v2(op, i):
+    unused = ("scales", "elastic_info", "performance_info")
+    if any(i.get(n) is not None for n in unused):
+        raise NotImplementedError("MoeDistributeDispatchV2: scales / elastic_info / performance_info are not modelled")
+    names = ("shared_expert_num", "quant_mode", "global_bs", "expert_token_nums_type")
+    return list(
+        torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
+            i["x"],
+            i["expert_ids"],
+            _attr(op, "group_ep").decode(),
+            _attr(op, "ep_world_size"),
+            _attr(op, "ep_rank_id"),
+            _attr(op, "moe_expert_num"),
+            x_active_mask=i.get("x_active_mask"),
+            expert_scales=i.get("expert_scales"),
+            **{n: _attr(op, n) for n in names},
+        )
+    )
+
+
 def _gather(x, index, axis):
     axis = int(axis)
     return x.index_select(axis, index.reshape(-1).long()).reshape([*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]])
@@ -228,6 +248,13 @@ OPS = {
         dim=tuple(i["axes"].reshape(-1).tolist()), keepdim=bool(_attr(op, "keep_dims"))
     ),
     "QuantBatchMatmulV4": _quant_batch_matmul_v4,
+    "MoeDistributeDispatchV2": _moe_distribute_dispatch_v2,
+    "Round": lambda op, i: torch.round(i["x"]),
+    "ReduceAny": lambda op, i: i["x"].any(dim=int(i["axes"].reshape(-1)[0]), keepdim=bool(_attr(op, "keep_dims"))),
+    "LogicalNot": lambda op, i: ~i["x"],
+    "LogicalAnd": lambda op, i: i["x1"] & i["x2"],
+    # TensorFlow's ArgMax: the first index of the maximum
+    "ArgMaxV2": lambda op, i: torch.argmax(i["x"], dim=int(i["dimension"])).to(_ge_to_torch(_attr(op, "dtype"))),
     "Squeeze": lambda op, i: i["x"].squeeze(tuple(_attr(op, "axis"))),
     "Unsqueeze": lambda op, i: i["x"].reshape(_unsqueezed_shape(list(i["x"].shape), _attr(op, "axes"))),
     "Reshape": lambda op, i: i["x"].reshape(i["shape"].tolist()),
@@ -279,3 +306,21 @@ def evaluate(graph, inputs) -> list[torch.Tensor]:
         for k, value in enumerate(out if isinstance(out, (list, tuple)) else [out]):
             env[f"{op.name}:{k}"] = value
     raise AssertionError("graph has no NetOutput")
+
+
+def build(fn, *inputs: torch.Tensor):
+    """A GE graph of ``fn`` applied to Data nodes standing for ``inputs`` (fn builds GE ops, e.g. one of our
+    converters' helpers), with its outputs as NetOutput: to evaluate a converter's pieces on inputs no traced
+    program gives (several ranks' MC2 outputs, say). Call inside ``npu_wheel.torchair().active()``."""
+    g = sys.modules["torchair.ge._ge_graph"]
+    ge = sys.modules["torchair._ge_concrete_graph.ge_apis"]
+    graph = g.GeGraph(name="piece")
+    with graph:
+        data = []
+        for k, t in enumerate(inputs):
+            d = g.Data(index=k, dtype=g.torch_type_to_ge_type(t.dtype), shape=list(t.shape), placement="NPU")
+            d.set_torch_dtype(t.dtype)
+            data.append(d)
+        outs = fn(*data)
+        ge.NetOutput(list(outs) if isinstance(outs, (list, tuple)) else [outs])
+    return graph._proto

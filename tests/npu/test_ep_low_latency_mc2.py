@@ -56,26 +56,59 @@ def test_layout_from_mc2_is_ours_whatever_mc2s_row_order(seed):
     all_idx = [_ids(t, k, e, g) for _ in range(ranks)]
     all_x = [torch.randn(t, h, generator=g).bfloat16() for _ in range(ranks)]
     for rank in range(ranks):
-        # What MC2 hands this rank: its experts' rows grouped by local expert, in an order we do not assume
-        # (shuffled inside each expert here), each with its source code, then unspecified rows.
-        groups = []
-        for le in range(local):
-            rows = [
-                (src, tt) for src in range(ranks) for tt in range(t) if (all_idx[src][tt] == rank * local + le).any()
-            ]
-            groups.append([rows[i] for i in torch.randperm(len(rows), generator=g).tolist()])
-        flat = [row for grp in groups for row in grp]
-        a = ranks * t * min(local, k)
-        expand_x = torch.randn(a, h, generator=g).bfloat16() * 1e4  # garbage beyond the valid rows
-        expand_scales = torch.full((a,), 12345.0)
-        for i, (src, tt) in enumerate(flat):
-            expand_x[i] = all_x[src][tt]
-            expand_scales[i] = src * t + tt
-        token_nums = torch.tensor([len(grp) for grp in groups], dtype=torch.int64)
+        expand_x, token_nums, expand_scales = _mc2_outputs(all_idx, all_x, rank, local, k, g)
         got = npu_ep.ll_layout_from_mc2(expand_x, token_nums, expand_scales, t, t_max, ranks)
         want = _simulate(all_idx, all_x, rank, local, t_max)
         for name, a_, b_ in zip(("recv_x", "recv_count", "src_info", "layout_range"), got, want):
             assert a_.dtype == b_.dtype and torch.equal(a_, b_), f"rank {rank}: {name}"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ge_layout_from_mc2_is_ours_whatever_mc2s_row_order(seed, npu_ops):
+    """The GE form of the layout on the same simulated multi-rank MC2 outputs, evaluated on CPU."""
+    from tests.npu import ge_eval
+    from torch_ascend_moe.testing import npu_wheel
+
+    g = torch.Generator().manual_seed(seed + 100)
+    ranks, local, k, t, h = 2 + seed % 3, 1 + seed % 3, 2, 4 + seed, 8
+    e = ranks * local
+    k = min(k, e)
+    t_max = t + seed % 2
+    all_idx = [_ids(t, k, e, g) for _ in range(ranks)]
+    all_x = [torch.randn(t, h, generator=g).bfloat16() for _ in range(ranks)]
+    air = npu_wheel.torchair()
+    for rank in range(ranks):
+        expand_x, token_nums, expand_scales = _mc2_outputs(all_idx, all_x, rank, local, k, g)
+        want = _simulate(all_idx, all_x, rank, local, t_max)
+        with air.active():
+            graph = ge_eval.build(
+                lambda ex, tn, es, tk: npu_ep._ll_layout_from_mc2_ge(ex, tn, es, tk, t_max, ranks, local),
+                expand_x,
+                token_nums,
+                expand_scales,
+                torch.tensor(t),
+            )
+            got = ge_eval.evaluate(graph, [expand_x, token_nums, expand_scales, torch.tensor(t)])
+        for name, a_, b_ in zip(("recv_x", "recv_count", "src_info", "layout_range"), got, want):
+            assert a_.dtype == b_.dtype and torch.equal(a_, b_), f"rank {rank}: {name}"
+
+
+def _mc2_outputs(all_idx, all_x, rank, local, k, g):
+    """What MC2 hands ``rank``: its experts' rows grouped by local expert, shuffled inside each expert (an order
+    we do not assume), each with its source code, then unspecified rows."""
+    ranks, t, h = len(all_idx), all_idx[0].shape[0], all_x[0].shape[1]
+    groups = []
+    for le in range(local):
+        rows = [(src, tt) for src in range(ranks) for tt in range(t) if (all_idx[src][tt] == rank * local + le).any()]
+        groups.append([rows[i] for i in torch.randperm(len(rows), generator=g).tolist()])
+    flat = [row for grp in groups for row in grp]
+    a = ranks * t * min(local, k)
+    expand_x = torch.randn(a, h, generator=g).bfloat16() * 1e4  # garbage beyond the valid rows
+    expand_scales = torch.full((a,), 12345.0)
+    for i, (src, tt) in enumerate(flat):
+        expand_x[i] = all_x[src][tt]
+        expand_scales[i] = src * t + tt
+    return expand_x, torch.tensor([len(grp) for grp in groups], dtype=torch.int64), expand_scales
 
 
 @pytest.fixture
@@ -152,3 +185,53 @@ def test_cases_that_stay_portable(mc2, monkeypatch, case):
             a_.view(torch.uint8) if a_.dtype.itemsize == 1 else a_,
             b_.view(torch.uint8) if b_.dtype.itemsize == 1 else b_,
         ), case
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("t, h, k, e, t_max", [(6, 32, 2, 4, 6), (5, 16, 3, 8, 9)])
+def test_ge_graph_equals_the_portable_kernel(mc2, t, h, k, e, t_max, dynamic):
+    """TorchAir GE mode: MoeDistributeDispatchV2 (torch_npu's converter) and our layout in GE ops; evaluated on CPU
+    through the same MC2 reference, bitwise the portable kernel (-1 slots included)."""
+    from tests.npu import ge_eval
+    from torch_ascend_moe.testing import npu_wheel
+
+    air = npu_wheel.torchair()
+    g = torch.Generator().manual_seed(t * 10 + k)
+    x, idx = torch.randn(t, h, generator=g).bfloat16(), _ids(t, k, e, g)
+    assert (idx < 0).any()
+
+    def fn(x, idx):
+        return torch.ops.ascend_moe.ep_low_latency_dispatch(x, idx, t_max, e, mc2, use_fp8=False)
+
+    graph, _ = npu_wheel.ge_graph(fn, x, idx, dynamic=dynamic)
+    assert sum(op.type == "MoeDistributeDispatchV2" for op in graph.op) == 1
+    with air.active():
+        got = ge_eval.evaluate(graph, [x, idx])
+    want = portable.ep_low_latency_dispatch(*_args(x, idx, t_max, e, mc2))
+    for i, (a_, b_) in enumerate(zip(got, want, strict=True)):
+        assert a_.shape == b_.shape and a_.dtype == b_.dtype and torch.equal(a_, b_), f"output {i}"
+
+
+def test_ge_graph_fp8_has_none(mc2):
+    from torch_ascend_moe.testing import npu_wheel
+
+    x, idx = torch.randn(4, 128).bfloat16(), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]])
+    with pytest.raises(NotImplementedError, match="ascend_moe::ep_low_latency_dispatch: no GE graph"):
+        npu_wheel.ge_graph(lambda x, i: torch.ops.ascend_moe.ep_low_latency_dispatch(x, i, 4, 4, mc2), x, idx)
+
+
+def test_ge_fill_empty_slots_is_the_eager_one(npu_ops):
+    """-1 slots get the row's smallest unused experts, in slot order (MC2 wants rows duplicate-free even where
+    masked): the GE form equals the eager one on rows with many empty slots."""
+    from tests.npu import ge_eval
+    from torch_ascend_moe.testing import npu_wheel
+
+    g = torch.Generator().manual_seed(5)
+    for t, k, e in [(16, 4, 6), (9, 3, 3), (7, 5, 12)]:
+        idx = _ids(t, k, e, g, empty=0.5)
+        idx[0] = -1  # a row with every slot empty
+        want_ids, _, want_active = npu_ep._routing(idx, None, e, True)
+        with npu_wheel.torchair().active():
+            graph = ge_eval.build(lambda i: npu_ep._fill_empty_slots_ge(i, e), idx)
+            got_ids, got_active = ge_eval.evaluate(graph, [idx])
+        assert torch.equal(got_ids, want_ids) and torch.equal(got_active, want_active)

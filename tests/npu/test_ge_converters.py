@@ -191,3 +191,46 @@ def test_moe_unpermute_float64_has_no_graph(air):
     y, row_map = torch.randn(4, 3, dtype=torch.float64), torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
     with pytest.raises(NotImplementedError, match=r"ascend_moe::moe_unpermute: no GE graph .*float64"):
         npu_wheel.ge_graph(lambda y, r: torch.ops.ascend_moe.moe_unpermute(y, r, None), y, row_map)
+
+
+@DYNAMIC
+@pytest.mark.parametrize("soc", [ASCEND_A3, ASCEND_950], ids=["A3", "950"])
+def test_fp8_quant_gemm_ge_graph_is_the_two_converters(soc, dynamic, air, monkeypatch):
+    """fp8_quant_gemm's graph = DynamicMxQuant then QuantBatchMatmulV4 (Ascend 950, UE8M0 1x128 casts, 128x128
+    weights), bitwise the eager composition of the two adapters; no graph on A3 or for other recipes."""
+    import types
+
+    from tests.fp8_gemm.specs import quantize as fp8_quantize
+    from tests.npu import quant_routing_refs
+    from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
+    from torch_ascend_moe.backends.npu import fp8_linear as npu_fp8_linear
+    from torch_ascend_moe.backends.npu import quant as npu_quant
+
+    quant_routing_refs.register()
+    monkeypatch.setitem(npu_wheel.SOC, "version", soc)
+    for module in (npu_quant, npu_fp8_gemm):
+        monkeypatch.setattr(module, "soc_version", lambda: soc)
+    routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, fp8_gemm=npu_fp8_gemm.fp8_gemm)
+    monkeypatch.setattr(npu_fp8_linear, "OPS", routed)
+    g = torch.Generator().manual_seed(44)
+    for m, n, k in [(33, 129, 256), (5, 264, 384)]:
+        x = torch.randn(m, k, generator=g).bfloat16()
+        b, sfb, _ = fp8_quantize(torch.randn(n, k, generator=g), ("fp8-block", 128, 128, False))
+        args = (x, b, sfb, None, 128, [128, 128], True, 1.0, None)
+
+        def fn(x, b, sfb, _args=args):
+            return torch.ops.ascend_moe.fp8_quant_gemm(x, b, sfb, *_args[3:])
+
+        if soc < ASCEND_950:
+            with pytest.raises(NotImplementedError, match="ascend_moe::quantize_fp8: no GE graph"):
+                npu_wheel.ge_graph(fn, x, b, sfb, soc=soc, dynamic=dynamic)
+            continue
+        graph, _ = npu_wheel.ge_graph(fn, x, b, sfb, soc=soc, dynamic=dynamic)
+        assert [op.type for op in graph.op if op.type in ("DynamicMxQuant", "QuantBatchMatmulV4")] == [
+            "DynamicMxQuant",
+            "QuantBatchMatmulV4",
+        ]
+        with air.active():
+            (out,) = ge_eval.evaluate(graph, [x, b, sfb])
+        eager = npu_fp8_linear.fp8_quant_gemm(*args)
+        assert out.dtype == eager.dtype == torch.bfloat16 and torch.equal(out, eager), f"M{m}N{n}K{k}"

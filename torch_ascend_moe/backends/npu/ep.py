@@ -58,7 +58,8 @@ from typing import NamedTuple
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.portable import ep as portable
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.exchange import place_rows
@@ -278,6 +279,124 @@ def ep_low_latency_dispatch(args):
         expand_x, token_nums, expand_scales, t, args.num_max_dispatch_tokens_per_rank, ranks
     )
     return recv_x, args.x.new_empty(*recv_x.shape[:2], 0, dtype=portable._ABSENT), count, src_info, layout_range
+
+
+# ---- TorchAir GE converter ------------------------------------------------------------------------------------
+
+
+def _fill_empty_slots_ge(idx, num_experts: int):
+    """GE form of ``_fill_empty_slots``: each -1 slot takes the n-th smallest expert its row does not use (n = its
+    rank among the row's empty slots), by one-hot comparisons ([T, K, E] booleans; K, E small)."""
+    ge, i64 = ge_graph.api(), torch.int64
+    ids = ge_graph.cast(idx, i64)
+    empty = ge.Less(ids, ge_graph.i64(0))
+    experts = ge_graph.arange(num_experts)
+    used = ge.ReduceAny(ge.Equal(ge.Unsqueeze(ids, axes=[2]), experts), ge_graph.i64([1]), keep_dims=False)
+    free = ge.LogicalNot(used)  # [T, E]
+    free_rank = ge.Sub(ge.Cumsum(ge_graph.cast(free, i64), ge_graph.i64(1)), ge_graph.i64(1))
+    nth = ge.Maximum(ge.Sub(ge.Cumsum(ge_graph.cast(empty, i64), ge_graph.i64(1)), ge_graph.i64(1)), ge_graph.i64(0))
+    pick = ge.LogicalAnd(
+        ge.Unsqueeze(free, axes=[1]), ge.Equal(ge.Unsqueeze(free_rank, axes=[1]), ge.Unsqueeze(nth, axes=[2]))
+    )  # [T, K, E]: the expert each slot would take
+    chosen = ge.ArgMaxV2(ge_graph.cast(pick, torch.int32), ge_graph.i64(2), dtype=ge_graph.ge_dtype(i64))
+    return ge_graph.cast(ge.SelectV2(empty, chosen, ids), torch.int32), ge.LogicalNot(empty)
+
+
+def _ll_layout_from_mc2_ge(expand_x, token_nums, expand_scales, tokens, t_max: int, ranks: int, local: int):
+    """GE form of ``ll_layout_from_mc2`` (``tokens`` an int64 scalar tensor): the rows sorted by (expert, source,
+    token), each output slot gathering its row (no scatter: TorchAir has no index_copy converter)."""
+    ge, i64 = ge_graph.api(), torch.int64
+    n = ranks * t_max
+    zero = ge_graph.i64(0)
+    counts = ge_graph.cast(token_nums, i64)
+    ends = ge.Cumsum(counts, zero)
+    starts = ge.Sub(ends, counts)
+    rows = ge_graph.arange(ge_graph.dim(expand_x, 0, scalar=True))
+    valid = ge.Less(rows, ge.GatherV2(ends, ge_graph.i64(local - 1), zero))
+    found = ge.SearchSorted(ends, rows, None, dtype=ge_graph.ge_dtype(i64), right=True)
+    expert = ge.Minimum(found, ge_graph.i64(local - 1))
+    code = ge_graph.cast(ge.Round(expand_scales), i64)
+    source = ge.FloorDiv(code, tokens)
+    token = ge.Sub(code, ge.Mul(source, tokens))
+    key = ge.Add(ge.Mul(ge.Add(ge.Mul(expert, ge_graph.i64(ranks)), source), ge_graph.i64(t_max)), token)
+    key = ge.SelectV2(valid, key, ge_graph.i64(local * n))
+    sorted_key, order = ge.Sort(key, axis=-1, descending=False, stable=True)
+    # Output slot (e, j) takes sorted row starts[e] + j when j < counts[e].
+    j = ge.Unsqueeze(ge_graph.arange(n), axes=[0])  # [1, n]
+    slot_valid = ge.Less(j, ge.Unsqueeze(counts, axes=[1]))  # [L, n]
+    last = ge.Sub(ge_graph.dim(expand_x, 0, scalar=True), ge_graph.i64(1))
+    position = ge.Minimum(ge.Add(ge.Unsqueeze(starts, axes=[1]), j), last)
+    row = ge.GatherV2(order, ge.Reshape(position, ge_graph.i64([-1])), zero)  # [L * n]
+    recv_x = ge.GatherV2(expand_x, row, zero)
+    recv_x = ge_graph.zero_rows(recv_x, ge.Reshape(slot_valid, ge_graph.i64([-1])), 1)
+    recv_x = ge.Reshape(recv_x, ge.ConcatV2([ge_graph.i64([local, n]), ge_graph.dim(expand_x, 1)], 0, N=2))
+    src_info = ge.SelectV2(
+        slot_valid, ge.Reshape(ge.GatherV2(token, row, zero), ge_graph.i64([local, n])), ge_graph.i64(-1)
+    )
+    # Rows of (e, source) have keys in [(e*R + source) * T_max, (e*R + source + 1) * T_max) among the sorted ones.
+    bounds = ge.Mul(ge_graph.arange(local * ranks + 1), ge_graph.i64(t_max))
+    at = ge.SearchSorted(sorted_key, bounds, None, dtype=ge_graph.ge_dtype(i64), right=False)
+    per_source = ge.Sub(
+        ge.SliceD(at, offsets=[1], size=[local * ranks]), ge.SliceD(at, offsets=[0], size=[local * ranks])
+    )
+    per_source = ge.Reshape(per_source, ge_graph.i64([local, ranks]))
+    begins = ge.Cumsum(per_source, ge_graph.i64(1), exclusive=True)
+    layout_range = ge.Add(ge.Mul(begins, ge_graph.i64(1 << 32)), per_source)
+    return recv_x, ge_graph.cast(counts, torch.int32), ge_graph.cast(src_info, torch.int32), layout_range
+
+
+@npu_ge_converter("ep_low_latency_dispatch", ir="MoeDistributeDispatchV2")
+def ep_low_latency_dispatch_ge(
+    x,
+    topk_idx,
+    num_max_dispatch_tokens_per_rank,
+    num_experts,
+    group_name,
+    use_fp8,
+    round_scale,
+    use_ue8m0,
+    slot_weights,
+    timeout_s,
+    meta_outputs=None,
+):
+    import types
+
+    meta = types.SimpleNamespace(x=x.meta, topk_idx=topk_idx.meta, use_fp8=use_fp8, slot_weights=slot_weights)
+    if not _mc2_static(meta):
+        raise ge_graph.unsupported(
+            "ep_low_latency_dispatch",
+            f"MC2 takes BF16/FP16 rows without use_fp8 or slot_weights, K <= 16 and H in {list(MC2_HIDDEN)}",
+        )
+    # A graph has no header exchange: every rank is taken to run the same graph, with the same T (MC2's
+    # global_bs = 0 form), and ids are not validated (as while capturing).
+    ge = ge_graph.api()
+    ranks, rank, name = _group_info(group_name)
+    local, t_max = num_experts // ranks, num_max_dispatch_tokens_per_rank
+    tokens = ge_graph.dim(topk_idx, 0, scalar=True)
+    expert_ids, active = _fill_empty_slots_ge(topk_idx, num_experts)
+    code = ge.Add(ge.Mul(ge_graph.i64(rank), tokens), ge_graph.arange(tokens))  # rank * T + t
+    code = ge_graph.cast(
+        ge.Add(ge.Unsqueeze(code, axes=[1]), ge.ZerosLike(ge_graph.cast(topk_idx, torch.int64))), torch.float32
+    )
+    outs = ge_graph.npu_converter("npu_moe_distribute_dispatch_v2")(
+        x,
+        expert_ids,
+        name,
+        ranks,
+        rank,
+        num_experts,
+        x_active_mask=active,
+        expert_scales=code,
+        shared_expert_num=0,
+        quant_mode=0,
+        global_bs=0,
+        expert_token_nums_type=1,
+    )
+    recv_x, count, src_info, layout_range = _ll_layout_from_mc2_ge(
+        outs.expand_x, outs.expert_token_nums, outs.expand_scales, tokens, t_max, ranks, local
+    )
+    scales = ge.Fill(ge_graph.i64([local, ranks * t_max, 0]), ge.Const(0, ge_graph.ge_dtype(portable._ABSENT)))
+    return recv_x, scales, count, src_info, layout_range
 
 
 __all__ = [

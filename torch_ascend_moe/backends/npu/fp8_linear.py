@@ -13,13 +13,21 @@ every path, and the GEMM keeps one FP32 accumulation rounded once.
   the portable GEMM. Its backward GEMMs (``autograd/fp8_linear.py``) already call ``fp8_gemm`` through the
   dispatcher: dgrad (1 x block x block x block) maps the same way; wgrad (1 x block on both operands) has no G-B
   form.
+
+GE graph mode (TorchAir): ``fp8_quant_gemm``'s converter is the two converters in sequence (``quantize_fp8``'s
+``DynamicMxQuant``, ``fp8_gemm``'s ``QuantBatchMatmulV4``): UE8M0 1 x 128 casts with the 128 x 128 weight recipe
+on Ascend 950; anything else has no graph. ``fp8_linear`` has no converter: its block x block weight cast has no
+CANN op (and GE no fallback).
 """
 
 from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
+from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe.backends.npu import quant as npu_quant
 from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
 
 # The ops the steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the tests put the
@@ -43,3 +51,19 @@ def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
         return OPS.fp8_gemm(xq, xs, wq, ws, None, [1, block], [block, block], 1.0, torch.bfloat16)
     c = None if bias is None else bias.float().expand(shape)
     return OPS.fp8_gemm(xq, xs, wq, ws, c, [1, block], [block, block], 1.0, torch.float32).to(x.dtype)
+
+
+class _Spec:
+    """A stand-in for TorchAir's TensorSpec of an intermediate (what our converters read: ``_meta``)."""
+
+    def __init__(self, meta: torch.Tensor):
+        self._meta = meta
+
+
+@npu_ge_converter("fp8_quant_gemm", ir="DynamicMxQuant + QuantBatchMatmulV4")
+def fp8_quant_gemm_ge(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype, meta_outputs=None):
+    # The cast's outputs as our op's fake computes them: the GEMM converter decides from their metas.
+    q_meta, sf_meta = torch.ops.ascend_moe.quantize_fp8(x.meta, [1, gran_k], use_ue8m0, False)
+    q, sf = npu_quant.quantize_fp8_ge(x, [1, gran_k], use_ue8m0, False)
+    q, sf = ge_graph.with_meta(q, q_meta), ge_graph.with_meta(sf, sf_meta)
+    return npu_fp8_gemm.fp8_gemm_ge(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, out_dtype, meta_outputs)
