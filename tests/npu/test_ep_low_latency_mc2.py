@@ -232,6 +232,6 @@ def test_ge_fill_empty_slots_is_the_eager_one(npu_ops):
         idx[0] = -1  # a row with every slot empty
         want_ids, _, want_active = npu_ep._routing(idx, None, e, True)
         with npu_wheel.torchair().active():
-            graph = ge_eval.build(lambda i: npu_ep._fill_empty_slots_ge(i, e), idx)
+            graph = ge_eval.build(lambda i, e=e: npu_ep._fill_empty_slots_ge(i, e), idx)
             got_ids, got_active = ge_eval.evaluate(graph, [idx])
         assert torch.equal(got_ids, want_ids) and torch.equal(got_active, want_active)
