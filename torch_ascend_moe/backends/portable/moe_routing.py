@@ -7,6 +7,7 @@ import torch
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.distributed.exchange import place_rows
 from torch_ascend_moe.meta.moe_routing import (
     PERMUTE,
     UNPERMUTE,
@@ -39,28 +40,26 @@ def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) 
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     _check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    # Everything below stays on the device (no host read): capturable in a CUDA / NPU graph.
     t, k = topk_idx.shape
     ids = topk_idx.long().flatten()
     key = torch.where(ids >= 0, ids, num_experts)  # unrouted pairs sort last
     order = torch.argsort(key, stable=True)  # by expert, then (t, j): the C++ kernel's order
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts].tolist()
-    starts, ends, end = [], [], 0
-    for count in counts:
-        starts.append(-(-end // alignment) * alignment)
-        end = starts[-1] + count
-        ends.append(end)
-    sorted_key = key[order]
-    first = torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), device=x.device)
-    routed = sorted_key < num_experts
-    start_of = torch.tensor(starts + [0], device=x.device)
-    rank = torch.arange(ids.numel(), device=x.device) - first[sorted_key.clamp(max=num_experts - 1)]
-    dest = torch.where(routed, start_of[sorted_key] + rank, -1)
-    row_map = torch.full_like(ids, -1)
-    row_map[order] = dest
-    out = torch.zeros(capacity, x.shape[1], dtype=x.dtype, device=x.device)
-    out[dest[routed]] = x[order[routed] // k]
-    offs = torch.tensor(ends, dtype=torch.int32, device=x.device)
-    return out, row_map.view(t, k).to(torch.int32), offs
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=x.device)
+    counts = counts.scatter_add_(0, key, torch.ones_like(key))[:num_experts]
+    aligned = (counts + alignment - 1) // alignment * alignment
+    starts = torch.cumsum(aligned, 0) - aligned  # each expert's first row: the previous end, aligned up
+    first = torch.cumsum(counts, 0) - counts  # each expert's first position among the sorted pairs
+    sorted_key = key.index_select(0, order)
+    expert = sorted_key.clamp(max=num_experts - 1)
+    rank = torch.arange(ids.numel(), device=x.device) - first.index_select(0, expert)
+    dest = torch.where(sorted_key < num_experts, starts.index_select(0, expert) + rank, -1)
+    row_map = torch.full_like(ids, -1).scatter_(0, order, dest)
+    if x.shape[1]:
+        out = place_rows(x.index_select(0, torch.div(order, k, rounding_mode="floor")), dest, capacity)
+    else:
+        out = x.new_zeros(capacity, 0)
+    return out, row_map.view(t, k).to(torch.int32), (starts + counts).to(torch.int32)
 
 
 @portable_kernel
