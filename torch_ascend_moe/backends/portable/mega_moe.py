@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta.mega_moe import OP, mega_moe_signature
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
@@ -118,7 +119,7 @@ def _combine_local(y_rows, row_map, shared):
 @portable_kernel
 def mega_moe(args):
     num_experts, ranks = mega_moe_signature(args)
-    if args.group_name is None and args.topk_idx.numel():
+    if args.group_name is None and args.topk_idx.numel() and capture.host_readable(args.topk_idx):
         bad = (args.topk_idx < -1) | (args.topk_idx >= num_experts)
         if bool(bad.any()):
             raise ValueError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import mqa_logits as meta
 from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
 
@@ -56,7 +57,8 @@ def logits_from_dequantized(qd, kd, weights, ks, ke, columns: int, compressed: b
 @portable_kernel
 def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
     sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
-    meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
+    if capture.host_readable(ks):  # a host read: skipped while a graph is captured
+        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
     acc = meta.acc_dtype(q)
     qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
     columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
@@ -66,7 +68,8 @@ def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
 @portable_kernel
 def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
     sh = meta.backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
-    meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
+    if capture.host_readable(ks):
+        meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
     acc = meta.acc_dtype(q)
     qd, kd, w = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc), weights.to(acc)
     compressed = max_seqlen_k > 0
@@ -139,7 +142,8 @@ def paged_mqa_logits(
     _, fmt, out = meta.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
-    meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+    if capture.host_readable(context_lens):
+        meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
     acc = meta.acc_dtype(q)
     qd, kd, ks, ke = paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc)
     return logits_from_dequantized(qd, kd, weights, ks, ke, max_context_len, True, acc).to(out)
@@ -173,7 +177,8 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
 @portable_kernel
 def mqa_topk(logits, ks, ke, topk, compressed):
     meta.topk_signature(logits, ks, ke, topk)
-    meta.check_topk_values(ks, ke, logits.shape[1], compressed)
+    if capture.host_readable(ks):
+        meta.check_topk_values(ks, ke, logits.shape[1], compressed)
     S, columns = logits.shape
     j, valid = _positions(ks, ke, columns, compressed, logits.device)
     # Value descending (NaN as +inf), ties to the lower position; then valid columns before invalid ones.
