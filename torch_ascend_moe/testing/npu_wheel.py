@@ -244,12 +244,13 @@ def torchair() -> TorchAir:
     it registers (torch_npu's for the ``npu::`` ops defined by ``load()``, ours from ``backends.npu``)."""
     ops = load()
     root = cache_dir() / f"torch_npu-{VERSION}"
-    marker = root / _TORCHAIR / "_ge_concrete_graph/fx2ge_converter.py"
+    marker = root / "torchair.unpacked"  # written last: an interrupted unpack is redone
     if not marker.is_file():
         with zipfile.ZipFile(sorted(cache_dir().glob(f"torch_npu-{VERSION}-*.whl"))[-1]) as z:
             for member in z.namelist():
                 if member.startswith(_TORCHAIR) and member.endswith(".py"):
                     z.extract(member, root)
+        marker.write_text("ok\n", encoding="utf-8")
     base = root / _TORCHAIR
     mods = _stand_in(ops.root)
     npu = mods["torch_npu.npu"]
