@@ -170,7 +170,8 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if c is None and dtype == a.dtype:
         return _gmm(a.T, b, cum, K_AXIS)
     y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
-    return (y if c is None else y.add_(c)).to(dtype)  # in place: y's row-major strides, whatever c's
+    # In place: y's row-major strides, whatever c's; c as FP32 first (an FP8 c would not promote).
+    return (y if c is None else y.add_(c.to(torch.float32))).to(dtype)
 
 
 # ---- TorchAir GE converters ----------------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""The bad-input campaign's mutations (torch_ascend_moe.testing.campaign: every other dtype, ranks, sizes,
+strides, int64 edges, NaN, out-of-range values) of each Ascend adapter's samples, with the adapter in the
+portable kernel's place: on Ascend 950's rules (the most mappings), through our CPU references of the torch_npu
+ops, each adapter gives the C++ kernel's verdict, the same whole message, and its outputs where both accept."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+
+from torch_ascend_moe.backends.npu import fp8_gemm, grouped, moe_routing, quant
+from torch_ascend_moe.testing import campaign, npu_wheel
+
+FAMILIES = {"grouped": grouped, "moe_routing": moe_routing, "quant": quant, "fp8_gemm": fp8_gemm}
+CASES = [
+    pytest.param(family, spec, id=spec.name)
+    for family, module in FAMILIES.items()
+    for spec in importlib.import_module(f"tests.{family}.specs").SPECS
+    if hasattr(module, spec.name)
+]
+
+
+@pytest.fixture
+def ascend950(npu_ops, monkeypatch):
+    importlib.import_module("tests.npu.grouped_refs")
+    importlib.import_module("tests.npu.quant_routing_refs").register()
+    monkeypatch.setitem(npu_wheel.SOC, "version", 260)
+    for module in (moe_routing, quant, fp8_gemm):
+        monkeypatch.setattr(module, "soc_version", lambda: 260)
+
+
+@pytest.mark.parametrize(("family", "spec"), CASES)
+def test_hostile_inputs_agree_with_the_cpu_kernel(family, spec, ascend950):
+    checked = dataclasses.replace(spec, portable=getattr(FAMILIES[family], spec.name))
+    problems, count = [], 0
+    for dtype in (torch.bfloat16, torch.float32):
+        if dtype not in spec.dtypes:
+            continue
+        for sample in spec.sample_inputs("cpu", dtype)[:3]:
+            for i, x in enumerate(sample.args):
+                for name, mutate in campaign.mutations(x):
+                    count += 1
+                    args = list(sample.args)
+                    args[i] = mutate()
+                    problem = campaign.verdict(checked, tuple(args))
+                    if problem:
+                        problems.append(f"{sample.name} {dtype} arg {i} {name}: {problem}")
+    assert count and not problems, "\n".join(problems[:5])
