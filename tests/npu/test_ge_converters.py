@@ -234,3 +234,35 @@ def test_fp8_quant_gemm_ge_graph_is_the_two_converters(soc, dynamic, air, monkey
             (out,) = ge_eval.evaluate(graph, [x, b, sfb])
         eager = npu_fp8_linear.fp8_quant_gemm(*args)
         assert out.dtype == eager.dtype == torch.bfloat16 and torch.equal(out, eager), f"M{m}N{n}K{k}"
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_moe_body_through_torchairs_own_compile(dynamic, air):
+    """A MoE layer's body (gating -> permute -> expert GEMM -> weighted unpermute) through
+    ``torch.compile(backend=TorchAir's npu backend, fullgraph=True)`` itself (dynamo, AOT with TorchAir's
+    decompositions and passes, conversion, its graph optimizations): one GE graph holding our IR ops, whose CPU
+    evaluation matches the eager ops."""
+    from tests.npu import quant_routing_refs
+
+    quant_routing_refs.register()
+    g = torch.Generator().manual_seed(7)
+    t, h, n, e, k = 12, 32, 24, 4, 2
+    x = torch.randn(t, h, generator=g).bfloat16()
+    logits = torch.randn(t, e, generator=g)
+    w = (torch.randn(e, n, h, generator=g) / 4).bfloat16()
+
+    def body(x, logits, w):
+        weights, idx = torch.ops.ascend_moe.moe_gating_topk(logits, k)
+        rows, row_map, offs = torch.ops.ascend_moe.moe_permute(x, idx, e)
+        y = torch.ops.ascend_moe.m_grouped_bf16_gemm(rows, w, offs)
+        return torch.ops.ascend_moe.moe_unpermute(y, row_map, weights)
+
+    graph, feeds = npu_wheel.compile_ge(body, x, logits, w, soc=ASCEND_A3, dynamic=dynamic)
+    types = [op.type for op in graph.op]
+    for ir in ("MoeGatingTopK", "MoeInitRoutingV3", "GroupedMatmul"):
+        assert types.count(ir) == 1, (ir, types)
+    with air.active():
+        (out,) = ge_eval.evaluate(graph, feeds)
+    want = body(x, logits, w)
+    assert out.shape == want.shape and out.dtype == want.dtype
+    assert calc_diff(out, want) < THRESHOLDS[torch.bfloat16]

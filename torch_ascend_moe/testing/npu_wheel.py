@@ -28,9 +28,11 @@ raises ``WheelUnavailable`` (tests skip on it, except under ``CI=true``, where a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
+import re
 import subprocess
 import sys
 import types
@@ -222,6 +224,11 @@ class _Inert(types.ModuleType):
         return cls
 
 
+def _scoped(module: str) -> bool:
+    """Modules that live in ``sys.modules`` only inside ``TorchAir.active()``."""
+    return module.split(".")[0] in ("torchair", "torch_npu")
+
+
 class TorchAir:
     """TorchAir's Python modules from the wheel, importable only inside ``with torchair.active():`` (its
     modules and the torch_npu stand-ins live in ``sys.modules`` only there, so nothing else in the process
@@ -230,8 +237,19 @@ class TorchAir:
     def __init__(self, modules: dict[str, types.ModuleType]):
         self.modules = modules
 
+    @contextlib.contextmanager
     def active(self):
-        return mock.patch.dict(sys.modules, self.modules)
+        """TorchAir importable inside the block. Modules first imported inside (TorchAir imports lazily) are kept:
+        TorchAir's and the stand-ins' for the next block, everything else (torch's own) in ``sys.modules``, so
+        nothing is imported twice."""
+        before = set(sys.modules)
+        with mock.patch.dict(sys.modules, self.modules):
+            try:
+                yield self
+            finally:
+                loaded = {k: v for k, v in sys.modules.items() if k not in before}
+        self.modules.update({k: v for k, v in loaded.items() if _scoped(k)})
+        sys.modules.update({k: v for k, v in loaded.items() if not _scoped(k)})
 
     def converter(self, op):
         """The GE converter TorchAir would call for ``op`` (an OpOverload), or None."""
@@ -279,7 +297,7 @@ def torchair() -> TorchAir:
         loaded = {k: v for k, v in sys.modules.items() if k not in before}
     # Only TorchAir and the stand-ins are scoped; what else it imported (torch's own inductor/quantization
     # modules) stays imported, as it would have been: removing those would make torch import them twice.
-    scoped = {k: v for k, v in loaded.items() if k.split(".")[0] in ("torchair", "torch_npu")}
+    scoped = {k: v for k, v in loaded.items() if _scoped(k)}
     sys.modules.update({k: v for k, v in loaded.items() if k not in scoped})
     from torch_ascend_moe.backends import npu as ours
 
@@ -325,6 +343,52 @@ def ge_graph(fn, *inputs, soc: int | None = None, dynamic: bool = False):
     return graph.graph, gm
 
 
+class _Reached(RuntimeError):
+    """Raised where Ascend's graph engine would take over (the compiled graph's first run)."""
+
+
+def compile_ge(fn, *inputs, soc: int | None = None, dynamic: bool = False):
+    """The GE ``GraphDef`` that ``torch.compile(fn, backend=<TorchAir's npu backend>, fullgraph=True)`` builds:
+    dynamo, AOT autograd with TorchAir's decompositions, its FX passes, the conversion (every converter), its
+    graph optimizations; captured at the compiled graph's first run, where CANN's graph engine would compile and
+    run it. Returns ``(graph, feeds)``: ``feeds`` are the values of the graph's Data inputs in index order (dynamo
+    orders a graph's inputs itself, and adds the symbolic sizes as inputs with ``dynamic``)."""
+    air = torchair()
+    captured = {}
+
+    def first_run(self, *args, **kwargs):
+        captured["graph"] = self.graph
+        raise _Reached
+
+    with air.active(), mock.patch.dict(SOC, {} if soc is None else {"version": soc}):
+        fx2ge = sys.modules["torchair._ge_concrete_graph.fx2ge_converter"]
+        config = sys.modules["torchair.configs.compiler_config"].CompilerConfig()
+        npu_backend = sys.modules["torchair.npu_fx_compiler"].get_npu_backend(compiler_config=config)
+
+        def backend(gm, example_inputs):
+            captured["feeds"] = [x if isinstance(x, torch.Tensor) else torch.tensor(int(x)) for x in example_inputs]
+            return npu_backend(gm, example_inputs)
+
+        torch._dynamo.reset()
+        with (
+            mock.patch.object(fx2ge, "initialize_graph_engine", lambda *a, **k: None),
+            mock.patch.object(fx2ge.GeConcreteGraph, "__call__", first_run),
+        ):
+            try:
+                torch.compile(fn, backend=backend, fullgraph=True, dynamic=dynamic)(*inputs)
+            except _Reached:
+                pass
+            except Exception as e:  # dynamo wraps a backend's exception
+                if not isinstance(e.__cause__, _Reached) and "_Reached" not in repr(e):
+                    raise
+        torch._dynamo.reset()
+    graph, feeds = captured["graph"], captured["feeds"]
+    # Each Data node is an AOT placeholder ``arg<N>_1``: input N of the backend; sizes TorchAir reads off tensors
+    # (dynamic) have no Data node.
+    data = sorted((op.attr["index"].i, op.name) for op in graph.op if op.type == "Data")
+    return graph, [feeds[int(re.fullmatch(r"arg(\d+)_\d+", name).group(1))] for _, name in data]
+
+
 def cpu_reference(name: str):
     """Register ``fn`` as the CPU kernel of ``npu::<name>`` (our reading of its documented semantics), so an
     adapter's glue can be checked for values on CPU tensors."""
@@ -346,6 +410,7 @@ __all__ = [
     "NpuOps",
     "TorchAir",
     "WheelUnavailable",
+    "compile_ge",
     "cpu_reference",
     "ge_graph",
     "load",
