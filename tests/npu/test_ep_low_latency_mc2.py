@@ -46,15 +46,19 @@ def _simulate(all_idx, all_x, rank, local, t_max):
     return recv_x, count, src_info, (begins << 32) | per_source
 
 
+def _scenario(seed: int, min_ranks: int):
+    """Random multi-rank routing: (generator, ranks, local experts, K, T, T_max, every rank's ids and rows)."""
+    g = torch.Generator().manual_seed(seed)
+    ranks, local, t = min_ranks + seed % 3, 1 + seed % 3, 4 + seed
+    k = min(2, ranks * local)
+    all_idx = [_ids(t, k, ranks * local, g) for _ in range(ranks)]
+    all_x = [torch.randn(t, 8, generator=g).bfloat16() for _ in range(ranks)]
+    return g, ranks, local, k, t, t + seed % 3, all_idx, all_x
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_layout_from_mc2_is_ours_whatever_mc2s_row_order(seed):
-    g = torch.Generator().manual_seed(seed)
-    ranks, local, k, t, h = 1 + seed % 4, 1 + seed % 3, 2, 5 + seed, 8
-    e = ranks * local
-    k = min(k, e)
-    t_max = t + seed % 3
-    all_idx = [_ids(t, k, e, g) for _ in range(ranks)]
-    all_x = [torch.randn(t, h, generator=g).bfloat16() for _ in range(ranks)]
+    g, ranks, local, k, t, t_max, all_idx, all_x = _scenario(seed, 1)
     for rank in range(ranks):
         expand_x, token_nums, expand_scales = _mc2_outputs(all_idx, all_x, rank, local, k, g)
         got = npu_ep.ll_layout_from_mc2(expand_x, token_nums, expand_scales, t, t_max, ranks)
@@ -69,13 +73,7 @@ def test_ge_layout_from_mc2_is_ours_whatever_mc2s_row_order(seed, npu_ops):
     from tests.npu import ge_eval
     from torch_ascend_moe.testing import npu_wheel
 
-    g = torch.Generator().manual_seed(seed + 100)
-    ranks, local, k, t, h = 2 + seed % 3, 1 + seed % 3, 2, 4 + seed, 8
-    e = ranks * local
-    k = min(k, e)
-    t_max = t + seed % 2
-    all_idx = [_ids(t, k, e, g) for _ in range(ranks)]
-    all_x = [torch.randn(t, h, generator=g).bfloat16() for _ in range(ranks)]
+    g, ranks, local, k, t, t_max, all_idx, all_x = _scenario(seed + 100, 2)
     air = npu_wheel.torchair()
     for rank in range(ranks):
         expand_x, token_nums, expand_scales = _mc2_outputs(all_idx, all_x, rank, local, k, g)

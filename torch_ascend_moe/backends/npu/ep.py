@@ -246,6 +246,26 @@ def _mc2_static(args) -> bool:
     return args.x.dtype in _MC2_DTYPES and not args.use_fp8 and args.slot_weights is None and fits
 
 
+def _ll_dispatch_v2(call, x, expert_ids, active, code, name: str, ranks: int, rank: int, num_experts: int):
+    """``npu_moe_distribute_dispatch_v2`` through ``call`` (the op, or torch_npu's GE converter of it) in the
+    low-latency form: no shared experts, unquantized, counts per expert, every rank with the same T
+    (``global_bs=0``), each slot's source code as its ``expert_scales``."""
+    return call(
+        x,
+        expert_ids,
+        name,
+        ranks,
+        rank,
+        num_experts,
+        x_active_mask=active,
+        expert_scales=code,
+        shared_expert_num=0,
+        quant_mode=0,
+        global_bs=0,
+        expert_token_nums_type=1,
+    )
+
+
 @npu_kernel(calls="npu_moe_distribute_dispatch_v2")
 def ep_low_latency_dispatch(args):
     mc2 = _mc2_static(args) and not capture.capturing(args.x.device)
@@ -261,20 +281,9 @@ def ep_low_latency_dispatch(args):
     ranks, rank, name = _group_info(args.group_name)
     expert_ids, _, active = _routing(idx, None, args.num_experts, True)
     code = (rank * t + torch.arange(t, device=args.x.device)).float().unsqueeze(1).expand(t, k).contiguous()
-    expand_x, _, _, token_nums, _, _, expand_scales = torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
-        args.x,
-        expert_ids,
-        name,
-        ranks,
-        rank,
-        args.num_experts,
-        x_active_mask=active,
-        expert_scales=code,
-        shared_expert_num=0,
-        quant_mode=0,
-        global_bs=0,  # every rank has T rows (checked above)
-        expert_token_nums_type=1,
-    )
+    call = torch.ops.npu.npu_moe_distribute_dispatch_v2.default
+    outs = _ll_dispatch_v2(call, args.x, expert_ids, active, code, name, ranks, rank, args.num_experts)
+    expand_x, token_nums, expand_scales = outs[0], outs[3], outs[6]
     recv_x, count, src_info, layout_range = ll_layout_from_mc2(
         expand_x, token_nums, expand_scales, t, args.num_max_dispatch_tokens_per_rank, ranks
     )
@@ -378,20 +387,8 @@ def ep_low_latency_dispatch_ge(
     code = ge_graph.cast(
         ge.Add(ge.Unsqueeze(code, axes=[1]), ge.ZerosLike(ge_graph.cast(topk_idx, torch.int64))), torch.float32
     )
-    outs = ge_graph.npu_converter("npu_moe_distribute_dispatch_v2")(
-        x,
-        expert_ids,
-        name,
-        ranks,
-        rank,
-        num_experts,
-        x_active_mask=active,
-        expert_scales=code,
-        shared_expert_num=0,
-        quant_mode=0,
-        global_bs=0,
-        expert_token_nums_type=1,
-    )
+    converter = ge_graph.npu_converter("npu_moe_distribute_dispatch_v2")
+    outs = _ll_dispatch_v2(converter, x, expert_ids, active, code, name, ranks, rank, num_experts)
     recv_x, count, src_info, layout_range = _ll_layout_from_mc2_ge(
         outs.expand_x, outs.expert_token_nums, outs.expand_scales, tokens, t_max, ranks, local
     )
