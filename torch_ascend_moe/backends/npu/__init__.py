@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.distributed.capture import host_readable as has_values  # noqa: F401  (the adapters' import)
-
 
 def register() -> None:
     """Import every family module of this package (each registers its own adapters on PrivateUse1)."""

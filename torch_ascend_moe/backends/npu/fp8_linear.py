@@ -53,13 +53,6 @@ def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
     return OPS.fp8_gemm(xq, xs, wq, ws, c, [1, block], [block, block], 1.0, torch.float32).to(x.dtype)
 
 
-class _Spec:
-    """A stand-in for TorchAir's TensorSpec of an intermediate (what our converters read: ``_meta``)."""
-
-    def __init__(self, meta: torch.Tensor):
-        self._meta = meta
-
-
 @npu_ge_converter("fp8_quant_gemm", ir="DynamicMxQuant + QuantBatchMatmulV4")
 def fp8_quant_gemm_ge(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype, meta_outputs=None):
     # The cast's outputs as our op's fake computes them: the GEMM converter decides from their metas.

@@ -48,8 +48,9 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph, has_values
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.portable import grouped as portable
+from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     M_GROUPED,
@@ -114,7 +115,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
-    if has_values(layout):
+    if host_readable(layout):
         layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
     if rows == 0 or groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
         return torch.zeros(shape, dtype=dtype, device=a.device)
@@ -136,7 +137,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
         return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
     groups, m_max, k = a.shape
-    if has_values(masked_m):
+    if host_readable(masked_m):
         portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     if groups * m_max == 0 or k == 0 or b.shape[1] == 0:
         return torch.zeros(shape, dtype=dtype, device=a.device)
@@ -152,7 +153,7 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if a.dtype == torch.float64 or not _fits(num_groups, a.shape[1], b.shape[1]):
         return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
-    if has_values(layout):
+    if host_readable(layout):
         layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
     if rows == 0 or num_groups == 0 or a.shape[1] == 0 or b.shape[1] == 0:
         out = torch.zeros(shape, dtype=dtype, device=a.device)

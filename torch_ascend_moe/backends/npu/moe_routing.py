@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph, has_values
+from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import moe_routing as portable
 from torch_ascend_moe.distributed import capture
@@ -96,7 +96,7 @@ def _init_routing(call, x, ids, num_experts: int):
 @npu_kernel(calls="npu_moe_init_routing_v2")
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
-    if has_values(topk_idx):
+    if capture.host_readable(topk_idx):
         portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
         return portable.moe_permute(x, topk_idx, num_experts, alignment)
@@ -165,7 +165,7 @@ def moe_unpermute(y, row_map, topk_weights):
     # Unknown -1 slots (during a graph capture) go to the portable kernel, which handles them without a host read;
     # under fake tensors (the shape checks) the op's path is traced.
     unrouted = capture.capturing(row_map.device)
-    if has_values(row_map):
+    if capture.host_readable(row_map):
         portable._check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
         unrouted = bool((row_map < 0).any())
     t, k = row_map.shape
