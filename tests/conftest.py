@@ -2,6 +2,11 @@ import os
 
 import torch
 
+# Triton kernels (backends/cuda) run on CPU tensors in Triton's interpreter, which must be chosen before triton is
+# imported; a machine with a GPU compiles them instead.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Reproducible random inputs; each test that needs a stream makes its own generator too.
 torch.manual_seed(0)
 

@@ -250,9 +250,11 @@ def cuda_kernel(name: str | Callable | None = None, *, calls: str):
 
 def import_families(package: str, path) -> None:
     """Import every module of ``package`` (``__name__``, ``__path__``): each family module registers its own
-    pieces by name at import, so no list of families or ops is kept here."""
+    pieces by name at import, so no list of families or ops is kept here. ``_``-prefixed modules are helpers
+    their families import (e.g. Triton kernels, which need ``triton``)."""
     for family in pkgutil.iter_modules(path):
-        importlib.import_module(f"{package}.{family.name}")
+        if not family.name.startswith("_"):
+            importlib.import_module(f"{package}.{family.name}")
 
 
 def op_names() -> list[str]:

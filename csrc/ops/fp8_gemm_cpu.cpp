@@ -217,6 +217,11 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
 
 namespace {
 
+// Whether every FP8/FP4 value (|x| <= 448) times its scale is finite.
+bool scaled_values_finite(const at::Tensor& sf) {
+  return sf.numel() == 0 || at::isfinite(sf.to(at::kFloat).abs().max().mul(448.0)).item<bool>();
+}
+
 // acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
 // Four rows of B at a time: four independent FMA chains, and each load of A serves four rows. `buf`
 // holds 4 * gk floats.
@@ -293,7 +298,10 @@ void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor&
   // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
   // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
   const bool k_major_b = b.stride(1) == 1;
-  if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0) {
+  // The streaming kernel scales B's block sums, not its values: the same numbers unless a value times its scale
+  // is not finite (a NaN/inf scale meeting a zero, an overflow past 448 * scale), where only dequantizing first
+  // puts NaN and inf where the contract (deq(A) @ deq(B)^T) has them.
+  if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0 && scaled_values_finite(sfb)) {
     const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
     at::Tensor partial = at::empty({M, N}, a.options().dtype(at::kFloat));
     streaming_fp8_gemm(partial, a_deq, b, sfb, recipe_b);

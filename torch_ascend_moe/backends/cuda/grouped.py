@@ -16,10 +16,17 @@ once to BF16):
   padding rows zeroed in both operands first (0 * inf is NaN); ``c`` added in FP32 before one rounding needs an
   FP32 output, which ``_grouped_mm`` does not give (``out_dtype`` must be BF16), so calls with ``c`` are portable.
 
-Portable, and why: GPUs before sm90 (not assumed to have the fused kernel), dtypes other than BF16 in and out
-(``_grouped_mm``'s meta accepts nothing else), rows or columns whose byte strides are not multiples of 16 (its
-alignment rule: K and N multiples of 8 for BF16), empty operands, and the FP8 ops (``_scaled_grouped_mm`` scales per
-row / per tensor, not DeepGEMM's per-K blocks; a Triton kernel is the plan).
+* ``m_grouped_fp8_gemm`` (psum and id layouts) and ``m_grouped_fp8_gemm_masked``: one launch of the block-scaled
+  Triton kernel of ``fp8_gemm`` (``_scaled_gemm``; ``_scaled_grouped_mm`` scales per row / per tensor, not
+  DeepGEMM's per-K blocks) over a tile schedule built on the device from the layout: psum segments as above, id
+  layouts through a row map sorted by group (rows read and written in place), masked groups as ``[0,
+  masked_m[g])`` of each batch.
+
+Portable, and why: for ``_grouped_mm``, GPUs before sm90 (not assumed to have the fused kernel), dtypes other
+than BF16 in and out (its meta accepts nothing else), rows or columns whose byte strides are not multiples of 16
+(its alignment rule: K and N multiples of 8 for BF16), empty operands; for the Triton kernel, what ``fp8_gemm``'s
+CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no Triton). ``k_grouped_fp8_gemm``
+(scale rows per group along the reduction) and ``m_grouped_fp8_linear`` stay portable.
 """
 
 from __future__ import annotations
@@ -32,12 +39,21 @@ from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     M_GROUPED,
+    M_GROUPED_FP8,
     MASKED,
+    MASKED_FP8,
     k_grouped_signature,
     layout_segments,
+    m_grouped_fp8_signature,
     m_grouped_signature,
+    masked_fp8_signature,
     masked_signature,
 )
+
+try:
+    from torch_ascend_moe.backends.cuda import _scaled_gemm
+except ImportError:  # no triton: the portable kernels serve CUDA
+    _scaled_gemm = None
 
 _ALIGN = 8  # BF16 elements in 16 bytes: _grouped_mm's stride alignment
 
@@ -113,3 +129,46 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     # reduction: mat_a [M, S] (a.T of a row-major copy), mat_b [S, N] row-major.
     a, b = (_rows(torch.where(valid.unsqueeze(1), t, 0)) for t in (a, b))
     return torch._grouped_mm(a.T, b, offs=ends.int())
+
+
+def _id_segments(layout: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int32 row map sorting rows by group, int64 begins, ends of each group in it) of an id layout, on the
+    device; padding rows (and, unvalidated while capturing, ids outside ``[0, G)``) sort past the last group."""
+    ids = layout.long()
+    key = torch.where((ids >= 0) & (ids < groups), ids, groups)
+    key, perm = torch.sort(key, stable=True)
+    bounds = torch.searchsorted(key, torch.arange(groups + 1, device=layout.device))
+    return perm.int(), bounds[:-1], bounds[1:]
+
+
+if _scaled_gemm is not None:
+
+    @cuda_kernel(calls="triton: _scaled_gemm")
+    def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+        shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+        rows, groups = a.shape[0], b.shape[0]
+        if not (rows and groups and b.shape[1] and _scaled_gemm.usable(a, recipe_a, recipe_b)):
+            return portable.m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+        if host_readable(layout):
+            layout_segments(M_GROUPED_FP8, layout, psum, alignment, rows, groups)  # our op's value errors
+        rows_map = None
+        if psum:
+            begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
+        else:
+            rows_map, begins, ends = _id_segments(layout, groups)
+        tiles = _scaled_gemm.segment_tiles(begins, ends, rows)
+        out = torch.zeros(shape, dtype=dtype, device=a.device)
+        return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map)
+
+    @cuda_kernel(calls="triton: _scaled_gemm")
+    def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+        shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+        groups, m_max = a.shape[0], a.shape[1]
+        if not (groups and m_max and b.shape[1] and _scaled_gemm.usable(a, recipe_a, recipe_b)):
+            return portable.m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+        if host_readable(masked_m):
+            portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+        ends = masked_m.long().clamp(0, m_max)  # unvalidated while capturing: never past the batch
+        tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
+        out = torch.zeros(shape, dtype=dtype, device=a.device)
+        return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, a_batched=True)

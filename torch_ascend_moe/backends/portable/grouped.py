@@ -32,14 +32,20 @@ from torch_ascend_moe.meta.grouped import (
 from torch_ascend_moe.quant import reference
 
 
+def psum_segments(layout: torch.Tensor, alignment: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 (begins, ends) of a psum layout's groups, on the device: group g owns ``[align(layout[g-1]),
+    layout[g])`` (``layout_segments`` without the host read)."""
+    ends = layout.long()
+    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
+    return (prev + alignment - 1) // alignment * alignment, ends
+
+
 def covering_psum_groups(layout: torch.Tensor, alignment: int, rows: int):
     """(int64 cumulative ends covering every row, bool mask of the rows some group owns) of a psum layout, on the
     device (no host read): the contiguous groups a fused grouped GEMM takes (``npu_grouped_matmul``'s
     ``group_list``, ``torch._grouped_mm``'s ``offs``), the padding before an aligned start given to the previous
     group (computed, then zeroed by the caller through the mask)."""
-    ends = layout.long()
-    prev = torch.cat([ends.new_zeros(1), ends[:-1]])
-    starts = (prev + alignment - 1) // alignment * alignment
+    starts, ends = psum_segments(layout, alignment)
     cum = torch.cat([starts[1:], ends.new_full((1,), rows)])
     r = torch.arange(rows, device=layout.device)
     group = torch.searchsorted(cum, r, right=True).clamp(max=ends.numel() - 1)

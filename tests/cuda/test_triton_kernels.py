@@ -1,0 +1,230 @@
+"""The Triton kernels of the CUDA backend (backends/cuda/_scaled_gemm.py behind fp8_gemm, fp8_bmm,
+m_grouped_fp8_gemm and its masked form) run on CPU tensors in Triton's interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1`` on a machine without a GPU): values against the specs' fp64 references and the C++
+kernels, which samples take the kernel, the layouts read on the device (no host read under an emulated capture),
+non-finite scales landing where the dequantize-then-multiply contract puts them, the bad-input campaign, and
+the kernels behind an opaque test op for ``opcheck`` and ``torch.compile(fullgraph=True)``. On a GPU the same
+tests run the compiled kernels through ``tests/cuda`` in ``tools/device_check.sh``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from unittest import mock
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.fp8_gemm.specs import SPECS as FP8_SPECS  # noqa: E402
+from tests.grouped.specs import SPECS as GROUPED_SPECS  # noqa: E402
+from tests.npu.test_capture import no_host_reads  # noqa: E402
+from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe.backends.cuda import _scaled_gemm, _triton  # noqa: E402
+from torch_ascend_moe.backends.cuda import fp8_gemm as fp8_kernels  # noqa: E402
+from torch_ascend_moe.backends.cuda import grouped as grouped_kernels  # noqa: E402
+from torch_ascend_moe.backends.portable import fp8_gemm as portable_fp8  # noqa: E402
+from torch_ascend_moe.backends.portable import grouped as portable_grouped  # noqa: E402
+from torch_ascend_moe.distributed import capture  # noqa: E402
+from torch_ascend_moe.testing import calc_diff  # noqa: E402
+from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not _triton.INTERPRETED, reason="Triton's interpreter is off in this process (a GPU compiles the kernels)"
+)
+
+KERNELS = {**vars(fp8_kernels), **vars(grouped_kernels)}
+PORTABLE = {**vars(portable_fp8), **vars(portable_grouped)}
+SPECS = [s for s in FP8_SPECS + GROUPED_SPECS if CUDA_KERNELS.get(s.name) == "triton: _scaled_gemm"]
+
+
+def _kernel(spec):
+    return KERNELS[spec.name]
+
+
+def _samples(spec):
+    return [
+        (dtype, s)
+        for dtype in spec.dtypes
+        for small in (False, True)
+        for s in spec.sample_inputs("cpu", dtype, small=small)
+    ]
+
+
+def _recipes(spec, s):
+    """(recipe_a, recipe_b) of a sample, by schema name."""
+    names = [a.name for a in spec.op._schema.arguments]
+    args = with_defaults(spec.name, lambda *a: a)(*s.args)
+    return args[names.index("recipe_a")], args[names.index("recipe_b")]
+
+
+def _takes_triton(spec, s) -> bool:
+    """The samples the kernel should take: non-empty operands (K too) and a K chunk both recipes allow."""
+    a, b = s.args[0], s.args[2]
+    return a.numel() > 0 and b.numel() > 0 and _scaled_gemm.block_k(*_recipes(spec, s)) is not None
+
+
+def test_registered():
+    assert {s.name for s in SPECS} == {"fp8_gemm", "fp8_bmm", "m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked"}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_values_vs_fp64_and_the_cpu_kernel(spec):
+    reference = with_defaults(spec.name, spec.reference)
+    taken = 0
+    for dtype, s in _samples(spec):
+        where = f"{spec.name}[{s.name}, {dtype}]"
+        with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+            out = _kernel(spec)(*s.args)
+        assert launch.called == _takes_triton(spec, s), f"{where}: Triton path taken = {launch.called}"
+        taken += launch.called
+        ours, ref = spec.op(*s.args), reference(*s.args)
+        assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), where
+        if out.numel():
+            assert calc_diff(out, ref) < THRESHOLDS[dtype], where
+            # The same FP32 sums in another order, one rounding: within a BF16 ulp of the output's scale, or a few
+            # FP32 ones, of the C++ kernel.
+            ulps = 1 if dtype == torch.bfloat16 else 16
+            tol = ulps * torch.finfo(dtype).eps * ours.abs().max().item()
+            assert (out.double() - ours.double()).abs().max().item() <= tol, where
+            assert torch.equal(out[ref == 0], ours[ref == 0]), f"{where}: rows no group owns differ"
+    assert taken, f"{spec.name}: no sample took the Triton kernel"
+
+
+def test_block_k():
+    assert _scaled_gemm.block_k([1, 128], [128, 128]) == 128
+    assert _scaled_gemm.block_k([1, 128], [1, 32]) == 32
+    assert _scaled_gemm.block_k([1, 64], [1, 192]) == 64
+    assert _scaled_gemm.block_k([1, 16], [1, 16]) is None  # below FP8 tl.dot's K
+    assert _scaled_gemm.block_k([1, 96], [1, 96]) == 32
+    assert _scaled_gemm.block_k([1, 48], [1, 48]) is None
+
+
+def test_segment_tiles_cover_every_segment_once():
+    """Each segment's rows in ceil(count / BLOCK_M) tiles, in order, within the static bound; the rest empty."""
+    bm = _scaled_gemm.BLOCK_M
+    begins = torch.tensor([0, 70, 70, 200, 330])
+    ends = torch.tensor([65, 70, 199, 330, 331])
+    tiles = _scaled_gemm.segment_tiles(begins, ends, 331)
+    assert tiles.shape == (3, -(-331 // bm) + 5)
+    covered = []
+    for g, r0, r1 in tiles.T.tolist():
+        if r1 > r0:
+            assert r1 - r0 <= bm and begins[g] <= r0 < r1 <= ends[g]
+            covered += [(g, r) for r in range(r0, r1)]
+    assert covered == [(g, r) for g in range(5) for r in range(begins[g], ends[g])]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_no_host_read_while_capturing(spec):
+    for _, s in _samples(spec):
+        if not _takes_triton(spec, s):
+            continue
+        eager = _kernel(spec)(*s.args)
+        with capture.emulated(), no_host_reads():
+            captured = _kernel(spec)(*s.args)
+        assert torch.equal(eager, captured), spec.name
+
+
+def _scale_args(spec, s):
+    names = [a.name for a in spec.op._schema.arguments]
+    return names.index("sfa"), names.index("sfb")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0])
+def test_special_scales_land_as_the_contract_puts_them(spec, value):
+    """A NaN, infinite or zero FP32 scale takes the in-tile dequantization: NaN and infinities
+    exactly where the contract (dequantize, then multiply: the portable kernel, and the C++ one) has them, finite
+    values within a few ulps. (Scales so large that the products overflow are dequantized in the tile too, but
+    where sums of overflowing terms become inf or NaN depends on the summation order, in every kernel.)"""
+    checked = 0
+    for dtype, s in _samples(spec):
+        if not _takes_triton(spec, s) or dtype != torch.float32:
+            continue
+        for i in _scale_args(spec, s):
+            sf = s.args[i]
+            if sf.dtype != torch.float32 or sf.numel() == 0:
+                continue
+            args = list(s.args)
+            bad = sf.clone()
+            bad.view(-1)[:: max(1, sf.numel() // 3)] = value
+            args[i] = bad.as_strided(sf.shape, sf.stride()) if bad.is_contiguous() else bad
+            out, ours, contract = _kernel(spec)(*args), spec.op(*args), PORTABLE[spec.name](*args)
+            assert torch.equal(ours.isnan(), contract.isnan()), f"{spec.name}[{s.name}]: the C++ kernel's NaNs"
+            where = f"{spec.name}[{s.name}] scale {i} = {value}"
+            assert torch.equal(out.isnan(), ours.isnan()), f"{where}: NaN placement"
+            inf = out.isinf() | ours.isinf()
+            assert torch.equal(out[inf], ours[inf]), f"{where}: infinities"
+            finite = ~(out.isnan() | inf)
+            scale = max(ours[finite].abs().max().item() if finite.any() else 0.0, 1e-30)
+            assert (out[finite] - ours[finite]).abs().max().item() <= 1e-5 * scale if finite.any() else True, where
+            checked += 1
+    assert checked, spec.name
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_bad_inputs_raise_our_errors(spec):
+    for bad in spec.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            _kernel(spec)(*bad.args)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_hostile_inputs_agree_with_the_cpu_kernel(spec):
+    """The bad-input campaign's mutations of small samples (every other dtype, ranks, sizes, strides, int64 edges,
+    NaN, out-of-range layout values): the Triton kernel gives the C++ kernel's verdict, the same whole message, and
+    its outputs where both accept."""
+    from torch_ascend_moe.testing import campaign
+
+    checked = dataclasses.replace(spec, portable=_kernel(spec))
+    problems = []
+    for sample in spec.sample_inputs("cpu", torch.float32, small=True)[:2]:
+        for i, x in enumerate(sample.args):
+            for name, mutate in campaign.mutations(x):
+                args = list(sample.args)
+                args[i] = mutate()
+                problem = campaign.verdict(checked, tuple(args))
+                if problem:
+                    problems.append(f"{sample.name} arg {i} {name}: {problem}")
+    assert not problems, "\n".join(problems[:5])
+
+
+@functools.cache
+def _test_op(name: str):
+    """``ascend_moe_test::<name>``: the op's schema, the CUDA kernel as its CPU kernel (interpreted Triton), our
+    op's fake: opaque to the compiler, as the interpreter must run outside tracing."""
+    op = getattr(torch.ops.ascend_moe, name).default
+    schema = str(op._schema).split("::", 1)[1].replace(name, name, 1)
+    lib = torch.library.Library("ascend_moe_test", "FRAGMENT")
+    lib.define(schema)
+    lib.impl(name, KERNELS[name], "CPU")
+    torch.library.register_fake(f"ascend_moe_test::{name}", lambda *args: op(*args), lib=lib)
+    _test_op.libs.append(lib)
+    return getattr(torch.ops.ascend_moe_test, name).default
+
+
+_test_op.libs = []
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_opcheck_and_compile_through_an_opaque_op(spec):
+    test_op = _test_op(spec.name)
+    samples = [
+        s for dtype in spec.dtypes for s in spec.sample_inputs("cpu", dtype, small=True) if _takes_triton(spec, s)
+    ]
+    assert samples
+    for s in samples[:2]:
+        # test_schema's allclose cannot compare FP8 inputs: the harness's bitwise form of it instead.
+        utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+        torch.library.opcheck(test_op, s.args, test_utils=utils)
+        tensors = [x for x in s.args if isinstance(x, torch.Tensor)]
+        before = [x.view(torch.uint8).clone() if x.element_size() == 1 else x.clone() for x in tensors]
+        out = test_op(*s.args)
+        for x, b in zip(tensors, before):
+            assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, b), "an input was mutated"
+            assert not torch._C._is_alias_of(out, x)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: test_op(*a) * 2, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(*s.args), _kernel(spec)(*s.args) * 2), spec.name

@@ -1,0 +1,95 @@
+"""Launching our Triton kernels: on CUDA tensors through ``torch.library.wrap_triton`` (so a kernel launched
+inside a ``triton_op`` or traced code is visible to the compiler), on CPU tensors through Triton's interpreter
+(what CI runs: no GPU there; the same kernel source, numpy underneath). Imported only by the family modules'
+Triton parts, which need ``triton`` installed (CUDA builds of torch ship it; CI installs it as a test
+dependency)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def interpreting(kernel) -> bool:
+    """Whether ``kernel`` is Triton's interpreter's (``TRITON_INTERPRET=1`` when ``triton`` was imported: the test
+    suite sets it on a machine without a GPU; triton's own ``tl`` helpers are JIT functions otherwise, which only
+    a GPU compile can call)."""
+    return isinstance(kernel, InterpretedFunction)
+
+
+def launch(kernel, grid, *args, **meta) -> None:
+    """``kernel[grid](*args, **meta)``: compiled for the GPU through ``torch.library.wrap_triton`` (visible to the
+    compiler when traced), or run by the interpreter (CPU tensors, tests)."""
+    if interpreting(kernel):
+        kernel[grid](*args, **meta)
+        return
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"{kernel.__name__}: a Triton kernel got {device.type} tensors; run with TRITON_INTERPRET=1 set before "
+            "triton is imported to interpret it on the CPU"
+        )
+    torch.library.wrap_triton(kernel)[grid](*args, **meta)
+
+
+def supported(device: torch.device, min_capability: tuple[int, int] = (8, 9)) -> bool:
+    """Whether our Triton kernels run on ``device``: a CUDA GPU of at least ``min_capability`` (FP8 ``tl.dot`` needs
+    sm89+), or CPU tensors when the kernels are interpreted (tests)."""
+    if device.type == "cpu":
+        return INTERPRETED
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= min_capability
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+INTERPRETED = interpreting(_probe)
+
+
+@triton.jit
+def round_to_bf16(x):
+    """FP32 -> BF16 rounded to nearest even, by bit arithmetic: Triton's interpreter truncates in ``.to(bfloat16)``
+    (3.9), the GPU rounds; spelled out, both give torch's rounding. NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    rounded = tl.where(x != x, bits | 0x00400000, rounded)  # a NaN's mantissa must not round into inf
+    return (rounded >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def decode_ue8m0(code):
+    """FP32 ``2^(code - 127)`` of UE8M0 codes (uint8): code 0 is the subnormal 2^-127, 255 is NaN."""
+    e = code.to(tl.int32)
+    bits = tl.where(e == 0, 0x00400000, e << 23)
+    value = bits.to(tl.float32, bitcast=True)
+    return tl.where(e == 255, float("nan"), value)
+
+
+@triton.jit
+def decode_e2m1_to_e4m3(byte, HIGH: tl.constexpr):
+    """The E2M1 code in the low (or high) nibble of ``byte`` (uint8) as the E4M3 value it equals (every E2M1
+    value is an E4M3 value), so FP4 operands meet FP8 ones in one FP8 ``tl.dot``."""
+    c = byte.to(tl.int32)
+    if HIGH:
+        c = c >> 4
+    c = c & 0xF
+    mag = c & 7
+    # 0.5 is E4M3 0x30; 1..6 have exponent (mag >> 1) + 6 (bias 7) and mantissa bit mag & 1 on its top bit.
+    e4m3 = tl.where(mag >= 2, (((mag >> 1) + 6) << 3) | ((mag & 1) << 2), tl.where(mag == 1, 0x30, 0))
+    return (e4m3 | ((c & 8) << 4)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+__all__ = [
+    "decode_e2m1_to_e4m3",
+    "decode_ue8m0",
+    "interpreting",
+    "launch",
+    "round_to_bf16",
+    "supported",
+    "tl",
+    "triton",
+]
