@@ -153,16 +153,20 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // rows [0, recv_count[i]) valid, source-rank-major then ascending token. Optional FP8 cast per 128 channels
   // (DeepEP's: round_scale = power-of-two scales, use_ue8m0 = their exponent bytes packed 4 per int32);
   // slot_weights scales each (token, slot) message (the combine's backward). Returns (recv_x, recv_x_scales,
-  // recv_count [L], src_info [L, R * T_max], layout_range [L, R]: (begin << 32) | count per source).
+  // recv_count [L], src_info [L, R * T_max], layout_range [L, R]: (begin << 32) | count per source,
+  // backend_state: int32, empty unless the device's transport keeps routing state its combine needs (Ascend's
+  // MC2: assist_info_for_combine and the row map), an opaque value to hand to the combine).
   m.def(
       "ep_low_latency_dispatch(Tensor x, Tensor topk_idx, int num_max_dispatch_tokens_per_rank, int num_experts, "
       "str group_name, bool use_fp8=True, bool round_scale=False, bool use_ue8m0=False, Tensor? slot_weights=None, "
-      "float timeout_s=300.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "float timeout_s=300.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // combined[t] = round(sum over valid slots k, in order, of topk_weights[t, k] * y_k(t)) in FP32: weighted.
+  // backend_state: the dispatch's (optional: src_info and layout_range alone define the result on every device).
   m.def(
       "ep_low_latency_combine(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor src_info, Tensor layout_range, "
-      "int num_max_dispatch_tokens_per_rank, str group_name, float timeout_s=300.0) -> Tensor",
+      "int num_max_dispatch_tokens_per_rank, str group_name, float timeout_s=300.0, Tensor? backend_state=None) "
+      "-> Tensor",
       {at::Tag::pt2_compliant_tag});
 }
 

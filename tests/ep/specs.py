@@ -376,7 +376,7 @@ def ll_dispatch_reference(
             if use_fp8:
                 sc[e, j] = scales[t]
     layout_range = count.long().view(-1, 1)  # one source (begin 0)
-    return recv, sc, count, src, layout_range
+    return recv, sc, count, src, layout_range, torch.empty(0, dtype=torch.int32)  # no backend state off Ascend
 
 
 def ll_combine_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
@@ -385,16 +385,18 @@ def ll_combine_samples(device, dtype, requires_grad=False, small=False) -> list[
         x, idx, t_max, e, name, use_fp8, *_ = s.args
         if use_fp8:
             continue
-        _, _, _, src_info, layout_range = torch.ops.ascend_moe.ep_low_latency_dispatch(*s.args)
+        _, _, _, src_info, layout_range, state = torch.ops.ascend_moe.ep_low_latency_dispatch(*s.args)
         g = torch.Generator().manual_seed(10)
         y = torch.randn(e, t_max, x.shape[1], generator=g).to(dtype).to(device).requires_grad_(requires_grad)
         w_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         w = torch.rand(idx.shape, generator=g, dtype=w_dtype).to(device).requires_grad_(requires_grad)
-        out.append(SampleInput((y, idx, w, src_info, layout_range, t_max, name, 60.0), s.name))
+        out.append(SampleInput((y, idx, w, src_info, layout_range, t_max, name, 60.0, state), s.name))
     return out
 
 
-def ll_combine_reference(x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s):
+def ll_combine_reference(
+    x, topk_idx, topk_weights, src_info, layout_range, t_max, group_name, timeout_s, backend_state=None
+):
     idx = topk_idx.long().cpu()
     t = idx.shape[0]
     out = torch.zeros(t, x.shape[2], dtype=torch.float64)
@@ -443,17 +445,23 @@ def ll_dispatch_bad_inputs(device) -> list[BadInput]:
 
 def ll_combine_bad_inputs(device) -> list[BadInput]:
     s = ll_combine_samples("cpu", torch.float32)[0]
-    y, idx, w, src_info, layout_range, t_max, name, timeout = s.args
+    y, idx, w, src_info, layout_range, t_max, name, timeout, state = s.args
     return [
         BadInput(
-            (y, idx, w[:, :1], src_info, layout_range, t_max, name, timeout),
+            (y, idx, w[:, :1], src_info, layout_range, t_max, name, timeout, state),
             r"argument 'topk_weights' shape: expected \[5, 2\]",
             "weights",
         ),
         BadInput(
-            (y[:, :4], idx, w, src_info, layout_range, t_max, name, timeout),
+            (y[:, :4], idx, w, src_info, layout_range, t_max, name, timeout, state),
             r"argument 'x' size\(1\): expected 8 \(R \* T_max\)",
             "rows",
+        ),
+        BadInput(
+            (y, idx, w, src_info, layout_range, t_max, name, timeout, state.long()),
+            r"argument 'backend_state' layout: expected a 1-D torch.int32 tensor \(the dispatch's backend_state\), "
+            r"got 1-D torch.int64",
+            "state dtype",
         ),
     ]
 

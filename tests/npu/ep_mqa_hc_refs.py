@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.testing import npu_wheel
 from torch_ascend_moe.testing.npu_wheel import cpu_reference, load
 
 _REGISTERED = False
@@ -63,6 +64,16 @@ def dispatch_v2(
     assert ep_world_size == 1 and ep_rank_id == 0, "the CPU reference models one rank"
     assert quant_mode == 0 and scales is None and tp_world_size <= 1 and shared_expert_rank_num == 0
     assert elastic_info is None
+    # The products' documented rules (aclnnMoeDistributeDispatchV2): A2 and A3 only; expert_scales on A2 only;
+    # a 2-D x_active_mask on A3 only.
+    soc = npu_wheel.SOC["version"]
+    a2, a3 = 220 <= soc < 226, 250 <= soc < 256
+    if not (a2 or a3):
+        raise RuntimeError(f"npu_moe_distribute_dispatch_v2: not supported on SoC {soc}")
+    if expert_scales is not None and not a2:
+        raise RuntimeError("npu_moe_distribute_dispatch_v2: expert_scales is not supported on Atlas A3")
+    if x_active_mask is not None and x_active_mask.dim() == 2 and not a3:
+        raise RuntimeError("npu_moe_distribute_dispatch_v2: a 2-D x_active_mask needs Atlas A3")
     shapes = torch.ops.npu.npu_moe_distribute_dispatch_v2.default(
         _meta_like(x),
         _meta_like(expert_ids),
@@ -141,6 +152,7 @@ def combine_v2(
     const_expert_num=0,
 ):
     assert ep_world_size == 1 and shared_expert_x is None and comm_quant_mode == 0
+    assert tp_send_counts is None and expand_scales is None, "no TP, no A2 expand_scales in our calls"
     bs, k = expert_ids.shape
     rows = int(ep_send_counts[moe_expert_num - 1]) if moe_expert_num else 0  # inclusive sums: the last is the total
     row_of = torch.full((bs, k), -1, dtype=torch.int64)

@@ -224,6 +224,32 @@ def _moe_distribute_dispatch_v2(op, i):
     )
 
 
+def _moe_distribute_combine_v2(op, i):
+    unused = ("tp_send_counts", "expand_scales", "shared_expert_x", "elastic_info", "ori_x", "performance_info")
+    if any(i.get(n) is not None for n in unused):
+        raise NotImplementedError(f"MoeDistributeCombineV2: {', '.join(unused)} are not modelled")
+    names = ("shared_expert_num", "global_bs", "comm_quant_mode")
+    return torch.ops.npu.npu_moe_distribute_combine_v2.default(
+        i["expand_x"],
+        i["expert_ids"],
+        i["assist_info_for_combine"],
+        i["ep_send_counts"],
+        i["expert_scales"],
+        _attr(op, "group_ep").decode(),
+        _attr(op, "ep_world_size"),
+        _attr(op, "ep_rank_id"),
+        _attr(op, "moe_expert_num"),
+        x_active_mask=i.get("x_active_mask"),
+        **{n: _attr(op, n) for n in names},
+    )
+
+
+def _slice(op, i):
+    """TensorFlow's Slice: ``size[d] == -1`` takes the rest of dimension d."""
+    offsets, sizes = i["offsets"].reshape(-1).tolist(), i["size"].reshape(-1).tolist()
+    return i["x"][tuple(slice(o, None if s == -1 else o + s) for o, s in zip(offsets, sizes))]
+
+
 def _gather(x, index, axis):
     axis = int(axis)
     return x.index_select(axis, index.reshape(-1).long()).reshape([*x.shape[:axis], *index.shape, *x.shape[axis + 1 :]])
@@ -249,6 +275,11 @@ OPS = {
     ),
     "QuantBatchMatmulV4": _quant_batch_matmul_v4,
     "MoeDistributeDispatchV2": _moe_distribute_dispatch_v2,
+    "MoeDistributeCombineV2": _moe_distribute_combine_v2,
+    "Slice": _slice,
+    "InvertPermutation": lambda op, i: torch.argsort(i["x"]).to(i["x"].dtype),
+    "BitwiseAnd": lambda op, i: i["x1"] & i["x2"],
+    "RightShift": lambda op, i: torch.bitwise_right_shift(i["x"], i["y"]),
     "Round": lambda op, i: torch.round(i["x"]),
     "ReduceAny": lambda op, i: i["x"].any(dim=int(i["axes"].reshape(-1)[0]), keepdim=bool(_attr(op, "keep_dims"))),
     "LogicalNot": lambda op, i: ~i["x"],
@@ -269,6 +300,8 @@ OPS = {
     "Add": lambda op, i: i["x1"] + i["x2"],
     "Sub": lambda op, i: i["x1"] - i["x2"],
     "Mul": lambda op, i: i["x1"] * i["x2"],
+    "Muls": lambda op, i: (i["x"].float() * _attr(op, "value")).to(i["x"].dtype),
+    "Adds": lambda op, i: (i["x"].float() + _attr(op, "value")).to(i["x"].dtype),
     "FloorDiv": lambda op, i: torch.div(i["x1"], i["x2"], rounding_mode="floor"),
     "Minimum": lambda op, i: torch.minimum(i["x1"], i["x2"]),
     "Maximum": lambda op, i: torch.maximum(i["x1"], i["x2"]),

@@ -160,15 +160,15 @@ def _ll_dispatch_setup(ctx, inputs, output):
     ctx.use_fp8, ctx.t_max = args.use_fp8, args.num_max_dispatch_tokens_per_rank
     ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
     ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(args.topk_idx, output[3], output[4])
+    ctx.save_for_backward(args.topk_idx, output[3], output[4], output[5])
 
 
 def _ll_dispatch_backward(ctx, grad_x, *unused):
-    topk_idx, src_info, layout_range = ctx.saved_tensors
+    topk_idx, src_info, layout_range, state = ctx.saved_tensors
     if not needs_grad(ctx, "ep_low_latency_dispatch", "x") or ctx.use_fp8 or grad_x is None:
         return gradients("ep_low_latency_dispatch")
     ones = torch.ones(topk_idx.shape, dtype=torch.float32, device=grad_x.device)
-    dx = _ll_combine(grad_x, topk_idx, ones, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
+    dx = _ll_combine(grad_x, topk_idx, ones, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s, state)
     return gradients("ep_low_latency_dispatch", x=dx)
 
 
@@ -176,11 +176,14 @@ def _ll_combine_setup(ctx, inputs, output):
     args = arguments("ep_low_latency_combine", inputs)
     ctx.t_max, ctx.group_name, ctx.timeout_s = args.num_max_dispatch_tokens_per_rank, args.group_name, args.timeout_s
     ctx.num_experts = args.x.shape[0] * args.layout_range.shape[1]
-    ctx.save_for_backward(args.x, args.topk_idx, args.topk_weights, args.src_info, args.layout_range)
+    ctx.has_state = args.backend_state is not None
+    saved = (args.x, args.topk_idx, args.topk_weights, args.src_info, args.layout_range)
+    ctx.save_for_backward(*saved, *((args.backend_state,) if ctx.has_state else ()))
 
 
 def _ll_combine_backward(ctx, grad_out):
-    x, topk_idx, topk_weights, src_info, layout_range = ctx.saved_tensors
+    x, topk_idx, topk_weights, src_info, layout_range, *maybe_state = ctx.saved_tensors
+    state = maybe_state[0] if ctx.has_state else None
     dx = dw = None
     if needs_grad(ctx, "ep_low_latency_combine", "x"):
         dx = _ll_dispatch(
@@ -200,7 +203,9 @@ def _ll_combine_backward(ctx, grad_out):
         for k in range(topk_idx.shape[1]):
             one_hot = torch.zeros_like(topk_weights)
             one_hot[:, k] = 1
-            y_k = _ll_combine(x, topk_idx, one_hot, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s)
+            y_k = _ll_combine(
+                x, topk_idx, one_hot, src_info, layout_range, ctx.t_max, ctx.group_name, ctx.timeout_s, state
+            )
             columns.append((grad_out.to(y_k.dtype) * y_k).sum(-1))
         dw = torch.stack(columns, dim=1).to(topk_weights.dtype) if columns else torch.zeros_like(topk_weights)
     return gradients("ep_low_latency_combine", x=dx, topk_weights=dw)

@@ -90,6 +90,20 @@ def _event(async_finish: bool) -> EventOverlap:
     return EventOverlap(EventHandle() if async_finish else None)
 
 
+class _LowLatencyHandle(tuple):
+    """DeepEP's low-latency handle ``(src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
+    num_experts)``, plus ``.backend_state``: the dispatch's device routing state (Ascend MC2's; empty elsewhere)
+    that ``low_latency_combine`` hands to the combine. A re-packed plain 5-tuple still combines (through the
+    handle's fields, on every device)."""
+
+    backend_state: torch.Tensor | None
+
+    def __new__(cls, fields, backend_state):
+        self = super().__new__(cls, fields)
+        self.backend_state = backend_state
+        return self
+
+
 class _DeepEPHandle(tuple):
     """DeepEP V1's normal-mode handle: upstream's tuple, its fields at upstream's positions, plus ``.ep``, the ops'
     ``EPHandle`` that ``combine`` and cached ``dispatch`` replay (the fields are for code that reads them).
@@ -586,7 +600,7 @@ class Buffer:
             timeout_s=self.num_cpu_timeout_secs,
         )
         # DeepEP's 5-tuple; low_latency_combine rebuilds the op's handle with this buffer's group.
-        handle = tuple(handle[:5])
+        handle = _LowLatencyHandle(handle[:5], handle.backend_state)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count.to(cumulative_local_expert_recv_stats.dtype)
         hook = (lambda: None) if return_recv_hook else None
@@ -647,7 +661,7 @@ class Buffer:
                 "deep_ep.Buffer: argument 'handle' value: expected the 5-tuple low_latency_dispatch returned, "
                 f"got {type(handle).__name__} of length {len(handle) if isinstance(handle, (tuple, list)) else '-'}"
             )
-        return EPLowLatencyHandle(*handle, self.group_name)
+        return EPLowLatencyHandle(*handle, self.group_name, getattr(handle, "backend_state", None))
 
     def get_next_low_latency_combine_buffer(self, handle) -> torch.Tensor:
         """The ``[L, R * T_max, H]`` BF16 buffer to write expert outputs into for ``low_latency_combine(...,

@@ -417,7 +417,22 @@ def ll_combine_signature(a):
         lambda: f"{ck.shape_str(a.src_info.shape)} and {ck.shape_str(a.layout_range.shape)}",
     )
     ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
+    if a.backend_state is not None:
+        ck.check_arg(
+            a.backend_state.dim() == 1 and a.backend_state.dtype == torch.int32,
+            op,
+            "backend_state",
+            "layout",
+            "a 1-D torch.int32 tensor (the dispatch's backend_state)",
+            lambda: f"{a.backend_state.dim()}-D {a.backend_state.dtype}",
+        )
     return r
+
+
+def keeps_backend_state(device: torch.device) -> bool:
+    """Whether a low-latency dispatch on ``device`` may return a non-empty ``backend_state``: only Ascend's
+    (PrivateUse1) kernel does (MC2's routing state, backends/npu/ep.py); everywhere else it is empty."""
+    return device.type == torch._C._get_privateuse1_backend_name()
 
 
 @fake
@@ -426,12 +441,15 @@ def ep_low_latency_dispatch(args):
     r = ll_dispatch_signature(args)
     local, rows, h = args.num_experts // r, r * t_max, args.x.shape[1]
     cols, s_dtype = ll_scale_shape(h, args.use_fp8, args.use_ue8m0)
+    # MC2's state has a size its SoC's rules and the ranks' token counts decide at run time: unbacked there.
+    state = torch.library.get_ctx().new_dynamic_size(min=0) if keeps_backend_state(args.x.device) else 0
     return (
         args.x.new_empty([local, rows, h], dtype=torch.float8_e4m3fn if args.use_fp8 else args.x.dtype),
         args.x.new_empty([local, rows, cols], dtype=s_dtype),
         args.x.new_empty([local], dtype=torch.int32),
         args.x.new_empty([local, rows], dtype=torch.int32),
         args.x.new_empty([local, r], dtype=torch.int64),
+        args.x.new_empty([state], dtype=torch.int32),
     )
 
 

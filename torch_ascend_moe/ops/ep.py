@@ -212,6 +212,8 @@ class EPLowLatencyHandle(NamedTuple):
     hidden: int
     num_experts: int
     group_name: str
+    # The dispatch's backend_state (Ascend MC2's routing state; empty elsewhere), handed to the combine.
+    backend_state: torch.Tensor | None = None
 
 
 @schema_defaults
@@ -231,7 +233,7 @@ def ep_low_latency_dispatch(
     buffers (rows ``[0, recv_count[i])`` valid, source-rank-major then ascending token; static shapes).
     Returns ``(recv_x or (fp8, scales), recv_count [L], handle)``; differentiable when not FP8."""
     name = group_name_of(group)
-    recv_x, scales, count, src_info, layout_range = _ll_dispatch(
+    recv_x, scales, count, src_info, layout_range, state = _ll_dispatch(
         x,
         topk_idx,
         num_max_dispatch_tokens_per_rank,
@@ -243,7 +245,9 @@ def ep_low_latency_dispatch(
         None,
         timeout_s,
     )
-    handle = EPLowLatencyHandle(src_info, layout_range, num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, name)
+    handle = EPLowLatencyHandle(
+        src_info, layout_range, num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, name, state
+    )
     return ((recv_x, scales) if use_fp8 else recv_x), count, handle
 
 
@@ -266,4 +270,5 @@ def ep_low_latency_combine(
         handle.num_max_dispatch_tokens_per_rank,
         handle.group_name,
         timeout_s,
+        handle.backend_state,
     )

@@ -17,39 +17,37 @@ What maps, and what stays on the portable kernels (``all_to_all_single`` over HC
   then our schema's handle (``send_src``, ``send_counts``, ``recv_counts``, ``recv_gather``) must be real
   tensors that ``ep_combine``, ``ep_dispatch_cached`` and the autograd backward consume, while MC2's routing
   state (``assist_info_for_combine``, ``ep_recv_counts``) is opaque: no exact adapter.
-* ``ep_low_latency_dispatch``: ``npu_moe_distribute_dispatch_v2`` (the adapter below), exactly, without relying
-  on MC2's row order or opaque state: each (token, slot) carries its source code ``rank * T + t`` as its
-  ``expert_scales`` value (an FP32 integer, exact below 2^24), which MC2 returns per received row as
-  ``expand_scales``; the rows are then sorted by (local expert, source rank, token) on the device, which is our
-  layout, and ``src_info`` / ``layout_range`` / ``recv_count`` are computed from the codes. Conditions (the
-  same on every rank, so every rank takes the same path): BF16/FP16 rows without ``use_fp8`` (MC2 quantizes to
-  int8, DeepEP to E4M3) or ``slot_weights``, ``K <= 16``, ``H`` within MC2's range, every rank with the same
-  ``T <= 512`` (MC2's ``global_bs = 0`` form; read from the header all ranks exchange anyway), not capturing
-  (no header then). Otherwise the portable transport, after the same checks.
-* ``ep_low_latency_combine``: portable: ``combine_v2`` needs MC2's opaque ``assist_info_for_combine``, which our
-  handle does not carry (ours works from ``src_info``). The data part maps: MC2's rows inside
-  an expert are source-rank-major, then ascending token (CANN's MoeDistributeDispatch design note for A2,
-  ``ops-transformer/mc2/moe_distribute_dispatch_v2/docs``: ``ep_recv_counts`` = inclusive sums over (local
-  expert, source rank), a token's slot in its expert's segment = how many earlier tokens of that source chose
-  the expert), i.e. ``recv_x[e, :recv_count[e]]`` packed back to back, and ``expert_token_nums`` =
-  ``recv_count`` (both checked on one rank). The handle does not: ``src_info [L, R*T_max]`` (source token of
-  each row) is not an MC2 output, and the aclnn docs say ``assist_info_for_combine`` / ``ep_recv_counts`` /
-  ``tp_recv_counts`` / ``expand_scales`` values differ by product, algorithm and version: "pass them to
-  combine, do not depend on them". So ``combine_v2`` cannot run from our handle, nor ours from MC2's.
-  Registering the pair needs a handle that carries MC2's state (a schema change: the dispatch returning an
-  opaque state tensor, the combine taking it; ``src_info`` unspecified on Ascend). FP8 (``use_fp8``) does not
-  map either: MC2 quantizes to int8 per token (``quant_mode=2``), DeepEP to E4M3 per 128 channels.
+* ``ep_low_latency_dispatch`` / ``ep_low_latency_combine``: ``npu_moe_distribute_dispatch_v2`` /
+  ``combine_v2``, exactly in the dispatch's layout, without relying on MC2's row order or on the values of its
+  opaque outputs. Each token's row carries its source code ``rank * T + t`` in ``CODE_COLUMNS`` extra columns
+  (its bytes as exact small integers; MC2 moves unquantized rows as they are), so every received row says where
+  it came from; the rows are sorted by (local expert, source rank, token) on the device, which is our layout,
+  and ``src_info`` / ``layout_range`` / ``recv_count`` come from the codes. (``expert_scales`` cannot carry the
+  codes: A3 does not take them and on A2 they are the weights combine applies.) The dispatch returns MC2's
+  ``assist_info_for_combine`` and ``ep_recv_counts`` with the map from MC2's rows to ours as its
+  ``backend_state``; the combine gathers the expert outputs back into MC2's rows with it and calls
+  ``combine_v2`` with the routing weights, which weights and sums the slots (its summation order and precision
+  are CANN's, not documented: the result is the weighted sum, not bitwise our slot-order FP32 sum).
+  Conditions, the same on every rank (the dispatch's header makes them agree, and the combine's exchanges
+  whether every rank has a state): Atlas A2 or A3 (Ascend 950 has no MC2 V2 ops), BF16/FP16 rows without
+  ``use_fp8`` (MC2 quantizes to int8, DeepEP to E4M3) or ``slot_weights``, ``K <= 16``, ``H + CODE_COLUMNS``
+  within the product's range, every rank with the same ``T`` up to the product's ``Bs`` limit (MC2's
+  ``global_bs = 0`` form), on A2 no empty (-1) slot on any rank (A2 masks whole tokens only), not capturing (no
+  header then). Otherwise the portable transport after the same checks, with an empty ``backend_state``; a
+  combine without a state (or with a re-packed handle) is the portable one, so the pair is exact either way.
 * ``ep_expand`` / ``ep_dispatch_layout``: local, portable (``npu_moe_init_routing_v2`` is the local analogue;
   its order is the same expert-major stable order, but it has no alignment padding; not wired here).
 
-Limits MC2 puts on the mapping (CANN's aclnnMoeDistributeDispatchV2 docs; the torch_npu 2.13 wheel's docstrings
-have no entry for the MC2 ops; deepep_api.md §10.1): bf16/fp16 ``x``, ``K <= 16``,
-``H`` in [1024, 8192] (A3), ``BS <= 512``, ``ep_world_size >= 2`` on hardware (the CPU reference here runs
-one rank), empty slots (-1) only through the 2-D ``x_active_mask`` (A3), ``HCCL_BUFFSIZE`` sized for ``A``
-rows, and a dedicated EP communicator; when ranks' ``BS`` differ (``global_bs``) every token must be active,
-so no empty slots either. Nothing here has run on Ascend hardware: the checks are torch_npu's
-own schemas and Meta kernels under FakeTensorMode, and values against a one-rank CPU reference of the MC2
-ops written from their documented semantics (tests/npu/ep_mqa_hc_refs.py).
+Limits MC2 puts on the mapping (CANN's aclnnMoeDistributeDispatchV2 / CombineV2 docs, ops-transformer's
+``mc2/``; the torch_npu 2.13 wheel's docstrings have no entry for the MC2 ops; deepep_api.md §10.1): Atlas A2
+and A3 only; bf16/fp16 ``x``; ``K <= 16``; ``H`` in [1024, 8192] on A3, up to 7168 (a multiple of 32) on A2;
+``Bs <= 512`` (A3) / 256 (A2); ``ep_world_size`` in [2, 768] (A3) / 16..256 (A2) on hardware (the CPU
+reference here runs one rank); empty slots only through A3's 2-D ``x_active_mask``; ``expert_scales`` in
+dispatch only on A2; ``HCCL_BUFFSIZE`` sized for ``A`` rows; a dedicated EP communicator; when ranks' ``Bs``
+differ (``global_bs``) every token must be active. Nothing here has run on Ascend hardware: the checks are
+torch_npu's own schemas and Meta kernels under FakeTensorMode, and values against CPU references of the MC2
+ops written from their documented semantics (tests/npu/ep_mqa_hc_refs.py), one rank end to end and several
+ranks simulated.
 """
 
 from __future__ import annotations
@@ -60,8 +58,9 @@ import torch
 
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
 from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe.backends.npu.quant import soc_version
 from torch_ascend_moe.backends.portable import ep as portable
-from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.distributed import capture, exchange
 from torch_ascend_moe.distributed.exchange import place_rows
 from torch_ascend_moe.distributed.groups import resolve_group
 
@@ -196,32 +195,66 @@ def combine_expanded(y: torch.Tensor, handle: MC2Handle) -> torch.Tensor:
         r,
         rank,
         handle.num_experts,
-        tp_send_counts=handle.tp_recv_counts,
         x_active_mask=handle.active_mask,
         shared_expert_num=0,
         global_bs=handle.global_bs,
     )
 
 
-# MC2's documented limits (A3) on the low-latency form: hidden size, top-k, tokens per rank (BS).
-MC2_HIDDEN = (1024, 8192)
+# ---- low-latency dispatch / combine through MC2 ------------------------------------------------------------------
+
+# SoC numbers (torch_npu's SocVersion): Atlas A2 = Ascend910B1..B4_1, A3 = Ascend910_93xx; Ascend 950 (260) has no
+# MC2 dispatch/combine V2 (aclnnMoeDistributeDispatchV2's product table).
+A2_SOCS = range(220, 226)
+A3_SOCS = range(250, 256)
+# MC2's documented limits per product: hidden size (our rows carry CODE_COLUMNS more), tokens per rank (Bs).
+MC2_HIDDEN = {"A3": (1024, 8192), "A2": (32, 7168)}
+MC2_MAX_TOKENS = {"A3": 512, "A2": 256}
 MC2_MAX_TOPK = 16
-MC2_MAX_TOKENS = 512
 _MC2_DTYPES = (torch.bfloat16, torch.float16)
+# Each row's source code (rank * T + t) rides in the row itself, as CODE_COLUMNS extra columns of which the first
+# three hold its bytes as exact small integers (0..255: exact in BF16 and FP16, never NaN or subnormal, so a byte
+# copy and a value copy keep them alike). 32 columns keep A2's "H a multiple of 32". Codes are < 2^24 because
+# R * T <= 768 * 512.
+CODE_COLUMNS = 32
+_CODE_BYTES = 3
 
 
-def ll_layout_from_mc2(expand_x, token_nums, expand_scales, tokens: int, t_max: int, ranks: int):
-    """Our low-latency layout ``(recv_x [L, R*T_max, H], recv_count [L], src_info [L, R*T_max],
-    layout_range [L, R])`` from MC2 dispatch outputs, whatever MC2's row order inside an expert: ``expand_x``'s
-    rows are grouped by local expert (``token_nums`` rows each, the rest unspecified), ``expand_scales[row]`` is
-    the row's source code ``source rank * tokens + token``. No host sync."""
+def mc2_product() -> str | None:
+    """ "A3", "A2" or None (no MC2 V2 ops: Ascend 950, other SoCs) for this process's NPU."""
+    soc = soc_version()
+    return "A3" if soc in A3_SOCS else "A2" if soc in A2_SOCS else None
+
+
+def with_codes(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``x [T, H]`` with ``CODE_COLUMNS`` columns appended holding ``codes [T]`` (int64, < 2^24) byte by byte."""
+    shifts = torch.arange(_CODE_BYTES, device=x.device) * 8
+    digits = (codes.unsqueeze(1) >> shifts) & 0xFF
+    pad = torch.zeros(x.shape[0], CODE_COLUMNS - _CODE_BYTES, dtype=x.dtype, device=x.device)
+    return torch.cat([x, digits.to(x.dtype), pad], dim=1)
+
+
+def codes_of(rows: torch.Tensor) -> torch.Tensor:
+    """int64 codes carried by ``rows [A, H + CODE_COLUMNS]`` (``with_codes``'s inverse)."""
+    h = rows.shape[1] - CODE_COLUMNS
+    digits = rows[:, h : h + _CODE_BYTES].float().round().long()
+    return (digits << (torch.arange(_CODE_BYTES, device=rows.device) * 8)).sum(1)
+
+
+def ll_layout_from_mc2(expand_x, token_nums, tokens: int, t_max: int, ranks: int):
+    """Our low-latency layout ``(recv_x [L, R*T_max, H], recv_count [L], src_info [L, R*T_max], layout_range
+    [L, R], row_map [A])`` from MC2 dispatch outputs, whatever MC2's row order inside an expert: ``expand_x``'s
+    rows (``[A, H + CODE_COLUMNS]``, each with its source code ``source rank * tokens + token``) are grouped by
+    local expert (``token_nums`` rows each, the rest unspecified). ``row_map[i]`` is the flat ``[L * R*T_max]``
+    row of ours that MC2's row ``i`` became (-1: none), which the combine inverts. No host sync."""
     local, n, device = token_nums.shape[0], ranks * t_max, expand_x.device
+    h = expand_x.shape[1] - CODE_COLUMNS
     counts = token_nums.long()
     ends = torch.cumsum(counts, 0)
     rows = torch.arange(expand_x.shape[0], device=device)
     valid = rows < ends[-1]
     expert = torch.searchsorted(ends, rows, right=True).clamp(max=local - 1)
-    code = expand_scales.round().long().clamp(min=0)
+    code = codes_of(expand_x)
     source, token = code // tokens, code % tokens
     # (local expert, source rank, token): our order; rows past the valid ones sort last.
     key = torch.where(valid, (expert * ranks + source) * t_max + token, local * n)
@@ -229,27 +262,53 @@ def ll_layout_from_mc2(expand_x, token_nums, expand_scales, tokens: int, t_max: 
     valid, expert, source, token = (v.index_select(0, order) for v in (valid, expert, source, token))
     position = torch.arange(order.shape[0], device=device) - (ends - counts).index_select(0, expert)
     dest = torch.where(valid, expert * n + position, -1)
-    recv_x = place_rows(expand_x.index_select(0, order), dest, local * n).view(local, n, expand_x.shape[1])
+    recv_x = place_rows(expand_x[:, :h].index_select(0, order), dest, local * n).view(local, n, h)
     src_info = torch.full((local * n + 1,), -1, dtype=torch.int32, device=device)
     src_info.index_copy_(0, torch.where(valid, dest, local * n), torch.where(valid, token, -1).int())
     per_source = torch.zeros(local * ranks + 1, dtype=torch.int64, device=device)
     per_source.index_add_(0, torch.where(valid, expert * ranks + source, local * ranks), torch.ones_like(source))
     per_source = per_source[:-1].view(local, ranks)
     begins = torch.cumsum(per_source, 1) - per_source
-    return recv_x, counts.int(), src_info[:-1].view(local, n), (begins << 32) | per_source
+    row_map = torch.empty_like(dest).index_copy_(0, order, dest).int()
+    return recv_x, counts.int(), src_info[:-1].view(local, n), (begins << 32) | per_source, row_map
 
 
-def _mc2_static(args) -> bool:
-    """The conditions every rank shares (the header makes them agree): dtype, FP8, slot weights, K, H."""
-    h, k = args.x.shape[1], args.topk_idx.shape[1]
-    fits = MC2_HIDDEN[0] <= h <= MC2_HIDDEN[1] and k <= MC2_MAX_TOPK
-    return args.x.dtype in _MC2_DTYPES and not args.use_fp8 and args.slot_weights is None and fits
+def mc2_state(row_map, ep_recv_counts, assist_info) -> torch.Tensor:
+    """The dispatch's ``backend_state``: int32 ``[3 + A + n_ep + n_assist]`` = ``(A, n_ep, n_assist)``, the row map,
+    MC2's ``ep_recv_counts`` and ``assist_info_for_combine`` (opaque; passed back to combine_v2 untouched)."""
+    sizes = torch.tensor([row_map.numel(), ep_recv_counts.numel(), assist_info.numel()], dtype=torch.int32)
+    return torch.cat([sizes.to(row_map.device), row_map.int(), ep_recv_counts.int(), assist_info.int()])
 
 
-def _ll_dispatch_v2(call, x, expert_ids, active, code, name: str, ranks: int, rank: int, num_experts: int):
+def split_state(state: torch.Tensor, where: str):
+    """``(row_map, ep_recv_counts, assist_info)`` of a ``backend_state`` (reads its 3 sizes on the host)."""
+    sizes = state[:3].tolist() if state.numel() >= 3 else []
+    if len(sizes) != 3 or min(sizes) < 0 or 3 + sum(sizes) != state.numel():
+        raise ValueError(
+            f"{where}: argument 'backend_state' value: expected the state ep_low_latency_dispatch returned "
+            f"(3 sizes, then that many int32 entries), got {state.numel()} entries starting {sizes}"
+        )
+    a, n_ep, _ = sizes
+    return state[3 : 3 + a], state[3 + a : 3 + a + n_ep], state[3 + a + n_ep :]
+
+
+def _ll_mc2_product(args, h: int) -> str | None:
+    """The product whose MC2 takes this call (the conditions every rank shares: dtype, FP8, slot weights, K, H),
+    or None."""
+    product = mc2_product()
+    if product is None:
+        return None
+    low, high = MC2_HIDDEN[product]
+    k = args.topk_idx.shape[1]
+    fits = low <= h + CODE_COLUMNS <= high and k <= MC2_MAX_TOPK
+    ok = args.x.dtype in _MC2_DTYPES and not args.use_fp8 and args.slot_weights is None and fits
+    return product if ok else None
+
+
+def _ll_dispatch_v2(call, x, expert_ids, active, name: str, ranks: int, rank: int, num_experts: int):
     """``npu_moe_distribute_dispatch_v2`` through ``call`` (the op, or torch_npu's GE converter of it) in the
     low-latency form: no shared experts, unquantized, counts per expert, every rank with the same T
-    (``global_bs=0``), each slot's source code as its ``expert_scales``."""
+    (``global_bs=0``), no ``expert_scales`` (A3 does not take them; on A2 they change what combine expects)."""
     return call(
         x,
         expert_ids,
@@ -258,7 +317,6 @@ def _ll_dispatch_v2(call, x, expert_ids, active, code, name: str, ranks: int, ra
         rank,
         num_experts,
         x_active_mask=active,
-        expert_scales=code,
         shared_expert_num=0,
         quant_mode=0,
         global_bs=0,
@@ -268,29 +326,104 @@ def _ll_dispatch_v2(call, x, expert_ids, active, code, name: str, ranks: int, ra
 
 @npu_kernel(calls="npu_moe_distribute_dispatch_v2")
 def ep_low_latency_dispatch(args):
-    mc2 = _mc2_static(args) and not capture.capturing(args.x.device)
-    t, k = args.topk_idx.shape
-    group, r, idx, tokens = portable.ll_dispatch_checks(
-        args, torch.tensor([t], dtype=torch.int64, device=args.x.device) if mc2 else None
-    )
-    if mc2 and tokens is not None:  # None on fake tensors (shape checks): no header was exchanged
-        every = tokens[:, 0].tolist()  # each rank's T, from the header every rank exchanged
-        mc2 = len(set(every)) == 1 and 0 < t <= MC2_MAX_TOKENS
-    if not mc2:
+    t = args.topk_idx.shape[0]
+    product = None if capture.capturing(args.x.device) else _ll_mc2_product(args, args.x.shape[1])
+    # Every rank's T and whether it has empty (-1) slots ride in the header the checks exchange anyway (none on
+    # fake tensors: their shapes go through torch_npu's meta of the MC2 call).
+    extra = None
+    if product is not None and capture.host_readable(args.topk_idx):
+        extra = torch.tensor([t, int((args.topk_idx < 0).any())], dtype=torch.int64, device=args.x.device)
+    group, r, idx, gathered = portable.ll_dispatch_checks(args, extra)
+    if product is not None and gathered is not None:
+        tokens, empty = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+        # MC2 wants one T on every rank (global_bs = 0 form); A2 masks tokens, not slots (a 1-D active mask).
+        same_t = len(set(tokens)) == 1 and 0 < t <= MC2_MAX_TOKENS[product]
+        product = product if same_t and (product == "A3" or not any(empty)) else None
+    if product is None:
         return portable.ll_transport(args, group, r, idx)
     ranks, rank, name = _group_info(args.group_name)
-    expert_ids, _, active = _routing(idx, None, args.num_experts, True)
-    code = (rank * t + torch.arange(t, device=args.x.device)).float().unsqueeze(1).expand(t, k).contiguous()
+    expert_ids, _, active = _routing(idx, None, args.num_experts, product == "A3")
+    codes = rank * t + torch.arange(t, device=args.x.device)
     call = torch.ops.npu.npu_moe_distribute_dispatch_v2.default
-    outs = _ll_dispatch_v2(call, args.x, expert_ids, active, code, name, ranks, rank, args.num_experts)
-    expand_x, token_nums, expand_scales = outs[0], outs[3], outs[6]
-    recv_x, count, src_info, layout_range = ll_layout_from_mc2(
-        expand_x, token_nums, expand_scales, t, args.num_max_dispatch_tokens_per_rank, ranks
+    outs = _ll_dispatch_v2(call, with_codes(args.x, codes), expert_ids, active, name, ranks, rank, args.num_experts)
+    expand_x, assist_info, token_nums, ep_recv_counts = outs[0], outs[2], outs[3], outs[4]
+    recv_x, count, src_info, layout_range, row_map = ll_layout_from_mc2(
+        expand_x, token_nums, t, args.num_max_dispatch_tokens_per_rank, ranks
     )
-    return recv_x, args.x.new_empty(*recv_x.shape[:2], 0, dtype=portable._ABSENT), count, src_info, layout_range
+    scales = args.x.new_empty(*recv_x.shape[:2], 0, dtype=portable._ABSENT)
+    return recv_x, scales, count, src_info, layout_range, mc2_state(row_map, ep_recv_counts, assist_info)
 
 
-# ---- TorchAir GE converter ------------------------------------------------------------------------------------
+def _ll_combine_v2(call, y, expert_ids, assist_info, ep_send_counts, weights, active, name, ranks, rank, experts):
+    """``npu_moe_distribute_combine_v2`` through ``call`` with the parameters ``_ll_dispatch_v2`` used (no TP: no
+    ``tp_send_counts``; no ``expand_scales``)."""
+    return call(
+        y,
+        expert_ids,
+        assist_info,
+        ep_send_counts,
+        weights,
+        name,
+        ranks,
+        rank,
+        experts,
+        x_active_mask=active,
+        shared_expert_num=0,
+        global_bs=0,
+    )
+
+
+_BAD_STATE = (
+    "ascend_moe::ep_low_latency_combine: argument 'backend_state' value: expected the state "
+    "ep_low_latency_dispatch returned (3 sizes, then that many int32 entries, rows inside x), got another "
+    "tensor on rank(s) {ranks}"
+)
+
+
+def _state_pieces(state, rows: int):
+    """``split_state`` of a state that must index ``rows`` rows of ours, or None when it is not one."""
+    try:
+        row_map, ep_recv_counts, assist_info = split_state(state, "ascend_moe::ep_low_latency_combine")
+    except ValueError:
+        return None
+    if row_map.numel() and int(row_map.max()) >= rows:
+        return None
+    return row_map, ep_recv_counts, assist_info
+
+
+@npu_kernel(calls="npu_moe_distribute_combine_v2")
+def ep_low_latency_combine(args):
+    if capture.capturing(args.x.device) or not capture.host_readable(args.topk_idx):
+        group, r, _ = portable.ll_combine_checks(args)  # no header: MC2's state cannot be agreed on
+        return portable.ll_combine_transport(args, group, r)
+    local, n, h = args.x.shape
+    state = args.backend_state
+    has_state = state is not None and state.numel() > 0
+    pieces = _state_pieces(state, local * n) if has_state else None
+    product = mc2_product() if args.x.dtype in _MC2_DTYPES else None
+    empty = int((args.topk_idx < 0).any())
+    extra = torch.tensor([int(has_state and product is not None), empty], dtype=torch.int64, device=args.x.device)
+    # A bad state on one rank fails every rank (the others would wait in MC2's collective).
+    errors = {"backend_state": (has_state and pieces is None, _BAD_STATE)}
+    group, r, gathered = portable.ll_combine_checks(args, extra, errors)
+    ready, empties = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+    if not (all(ready) and (product == "A3" or not any(empties))):
+        return portable.ll_combine_transport(args, group, r)
+    row_map, ep_recv_counts, assist_info = pieces
+    ranks, rank, name = _group_info(args.group_name)
+    expert_ids, weights, active = _routing(args.topk_idx, args.topk_weights, r * local, product == "A3")
+    # MC2's rows from ours: row i of the dispatch's expand_x became our row row_map[i] (-1: none), and had the
+    # dispatch's width (the code columns: zeros here).
+    y = exchange.take_rows(args.x.reshape(local * n, h), row_map.long(), True)
+    y = torch.cat([y, y.new_zeros(y.shape[0], CODE_COLUMNS)], dim=1)
+    call = torch.ops.npu.npu_moe_distribute_combine_v2.default
+    out = _ll_combine_v2(
+        call, y, expert_ids, assist_info, ep_recv_counts, weights, active, name, ranks, rank, r * local
+    )
+    return out[:, :h].contiguous()
+
+
+# ---- TorchAir GE converters ------------------------------------------------------------------------------------
 
 
 def _fill_empty_slots_ge(idx, num_experts: int):
@@ -311,12 +444,37 @@ def _fill_empty_slots_ge(idx, num_experts: int):
     return ge_graph.cast(ge.SelectV2(empty, chosen, ids), torch.int32), ge.LogicalNot(empty)
 
 
-def _ll_layout_from_mc2_ge(expand_x, token_nums, expand_scales, tokens, t_max: int, ranks: int, local: int):
+def _with_codes_ge(x, codes, dtype: torch.dtype):
+    """GE form of ``with_codes`` (``codes`` int64 ``[T]``)."""
+    ge = ge_graph.api()
+    shifts = ge.Mul(ge_graph.arange(_CODE_BYTES), ge_graph.i64(8))
+    digits = ge.BitwiseAnd(ge.RightShift(ge.Unsqueeze(codes, axes=[1]), shifts), ge_graph.i64(0xFF))
+    pad = ge.Fill(
+        ge.ConcatV2([ge_graph.dim(x, 0), ge_graph.i64([CODE_COLUMNS - _CODE_BYTES])], ge_graph.i64(0), N=2),
+        ge.Const(0, ge_graph.ge_dtype(dtype)),
+    )
+    return ge_graph.typed(ge.ConcatV2([x, ge_graph.cast(digits, dtype), pad], ge_graph.i64(1), N=3), dtype)
+
+
+def _codes_of_ge(rows):
+    """GE form of ``codes_of``."""
+    ge, i64 = ge_graph.api(), torch.int64
+    first = ge.Sub(ge_graph.dim(rows, 1, scalar=True), ge_graph.i64(CODE_COLUMNS))
+    digits = ge.GatherV2(rows, ge.Add(first, ge_graph.arange(_CODE_BYTES)), ge_graph.i64(1))
+    digits = ge_graph.cast(ge.Round(ge_graph.cast(digits, torch.float32)), i64)
+    shifts = ge.Mul(ge_graph.arange(_CODE_BYTES), ge_graph.i64(8))
+    return ge.ReduceSum(ge.LeftShift(digits, shifts), ge_graph.i64([1]), keep_dims=False)
+
+
+def _ll_layout_from_mc2_ge(expand_x, token_nums, tokens, t_max: int, ranks: int, local: int):
     """GE form of ``ll_layout_from_mc2`` (``tokens`` an int64 scalar tensor): the rows sorted by (expert, source,
-    token), each output slot gathering its row (no scatter: TorchAir has no index_copy converter)."""
+    token), each output slot gathering its row (no scatter: TorchAir has no index_copy converter); the row map by
+    inverting the sort."""
     ge, i64 = ge_graph.api(), torch.int64
     n = ranks * t_max
     zero = ge_graph.i64(0)
+    h = ge.Sub(ge_graph.dim(expand_x, 1), ge_graph.i64([CODE_COLUMNS]))
+    data = ge.Slice(expand_x, ge_graph.i64([0, 0]), ge.ConcatV2([ge_graph.i64([-1]), h], zero, N=2))
     counts = ge_graph.cast(token_nums, i64)
     ends = ge.Cumsum(counts, zero)
     starts = ge.Sub(ends, counts)
@@ -324,7 +482,7 @@ def _ll_layout_from_mc2_ge(expand_x, token_nums, expand_scales, tokens, t_max: i
     valid = ge.Less(rows, ge.GatherV2(ends, ge_graph.i64(local - 1), zero))
     found = ge.SearchSorted(ends, rows, None, dtype=ge_graph.ge_dtype(i64), right=True)
     expert = ge.Minimum(found, ge_graph.i64(local - 1))
-    code = ge_graph.cast(ge.Round(expand_scales), i64)
+    code = _codes_of_ge(expand_x)
     source = ge.FloorDiv(code, tokens)
     token = ge.Sub(code, ge.Mul(source, tokens))
     key = ge.Add(ge.Mul(ge.Add(ge.Mul(expert, ge_graph.i64(ranks)), source), ge_graph.i64(t_max)), token)
@@ -336,9 +494,9 @@ def _ll_layout_from_mc2_ge(expand_x, token_nums, expand_scales, tokens, t_max: i
     last = ge.Sub(ge_graph.dim(expand_x, 0, scalar=True), ge_graph.i64(1))
     position = ge.Minimum(ge.Add(ge.Unsqueeze(starts, axes=[1]), j), last)
     row = ge.GatherV2(order, ge.Reshape(position, ge_graph.i64([-1])), zero)  # [L * n]
-    recv_x = ge.GatherV2(expand_x, row, zero)
+    recv_x = ge.GatherV2(data, row, zero)
     recv_x = ge_graph.zero_rows(recv_x, ge.Reshape(slot_valid, ge_graph.i64([-1])), 1)
-    recv_x = ge.Reshape(recv_x, ge.ConcatV2([ge_graph.i64([local, n]), ge_graph.dim(expand_x, 1)], 0, N=2))
+    recv_x = ge.Reshape(recv_x, ge.ConcatV2([ge_graph.i64([local, n]), h], 0, N=2))
     src_info = ge.SelectV2(
         slot_valid, ge.Reshape(ge.GatherV2(token, row, zero), ge_graph.i64([local, n])), ge_graph.i64(-1)
     )
@@ -351,7 +509,42 @@ def _ll_layout_from_mc2_ge(expand_x, token_nums, expand_scales, tokens, t_max: i
     per_source = ge.Reshape(per_source, ge_graph.i64([local, ranks]))
     begins = ge.Cumsum(per_source, ge_graph.i64(1), exclusive=True)
     layout_range = ge.Add(ge.Mul(begins, ge_graph.i64(1 << 32)), per_source)
-    return recv_x, ge_graph.cast(counts, torch.int32), ge_graph.cast(src_info, torch.int32), layout_range
+    # Sorted position p holds row order[p], which became our row expert[p] * n + (p - starts[expert[p]]).
+    p = ge_graph.arange(ge_graph.dim(expand_x, 0, scalar=True))
+    sorted_expert = ge.GatherV2(expert, order, zero)
+    dest = ge.Add(ge.Mul(sorted_expert, ge_graph.i64(n)), ge.Sub(p, ge.GatherV2(starts, sorted_expert, zero)))
+    dest = ge.SelectV2(ge.GatherV2(valid, order, zero), dest, ge_graph.i64(-1))
+    row_map = ge.GatherV2(dest, ge.InvertPermutation(ge_graph.cast(order, i64)), zero)
+    cast = ge_graph.cast
+    return recv_x, cast(counts, torch.int32), cast(src_info, torch.int32), layout_range, cast(row_map, torch.int32)
+
+
+def _mc2_state_ge(row_map, ep_recv_counts, assist_info):
+    """GE form of ``mc2_state``."""
+    ge, i32 = ge_graph.api(), torch.int32
+    pieces = [ge_graph.cast(t, i32) for t in (row_map, ep_recv_counts, assist_info)]
+    sizes = ge_graph.cast(ge.ConcatV2([ge_graph.dim(t, 0) for t in pieces], ge_graph.i64(0), N=3), i32)
+    return ge_graph.typed(ge.ConcatV2([sizes, *pieces], ge_graph.i64(0), N=4), i32)
+
+
+def _split_state_ge(state):
+    """GE form of ``split_state`` (sizes read in the graph; no validation: a graph cannot raise on values)."""
+    ge, i64 = ge_graph.api(), torch.int64
+    sizes = ge_graph.cast(ge.SliceD(state, offsets=[0], size=[3]), i64)
+    a, n_ep = ge.SliceD(sizes, offsets=[0], size=[1]), ge.SliceD(sizes, offsets=[1], size=[1])
+    first = ge_graph.i64([3])
+    row_map = ge.Slice(state, first, a)
+    ep = ge.Slice(state, ge.Add(first, a), n_ep)
+    assist = ge.Slice(state, ge.Add(ge.Add(first, a), n_ep), ge_graph.i64([-1]))
+    return (ge_graph.typed(t, torch.int32) for t in (row_map, ep, assist))
+
+
+def _ge_product(op: str, x_dtype: torch.dtype) -> None:
+    """A GE graph has no header exchange and no fallback: MC2 on A3 (slots masked by its 2-D mask) or nothing."""
+    if mc2_product() != "A3":
+        raise ge_graph.unsupported(op, "MC2's low-latency form in a graph is built for Atlas A3 only")
+    if x_dtype not in _MC2_DTYPES:
+        raise ge_graph.unsupported(op, "MC2 moves BF16/FP16 rows")
 
 
 @npu_ge_converter("ep_low_latency_dispatch", ir="MoeDistributeDispatchV2")
@@ -370,11 +563,14 @@ def ep_low_latency_dispatch_ge(
 ):
     import types
 
+    op = "ep_low_latency_dispatch"
     meta = types.SimpleNamespace(x=x.meta, topk_idx=topk_idx.meta, use_fp8=use_fp8, slot_weights=slot_weights)
-    if not _mc2_static(meta):
+    _ge_product(op, x.meta.dtype)
+    if _ll_mc2_product(meta, x.meta.shape[1]) is None:
         raise ge_graph.unsupported(
-            "ep_low_latency_dispatch",
-            f"MC2 takes BF16/FP16 rows without use_fp8 or slot_weights, K <= 16 and H in {list(MC2_HIDDEN)}",
+            op,
+            f"MC2 takes BF16/FP16 rows without use_fp8 or slot_weights, K <= {MC2_MAX_TOPK} and H + {CODE_COLUMNS} "
+            f"in {list(MC2_HIDDEN['A3'])}",
         )
     # A graph has no header exchange: every rank is taken to run the same graph, with the same T (MC2's
     # global_bs = 0 form), and ids are not validated (as while capturing).
@@ -383,17 +579,56 @@ def ep_low_latency_dispatch_ge(
     local, t_max = num_experts // ranks, num_max_dispatch_tokens_per_rank
     tokens = ge_graph.dim(topk_idx, 0, scalar=True)
     expert_ids, active = _fill_empty_slots_ge(topk_idx, num_experts)
-    code = ge.Add(ge.Mul(ge_graph.i64(rank), tokens), ge_graph.arange(tokens))  # rank * T + t
-    code = ge_graph.cast(
-        ge.Add(ge.Unsqueeze(code, axes=[1]), ge.ZerosLike(ge_graph.cast(topk_idx, torch.int64))), torch.float32
-    )
+    codes = ge.Add(ge.Mul(ge_graph.i64(rank), tokens), ge_graph.arange(tokens))  # rank * T + t
+    rows = _with_codes_ge(x, codes, x.meta.dtype)
     converter = ge_graph.npu_converter("npu_moe_distribute_dispatch_v2")
-    outs = _ll_dispatch_v2(converter, x, expert_ids, active, code, name, ranks, rank, num_experts)
-    recv_x, count, src_info, layout_range = _ll_layout_from_mc2_ge(
-        outs.expand_x, outs.expert_token_nums, outs.expand_scales, tokens, t_max, ranks, local
+    outs = _ll_dispatch_v2(converter, rows, expert_ids, active, name, ranks, rank, num_experts)
+    recv_x, count, src_info, layout_range, row_map = _ll_layout_from_mc2_ge(
+        outs.expand_x, outs.expert_token_nums, tokens, t_max, ranks, local
     )
     scales = ge.Fill(ge_graph.i64([local, ranks * t_max, 0]), ge.Const(0, ge_graph.ge_dtype(portable._ABSENT)))
-    return recv_x, scales, count, src_info, layout_range
+    state = _mc2_state_ge(row_map, outs.ep_recv_count, outs.expand_idx)  # expand_idx: assist_info_for_combine
+    return recv_x, scales, count, src_info, layout_range, state
+
+
+@npu_ge_converter("ep_low_latency_combine", ir="MoeDistributeCombineV2")
+def ep_low_latency_combine_ge(
+    x,
+    topk_idx,
+    topk_weights,
+    src_info,
+    layout_range,
+    num_max_dispatch_tokens_per_rank,
+    group_name,
+    timeout_s,
+    backend_state=None,
+    meta_outputs=None,
+):
+    op = "ep_low_latency_combine"
+    _ge_product(op, x.meta.dtype)
+    if backend_state is None:
+        raise ge_graph.unsupported(op, "MC2's combine needs the dispatch's backend_state (pass the dispatch's handle)")
+    ge, zero = ge_graph.api(), ge_graph.i64(0)
+    ranks, rank, name = _group_info(group_name)
+    local = x.meta.shape[0]
+    num_experts = ranks * local
+    row_map, ep_recv_counts, assist_info = _split_state_ge(backend_state)
+    expert_ids, active = _fill_empty_slots_ge(topk_idx, num_experts)
+    f32 = torch.float32
+    weights = ge.SelectV2(active, ge_graph.cast(topk_weights, f32), ge.Const(0.0, ge_graph.ge_dtype(f32)))
+    flat = ge.Reshape(x, ge.ConcatV2([ge_graph.i64([-1]), ge_graph.dim(x, 2)], zero, N=2))
+    rows = ge.GatherV2(flat, ge.Maximum(ge_graph.cast(row_map, torch.int64), zero), zero)
+    rows = ge_graph.zero_rows(rows, ge.GreaterEqual(row_map, ge.Const(0, ge_graph.ge_dtype(torch.int32))), 1)
+    pad = ge.Fill(
+        ge.ConcatV2([ge_graph.dim(rows, 0), ge_graph.i64([CODE_COLUMNS])], zero, N=2),
+        ge.Const(0, ge_graph.ge_dtype(x.meta.dtype)),
+    )
+    y = ge_graph.typed(ge.ConcatV2([rows, pad], ge_graph.i64(1), N=2), x.meta.dtype)
+    converter = ge_graph.npu_converter("npu_moe_distribute_combine_v2")
+    out = _ll_combine_v2(
+        converter, y, expert_ids, assist_info, ep_recv_counts, weights, active, name, ranks, rank, num_experts
+    )
+    return ge.Slice(out, ge_graph.i64([0, 0]), ge.ConcatV2([ge_graph.i64([-1]), ge_graph.dim(x, 2)], zero, N=2))
 
 
 __all__ = [

@@ -577,7 +577,13 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     per_source = ok.view(local, r, t_max).sum(-1).to(torch.int64)  # [L, R]
     begins = torch.cumsum(per_source, dim=1) - per_source
     layout_range = (begins << 32) | per_source
-    return recv_x, recv_scales, per_source.sum(1).to(torch.int32), src_info, layout_range
+    count = per_source.sum(1).to(torch.int32)
+    return recv_x, recv_scales, count, src_info, layout_range, no_backend_state(device)
+
+
+def no_backend_state(device) -> torch.Tensor:
+    """The low-latency dispatch's ``backend_state`` of a transport that keeps none: empty int32."""
+    return torch.empty(0, dtype=torch.int32, device=device)
 
 
 @portable_kernel
@@ -586,22 +592,39 @@ def ep_low_latency_dispatch(args):
     return ll_transport(args, group, r, idx)
 
 
-@portable_kernel
-def ep_low_latency_combine(args):
+def ll_combine_checks(args, extra: torch.Tensor | None = None, errors: dict | None = None):
+    """The low-latency combine's checks, the same on every backend: signature and the header every rank exchanges
+    (shapes and options agree; ``errors`` raised on every rank if any rank flags one), skipped while capturing.
+    Returns ``(group, ranks, the ranks' ``extra`` ints or None)``."""
     op = meta.LL_COMBINE
-    t_max = args.num_max_dispatch_tokens_per_rank
     r = _checked(op, args, meta.ll_combine_signature)
     group = resolve_group(op, args.group_name)
-    device = args.x.device
-    local, n, h = args.x.shape
+    local, _, h = args.x.shape
     fields = {
         "x's row bytes": h * args.x.element_size(),
         "x's dtype": exchange.dtype_code(args.x.dtype),
-        "num_max_dispatch_tokens_per_rank": t_max,
+        "num_max_dispatch_tokens_per_rank": args.num_max_dispatch_tokens_per_rank,
         "local experts": local,
     }
-    if not capture.capturing(device):
-        exchange.exchange_header(op, group, device, fields, None, {}, args.timeout_s)
+    gathered = None
+    if not capture.capturing(args.x.device):
+        gathered = exchange.exchange_header(op, group, args.x.device, fields, extra, errors or {}, args.timeout_s)
+    return group, r, gathered
+
+
+@portable_kernel
+def ep_low_latency_combine(args):
+    group, r, _ = ll_combine_checks(args)
+    return ll_combine_transport(args, group, r)
+
+
+def ll_combine_transport(args, group, r: int):
+    """The low-latency combine's data movement over ``all_to_all`` and its slot-order FP32 sum (after
+    ``ll_combine_checks``)."""
+    op = meta.LL_COMBINE
+    t_max = args.num_max_dispatch_tokens_per_rank
+    device = args.x.device
+    local, n, h = args.x.shape
     # Each valid row goes back to its source rank, at [source, local expert, token].
     counts = args.layout_range & 0xFFFFFFFF
     ends = torch.cumsum(counts, dim=1)  # [L, R] inclusive
