@@ -37,6 +37,7 @@ constexpr const char* kBackward = "ascend_moe::mqa_logits_backward";
 constexpr const char* kPaged = "ascend_moe::paged_mqa_logits";
 constexpr const char* kMetadata = "ascend_moe::paged_mqa_logits_metadata";
 constexpr const char* kTopk = "ascend_moe::mqa_topk";
+constexpr const char* kFused = "ascend_moe::mqa_logits_topk";
 constexpr int64_t kTileRows = 256;  // (query, head) rows per score block
 constexpr int64_t kChunk = 512;     // KV tokens per score block
 constexpr int64_t kScheduleSplit = 256;  // KV tokens per unit of the paged schedule (upstream's split)
@@ -609,6 +610,24 @@ at::Tensor paged_mqa_logits_metadata_cpu(const at::Tensor& context_lens, int64_t
 
 // ---- top-k selection over the logits ----
 
+// The first min(topk, c1 - c0) of columns [c0, c1) in `cand`, largest key first (NaN counts as +inf), ties to the
+// lower column: deterministic. Returns how many.
+template <typename Key>
+int64_t rank_topk(int64_t c0, int64_t c1, int64_t topk, Key key, std::vector<int64_t>& cand) {
+  cand.resize(std::max<int64_t>(c1 - c0, 0));
+  for (int64_t c = c0; c < c1; ++c) cand[c - c0] = c;
+  const int64_t n = std::min<int64_t>(topk, static_cast<int64_t>(cand.size()));
+  auto safe = [&](int64_t c) {
+    const double x = key(c);
+    return std::isnan(x) ? std::numeric_limits<double>::infinity() : x;
+  };
+  std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), [&](int64_t a, int64_t b) {
+    const double x = safe(a), y = safe(b);
+    return x != y ? x > y : a < b;
+  });
+  return n;
+}
+
 template <typename T>
 void topk_rows(const at::Tensor& logits, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t topk,
                bool compressed, at::Tensor& idx, at::Tensor& val) {
@@ -622,18 +641,7 @@ void topk_rows(const at::Tensor& logits, const std::vector<int64_t>& ks, const s
       // Columns c of row i hold KV position j = c (full) or ks[i] + c (compressed).
       const int64_t c0 = compressed ? 0 : ks[i], c1 = compressed ? ke[i] - ks[i] : ke[i];
       const T* row = lp + i * ncols;
-      cand.resize(c1 - c0);
-      for (int64_t c = c0; c < c1; ++c) cand[c - c0] = c;
-      const int64_t n = std::min<int64_t>(topk, c1 - c0);
-      // Largest first (NaN counts as +inf), ties to the lower position: deterministic.
-      auto key = [&](int64_t c) {
-        const double x = static_cast<double>(row[c]);
-        return std::isnan(x) ? std::numeric_limits<double>::infinity() : x;
-      };
-      std::partial_sort(cand.begin(), cand.begin() + n, cand.end(), [&](int64_t a, int64_t b) {
-        const double x = key(a), y = key(b);
-        return x != y ? x > y : a < b;
-      });
+      const int64_t n = rank_topk(c0, c1, topk, [&](int64_t c) { return static_cast<double>(row[c]); }, cand);
       for (int64_t t = 0; t < topk; ++t) {
         const bool have = t < n;
         ip[i * topk + t] = have ? static_cast<int32_t>(compressed ? cand[t] + ks[i] : cand[t]) : -1;
@@ -678,6 +686,83 @@ std::tuple<at::Tensor, at::Tensor> mqa_topk_cpu(const at::Tensor& logits, const 
   return {val, idx};
 }
 
+// ---- logits fused with their top-k ----
+
+// mqa_topk(mqa_logits(...)) without the [S, S_kv] logits: each query tile's logits go to a per-thread [tile, span]
+// buffer (the same tiles, chunks and arithmetic as mqa_forward, so the same values), and each query's top-k is
+// taken there. Keys are the values rounded to the logits dtype (what mqa_topk ranks); `val` holds the unrounded
+// values in `T` (rounded once by the caller, as mqa_logits' output is).
+template <typename T>
+void mqa_topk_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
+                      const at::Tensor& w, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H,
+                      int64_t topk, bool bf16_logits, at::Tensor& val, at::Tensor& idx) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t S = static_cast<int64_t>(ks.size()), qt = queries_per_tile(H);
+  const at::Tensor wf = w.to(acc).contiguous();
+  const T* wp = wf.const_data_ptr<T>();
+  T* vp = val.data_ptr<T>();
+  int32_t* ip = idx.data_ptr<int32_t>();
+  at::parallel_for(0, (S + qt - 1) / qt, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> row(kChunk), buf;
+    std::vector<int64_t> cand;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
+      const auto [lo, hi] = tile_span(ks, ke, i0, i1);
+      const int64_t span = hi > lo ? hi - lo : 0;
+      if (span > 0) {
+        buf.resize((i1 - i0) * span);
+        const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
+        for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+          const int64_t jc = std::min(kChunk, hi - j0);
+          const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
+          const T* sp = s.const_data_ptr<T>();
+          for (int64_t i = i0; i < i1; ++i) {
+            const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
+            if (a >= b) continue;
+            reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
+            std::memcpy(buf.data() + (i - i0) * span + (a - lo), row.data(), sizeof(T) * (b - a));
+          }
+        }
+      }
+      for (int64_t i = i0; i < i1; ++i) {
+        // Buffer column c of query i is KV position lo + c; its range is [ks[i] - lo, ke[i] - lo).
+        const T* r = span > 0 ? buf.data() + (i - i0) * span - lo : nullptr;
+        auto key = [&](int64_t j) {
+          const double x = static_cast<double>(r[j]);
+          return bf16_logits ? static_cast<double>(static_cast<float>(c10::BFloat16(static_cast<float>(x)))) : x;
+        };
+        const int64_t n = ke[i] > ks[i] ? rank_topk(ks[i], ke[i], topk, key, cand) : 0;
+        for (int64_t k = 0; k < topk; ++k) {
+          ip[i * topk + k] = k < n ? static_cast<int32_t>(cand[k]) : -1;
+          vp[i * topk + k] = k < n ? r[cand[k]] : -std::numeric_limits<T>::infinity();
+        }
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> mqa_logits_topk_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf,
+                                                       const at::Tensor& k, const std::optional<at::Tensor>& k_sf,
+                                                       const at::Tensor& weights, const at::Tensor& ks,
+                                                       const at::Tensor& ke, int64_t topk,
+                                                       std::optional<at::ScalarType> logits_dtype) {
+  const Shapes sh = check_mqa(kFused, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype);
+  check_int_arg(kFused, "topk", topk, 1);
+  const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
+  check_ranges(kFused, ksv, kev, sh.S_kv, 0);
+  const at::ScalarType acc = acc_dtype(q);
+  at::Tensor val = at::empty({sh.S, topk}, q.options().dtype(acc));
+  at::Tensor idx = at::empty({sh.S, topk}, q.options().dtype(at::kInt));
+  const at::Tensor kd = dequantize(rows_of(k), rows_of(k_sf), sh.gk, 0, sh.S_kv, acc);
+  const bool bf16 = sh.out_t == at::kBFloat16;
+  if (acc == at::kDouble) {
+    mqa_topk_forward<double>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, topk, bf16, val, idx);
+  } else {
+    mqa_topk_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, topk, bf16, val, idx);
+  }
+  return {val.scalar_type() == sh.out_t ? val : val.to(sh.out_t), idx};
+}
+
 }  // namespace
 
 // The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
@@ -712,6 +797,13 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // (values [S, topk], -inf padded; indices int32 [S, topk], absolute KV positions, -1 padded).
   m.def("mqa_topk(Tensor logits, Tensor ks, Tensor ke, int topk, bool compressed=False) -> (Tensor, Tensor)",
         {at::Tag::pt2_compliant_tag});
+  // mqa_topk(mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype), ks, ke, topk) in one op: (values
+  // [S, topk] in the logits dtype, indices int32 [S, topk]), never holding the [S, S_kv] logits (the indexer's
+  // output without its O(S * S_kv) memory; Ascend's npu_lightning_indexer computes the same pair).
+  m.def(
+      "mqa_logits_topk(Tensor q, Tensor? q_sf, Tensor k, Tensor? k_sf, Tensor weights, Tensor ks, Tensor ke, "
+      "int topk, ScalarType? logits_dtype=None) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
@@ -720,6 +812,7 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("paged_mqa_logits", &paged_mqa_logits_cpu);
   m.impl("paged_mqa_logits_metadata", &paged_mqa_logits_metadata_cpu);
   m.impl("mqa_topk", &mqa_topk_cpu);
+  m.impl("mqa_logits_topk", &mqa_logits_topk_cpu);
 }
 
 }  // namespace ascend_moe

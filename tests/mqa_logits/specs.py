@@ -640,6 +640,94 @@ def topk_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# ---- logits fused with their top-k ----
+
+# (S, H, D, S_kv, ranges, q format, k format, topk, logits dtype for FP32 samples)
+_FUSED_CASES = [
+    (24, 8, 32, 40, "causal", None, None, 8, None),
+    (16, 4, 64, 64, "cp", None, None, 80, None),  # topk > most ranges: padding
+    (20, 8, 64, 48, "causal", "fp8", "fp8-row", 16, None),
+    (12, 16, 64, 40, "random", "fp4", "fp4", 5, None),
+    (9, 8, 64, 33, "random", "fp8-32", "fp8-32", 7, torch.bfloat16),
+    (0, 8, 32, 16, "causal", None, None, 4, None),
+]
+_FUSED_SMALL = [
+    (5, 4, 32, 9, "random", None, None, 3, None),
+    (4, 2, 32, 7, "causal", None, None, 9, None),
+    (6, 4, 64, 10, "random", "fp8", "fp8-row", 4, None),
+]
+
+
+def fused_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(95)
+    out = []
+    for s, h, d, s_kv, kind, q_fmt, k_fmt, topk, logits_dtype in _FUSED_SMALL if small else _FUSED_CASES:
+        if q_fmt is not None and dtype != (logits_dtype or torch.float32):
+            continue
+        if dtype == torch.float64:  # every query sees at least topk keys: gradcheck's values never tie or pad
+            ks = torch.zeros(s, dtype=torch.int32)
+            ke = torch.full((s,), s_kv, dtype=torch.int32)
+            topk = min(topk, s_kv)
+        else:
+            ks, ke = _ranges(kind, s, s_kv, g, dense=False)
+        q_hp, k_hp = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
+        w = torch.rand(s, h, generator=g) / h**0.5
+        if q_fmt is None:
+            q, q_sf, k, k_sf = q_hp.to(dtype), None, k_hp.to(dtype), None
+            w = w.to(torch.float64 if dtype == torch.float64 else dtype)
+            out_dtype = None
+        else:
+            (q, q_sf), (k, k_sf) = quantize(q_hp, q_fmt), quantize(k_hp, k_fmt)
+            out_dtype = logits_dtype
+        q, k, w = q.to(device), k.to(device), w.to(device)
+        if q_fmt is None:
+            q, k = q.requires_grad_(requires_grad), k.requires_grad_(requires_grad)
+        w.requires_grad_(requires_grad)
+        q_sf = None if q_sf is None else q_sf.to(device)
+        k_sf = None if k_sf is None else k_sf.to(device)
+        args = (q, q_sf, k, k_sf, w, ks.to(device), ke.to(device), topk, out_dtype)
+        out.append(SampleInput(args, f"S{s} H{h} D{d} S_kv{s_kv} {kind} {q_fmt or dtype}x{k_fmt or dtype} k{topk}"))
+    return out
+
+
+def fused_reference(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    """The fp64 logits' top-k, ranked on the values as the logits dtype holds them (BF16 logits: rounded first, so
+    values tied after rounding go to the lower position, as mqa_topk ranks mqa_logits' output)."""
+    logits = reference_logits(dequantized(q, q_sf), dequantized(k, k_sf), weights, ks, ke, k.shape[0], False)
+    out_dtype = logits_dtype or (torch.float64 if weights.dtype == torch.float64 else weights.dtype)
+    ranked = logits.to(out_dtype).double() if out_dtype == torch.bfloat16 else logits
+    _, idx = topk_reference(ranked, ks, ke, topk, False)
+    valid = idx >= 0
+    val = torch.where(valid, logits.gather(1, idx.long().clamp(min=0)), float("-inf"))
+    return val, idx
+
+
+def fused_bad_inputs(device) -> list[BadInput]:
+    q, k, w = torch.randn(4, 8, 64), torch.randn(10, 64), torch.rand(4, 8)
+    ks, ke = torch.zeros(4, dtype=torch.int32), torch.full((4,), 10, dtype=torch.int32)
+    return [
+        BadInput(
+            (q, None, k, None, w, ks, ke, 0, None), r"argument 'topk' value: expected a positive integer, got 0", "topk"
+        ),
+        BadInput(
+            (q, None, k, None, w, ks, ke + 1, 4, None),
+            r"mqa_logits_topk: argument 'ke' values: expected ke\[i\] <= S_kv=10 \(k.size\(0\)\)",
+            "ke beyond S_kv",
+            data_dependent=True,
+        ),
+        BadInput(
+            (q, None, k.double(), None, w, ks, ke, 4, None),
+            r"mqa_logits_topk: argument 'k' dtype: expected torch.float32 \(same as 'q'\), got torch.float64",
+            "k dtype",
+        ),
+        BadInput(
+            (q, None, k, None, w[:, :4], ks, ke, 4, None),
+            r"mqa_logits_topk: argument 'weights' shape: expected \[4, 8\] \(S, H\)",
+            "weights shape",
+        ),
+    ]
+
+
 SPECS = [
     OpSpec("mqa_logits", mqa_logits_samples, mqa_logits_reference, mqa_logits_bad_inputs, portable.mqa_logits),
     OpSpec(
@@ -661,4 +749,5 @@ SPECS = [
         gradcheck="integer schedule: nothing to differentiate",
     ),
     OpSpec("mqa_topk", topk_samples, topk_reference, topk_bad_inputs, portable.mqa_topk),
+    OpSpec("mqa_logits_topk", fused_samples, fused_reference, fused_bad_inputs, portable.mqa_logits_topk),
 ]

@@ -33,6 +33,21 @@ def test_inference_and_training_paths_agree(quant):
     assert torch.equal(idx >= 0, torch.arange(8) < ke[:, None])  # early queries see fewer than topk tokens
 
 
+@pytest.mark.parametrize("quant", [None, "fp8", "fp4"])
+def test_select_is_forwards_top_k_without_the_logits(quant):
+    """``select`` (mqa_logits_topk) gives forward's indices and the logits at them, in inference and training."""
+    indexer, x, ks, ke = _setup(quant)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            idx, logits = indexer(x, ks, ke)
+            scores, sel = indexer.select(x, ks, ke)
+        assert torch.equal(sel, idx)
+        valid = idx >= 0
+        gathered = logits.gather(1, idx.long().clamp(min=0))
+        assert torch.equal(scores[valid], gathered[valid]) and (scores[~valid] == float("-inf")).all()
+        assert scores.requires_grad == grad
+
+
 def test_quantization_changes_the_scores_a_little():
     indexer, x, ks, ke = _setup(None)
     with torch.no_grad():

@@ -8,16 +8,21 @@ Ascend's kernels), compared with our ops on the same inputs (the one-rank gloo g
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_ascend_moe  # noqa: F401  (the ascend_moe ops)
 from tests.ep.specs import init_single_rank_group
+from tests.mqa_logits import specs as T
 from tests.npu import ep_mqa_hc_refs as refs
 from torch_ascend_moe.backends.npu import ep as npu_ep
 from torch_ascend_moe.backends.npu import hc_prenorm as npu_hc
 from torch_ascend_moe.backends.npu import mqa_logits as npu_mqa
+from torch_ascend_moe.backends.portable import mqa_logits as portable_mqa
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.ops.ep import ep_dispatch, ep_expand, ep_low_latency_combine, ep_low_latency_dispatch
 from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk
@@ -165,55 +170,161 @@ def _mqa_inputs(s, s_kv, h, d, g, dtype=torch.bfloat16):
     return q, k, w
 
 
+def _spy_indexer():
+    return mock.patch.object(
+        torch.ops.npu.npu_lightning_indexer, "default", wraps=torch.ops.npu.npu_lightning_indexer.default
+    )
+
+
 @pytest.mark.parametrize("causal", [True, False])
-def test_mqa_meta_matches_composition(refs_on, causal):
-    s, s_kv, h, d, topk = 8, 24, 4, 32, 16
-    ks, ke = npu_mqa.implied_ranges(s, None, None, s_kv, causal)
+def test_mqa_meta_matches_our_fake(refs_on, causal):
+    """The indexer call under FakeTensorMode (torch_npu's own Meta): values and indices have our op's fake's
+    shapes and dtypes."""
+    s, s_kv, h, d, topk = 8, 24, 4, 128, 16
     with FakeTensorMode():
-        q = torch.empty(s, h, d, dtype=torch.bfloat16)
-        k = torch.empty(s_kv, d, dtype=torch.bfloat16)
+        q, k, w = torch.empty(s, h, d, dtype=torch.bfloat16), torch.empty(s_kv, d, dtype=torch.bfloat16), None
         w = torch.empty(s, h, dtype=torch.bfloat16)
-        ks_f, ke_f = torch.empty(s, dtype=torch.int32), torch.empty(s, dtype=torch.int32)
-        values, indices = npu_mqa.mqa_logits_topk(q, k, w, ks_f, ke_f, topk, causal=causal)
-        ref_v, ref_i = mqa_topk(mqa_logits(q, k, w, ks_f, ke_f), ks_f, ke_f, topk)
+        values, indices = npu_mqa._indexer_call(q, k, w, [0, s], [0, s_kv], topk, causal)
+        ks = torch.empty(s, dtype=torch.int32)
+        ref_v, ref_i = torch.ops.ascend_moe.mqa_logits_topk(q, None, k, None, w, ks, ks, topk, None)
     assert (values.shape, values.dtype) == (ref_v.shape, ref_v.dtype) == ((s, topk), torch.bfloat16)
     assert (indices.shape, indices.dtype) == (ref_i.shape, ref_i.dtype)
-    assert ks.shape == ke.shape == (s,)
+
+
+def _is_a_topk_of(values, indices, logits, ks, ke):
+    """Whether (values, indices) are a top-k of ``logits`` (BF16) over each query's range: the indices are distinct,
+    in range, their values are the logits there, sorted descending, and no unchosen position is larger."""
+    for i in range(logits.shape[0]):
+        chosen = [int(j) for j in indices[i] if j >= 0]
+        a, b = int(ks[i]), int(ke[i])
+        if len(set(chosen)) != len(chosen) or any(not a <= j < b for j in chosen):
+            return False
+        if len(chosen) != min(indices.shape[1], b - a):
+            return False
+        got = values[i, : len(chosen)]
+        if not torch.equal(got, logits[i, chosen]) or not torch.equal(got, got.sort(descending=True).values):
+            return False
+        rest = [j for j in range(a, b) if j not in set(chosen)]
+        if rest and chosen and logits[i, rest].max() > got.min():
+            return False
+    return True
 
 
 @pytest.mark.parametrize(
     "lens_q, lens_k, causal, topk",
     [([8], [24], True, 16), ([8], [24], False, 8), ([3, 5], [10, 6], True, 12), ([4, 2], [4, 9], False, 5)],
 )
-def test_mqa_values_vs_composition(refs_on, lens_q, lens_k, causal, topk):
-    """BF16: the indexer's reading (CPU reference: FP32 scores ranked in FP32, values rounded to BF16) through
-    mqa_logits_topk = mqa_topk(mqa_logits(...)) with the implied ranges and FP32 logits (the BF16 weights
-    widened exactly): same indices, same values after rounding. (With BF16 logits mqa_topk ranks the rounded
-    values, so ties after rounding may order differently: which one the hardware does is not documented.)"""
+def test_mqa_logits_topk_through_the_indexer(refs_on, lens_q, lens_k, causal, topk):
+    """BF16 q/k/weights with the ranges of the indexer's batches (one or several, causal or not): the adapter reads
+    the batches off ks/ke and calls npu_lightning_indexer once. In our CPU reading of the indexer (FP32 scores
+    ranked in FP32, values rounded to BF16) its output is mqa_topk of FP32 logits, rounded; and it is a top-k of
+    our op's BF16 logits (ties after rounding may go either way: not documented)."""
     g = torch.Generator().manual_seed(sum(lens_q) * 7 + topk)
-    s, s_kv, h, d = sum(lens_q), sum(lens_k), 4, 32
+    s, s_kv, h, d = sum(lens_q), sum(lens_k), 4, 128
     q, k, w = _mqa_inputs(s, s_kv, h, d, g)
     cq = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()])
     ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
-    multi = len(lens_q) > 1
-    kw = {"cu_seqlens_q": cq, "cu_seqlens_k": ck} if multi else {}
-    ks, ke = npu_mqa.implied_ranges(s, cq if multi else None, ck if multi else None, s_kv, causal)
-    values, indices = npu_mqa.mqa_logits_topk(q, k, w, ks, ke, topk, causal=causal, validate=True, **kw)
+    ks, ke = npu_mqa.implied_ranges(s, cq, ck, s_kv, causal)
+    assert npu_mqa.batches_of(ks.tolist(), ke.tolist()) == (cq.tolist(), ck.tolist(), causal)
+    with _spy_indexer() as call:
+        values, indices = npu_mqa.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)
+    assert call.call_count == 1
     ref_v, ref_i = mqa_topk(mqa_logits(q, k, w.float(), ks, ke), ks, ke, topk)
-    assert torch.equal(indices, ref_i)
-    assert torch.equal(values, ref_v.to(torch.bfloat16))
-    with pytest.raises(ValueError, match="implied_ranges"):
-        npu_mqa.mqa_logits_topk(q, k, w, ks, ke + 1, topk, causal=causal, validate=True, **kw)
+    assert torch.equal(indices, ref_i) and torch.equal(values, ref_v.to(torch.bfloat16))
+    ours_v, _ = torch.ops.ascend_moe.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)
+    assert values.dtype == ours_v.dtype
+    assert _is_a_topk_of(values, indices, mqa_logits(q, k, w, ks, ke), ks, ke)
 
 
-def test_mqa_compiles_fullgraph(refs_on):
-    g = torch.Generator().manual_seed(2)
-    q, k, w = _mqa_inputs(8, 24, 4, 32, g)
-    ks, ke = npu_mqa.implied_ranges(8, None, None, 24, True)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *a: npu_mqa.mqa_logits_topk(*a, 16), backend="aot_eager", fullgraph=True)
-    for got, want in zip(compiled(q, k, w, ks, ke), npu_mqa.mqa_logits_topk(q, k, w, ks, ke, 16)):
-        assert torch.equal(got, want)
+@pytest.mark.parametrize("seed", range(8))
+def test_batches_of_reads_any_indexer_batching_back(seed):
+    g = torch.Generator().manual_seed(seed)
+    b = 1 + seed % 4
+    lens_q = torch.randint(1, 7, (b,), generator=g)
+    lens_k = lens_q + torch.randint(0, 9, (b,), generator=g)  # causal batches see at least their own queries
+    cq = torch.cat([torch.zeros(1, dtype=torch.int64), lens_q.cumsum(0)])
+    ck = torch.cat([torch.zeros(1, dtype=torch.int64), lens_k.cumsum(0)])
+    for causal in (True, False):
+        ks, ke = npu_mqa.implied_ranges(int(cq[-1]), cq, ck, int(ck[-1]), causal)
+        found = npu_mqa.batches_of(ks.tolist(), ke.tolist())
+        assert found is not None
+        got_ks, got_ke = npu_mqa.implied_ranges(
+            int(cq[-1]), torch.tensor(found[0]), torch.tensor(found[1]), 0, found[2]
+        )
+        assert torch.equal(got_ks, ks) and torch.equal(got_ke, ke)
+    # DeepGEMM's causal test pattern (ke[i] = i + S_kv - S) is the indexer's causal batch over the first S_kv - 1
+    # keys; random ranges are no batching.
+    ks, ke = T.causal_ranges(8, 24)
+    assert npu_mqa.batches_of(ks.tolist(), ke.tolist()) == ([0, 8], [0, 23], True)
+    ks, ke = T.random_ranges(8, 24, g)
+    assert npu_mqa.batches_of(ks.tolist(), ke.tolist()) is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fp32 operands",
+        "fp32 weights off the bf16 grid",
+        "fp32 logits",
+        "65 heads",
+        "D 64",
+        "topk 2049",
+        "other ranges",
+        "fp8 operands",
+        "capturing",
+    ],
+)
+def test_mqa_logits_topk_cases_that_stay_portable(refs_on, case):
+    g = torch.Generator().manual_seed(9)
+    s, s_kv, h, d, topk = 6, 20, 4, 128, 8
+    q, k, w = _mqa_inputs(s, s_kv, h, d, g)
+    q_sf = k_sf = out_dtype = None
+    ks, ke = npu_mqa.implied_ranges(s, None, None, s_kv, True)
+    if case == "fp32 operands":
+        q, k, w = q.float(), k.float(), w.float()
+        out_dtype = torch.bfloat16
+    elif case == "fp32 weights off the bf16 grid":
+        w, out_dtype = torch.rand(s, h, generator=g), torch.bfloat16
+    elif case == "fp32 logits":
+        w = w.float()
+    elif case == "65 heads":
+        q, k, w = _mqa_inputs(s, s_kv, 65, d, g)
+    elif case == "D 64":
+        q, k, w = _mqa_inputs(s, s_kv, h, 64, g)
+    elif case == "topk 2049":
+        topk = 2049
+    elif case == "other ranges":
+        ks, ke = T.random_ranges(s, s_kv, g)
+    elif case == "fp8 operands":
+        (q, q_sf), (k, k_sf) = T.quantize(q.float(), "fp8"), T.quantize(k.float(), "fp8-row")
+        w, out_dtype = w.float(), torch.bfloat16
+    args = (q, q_sf, k, k_sf, w, ks, ke, topk, out_dtype)
+    with mock.patch.object(torch.ops.npu.npu_lightning_indexer, "default") as call:
+        if case == "capturing":
+            with capture.emulated():
+                got = npu_mqa.mqa_logits_topk(*args)
+        else:
+            got = npu_mqa.mqa_logits_topk(*args)
+    assert not call.called, case
+    want = portable_mqa.mqa_logits_topk(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), case
+
+
+def test_mqa_logits_topk_takes_fp32_weights_on_the_bf16_grid(refs_on):
+    g = torch.Generator().manual_seed(10)
+    q, k, w = _mqa_inputs(6, 20, 4, 128, g)
+    ks, ke = npu_mqa.implied_ranges(6, None, None, 20, False)
+    with _spy_indexer() as call:
+        values, _ = npu_mqa.mqa_logits_topk(q, None, k, None, w.float(), ks, ke, 8, torch.bfloat16)
+    assert call.called and values.dtype == torch.bfloat16
+
+
+def test_mqa_logits_topk_bad_input_is_ours(refs_on):
+    g = torch.Generator().manual_seed(11)
+    q, k, w = _mqa_inputs(6, 20, 4, 128, g)
+    ks, ke = npu_mqa.implied_ranges(6, None, None, 20, True)
+    with pytest.raises(ValueError, match=r"mqa_logits_topk: argument 'ke' values: expected ke\[i\] <= S_kv=20"):
+        npu_mqa.mqa_logits_topk(q, None, k, None, w, ks, ke + 1, 8, None)
 
 
 # ---- hc_prenorm ----

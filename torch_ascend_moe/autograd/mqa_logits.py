@@ -13,6 +13,10 @@ so its memory is ``B * max_blocks * block_kv * D`` floats: meant for tests and s
 
 ``mqa_topk``: the values' gradient goes back to the selected logits. ``mqa_logits_backward`` and
 ``paged_mqa_logits_metadata`` have no differentiable outputs.
+
+``mqa_logits_topk``: the values are logits at the selected positions, so their gradient is ``mqa_logits``'
+restricted to those ``topk`` columns per query: the scores are recomputed for the selected keys only (a gather
+of ``[S, topk, D]`` keys), never over ``[S, S_kv]``. Padding slots (-1) contribute nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.meta import mqa_logits as meta
 
 _backward_op = torch.ops.ascend_moe.mqa_logits_backward.default
-LOGITS, PAGED, TOPK = "mqa_logits", "paged_mqa_logits", "mqa_topk"
+LOGITS, PAGED, TOPK, FUSED = "mqa_logits", "paged_mqa_logits", "mqa_topk", "mqa_logits_topk"
 
 
 def _logits_setup(ctx, inputs, output):
@@ -110,7 +114,46 @@ def _topk_backward(ctx, grad_values, grad_idx):
     return gradients(TOPK, logits=grad)
 
 
+def _fused_setup(ctx, inputs, output):
+    args = arguments(FUSED, inputs)
+    ctx.q_float, ctx.k_float = not meta.is_quantized(args.q), not meta.is_quantized(args.k)
+    ctx.dtypes = (args.q.dtype, args.k.dtype, args.weights.dtype)
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(args.q, args.q_sf, args.k, args.k_sf, args.weights, output[1])
+
+
+def _fused_backward(ctx, grad_values, grad_idx):
+    q, q_sf, k, k_sf, weights, idx = ctx.saved_tensors
+    need_q = needs_grad(ctx, FUSED, "q") and ctx.q_float
+    need_k = needs_grad(ctx, FUSED, "k") and ctx.k_float
+    need_w = needs_grad(ctx, FUSED, "weights")
+    if not (need_q or need_k or need_w) or grad_values is None:
+        return gradients(FUSED)
+    acc = meta.acc_dtype(q)
+    qd = portable.dequantize(q.detach(), q_sf, acc)  # [S, H, D]
+    kd = portable.dequantize(k.detach(), k_sf, acc)  # [S_kv, D]
+    w = weights.detach().to(acc)
+    valid = idx >= 0
+    cols = torch.where(valid, idx, 0).long()
+    g = torch.where(valid, grad_values.to(acc), 0)  # [S, topk]
+    keys = kd[cols] if kd.shape[0] else kd.new_zeros(*cols.shape, kd.shape[1])  # [S, topk, D]
+    scores = torch.einsum("shd,std->sht", qd, keys)
+    # P[s, h, t] = g[s, t] * w[s, h] * [score > 0]; selected columns only (a where: NaN elsewhere stays out).
+    p = torch.where((scores > 0) & valid.unsqueeze(1), g.unsqueeze(1) * w.unsqueeze(-1), 0)
+    q_t, k_t, w_t = ctx.dtypes
+    grad_q = torch.einsum("sht,std->shd", p, keys).to(q_t) if need_q else None
+    grad_k = None
+    if need_k:
+        per_key = torch.einsum("sht,shd->std", p, qd).reshape(-1, kd.shape[1])
+        grad_k = torch.zeros_like(kd).index_add_(0, cols.reshape(-1), per_key).to(k_t)
+    grad_w = (
+        torch.einsum("st,sht->sh", g, torch.where(valid.unsqueeze(1), scores.relu(), 0)).to(w_t) if need_w else None
+    )
+    return gradients(FUSED, q=grad_q, k=grad_k, weights=grad_w)
+
+
 autograd(LOGITS, _logits_backward, _logits_setup)
+autograd(FUSED, _fused_backward, _fused_setup)
 autograd("mqa_logits_backward", _not_differentiable, _non_differentiable_setup)
 autograd(PAGED, _paged_backward, _paged_setup)
 autograd("paged_mqa_logits_metadata", _not_differentiable, _non_differentiable_setup)

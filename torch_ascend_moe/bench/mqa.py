@@ -12,7 +12,7 @@ import torch
 
 from torch_ascend_moe import quant
 from torch_ascend_moe.bench import Case
-from torch_ascend_moe.ops.mqa_logits import mqa_logits, paged_mqa_logits
+from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk, paged_mqa_logits
 
 
 def _causal_ranges(s: int, s_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +104,30 @@ def _backward_case(s, s_kv, h, d) -> Case:
     )
 
 
+def _topk_case(s, s_kv, h, d, topk) -> Case:
+    """The indexer's selection: ``mqa_logits_topk`` against our own two ops (``mqa_topk(mqa_logits(...))``, which
+    hold the ``[S, S_kv]`` logits): the peak-memory column is the point."""
+
+    def setup():
+        g = torch.Generator().manual_seed(7)
+        q, (k8, k_sf) = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn), _fp8_rows(torch.randn(s_kv, d))
+        w = torch.rand(s, h, generator=g)
+        ks, ke = _causal_ranges(s, s_kv)
+
+        def composed():
+            return mqa_topk(mqa_logits(q, k8, w, ks, ke, k_sf=k_sf), ks, ke, topk)
+
+        return (lambda: mqa_logits_topk(q, k8, w, ks, ke, topk, k_sf=k_sf)), composed
+
+    return Case(
+        f"mqa_logits_topk fp8 S{s} S_kv{s_kv} H{h} D{d} top{topk}",
+        s * h * s_kv * (2 * d + 2),
+        setup,
+        "mqa_topk(mqa_logits(...))",
+        memory=True,
+    )
+
+
 def _paged_case(b, ctx, h, d, block_kv) -> Case:
     def setup():
         g = torch.Generator().manual_seed(5)
@@ -135,10 +159,16 @@ def _paged_case(b, ctx, h, d, block_kv) -> Case:
 
 def cases(quick: bool = False) -> list[Case]:
     if quick:
-        return [_prefill_case(64, 256, 16, 64, "fp8"), _backward_case(32, 128, 8, 32), _paged_case(4, 256, 16, 64, 64)]
+        return [
+            _prefill_case(64, 256, 16, 64, "fp8"),
+            _backward_case(32, 128, 8, 32),
+            _topk_case(64, 512, 16, 64, 32),
+            _paged_case(4, 256, 16, 64, 64),
+        ]
     return [
         _prefill_case(512, 4096, 64, 128, "fp8"),
         _prefill_case(512, 4096, 64, 128, "bf16"),
         _backward_case(256, 2048, 64, 128),
+        _topk_case(1024, 16384, 64, 128, 2048),
         _paged_case(32, 4096, 64, 128, 64),
     ]

@@ -33,3 +33,10 @@ def mqa_topk(*args, out_shape=None, **kwargs) -> int:
 @flop_formula
 def paged_mqa_logits_metadata(*args, out_shape=None, **kwargs) -> int:
     return 0  # integer bookkeeping
+
+
+@flop_formula
+def mqa_logits_topk(q_shape, q_sf_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+    # The logits it selects from: every (query, head, KV) score, as mqa_logits with full columns.
+    S, H, _ = q_shape
+    return S * H * k_shape[0] * (2 * k_shape[-1] + 2)

@@ -21,6 +21,7 @@ BACKWARD = "ascend_moe::mqa_logits_backward"
 PAGED = "ascend_moe::paged_mqa_logits"
 METADATA = "ascend_moe::paged_mqa_logits_metadata"
 TOPK = "ascend_moe::mqa_topk"
+FUSED = "ascend_moe::mqa_logits_topk"
 FLOAT_OPERANDS = (torch.bfloat16, torch.float32, torch.float64)
 QUANTIZED = (torch.float8_e4m3fn, torch.uint8)
 SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
@@ -422,3 +423,16 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
 def mqa_topk(logits, ks, ke, topk, compressed):
     topk_signature(logits, ks, ke, topk)
     return logits.new_empty([logits.shape[0], topk]), logits.new_empty([logits.shape[0], topk], dtype=torch.int32)
+
+
+def fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype) -> MqaShapes:
+    """``mqa_logits_topk``'s checks: ``mqa_logits``' (full logits) under its own name, then ``topk``."""
+    sh = mqa_signature(FUSED, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype)
+    ck.check_int_arg(FUSED, "topk", topk, 1)
+    return sh
+
+
+@fake
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    sh = fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    return q.new_empty([sh.S, topk], dtype=sh.out_dtype), q.new_empty([sh.S, topk], dtype=torch.int32)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk
+from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk
 from torch_ascend_moe.quant.fake_quantize import fake_quantize, quantize_rows
 
 _BLOCK = {"fp8": None, "fp4": 32}  # FP8: one scale per row (None = D); FP4: 1 x 32 UE8M0
@@ -28,7 +28,8 @@ class LightningIndexer(nn.Module):
     ``forward(x, ks, ke, q_input=None)`` with hidden states ``x [T, hidden]`` (queries and keys are the same
     tokens), per-query visible ranges ``[ks[i], ke[i])`` and optionally a separate query input (DeepSeek
     feeds the compressed query latent) returns ``(indices [T, topk] int32, logits [T, T])``; indices are KV
-    positions, -1 where fewer than ``topk`` are visible. ``quant``: ``"fp8"``, ``"fp4"`` or None.
+    positions, -1 where fewer than ``topk`` are visible. ``select`` returns the top-k alone, without the
+    ``[T, T]`` logits. ``quant``: ``"fp8"``, ``"fp4"`` or None.
     """
 
     def __init__(
@@ -61,16 +62,25 @@ class LightningIndexer(nn.Module):
         (q_data, q_sf), (k_data, k_sf) = quantize_rows(q, self.quant, gran), quantize_rows(k, self.quant, gran)
         return {"q": q_data, "q_sf": q_sf, "k": k_data, "k_sf": k_sf}
 
-    def logits(self, x: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, q_input: torch.Tensor | None = None):
-        """Index scores ``[T, T]`` (FP32), exactly -inf outside ``[ks, ke)``."""
+    def _inputs(self, x: torch.Tensor, q_input: torch.Tensor | None):
+        """(q, k, weights, q_sf, k_sf) for the mqa ops."""
         t = x.shape[0]
         q = self.wq(x if q_input is None else q_input).float().view(t, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x)).float()
         weights = self.weights_proj(x).float() * (self.num_heads**-0.5 * self.head_dim**-0.5)
         ops = self._operands(q, k)
-        return mqa_logits(
-            ops["q"], ops["k"], weights, ks, ke, q_sf=ops.get("q_sf"), k_sf=ops.get("k_sf"), logits_dtype=torch.float32
-        )
+        return ops["q"], ops["k"], weights, ops.get("q_sf"), ops.get("k_sf")
+
+    def logits(self, x: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, q_input: torch.Tensor | None = None):
+        """Index scores ``[T, T]`` (FP32), exactly -inf outside ``[ks, ke)``."""
+        q, k, weights, q_sf, k_sf = self._inputs(x, q_input)
+        return mqa_logits(q, k, weights, ks, ke, q_sf=q_sf, k_sf=k_sf, logits_dtype=torch.float32)
+
+    def select(self, x: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, q_input: torch.Tensor | None = None):
+        """``(scores [T, topk] FP32, indices [T, topk] int32)`` without the ``[T, T]`` logits (``mqa_logits_topk``):
+        what sparse attention consumes at inference; the same indices as ``forward``."""
+        q, k, weights, q_sf, k_sf = self._inputs(x, q_input)
+        return mqa_logits_topk(q, k, weights, ks, ke, self.topk, q_sf=q_sf, k_sf=k_sf, logits_dtype=torch.float32)
 
     def forward(self, x: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, q_input: torch.Tensor | None = None):
         logits = self.logits(x, ks, ke, q_input)

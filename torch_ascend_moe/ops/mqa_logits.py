@@ -10,6 +10,7 @@ _mqa_logits = torch.ops.ascend_moe.mqa_logits.default
 _paged = torch.ops.ascend_moe.paged_mqa_logits.default
 _metadata = torch.ops.ascend_moe.paged_mqa_logits_metadata.default
 _topk = torch.ops.ascend_moe.mqa_topk.default
+_fused = torch.ops.ascend_moe.mqa_logits_topk.default
 
 
 @schema_defaults
@@ -91,3 +92,31 @@ def mqa_topk(
     ``ke = context_lens.flatten()``.
     """
     return _topk(logits, ks, ke, topk, compressed)
+
+
+@schema_defaults
+def mqa_logits_topk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    topk: int,
+    *,
+    q_sf: torch.Tensor | None = None,
+    k_sf: torch.Tensor | None = None,
+    logits_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mqa_topk(mqa_logits(q, k, weights, ks, ke, ...), ks, ke, topk)`` in one op, never holding the ``[S, S_kv]``
+    logits: ``(values [S, topk] in the logits dtype, indices int32 [S, topk])``, -inf / -1 padded, ties to the
+    lower position (ranked on the values rounded to the logits dtype, as ``mqa_topk`` ranks ``mqa_logits``' output).
+    Operands and dtypes as ``mqa_logits``; ``values`` is differentiable w.r.t. float ``q``, ``k`` and ``weights``
+    (recomputed on the selected keys only). On Ascend it maps onto ``npu_lightning_indexer``.
+
+    >>> q, k = torch.randn(4, 8, 64), torch.randn(16, 64)
+    >>> ks, ke = torch.zeros(4, dtype=torch.int32), torch.arange(13, 17, dtype=torch.int32)
+    >>> values, indices = mqa_logits_topk(q, k, torch.rand(4, 8), ks, ke, 2)
+    >>> indices.shape, indices.dtype
+    (torch.Size([4, 2]), torch.int32)
+    """
+    return _fused(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)

@@ -1,48 +1,60 @@
 """The mqa_logits family on Ascend: ``npu_lightning_indexer`` computes the indexer's top-k (indices, optionally
-values) without materializing the logits, so it maps onto the COMPOSITION ``mqa_topk(mqa_logits(...))``, not
-onto either op: ``mqa_logits`` must return the full ``[S, S_kv]`` logits (the indexer never does) and an
-adapter of ``mqa_topk`` cannot see its producer. ``mqa_logits_topk`` is the fused mapping, for a compiler
-pass that matches ``mqa_topk(mqa_logits(q, k, weights, ks, ke), ks, ke, topk)`` (registered on no op).
+values) without materializing the logits, so it maps onto ``mqa_logits_topk`` (the fused
+``mqa_topk(mqa_logits(...))``), registered here as its adapter; not onto ``mqa_logits`` (which must return the full
+``[S, S_kv]`` logits, which the indexer never forms) nor ``mqa_topk`` (which cannot see its producer). A compiler
+pass rewrites ``mqa_topk(mqa_logits(...))`` into ``mqa_logits_topk`` (issue 19), which then reaches the indexer.
 
 Where the semantics agree: the formula ``I[i, j] = sum_h weights[i, h] * relu(q[i, h] . k[j])`` (ReLU before
-the weights, as ours), one key head, top-k by value. Where they differ (the mapping's preconditions):
+the weights, as ours), one key head, top-k by value, -1 / -inf padding. The adapter's preconditions:
 
-* Ranges: ours are arbitrary per-query ``[ks[i], ke[i])`` over one KV sequence; the indexer's are per batch
+* Ranges: ours are arbitrary per-query ``[ks[i], ke[i])`` over one KV sequence; the indexer's come from batches
   (cumulative ``actual_seq_lengths`` in TND) with ``sparse_mode`` 3 (right-down causal: query ``i`` of a batch
-  with ``S1`` queries and ``S2`` keys sees keys ``s <= S2 - S1 + i``) or 0 (the batch's keys). So the mapping
-  holds only when ``ks``/``ke`` are what ``implied_ranges`` gives for the batches; they are not read (no host
-  sync): the caller (the pass) must establish it, or pass ``validate=True`` in eager.
-* Dtypes: the indexer takes BF16/FP16 ``q``, ``k`` AND ``weights`` (ours: FP32 or BF16 weights, FP8/FP4
-  operands with scales): FP32 weights are rounded to the query's dtype here (not exact); quantized operands
-  need ``npu_quant_lightning_indexer`` (int8 on A3, FP8/HiF8 on A5: another mapping, not done). Values come
-  back in the query's dtype (ours: the logits dtype). Assumed: scores ranked in FP32, values rounded after,
-  i.e. ``mqa_topk`` of FP32 logits with the values rounded (with BF16 logits ``mqa_topk`` ranks rounded values,
-  so keys tied after rounding may order differently).
-* Shapes: heads ``N1 <= 64`` and ``D = 128`` on hardware (docs/peers.md), ``sparse_count`` in 1..2048 or
-  3072..8192 by 1024; ``topk`` beyond that cannot map.
-* Indices: assumed relative to the batch's first key (shifted back to absolute KV positions here), as
-  vllm-ascend feeds them to ``npu_sparse_flash_attention`` with per-request lengths / block tables; with one
-  batch it does not matter. The formula is CANN's (the op's ops-transformer / sgl-kernel-npu docs; the
-  wheel's docstring has none). Tie order and the padding of rows with fewer than ``topk`` visible keys
-  (-1 / -inf here, as ``mqa_topk``) are not documented: unverified on hardware.
+  with ``S1`` queries and ``S2`` keys sees keys ``s <= S2 - S1 + i``) or 0 (the batch's keys). ``batches_of``
+  reads the batches off ``ks``/``ke`` (a host read: eager, not while capturing) and the adapter runs the indexer
+  only when ``implied_ranges`` of those batches gives ``ks``/``ke`` back exactly (varlen prefill batches,
+  causal or not), else the portable kernel.
+* Dtypes: the indexer takes BF16/FP16 ``q``, ``k`` AND ``weights`` and returns values in the query's dtype. Ours
+  takes BF16 operands with BF16 weights (BF16 logits), or FP32 weights when every weight is a BF16 value (a host
+  check) and the logits are BF16; quantized operands need ``npu_quant_lightning_indexer`` (int8 on A3, FP8/HiF8
+  on A5: another mapping, not done).
+* Shapes (docs / peers.md): heads ``N1 <= 64``, ``D = 128``, ``sparse_count`` (our ``topk``) in 1..2048 or
+  3072..8192 in steps of 1024; contiguous operands (the docs refuse strided ones: copied here).
+* What is not bitwise ours: the indexer's FP32 summation order, and (in our CPU reading of it) its ranking of the
+  FP32 scores before the values are rounded, where ``mqa_logits_topk`` ranks the BF16 values with ties to the
+  lower position: keys whose values tie after rounding may come in another order, or another of them may take
+  the last slot. Either is a top-k of the BF16 logits. Indices are taken relative to the batch's first key
+  (shifted back to absolute positions here), as vllm-ascend feeds them to ``npu_sparse_flash_attention``. The
+  formula is CANN's (the op's ops-transformer / sgl-kernel-npu docs; the wheel's docstring has none); tie order
+  and padding values are not documented: unverified on hardware.
+* No GE converter: the range precondition is a value check a graph cannot branch on (GE has no fallback).
 * ``paged_mqa_logits`` (decode) maps to ``layout_key="PA_BSND"`` + ``block_table`` in principle, but our
   cache layout (FP8 data + scales per block, DeepGEMM's) is not the indexer's BF16 ``[blocks, block, 1, D]``.
-* ``mqa_logits_backward`` (the logits' gradient w.r.t. q, k, weights) has no CANN counterpart (the indexer has
-  no backward in torch_npu 2.13); it runs its portable kernel (ACLNN matmuls). ``paged_mqa_logits_metadata`` is
-  DeepGEMM's scheduling table (per-SM block ranges for the paged kernel): integer bookkeeping, no CANN op, and
-  the indexer schedules itself.
+  ``mqa_logits`` and ``mqa_topk`` alone have no CANN counterpart (reasons above): portable (ACLNN matmuls, sort).
+* ``mqa_logits_backward`` (the logits' gradient w.r.t. q, k, weights) has no CANN counterpart (the indexer's
+  ``npu_lightning_indexer_grad`` is for its own training recipe, not this formula's full gradient); it runs its
+  portable kernel. ``paged_mqa_logits_metadata`` is DeepGEMM's scheduling table (per-SM block ranges for the paged
+  kernel): integer bookkeeping, no CANN op, and the indexer schedules itself.
 """
 
 from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.meta import mqa_logits as meta
+
+MAX_HEADS, HEAD_DIM = 64, 128
+# sparse_count: 1..2048, or 3072..8192 in steps of 1024 (the docs).
+SPARSE_COUNTS = frozenset([*range(1, 2049), *range(3072, 8193, 1024)])
+
 
 def implied_ranges(
     num_queries: int, cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None, num_keys: int, causal: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``(ks, ke)`` int32 ``[S]`` for which ``mqa_logits_topk`` equals ``mqa_topk(mqa_logits(...))``:
-    query ``i`` of batch ``b`` sees keys ``[k0_b, k0_b + S2_b - S1_b + i + 1)`` causal, ``[k0_b, k1_b)`` not."""
+    """The ``(ks, ke)`` int32 ``[S]`` the indexer's batches mean: query ``i`` of batch ``b`` sees keys
+    ``[k0_b, k0_b + S2_b - S1_b + i + 1)`` causal, ``[k0_b, k1_b)`` not."""
     cq, ck = _cumulative(num_queries, cu_seqlens_q, cu_seqlens_k, num_keys)
     cq, ck = cq.cpu().long(), ck.cpu().long()
     ks = torch.empty(num_queries, dtype=torch.int64)
@@ -62,46 +74,41 @@ def _cumulative(num_queries, cu_seqlens_q, cu_seqlens_k, num_keys):
     return cu_seqlens_q, cu_seqlens_k
 
 
-def mqa_logits_topk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    weights: torch.Tensor,
-    ks: torch.Tensor,
-    ke: torch.Tensor,
-    topk: int,
-    *,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    causal: bool = True,
-    validate: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``mqa_topk(mqa_logits(q, k, weights, ks, ke), ks, ke, topk)`` through ``npu_lightning_indexer`` (TND):
-    ``(values [S, topk] in q's dtype, indices int32 [S, topk])`` absolute KV positions, -1 / -inf padding.
+def batches_of(ks: list[int], ke: list[int]) -> tuple[list[int], list[int], bool] | None:
+    """``(cu_seqlens_q, cu_seqlens_k, causal)`` of the indexer's batches whose ``implied_ranges`` are exactly
+    ``ks``/``ke``, or None. A batch is a run of queries with one ``ks`` (its first key); its last key is the last
+    query's ``ke`` (causal) or every query's (not); key batches must tile ``[0, k1)`` back to back."""
+    s = len(ks)
+    if s == 0:
+        return None
+    cq, ck = [0], [0]
+    for i in range(1, s + 1):
+        if i == s or ks[i] != ks[i - 1]:
+            if ks[cq[-1]] != ck[-1]:
+                return None  # keys of consecutive batches must be contiguous from 0
+            cq.append(i)
+            ck.append(ke[i - 1])
+            if ck[-1] <= ck[-2]:
+                return None  # an empty key batch cannot be told apart from its neighbour
+    for causal in (True, False):
+        want_ks, want_ke = implied_ranges(s, torch.tensor(cq), torch.tensor(ck), ck[-1], causal)
+        if want_ks.tolist() == ks and want_ke.tolist() == ke:
+            return cq, ck, causal
+    return None
 
-    ``q [S, H, D]``, ``k [S_kv, D]`` BF16/FP16, ``weights [S, H]`` (cast to q's dtype). The batches are
-    ``cu_seqlens_q`` / ``cu_seqlens_k`` (``[B + 1]`` int, starting at 0; None: one batch of everything);
-    ``causal`` picks ``sparse_mode`` 3 (right-down causal) over 0. ``ks``/``ke`` must be ``implied_ranges``'s
-    (checked only with ``validate``, a host sync)."""
-    s, s_kv = q.shape[0], k.shape[0]
-    if validate:
-        want_ks, want_ke = implied_ranges(s, cu_seqlens_q, cu_seqlens_k, s_kv, causal)
-        if not (torch.equal(ks.cpu().int(), want_ks) and torch.equal(ke.cpu().int(), want_ke)):
-            raise ValueError(
-                "mqa_logits_topk: ks/ke are not the ranges npu_lightning_indexer's batches and sparse_mode imply "
-                "(see implied_ranges); keep mqa_topk(mqa_logits(...))"
-            )
+
+def _indexer_call(q, k, weights, cq, ck, topk: int, causal: bool):
+    """``npu_lightning_indexer`` in TND over the batches ``cq``/``ck`` (int lists): (values [S, topk] in q's dtype,
+    absolute int32 indices [S, topk])."""
     device = q.device
-    if cu_seqlens_q is None:
-        cq = torch.tensor([0, s], dtype=torch.int32, device=device)
-        ck = torch.tensor([0, s_kv], dtype=torch.int32, device=device)
-    else:
-        cq, ck = cu_seqlens_q.to(device=device, dtype=torch.int32), cu_seqlens_k.to(device=device, dtype=torch.int32)
+    cq_t = torch.tensor(cq, dtype=torch.int32, device=device)
+    ck_t = torch.tensor(ck, dtype=torch.int32, device=device)
     indices, values = torch.ops.npu.npu_lightning_indexer.default(
-        q,
-        k.unsqueeze(1),  # [S_kv, N2 = 1, D]
-        weights.to(q.dtype),
-        actual_seq_lengths_query=cq[1:],
-        actual_seq_lengths_key=ck[1:],
+        q.contiguous(),
+        k[: ck[-1]].unsqueeze(1).contiguous(),  # [keys, N2 = 1, D]
+        weights.to(q.dtype).contiguous(),
+        actual_seq_lengths_query=cq_t[1:],
+        actual_seq_lengths_key=ck_t[1:],
         layout_query="TND",
         layout_key="TND",
         sparse_count=topk,
@@ -109,11 +116,36 @@ def mqa_logits_topk(
         return_value=True,
     )
     indices, values = indices.squeeze(1), values.squeeze(1)
-    # Indices are relative to each query's batch's first key: shift back to absolute positions.
-    batch = torch.searchsorted(cq[1:].long(), torch.arange(s, device=device), right=True)
-    start = ck.long()[batch].unsqueeze(1)
-    indices = torch.where(indices >= 0, indices.long() + start, -1).to(torch.int32)
-    return values, indices
+    # Indices are relative to each query's batch's first key: shifted back to absolute positions.
+    batch = torch.searchsorted(cq_t[1:].long(), torch.arange(q.shape[0], device=device), right=True)
+    start = ck_t.long()[batch].unsqueeze(1)
+    return values, torch.where(indices >= 0, indices.long() + start, -1).to(torch.int32)
 
 
-__all__ = ["implied_ranges", "mqa_logits_topk"]
+def _shapes_fit(q, k, weights, topk: int, out_dtype) -> bool:
+    """The conditions on dtypes and sizes (no values read)."""
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or out_dtype != torch.bfloat16:
+        return False
+    return q.shape[1] <= MAX_HEADS and q.shape[2] == HEAD_DIM and topk in SPARSE_COUNTS and q.shape[0] > 0
+
+
+@npu_kernel(calls="npu_lightning_indexer")
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    fallback = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    if (
+        capture.capturing(q.device)
+        or not capture.host_readable(ks)
+        or not _shapes_fit(q, k, weights, topk, sh.out_dtype)
+    ):
+        return portable.mqa_logits_topk(*fallback)
+    meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)  # our errors before any kernel
+    exact_weights = weights.dtype == torch.bfloat16 or bool((weights.bfloat16().float() == weights).all())
+    found = batches_of(ks.tolist(), ke.tolist()) if exact_weights else None
+    if found is None:
+        return portable.mqa_logits_topk(*fallback)
+    cq, ck, causal = found
+    return _indexer_call(q, k, weights, cq, ck, topk, causal)
+
+
+__all__ = ["batches_of", "implied_ranges", "mqa_logits_topk"]

@@ -179,6 +179,11 @@ def mqa_topk(logits, ks, ke, topk, compressed):
     meta.topk_signature(logits, ks, ke, topk)
     if capture.host_readable(ks):
         meta.check_topk_values(ks, ke, logits.shape[1], compressed)
+    return _topk_of(logits, ks, ke, topk, compressed)
+
+
+def _topk_of(logits, ks, ke, topk: int, compressed: bool):
+    """``mqa_topk``'s selection (after its checks)."""
     S, columns = logits.shape
     j, valid = _positions(ks, ke, columns, compressed, logits.device)
     # Value descending (NaN as +inf), ties to the lower position; then valid columns before invalid ones.
@@ -195,3 +200,22 @@ def mqa_topk(logits, ks, ke, topk, compressed):
         idx = torch.nn.functional.pad(idx, (0, pad), value=-1)
         val = torch.nn.functional.pad(val, (0, pad), value=float("-inf"))
     return val, idx
+
+
+@portable_kernel
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    """``mqa_topk(mqa_logits(...))`` a block of queries at a time: the logits held are ``[chunk, S_kv]``, with
+    ``chunk`` fixed by the shapes (no host read: capturable), never ``[S, S_kv]``."""
+    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    if capture.host_readable(ks):
+        meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)
+    acc = meta.acc_dtype(q)
+    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    values = q.new_empty(sh.S, topk, dtype=sh.out_dtype)
+    indices = q.new_empty(sh.S, topk, dtype=torch.int32)
+    chunk = max(1, _SCORE_ELEMENTS // max(1, sh.S_kv))
+    for i0 in range(0, sh.S, chunk):
+        sl = slice(i0, i0 + chunk)
+        logits = logits_from_dequantized(qd[sl], kd, weights[sl], ks[sl], ke[sl], sh.S_kv, False, acc)
+        values[sl], indices[sl] = _topk_of(logits.to(sh.out_dtype), ks[sl], ke[sl], topk, False)
+    return values, indices
