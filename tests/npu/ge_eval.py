@@ -86,16 +86,28 @@ DYNAMIC = {
 
 def _grouped_matmul(op, i):
     empty = lambda ts: None if not ts or all(t is None or t.numel() == 0 for t in ts) else ts  # noqa: E731
-    for unused in ("bias", "scale", "offset", "antiquant_scale", "antiquant_offset"):
+    scale, per_token = empty(i.get("scale")), i.get("per_token_scale")
+    # MX (Ascend 950): E8M0 scales on both operands, modelled by the reference as torch_npu's call with
+    # scale_dtype = per_token_scale_dtype = float8_e8m0fnu.
+    mx = scale is not None and per_token is not None and scale[0].dtype == per_token.dtype == torch.float8_e8m0fnu
+    for unused in ("bias", "offset", "antiquant_scale", "antiquant_offset", *(() if mx else ("scale",))):
         if empty(i.get(unused)) is not None:
             raise NotImplementedError(f"GroupedMatmul: input {unused} is not modelled")
-    if i.get("per_token_scale") is not None or _attr(op, "act_type") or _attr(op, "transpose_x"):
+    if (per_token is not None and not mx) or _attr(op, "act_type") or _attr(op, "transpose_x"):
         raise NotImplementedError("GroupedMatmul: per_token_scale / act_type / transpose_x are not modelled")
     weight = i["weight"]
     if _attr(op, "transpose_weight"):
         weight = [w.transpose(-1, -2) for w in weight]
     # IR attr dtype: -1 = x's dtype, 0 fp16, 1 bf16, 2 int32, 3 fp32 (torch_npu's convert_ydtype_in_a8)
     out = {-1: None, 0: 5, 1: 15, 2: 3, 3: 6}[_attr(op, "dtype")]
+    mx_args = {}
+    if mx:
+        mx_args = {
+            "scale": [scale[0].view(torch.uint8)],
+            "per_token_scale": [per_token.view(torch.uint8)],
+            "scale_dtype": 293,
+            "per_token_scale_dtype": 293,
+        }
     return torch.ops.npu.npu_grouped_matmul(
         i["x"],
         weight,
@@ -104,6 +116,7 @@ def _grouped_matmul(op, i):
         group_type=_attr(op, "group_type"),
         group_list_type=_attr(op, "group_list_type"),
         output_dtype=out,
+        **mx_args,
     )
 
 

@@ -14,8 +14,14 @@
 * FP32 accumulation, one rounding to ``output_dtype`` (ScalarType number or None = x's dtype; fp16, bf16, fp32
   or int32 per the Meta kernel).
 
-Quantization arguments, biases, activations and the other split modes are not modelled: a call with them raises
-``NotImplementedError`` here (the adapters never make one).
+* MX (Ascend 950; ``scale_dtype = per_token_scale_dtype = float8_e8m0fnu``, torch_npu's enum 293), group_type 0:
+  FP8 E4M3 ``x [M, K]`` and row-major ``weight [E, K, N]``, ``per_token_scale [M, ceil(K/64), 2]`` and ``scale
+  [E, ceil(K/64), N, 2]`` uint8 E8M0 codes, pairs of consecutive 32-wide K blocks (torchao-npu's layout, from
+  ``npu_dynamic_mx_quant`` / ``npu_dynamic_mx_quant_with_dual_axis``): ``y = sum_k deq(x)[m, k] deq(w)[g, k, n]``
+  with ``deq(v) = v * 2^(code - 127)``, in FP32. Shapes other than these raise (they pin our reading).
+
+Other quantization arguments, biases, activations and the other split modes are not modelled: a call with them
+raises ``NotImplementedError`` here (the adapters never make one).
 """
 
 from __future__ import annotations
@@ -57,6 +63,34 @@ def _ends(group_list: torch.Tensor, group_list_type: int, total: int, axis: str)
     return ends
 
 
+_E8M0 = 293  # torch_npu's float8_e8m0fnu enum
+
+
+def _mx_values(codes: torch.Tensor, blocks: int) -> torch.Tensor:
+    """FP32 ``2^(code - 127)`` of pairs ``[..., ceil(B/2), 2]`` flattened to B per-block scales (code 0: 2^-127)."""
+    flat = codes.flatten(-2)[..., :blocks].to(torch.int32)
+    return torch.where(flat == 0, 2.0**-127, torch.pow(2.0, (flat - 127).float()))
+
+
+def _mx_dequantized(x, w, scale, per_token_scale, group_type):
+    if group_type != 0 or x.dtype != torch.float8_e4m3fn or w.dtype != torch.float8_e4m3fn or w.dim() != 3:
+        raise NotImplementedError("npu_grouped_matmul reference: MX only for FP8 E4M3 x [M, K], weight [E, K, N]")
+    (sw,), (sx,) = scale, per_token_scale
+    m, k = x.shape
+    e, _, n = w.shape
+    pairs = (-(-k // 32) + 1) // 2
+    if sx.dtype != torch.uint8 or sx.shape != (m, pairs, 2):
+        raise RuntimeError(
+            f"npu_grouped_matmul (MX): per_token_scale must be uint8 [{m}, {pairs}, 2], got {list(sx.shape)}"
+        )
+    if sw.dtype != torch.uint8 or sw.shape != (e, pairs, n, 2):
+        raise RuntimeError(f"npu_grouped_matmul (MX): scale must be uint8 [{e}, {pairs}, {n}, 2], got {list(sw.shape)}")
+    blocks = -(-k // 32)
+    xs = _mx_values(sx, blocks).repeat_interleave(32, 1)[:, :k]  # [M, K]
+    ws = _mx_values(sw.permute(0, 2, 1, 3), blocks).repeat_interleave(32, 2)[:, :, :k]  # [E, N, K]
+    return x.float() * xs, w.float() * ws.transpose(1, 2)
+
+
 @npu_wheel.cpu_reference("npu_grouped_matmul")
 def npu_grouped_matmul(
     x,
@@ -83,12 +117,17 @@ def npu_grouped_matmul(
     scale_dtype=None,
     per_token_scale_dtype=None,
 ):
-    unmodelled = (bias, scale, offset, antiquant_scale, antiquant_offset, per_token_scale, activation_input)
+    mx = scale_dtype == _E8M0 and per_token_scale_dtype == _E8M0
+    unmodelled = (bias, offset, antiquant_scale, antiquant_offset, activation_input)
+    if not mx:
+        unmodelled += (scale, per_token_scale, scale_dtype, per_token_scale_dtype)
     if any(t is not None for t in unmodelled) or act_type or x_dtype is not None or weight_dtype is not None:
         raise NotImplementedError("npu_grouped_matmul reference: quantized/bias/activation forms are not modelled")
     if len(x) != 1 or len(weight) != 1 or split_item not in (2, 3):
         raise NotImplementedError("npu_grouped_matmul reference: only single x / weight / y (split_item 2, 3)")
     (x,), (w,) = x, weight
+    if mx:
+        x, w = _mx_dequantized(x, w, scale, per_token_scale, group_type)
     if x.dim() != 2:
         raise RuntimeError("npu_grouped_matmul: x must be 2-D")
     dtype = _dtype(output_dtype, x)

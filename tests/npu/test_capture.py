@@ -16,7 +16,10 @@ from tests.moe_routing.specs import SPECS as ROUTING_SPECS
 from torch_ascend_moe.backends.npu import grouped, moe_routing
 from torch_ascend_moe.distributed import capture
 
-CASES = [(grouped, s) for s in GROUPED_SPECS if hasattr(grouped, s.name)]
+# The FP8 grouped adapters' capture path (E8M0 scales only) is tested with their MX samples in
+# test_grouped_adapters.py; their other samples go to the portable kernel, which tests/test_capture.py names as
+# host-bound.
+CASES = [(grouped, s) for s in GROUPED_SPECS if hasattr(grouped, s.name) and "_fp8_" not in s.name]
 CASES += [(moe_routing, s) for s in ROUTING_SPECS if hasattr(moe_routing, s.name)]
 
 

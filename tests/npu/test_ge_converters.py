@@ -19,7 +19,7 @@ from torch_ascend_moe.testing import calc_diff, npu_wheel
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
 npu_backend.register()  # every family module: their converters are declared at import
-GROUPED = [s for s in SPECS if s.name in NPU_GE_CONVERTERS]
+GROUPED = [s for s in SPECS if NPU_GE_IR.get(s.name) == "GroupedMatmul"]
 ASCEND_A3, ASCEND_950 = 250, 260
 
 
@@ -103,6 +103,45 @@ def test_grouped_ge_graph_values(spec, soc, dynamic, air):
         diff = calc_diff(out, ref)
         assert diff < max(THRESHOLDS[dtype], THRESHOLDS[out.dtype]), f"{where}: calc_diff {diff:.3g}"
         assert calc_diff(out, ours) < THRESHOLDS[out.dtype], where  # rounded once, as our op
+
+
+@DYNAMIC
+def test_mx_grouped_ge_graphs_equal_the_adapters(dynamic, air, monkeypatch):
+    """FP8 m-grouped GEMMs with E8M0 scale tensors on Ascend 950: one MX GroupedMatmul per graph, the scale codes
+    expanded and paired in GE ops; the graph's values are the eager adapter's, bitwise (both through our CPU
+    reading of npu_grouped_matmul's MX form)."""
+    from tests.npu.test_grouped_adapters import _mx_samples
+    from torch_ascend_moe.backends.npu import grouped as adapters
+
+    monkeypatch.setattr(adapters, "soc_version", lambda: ASCEND_950)
+    taken = 0
+    for name, args in _mx_samples():
+        if args[1].dtype != torch.float8_e8m0fnu:
+            continue  # FP32 scales need the host's power-of-two check: no graph (below)
+        s = type("S", (), {"args": args})
+        fn = _bind(s)(lambda *a, name=name: getattr(torch.ops.ascend_moe, name)(*a))
+        graph, _ = npu_wheel.ge_graph(fn, *_tensor_args(s), soc=ASCEND_950, dynamic=dynamic)
+        assert sum(op.type == "GroupedMatmul" for op in graph.op) == 1, name
+        with air.active():
+            (out,) = ge_eval.evaluate(graph, _tensor_args(s))
+        eager = getattr(adapters, name)(*args)
+        assert out.dtype == eager.dtype and torch.equal(out, eager), name
+        taken += 1
+    assert taken >= 2
+
+
+@pytest.mark.parametrize("case", ["A3", "FP32 scales"])
+def test_mx_grouped_without_a_graph(case, air, monkeypatch):
+    from tests.npu.test_grouped_adapters import _mx_samples
+
+    name, args = next((n, a) for n, a in _mx_samples() if n == "m_grouped_fp8_gemm" and a[1].dtype == torch.float32)
+    if case == "A3":
+        args = (args[0], args[1].to(torch.float8_e8m0fnu), args[2], args[3].to(torch.float8_e8m0fnu), *args[4:])
+    s = type("S", (), {"args": args})
+    fn = _bind(s)(lambda *a: torch.ops.ascend_moe.m_grouped_fp8_gemm(*a))
+    soc = ASCEND_A3 if case == "A3" else ASCEND_950
+    with pytest.raises(NotImplementedError, match="ascend_moe::m_grouped_fp8_gemm: no GE graph"):
+        npu_wheel.ge_graph(fn, *_tensor_args(s), soc=soc)
 
 
 def test_float64_has_no_graph(air):

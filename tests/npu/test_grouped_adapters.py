@@ -17,8 +17,9 @@ from torch_ascend_moe.backends.npu import grouped as adapters
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
-ADAPTED = [s for s in SPECS if hasattr(adapters, s.name)]
-PORTABLE_ONLY = {"m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked", "m_grouped_fp8_linear", "k_grouped_fp8_gemm"}
+ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" not in s.name]
+MX_ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" in s.name]
+PORTABLE_ONLY = {"m_grouped_fp8_linear", "k_grouped_fp8_gemm"}
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +73,8 @@ def _out_dtype_variants(spec):
 
 def test_registered_adapters():
     assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
-    assert {s.name for s in SPECS} == {s.name for s in ADAPTED} | PORTABLE_ONLY
-    for spec in ADAPTED:
-        assert NPU_KERNELS[spec.name] == "npu_grouped_matmul"
+    assert {s.name for s in MX_ADAPTED} == {"m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked"}
+    assert {s.name for s in SPECS} == {s.name for s in ADAPTED + MX_ADAPTED} | PORTABLE_ONLY
     assert not PORTABLE_ONLY & NPU_KERNELS.keys()
 
 
@@ -237,3 +237,220 @@ def test_reference_group_list_forms(refs):
         gmm([x], [w], group_list=torch.tensor([2, 2, 6]), split_item=3, group_type=0)
     (yk,) = gmm([x.T], [torch.randn(7, 4)], group_list=cum, split_item=3, group_type=2)
     assert yk.shape == (3, 8, 4) and (yk[1] == 0).all()
+
+
+# ---- FP8 through MX (Ascend 950) ----
+
+FP8_THRESHOLD = 1e-3  # DeepGEMM's FP8 x FP8 calc_diff threshold
+
+
+@pytest.fixture
+def ascend950(refs, monkeypatch):
+    monkeypatch.setattr(adapters, "soc_version", lambda: 260)
+
+
+@pytest.fixture
+def mx_calls(monkeypatch):
+    """The MX calls the adapters made, with their arguments checked against torchao-npu's layout."""
+    calls = []
+    real = adapters._gmm
+
+    def checking(x, weight, group_list, group_type, output_dtype=None, **mx):
+        assert mx and group_type == 0 and x.dtype == weight.dtype == torch.float8_e4m3fn
+        assert x.is_contiguous() and weight.is_contiguous() and weight.dim() == 3  # row-major [G, K, N]
+        (sw,), (sx,) = mx["scale"], mx["per_token_scale"]
+        pairs = (x.shape[1] // 32 + 1) // 2
+        assert sx.dtype == sw.dtype == torch.uint8
+        assert sx.shape == (x.shape[0], pairs, 2) and sw.shape == (weight.shape[0], pairs, weight.shape[2], 2)
+        assert mx["scale_dtype"] == mx["per_token_scale_dtype"] == 293
+        calls.append(output_dtype)
+        return real(x, weight, group_list, group_type, output_dtype, **mx)
+
+    monkeypatch.setattr(adapters, "_gmm", checking)
+    return calls
+
+
+def _fp8(x, block, e8m0=False):
+    """``x`` quantized per ``block`` with UE8M0 (power-of-two) scales: FP32 or ``float8_e8m0fnu``."""
+    data, sf = torch.ops.ascend_moe.quantize_fp8(x.flatten(0, -2) if x.dim() > 2 else x, block, True, False)
+    if x.dim() > 2:
+        data, sf = data.view(x.shape), sf.view(*x.shape[:-2], -1, sf.shape[-1])
+    return data, sf.to(torch.float8_e8m0fnu) if e8m0 else sf
+
+
+def _weights(g, n, k, block, gen, e8m0=False):
+    b = torch.randn(g, n, k, generator=gen)
+    parts = [_fp8(b[i], block, e8m0) for i in range(g)]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+
+def _mx_samples():
+    """UE8M0 samples the MX form takes: psum (aligned) and id layouts, the 128 x 128 and 1 x 128 B recipes, 1 x 32
+    blocks, K not a multiple of 128, FP32 and E8M0 scale tensors, BF16 and FP32 outputs; masked batches."""
+    gen = torch.Generator().manual_seed(21)
+    out = []
+    for m, g, n, k, ra, rb, e8m0, psum, dtype in [
+        (24, 3, 40, 256, [1, 128], [128, 128], False, True, torch.bfloat16),
+        (20, 4, 16, 96, [1, 32], [1, 32], True, False, torch.float32),
+        (17, 2, 48, 160, [1, 32], [32, 32], False, True, torch.float32),
+        (9, 3, 8, 128, [1, 128], [1, 128], True, True, torch.bfloat16),
+    ]:
+        a, sfa = _fp8(torch.randn(m, k, generator=gen), ra, e8m0)
+        b, sfb = _weights(g, n, k, rb, gen, e8m0)
+        if psum:  # group i: [align(end[i-1], 4), end[i]), the last one ending at m
+            align, ends, start = 4, [], 0
+            for i in range(g):
+                cap = m - m % align  # a group's aligned end must leave the next one a valid start
+                end = m if i == g - 1 else min(cap, start + int(torch.randint(0, 6, (1,), generator=gen)))
+                ends.append(end)
+                start = -(-end // align) * align
+            layout = torch.tensor(ends, dtype=torch.int32)
+        else:
+            layout, align = torch.randint(-1, g, (m,), generator=gen, dtype=torch.int32), 1
+        out.append(("m_grouped_fp8_gemm", (a, sfa, b, sfb, layout, psum, align, ra, rb, dtype)))
+    for groups, m_max, n, k, ra, rb, e8m0 in [
+        (3, 8, 24, 128, [1, 128], [128, 128], True),
+        (2, 5, 16, 64, [1, 32], [1, 32], False),
+    ]:
+        a, sfa = _fp8(torch.randn(groups, m_max, k, generator=gen), ra, e8m0)
+        b, sfb = _weights(groups, n, k, rb, gen, e8m0)
+        masked = torch.tensor([m_max, 0, 3][:groups], dtype=torch.int32)
+        out.append(("m_grouped_fp8_gemm_masked", (a, sfa, b, sfb, masked, ra, rb, torch.bfloat16)))
+    return out
+
+
+def test_mx_scale_layouts_are_torchao_npus():
+    """Pairs of consecutive 32-wide K blocks, the pair last: per token [M, ceil(B/2), 2], weights
+    [G, ceil(B/2), N, 2] (what npu_dynamic_mx_quant / its dual-axis form give torchao-npu's grouped GEMM)."""
+    codes = torch.arange(2 * 5, dtype=torch.uint8).view(2, 5)  # 5 blocks: the last pair padded with 1.0 (127)
+    pairs = adapters.mx_pairs(codes)
+    assert pairs.shape == (2, 3, 2) and pairs[1, 1].tolist() == [7, 8] and pairs[0, 2].tolist() == [4, 127]
+    gen = torch.Generator().manual_seed(3)
+    a, sfa = _fp8(torch.randn(4, 128, generator=gen), [1, 32])
+    b, sfb = _weights(2, 3, 128, [1, 32], gen)
+    x, w, mx = adapters._mx_args(a, sfa, b, sfb, [1, 32], [1, 32], torch.ones(4, dtype=torch.bool))
+    (sw,), (sx,) = mx["scale"], mx["per_token_scale"]
+    code = lambda v: int(v.view(torch.int32) >> 23)  # noqa: E731
+    for g, p, nn, i in [(0, 0, 0, 0), (1, 1, 2, 1), (0, 1, 1, 0)]:
+        assert int(sw[g, p, nn, i]) == code(sfb[g, nn, 2 * p + i])
+    assert (
+        int(sx[3, 1, 1]) == code(sfa[3, 3])
+        and torch.equal(w.view(torch.uint8), b.transpose(1, 2).view(torch.uint8))
+        and x is a
+    )
+
+
+def test_mx_values(ascend950, mx_calls):
+    """Every MX sample reaches npu_grouped_matmul's MX form (our CPU reading of it) and is within the FP8
+    threshold of the fp64 reference and of our C++ kernel; rows no group owns are zeros; dtype/strides ours."""
+    specs = {s.name: s for s in MX_ADAPTED}
+    for name, args in _mx_samples():
+        before = len(mx_calls)
+        out = getattr(adapters, name)(*args)
+        assert len(mx_calls) == before + 1, name
+        ours, ref = specs[name].op(*args), with_defaults(name, specs[name].reference)(*args)
+        assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), name
+        assert (out[ref == 0] == 0).all(), f"{name}: rows no group owns are not zeros"
+        assert calc_diff(out, ref) < FP8_THRESHOLD and calc_diff(out, ours) < 1e-6, name
+    # the spec's own samples: those with power-of-two scales take MX, the others the portable kernel
+    for spec in MX_ADAPTED:
+        for dtype in spec.dtypes:
+            for s in spec.sample_inputs("cpu", dtype):
+                out = getattr(adapters, spec.name)(*s.args)
+                ref = with_defaults(spec.name, spec.reference)(*s.args)
+                assert out.numel() == 0 or calc_diff(out, ref) < FP8_THRESHOLD, (spec.name, s.name)
+
+
+def test_mx_meta_matches_our_fake(ascend950):
+    """The MX call under FakeTensorMode, through torch_npu's own Meta kernel (scale dtypes, output dtype): the
+    output has our op's fake's shape and dtype."""
+    for name, args in _mx_samples():
+        if name != "m_grouped_fp8_gemm":
+            continue
+        a, sfa, b, sfb, layout, psum, align, ra, rb, dtype = args
+        x, w, mx = adapters._mx_args(a, sfa, b, sfb, ra, rb, torch.ones(a.shape[0], dtype=torch.bool))
+        with FakeTensorMode() as mode:
+            fake = lambda t: mode.from_tensor(t)  # noqa: E731
+            mx_f = {k: [fake(v[0])] if isinstance(v, list) else v for k, v in mx.items()}
+            cum = fake(torch.tensor([a.shape[0]] * b.shape[0]))
+            y = torch.ops.npu.npu_grouped_matmul.default(
+                [fake(x)],
+                [fake(w)],
+                group_list=cum,
+                split_item=3,
+                group_type=0,
+                group_list_type=0,
+                output_dtype=dtype,
+                **mx_f,
+            )[0]
+            ours = torch.ops.ascend_moe.m_grouped_fp8_gemm(
+                *(fake(t) if isinstance(t, torch.Tensor) else t for t in args)
+            )
+        assert (y.shape, y.dtype) == (ours.shape, ours.dtype)
+
+
+@pytest.mark.parametrize(
+    "case", ["before Ascend 950", "FP32 scales", "a zero scale", "a NaN E8M0 scale", "FP4 B", "K not 32s", "capturing"]
+)
+def test_mx_cases_that_stay_portable(ascend950, monkeypatch, mx_calls, case):
+    from torch_ascend_moe.backends.portable import grouped as portable
+    from torch_ascend_moe.distributed import capture
+
+    gen = torch.Generator().manual_seed(8)
+    m, g, n, k = 12, 2, 16, 128
+    a, sfa = _fp8(torch.randn(m, k, generator=gen), [1, 128])
+    b, sfb = _weights(g, n, k, [128, 128], gen)
+    ra, rb = [1, 128], [128, 128]
+    if case == "before Ascend 950":
+        monkeypatch.setattr(adapters, "soc_version", lambda: 250)
+    elif case == "FP32 scales":
+        sfa = sfa * 1.5
+    elif case == "a zero scale":
+        sfb = sfb.clone()
+        sfb[1, 0, 0] = 0
+    elif case == "a NaN E8M0 scale":
+        sfa = sfa.to(torch.float8_e8m0fnu).clone()
+        sfa.view(torch.uint8)[2, 0] = 255
+    elif case == "FP4 B":
+        data, sf = torch.ops.ascend_moe.quantize_fp4(torch.randn(g * n, k, generator=gen), [1, 32], True, False)
+        b, sfb, rb = data.view(g, n, k // 2), sf.view(g, n, -1), [1, 32]
+    elif case == "K not 32s":
+        k, ra, rb = 80, [1, 16], [16, 16]
+        a, sfa = _fp8(torch.randn(m, k, generator=gen), ra)
+        b, sfb = _weights(g, n, k, rb, gen)
+    args = (a, sfa, b, sfb, torch.tensor([5, m], dtype=torch.int32), True, 1, ra, rb, torch.bfloat16)
+    if case == "capturing":
+        with capture.emulated():
+            out = adapters.m_grouped_fp8_gemm(*args)
+    else:
+        out = adapters.m_grouped_fp8_gemm(*args)
+    assert not mx_calls, case
+    torch.testing.assert_close(out, portable.m_grouped_fp8_gemm(*args), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("spec", MX_ADAPTED, ids=str)
+def test_mx_bad_inputs_raise_our_errors(spec, ascend950):
+    for bad in spec.bad_inputs("cpu"):
+        ours = _error(lambda bad=bad: spec.op(*bad.args))
+        theirs = _error(lambda bad=bad: getattr(adapters, spec.name)(*bad.args))
+        assert isinstance(ours, bad.error), (bad.name, ours)
+        assert type(theirs) is type(ours) and str(theirs) == str(ours), (bad.name, theirs, ours)
+
+
+def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
+    """While a graph is captured: E8M0 scale tensors take MX with no host read, equal to eager; FP32 scales (whose
+    power-of-two check reads the host) go to the portable kernel."""
+    from tests.npu.test_capture import no_host_reads
+    from torch_ascend_moe.distributed import capture
+
+    taken = 0
+    for name, args in _mx_samples():
+        eager = getattr(adapters, name)(*args)
+        calls = len(mx_calls)
+        if args[1].dtype != torch.float8_e8m0fnu:
+            continue
+        with capture.emulated(), no_host_reads():
+            captured = getattr(adapters, name)(*args)
+        assert len(mx_calls) == calls + 1 and torch.equal(captured, eager), name
+        taken += 1
+    assert taken >= 2

@@ -28,7 +28,7 @@ def ascend950(npu_ops, monkeypatch):
     importlib.import_module("tests.npu.grouped_refs")
     importlib.import_module("tests.npu.quant_routing_refs").register()
     monkeypatch.setitem(npu_wheel.SOC, "version", 260)
-    for module in (moe_routing, quant, fp8_gemm):
+    for module in (moe_routing, quant, fp8_gemm, grouped):
         monkeypatch.setattr(module, "soc_version", lambda: 260)
 
 

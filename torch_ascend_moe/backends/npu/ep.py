@@ -10,7 +10,14 @@ What maps, and what stays on the portable kernels (``all_to_all_single`` over HC
   combine). So the exact pair is "dispatch + ep_expand" fused, and "weighted un-expand + combine" fused:
   what a compiler pass (or ``nn.MoE``) can call in place of ``ep_dispatch`` -> ``ep_expand`` -> GEMMs ->
   ``ep_reduce_slots(weights)`` -> ``ep_combine`` on an NPU. Rows past ``counts.sum()`` are unspecified (MC2
-  does not zero them; ``ep_expand`` does).
+  does not zero them; ``ep_expand`` does). DeepEP V2's expand mode (``ElasticBuffer.dispatch(do_expand=True)``,
+  our ``ep_dispatch`` + ``ep_expand``) is not routed here: its rows are in V2's order (source rank, then token,
+  aligned per expert), its ``EPHandle`` carries the rank-level dispatch's routing (``recv_src_idx``, rank prefix
+  sums, per-rank weights) that cached dispatch, combine and the autograd backward consume, and its combine
+  rounds per-rank partials (V2's reduction recipe) where MC2's combine sums every slot in one step; MC2 gives
+  neither the handle nor those rounding points. What V2's expanded layout is, MC2 computes through
+  ``ep_low_latency_dispatch`` / ``_combine`` (below), whose semantics (per-(token, expert) rows, a weighted
+  combine with one rounding) are MC2's.
 * ``ep_dispatch`` (compact or static ``num_worst_tokens``), ``ep_dispatch_cached``, ``ep_combine``: portable.
   They move one row per (token, destination RANK) and combine UNWEIGHTED; MC2 moves one row per (token,
   EXPERT) and combines weighted. The two coincide only when every rank owns one expert (E == R), and even

@@ -34,13 +34,26 @@ converter). Differences GE forces: FP32 output from BF16/FP16 inputs before Asce
 rejects ``output_dtype=float32`` there) multiplies the inputs cast to FP32, which is exact for their values and
 still one FP32 accumulation; FP64 and shapes beyond the limits have no graph (a clear error while it is built).
 
-FP8 ops stay on the portable kernels (``m_grouped_fp8_gemm``, ``m_grouped_fp8_gemm_masked``,
-``m_grouped_fp8_linear``, ``k_grouped_fp8_gemm``): their scales vary *along K* (1 x gran_k blocks of A, gran_k x
-gran_k blocks of B, gran_k row blocks of k-grouped operands, FP32 or UE8M0), while npu_grouped_matmul scales only
-after the whole K reduction (``scale [E, N]`` per channel, ``per_token_scale [M]`` per row; A2/A3 docs: no FP8
-inputs at all). Its only K-block form is MX on Ascend 950 (``scale_dtype=float8_e8m0fnu``: 1 x 32 blocks with
-power-of-two scales): that would be exact only for the UE8M0 recipes with ``gran_k % 32 == 0``, and the MX scale
-layout is not documented in torch_npu 2.13's docstrings, so it is not written here.
+FP8 m-grouped GEMMs (``m_grouped_fp8_gemm``, psum and id layouts, and ``m_grouped_fp8_gemm_masked``) on Ascend 950:
+``npu_grouped_matmul``'s MX form (``scale_dtype = per_token_scale_dtype = float8_e8m0fnu``: power-of-two scales per
+1 x 32 block along K of both operands). DeepGEMM's scales vary along K in ``gran_k`` blocks; when every scale is a
+power of two (UE8M0: ``float8_e8m0fnu`` scales, or FP32 ones that are exactly powers of two, checked on the host)
+and ``gran_k`` is a multiple of 32, each of our blocks is ``gran_k / 32`` MX blocks with its scale, and B's
+``gran_mn``-row blocks are that scale on each row: the same products, summed in FP32 (in the kernel's order, as
+the BF16 adapters). The MX scale layouts are torchao-npu's (its MX grouped GEMM passes
+``npu_dynamic_mx_quant``'s ``[M, ceil(K/64), 2]`` per-token codes and ``npu_dynamic_mx_quant_with_dual_axis``'s
+``[E, ceil(K/64), N, 2]`` weight codes for a row-major ``[E, K, N]`` weight: pairs of consecutive K blocks); torch_npu
+2.13's docstrings do not describe them and its Meta kernel does not check them, so the layout is our reading of
+that usage (the first thing to check on hardware). The weight goes row-major ``[G, K, N]`` (a copy of our
+``[G, N, K]``: the transposed-weight form's scale layout is not shown anywhere).
+Portable, and why: before Ascend 950 (A2/A3 take no FP8 operands); FP4 operands (torch_npu's ``float4_e2m1fn_x2``
+nibble order is not documented against DeepGEMM's); scales that are not powers of two in E8M0's range (FP32
+scales in general, zero, NaN (code 255: the hardware's NaN handling is not documented)); ``gran_k`` not a multiple
+of 32 or K not a multiple of 32; while capturing (the scale check reads the host). ``m_grouped_fp8_linear`` runs
+its steps through the dispatcher (its cast and GEMM each reach their own kernels); ``k_grouped_fp8_gemm`` (weight
+gradients: scale rows per group along the reduction, ``sum_g ceil(k_g / gran_k)`` of them) stays portable: MX
+blocks of the K-grouped form would have to restart at each group boundary, which torchao-npu's usage pads with
+zero rows (``npu_grouped_dynamic_mx_quant``), a layout our op's operands do not have.
 """
 
 from __future__ import annotations
@@ -49,15 +62,20 @@ import torch
 
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
 from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     M_GROUPED,
+    M_GROUPED_FP8,
     MASKED,
+    MASKED_FP8,
     k_grouped_signature,
     layout_segments,
+    m_grouped_fp8_signature,
     m_grouped_signature,
+    masked_fp8_signature,
     masked_signature,
 )
 
@@ -72,9 +90,9 @@ MAX_GROUPS = 1024
 INNER_LIMIT = 65536
 
 
-def _gmm_with(call, x, weight, group_list, group_type, output_dtype):
+def _gmm_with(call, x, weight, group_list, group_type, output_dtype, **mx):
     """``npu_grouped_matmul``'s single-tensor form through ``call``: the op itself (eager) or torch_npu's GE
-    converter of it (graph mode), which take the same arguments."""
+    converter of it (graph mode), which take the same arguments; ``mx``: the MX scales (``_mx_args``)."""
     (y,) = call(
         [x],
         [weight],
@@ -83,14 +101,15 @@ def _gmm_with(call, x, weight, group_list, group_type, output_dtype):
         group_type=group_type,
         group_list_type=CUMSUM,
         output_dtype=output_dtype,
+        **mx,
     )
     return y
 
 
-def _gmm(x, weight, group_list, group_type, output_dtype=None):
+def _gmm(x, weight, group_list, group_type, output_dtype=None, **mx):
     """``torch.ops.npu`` is looked up here, at call time (it exists only once torch_npu, or the test wheel's
     schemas, are loaded)."""
-    return _gmm_with(torch.ops.npu.npu_grouped_matmul, x, weight, group_list, group_type, output_dtype)
+    return _gmm_with(torch.ops.npu.npu_grouped_matmul, x, weight, group_list, group_type, output_dtype, **mx)
 
 
 def _fits(groups: int, *inner: int) -> bool:
@@ -173,6 +192,131 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     y = _gmm(a.T, b, cum, K_AXIS, torch.float32)
     # In place: y's row-major strides, whatever c's; c as FP32 first (an FP8 c would not promote).
     return (y if c is None else y.add_(c.to(torch.float32))).to(dtype)
+
+
+# ---- FP8 m-grouped GEMMs through MX (Ascend 950) ----------------------------------------------------------------
+
+MX_BLOCK = 32  # K elements per MX scale
+NPU_FLOAT8_E8M0FNU = 293  # torch_npu's dtype enum for E8M0 scales
+_E8M0_ONE = 127  # the code of 1.0: what an odd count of blocks is paired with
+
+
+def e8m0_codes(sf: torch.Tensor, rows: torch.Tensor | None = None, check: bool = True) -> torch.Tensor | None:
+    """uint8 E8M0 codes of scales that are all powers of two in E8M0's range (2^-127 .. 2^127), or None; only the
+    rows where ``rows`` (bool ``[sf.size(0)]``) is set count (the others' codes are 1.0: rows no group owns, whose
+    results are zeroed). The check reads the values on the host; ``check=False`` (E8M0 tensors only, while
+    capturing) skips it: a NaN code (255) then reaches the kernel as it is."""
+    if sf.dtype == torch.float8_e8m0fnu:
+        codes = sf.view(torch.uint8)
+        ok = codes != 255  # 255 is NaN
+    else:
+        bits = sf.contiguous().view(torch.int32)
+        exponent = (bits >> 23) & 0xFF
+        tiny = bits == 0x00400000  # 2^-127, FP32's subnormal, E8M0's code 0
+        ok = ((bits >= 0) & ((bits & 0x7FFFFF) == 0) & (exponent >= 1) & (exponent <= 254)) | tiny
+        codes = torch.where(tiny, 0, exponent).to(torch.uint8)
+    if rows is not None:
+        keep = rows.view(-1, *([1] * (sf.dim() - 1)))
+        ok, codes = ok | ~keep, torch.where(keep, codes, _E8M0_ONE)
+    return codes if not check or bool(ok.all()) else None
+
+
+def mx_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """``[..., B]`` codes (one per 32-wide K block) as ``[..., ceil(B/2), 2]`` consecutive pairs (an odd count
+    padded with 1.0)."""
+    if codes.shape[-1] % 2:
+        codes = torch.cat([codes, codes.new_full((*codes.shape[:-1], 1), _E8M0_ONE)], -1)
+    return codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2).contiguous()
+
+
+def _mx_fits(a, b, recipe_a, recipe_b, dtype) -> bool:
+    """The conditions on dtypes and shapes MX has (no values read, no SoC asked)."""
+    k = a.shape[-1]
+    fp8 = a.dtype == torch.float8_e4m3fn and b.dtype == torch.float8_e4m3fn
+    blocks = recipe_a[1] % MX_BLOCK == 0 and recipe_b[1] % MX_BLOCK == 0 and k % MX_BLOCK == 0 and k > 0
+    return fp8 and blocks and dtype in (torch.bfloat16, torch.float32)
+
+
+def _mx_takes(a, b, recipe_a, recipe_b, dtype) -> bool:
+    return _mx_fits(a, b, recipe_a, recipe_b, dtype) and soc_version() >= ASCEND950
+
+
+def _e8m0_scales(sfa, sfb) -> bool:
+    """E8M0 scale tensors: powers of two by their dtype, so MX takes them with no host check (while capturing)."""
+    return sfa.dtype == sfb.dtype == torch.float8_e8m0fnu
+
+
+def _mx_args(a2, sfa2, b, sfb, recipe_a, recipe_b, rows, check=True):
+    """(x, weight [G, K, N], MX kwargs) for ``npu_grouped_matmul``, or None when a scale of a row some group owns
+    (``rows``), or of B, is not a power of two in E8M0's range. ``a2``/``sfa2`` are 2-D (rows, K)."""
+    codes_a, codes_b = e8m0_codes(sfa2, rows, check), e8m0_codes(sfb, None, check)
+    if codes_a is None or codes_b is None:
+        return None
+    k, n = a2.shape[1], b.shape[1]
+    blocks = k // MX_BLOCK
+    per_token = codes_a.repeat_interleave(recipe_a[1] // MX_BLOCK, 1)[:, :blocks]
+    weight = codes_b.repeat_interleave(recipe_b[0], 1)[:, :n].repeat_interleave(recipe_b[1] // MX_BLOCK, 2)
+    weight = mx_pairs(weight[:, :, :blocks]).permute(0, 2, 1, 3).contiguous()  # [G, ceil(K/64), N, 2]
+    mx = {
+        "scale": [weight],
+        "per_token_scale": [mx_pairs(per_token)],
+        "scale_dtype": NPU_FLOAT8_E8M0FNU,
+        "per_token_scale_dtype": NPU_FLOAT8_E8M0FNU,
+    }
+    return a2.contiguous(), b.transpose(1, 2).contiguous(), mx
+
+
+@npu_kernel(calls="npu_grouped_matmul")
+def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    fallback = (a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    rows, groups = a.shape[0], b.shape[0]
+    readable = host_readable(layout)
+    if not _mx_takes(a, b, recipe_a, recipe_b, dtype) or not (readable or _e8m0_scales(sfa, sfb)):
+        return portable.m_grouped_fp8_gemm(*fallback)
+    if readable:
+        layout_segments(M_GROUPED_FP8, layout, psum, alignment, rows, groups)  # our op's value errors
+    if rows == 0 or groups == 0 or b.shape[1] == 0 or not _fits(groups, b.shape[1], a.shape[1]):
+        return portable.m_grouped_fp8_gemm(*fallback)
+    if psum:
+        cum, valid = portable.covering_psum_groups(layout, alignment, rows)
+    else:
+        perm, cum, _ = portable.sorted_id_groups(layout, groups)
+        valid = layout >= 0
+    operands = _mx_args(a, sfa, b, sfb, recipe_a, recipe_b, valid, check=readable)
+    if operands is None:
+        return portable.m_grouped_fp8_gemm(*fallback)
+    x, w, mx = operands
+    if psum:
+        y = _gmm(x, w, cum, M_AXIS, dtype, **mx)
+    else:
+        mx["per_token_scale"] = [mx["per_token_scale"][0].index_select(0, perm)]
+        y_sorted = _gmm(x.index_select(0, perm), w, cum, M_AXIS, dtype, **mx)
+        y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted)
+    return y.masked_fill(~valid.unsqueeze(1), 0)
+
+
+@npu_kernel(calls="npu_grouped_matmul")
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    fallback = (a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    groups, m_max, k = a.shape
+    readable = host_readable(masked_m)
+    if not _mx_takes(a, b, recipe_a, recipe_b, dtype) or not (readable or _e8m0_scales(sfa, sfb)):
+        return portable.m_grouped_fp8_gemm_masked(*fallback)
+    if readable:
+        portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+    if groups * m_max == 0 or b.shape[1] == 0 or not _fits(groups, b.shape[1], k):
+        return portable.m_grouped_fp8_gemm_masked(*fallback)
+    valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)
+    a2, sfa2 = a.reshape(groups * m_max, k), sfa.reshape(groups * m_max, -1)
+    operands = _mx_args(a2, sfa2, b, sfb, recipe_a, recipe_b, valid.reshape(-1), check=readable)
+    if operands is None:
+        return portable.m_grouped_fp8_gemm_masked(*fallback)
+    x, w, mx = operands
+    cum = torch.arange(1, groups + 1, device=a.device) * m_max
+    y = _gmm(x, w, cum, M_AXIS, dtype, **mx)
+    return y.view(shape).masked_fill(~valid.unsqueeze(2), 0)
 
 
 # ---- TorchAir GE converters ----------------------------------------------------------------------------------
@@ -287,3 +431,98 @@ def k_grouped_bf16_gemm_ge(a, b, layout, num_groups, psum, alignment, c, out_dty
     if c is not None:
         y = ge_graph.typed(ge.Add(y, ge_graph.cast(c, torch.float32)), torch.float32)
     return ge_graph.cast(y, out)
+
+
+def _mx_codes_ge(sf, rows_expand: int, blocks_per_scale: int, rows, blocks, batched: bool):
+    """GE form of the E8M0 code expansion: ``float8_e8m0fnu`` scales ``[(G,) R', B']`` bitcast to uint8 codes and
+    gathered to ``[(G,) rows, blocks]`` (row ``r`` takes scale row ``r // rows_expand``, K block ``j`` scale column
+    ``j // blocks_per_scale``), then paired along K as ``mx_pairs`` does. ``rows``/``blocks`` are int64 scalar
+    tensors (symbolic sizes stay symbolic)."""
+    ge, dt = ge_graph.api(), ge_graph.dtypes()
+    codes = ge.Bitcast(sf, type=dt.DT_UINT8)
+    axis = 1 if batched else 0
+    if rows_expand > 1:
+        index = ge.FloorDiv(ge_graph.arange(rows), ge_graph.i64(rows_expand))
+        codes = ge.GatherV2(codes, index, ge_graph.i64(axis))
+    index = ge.FloorDiv(ge_graph.arange(blocks), ge_graph.i64(blocks_per_scale))
+    codes = ge.GatherV2(codes, index, ge_graph.i64(axis + 1))
+    lead = [ge_graph.dim(codes, d) for d in range(axis + 1)]
+    # One 1.0 column after the blocks, then the first 2 * ceil(blocks / 2) columns: an odd count's pair is padded.
+    pad = ge.Fill(ge.ConcatV2([*lead, ge_graph.i64([1])], 0, N=axis + 2), ge.Const(_E8M0_ONE, dt.DT_UINT8))
+    codes = ge.ConcatV2([codes, pad], axis + 1, N=2)
+    pairs = ge.FloorDiv(ge.Add(blocks, ge_graph.i64(1)), ge_graph.i64(2))
+    even = ge.Reshape(ge.Mul(pairs, ge_graph.i64(2)), ge_graph.i64([1]))
+    keep = ge.ConcatV2([ge_graph.i64([-1] * (axis + 1)), even], 0, N=2)
+    codes = ge.Slice(codes, ge_graph.i64([0] * (axis + 2)), keep)
+    shape = ge.ConcatV2([*lead, ge.Reshape(pairs, ge_graph.i64([1])), ge_graph.i64([2])], 0, N=axis + 3)
+    return ge.Reshape(codes, shape)
+
+
+def _mx_ge(op, a, sfa, b, sfb, recipe_a, recipe_b, out_dtype, metas):
+    """(x, weight [G, K, N], MX kwargs) in GE ops, or a clear error where the graph cannot take the call: E8M0
+    scale tensors only (FP32 ones would need the host's power-of-two check). ``metas``: the fake tensors
+    ``(a [rows, K], sfa, b, sfb)`` stand for; K may be symbolic (a multiple of 32 is then a guard of the trace)."""
+    a_meta, sfa_meta, b_meta, sfb_meta = metas
+    if not ge_graph.is_ascend950():
+        raise ge_graph.unsupported(op, "FP8 grouped GEMMs map onto npu_grouped_matmul's MX form on Ascend 950 only")
+    if not _mx_fits(a_meta, b_meta, recipe_a, recipe_b, out_dtype):
+        raise ge_graph.unsupported(op, "MX takes FP8 E4M3 operands, gran_k and K multiples of 32, BF16/FP32 outputs")
+    if sfa_meta.dtype != torch.float8_e8m0fnu or sfb_meta.dtype != torch.float8_e8m0fnu:
+        raise ge_graph.unsupported(op, "in a graph MX takes float8_e8m0fnu scales (FP32 ones need a host check)")
+    ge = ge_graph.api()
+    blocks = ge.FloorDiv(ge_graph.dim(a, 1, scalar=True), ge_graph.i64(MX_BLOCK))
+    per_token = _mx_codes_ge(sfa, 1, recipe_a[1] // MX_BLOCK, None, blocks, False)  # [rows, P, 2]
+    n = ge_graph.dim(b, 1, scalar=True)
+    weight_codes = _mx_codes_ge(sfb, recipe_b[0], recipe_b[1] // MX_BLOCK, n, blocks, True)  # [G, N, P, 2]
+    mx = {
+        "scale": [ge.Transpose(weight_codes, ge_graph.i64([0, 2, 1, 3]))],  # [G, P, N, 2]
+        "per_token_scale": [per_token],
+        "scale_dtype": NPU_FLOAT8_E8M0FNU,
+        "per_token_scale_dtype": NPU_FLOAT8_E8M0FNU,
+    }
+    return ge_graph.typed(a, torch.float8_e4m3fn), ge_graph.typed(_weight_kn_ge(b), torch.float8_e4m3fn), mx
+
+
+_OUT_ENUM = {torch.bfloat16: 15, torch.float32: 6}  # ScalarType numbers, as torch_npu's converter compares them
+
+
+def _mx_gmm_ge(x, w, cum, mx, out_dtype):
+    y = _gmm_with(ge_graph.npu_converter("npu_grouped_matmul"), x, w, cum, M_AXIS, _OUT_ENUM[out_dtype], **mx)
+    return ge_graph.typed(y, out_dtype)
+
+
+@npu_ge_converter("m_grouped_fp8_gemm", ir="GroupedMatmul (MX)")
+def m_grouped_fp8_gemm_ge(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype, meta_outputs=None):
+    ge, op = ge_graph.api(), "m_grouped_fp8_gemm"
+    out = ge_graph.torch_dtype(meta_outputs)
+    _ge_fits(op, b.symsize[0], b.symsize[1], a.symsize[1])
+    x, w, mx = _mx_ge(op, a, sfa, b, sfb, recipe_a, recipe_b, out, (a.meta, sfa.meta, b.meta, sfb.meta))
+    if psum:
+        cum, valid = _psum_groups_ge(layout, alignment, ge_graph.dim(a, 0, scalar=True))
+        y = _mx_gmm_ge(x, w, cum, mx, out)
+    else:
+        perm, inverse, cum = _id_groups_ge(layout, ge_graph.dim(b, 0, scalar=True))
+        mx["per_token_scale"] = [_gather_rows(mx["per_token_scale"][0], perm)]
+        x = ge_graph.typed(_gather_rows(x, perm), torch.float8_e4m3fn)
+        y = _gather_rows(_mx_gmm_ge(x, w, cum, mx, out), inverse)
+        valid = ge.GreaterEqual(layout, ge.Const(0, layout.dtype))
+    return ge_graph.typed(ge_graph.zero_rows(y, valid, 1), out)
+
+
+@npu_ge_converter("m_grouped_fp8_gemm_masked", ir="GroupedMatmul (MX)")
+def m_grouped_fp8_gemm_masked_ge(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype, meta_outputs=None):
+    ge, op = ge_graph.api(), "m_grouped_fp8_gemm_masked"
+    out = ge_graph.torch_dtype(meta_outputs)
+    _ge_fits(op, a.symsize[0], b.symsize[1], a.symsize[2])
+    groups, m_max = ge_graph.dim(a, 0, scalar=True), ge_graph.dim(a, 1, scalar=True)
+    flat = ge.Reshape(a, ge.ConcatV2([ge_graph.i64([-1]), ge_graph.dim(a, 2)], 0, N=2))
+    flat_sf = ge.Reshape(sfa, ge.ConcatV2([ge_graph.i64([-1]), ge_graph.dim(sfa, 2)], 0, N=2))
+    metas = (a.meta.flatten(0, 1), sfa.meta.flatten(0, 1), b.meta, sfb.meta)
+    x, w, mx = _mx_ge(op, flat, flat_sf, b, sfb, recipe_a, recipe_b, out, metas)
+    cum = ge.Mul(ge.Add(ge_graph.arange(groups), ge_graph.i64(1)), m_max)
+    y = _mx_gmm_ge(x, w, cum, mx, out)
+    shape = ge.ConcatV2([ge_graph.dim(a, 0), ge_graph.dim(a, 1), ge_graph.dim(b, 1)], 0, N=3)
+    y = ge_graph.typed(ge.Reshape(y, shape), out)
+    rows = ge.Unsqueeze(ge_graph.arange(m_max), axes=[0])
+    valid = ge.Less(rows, ge.Unsqueeze(ge_graph.cast(masked_m, torch.int64), axes=[1]))
+    return ge_graph.typed(ge_graph.zero_rows(y, valid, 2), out)

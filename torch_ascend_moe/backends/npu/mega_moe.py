@@ -13,5 +13,6 @@ Why not the fused ops the issue names:
   (token, expert) in MC2's own order with opaque assist state, while ``mega_moe`` dispatches with ``ep_dispatch``
   (per-token rows, our order) and combines each rank's FP32 partial sum with one rounding at home; the MC2
   mapping exists as functions for the compiler pass (``backends/npu/ep.py``), not inside this op.
-* The FP8 x FP4 L1/L2 GEMMs stay on the portable ``m_grouped_fp8_gemm`` (``backends/npu/grouped.py`` says why).
+* The FP8 x FP4 L1/L2 GEMMs stay on the portable ``m_grouped_fp8_gemm`` (FP4 operands have no MX mapping:
+  ``backends/npu/grouped.py`` says why); FP8 x FP8 ones with power-of-two scales take its MX adapter on Ascend 950.
 """
