@@ -250,34 +250,46 @@ std::pair<int64_t, int64_t> tile_span(const std::vector<int64_t>& ks, const std:
   return {lo, hi};
 }
 
+// Query tile t's logits (queries [t * qt, ...) and the KV span they need): store(i, a, row, n) receives query i's
+// logits at KV positions [a, a + n), one score block (kChunk keys) at a time. The tiling depends only on the shapes
+// and the range values, so every consumer (the full logits, the fused top-k) sees the same values.
+template <typename T, typename Store>
+void tile_logits(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
+                 const T* wp, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H, int64_t t,
+                 std::vector<T>& row, Store&& store) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t S = static_cast<int64_t>(ks.size()), qt = queries_per_tile(H);
+  const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
+  const auto [lo, hi] = tile_span(ks, ke, i0, i1);
+  if (lo >= hi) return;
+  const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
+  for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+    const int64_t jc = std::min(kChunk, hi - j0);
+    const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
+    const T* sp = s.const_data_ptr<T>();
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
+      if (a >= b) continue;
+      reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
+      store(i, a, row.data(), b - a);
+    }
+  }
+}
+
 template <typename T>
 void mqa_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
                  const at::Tensor& w, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H,
                  bool compressed, at::Tensor& out) {
-  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
   const int64_t S = static_cast<int64_t>(ks.size()), ncols = out.size(1), qt = queries_per_tile(H);
-  const at::Tensor wf = w.to(acc).contiguous();
-  const T* wp = wf.const_data_ptr<T>();
+  const at::Tensor wf = w.to(c10::CppTypeToScalarType<T>::value).contiguous();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, (S + qt - 1) / qt, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> row(kChunk);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
-      const auto [lo, hi] = tile_span(ks, ke, i0, i1);
-      if (lo >= hi) continue;
-      const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
-      for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
-        const int64_t jc = std::min(kChunk, hi - j0);
-        const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
-        const T* sp = s.const_data_ptr<T>();
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
-          if (a >= b) continue;
-          reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
-          T* dst = op + i * ncols + (compressed ? a - ks[i] : a);
-          std::memcpy(dst, row.data(), sizeof(T) * (b - a));
-        }
-      }
+      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, row,
+                     [&](int64_t i, int64_t a, const T* values, int64_t n) {
+                       std::memcpy(op + i * ncols + (compressed ? a - ks[i] : a), values, sizeof(T) * n);
+                     });
     }
   });
 }
@@ -696,10 +708,8 @@ template <typename T>
 void mqa_topk_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
                       const at::Tensor& w, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H,
                       int64_t topk, bool bf16_logits, at::Tensor& val, at::Tensor& idx) {
-  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
   const int64_t S = static_cast<int64_t>(ks.size()), qt = queries_per_tile(H);
-  const at::Tensor wf = w.to(acc).contiguous();
-  const T* wp = wf.const_data_ptr<T>();
+  const at::Tensor wf = w.to(c10::CppTypeToScalarType<T>::value).contiguous();
   T* vp = val.data_ptr<T>();
   int32_t* ip = idx.data_ptr<int32_t>();
   at::parallel_for(0, (S + qt - 1) / qt, 1, [&](int64_t t0, int64_t t1) {
@@ -709,21 +719,11 @@ void mqa_topk_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf
       const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
       const auto [lo, hi] = tile_span(ks, ke, i0, i1);
       const int64_t span = hi > lo ? hi - lo : 0;
-      if (span > 0) {
-        buf.resize((i1 - i0) * span);
-        const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
-        for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
-          const int64_t jc = std::min(kChunk, hi - j0);
-          const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
-          const T* sp = s.const_data_ptr<T>();
-          for (int64_t i = i0; i < i1; ++i) {
-            const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
-            if (a >= b) continue;
-            reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
-            std::memcpy(buf.data() + (i - i0) * span + (a - lo), row.data(), sizeof(T) * (b - a));
-          }
-        }
-      }
+      buf.resize((i1 - i0) * span);
+      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, row,
+                     [&](int64_t i, int64_t a, const T* values, int64_t n) {
+                       std::memcpy(buf.data() + (i - i0) * span + (a - lo), values, sizeof(T) * n);
+                     });
       for (int64_t i = i0; i < i1; ++i) {
         // Buffer column c of query i is KV position lo + c; its range is [ks[i] - lo, ke[i] - lo).
         const T* r = span > 0 ? buf.data() + (i - i0) * span - lo : nullptr;

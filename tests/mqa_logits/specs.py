@@ -119,6 +119,27 @@ def _ranges(kind: str, s: int, s_kv: int, g, dense: bool):
     return random_ranges(s, s_kv, g)
 
 
+def _operands(s, h, d, s_kv, q_fmt, k_fmt, dtype, logits_dtype, g, device, requires_grad):
+    """(q, q_sf, k, k_sf, weights, logits dtype argument) of a sample: float operands in ``dtype`` (differentiable
+    with ``requires_grad``), or quantized ones in their formats; weights in ``[0, H^-1/2)``."""
+    q_hp, k_hp = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
+    w = torch.rand(s, h, generator=g) / h**0.5
+    if q_fmt is None:
+        q, q_sf, k, k_sf = q_hp.to(dtype), None, k_hp.to(dtype), None
+        w = w.to(torch.float64 if dtype == torch.float64 else dtype)
+        out_dtype = None
+    else:
+        (q, q_sf), (k, k_sf) = quantize(q_hp, q_fmt), quantize(k_hp, k_fmt)
+        out_dtype = logits_dtype
+    q, k, w = q.to(device), k.to(device), w.to(device)
+    if q_fmt is None:
+        q, k = q.requires_grad_(requires_grad), k.requires_grad_(requires_grad)
+    w.requires_grad_(requires_grad)
+    q_sf = None if q_sf is None else q_sf.to(device)
+    k_sf = None if k_sf is None else k_sf.to(device)
+    return q, q_sf, k, k_sf, w, out_dtype
+
+
 def mqa_logits_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(50)
     out = []
@@ -126,22 +147,10 @@ def mqa_logits_samples(device, dtype, requires_grad=False, small=False) -> list[
         if q_fmt is not None and dtype != (logits_dtype or torch.float32):
             continue  # quantized operands: listed under their logits' precision
         ks, ke = _ranges(kind, s, s_kv, g, dense=dtype == torch.float64)
-        q_hp, k_hp = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
-        w = torch.rand(s, h, generator=g) / h**0.5
-        if q_fmt is None:
-            q, q_sf, k, k_sf = q_hp.to(dtype), None, k_hp.to(dtype), None
-            w = w.to(torch.float64 if dtype == torch.float64 else dtype)
-            out_dtype = None
-        else:
-            (q, q_sf), (k, k_sf) = quantize(q_hp, q_fmt), quantize(k_hp, k_fmt)
-            out_dtype = logits_dtype
+        q, q_sf, k, k_sf, w, out_dtype = _operands(
+            s, h, d, s_kv, q_fmt, k_fmt, dtype, logits_dtype, g, device, requires_grad
+        )
         max_seqlen = int((ke - ks).max()) if compressed and s else 0
-        q, k, w = q.to(device), k.to(device), w.to(device)
-        if q_fmt is None:
-            q, k = q.requires_grad_(requires_grad), k.requires_grad_(requires_grad)
-        w.requires_grad_(requires_grad)
-        q_sf = None if q_sf is None else q_sf.to(device)
-        k_sf = None if k_sf is None else k_sf.to(device)
         args = (q, q_sf, k, k_sf, w, ks.to(device), ke.to(device), max_seqlen, out_dtype)
         name = f"S{s} H{h} D{d} S_kv{s_kv} {kind} {q_fmt or dtype}x{k_fmt or dtype} compressed={compressed}"
         out.append(SampleInput(args, name))
@@ -670,21 +679,9 @@ def fused_samples(device, dtype, requires_grad=False, small=False) -> list[Sampl
             topk = min(topk, s_kv)
         else:
             ks, ke = _ranges(kind, s, s_kv, g, dense=False)
-        q_hp, k_hp = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g)
-        w = torch.rand(s, h, generator=g) / h**0.5
-        if q_fmt is None:
-            q, q_sf, k, k_sf = q_hp.to(dtype), None, k_hp.to(dtype), None
-            w = w.to(torch.float64 if dtype == torch.float64 else dtype)
-            out_dtype = None
-        else:
-            (q, q_sf), (k, k_sf) = quantize(q_hp, q_fmt), quantize(k_hp, k_fmt)
-            out_dtype = logits_dtype
-        q, k, w = q.to(device), k.to(device), w.to(device)
-        if q_fmt is None:
-            q, k = q.requires_grad_(requires_grad), k.requires_grad_(requires_grad)
-        w.requires_grad_(requires_grad)
-        q_sf = None if q_sf is None else q_sf.to(device)
-        k_sf = None if k_sf is None else k_sf.to(device)
+        q, q_sf, k, k_sf, w, out_dtype = _operands(
+            s, h, d, s_kv, q_fmt, k_fmt, dtype, logits_dtype, g, device, requires_grad
+        )
         args = (q, q_sf, k, k_sf, w, ks.to(device), ke.to(device), topk, out_dtype)
         out.append(SampleInput(args, f"S{s} H{h} D{d} S_kv{s_kv} {kind} {q_fmt or dtype}x{k_fmt or dtype} k{topk}"))
     return out
