@@ -19,6 +19,7 @@ it prints one JSON line of findings.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -199,6 +200,21 @@ def verdict(spec: OpSpec, args: tuple) -> str | None:
     elif text is None and not _same_meta(eager, fake):
         return "fake outputs differ from eager's in dtype or shape"
     return None
+
+
+def kernel_problems(spec: OpSpec, kernel, samples) -> tuple[list[str], int]:
+    """Every mutation of every argument of ``samples``, with ``kernel`` (a device backend's, say) in the portable
+    kernel's place: (what disagrees with the C++ kernel, how many calls were checked)."""
+    checked = dataclasses.replace(spec, portable=kernel)
+    problems, count = [], 0
+    for sample in samples:
+        for i, x in enumerate(sample.args):
+            for name, mutate in mutations(x):
+                count += 1
+                problem = verdict(checked, _mutated(sample, i, mutate()))
+                if problem:
+                    problems.append(f"{sample.name} arg {i} {name}: {problem}")
+    return problems, count
 
 
 def cases(specs: list[OpSpec], samples_per_op: int = 2):
