@@ -219,3 +219,35 @@ def test_opcheck_and_compile_through_an_opaque_op(spec):
         torch._dynamo.reset()
         compiled = torch.compile(lambda *a: test_op(*a) * 2, fullgraph=True, backend="aot_eager")
         assert torch.equal(compiled(*s.args), _kernel(spec)(*s.args) * 2), spec.name
+
+
+@pytest.mark.parametrize("name", ["fp8_quant_gemm", "fp8_linear"])
+def test_fp8_linear_family_steps_reach_the_triton_gemm(name, monkeypatch):
+    """The fp8_linear family's CUDA kernels are their steps through the dispatcher (routed here to the CUDA kernels
+    themselves, as CUDA tensors would be): the cast bitwise the reference's, the GEMM the Triton kernel's, within a
+    few ulps of the portable kernel (the same FP32 sums in another order, one rounding)."""
+    import types
+
+    from tests.fp8_linear.specs import SPECS as LINEAR_SPECS
+    from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
+    from torch_ascend_moe.backends.portable import fp8_linear as portable_linear
+    from torch_ascend_moe.backends.portable import quant as portable_quant
+
+    routed = types.SimpleNamespace(quantize_fp8=portable_quant.quantize_fp8, fp8_gemm=fp8_kernels.fp8_gemm)
+    monkeypatch.setattr(cuda_linear, "OPS", routed)
+    spec = next(s for s in LINEAR_SPECS if s.name == name)
+    reached = 0
+    for dtype in spec.dtypes:
+        for s in spec.sample_inputs("cpu", dtype):
+            with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+                out = getattr(cuda_linear, name)(*s.args)
+            ours = getattr(portable_linear, name)(*s.args)
+            where = f"{name}[{s.name}, {dtype}]"
+            assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
+            reached += launch.called
+            if out.numel():
+                tol = (1 if out.dtype == torch.bfloat16 else 16) * torch.finfo(out.dtype).eps
+                assert (out.double() - ours.double()).abs().max().item() <= tol * max(ours.abs().max().item(), 1e-30), (
+                    where
+                )
+    assert reached, f"{name}: no sample reached the Triton GEMM"

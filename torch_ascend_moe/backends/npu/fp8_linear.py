@@ -28,7 +28,7 @@ from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
 from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.npu import quant as npu_quant
-from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
+from torch_ascend_moe.backends.portable import fp8_linear as portable
 
 # The ops the steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the tests put the
 # adapters themselves here, as the dispatcher would route NPU tensors to them, to run the composition on CPU.
@@ -37,20 +37,12 @@ OPS = torch.ops.ascend_moe
 
 @npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
 def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
-    _, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
-    q, sf = OPS.quantize_fp8(x, [1, gran_k], use_ue8m0, False)
-    return OPS.fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, dtype)
+    return portable.fp8_quant_gemm_steps(OPS, x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype)
 
 
 @npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
 def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
-    shape = fp8_linear_signature(x, weight, bias, block)
-    xq, xs = OPS.quantize_fp8(x, [1, block], use_ue8m0, False)
-    wq, ws = OPS.quantize_fp8(weight, [block, block], use_ue8m0, False)
-    if bias is None and x.dtype == torch.bfloat16:
-        return OPS.fp8_gemm(xq, xs, wq, ws, None, [1, block], [block, block], 1.0, torch.bfloat16)
-    c = None if bias is None else bias.float().expand(shape)
-    return OPS.fp8_gemm(xq, xs, wq, ws, c, [1, block], [block, block], 1.0, torch.float32).to(x.dtype)
+    return portable.fp8_linear_steps(OPS, x, weight, bias, block, use_ue8m0, fp8_backward)
 
 
 @npu_ge_converter("fp8_quant_gemm", ir="DynamicMxQuant + QuantBatchMatmulV4")
