@@ -77,7 +77,7 @@ def test_fp32_results_take_the_fp32_accumulator(spec):
 @pytest.mark.parametrize("spec", ADAPTED, ids=str)
 def test_fake_matches_our_fake(spec):
     """Under FakeTensorMode the kernel runs torch's own Meta of ``bmm.dtype``; its outputs are our op's fake."""
-    for dtype, s in _out_dtype_variants(spec):
+    for _, s in _out_dtype_variants(spec):
         with FakeTensorMode() as mode:
             args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
             out, fake = getattr(kernels, spec.name)(*args), spec.op(*args)
