@@ -8,7 +8,6 @@ tests run the compiled kernels through ``tests/cuda`` in ``tools/device_check.sh
 
 from __future__ import annotations
 
-import functools
 from unittest import mock
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.fp8_gemm.specs import SPECS as FP8_SPECS  # noqa: E402
 from tests.grouped.specs import SPECS as GROUPED_SPECS  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
@@ -182,43 +182,13 @@ def test_hostile_inputs_agree_with_the_cpu_kernel(spec):
     assert count and not problems, "\n".join(problems[:5])
 
 
-@functools.cache
-def _test_op(name: str):
-    """``ascend_moe_test::<name>``: the op's schema, the CUDA kernel as its CPU kernel (interpreted Triton), our
-    op's fake: opaque to the compiler, as the interpreter must run outside tracing."""
-    op = getattr(torch.ops.ascend_moe, name).default
-    schema = str(op._schema).split("::", 1)[1].replace(name, name, 1)
-    lib = torch.library.Library("ascend_moe_test", "FRAGMENT")
-    lib.define(schema)
-    lib.impl(name, KERNELS[name], "CPU")
-    torch.library.register_fake(f"ascend_moe_test::{name}", lambda *args: op(*args), lib=lib)
-    _test_op.libs.append(lib)
-    return getattr(torch.ops.ascend_moe_test, name).default
-
-
-_test_op.libs = []
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_opcheck_and_compile_through_an_opaque_op(spec):
-    test_op = _test_op(spec.name)
     samples = [
         s for dtype in spec.dtypes for s in spec.sample_inputs("cpu", dtype, small=True) if _takes_triton(spec, s)
     ]
     assert samples
-    for s in samples[:2]:
-        # test_schema's allclose cannot compare FP8 inputs: the harness's bitwise form of it instead.
-        utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-        torch.library.opcheck(test_op, s.args, test_utils=utils)
-        tensors = [x for x in s.args if isinstance(x, torch.Tensor)]
-        before = [x.view(torch.uint8).clone() if x.element_size() == 1 else x.clone() for x in tensors]
-        out = test_op(*s.args)
-        for x, b in zip(tensors, before):
-            assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, b), "an input was mutated"
-            assert not torch._C._is_alias_of(out, x)
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda *a: test_op(*a) * 2, fullgraph=True, backend="aot_eager")
-        assert torch.equal(compiled(*s.args), _kernel(spec)(*s.args) * 2), spec.name
+    check_opaque(spec.name, _kernel(spec), samples[:2])
 
 
 @pytest.mark.parametrize("name", ["fp8_quant_gemm", "fp8_linear"])

@@ -1,0 +1,116 @@
+"""The mqa_logits family's CUDA kernel (backends/cuda/_mqa.py behind ``mqa_logits``) on CPU tensors in Triton's
+interpreter (tests/conftest.py sets ``TRITON_INTERPRET=1`` without a GPU): values against the specs' fp64
+references and the C++ kernel, the -inf mask exact, NaN placement, which samples take the kernel, no host read
+under an emulated capture, the bad-input campaign, opcheck and ``torch.compile`` through an opaque op. On a GPU the
+same tests run the compiled kernel (tools/device_check.sh)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tests.cuda.opaque import check_opaque  # noqa: E402
+from tests.mqa_logits import specs as T  # noqa: E402
+from tests.npu.test_capture import no_host_reads  # noqa: E402
+from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe.backends.cuda import _mqa, _triton  # noqa: E402
+from torch_ascend_moe.backends.cuda import mqa_logits as kernels  # noqa: E402
+from torch_ascend_moe.distributed import capture  # noqa: E402
+from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
+from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not _triton.INTERPRETED, reason="Triton's interpreter is off in this process (a GPU compiles the kernels)"
+)
+SPEC = next(s for s in T.SPECS if s.name == "mqa_logits")
+
+
+def _samples():
+    return [
+        (dtype, s)
+        for dtype in SPEC.dtypes
+        for small in (False, True)
+        for s in SPEC.sample_inputs("cpu", dtype, small=small)
+    ]
+
+
+def _takes(s) -> bool:
+    q, k = s.args[0], s.args[2]
+    return q.dtype != torch.float64 and q.shape[0] > 0 and k.shape[0] > 0
+
+
+def _masks_and_diff(out, ref):
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out), finite), "-inf mask differs"
+    assert torch.equal(out[~finite], ref[~finite].to(out)), "masked entries are not exactly -inf"
+    return calc_diff(out[finite], ref[finite]) if finite.any() else 0.0
+
+
+def test_registered():
+    assert CUDA_KERNELS["mqa_logits"] == "triton: _mqa"
+
+
+def test_values_vs_fp64_and_the_cpu_kernel():
+    reference = with_defaults(SPEC.name, SPEC.reference)
+    taken = 0
+    for dtype, s in _samples():
+        where = f"mqa_logits[{s.name}, {dtype}]"
+        with mock.patch.object(_mqa, "mqa_logits", wraps=_mqa.mqa_logits) as launch:
+            out = kernels.mqa_logits(*s.args)
+        assert launch.called == _takes(s), f"{where}: Triton path taken = {launch.called}"
+        taken += launch.called
+        ours, ref = SPEC.op(*s.args), reference(*s.args)
+        assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), where
+        if out.numel():
+            assert _masks_and_diff(out, ref) < THRESHOLDS[out.dtype], where
+            # The same FP32 terms summed in another order (over D in the dot, over heads in a tree), one rounding.
+            finite = torch.isfinite(ours)
+            ulps = 1 if out.dtype == torch.bfloat16 else 64
+            tol = ulps * torch.finfo(out.dtype).eps * max(ours[finite].abs().max().item(), 1e-30)
+            assert (out[finite].double() - ours[finite].double()).abs().max().item() <= tol, where
+    assert taken
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_nan_lands_where_the_cpu_kernel_puts_it(where):
+    """A NaN in a query (or key) row: NaN exactly in the logits the C++ kernel has NaN (the ReLU keeps it)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, w = torch.randn(12, 4, 32, generator=g), torch.randn(70, 32, generator=g), torch.rand(12, 4, generator=g)
+    ks, ke = T.random_ranges(12, 70, g)
+    (q if where == "q" else k)[3, 0] = float("nan")
+    out = kernels.mqa_logits(q, None, k, None, w, ks, ke, 0, None)
+    ours = torch.ops.ascend_moe.mqa_logits(q, None, k, None, w, ks, ke)
+    assert out.isnan().any() and torch.equal(out.isnan(), ours.isnan())
+    keep = ~ours.isnan()
+    assert torch.equal(out[keep].isinf(), ours[keep].isinf())
+
+
+def test_no_host_read_while_capturing():
+    for _, s in _samples():
+        if not _takes(s):
+            continue
+        eager = kernels.mqa_logits(*s.args)
+        with capture.emulated(), no_host_reads():
+            captured = kernels.mqa_logits(*s.args)
+        assert torch.equal(eager, captured), s.name
+
+
+def test_bad_inputs_raise_our_errors():
+    for bad in SPEC.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            kernels.mqa_logits(*bad.args)
+
+
+def test_hostile_inputs_agree_with_the_cpu_kernel():
+    samples = SPEC.sample_inputs("cpu", torch.float32, small=True)[:2]
+    problems, count = campaign.kernel_problems(SPEC, kernels.mqa_logits, samples)
+    assert count and not problems, "\n".join(problems[:5])
+
+
+def test_opcheck_and_compile_through_an_opaque_op():
+    samples = [s for _, s in _samples() if _takes(s)]
+    check_opaque("mqa_logits", kernels.mqa_logits, [samples[0], samples[-1]])

@@ -1,0 +1,239 @@
+"""The Triton kernel behind ``mqa_logits`` on CUDA: the indexer's logits
+``logits[i, j] = sum_h w[i, h] * relu(deq(q)[i, h] . deq(k)[j])`` for ``ks[i] <= j < ke[i]``, exactly -inf elsewhere,
+tiled so that no ``[S, H, S_kv]`` score tensor exists: each program takes ``BM`` queries (all their heads, ``BM *
+BH`` score rows) against ``BN`` keys, forms the ``[BM * BH, BN]`` scores in one dot, and sums the heads with their
+weights in registers. A key block that no query of the block sees is skipped.
+
+Operands: BF16 (a BF16 dot on the GPU, FP32 sums: the products are exact) or FP32 / FP8 E4M3 / packed FP4 with
+FP32 or E8M0 scales per ``1 x g`` block, dequantized in the tile to FP32 (value times its block's scale, as the C++
+kernel dequantizes) and multiplied in an IEEE FP32 dot (no TF32). Full ``[S, S_kv]`` or compressed ``[S, max_seqlen_k]``
+(column ``t`` = position ``ks[i] + t``) outputs, FP32 or BF16 (rounded once, to nearest even).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.cuda._triton import (
+    INTERPRETED,
+    decode_e2m1_to_e4m3,
+    decode_ue8m0,
+    launch,
+    round_to_bf16,
+    supported,
+    tl,
+    triton,
+)
+
+BLOCK_N = 32
+ROWS = 64  # score rows (queries x padded heads) per program
+
+
+def usable(q: torch.Tensor) -> bool:
+    """A device the kernel runs on (FP8 loads need sm89+ there; the interpreter on CPU tensors)."""
+    return supported(q.device)
+
+
+def heads_block(h: int) -> int:
+    """Heads padded to a power of two, at least 16 rows per dot."""
+    return max(16, triton.next_power_of_2(h))
+
+
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns: int, compressed: bool, out: torch.Tensor) -> torch.Tensor:
+    """Fill ``out [S, columns]`` (FP32 or BF16, pre-filled with -inf where no key is visible: the kernel writes
+    only the visible positions and -inf over the rest of each key block it visits)."""
+    s, h = q.shape[0], q.shape[1]
+    d = 2 * q.shape[2] if q.dtype == torch.uint8 else q.shape[2]
+    s_kv = k.shape[0]
+    bh = heads_block(h)
+    bm = max(1, ROWS // bh)
+    bd = triton.next_power_of_2(d)
+    q_scale, q_ue8m0, gq = _scales(q_sf, d)
+    k_scale, k_ue8m0, gk = _scales(k_sf, d)
+    grid = (triton.cdiv(s, bm), triton.cdiv(s_kv, BLOCK_N))
+    launch(
+        _mqa_logits_kernel,
+        grid,
+        q,
+        q_scale if q_scale is not None else q,
+        k,
+        k_scale if k_scale is not None else k,
+        weights,
+        ks,
+        ke,
+        out,
+        s,
+        h,
+        d,
+        s_kv,
+        columns,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        *(q_scale.stride() if q_scale is not None else (0, 0, 0)),
+        *(k_scale.stride() if k_scale is not None else (0, 0)),
+        weights.stride(0),
+        weights.stride(1),
+        out.stride(0),
+        out.stride(1),
+        Q_KIND=_kind(q),
+        K_KIND=_kind(k),
+        Q_SCALED=q_scale is not None,
+        K_SCALED=k_scale is not None,
+        Q_UE8M0=q_ue8m0,
+        K_UE8M0=k_ue8m0,
+        GQ=gq,
+        GK=gk,
+        COMPRESSED=compressed,
+        OUT_BF16=out.dtype == torch.bfloat16,
+        BM=bm,
+        BH=bh,
+        BN=BLOCK_N,
+        BD=bd,
+        # Triton's interpreter (3.9) gets BF16 dots wrong: it multiplies the operands widened to FP32 instead
+        # (the same exact products; the GPU's tensor cores take BF16 directly).
+        BF16_DOT=not INTERPRETED,
+    )
+    return out
+
+
+_BF16, _FP32, _FP8, _FP4 = 0, 1, 2, 3
+
+
+def _kind(x: torch.Tensor) -> int:
+    return {torch.bfloat16: _BF16, torch.float32: _FP32, torch.float8_e4m3fn: _FP8, torch.uint8: _FP4}[x.dtype]
+
+
+def _scales(sf, d: int):
+    """(scale tensor as the kernel reads it, UE8M0 codes?, block size g) of an operand's optional scales."""
+    if sf is None:
+        return None, False, d
+    g = d // sf.shape[-1]
+    if sf.dtype == torch.float8_e8m0fnu:
+        return sf.view(torch.uint8), True, g
+    return sf, False, g
+
+
+@triton.jit
+def _load_rows(base, rows, row_mask, s_row, s_col, D, KIND: tl.constexpr, BD: tl.constexpr):
+    """``[len(rows), BD]`` FP32 values (BF16 kept as BF16) of ``rows``, columns past D zero. FP4 is decoded."""
+    if KIND == 3:  # packed FP4: byte j holds elements 2j (low nibble) and 2j + 1
+        cols = tl.arange(0, BD // 2)
+        mask = row_mask[:, None] & (cols[None, :] < D // 2)
+        byte = tl.load(base + rows[:, None] * s_row + cols[None, :] * s_col, mask=mask, other=0)
+        lo = decode_e2m1_to_e4m3(byte, False).to(tl.float32)
+        hi = decode_e2m1_to_e4m3(byte, True).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), (rows.shape[0], BD))
+    cols = tl.arange(0, BD)
+    mask = row_mask[:, None] & (cols[None, :] < D)
+    x = tl.load(base + rows[:, None] * s_row + cols[None, :] * s_col, mask=mask, other=0.0)
+    if KIND == 0:
+        return x
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _scaled(x, sf_base, scale_rows, row_mask, s_row, s_col, G: tl.constexpr, UE8M0: tl.constexpr, BD: tl.constexpr):
+    """``x`` (FP32 ``[R, BD]``) times each element's block scale: column ``c`` of row ``r`` takes
+    ``sf[scale_rows[r], c // G]`` (rows where ``row_mask`` is off keep scale 1)."""
+    cols = tl.arange(0, BD) // G
+    ptr = sf_base + scale_rows[:, None] * s_row + cols[None, :] * s_col
+    if UE8M0:
+        scale = decode_ue8m0(tl.load(ptr, mask=row_mask[:, None], other=127))
+    else:
+        scale = tl.load(ptr, mask=row_mask[:, None], other=1.0)
+    return x * scale
+
+
+@triton.jit
+def _mqa_logits_kernel(
+    q,
+    q_sf,
+    k,
+    k_sf,
+    w,
+    ks,
+    ke,
+    out,
+    S,
+    H,
+    D,
+    S_KV,
+    COLUMNS,
+    s_qi,
+    s_qh,
+    s_qd,
+    s_kj,
+    s_kd,
+    s_sqi,
+    s_sqh,
+    s_sqb,
+    s_skj,
+    s_skb,
+    s_wi,
+    s_wh,
+    s_oi,
+    s_oc,
+    Q_KIND: tl.constexpr,
+    K_KIND: tl.constexpr,
+    Q_SCALED: tl.constexpr,
+    K_SCALED: tl.constexpr,
+    Q_UE8M0: tl.constexpr,
+    K_UE8M0: tl.constexpr,
+    GQ: tl.constexpr,
+    GK: tl.constexpr,
+    COMPRESSED: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BF16_DOT: tl.constexpr,
+):
+    qi = tl.program_id(0) * BM + tl.arange(0, BM)  # queries of this program
+    q_ok = qi < S
+    start = tl.load(ks + qi, mask=q_ok, other=0).to(tl.int64)
+    end = tl.load(ke + qi, mask=q_ok, other=0).to(tl.int64)
+    j = tl.program_id(1) * BN + tl.arange(0, BN)  # keys of this program
+    visible = q_ok[:, None] & (j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])  # [BM, BN]
+    if tl.max(visible.to(tl.int32)) > 0:
+        # Score rows r = query * BH + head; heads past H are masked rows.
+        r = tl.arange(0, BM * BH)
+        row_q = tl.program_id(0) * BM + r // BH
+        head = r % BH
+        row_ok = (row_q < S) & (head < H)
+        q_rows = row_q.to(tl.int64) * s_qi + head.to(tl.int64) * s_qh
+        qv = _load_rows(q, q_rows, row_ok, 1, s_qd, D, Q_KIND, BD)
+        k_ok = j < S_KV
+        kv = _load_rows(k, j.to(tl.int64) * s_kj, k_ok, 1, s_kd, D, K_KIND, BD)
+        if Q_SCALED:
+            sq_rows = row_q.to(tl.int64) * s_sqi + head.to(tl.int64) * s_sqh
+            qv = _scaled(qv, q_sf, sq_rows, row_ok, 1, s_sqb, GQ, Q_UE8M0, BD)
+        if K_SCALED:
+            kv = _scaled(kv, k_sf, j.to(tl.int64) * s_skj, k_ok, 1, s_skb, GK, K_UE8M0, BD)
+        if Q_KIND == 0 and K_KIND == 0 and BF16_DOT:
+            scores = tl.dot(qv, tl.trans(kv))  # BF16 products are exact in FP32
+        else:
+            scores = tl.dot(qv.to(tl.float32), tl.trans(kv.to(tl.float32)), input_precision="ieee")
+        wv = tl.load(w + row_q.to(tl.int64) * s_wi + head.to(tl.int64) * s_wh, mask=row_ok, other=0.0).to(tl.float32)
+        # ReLU keeps NaN (as std::max(s, 0) in the C++ kernel): a NaN score reaches its query's logits.
+        relu = tl.maximum(scores, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        weighted = tl.where(row_ok[:, None], relu * wv[:, None], 0.0)  # [BM * BH, BN]
+        logits = tl.sum(tl.reshape(weighted, (BM, BH, BN)), axis=1)  # [BM, BN]
+        logits = tl.where(visible, logits, float("-inf"))
+        if COMPRESSED:
+            col = j[None, :] - start[:, None]
+            write = visible
+        else:
+            col = j[None, :] + tl.zeros((BM, BN), dtype=tl.int64)
+            write = q_ok[:, None] & (j[None, :] < COLUMNS)
+        ptr = out + qi.to(tl.int64)[:, None] * s_oi + col * s_oc
+        if OUT_BF16:
+            tl.store(ptr, round_to_bf16(logits), mask=write)
+        else:
+            tl.store(ptr, logits, mask=write)
+
+
+__all__ = ["BLOCK_N", "heads_block", "mqa_logits", "usable"]

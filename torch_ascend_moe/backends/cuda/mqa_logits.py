@@ -1,0 +1,38 @@
+"""CUDA kernels of the mqa_logits family: ``mqa_logits`` as one launch of the tiled Triton kernel (``_mqa``: no
+``[S, H, S_kv]`` scores, key blocks nobody sees skipped) instead of the portable kernel's chunked einsums over
+dequantized copies. Every operand format (BF16, FP32, FP8 and packed FP4 with FP32 or E8M0 block scales), full
+and compressed outputs, FP32 or BF16 logits. No host read while a CUDA graph is captured (the range checks are
+skipped then, as in the portable kernel).
+
+Portable, and why: FP64 operands (gradcheck's path), empty operands, GPUs before sm89, builds without Triton;
+``mqa_logits_backward``, ``paged_mqa_logits`` and its metadata, ``mqa_topk`` and ``mqa_logits_topk`` (next: the
+fused top-k on top of this kernel's tiles).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import cuda_kernel
+from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.distributed.capture import host_readable
+from torch_ascend_moe.meta import mqa_logits as meta
+
+try:
+    from torch_ascend_moe.backends.cuda import _mqa
+except ImportError:  # no triton: the portable kernels serve CUDA
+    _mqa = None
+
+
+if _mqa is not None:
+
+    @cuda_kernel(calls="triton: _mqa")
+    def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
+        sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+        if q.dtype == torch.float64 or sh.S == 0 or sh.S_kv == 0 or not _mqa.usable(q):
+            return portable.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+        if host_readable(ks):
+            meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
+        columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
+        out = torch.full((sh.S, columns), float("-inf"), dtype=sh.out_dtype, device=q.device)
+        return _mqa.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns, max_seqlen_k > 0, out)
