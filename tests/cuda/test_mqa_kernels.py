@@ -114,3 +114,27 @@ def test_hostile_inputs_agree_with_the_cpu_kernel():
 def test_opcheck_and_compile_through_an_opaque_op():
     samples = [s for _, s in _samples() if _takes(s)]
     check_opaque("mqa_logits", kernels.mqa_logits, [samples[0], samples[-1]])
+
+
+FUSED = next(s for s in T.SPECS if s.name == "mqa_logits_topk")
+
+
+def test_fused_top_k_is_the_composition_on_cuda():
+    """``mqa_logits_topk``'s CUDA kernel: bitwise ``mqa_topk`` of this kernel's logits (the portable selection on
+    the Triton logits, block by block), within the fp64 reference's thresholds."""
+    from torch_ascend_moe.backends.portable import mqa_logits as portable
+
+    reference = with_defaults(FUSED.name, FUSED.reference)
+    taken = 0
+    for dtype in FUSED.dtypes:
+        for s in FUSED.sample_inputs("cpu", dtype):
+            with mock.patch.object(_mqa, "mqa_logits", wraps=_mqa.mqa_logits) as launch:
+                values, indices = kernels.mqa_logits_topk(*s.args)
+            taken += launch.called
+            q, q_sf, k, k_sf, w, ks, ke, topk, logits_dtype = s.args
+            logits = kernels.mqa_logits(q, q_sf, k, k_sf, w, ks, ke, 0, logits_dtype)
+            want = portable.mqa_topk(logits, ks, ke, topk, False)
+            assert torch.equal(values, want[0]) and torch.equal(indices, want[1]), s.name
+            ref_v, ref_i = reference(*s.args)
+            assert _masks_and_diff(values, ref_v) < THRESHOLDS[values.dtype], s.name
+    assert taken

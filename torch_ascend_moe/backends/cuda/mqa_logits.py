@@ -4,9 +4,11 @@ dequantized copies. Every operand format (BF16, FP32, FP8 and packed FP4 with FP
 and compressed outputs, FP32 or BF16 logits. No host read while a CUDA graph is captured (the range checks are
 skipped then, as in the portable kernel).
 
+``mqa_logits_topk``: the portable kernel's static query blocks with this kernel's logits for each block (``[chunk,
+S_kv]`` at a time, never ``[S, S_kv]``), then the portable selection: bitwise ``mqa_topk(mqa_logits(...))`` on CUDA.
+
 Portable, and why: FP64 operands (gradcheck's path), empty operands, GPUs before sm89, builds without Triton;
-``mqa_logits_backward``, ``paged_mqa_logits`` and its metadata, ``mqa_topk`` and ``mqa_logits_topk`` (next: the
-fused top-k on top of this kernel's tiles).
+``mqa_logits_backward``, ``paged_mqa_logits`` and its metadata, ``mqa_topk`` (a sort: ATen's).
 """
 
 from __future__ import annotations
@@ -36,3 +38,17 @@ if _mqa is not None:
         columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
         out = torch.full((sh.S, columns), float("-inf"), dtype=sh.out_dtype, device=q.device)
         return _mqa.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns, max_seqlen_k > 0, out)
+
+    @cuda_kernel(calls="triton: _mqa, then the portable selection")
+    def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+        args = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+        sh = meta.fused_signature(*args)
+        if q.dtype == torch.float64 or sh.S == 0 or sh.S_kv == 0 or not _mqa.usable(q):
+            return portable.mqa_logits_topk(*args)
+
+        def block_logits(rows):
+            out = torch.full((len(range(sh.S)[rows]), sh.S_kv), float("-inf"), dtype=sh.out_dtype, device=q.device)
+            q_rows, sf_rows = q[rows], None if q_sf is None else q_sf[rows]
+            return _mqa.mqa_logits(q_rows, sf_rows, k, k_sf, weights[rows], ks[rows], ke[rows], sh.S_kv, False, out)
+
+        return portable.mqa_logits_topk(*args, block_logits=block_logits)

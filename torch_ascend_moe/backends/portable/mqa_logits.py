@@ -203,19 +203,26 @@ def _topk_of(logits, ks, ke, topk: int, compressed: bool):
 
 
 @portable_kernel
-def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype, *, block_logits=None):
     """``mqa_topk(mqa_logits(...))`` a block of queries at a time: the logits held are ``[chunk, S_kv]``, with
-    ``chunk`` fixed by the shapes (no host read: capturable), never ``[S, S_kv]``."""
+    ``chunk`` fixed by the shapes (no host read: capturable), never ``[S, S_kv]``. ``block_logits(rows)`` gives the
+    logits (in the logits dtype) of the queries ``rows`` (a slice): a device's own logits kernel (CUDA's Triton
+    one); by default the formula on dequantized copies."""
     sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     if capture.host_readable(ks):
         meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)
-    acc = meta.acc_dtype(q)
-    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    if block_logits is None:
+        acc = meta.acc_dtype(q)
+        qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+
+        def block_logits(rows):
+            logits = logits_from_dequantized(qd[rows], kd, weights[rows], ks[rows], ke[rows], sh.S_kv, False, acc)
+            return logits.to(sh.out_dtype)
+
     values = q.new_empty(sh.S, topk, dtype=sh.out_dtype)
     indices = q.new_empty(sh.S, topk, dtype=torch.int32)
     chunk = max(1, _SCORE_ELEMENTS // max(1, sh.S_kv))
     for i0 in range(0, sh.S, chunk):
-        sl = slice(i0, i0 + chunk)
-        logits = logits_from_dequantized(qd[sl], kd, weights[sl], ks[sl], ke[sl], sh.S_kv, False, acc)
-        values[sl], indices[sl] = _topk_of(logits.to(sh.out_dtype), ks[sl], ke[sl], topk, False)
+        rows = slice(i0, i0 + chunk)
+        values[rows], indices[rows] = _topk_of(block_logits(rows), ks[rows], ke[rows], topk, False)
     return values, indices
