@@ -146,6 +146,9 @@ def _secondary_rank() -> bool:
 def cmd_bench(args, console: Console) -> int:
     bench.OPTIONS.update({k: getattr(args, k) for k in ("tokens", "hidden", "topk", "experts") if getattr(args, k)})
     cases = bench.cases(args.family, quick=args.quick)
+    if not cases:
+        console.print(f"bench {args.family}: nothing to time on this machine (the family needs a device it lacks)")
+        return 0
     results = [
         bench.run_case(c, args.min_run_time)
         for c in track(cases, description=f"bench {args.family}", console=console, disable=_secondary_rank())
