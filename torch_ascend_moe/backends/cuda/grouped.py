@@ -25,8 +25,12 @@ once to BF16):
 Portable, and why: for ``_grouped_mm``, GPUs before sm90 (not assumed to have the fused kernel), dtypes other
 than BF16 in and out (its meta accepts nothing else), rows or columns whose byte strides are not multiples of 16
 (its alignment rule: K and N multiples of 8 for BF16), empty operands; for the Triton kernel, what ``fp8_gemm``'s
-CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no Triton). ``k_grouped_fp8_gemm``
-(scale rows per group along the reduction) and ``m_grouped_fp8_linear`` stay portable.
+CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no Triton).
+
+* ``k_grouped_fp8_gemm`` (the experts' weight gradients): one launch of ``_k_grouped`` (a program per group and
+  output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
+  bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
+  ``m_grouped_fp8_linear`` stays portable (its casts and GEMMs are one Python composition).
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
+    K_GROUPED_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
     m_grouped_fp8_signature,
@@ -51,9 +57,9 @@ from torch_ascend_moe.meta.grouped import (
 )
 
 try:
-    from torch_ascend_moe.backends.cuda import _scaled_gemm
+    from torch_ascend_moe.backends.cuda import _k_grouped, _scaled_gemm
 except ImportError:  # no triton: the portable kernels serve CUDA
-    _scaled_gemm = None
+    _k_grouped = _scaled_gemm = None
 
 _ALIGN = 8  # BF16 elements in 16 bytes: _grouped_mm's stride alignment
 
@@ -172,3 +178,22 @@ if _scaled_gemm is not None:
         tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
         out = torch.zeros(shape, dtype=dtype, device=a.device)
         return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, a_batched=True)
+
+
+if _k_grouped is not None:
+
+    @cuda_kernel(calls="triton: _k_grouped")
+    def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+        args = (a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+        shape, dtype = k_grouped_fp8_signature(*args)
+        rows = a.shape[0]
+        if not (rows and num_groups and a.shape[1] and b.shape[1] and _k_grouped.usable(a, gran_k)):
+            return portable.k_grouped_fp8_gemm(*args)
+        if host_readable(layout):  # our op's value errors
+            segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, rows, num_groups)
+            portable.check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
+        begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
+        blocks = ((ends - begins).clamp(min=0) + gran_k - 1) // gran_k
+        first_scale_row = torch.cumsum(blocks, 0) - blocks
+        out = torch.empty(shape, dtype=dtype, device=a.device)
+        return _k_grouped.k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k, out, c)

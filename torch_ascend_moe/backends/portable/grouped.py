@@ -141,10 +141,9 @@ def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, f
     return out.to(x.dtype)
 
 
-@portable_kernel
-def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
+def check_k_fp8_scale_rows(segments, gran_k: int, sfa, sfb) -> None:
+    """``k_grouped_fp8_gemm``'s scale tensors hold one row per ``gran_k`` rows of each group (the layout's values
+    decide how many: checked on the host)."""
     rows = sum(-(-(end - begin) // gran_k) for _, begin, end in segments)
     for name, sf in (("sfa", sfa), ("sfb", sfb)):
         if sf.shape[0] != rows:
@@ -152,6 +151,13 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
                 f"{K_GROUPED_FP8}: argument '{name}' size(0): expected {rows} (sum over groups of ceil(k_g / gran_k)), "
                 f"got {sf.shape[0]}"
             )
+
+
+@portable_kernel
+def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
+    check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
     acc = (
         c.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
         if c is not None
