@@ -138,3 +138,80 @@ def test_fused_top_k_is_the_composition_on_cuda():
             ref_v, ref_i = reference(*s.args)
             assert _masks_and_diff(values, ref_v) < THRESHOLDS[values.dtype], s.name
     assert taken
+
+
+PAGED = next(s for s in T.SPECS if s.name == "paged_mqa_logits")
+
+
+def _paged_samples():
+    return [(d, s) for d in PAGED.dtypes for small in (False, True) for s in PAGED.sample_inputs("cpu", d, small=small)]
+
+
+def _paged_takes(s) -> bool:
+    from torch_ascend_moe.meta import mqa_logits as meta
+
+    q, kv_cache, ascend = s.args[0], s.args[2], s.args[8]
+    fmt = meta.check_cache(kv_cache, meta.head_dim(q), ascend, q)
+    return q.dtype != torch.float64 and q.shape[0] * q.shape[1] > 0 and _mqa.paged_usable(q, fmt)
+
+
+def test_paged_values_vs_fp64_and_the_cpu_kernel():
+    """Pages read through the block table straight from the cache bytes (DeepGEMM's and the Ascend layout, FP8 and
+    FP4, FP32 and UE8M0 scales, varlen rows, next_n > 1): within the thresholds of the fp64 reference and a few ulps
+    of the C++ kernel, the -inf mask exact."""
+    reference = with_defaults(PAGED.name, PAGED.reference)
+    taken = 0
+    for dtype, s in _paged_samples():
+        where = f"paged_mqa_logits[{s.name}, {dtype}]"
+        with mock.patch.object(_mqa, "paged_mqa_logits", wraps=_mqa.paged_mqa_logits) as launch:
+            out = kernels.paged_mqa_logits(*s.args)
+        assert launch.called == _paged_takes(s), f"{where}: Triton path taken = {launch.called}"
+        taken += launch.called
+        ours, ref = PAGED.op(*s.args), reference(*s.args)
+        assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), where
+        assert _masks_and_diff(out, ref) < THRESHOLDS[out.dtype], where
+        finite = torch.isfinite(ours)
+        ulps = 1 if out.dtype == torch.bfloat16 else 64
+        tol = ulps * torch.finfo(out.dtype).eps * max(ours[finite].abs().max().item(), 1e-30)
+        assert (out[finite].double() - ours[finite].double()).abs().max().item() <= tol, where
+    assert taken
+
+
+def test_paged_no_host_read_while_capturing():
+    for _, s in _paged_samples():
+        if not _paged_takes(s):
+            continue
+        eager = kernels.paged_mqa_logits(*s.args)
+        with capture.emulated(), no_host_reads():
+            captured = kernels.paged_mqa_logits(*s.args)
+        assert torch.equal(eager, captured), s.name
+
+
+def test_paged_bad_inputs_raise_our_errors():
+    for bad in PAGED.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            kernels.paged_mqa_logits(*bad.args)
+
+
+def test_paged_hostile_inputs_agree_with_the_cpu_kernel():
+    """The campaign's mutations (a block id pointing at another page among them). The samples' unused pages hold
+    random bytes (kernels must not read them); here they are zeroed, since values near FP32's limit overflow in
+    sums whose order decides NaN or inf, in every kernel."""
+    import dataclasses
+
+    samples = []
+    for _, s in _paged_samples():
+        if not _paged_takes(s):
+            continue
+        cache, table = s.args[2].clone(), s.args[5]
+        used = torch.zeros(cache.shape[0], dtype=torch.bool)
+        used[table[table >= 0].long()] = True
+        cache[~used] = 0
+        samples.append(dataclasses.replace(s, args=(*s.args[:2], cache, *s.args[3:])))
+    problems, count = campaign.kernel_problems(PAGED, kernels.paged_mqa_logits, samples[:1])
+    assert count and not problems, "\n".join(problems[:5])
+
+
+def test_paged_opcheck_and_compile_through_an_opaque_op():
+    samples = [s for _, s in _paged_samples() if _paged_takes(s)]
+    check_opaque("paged_mqa_logits", kernels.paged_mqa_logits, samples[:1])

@@ -236,4 +236,175 @@ def _mqa_logits_kernel(
             tl.store(ptr, logits, mask=write)
 
 
-__all__ = ["BLOCK_N", "heads_block", "mqa_logits", "usable"]
+# ---- paged decode ----
+
+
+def paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table, out: torch.Tensor) -> torch.Tensor:
+    """Fill ``out [B * next_n, max_context_len]`` (pre-filled with -inf): row ``b * next_n + t`` scores the first
+    ``context_lens[b, t]`` tokens of request ``b``, page by page through ``block_table[b]``, reading each page's
+    FP8/FP4 token rows and their scales (FP32 per token, or UE8M0 per 32 elements) straight from the cache bytes.
+    ``fmt``: the cache's ``meta.mqa_logits.CacheFormat``."""
+    b, next_n, h = q.shape[0], q.shape[1], q.shape[2]
+    d = 2 * q.shape[3] if q.dtype == torch.uint8 else q.shape[3]
+    bh = heads_block(h)
+    q_scale, q_ue8m0, gq = _scales(q_sf, d)
+    rows, columns = b * next_n, out.shape[1]
+    grid = (rows, triton.cdiv(columns, fmt.block_kv))
+    q_flat = q.reshape(rows, h, q.shape[3])
+    q_sf_flat = None if q_scale is None else q_scale.reshape(rows, h, q_scale.shape[-1])
+    launch(
+        _paged_kernel,
+        grid,
+        q_flat,
+        q_sf_flat if q_sf_flat is not None else q_flat,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        out,
+        h,
+        d,
+        columns,
+        next_n,
+        q_flat.stride(0),
+        q_flat.stride(1),
+        q_flat.stride(2),
+        *(q_sf_flat.stride() if q_sf_flat is not None else (0, 0, 0)),
+        kv_cache.stride(0),
+        weights.stride(0),
+        weights.stride(1),
+        context_lens.stride(0),
+        context_lens.stride(1),
+        block_table.stride(0),
+        block_table.stride(1),
+        out.stride(0),
+        out.stride(1),
+        Q_KIND=_kind(q),
+        Q_SCALED=q_scale is not None,
+        Q_UE8M0=q_ue8m0,
+        GQ=gq,
+        KV_FP4=fmt.fp4,
+        KV_FP32_SCALE=fmt.fp32_scale,
+        DATA_BYTES=fmt.data_bytes,
+        SF_BYTES=fmt.sf_bytes,
+        BLOCK_KV=fmt.block_kv,
+        OUT_BF16=out.dtype == torch.bfloat16,
+        BH=bh,
+        BD=triton.next_power_of_2(d),
+    )
+    return out
+
+
+def paged_usable(q, fmt) -> bool:
+    """A device the kernel runs on, pages of a power-of-two token count (16 at least: one ``tl.dot``), D a power
+    of two."""
+    d = 2 * q.shape[3] if q.dtype == torch.uint8 else q.shape[3]
+    pow2 = lambda v: v & (v - 1) == 0  # noqa: E731
+    return supported(q.device) and fmt.block_kv >= 16 and pow2(fmt.block_kv) and pow2(d)
+
+
+@triton.jit
+def _paged_keys(
+    page,
+    D,
+    KV_FP4: tl.constexpr,
+    KV_FP32_SCALE: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SF_BYTES: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    BD: tl.constexpr,
+):
+    """``[BLOCK_KV, BD]`` FP32 dequantized keys of one cache page (``page``: its first byte): token rows of
+    ``DATA_BYTES`` bytes, then ``BLOCK_KV`` scale rows of ``SF_BYTES`` bytes."""
+    tok = tl.arange(0, BLOCK_KV)
+    if KV_FP4:
+        cols = tl.arange(0, BD // 2)
+        byte = tl.load(page + tok[:, None] * DATA_BYTES + cols[None, :], mask=cols[None, :] < D // 2, other=0)
+        lo = decode_e2m1_to_e4m3(byte, False).to(tl.float32)
+        hi = decode_e2m1_to_e4m3(byte, True).to(tl.float32)
+        values = tl.reshape(tl.join(lo, hi), (BLOCK_KV, BD))
+    else:
+        cols = tl.arange(0, BD)
+        byte = tl.load(page + tok[:, None] * DATA_BYTES + cols[None, :], mask=cols[None, :] < D, other=0)
+        values = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    scales = page + BLOCK_KV * DATA_BYTES + tok * SF_BYTES
+    if KV_FP32_SCALE:  # one little-endian FP32 per token
+        word = tl.load(scales).to(tl.uint32)
+        word = word | (tl.load(scales + 1).to(tl.uint32) << 8)
+        word = word | (tl.load(scales + 2).to(tl.uint32) << 16)
+        word = word | (tl.load(scales + 3).to(tl.uint32) << 24)
+        return values * word.to(tl.float32, bitcast=True)[:, None]
+    d = tl.arange(0, BD)
+    codes = tl.load(scales[:, None] + (d // 32)[None, :], mask=d[None, :] < D, other=127)
+    return values * decode_ue8m0(codes)
+
+
+@triton.jit
+def _paged_kernel(
+    q,
+    q_sf,
+    cache,
+    w,
+    context_lens,
+    block_table,
+    out,
+    H,
+    D,
+    COLUMNS,
+    NEXT_N,
+    s_qr,
+    s_qh,
+    s_qd,
+    s_sqr,
+    s_sqh,
+    s_sqb,
+    s_page,
+    s_wr,
+    s_wh,
+    s_lb,
+    s_lt,
+    s_tb,
+    s_tp,
+    s_or,
+    s_oc,
+    Q_KIND: tl.constexpr,
+    Q_SCALED: tl.constexpr,
+    Q_UE8M0: tl.constexpr,
+    GQ: tl.constexpr,
+    KV_FP4: tl.constexpr,
+    KV_FP32_SCALE: tl.constexpr,
+    DATA_BYTES: tl.constexpr,
+    SF_BYTES: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    BH: tl.constexpr,
+    BD: tl.constexpr,
+):
+    r = tl.program_id(0)
+    p = tl.program_id(1)
+    req = r // NEXT_N
+    length = tl.load(context_lens + req * s_lb + (r % NEXT_N) * s_lt)
+    j = p * BLOCK_KV + tl.arange(0, BLOCK_KV)
+    if p * BLOCK_KV < length:
+        page = cache + tl.load(block_table + req * s_tb + p * s_tp).to(tl.int64) * s_page
+        keys = _paged_keys(page, D, KV_FP4, KV_FP32_SCALE, DATA_BYTES, SF_BYTES, BLOCK_KV, BD)
+        head = tl.arange(0, BH)
+        head_ok = head < H
+        q_rows = r.to(tl.int64) * s_qr + head.to(tl.int64) * s_qh
+        qv = _load_rows(q, q_rows, head_ok, 1, s_qd, D, Q_KIND, BD).to(tl.float32)
+        if Q_SCALED:
+            sq_rows = r.to(tl.int64) * s_sqr + head.to(tl.int64) * s_sqh
+            qv = _scaled(qv, q_sf, sq_rows, head_ok, 1, s_sqb, GQ, Q_UE8M0, BD)
+        scores = tl.dot(qv, tl.trans(keys), input_precision="ieee")  # [BH, BLOCK_KV]
+        wv = tl.load(w + r * s_wr + head * s_wh, mask=head_ok, other=0.0).to(tl.float32)
+        relu = tl.maximum(scores, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        logits = tl.sum(tl.where(head_ok[:, None], relu * wv[:, None], 0.0), axis=0)  # [BLOCK_KV]
+        logits = tl.where(j < length, logits, float("-inf"))
+        ptr = out + r.to(tl.int64) * s_or + j * s_oc
+        if OUT_BF16:
+            tl.store(ptr, round_to_bf16(logits), mask=j < COLUMNS)
+        else:
+            tl.store(ptr, logits, mask=j < COLUMNS)
+
+
+__all__ = ["BLOCK_N", "heads_block", "mqa_logits", "paged_mqa_logits", "paged_usable", "usable"]

@@ -7,8 +7,13 @@ skipped then, as in the portable kernel).
 ``mqa_logits_topk``: the portable kernel's static query blocks with this kernel's logits for each block (``[chunk,
 S_kv]`` at a time, never ``[S, S_kv]``), then the portable selection: bitwise ``mqa_topk(mqa_logits(...))`` on CUDA.
 
-Portable, and why: FP64 operands (gradcheck's path), empty operands, GPUs before sm89, builds without Triton;
-``mqa_logits_backward``, ``paged_mqa_logits`` and its metadata, ``mqa_topk`` (a sort: ATen's).
+``paged_mqa_logits`` (decode): one launch of the paged kernel, a program per (query row, page): the page found
+through the block table, its FP8/FP4 token rows and their scales (FP32 per token, or UE8M0 per 32 elements, both
+layouts) read straight from the cache bytes, never gathered into a dequantized copy of every request's KV.
+
+Portable, and why: FP64 operands (gradcheck's path), empty operands, GPUs before sm89, builds without Triton, pages
+of fewer than 16 tokens or not a power of two; ``mqa_logits_backward``, ``paged_mqa_logits_metadata`` (integer
+bookkeeping on the host), ``mqa_topk`` (a sort: ATen's).
 """
 
 from __future__ import annotations
@@ -52,3 +57,30 @@ if _mqa is not None:
             return _mqa.mqa_logits(q_rows, sf_rows, k, k_sf, weights[rows], ks[rows], ke[rows], sh.S_kv, False, out)
 
         return portable.mqa_logits_topk(*args, block_logits=block_logits)
+
+    @cuda_kernel(calls="triton: _mqa (paged)")
+    def paged_mqa_logits(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    ):
+        args = (
+            q,
+            q_sf,
+            kv_cache,
+            weights,
+            context_lens,
+            block_table,
+            max_context_len,
+            indices,
+            ascend_kv_layout,
+            logits_dtype,
+        )
+        _, fmt, out_dtype = meta.paged_signature(*args)
+        rows = q.shape[0] * q.shape[1]
+        if q.dtype == torch.float64 or rows == 0 or max_context_len == 0 or not _mqa.paged_usable(q, fmt):
+            return portable.paged_mqa_logits(*args)
+        if host_readable(context_lens):
+            meta.check_paged_values(
+                context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices
+            )
+        out = torch.full((rows, max_context_len), float("-inf"), dtype=out_dtype, device=q.device)
+        return _mqa.paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table, out)
