@@ -1,0 +1,150 @@
+"""The Triton kernel behind ``quantize_fp8`` / ``quantize_fp4`` on CUDA: DeepGEMM's casts, bit for bit the reference
+(``quant.reference``) and the C++ kernel. One program per ``[rows, cols]`` block: ``amax`` in FP32, floored at 1e-4,
+over the format's maximum is the scale (rounded up to a power of two with UE8M0), the block is multiplied by the
+scale's reciprocal and rounded: to E4M3 by torch's rounding (to nearest even, saturating at 448, subnormals below
+2^-6), written out with integer arithmetic so the GPU and Triton's interpreter give the same bits; to E2M1 by
+DeepGEMM's midpoints (ties to the smaller magnitude), two codes per byte, low nibble first. A block holding NaN
+gets a NaN scale (and NaN codes), as the reference. Ragged blocks count only their elements (zero padding never
+raises ``amax``). Scales are FP32 ``[M/gr, N/gc]``, or UE8M0 codes packed four per int32 (a ragged count padded
+with 1.0), written by the caller from the FP32 ones.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.cuda._triton import launch, supported, tl, triton
+
+MAX_BLOCK_ELEMENTS = 1 << 14  # elements one program holds (128 x 128)
+
+
+def usable(x: torch.Tensor, block) -> bool:
+    gr, gc = block
+    return supported(x.device) and triton.next_power_of_2(gr) * triton.next_power_of_2(gc) <= MAX_BLOCK_ELEMENTS
+
+
+def quantize(x: torch.Tensor, block, use_ue8m0: bool, fp4: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, FP32 scales ``[ceil(M/gr), ceil(N/gc)]``) of ``x [M, N]`` (blocks cut to the tensor as the reference
+    cuts them): E4M3 ``[M, N]``, or uint8 ``[M, N/2]`` E2M1 codes."""
+    m, n = x.shape
+    gr, gc = min(block[0], max(m, 1)), min(block[1], max(n, 1))
+    rows, cols = triton.cdiv(m, gr), triton.cdiv(n, gc)
+    scales = torch.empty(rows, cols, dtype=torch.float32, device=x.device)
+    if fp4:
+        data = torch.empty(m, n // 2, dtype=torch.uint8, device=x.device)
+    else:
+        data = torch.empty(m, n, dtype=torch.float8_e4m3fn, device=x.device)
+    if m and n:
+        launch(
+            _quantize_kernel,
+            (rows, cols),
+            x,
+            data.view(torch.uint8),
+            scales,
+            m,
+            n,
+            x.stride(0),
+            x.stride(1),
+            data.stride(0),
+            scales.stride(0),
+            GR=gr,
+            GC=gc,
+            BR=triton.next_power_of_2(gr),
+            BC=triton.next_power_of_2(gc),
+            FP4=fp4,
+            UE8M0=use_ue8m0,
+        )
+    return data, scales
+
+
+@triton.jit
+def _bits(x):
+    return x.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _ceil_pow2(sf):
+    """The smallest power of two >= ``sf`` (positive FP32), biased exponent clamped to [1, 254]; NaN stays NaN."""
+    b = _bits(sf)
+    e = ((b >> 23) & 0xFF) + tl.where((b & 0x7FFFFF) != 0, 1, 0)
+    e = tl.minimum(tl.maximum(e, 1), 254)
+    return tl.where(sf != sf, sf, (e << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _e4m3_codes(v):
+    """E4M3 (fn) bytes of FP32 ``v``, torch's conversion: round to nearest even; magnitudes from 448 up (inf
+    included) saturate to 448; NaN is NaN (0x7F with its sign); below 2^-6 the subnormal grid."""
+    b = _bits(v)
+    sign = b & 0x80000000
+    a = b ^ sign
+    nan = a > 0x7F800000
+    saturated = a >= 0x43E00000  # 448.0, the largest finite
+    small = a < (121 << 23)  # below 2^-6
+    # Subnormals: adding 2^14 (bits 141 << 23) rounds the value onto E4M3's subnormal grid (2^-9), to nearest even.
+    denorm = a.to(tl.float32, bitcast=True) + 16384.0
+    sub = _bits(denorm) - (141 << 23)
+    # Normals: rebias the exponent (127 -> 7) and round the mantissa's low 20 bits to nearest even.
+    odd = (a >> 20) & 1
+    normal = (a - (120 << 23) + 0x7FFFF + odd) >> 20
+    code = tl.where(nan, 0x7F, tl.where(saturated, 0x7E, tl.where(small, sub, normal)))
+    return (code | (sign >> 24)).to(tl.uint8)
+
+
+@triton.jit
+def _e2m1_codes(v):
+    """E2M1 codes (0..15) of ``v`` (already in [-6, 6], or NaN): DeepGEMM's midpoints, ties to the smaller."""
+    mag = tl.abs(v)
+    code = (mag > 0.25).to(tl.int32) + (mag > 0.75) + (mag > 1.25) + (mag > 1.75)
+    code = code + (mag > 2.5) + (mag > 3.5) + (mag > 5.0)
+    sign = tl.where((v < 0) & (code != 0), 8, 0)
+    return code | sign
+
+
+@triton.jit
+def _quantize_kernel(
+    x,
+    data,
+    scales,
+    M,
+    N,
+    s_xm,
+    s_xn,
+    s_dm,
+    s_sm,
+    GR: tl.constexpr,
+    GC: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    FP4: tl.constexpr,
+    UE8M0: tl.constexpr,
+):
+    rb, cb = tl.program_id(0), tl.program_id(1)
+    r = rb * GR + tl.arange(0, BR)
+    c = cb * GC + tl.arange(0, BC)
+    inside = (tl.arange(0, BR) < GR)[:, None] & (tl.arange(0, BC) < GC)[None, :]
+    ok = inside & (r < M)[:, None] & (c < N)[None, :]
+    v = tl.load(x + r.to(tl.int64)[:, None] * s_xm + c[None, :] * s_xn, mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+    has_nan = tl.max(tl.max(tl.where(v != v, 1, 0), axis=1), axis=0) > 0
+    fmt_max = 6.0 if FP4 else 448.0
+    sf = tl.maximum(amax, 1e-4) / fmt_max
+    sf = tl.where(has_nan, float("nan"), sf)
+    if UE8M0:
+        sf = _ceil_pow2(sf)
+    scaled = v * (1.0 / sf)
+    tl.store(scales + rb * s_sm + cb, sf)
+    if FP4:
+        codes = _e2m1_codes(scaled)
+        pairs = tl.reshape(codes, (BR, BC // 2, 2))
+        lo, hi = tl.split(pairs)
+        byte = (lo | (hi << 4)).to(tl.uint8)
+        half = cb * (GC // 2) + tl.arange(0, BC // 2)
+        ok2 = (tl.arange(0, BR) < GR)[:, None] & (tl.arange(0, BC // 2) < GC // 2)[None, :]
+        ok2 = ok2 & (r < M)[:, None] & (half < N // 2)[None, :]
+        tl.store(data + r.to(tl.int64)[:, None] * s_dm + half[None, :], byte, mask=ok2)
+    else:
+        tl.store(data + r.to(tl.int64)[:, None] * s_dm + c[None, :], _e4m3_codes(scaled), mask=ok)
+
+
+__all__ = ["quantize", "usable"]

@@ -1,0 +1,45 @@
+"""CUDA kernels of the quant family: ``quantize_fp8`` / ``quantize_fp4`` as one launch of the Triton cast
+(``_quant``: a program per block, bit for bit the reference casts and the C++ kernel: the same FP32 scale,
+reciprocal and rounding, written with integer arithmetic) instead of the portable kernel's padded copy, reductions and
+conversion as separate torch ops. Packed UE8M0 scales are packed from the kernel's FP32 ones.
+
+Portable, and why: blocks larger than 128 x 128 elements (one program holds a block), FP4 blocks of an odd width (a
+byte would straddle two blocks), builds without Triton; ``dequantize`` (one multiply: ATen's).
+"""
+
+from __future__ import annotations
+
+from torch_ascend_moe._registry import cuda_kernel
+from torch_ascend_moe.backends.portable import quant as portable
+from torch_ascend_moe.meta.quant import QUANTIZE_FP4, QUANTIZE_FP8, quantize_signature
+from torch_ascend_moe.quant import reference
+from torch_ascend_moe.quant.encodings import row_major
+
+try:
+    from torch_ascend_moe.backends.cuda import _quant
+except ImportError:  # no triton: the portable kernels serve CUDA
+    _quant = None
+
+
+def _scales(sf, use_packed_ue8m0: bool):
+    return reference.pack_scales(sf) if use_packed_ue8m0 else row_major(sf)
+
+
+if _quant is not None:
+
+    @cuda_kernel(calls="triton: _quant")
+    def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
+        quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
+        if not _quant.usable(x, block):
+            return portable.quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0)
+        data, sf = _quant.quantize(x, block, use_ue8m0, fp4=False)
+        return data, _scales(sf, use_packed_ue8m0)
+
+    @cuda_kernel(calls="triton: _quant")
+    def quantize_fp4(x, block, use_ue8m0, use_packed_ue8m0):
+        quantize_signature(QUANTIZE_FP4, x, block, use_ue8m0, use_packed_ue8m0, fp4=True)
+        width = min(block[1], max(x.shape[1], 1))
+        if width % 2 or not _quant.usable(x, block):
+            return portable.quantize_fp4(x, block, use_ue8m0, use_packed_ue8m0)
+        data, sf = _quant.quantize(x, block, use_ue8m0, fp4=True)
+        return data, _scales(sf, use_packed_ue8m0)
