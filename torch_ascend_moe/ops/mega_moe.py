@@ -49,10 +49,25 @@ def mega_moe(
     >>> y.shape, counts.tolist()
     (torch.Size([4, 64]), [4, 3])
     """
-    arguments = dict(locals())  # every schema argument by name (group becomes group_name)
-    group = arguments.pop("group")
     if group is not None:
         from torch_ascend_moe.distributed.groups import group_name_of
 
         group = group_name_of(group)
-    return _mega_moe(**arguments, group_name=group)
+    # By name, as the schema lists them (Dynamo before torch 2.13 cannot trace ``locals()``).
+    return _mega_moe(
+        x=x,
+        topk_idx=topk_idx,
+        topk_weights=topk_weights,
+        l1_weights=l1_weights,
+        l2_weights=l2_weights,
+        x_sf=x_sf,
+        l1_sf=l1_sf,
+        l2_sf=l2_sf,
+        shared_l1_weights=shared_l1_weights,
+        shared_l2_weights=shared_l2_weights,
+        shared_l1_sf=shared_l1_sf,
+        shared_l2_sf=shared_l2_sf,
+        activation_clamp=activation_clamp,
+        timeout_s=timeout_s,
+        group_name=group,
+    )
