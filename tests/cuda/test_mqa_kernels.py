@@ -54,25 +54,31 @@ def test_registered():
     assert CUDA_KERNELS["mqa_logits"] == "triton: _mqa"
 
 
-def test_values_vs_fp64_and_the_cpu_kernel():
-    reference = with_defaults(SPEC.name, SPEC.reference)
+def _check_values(spec, launcher: str, samples, takes):
+    """Each sample through the CUDA kernel: the Triton path taken exactly where ``takes`` says, the op's shape,
+    dtype and strides, the -inf mask exact, within the fp64 reference's threshold, and within a few ulps of the C++
+    kernel (the same FP32 terms summed in another order: over D in the dot, over heads in a tree; one rounding)."""
+    reference = with_defaults(spec.name, spec.reference)
     taken = 0
-    for dtype, s in _samples():
-        where = f"mqa_logits[{s.name}, {dtype}]"
-        with mock.patch.object(_mqa, "mqa_logits", wraps=_mqa.mqa_logits) as launch:
-            out = kernels.mqa_logits(*s.args)
-        assert launch.called == _takes(s), f"{where}: Triton path taken = {launch.called}"
+    for dtype, s in samples:
+        where = f"{spec.name}[{s.name}, {dtype}]"
+        with mock.patch.object(_mqa, launcher, wraps=getattr(_mqa, launcher)) as launch:
+            out = getattr(kernels, spec.name)(*s.args)
+        assert launch.called == takes(s), f"{where}: Triton path taken = {launch.called}"
         taken += launch.called
-        ours, ref = SPEC.op(*s.args), reference(*s.args)
+        ours, ref = spec.op(*s.args), reference(*s.args)
         assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), where
         if out.numel():
             assert _masks_and_diff(out, ref) < THRESHOLDS[out.dtype], where
-            # The same FP32 terms summed in another order (over D in the dot, over heads in a tree), one rounding.
             finite = torch.isfinite(ours)
             ulps = 1 if out.dtype == torch.bfloat16 else 64
             tol = ulps * torch.finfo(out.dtype).eps * max(ours[finite].abs().max().item(), 1e-30)
             assert (out[finite].double() - ours[finite].double()).abs().max().item() <= tol, where
     assert taken
+
+
+def test_values_vs_fp64_and_the_cpu_kernel():
+    _check_values(SPEC, "mqa_logits", _samples(), _takes)
 
 
 @pytest.mark.parametrize("where", ["q", "k"])
@@ -157,24 +163,8 @@ def _paged_takes(s) -> bool:
 
 def test_paged_values_vs_fp64_and_the_cpu_kernel():
     """Pages read through the block table straight from the cache bytes (DeepGEMM's and the Ascend layout, FP8 and
-    FP4, FP32 and UE8M0 scales, varlen rows, next_n > 1): within the thresholds of the fp64 reference and a few ulps
-    of the C++ kernel, the -inf mask exact."""
-    reference = with_defaults(PAGED.name, PAGED.reference)
-    taken = 0
-    for dtype, s in _paged_samples():
-        where = f"paged_mqa_logits[{s.name}, {dtype}]"
-        with mock.patch.object(_mqa, "paged_mqa_logits", wraps=_mqa.paged_mqa_logits) as launch:
-            out = kernels.paged_mqa_logits(*s.args)
-        assert launch.called == _paged_takes(s), f"{where}: Triton path taken = {launch.called}"
-        taken += launch.called
-        ours, ref = PAGED.op(*s.args), reference(*s.args)
-        assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), where
-        assert _masks_and_diff(out, ref) < THRESHOLDS[out.dtype], where
-        finite = torch.isfinite(ours)
-        ulps = 1 if out.dtype == torch.bfloat16 else 64
-        tol = ulps * torch.finfo(out.dtype).eps * max(ours[finite].abs().max().item(), 1e-30)
-        assert (out[finite].double() - ours[finite].double()).abs().max().item() <= tol, where
-    assert taken
+    FP4, FP32 and UE8M0 scales, varlen rows, next_n > 1)."""
+    _check_values(PAGED, "paged_mqa_logits", _paged_samples(), _paged_takes)
 
 
 def test_paged_no_host_read_while_capturing():

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import decode_ue8m0, launch, round_to_bf16, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import (
+    launch,
+    load_scales,
+    round_to_bf16,
+    scale_product,
+    supported,
+    tl,
+    triton,
+)
 
 BLOCK_M = 32
 BLOCK_N = 32
@@ -67,19 +75,6 @@ def k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k: int, out: t
         BK=gran_k,
     )
     return out
-
-
-@triton.jit
-def _scales(base, row, cols, mask, s_row, s_col, UE8M0: tl.constexpr):
-    ptr = base + row * s_row + cols.to(tl.int64) * s_col
-    if UE8M0:
-        return tl.where(mask, decode_ue8m0(tl.load(ptr, mask=mask, other=127)), 1.0)
-    return tl.load(ptr, mask=mask, other=1.0).to(tl.float32)
-
-
-@triton.jit
-def _finite(x):
-    return tl.abs(x) < float("inf")
 
 
 @triton.jit
@@ -136,11 +131,9 @@ def _k_grouped_kernel(
             b + rows * s_bs + n_idx[None, :] * s_bn, mask=s_ok[:, None] & n_ok[None, :], other=0.0
         )  # [BK, BN]
         r = scale_row + (s0 - begin) // BK
-        a_s = _scales(sa, r, m_idx, m_ok, s_sas, s_sam, SA_UE8M0)
-        b_s = _scales(sb, r, n_idx, n_ok, s_sbs, s_sbn, SB_UE8M0)
-        s = a_s[:, None] * b_s[None, :]
-        regular = _finite(a_s * 448.0)[:, None] & _finite(b_s * 448.0)[None, :] & _finite(s)
-        regular = regular & ((s != 0) | (a_s[:, None] == 0) | (b_s[None, :] == 0))
+        a_s = load_scales(sa + r * s_sas + m_idx.to(tl.int64) * s_sam, m_ok, SA_UE8M0)
+        b_s = load_scales(sb + r * s_sbs + n_idx.to(tl.int64) * s_sbn, n_ok, SB_UE8M0)
+        s, regular = scale_product(a_s, b_s)
         if tl.max(tl.where(m_ok[:, None] & n_ok[None, :] & ~regular, 1, 0)) > 0:
             # Rows past the group's end are zeros times the scale: keep them zeros (0 * inf would be NaN).
             a_d = tl.where(s_ok[:, None], a_t.to(tl.float32) * a_s[None, :], 0.0)

@@ -19,6 +19,7 @@ from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
     decode_ue8m0,
     launch,
+    load_scales,
     round_to_bf16,
     supported,
     tl,
@@ -140,11 +141,7 @@ def _scaled(x, sf_base, scale_rows, row_mask, s_row, s_col, G: tl.constexpr, UE8
     ``sf[scale_rows[r], c // G]`` (rows where ``row_mask`` is off keep scale 1)."""
     cols = tl.arange(0, BD) // G
     ptr = sf_base + scale_rows[:, None] * s_row + cols[None, :] * s_col
-    if UE8M0:
-        scale = decode_ue8m0(tl.load(ptr, mask=row_mask[:, None], other=127))
-    else:
-        scale = tl.load(ptr, mask=row_mask[:, None], other=1.0)
-    return x * scale
+    return x * load_scales(ptr, row_mask[:, None], UE8M0)
 
 
 @triton.jit

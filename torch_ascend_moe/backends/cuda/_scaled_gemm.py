@@ -22,9 +22,10 @@ import torch
 
 from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
-    decode_ue8m0,
     launch,
+    load_scales,
     round_to_bf16,
+    scale_product,
     supported,
     tl,
     triton,
@@ -144,15 +145,7 @@ def _load_operand(base, idx, mask, k0, s_row, s_col, FP4: tl.constexpr, BK: tl.c
 @triton.jit
 def _load_scale(base, idx, mask, kblock, s_row, s_col, GMN: tl.constexpr, UE8M0: tl.constexpr):
     """FP32 scales of rows ``idx`` (rows ``idx // GMN`` of the scale tensor) for K block ``kblock``; 1 where masked."""
-    ptr = base + (idx // GMN).to(tl.int64) * s_row + kblock * s_col
-    if UE8M0:
-        return tl.where(mask, decode_ue8m0(tl.load(ptr, mask=mask, other=127)), 1.0)
-    return tl.load(ptr, mask=mask, other=1.0).to(tl.float32)
-
-
-@triton.jit
-def _finite(x):
-    return tl.abs(x) < float("inf")
+    return load_scales(base + (idx // GMN).to(tl.int64) * s_row + kblock * s_col, mask, UE8M0)
 
 
 @triton.jit
@@ -224,11 +217,7 @@ def _scaled_gemm_kernel(
             b_t = _load_operand(b_base, n_idx, n_mask, k0, s_bn, s_bk, B_FP4, BK)
             a_s = _load_scale(sa_base, row, m_mask, k0 // GK_A, s_sam, s_sak, GMN_A, SA_UE8M0)
             b_s = _load_scale(sb_base, n_idx, n_mask, k0 // GK_B, s_sbn, s_sbk, GMN_B, SB_UE8M0)
-            s = a_s[:, None] * b_s[None, :]
-            # Scaling the chunk's sums equals summing scaled values unless a value times its scale (|x| <= 448)
-            # or the scale product is not finite, or the product underflows.
-            regular = _finite(a_s * 448.0)[:, None] & _finite(b_s * 448.0)[None, :] & _finite(s)
-            regular = regular & ((s != 0) | (a_s[:, None] == 0) | (b_s[None, :] == 0))
+            s, regular = scale_product(a_s, b_s)
             if tl.max(tl.where(mask2 & ~regular, 1, 0)) > 0:
                 # Dequantize in the tile: NaN/inf/overflow where deq(a) @ deq(b) has them.
                 a_d = a_t.to(tl.float32) * a_s[:, None]

@@ -83,6 +83,29 @@ def decode_e2m1_to_e4m3(byte, HIGH: tl.constexpr):
     return (e4m3 | ((c & 8) << 4)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
 
 
+@triton.jit
+def load_scales(ptr, mask, UE8M0: tl.constexpr):
+    """FP32 block scales at ``ptr`` (FP32, or UE8M0 codes); 1 where ``mask`` is off."""
+    if UE8M0:
+        return tl.where(mask, decode_ue8m0(tl.load(ptr, mask=mask, other=127)), 1.0)
+    return tl.load(ptr, mask=mask, other=1.0).to(tl.float32)
+
+
+@triton.jit
+def _finite(x):
+    return tl.abs(x) < float("inf")
+
+
+@triton.jit
+def scale_product(a_s, b_s):
+    """(``a_s[:, None] * b_s[None, :]``, where scaling a chunk's FP32 sums by it equals summing scaled values):
+    unless a value times its scale (|x| <= 448) or the product is not finite, or the product underflows to 0 from
+    nonzero scales. Where it does not, the caller dequantizes in the tile instead."""
+    s = a_s[:, None] * b_s[None, :]
+    regular = _finite(a_s * 448.0)[:, None] & _finite(b_s * 448.0)[None, :] & _finite(s)
+    return s, regular & ((s != 0) | (a_s[:, None] == 0) | (b_s[None, :] == 0))
+
+
 __all__ = [
     "decode_e2m1_to_e4m3",
     "decode_ue8m0",
