@@ -102,6 +102,23 @@ def test_update_expert_bias():
     assert delta[0] < 0 < delta[1] and delta[2] == 0
 
 
+def test_module_cast_to_bf16_keeps_routing_in_fp32():
+    """``moe.bfloat16()`` casts the expert-bias buffer too; the router still chooses with it in FP32 (as HF's
+    DeepSeek-V3 router adds a BF16 bias to FP32 scores), so the choice equals the FP32-bias layer's."""
+    moe = _layer("deepseek")
+    with torch.no_grad():
+        moe.gate.e_score_correction_bias.normal_(0, 0.05)
+    fp32_bias = moe.gate.e_score_correction_bias.bfloat16().float()
+    moe = moe.bfloat16()
+    assert moe.gate.e_score_correction_bias.dtype == torch.bfloat16
+    x = torch.randn(5, moe.gate.weight.shape[1]).bfloat16()
+    idx, weights, _ = moe.gate(x)
+    moe.gate.e_score_correction_bias = fp32_bias
+    want_idx, want_weights, _ = moe.gate(x)
+    assert torch.equal(idx, want_idx) and torch.equal(weights, want_weights)
+    assert moe(x).dtype == torch.bfloat16
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected in \[1, num_experts=4\], got 5"):
         MoE(64, 32, 4, 5)

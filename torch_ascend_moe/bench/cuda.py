@@ -2,7 +2,8 @@
 the baseline issue 18 names for it, in the same run: BF16 GEMM vs cuBLAS (``torch.mm``), FP8 block-scaled GEMM vs
 ``torch._scaled_mm`` with DeepSeek's 1x128 x 128x128 recipe (where this GPU's cuBLAS takes it; else the dequantize
 + BF16 GEMM a PyTorch user writes), BF16 grouped vs ``torch._grouped_mm``, FP8 grouped vs a per-expert loop of
-dequantize + GEMM, MQA logits vs the naive einsum. Shapes are DeepGEMM's (``--quick``: small ones). Without CUDA
+dequantize + GEMM, MQA logits vs the naive einsum, the MoE layer vs transformers' Mixtral block with ``grouped_mm``
+experts (BF16 forward). Shapes are DeepGEMM's (``--quick``: small ones). Without CUDA
 there is nothing to time: the family has no cases then (the CLI says so).
 """
 
@@ -125,11 +126,31 @@ def _mqa(s, s_kv, h, d) -> Case:
     return Case(f"mqa_logits fp8 S{s} S_kv{s_kv} H{h} D{d}", s * h * s_kv * (2 * d + 2), setup, "naive einsum fp32")
 
 
+def _moe(t, h, k, e) -> Case:
+    def setup():
+        from torch_ascend_moe.bench.moe import models
+
+        block, ours, x = models((t, h, k, e), "grouped_mm", _device(), torch.bfloat16)
+
+        def run(module):
+            def call():
+                with torch.no_grad():
+                    return module(x)
+
+            return call
+
+        return run(ours), run(block)
+
+    flops = t * (2 * h * e + k * 6 * h * h)
+    return Case(f"MoE fwd BF16 T{t} H{h} top-{k} of {e}", flops, setup, "HF MixtralSparseMoeBlock, grouped_mm experts")
+
+
 def cases(quick: bool = False) -> list[Case]:
     if not torch.cuda.is_available():
         return []
     if quick:
-        return [_gemm(128, 256, 512), _fp8_gemm(128, 256, 512), _grouped(4, 64, 256, 512), _mqa(64, 256, 16, 64)]
+        quick_cases = [_gemm(128, 256, 512), _fp8_gemm(128, 256, 512), _grouped(4, 64, 256, 512), _mqa(64, 256, 16, 64)]
+        return [*quick_cases, _moe(64, 128, 2, 4)]
     return [
         _gemm(4096, 7168, 2048),
         _gemm_fp32_out(4096, 7168, 2048),
@@ -138,4 +159,5 @@ def cases(quick: bool = False) -> list[Case]:
         _grouped(8, 1024, 4096, 7168),
         _grouped_fp8(8, 1024, 4096, 7168),
         _mqa(4096, 8192, 64, 128),
+        _moe(4096, 2048, 8, 64),
     ]

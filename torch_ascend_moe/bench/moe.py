@@ -21,14 +21,16 @@ def _shape(quick: bool):
     return t, h, k, e
 
 
-def _models(quick: bool, implementation: str):
+def models(shape, implementation: str, device="cpu", dtype=torch.float32):
+    """(HF ``MixtralSparseMoeBlock`` with ``implementation`` experts, our ``nn.MoE`` with its weights, tokens ``x``)
+    for ``shape = (T, H, k, E)`` (intermediate size H), on ``device`` in ``dtype``."""
     try:
         import transformers
     except ImportError as e:
         raise RuntimeError("bench moe: needs transformers (pip install 'torch_ascend_moe[hf]')") from e
     from torch_ascend_moe.hf import _hf_state, _moe_for
 
-    t, h, k, e = _shape(quick)
+    t, h, k, e = shape
     config = transformers.MixtralConfig(
         hidden_size=h, intermediate_size=h, num_local_experts=e, num_experts_per_tok=k, num_hidden_layers=1
     )
@@ -42,7 +44,7 @@ def _models(quick: bool, implementation: str):
     ours = _moe_for(block, config, False, None, None, False)
     ours.load_state_dict(_hf_state(block))
     x = torch.randn(1, t, h, generator=torch.Generator().manual_seed(1))
-    return block, ours, x
+    return block.to(device, dtype), ours.to(device, dtype), x.to(device, dtype)
 
 
 def _case(quick: bool, implementation: str, grad: bool) -> Case:
@@ -51,7 +53,7 @@ def _case(quick: bool, implementation: str, grad: bool) -> Case:
     flops = t * (2 * h * e + k * 6 * h * h) * (3 if grad else 1)
 
     def setup():
-        block, ours, x = _models(quick, implementation)
+        block, ours, x = models(_shape(quick), implementation)
 
         def run(module):
             def call():

@@ -63,10 +63,13 @@ class MoEGate(nn.Module):
             logits = F.linear(x.to(self.router_dtype), self.weight.to(self.router_dtype))
         else:
             logits = F.linear(x, self.weight)
+        bias = self.e_score_correction_bias
+        if bias is not None and bias.dtype not in (torch.float32, torch.float64):
+            bias = bias.float()  # module.bfloat16() casts buffers too; the choice is made in FP32 (as HF's router)
         idx, weights = moe_gating_topk(
             logits,
             self.topk,
-            bias=self.e_score_correction_bias,
+            bias=bias,
             score_func=self.score_func,
             num_groups=self.num_groups,
             topk_groups=self.topk_groups,

@@ -97,7 +97,7 @@ def _init_routing(call, x, ids, num_experts: int):
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     if capture.host_readable(topk_idx):
-        portable._check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+        portable.check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
         return portable.moe_permute(x, topk_idx, num_experts, alignment)
     t, k = topk_idx.shape
@@ -166,7 +166,7 @@ def moe_unpermute(y, row_map, topk_weights):
     # under fake tensors (the shape checks) the op's path is traced.
     unrouted = capture.capturing(row_map.device)
     if capture.host_readable(row_map):
-        portable._check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+        portable.check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
         unrouted = bool((row_map < 0).any())
     t, k = row_map.shape
     exact = y.dtype == torch.float32 and (topk_weights is None or topk_weights.dtype == torch.float32)

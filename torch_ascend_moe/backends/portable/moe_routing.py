@@ -17,7 +17,7 @@ from torch_ascend_moe.meta.moe_routing import (
 )
 
 
-def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
+def check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
     """Ids outside [-1, high) fail with our message: one host read, skipped while a device graph is captured
     (a read would break the capture; the kernels clamp every id they gather with)."""
     if values.numel() == 0 or capture.capturing(values.device):
@@ -39,7 +39,7 @@ def _check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) 
 @portable_kernel
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
-    _check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     # Everything below stays on the device (no host read): capturable in a CUDA / NPU graph.
     t, k = topk_idx.shape
     ids = topk_idx.long().flatten()
@@ -65,7 +65,7 @@ def moe_permute(x, topk_idx, num_experts, alignment):
 @portable_kernel
 def moe_unpermute(y, row_map, topk_weights):
     unpermute_signature(y, row_map, topk_weights)
-    _check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+    check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
     rows = row_map.long()
     out = y.new_zeros(rows.shape[0], y.shape[1], dtype=acc_t)
