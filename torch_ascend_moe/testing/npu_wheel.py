@@ -347,12 +347,13 @@ class _Reached(RuntimeError):
     """Raised where Ascend's graph engine would take over (the compiled graph's first run)."""
 
 
-def compile_ge(fn, *inputs, soc: int | None = None, dynamic: bool = False):
+def compile_ge(fn, *inputs, soc: int | None = None, dynamic: bool = False, configure=None):
     """The GE ``GraphDef`` that ``torch.compile(fn, backend=<TorchAir's npu backend>, fullgraph=True)`` builds:
     dynamo, AOT autograd with TorchAir's decompositions, its FX passes, the conversion (every converter), its
     graph optimizations; captured at the compiled graph's first run, where CANN's graph engine would compile and
     run it. Returns ``(graph, feeds)``: ``feeds`` are the values of the graph's Data inputs in index order (dynamo
-    orders a graph's inputs itself, and adds the symbolic sizes as inputs with ``dynamic``)."""
+    orders a graph's inputs itself, and adds the symbolic sizes as inputs with ``dynamic``). ``configure(config)``
+    may change TorchAir's ``CompilerConfig`` first (its post-grad passes, say)."""
     air = torchair()
     captured = {}
 
@@ -363,6 +364,8 @@ def compile_ge(fn, *inputs, soc: int | None = None, dynamic: bool = False):
     with air.active(), mock.patch.dict(SOC, {} if soc is None else {"version": soc}):
         fx2ge = sys.modules["torchair._ge_concrete_graph.fx2ge_converter"]
         config = sys.modules["torchair.configs.compiler_config"].CompilerConfig()
+        if configure is not None:
+            configure(config)
         npu_backend = sys.modules["torchair.npu_fx_compiler"].get_npu_backend(compiler_config=config)
 
         def backend(gm, example_inputs):

@@ -1,0 +1,106 @@
+"""The quant_gemm rewrite (inductor_lowerings/quant_gemm.py): ``quantize_fp8(x, [1, g])`` → ``fp8_gemm`` becomes one
+``fp8_quant_gemm``. The post-grad graph before and after (golden), the compiled outputs bit for bit the unrewritten
+ones over recipes, scale formats, ``c``, ``alpha`` and output dtypes (static and dynamic shapes), and the near misses
+left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+
+from tests.inductor_lowerings.graphs import assert_same, compiled
+from torch_ascend_moe import inductor_lowerings
+
+ops = torch.ops.ascend_moe
+
+
+def _weights(n=64, k=256, recipe=(128, 128), ue8m0=False, seed=0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return ops.quantize_fp8(w, list(recipe), ue8m0)
+
+
+def _linear(block=(1, 128), ue8m0=False, packed=False, recipe_a=None, **gemm):
+    def fn(x, b, sfb, *c):
+        data, sf = ops.quantize_fp8(x, list(block), ue8m0, packed)
+        return ops.fp8_gemm(data, sf, b, sfb, c[0] if c else None, list(recipe_a or block), **gemm)
+
+    return fn
+
+
+def test_golden_graph():
+    x, (b, sfb) = torch.randn(8, 256), _weights()
+    _, before = compiled(_linear(), x, b, sfb, passes=False)
+    _, after = compiled(_linear(), x, b, sfb, passes=True)
+    assert_expected_inline(
+        before,
+        """\
+quantize_fp8 = quantize_fp8(arg0_1)
+getitem = getitem(quantize_fp8, 0)
+getitem_1 = getitem(quantize_fp8, 1)
+fp8_gemm = fp8_gemm(getitem, getitem_1, arg1_1, arg2_1)""",
+    )
+    assert_expected_inline(
+        after,
+        """fp8_quant_gemm_default = fp8_quant_gemm(arg0_1, arg1_1, arg2_1, None, 128, [128, 128], False, 1.0, torch.bfloat16)""",
+    )
+
+
+CASES = {
+    "1x128 fp32 scales": ({}, {}, torch.float32, None),
+    "1x128 ue8m0, bf16 x": ({"ue8m0": True}, {}, torch.bfloat16, None),
+    "1x32 ue8m0, MX weights": ({"block": (1, 32), "ue8m0": True}, {"recipe_b": [1, 32]}, torch.bfloat16, (1, 32)),
+    "1x64, c and alpha, fp32 out": ({"block": (1, 64)}, {"alpha": 0.5, "out_dtype": torch.float32}, torch.float32, "c"),
+    "bf16 out from fp32 x": ({}, {"out_dtype": torch.bfloat16}, torch.float32, None),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_rewritten_equals_unrewritten(case, dynamic):
+    cast, gemm, dtype, extra = CASES[case]
+    recipe = extra if isinstance(extra, tuple) else (128, 128)
+    x = (torch.randn(19, 256, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    x[2, 7] = float("nan")  # a NaN block: its row is NaN in both
+    b, sfb = _weights(recipe=recipe, ue8m0=cast.get("ue8m0", False))
+    args = (x, b, sfb) + ((torch.randn(19, 64),) if extra == "c" else ())
+    fn = _linear(**cast, **gemm)
+    before = inductor_lowerings.MATCHES["quant_gemm"]
+    got, graph = compiled(fn, *args, passes=True, dynamic=dynamic)
+    assert "fp8_quant_gemm" in graph and "quantize_fp8" not in graph
+    assert inductor_lowerings.MATCHES["quant_gemm"] > before
+    assert_same(got, fn(*args))
+
+
+def _cast_reused(x, b, sfb):
+    data, sf = ops.quantize_fp8(x, [1, 128])
+    return ops.fp8_gemm(data, sf, b, sfb), data.view(torch.uint8)
+
+
+def _cast_is_the_weight(x, b, sfb):
+    data, sf = ops.quantize_fp8(x, [1, 128])  # the cast feeds B (per-row weight scales), not A
+    return ops.fp8_gemm(b, sfb, data, sf, recipe_a=[128, 128], recipe_b=[1, 128])
+
+
+def _scales_from_elsewhere(x, b, sfb):
+    data, sf = ops.quantize_fp8(x, [1, 128])
+    _, sf2 = ops.quantize_fp8(x * 2, [1, 128])
+    return ops.fp8_gemm(data, sf2, b, sfb)
+
+
+NEAR_MISSES = {
+    "block cast (128x128)": (_linear(block=(128, 128)), torch.float32),
+    "the cast is the B operand": (_cast_is_the_weight, torch.float32),
+    "cast outputs used elsewhere": (_cast_reused, torch.float32),
+    "scales of another cast": (_scales_from_elsewhere, torch.float32),
+    "fp16 x (fp8_quant_gemm takes BF16/FP32)": (_linear(), torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES, ids=str)
+def test_near_misses_are_left_alone(name):
+    fn, dtype = NEAR_MISSES[name]
+    x, (b, sfb) = torch.randn(128, 256).to(dtype), _weights()
+    got, graph = compiled(fn, x, b, sfb, passes=True)
+    assert "fp8_quant_gemm" not in graph, graph
+    assert_same(got, fn(x, b, sfb))

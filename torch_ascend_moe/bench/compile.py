@@ -1,0 +1,149 @@
+"""Benchmark cases of the compiler passes (``python -m torch_ascend_moe bench compile``): the same function compiled
+by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``),
+timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
+``fp8_quant_gemm``), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
+peak memory too), the demo's MoE layer forward and forward+backward (no rewrite applies to it yet: the expert-MLP
+epilogue fusion is still to come, so its ratio is the passes' cost when nothing matches), and the compile time itself
+(each side compiled from scratch, FX graph cache off).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe.bench import Case
+
+ops = torch.ops.ascend_moe
+_WITHOUT = "Inductor without the passes"
+
+
+def _twin(fn):
+    """A copy of ``fn`` with its own code object: Dynamo caches compiled code per code object, so the two sides
+    never share (or evict) each other's compiled graphs."""
+    code = fn.__code__.replace(co_name=fn.__code__.co_name + "_baseline")
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _both(fn, grad_of=None):
+    """(with the passes, without them) compiled versions of ``fn``."""
+    ours = torch.compile(fn, backend=inductor_lowerings.BACKEND, fullgraph=True)
+    baseline = torch.compile(_twin(fn), backend="inductor", fullgraph=True)
+    return ours, baseline
+
+
+def _fp8_linear(m, n, k) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=g).bfloat16()
+        b, sfb = ops.quantize_fp8(torch.randn(n, k, generator=g), [128, 128])
+
+        def step(x, b, sfb):
+            data, sf = ops.quantize_fp8(x, [1, 128])
+            return ops.fp8_gemm(data, sf, b, sfb)
+
+        ours, baseline = _both(step)
+        return (lambda: ours(x, b, sfb)), (lambda: baseline(x, b, sfb))
+
+    return Case(
+        f"FP8 linear (cast + GEMM) {m}x{n}x{k}", 2 * m * n * k, setup, "Inductor without the passes", memory=True
+    )
+
+
+def _indexer(s, s_kv, h, d, topk) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(1)
+        q, k, w = torch.randn(s, h, d, generator=g), torch.randn(s_kv, d, generator=g), torch.rand(s, h, generator=g)
+        ke = (torch.arange(s, dtype=torch.int32) + (s_kv - s)).clamp(min=1)
+        ks = torch.zeros(s, dtype=torch.int32)
+
+        def index(q, k, w, ks, ke):
+            return ops.mqa_topk(ops.mqa_logits(q, None, k, None, w, ks, ke), ks, ke, topk)
+
+        ours, baseline = _both(index)
+        return (lambda: ours(q, k, w, ks, ke)), (lambda: baseline(q, k, w, ks, ke))
+
+    flops = s * h * s_kv * (2 * d + 2)
+    return Case(
+        f"indexer S{s} S_kv{s_kv} H{h} D{d} top-{topk}", flops, setup, "Inductor without the passes", memory=True
+    )
+
+
+def _moe(tokens, hidden, grad: bool) -> Case:
+    def setup():
+        from torch_ascend_moe.nn import MoE
+
+        torch.manual_seed(0)
+        moe = MoE(hidden, hidden // 2, num_experts=8, topk=2, num_shared_experts=1)
+        x = torch.randn(tokens, hidden)
+
+        def forward(x):
+            return moe(x)
+
+        ours, baseline = _both(forward)
+
+        def run(fn):
+            def call():
+                if not grad:
+                    with torch.no_grad():
+                        return fn(x)
+                xg = x.detach().requires_grad_()
+                fn(xg).sum().backward()
+                return xg.grad
+
+            return call
+
+        return run(ours), run(baseline)
+
+    flops = tokens * (2 * hidden * 8 + 3 * 6 * hidden * hidden // 2) * (3 if grad else 1)
+    mode = "fwd+bwd" if grad else "fwd"
+    return Case(f"MoE layer {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
+
+
+def _compile_time(m, n, k) -> Case:
+    def setup():
+        from torch._inductor import config
+
+        g = torch.Generator().manual_seed(2)
+        x = torch.randn(m, k, generator=g)
+        b, sfb = ops.quantize_fp8(torch.randn(n, k, generator=g), [128, 128])
+        q, kv, w = torch.randn(m, 4, 64, generator=g), torch.randn(2 * m, 64, generator=g), torch.rand(m, 4)
+        ks, ke = torch.zeros(m, dtype=torch.int32), torch.full((m,), 2 * m, dtype=torch.int32)
+
+        def both_chains(x, b, sfb, q, kv, w, ks, ke):
+            data, sf = ops.quantize_fp8(x, [1, 128])
+            y = ops.fp8_gemm(data, sf, b, sfb)
+            return y, ops.mqa_topk(ops.mqa_logits(q, None, kv, None, w, ks, ke), ks, ke, 8)
+
+        args = (x, b, sfb, q, kv, w, ks, ke)
+
+        def compile_fresh(backend):
+            def call():
+                torch._dynamo.reset()
+                with config.patch(fx_graph_cache=False):
+                    return torch.compile(both_chains, backend=backend, fullgraph=True)(*args)[0]
+
+            return call
+
+        return compile_fresh(inductor_lowerings.BACKEND), compile_fresh("inductor")
+
+    return Case(f"compile time, both chains M{m}", 0, setup, "compile without the passes", iterations=2)
+
+
+def cases(quick: bool = False) -> list[Case]:
+    if quick:
+        return [
+            _fp8_linear(64, 256, 512),
+            _indexer(32, 256, 4, 32, 16),
+            _moe(64, 64, False),
+            _compile_time(16, 64, 256),
+        ]
+    return [
+        _fp8_linear(2048, 4096, 4096),
+        _indexer(1024, 8192, 16, 64, 512),
+        _moe(2048, 512, False),
+        _moe(2048, 512, True),
+        _compile_time(64, 256, 512),
+    ]
