@@ -102,6 +102,20 @@ def rewrite(op, name: str):
     return register
 
 
+_LATE: list[Callable[[], bool]] = []  # registrations waiting for their op to exist
+
+
+def late_rewrite(register: Callable[[], bool]) -> Callable[[], bool]:
+    """Run ``register()`` at each compile until it returns True: for rewrites of another library's op that exists
+    only once that library imported (transformers registers its ops lazily)."""
+    _LATE.append(register)
+    return register
+
+
+def _register_late() -> None:
+    _LATE[:] = [r for r in _LATE if not r()]
+
+
 def _erase_orphans(nodes) -> None:
     """Remove the nodes that fed a replaced call and now feed nothing (the producers the fused op computes itself),
     and their own orphaned producers; only ``getitem`` and calls of our ops, which have no side effects."""
@@ -140,6 +154,7 @@ class AscendMoEPasses(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         register_rewrites()
+        _register_late()
         token = _ALLOWED.set(self.allowed)
         try:
             PASS.apply(graph)

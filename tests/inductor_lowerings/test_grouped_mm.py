@@ -1,0 +1,107 @@
+"""The grouped_mm rewrite (inductor_lowerings/grouped_mm.py): ``aten._grouped_mm`` and transformers'
+``grouped_mm_fallback`` become ``m_grouped_bf16_gemm`` on the devices listed in ``DEVICES`` (Ascend). CPU tensors stand
+in for an NPU here (``DEVICES`` patched): the golden graph, values against fp64 and the unrewritten compile, an
+unmodified transformers Mixtral block compiled with the passes, and what is left alone (CPU by default, bias,
+weight-gradient form)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+
+from tests.inductor_lowerings.graphs import compiled
+from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe.inductor_lowerings import grouped_mm as rewrite_module
+from torch_ascend_moe.testing import calc_diff
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def cpu_as_npu(monkeypatch):
+    monkeypatch.setattr(rewrite_module, "DEVICES", {"cpu"})
+
+
+def _inputs(dtype=torch.bfloat16, g=4, m_per=(5, 0, 9, 3), k=64, n=48, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ends = torch.tensor(m_per, dtype=torch.int32).cumsum(0).to(torch.int32)
+    a = torch.randn(int(ends[-1]), k, generator=gen).to(dtype)
+    return a, torch.randn(g, k, n, generator=gen).to(dtype), ends
+
+
+def _aten(a, b, offs):
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def _reference(a, b, offs):
+    out, start = torch.zeros(a.shape[0], b.shape[2], dtype=torch.float64), 0
+    for g, end in enumerate(offs.tolist()):
+        out[start:end] = a[start:end].double() @ b[g].double()
+        start = end
+    return out
+
+
+def test_golden_graph(cpu_as_npu):
+    _, before = compiled(_aten, *_inputs(), passes=False)
+    _, after = compiled(_aten, *_inputs(), passes=True)
+    assert_expected_inline(before, """_grouped_mm = aten._grouped_mm(arg0_1, arg1_1, arg2_1)""")
+    assert_expected_inline(
+        after,
+        """\
+permute_default = aten.permute(arg1_1, [0, 2, 1])
+m_grouped_bf16_gemm_default = m_grouped_bf16_gemm(arg0_1, permute_default, arg2_1, True, 1, torch.bfloat16)""",
+    )
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_values(cpu_as_npu, dynamic):
+    args = _inputs()
+    before = inductor_lowerings.MATCHES["grouped_mm"]
+    got, graph = compiled(_aten, *args, passes=True, dynamic=dynamic)
+    assert "m_grouped_bf16_gemm" in graph and inductor_lowerings.MATCHES["grouped_mm"] > before
+    want = _aten(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert calc_diff(got, _reference(*args)) < 1e-5 and calc_diff(got, want) < 1e-5
+
+
+def test_transformers_fallback_op(cpu_as_npu):
+    import transformers.integrations.moe  # noqa: F401  (registers transformers::grouped_mm_fallback)
+
+    args = _inputs(torch.float32)
+    fn = lambda a, b, offs: torch.ops.transformers.grouped_mm_fallback(a, b, offs)  # noqa: E731
+    got, graph = compiled(fn, *args, passes=True)
+    assert "m_grouped_bf16_gemm" in graph and "grouped_mm_fallback" not in graph, graph
+    torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_unmodified_transformers_moe_block_runs_our_grouped_gemm(cpu_as_npu):
+    """transformers' Mixtral block with ``grouped_mm`` experts, compiled as is after ``enable()``: its expert GEMMs
+    (gate-up and down) are ours, the output equals the uncompiled block's."""
+    from torch_ascend_moe.bench.moe import models
+
+    block, _, x = models((24, 64, 2, 4), "grouped_mm", "cpu", torch.bfloat16)
+    with torch.no_grad():
+        got, graph = compiled(block, x, passes=True)
+        want = block(x)
+    assert graph.count("m_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in graph, graph
+    got, want = (o[0] if isinstance(o, tuple) else o for o in (got, want))
+    assert calc_diff(got, want) < 1e-4
+
+
+def _with_bias(a, b, offs):
+    return torch._grouped_mm(a, b, offs=offs, bias=torch.ones(b.shape[0], b.shape[2], dtype=a.dtype))
+
+
+def _weight_gradient_form(a, b, offs):
+    return torch._grouped_mm(a.t(), a, offs=offs)  # 2-D x 2-D -> [G, K, K]
+
+
+@pytest.mark.parametrize("fn", [_aten, _weight_gradient_form], ids=["cpu (default DEVICES)", "2-D x 2-D"])
+def test_left_alone(fn, monkeypatch):
+    if fn is not _aten:
+        monkeypatch.setattr(rewrite_module, "DEVICES", {"cpu"})
+    args = _inputs()
+    got, graph = compiled(fn, *args, passes=True)
+    assert "m_grouped_bf16_gemm" not in graph, graph
+    torch.testing.assert_close(got, fn(*args))

@@ -1,0 +1,66 @@
+"""Rewrite: stock models' grouped GEMMs to ours. transformers' MoE experts (``experts_implementation="grouped_mm"``)
+call ``torch._grouped_mm(x [M, K], w [G, K, N], offs)`` (``aten._grouped_mm``), or, for non-BF16 weights under
+``torch.compile``, its own ``transformers::grouped_mm_fallback`` op (a host loop of ``torch.mm``); both become
+``m_grouped_bf16_gemm(x, w^T, offs)`` (the psum layout is ``offs``; the transpose is a view), so an unmodified model
+compiled after ``inductor_lowerings.enable()`` runs our kernel for its experts.
+
+Only on devices where that is the better kernel: Ascend (torch_npu 2.13 has no ``_grouped_mm`` kernel, so the aten op
+would not run there at all, while ours is ``npu_grouped_matmul`` and has a GE converter). On CPU, ATen's own
+``_grouped_mm`` (oneDNN) is faster than our C++ kernel on BF16 today, and on CUDA ours calls ``torch._grouped_mm``
+anyway: left alone there (``DEVICES`` says where it applies). Same values up to the FP32 summation order (both
+accumulate in FP32 and round once); rows past ``offs[-1]`` are zeros in ours, unspecified in ATen's.
+
+Left alone: a bias or an ``out_dtype`` other than the input's, other operand ranks (the 2-D x 2-D weight-gradient form,
+3-D x 3-D batched), calls our op refuses (its own checks decide).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, late_rewrite, rewrite, val
+from torch_ascend_moe.meta.grouped import m_grouped_signature
+
+DEVICES = {"npu", "privateuseone"}  # where ATen's _grouped_mm has no kernel of its own and ours is torch_npu's
+_ops = torch.ops.ascend_moe
+
+
+def _plan(node: torch.fx.Node, a, b, offs, bias=None, out_dtype=None) -> Plan | None:
+    fa, fb, fo = val(a), val(b), val(offs)
+    if fa is None or fb is None or fo is None or bias is not None:
+        return None
+    if fa.device.type not in DEVICES or fa.dim() != 2 or fb.dim() != 3:
+        return None
+    out = val(node).dtype
+    if (out_dtype is not None and out_dtype != fa.dtype) or out != fa.dtype:
+        return None
+    if not accepts(m_grouped_signature, fa, fb.transpose(1, 2), fo, True, 1, out):
+        return None
+
+    def ours(a, b, offs):
+        return _ops.m_grouped_bf16_gemm.default(a, b.transpose(1, 2), offs, True, 1, out)
+
+    return Plan(ours, [a, b, offs], _ops.m_grouped_bf16_gemm.default)
+
+
+@rewrite(torch.ops.aten._grouped_mm.default, "grouped_mm")
+def plan_aten(node: torch.fx.Node) -> Plan | None:
+    args = call_args(node)
+    return _plan(node, args["input"], args["mat2"], args["offs"], args["bias"], args["out_dtype"])
+
+
+@late_rewrite
+def register_transformers_fallback() -> bool:
+    """transformers' ``grouped_mm_fallback`` op exists once transformers' MoE integration is imported (lazily, maybe
+    after our first compile): registered at the first compile that finds it."""
+    namespace = getattr(torch.ops, "transformers", None)
+    op = getattr(getattr(namespace, "grouped_mm_fallback", None), "default", None)
+    if op is None:
+        return False
+
+    @rewrite(op, "grouped_mm")
+    def plan_fallback(node: torch.fx.Node) -> Plan | None:
+        args = call_args(node)
+        return _plan(node, args["input"], args["weight"], args["offs"])
+
+    return True
