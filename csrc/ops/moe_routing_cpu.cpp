@@ -33,10 +33,14 @@ bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
 // (Pragmas cannot sit inside AT_DISPATCH's macro, hence a template.)
 template <typename T, typename Acc>
 void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* map, int64_t k, int64_t H,
-                     int64_t t0, int64_t t1, T* out) {
+                     int64_t t0, int64_t t1, const Acc* bias, T* out) {
   std::vector<Acc> acc(H);
   for (int64_t t = t0; t < t1; ++t) {
-    std::fill(acc.begin(), acc.end(), Acc(0));
+    if (bias) {
+      std::copy(bias + t * H, bias + (t + 1) * H, acc.begin());
+    } else {
+      std::fill(acc.begin(), acc.end(), Acc(0));
+    }
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = map[t * k + j];
       if (r < 0) continue;
@@ -109,9 +113,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
   return {out, row_map, offs};
 }
 
-// out[t] = sum_j w[t, j] * y[row_map[t, j]] over routed pairs, accumulated in FP32 (FP64 for FP64 y).
+// out[t] = bias[t] + sum_j w[t, j] * y[row_map[t, j]] over routed pairs, accumulated in FP32 (FP64 for FP64 y)
+// from the bias (a residual or shared-expert output: one rounding for the whole sum).
 at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
-                             const std::optional<at::Tensor>& topk_weights) {
+                             const std::optional<at::Tensor>& topk_weights, const std::optional<at::Tensor>& bias) {
   check_rank(kUnpermute, "y", y, 2, "[R, H]");
   AM_CHECK_ARG(is_float(y.scalar_type()), kUnpermute, "y", "dtype", kGemmDtypes, dtype_name(y.scalar_type()));
   check_rank(kUnpermute, "row_map", row_map, 2, "[T, k]");
@@ -131,6 +136,16 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
                  y.device().str() + " (same as 'y')", topk_weights->device().str());
     w = topk_weights->to(acc_t).contiguous();
   }
+  at::Tensor b;
+  if (bias.has_value()) {
+    AM_CHECK_ARG(bias->dim() == 2 && bias->size(0) == T && bias->size(1) == H, kUnpermute, "bias", "shape",
+                 shape_str({T, H}) + " (row_map.size(0), y.size(1))", shape_str(bias->sizes()));
+    AM_CHECK_ARG(is_float(bias->scalar_type()), kUnpermute, "bias", "dtype", kGemmDtypes,
+                 dtype_name(bias->scalar_type()));
+    AM_CHECK_ARG(bias->device() == y.device(), kUnpermute, "bias", "device", y.device().str() + " (same as 'y')",
+                 bias->device().str());
+    b = bias->to(acc_t).contiguous();
+  }
   const at::Tensor rm = row_map.contiguous();
   const int32_t* map = rm.const_data_ptr<int32_t>();
   for (int64_t i = 0; i < T * k; ++i) {
@@ -144,10 +159,11 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
     using Acc = at::opmath_type<scalar_t>;  // FP32 for the 16-bit types and FP32, FP64 for FP64
     const scalar_t* ys = yc.const_data_ptr<scalar_t>();
     const Acc* ws = w.defined() ? w.const_data_ptr<Acc>() : nullptr;
+    const Acc* bs = b.defined() ? b.const_data_ptr<Acc>() : nullptr;
     scalar_t* o = out.data_ptr<scalar_t>();
     const int64_t stride = R ? yc.stride(0) : 0;
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-      gather_weighted<scalar_t, Acc>(ys, stride, ws, map, k, H, t0, t1, o);
+      gather_weighted<scalar_t, Acc>(ys, stride, ws, map, k, H, t0, t1, bs, o);
     });
   });
   return out;
@@ -225,8 +241,10 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def(
       "moe_permute(Tensor x, Tensor topk_idx, int num_experts, int alignment=1) -> (Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
-  // out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1).
-  m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  // out[t] = bias[t] + sum_j topk_weights[t, j] * y[row_map[t, j]] (rows -1 skipped; weights default to 1, bias
+  // to 0), summed in FP32 from the bias, slot by slot, one rounding.
+  m.def("moe_unpermute(Tensor y, Tensor row_map, Tensor? topk_weights=None, Tensor? bias=None) -> Tensor",
+        {at::Tag::pt2_compliant_tag});
   // Gating: scores = softmax|sigmoid(logits); top-k of scores (+ bias) within the best topk_groups of num_groups
   // groups -> (topk_weights = scores at the chosen experts, renormalized, scaled; topk_idx int64 [T, k]): torch_npu's order.
   m.def(

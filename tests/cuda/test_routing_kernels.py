@@ -52,6 +52,8 @@ def _assert_agrees(name, got, ours, where=""):
             assert (g.nan_to_num() - o.nan_to_num()).abs().max().item() <= tol if g.numel() else True, (name, where)
         else:
             assert torch.equal(g.isnan(), o.isnan()) and torch.equal(g.nan_to_num(), o.nan_to_num()), (name, i, where)
+            if g.is_floating_point():  # bitwise includes the sign of zero
+                assert torch.equal(g.signbit() & ~g.isnan(), o.signbit() & ~o.isnan()), (name, i, where)
 
 
 def test_registered():
@@ -87,11 +89,14 @@ def _strided(x: torch.Tensor, strided: bool) -> torch.Tensor:
     id_dtype=st.sampled_from([torch.int32, torch.int64]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
     weighted=st.booleans(),
+    with_bias=st.booleans(),
     strided=st.booleans(),
     special=st.sampled_from([None, "nan", "inf", "-inf", "-0.0"]),
     seed=st.integers(0, 2**16),
 )
-def test_random_permute_and_unpermute_bitwise(t, h, k, e, alignment, id_dtype, dtype, weighted, strided, special, seed):
+def test_random_permute_and_unpermute_bitwise(
+    t, h, k, e, alignment, id_dtype, dtype, weighted, with_bias, strided, special, seed
+):
     g = torch.Generator().manual_seed(seed)
     k = min(k, e)
     x = _strided((torch.randn(t, h, generator=g) * 100).to(dtype), strided)
@@ -105,8 +110,13 @@ def test_random_permute_and_unpermute_bitwise(t, h, k, e, alignment, id_dtype, d
         if w is not None and w.numel():  # a special weight on an unrouted slot must vanish, as in the C++ kernel
             w.view(-1)[seed % w.numel()] = float(special)
     row_map = _strided(ours[1], strided)
-    got = kernels.moe_unpermute(y, row_map, w)
-    _assert_agrees("moe_unpermute", got, torch.ops.ascend_moe.moe_unpermute(y, row_map, w))
+    bias = None
+    if with_bias:  # a -0.0 among it must survive unrouted slots, as in the C++ kernel
+        bias = _strided(torch.randn(t, h, generator=g).to(dtype), strided)
+        if bias.numel():
+            bias[0, 0] = -0.0
+    got = kernels.moe_unpermute(y, row_map, w, bias)
+    _assert_agrees("moe_unpermute", got, torch.ops.ascend_moe.moe_unpermute(y, row_map, w, bias))
 
 
 @INTERPRETED

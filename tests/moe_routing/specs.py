@@ -78,17 +78,20 @@ def unpermute_samples(device, dtype, requires_grad=False, small=False) -> list[S
         _, row_map, _ = portable.moe_permute(torch.zeros(t, 1), idx, e, alignment)
         y = torch.randn(permute_capacity(t, k, e, alignment), h, generator=g).to(dtype).to(device)
         w = torch.rand(t, k, generator=g).to(dtype).to(device) if i % 2 == 0 else None
-        y.requires_grad_(requires_grad)
-        if w is not None:
-            w.requires_grad_(requires_grad)
-        samples.append(
-            SampleInput((y, row_map.to(device), w), f"T{t} H{h} k{k} E{e}{' weighted' if w is not None else ''}")
-        )
+        # A residual / shared-expert output as the bias on every other case (with and without weights).
+        bias = torch.randn(t, h, generator=g).to(dtype).to(device) if i % 3 != 2 and i > 0 else None
+        for x in (y, w, bias):
+            if x is not None:
+                x.requires_grad_(requires_grad)
+        name = f"T{t} H{h} k{k} E{e}{' weighted' if w is not None else ''}{' bias' if bias is not None else ''}"
+        samples.append(SampleInput((y, row_map.to(device), w, bias), name))
     return samples
 
 
-def unpermute_reference(y, row_map, topk_weights):
+def unpermute_reference(y, row_map, topk_weights, bias=None):
     out = torch.zeros(row_map.shape[0], y.shape[1], dtype=torch.float64)
+    if bias is not None:
+        out += bias.detach().double()
     for t in range(row_map.shape[0]):
         for j in range(row_map.shape[1]):
             r = int(row_map[t, j])
@@ -104,6 +107,16 @@ def unpermute_bad_inputs(device) -> list[BadInput]:
         BadInput((y, rm.long(), w), r"argument 'row_map' dtype: expected torch.int32", "dtype"),
         BadInput((y, rm, w[:1]), r"argument 'topk_weights' shape: expected \[2, 2\] \(row_map's shape\)", "w shape"),
         BadInput((y[0], rm, w), r"argument 'y' rank: expected 2-D", "rank"),
+        BadInput(
+            (y, rm, w, torch.randn(2, 3)),
+            r"argument 'bias' shape: expected \[2, 4\] \(row_map.size\(0\), y.size\(1\)\), got \[2, 3\]",
+            "bias shape",
+        ),
+        BadInput(
+            (y, rm, w, torch.ones(2, 4, dtype=torch.int32)),
+            r"argument 'bias' dtype: expected one of torch.bfloat16, .*got torch.int32",
+            "bias dtype",
+        ),
         BadInput(
             (y, rm + 5, w),
             r"argument 'row_map' values: expected rows of y in \[-1, 6\) \(-1 = not routed\), got row_map\[0, 1\] = 6",

@@ -2,7 +2,7 @@
 
 ``moe_permute`` copies rows, so its gradient sums the copies back: ``moe_unpermute`` without weights.
 ``moe_unpermute``: ``dy[row_map[t, j]] = w[t, j] * dout[t]`` (an index_add into a buffer with one spare
-row that unrouted pairs point at) and ``dw[t, j] = <dout[t], y[row_map[t, j]]>``.
+row that unrouted pairs point at), ``dw[t, j] = <dout[t], y[row_map[t, j]]>`` and ``dbias = dout``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def _unpermute_setup(ctx, inputs, output):
     args = arguments("moe_unpermute", inputs)
     y, weights = args.y, args.topk_weights
     ctx.has_weights = weights is not None
+    ctx.bias_dtype = None if args.bias is None else args.bias.dtype
     ctx.save_for_backward(y, args.row_map, weights if weights is not None else y.new_empty(0))
 
 
@@ -48,7 +49,10 @@ def _unpermute_backward(ctx, grad):
     if ctx.has_weights and needs_grad(ctx, "moe_unpermute", "topk_weights"):
         padded = torch.cat([y.to(acc_t), y.new_zeros(1, y.shape[1], dtype=acc_t)])
         grad_w = (padded[idx] * g.unsqueeze(1)).sum(-1).to(weights.dtype)
-    return gradients("moe_unpermute", y=grad_y, topk_weights=grad_w)
+    grad_bias = None
+    if ctx.bias_dtype is not None and needs_grad(ctx, "moe_unpermute", "bias"):
+        grad_bias = grad.to(ctx.bias_dtype)  # the bias enters the sum once, unweighted
+    return gradients("moe_unpermute", y=grad_y, topk_weights=grad_w, bias=grad_bias)
 
 
 autograd("moe_permute", _permute_backward, _permute_setup)

@@ -2,7 +2,8 @@
 by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``),
 timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
 ``fp8_quant_gemm``), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
-peak memory too), the demo's MoE layer forward and forward+backward (no rewrite applies to it yet: the expert-MLP
+peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
+demo's MoE layer forward and forward+backward (no rewrite applies to it yet: the expert-MLP
 epilogue fusion is still to come, so its ratio is the passes' cost when nothing matches), and the compile time itself
 (each side compiled from scratch, FX graph cache off).
 """
@@ -69,6 +70,23 @@ def _indexer(s, s_kv, h, d, topk) -> Case:
     return Case(
         f"indexer S{s} S_kv{s_kv} H{h} D{d} top-{topk}", flops, setup, "Inductor without the passes", memory=True
     )
+
+
+def _combine(t, h, k, e) -> Case:
+    def setup():
+        g = torch.Generator().manual_seed(3)
+        idx = torch.rand(t, e, generator=g).topk(k, dim=1).indices
+        _, row_map, _ = ops.moe_permute(torch.zeros(t, 1), idx, e)
+        y, w = torch.randn(t * k, h, generator=g).bfloat16(), torch.rand(t, k, generator=g)
+        r = torch.randn(t, h, generator=g).bfloat16()
+
+        def combine(y, row_map, w, r):
+            return ops.moe_unpermute(y, row_map, w) + r
+
+        ours, baseline = _both(combine)
+        return (lambda: ours(y, row_map, w, r)), (lambda: baseline(y, row_map, w, r))
+
+    return Case(f"combine + residual BF16 T{t} H{h} top-{k}", 2 * t * k * h + t * h, setup, _WITHOUT, memory=True)
 
 
 def _moe(tokens, hidden, grad: bool) -> Case:
@@ -138,6 +156,7 @@ def cases(quick: bool = False) -> list[Case]:
             _fp8_linear(64, 256, 512),
             _indexer(32, 256, 4, 32, 16),
             _moe(64, 64, False),
+            _combine(64, 128, 2, 4),
             _compile_time(16, 64, 256),
         ]
     return [
@@ -145,5 +164,6 @@ def cases(quick: bool = False) -> list[Case]:
         _indexer(1024, 8192, 16, 64, 512),
         _moe(2048, 512, False),
         _moe(2048, 512, True),
+        _combine(4096, 4096, 8, 64),
         _compile_time(64, 256, 512),
     ]

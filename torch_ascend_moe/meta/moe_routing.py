@@ -47,7 +47,7 @@ def permute_signature(x, topk_idx, num_experts, alignment) -> int:
     return capacity
 
 
-def unpermute_signature(y, row_map, topk_weights) -> None:
+def unpermute_signature(y, row_map, topk_weights, bias=None) -> None:
     op = UNPERMUTE
     ck.check_rank(op, "y", y, 2, "[R, H]")
     ck.check_arg(y.dtype in ck.GEMM_DTYPES, op, "y", "dtype", ck.GEMM_DTYPES_TEXT, y.dtype)
@@ -77,6 +77,18 @@ def unpermute_signature(y, row_map, topk_weights) -> None:
             lambda: f"{y.device} (same as 'y')",
             topk_weights.device,
         )
+    if bias is not None:
+        t, h = row_map.shape[0], y.shape[1]
+        ck.check_arg(
+            bias.dim() == 2 and bias.shape[0] == t and bias.shape[1] == h,
+            op,
+            "bias",
+            "shape",
+            lambda: f"{ck.shape_str([t, h])} (row_map.size(0), y.size(1))",
+            lambda: ck.shape_str(bias.shape),
+        )
+        ck.check_arg(bias.dtype in ck.GEMM_DTYPES, op, "bias", "dtype", ck.GEMM_DTYPES_TEXT, bias.dtype)
+        ck.check_arg(bias.device == y.device, op, "bias", "device", lambda: f"{y.device} (same as 'y')", bias.device)
 
 
 @fake
@@ -90,8 +102,8 @@ def moe_permute(x, topk_idx, num_experts, alignment):
 
 
 @fake
-def moe_unpermute(y, row_map, topk_weights):
-    unpermute_signature(y, row_map, topk_weights)
+def moe_unpermute(y, row_map, topk_weights, bias):
+    unpermute_signature(y, row_map, topk_weights, bias)
     return y.new_empty([row_map.shape[0], y.shape[1]])
 
 

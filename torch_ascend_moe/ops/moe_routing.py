@@ -28,9 +28,18 @@ def moe_permute(
     return _permute(x, topk_idx, num_experts, alignment)
 
 
-def moe_unpermute(y: torch.Tensor, row_map: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``out[t] = sum_j topk_weights[t, j] * y[row_map[t, j]]``: the weighted combine after the experts."""
-    return _unpermute(y, row_map, topk_weights)
+def moe_unpermute(
+    y: torch.Tensor, row_map: torch.Tensor, topk_weights: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out[t] = bias[t] + sum_j topk_weights[t, j] * y[row_map[t, j]]``: the weighted combine after the experts,
+    in FP32 (FP64 for FP64 ``y``) from ``bias [T, H]`` (a residual or the shared experts' output: one rounding for
+    the whole sum), slot by slot, in ``y``'s dtype.
+
+    >>> y = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> moe_unpermute(y, torch.tensor([[1, 0]], dtype=torch.int32), bias=torch.ones(1, 2)).tolist()
+    [[5.0, 7.0]]
+    """
+    return _unpermute(y, row_map, topk_weights, bias)
 
 
 @schema_defaults

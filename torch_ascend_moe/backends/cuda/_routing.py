@@ -97,21 +97,23 @@ def permute(x, topk_idx, num_experts: int, alignment: int, capacity: int):
 
 @triton.jit
 def _unpermute(
-    y, row_map, w, out, H, K, y_s0, y_s1, rm_s0, rm_s1, w_s0, w_s1, HAS_W: tl.constexpr, F64: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    y, row_map, w, bias, out, H, K, y_s0, y_s1, rm_s0, rm_s1, w_s0, w_s1, b_s0, b_s1, HAS_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, F64: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], dtype=tl.float64 if F64 else tl.float32)
+    if HAS_BIAS:  # the sum starts from the bias (one rounding for bias and slots together; a -0.0 bias kept)
+        acc = tl.load(bias + t * b_s0 + h * b_s1, mask=h < H, other=0.0).to(acc.dtype)
     for j in range(K):
         row = tl.load(row_map + t * rm_s0 + j * rm_s1) + tl.zeros_like(h)  # a vector, as the interpreter masks
         routed = row >= 0
         v = tl.load(y + row.to(tl.int64) * y_s0 + h * y_s1, mask=(h < H) & routed, other=0.0).to(acc.dtype)
         if HAS_W:
             v = tl.load(w + t * w_s0 + j * w_s1).to(acc.dtype) * v
-        # The select between the product and the sum keeps them two roundings (no FMA), as the C++ kernel; adding
-        # 0.0 for a -1 slot changes nothing (a sum from +0.0 is never -0.0), and a -1 slot's NaN weight is dropped.
-        acc += tl.where(routed, v, 0.0)
+        # The select between the product and the sum keeps them two roundings (no FMA), as the C++ kernel; a -1
+        # slot adds nothing (its NaN weight dropped, a -0.0 bias left -0.0).
+        acc = tl.where(routed, acc + tl.where(routed, v, 0.0), acc)
     if out.dtype.element_ty == tl.bfloat16:
         res = round_to_bf16(acc.to(tl.float32))
     else:
@@ -119,13 +121,14 @@ def _unpermute(
     tl.store(out + t * H + h, res, mask=h < H)
 
 
-def unpermute(y, row_map, topk_weights):
+def unpermute(y, row_map, topk_weights, bias=None):
     """``moe_unpermute``'s output (range checks are the caller's)."""
     t, k = row_map.shape
     h = y.shape[1]
     out = y.new_empty(t, h)
     if t and h:
         w = topk_weights if topk_weights is not None else row_map  # an unread placeholder
+        b = bias if bias is not None else row_map
         bh = _block_h(h)
         launch(
             _unpermute,
@@ -133,6 +136,7 @@ def unpermute(y, row_map, topk_weights):
             y,
             row_map,
             w,
+            b,
             out,
             h,
             k,
@@ -142,7 +146,10 @@ def unpermute(y, row_map, topk_weights):
             row_map.stride(1),
             w.stride(0),
             w.stride(1),
+            b.stride(0),
+            b.stride(1),
             HAS_W=topk_weights is not None,
+            HAS_BIAS=bias is not None,
             F64=y.dtype == torch.float64,
             BLOCK_H=bh,
         )

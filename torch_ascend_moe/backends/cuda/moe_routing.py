@@ -39,12 +39,12 @@ if _routing is not None:
         return _routing.permute(x, topk_idx, num_experts, alignment, capacity)
 
     @cuda_kernel(calls="triton: _routing")
-    def moe_unpermute(y, row_map, topk_weights):
-        unpermute_signature(y, row_map, topk_weights)
+    def moe_unpermute(y, row_map, topk_weights, bias):
+        unpermute_signature(y, row_map, topk_weights, bias)
         if not _routing.usable(y, 0):
-            return portable.moe_unpermute(y, row_map, topk_weights)
+            return portable.moe_unpermute(y, row_map, topk_weights, bias)
         portable.check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
-        return _routing.unpermute(y, row_map, topk_weights)
+        return _routing.unpermute(y, row_map, topk_weights, bias)
 
     @cuda_kernel(calls="ATen softmax / sigmoid, then triton: _routing")
     def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):

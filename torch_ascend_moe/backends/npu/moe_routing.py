@@ -160,8 +160,8 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
 
 
 @npu_kernel(calls="npu_moe_finalize_routing")
-def moe_unpermute(y, row_map, topk_weights):
-    unpermute_signature(y, row_map, topk_weights)
+def moe_unpermute(y, row_map, topk_weights, bias):
+    unpermute_signature(y, row_map, topk_weights, bias)
     # Unknown -1 slots (during a graph capture) go to the portable kernel, which handles them without a host read;
     # under fake tensors (the shape checks) the op's path is traced.
     unrouted = capture.capturing(row_map.device)
@@ -170,8 +170,9 @@ def moe_unpermute(y, row_map, topk_weights):
         unrouted = bool((row_map < 0).any())
     t, k = row_map.shape
     exact = y.dtype == torch.float32 and (topk_weights is None or topk_weights.dtype == torch.float32)
-    if not exact or y.shape[0] != t * k or row_map.numel() == 0 or y.shape[1] == 0 or unrouted:
-        return portable.moe_unpermute(y, row_map, topk_weights)
+    # A bias would be finalize_routing's skip1, but the order in which CANN adds it to the slots is not documented.
+    if not exact or bias is not None or y.shape[0] != t * k or row_map.numel() == 0 or y.shape[1] == 0 or unrouted:
+        return portable.moe_unpermute(y, row_map, topk_weights, bias)
     return torch.ops.npu.npu_moe_finalize_routing(
         y, None, None, None, topk_weights, row_map.t().flatten(), None, drop_pad_mode=0, k=k
     )
@@ -246,23 +247,30 @@ def moe_permute_ge(x, topk_idx, num_experts, alignment, meta_outputs=None):
 
 
 @npu_ge_converter("moe_unpermute", ir="GatherV2 + Add (slot order)")
-def moe_unpermute_ge(y, row_map, topk_weights, meta_outputs=None):
+def moe_unpermute_ge(y, row_map, topk_weights, bias, meta_outputs=None):
     if y.meta.dtype == torch.float64:
         raise ge_graph.unsupported(UNPERMUTE, "float64 rows")
     ge = ge_graph.api()
     slots = row_map.symsize[1]
     rows = ge_graph.cast(row_map, torch.int64)
     yf = ge_graph.cast(y, torch.float32)
-    out = ge.Fill(
-        ge.ConcatV2([ge_graph.dim(row_map, 0), ge_graph.dim(y, 1)], 0, N=2),
-        ge.Const(0.0, ge_graph.ge_dtype(torch.float32)),
-    )
-    for j in range(slots):  # slot by slot from zero (0 + -0.0 is 0.0), as the portable and C++ kernels add
+    if bias is not None:
+        out = ge_graph.cast(bias, torch.float32)
+    else:
+        out = ge.Fill(
+            ge.ConcatV2([ge_graph.dim(row_map, 0), ge_graph.dim(y, 1)], 0, N=2),
+            ge.Const(0.0, ge_graph.ge_dtype(torch.float32)),
+        )
+    for j in range(slots):  # slot by slot from zero or the bias, as the portable and C++ kernels add
+        previous = out
         column = ge.Squeeze(ge.SliceD(rows, offsets=[0, j], size=[-1, 1]), axis=[1])
         term = ge.GatherV2(yf, ge.Maximum(column, ge_graph.i64(0)), ge_graph.i64(0))
         if topk_weights is not None:
             w = ge_graph.cast(ge.SliceD(topk_weights, offsets=[0, j], size=[-1, 1]), torch.float32)
             term = ge.Mul(w, term)
-        term = ge_graph.zero_rows(term, ge.GreaterEqual(column, ge_graph.i64(0)), 1)  # -1: nothing, NaN included
+        routed = ge.GreaterEqual(column, ge_graph.i64(0))
+        term = ge_graph.zero_rows(term, routed, 1)  # -1: nothing, NaN included
         out = ge.Add(out, term)
+        if bias is not None:  # from zero a sum is never -0.0; from a -0.0 bias an unrouted slot must leave it
+            out = ge.SelectV2(ge.Unsqueeze(routed, axes=[1]), out, previous)
     return ge_graph.cast(ge_graph.typed(out, torch.float32), y.meta.dtype)

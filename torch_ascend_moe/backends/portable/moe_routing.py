@@ -63,20 +63,24 @@ def moe_permute(x, topk_idx, num_experts, alignment):
 
 
 @portable_kernel
-def moe_unpermute(y, row_map, topk_weights):
-    unpermute_signature(y, row_map, topk_weights)
+def moe_unpermute(y, row_map, topk_weights, bias=None):
+    unpermute_signature(y, row_map, topk_weights, bias)
     check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
     rows = row_map.long()
-    out = y.new_zeros(rows.shape[0], y.shape[1], dtype=acc_t)
-    # Slot by slot from zero, as the CPU kernel adds (bitwise the same; a sum over slots may reorder). A -1 slot
-    # contributes nothing, whatever the row it was clamped to or its weight holds (NaN included): where, not a
-    # multiply by 0.
+    if bias is None:
+        out = y.new_zeros(rows.shape[0], y.shape[1], dtype=acc_t)
+    else:
+        out = bias.to(acc_t, copy=True)  # never the caller's tensor: the output must not alias an input
+    # Slot by slot from zero (or the bias), as the CPU kernel adds (bitwise the same; a sum over slots may reorder). A
+    # -1 slot contributes nothing, whatever the row it was clamped to or its weight holds (NaN included), and leaves a
+    # -0.0 bias -0.0: where, not a multiply by 0 or an add of 0.
     for j in range(rows.shape[1]):
         term = y[rows[:, j].clamp(min=0)].to(acc_t)
         if topk_weights is not None:
             term = topk_weights[:, j : j + 1].to(acc_t) * term
-        out = out + torch.where((rows[:, j] >= 0).unsqueeze(-1), term, 0)
+        routed = (rows[:, j] >= 0).unsqueeze(-1)
+        out = torch.where(routed, out + torch.where(routed, term, 0), out)
     return out.to(y.dtype)
 
 
