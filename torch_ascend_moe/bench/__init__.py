@@ -35,6 +35,21 @@ class Case:
     iterations: int = 0  # a fixed count (collectives: every rank must run the same number), else adaptive
 
 
+def layer_call(module: Callable, x: torch.Tensor, grad: bool) -> Callable[[], torch.Tensor]:
+    """A case's timed call of a layer: its forward without autograd, or forward + backward of the output's sum
+    (returning the input's gradient)."""
+
+    def call():
+        if not grad:
+            with torch.no_grad():
+                return module(x)
+        xg = x.detach().requires_grad_()
+        module(xg).sum().backward()
+        return xg.grad
+
+    return call
+
+
 @dataclasses.dataclass
 class Result:
     case: str

@@ -15,7 +15,7 @@ import types
 import torch
 
 from torch_ascend_moe import inductor_lowerings
-from torch_ascend_moe.bench import Case
+from torch_ascend_moe.bench import Case, layer_call
 
 ops = torch.ops.ascend_moe
 _WITHOUT = "Inductor without the passes"
@@ -101,19 +101,7 @@ def _moe(tokens, hidden, grad: bool) -> Case:
             return moe(x)
 
         ours, baseline = _both(forward)
-
-        def run(fn):
-            def call():
-                if not grad:
-                    with torch.no_grad():
-                        return fn(x)
-                xg = x.detach().requires_grad_()
-                fn(xg).sum().backward()
-                return xg.grad
-
-            return call
-
-        return run(ours), run(baseline)
+        return layer_call(ours, x, grad), layer_call(baseline, x, grad)
 
     flops = tokens * (2 * hidden * 8 + 3 * 6 * hidden * hidden // 2) * (3 if grad else 1)
     mode = "fwd+bwd" if grad else "fwd"

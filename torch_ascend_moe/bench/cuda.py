@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.bench import Case
+from torch_ascend_moe.bench import Case, layer_call
 
 
 def _device() -> torch.device:
@@ -131,15 +131,7 @@ def _moe(t, h, k, e) -> Case:
         from torch_ascend_moe.bench.moe import models
 
         block, ours, x = models((t, h, k, e), "grouped_mm", _device(), torch.bfloat16)
-
-        def run(module):
-            def call():
-                with torch.no_grad():
-                    return module(x)
-
-            return call
-
-        return run(ours), run(block)
+        return layer_call(ours, x, False), layer_call(block, x, False)
 
     flops = t * (2 * h * e + k * 6 * h * h)
     return Case(f"MoE fwd BF16 T{t} H{h} top-{k} of {e}", flops, setup, "HF MixtralSparseMoeBlock, grouped_mm experts")

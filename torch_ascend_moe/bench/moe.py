@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from torch_ascend_moe.bench import OPTIONS, Case
+from torch_ascend_moe.bench import OPTIONS, Case, layer_call
 
 
 def _shape(quick: bool):
@@ -54,19 +54,7 @@ def _case(quick: bool, implementation: str, grad: bool) -> Case:
 
     def setup():
         block, ours, x = models(_shape(quick), implementation)
-
-        def run(module):
-            def call():
-                if not grad:
-                    with torch.no_grad():
-                        return module(x)
-                xg = x.detach().requires_grad_()
-                module(xg).sum().backward()
-                return xg.grad
-
-            return call
-
-        return run(ours), run(block)
+        return layer_call(ours, x, grad), layer_call(block, x, grad)
 
     mode = "fwd+bwd" if grad else "fwd"
     return Case(
