@@ -31,16 +31,29 @@ bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
 // out[t] = round(sum_j w[t, j] * Acc(y[map[t, j]])) for tokens t0..t1, in slot order from zero: each row is
 // widened as it is read, so there is no [rows, H] FP32 copy of y (fresh pages cost more than the arithmetic).
 // (Pragmas cannot sit inside AT_DISPATCH's macro, hence a template.)
+// The bias rows, read in y's dtype or the accumulator's (others are converted to the accumulator's first): widened
+// row by row, never a full FP32 copy of a [T, H] residual.
+template <typename T, typename Acc>
+struct BiasRows {
+  const T* same = nullptr;
+  const Acc* wide = nullptr;
+  void load(int64_t t, int64_t H, Acc* acc) const {
+    if (same) {
+      for (int64_t h = 0; h < H; ++h) acc[h] = static_cast<Acc>(same[t * H + h]);
+    } else if (wide) {
+      std::copy(wide + t * H, wide + (t + 1) * H, acc);
+    } else {
+      std::fill(acc, acc + H, Acc(0));
+    }
+  }
+};
+
 template <typename T, typename Acc>
 void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* map, int64_t k, int64_t H,
-                     int64_t t0, int64_t t1, const Acc* bias, T* out) {
+                     int64_t t0, int64_t t1, const BiasRows<T, Acc>& bias, T* out) {
   std::vector<Acc> acc(H);
   for (int64_t t = t0; t < t1; ++t) {
-    if (bias) {
-      std::copy(bias + t * H, bias + (t + 1) * H, acc.begin());
-    } else {
-      std::fill(acc.begin(), acc.end(), Acc(0));
-    }
+    bias.load(t, H, acc.data());
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = map[t * k + j];
       if (r < 0) continue;
@@ -144,7 +157,7 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
                  dtype_name(bias->scalar_type()));
     AM_CHECK_ARG(bias->device() == y.device(), kUnpermute, "bias", "device", y.device().str() + " (same as 'y')",
                  bias->device().str());
-    b = bias->to(acc_t).contiguous();
+    b = bias->scalar_type() == y.scalar_type() ? bias->contiguous() : bias->to(acc_t).contiguous();
   }
   const at::Tensor rm = row_map.contiguous();
   const int32_t* map = rm.const_data_ptr<int32_t>();
@@ -159,7 +172,12 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
     using Acc = at::opmath_type<scalar_t>;  // FP32 for the 16-bit types and FP32, FP64 for FP64
     const scalar_t* ys = yc.const_data_ptr<scalar_t>();
     const Acc* ws = w.defined() ? w.const_data_ptr<Acc>() : nullptr;
-    const Acc* bs = b.defined() ? b.const_data_ptr<Acc>() : nullptr;
+    BiasRows<scalar_t, Acc> bs;
+    if (b.defined() && b.scalar_type() == y.scalar_type()) {
+      bs.same = b.const_data_ptr<scalar_t>();
+    } else if (b.defined()) {
+      bs.wide = b.const_data_ptr<Acc>();
+    }
     scalar_t* o = out.data_ptr<scalar_t>();
     const int64_t stride = R ? yc.stride(0) : 0;
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {

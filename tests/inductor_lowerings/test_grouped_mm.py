@@ -1,8 +1,8 @@
 """The grouped_mm rewrite (inductor_lowerings/grouped_mm.py): ``aten._grouped_mm`` and transformers'
 ``grouped_mm_fallback`` become ``m_grouped_bf16_gemm`` on the devices listed in ``DEVICES`` (Ascend). CPU tensors stand
 in for an NPU here (``DEVICES`` patched): the golden graph, values against fp64 and the unrewritten compile, an
-unmodified transformers Mixtral block compiled with the passes, and what is left alone (CPU by default, bias,
-weight-gradient form)."""
+unmodified transformers Mixtral block compiled with the passes (forward, and the backward's input and weight
+gradients), the weight-gradient form alone, and CPU left alone by default."""
 
 from __future__ import annotations
 
@@ -89,19 +89,51 @@ def test_unmodified_transformers_moe_block_runs_our_grouped_gemm(cpu_as_npu):
     assert calc_diff(got, want) < 1e-4
 
 
-def _with_bias(a, b, offs):
-    return torch._grouped_mm(a, b, offs=offs, bias=torch.ones(b.shape[0], b.shape[2], dtype=a.dtype))
-
-
 def _weight_gradient_form(a, b, offs):
-    return torch._grouped_mm(a.t(), a, offs=offs)  # 2-D x 2-D -> [G, K, K]
+    return torch._grouped_mm(a.t(), a, offs=offs)  # A [K, S] @ B [S, K] per column group -> [G, K, K]
 
 
-@pytest.mark.parametrize("fn", [_aten, _weight_gradient_form], ids=["cpu (default DEVICES)", "2-D x 2-D"])
-def test_left_alone(fn, monkeypatch):
-    if fn is not _aten:
-        monkeypatch.setattr(rewrite_module, "DEVICES", {"cpu"})
+def test_weight_gradient_form(cpu_as_npu):
+    args = _inputs(k=32, m_per=(8, 0, 16, 8))  # 16-byte aligned strides, as ATen's kernel needs
+    got, graph = compiled(_weight_gradient_form, *args, passes=True)
+    assert "k_grouped_bf16_gemm(" in graph and "_grouped_mm(" not in graph, graph
+    a, _, offs = args
+    ref, start = torch.zeros(len(offs), a.shape[1], a.shape[1], dtype=torch.float64), 0
+    for g, end in enumerate(offs.tolist()):
+        ref[g] = a[start:end].double().t() @ a[start:end].double()
+        start = end
+    assert got.dtype == torch.bfloat16 and calc_diff(got, ref) < 1e-5
+    assert calc_diff(got, _weight_gradient_form(*args)) < 1e-5
+
+
+def test_training_graphs_of_an_unmodified_transformers_block(cpu_as_npu):
+    """Forward and backward of transformers' Mixtral block compiled after ``enable()``: the forward's expert GEMMs
+    are ``m_grouped_bf16_gemm``, the backward's input gradients too and its weight gradients ``k_grouped_bf16_gemm``;
+    the gradients match eager's."""
+    from torch._inductor import config
+
+    from tests.inductor_lowerings.graphs import Recorder
+    from torch_ascend_moe.bench.moe import models
+
+    block, _, x = models((32, 64, 2, 4), "grouped_mm", "cpu", torch.bfloat16)
+    recorder = Recorder()
+    torch._dynamo.reset()
+    with config.patch(post_grad_custom_post_pass=recorder), inductor_lowerings.enabled():
+        xg = x.detach().requires_grad_()
+        out = torch.compile(block, fullgraph=True)(xg)
+        (out[0] if isinstance(out, tuple) else out).float().square().sum().backward()
+    torch._dynamo.reset()
+    forward, backward = recorder.graphs[-2:]
+    assert forward.count("m_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in forward, forward
+    assert backward.count("k_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in backward, backward
+    xe = x.detach().requires_grad_()
+    eager = block(xe)
+    (eager[0] if isinstance(eager, tuple) else eager).float().square().sum().backward()
+    assert calc_diff(xg.grad, xe.grad) < 1e-3
+
+
+def test_left_alone_on_cpu_by_default():
     args = _inputs()
-    got, graph = compiled(fn, *args, passes=True)
+    got, graph = compiled(_aten, *args, passes=True)
     assert "m_grouped_bf16_gemm" not in graph, graph
-    torch.testing.assert_close(got, fn(*args))
+    torch.testing.assert_close(got, _aten(*args))

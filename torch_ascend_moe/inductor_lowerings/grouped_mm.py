@@ -2,7 +2,8 @@
 call ``torch._grouped_mm(x [M, K], w [G, K, N], offs)`` (``aten._grouped_mm``), or, for non-BF16 weights under
 ``torch.compile``, its own ``transformers::grouped_mm_fallback`` op (a host loop of ``torch.mm``); both become
 ``m_grouped_bf16_gemm(x, w^T, offs)`` (the psum layout is ``offs``; the transpose is a view), so an unmodified model
-compiled after ``inductor_lowerings.enable()`` runs our kernel for its experts.
+compiled after ``inductor_lowerings.enable()`` runs our kernel for its experts. Its training graphs' weight gradients,
+``_grouped_mm(A [K, S], B [S, N], offs) -> [G, K, N]``, become ``k_grouped_bf16_gemm(A^T, B, offs, G)``.
 
 Only on devices where that is the better kernel: Ascend (torch_npu 2.13 has no ``_grouped_mm`` kernel, so the aten op
 would not run there at all, while ours is ``npu_grouped_matmul`` and has a GE converter). On CPU, ATen's own
@@ -10,8 +11,8 @@ would not run there at all, while ours is ``npu_grouped_matmul`` and has a GE co
 anyway: left alone there (``DEVICES`` says where it applies). Same values up to the FP32 summation order (both
 accumulate in FP32 and round once); rows past ``offs[-1]`` are zeros in ours, unspecified in ATen's.
 
-Left alone: a bias or an ``out_dtype`` other than the input's, other operand ranks (the 2-D x 2-D weight-gradient form,
-3-D x 3-D batched), calls our op refuses (its own checks decide).
+Left alone: a bias or an ``out_dtype`` other than the input's, other operand ranks (3-D x 3-D batched, 3-D x 2-D),
+calls our ops refuse (their own checks decide).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, late_rewrite, rewrite, val
-from torch_ascend_moe.meta.grouped import m_grouped_signature
+from torch_ascend_moe.meta.grouped import k_grouped_signature, m_grouped_signature
 
 DEVICES = {"npu", "privateuseone"}  # where ATen's _grouped_mm has no kernel of its own and ours is torch_npu's
 _ops = torch.ops.ascend_moe
@@ -27,20 +28,29 @@ _ops = torch.ops.ascend_moe
 
 def _plan(node: torch.fx.Node, a, b, offs, bias=None, out_dtype=None) -> Plan | None:
     fa, fb, fo = val(a), val(b), val(offs)
-    if fa is None or fb is None or fo is None or bias is not None:
-        return None
-    if fa.device.type not in DEVICES or fa.dim() != 2 or fb.dim() != 3:
+    if fa is None or fb is None or fo is None or bias is not None or fa.device.type not in DEVICES:
         return None
     out = val(node).dtype
     if (out_dtype is not None and out_dtype != fa.dtype) or out != fa.dtype:
         return None
-    if not accepts(m_grouped_signature, fa, fb.transpose(1, 2), fo, True, 1, out):
-        return None
+    if fa.dim() == 2 and fb.dim() == 3:  # x [S, K] @ w[g] [K, N] per row group: the experts' forward
+        if not accepts(m_grouped_signature, fa, fb.transpose(1, 2), fo, True, 1, out):
+            return None
 
-    def ours(a, b, offs):
-        return _ops.m_grouped_bf16_gemm.default(a, b.transpose(1, 2), offs, True, 1, out)
+        def m_grouped(a, b, offs):
+            return _ops.m_grouped_bf16_gemm.default(a, b.transpose(1, 2), offs, True, 1, out)
 
-    return Plan(ours, [a, b, offs], _ops.m_grouped_bf16_gemm.default)
+        return Plan(m_grouped, [a, b, offs], _ops.m_grouped_bf16_gemm.default)
+    if fa.dim() == 2 and fb.dim() == 2:  # A [K, S] @ B [S, N] per column group of A -> [G, K, N]: weight gradients
+        groups = fo.shape[0]
+        if not accepts(k_grouped_signature, fa.t(), fb, fo, groups, True, 1, None, out):
+            return None
+
+        def k_grouped(a, b, offs):
+            return _ops.k_grouped_bf16_gemm.default(a.t(), b, offs, groups, True, 1, None, out)
+
+        return Plan(k_grouped, [a, b, offs], _ops.k_grouped_bf16_gemm.default)
+    return None
 
 
 @rewrite(torch.ops.aten._grouped_mm.default, "grouped_mm")
