@@ -17,8 +17,8 @@ import torch
 from torch_ascend_moe.backends.cuda._triton import (
     launch,
     load_scales,
-    round_to_bf16,
     scale_product,
+    store_result,
     supported,
     tl,
     triton,
@@ -146,10 +146,7 @@ def _k_grouped_kernel(
         c_ptr = c + g * s_cg + m_idx.to(tl.int64)[:, None] * s_cm + n_idx[None, :] * s_cn
         acc = tl.load(c_ptr, mask=mask, other=0.0).to(tl.float32) + acc
     o_ptr = out + g * s_og + m_idx.to(tl.int64)[:, None] * s_om + n_idx[None, :] * s_on
-    if OUT_BF16:
-        tl.store(o_ptr, round_to_bf16(acc), mask=mask)
-    else:
-        tl.store(o_ptr, acc, mask=mask)
+    store_result(o_ptr, acc, mask, OUT_BF16)
 
 
 __all__ = ["k_grouped", "usable"]

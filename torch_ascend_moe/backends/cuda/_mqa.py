@@ -20,7 +20,7 @@ from torch_ascend_moe.backends.cuda._triton import (
     decode_ue8m0,
     launch,
     load_scales,
-    round_to_bf16,
+    store_result,
     supported,
     tl,
     triton,
@@ -227,10 +227,7 @@ def _mqa_logits_kernel(
             col = j[None, :] + tl.zeros((BM, BN), dtype=tl.int64)
             write = q_ok[:, None] & (j[None, :] < COLUMNS)
         ptr = out + qi.to(tl.int64)[:, None] * s_oi + col * s_oc
-        if OUT_BF16:
-            tl.store(ptr, round_to_bf16(logits), mask=write)
-        else:
-            tl.store(ptr, logits, mask=write)
+        store_result(ptr, logits, write, OUT_BF16)
 
 
 # ---- paged decode ----
@@ -398,10 +395,7 @@ def _paged_kernel(
         logits = tl.sum(tl.where(head_ok[:, None], relu * wv[:, None], 0.0), axis=0)  # [BLOCK_KV]
         logits = tl.where(j < length, logits, float("-inf"))
         ptr = out + r.to(tl.int64) * s_or + j * s_oc
-        if OUT_BF16:
-            tl.store(ptr, round_to_bf16(logits), mask=j < COLUMNS)
-        else:
-            tl.store(ptr, logits, mask=j < COLUMNS)
+        store_result(ptr, logits, j < COLUMNS, OUT_BF16)
 
 
 __all__ = ["BLOCK_N", "heads_block", "mqa_logits", "paged_mqa_logits", "paged_usable", "usable"]

@@ -24,8 +24,8 @@ from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
     launch,
     load_scales,
-    round_to_bf16,
     scale_product,
+    store_result,
     supported,
     tl,
     triton,
@@ -230,10 +230,7 @@ def _scaled_gemm_kernel(
             c_ptr = c + g * s_cg + row.to(tl.int64)[:, None] * s_cm + n_idx[None, :] * s_cn
             result = tl.load(c_ptr, mask=mask2, other=0.0).to(tl.float32) + result
         o_ptr = out + g * s_og + row.to(tl.int64)[:, None] * s_om + n_idx[None, :] * s_on
-        if OUT_BF16:
-            tl.store(o_ptr, round_to_bf16(result), mask=mask2)
-        else:
-            tl.store(o_ptr, result, mask=mask2)
+        store_result(o_ptr, result, mask2, OUT_BF16)
 
 
 __all__ = ["BLOCK_M", "block_k", "scaled_gemm", "segment_tiles", "usable"]

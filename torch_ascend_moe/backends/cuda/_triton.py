@@ -61,6 +61,15 @@ def round_to_bf16(x):
 
 
 @triton.jit
+def store_result(ptr, value, mask, OUT_BF16: tl.constexpr):
+    """Store FP32 ``value`` as the output's dtype: BF16 rounded to nearest even (torch's rounding), else FP32."""
+    if OUT_BF16:
+        tl.store(ptr, round_to_bf16(value), mask=mask)
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
 def decode_ue8m0(code):
     """FP32 ``2^(code - 127)`` of UE8M0 codes (uint8): code 0 is the subnormal 2^-127, 255 is NaN."""
     e = code.to(tl.int32)
@@ -112,6 +121,7 @@ __all__ = [
     "interpreting",
     "launch",
     "round_to_bf16",
+    "store_result",
     "supported",
     "tl",
     "triton",
