@@ -23,9 +23,7 @@ constexpr const char* kGemm = "ascend_moe::bf16_gemm";
 constexpr const char* kBmm = "ascend_moe::bf16_bmm";
 constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
 
-// Up to this many rows a BF16 GEMM is memory-bound: the streaming kernel below reads B once and wins;
-// above it MKL's SGEMM on FP32 panels of B is faster (bench gemm). FP16 keeps ATen's kernel for few rows.
-constexpr int64_t kStreamingMaxRows = 8;
+// FP16 keeps ATen's kernel for few rows (kStreamingMaxRows: gemm.h).
 constexpr int64_t kNativeReducedMaxRows = 4;
 // FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
 // and to avoid a full FP32 copy of large weights.

@@ -6,10 +6,14 @@
 // group g spans rows [align(end_{g-1}, alignment), end_g); ids = one group id per row [M], -1 = padding.
 // Rows outside every group are written as zeros.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -313,6 +317,185 @@ at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
   });
 }
 
+
+// ---- m_grouped_bf16_gemm_swiglu: the expert MLP's first GEMM with its SwiGLU(-quant) epilogue ----
+// One task per (expert segment, column tile): the tile's gate rows and up rows of B are converted once and
+// multiplied with the segment's rows in blocks; each [rows, 2 x tile] FP32 block is rounded to a's dtype (the
+// L1 output the unfused pipeline stores), then gated, weighted and rounded (or quantized) straight into the
+// output. No [M, 2I] intermediate exists; the epilogue runs ATen's own kernels (silu, clamp, the casts), so it
+// matches the unfused composition element for element.
+
+constexpr const char* kSwiglu = "ascend_moe::m_grouped_bf16_gemm_swiglu";
+constexpr int64_t kSwigluRowBlock = 256;
+// FP32 elements of B per task (gate + up rows of one column tile): about 1 MiB, L2-resident across row blocks.
+constexpr int64_t kSwigluTileElements = int64_t{1} << 18;
+
+// Python's str() of a float (the fake prints the value that way): "nan", "-inf", "-1.0", "0.5", "1e+20".
+std::string float_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string text(buf);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
+}
+
+struct SwigluEpilogue {
+  const std::optional<at::Tensor>& row_weights;
+  std::optional<double> clamp;
+  int64_t gran;  // 0: rounded output, else FP8 with 1 x gran scales
+  bool ue8m0;
+  at::ScalarType compute_t;
+  at::Tensor out, sf;
+
+  // h [rows, 2w]: the L1 output's gate columns [j0, j0 + w) then its up columns, for rows [r0, r0 + rows).
+  void operator()(const at::Tensor& h, int64_t r0, int64_t j0, int64_t w) const {
+    const int64_t rows = h.size(0);
+    at::Tensor gate = h.narrow(1, 0, w).to(compute_t), up = h.narrow(1, w, w).to(compute_t);
+    if (clamp.has_value()) {
+      gate = gate.clamp_max(*clamp);
+      up = up.clamp(-*clamp, *clamp);
+    }
+    at::Tensor act = at::silu(gate).mul_(up);
+    if (row_weights.has_value()) act.mul_(row_weights->narrow(0, r0, rows).unsqueeze(1));
+    at::Tensor out_tile = out.narrow(0, r0, rows).narrow(1, j0, w);
+    if (gran == 0) {
+      out_tile.copy_(act);
+      return;
+    }
+    const auto [q, scales] = quantize_blocks(act, 1, gran, ue8m0);
+    out_tile.copy_(q);
+    sf.narrow(0, r0, rows).narrow(1, j0 / gran, scales.size(1)).copy_(scales);
+  }
+};
+
+struct SwigluTask {
+  int64_t group, begin, end, j0, w;  // group -1: rows no group owns (their L1 output is zero)
+};
+
+std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
+    const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
+    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
+    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
+  const char* op = kSwiglu;
+  // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
+  // detached operands keep them from recording (or refusing, for out= ops) autograd history.
+  const at::Tensor a = a_in.detach(), b = b_in.detach();
+  const std::optional<at::Tensor> row_weights =
+      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
+  check_rank(op, "a", a, 2, "[M, K]");
+  check_rank(op, "b", b, 3, "[G, 2I, K] (gate rows, then up rows)");
+  check_operand_dtypes(op, a, b);
+  check_same_device(op, "b", b, a);
+  check_dim_size(op, "b", b, 2, "K", a.size(1), "a.size(1)");
+  AM_CHECK_ARG(b.size(1) % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.size(1));
+  check_alignment(op, alignment);
+  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (row_weights.has_value()) {
+    check_rank(op, "row_weights", *row_weights, 1, "[M] (one routing weight per row of a)");
+    AM_CHECK_ARG(row_weights->scalar_type() == compute_t, op, "row_weights", "dtype",
+                 dtype_name(compute_t) + " (the epilogue's precision for a " + dtype_name(a.scalar_type()) + ")",
+                 dtype_name(row_weights->scalar_type()));
+    check_same_device(op, "row_weights", *row_weights, a);
+    check_dim_size(op, "row_weights", *row_weights, 0, "M", a.size(0), "a.size(0)");
+  }
+  if (activation_clamp.has_value()) {
+    AM_CHECK_ARG(*activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0",
+                 float_text(*activation_clamp));
+  }
+  check_int_arg(op, "quant_gran_k", quant_gran_k, 0);
+  at::ScalarType out_t;
+  if (quant_gran_k > 0) {
+    AM_CHECK_ARG(!out_dtype.has_value() || *out_dtype == at::kFloat8_e4m3fn, op, "out_dtype", "value",
+                 "None or torch.float8_e4m3fn (quant_gran_k > 0)", dtype_name(*out_dtype));
+    out_t = at::kFloat8_e4m3fn;
+  } else {
+    AM_CHECK_ARG(!use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", "True");
+    out_t = resolve_out_dtype(op, a, std::nullopt, out_dtype);
+  }
+
+  const int64_t M = a.size(0), K = a.size(1), I = b.size(1) / 2;
+  const int64_t scale_cols = quant_gran_k > 0 ? (I + quant_gran_k - 1) / quant_gran_k : 0;
+  SwigluEpilogue epilogue{row_weights,
+                          activation_clamp,
+                          quant_gran_k,
+                          use_ue8m0,
+                          compute_t,
+                          at::empty({M, I}, a.options().dtype(out_t)),
+                          at::empty({M, scale_cols}, a.options().dtype(at::kFloat))};
+  const auto segments = layout_segments(op, layout, psum, alignment, M, b.size(0));
+  if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
+
+  // Column tiles: multiples of the quantization group (scales never straddle two tasks), sized for the cache,
+  // narrowed until every thread has work.
+  const int64_t unit = quant_gran_k > 0 ? quant_gran_k : 16;
+  const auto round_up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  int64_t tile = round_up(std::max<int64_t>(1, kSwigluTileElements / (2 * std::max<int64_t>(K, 1))), unit);
+  const int64_t busy = std::max<int64_t>(1, static_cast<int64_t>(segments.size()));
+  const int64_t tiles_wanted = (2 * at::get_num_threads() + busy - 1) / busy;
+  const int64_t parallel_tile = round_up((I + tiles_wanted - 1) / tiles_wanted, unit);
+  tile = std::min({tile, parallel_tile, round_up(I, unit)});
+  // Few-row segments stream B once whatever the tile: as wide as the threads allow (fewer calls, less overhead).
+  const int64_t stream_tile = std::min(parallel_tile, round_up(I, unit));
+
+  std::vector<SwigluTask> tasks;
+  std::vector<char> owned(M, 0);
+  for (const Segment& s : segments) {
+    std::fill(owned.begin() + s.begin, owned.begin() + s.end, 1);
+    if (s.end == s.begin) continue;
+    const int64_t w = s.end - s.begin <= kStreamingMaxRows ? stream_tile : tile;
+    for (int64_t j0 = 0; j0 < I; j0 += w) tasks.push_back({s.group, s.begin, s.end, j0, std::min(w, I - j0)});
+  }
+  for (int64_t r = 0; r < M;) {  // runs of unowned rows: the epilogue of a zero L1 output, full width
+    if (owned[r]) {
+      ++r;
+      continue;
+    }
+    int64_t e = r;
+    while (e < M && !owned[e]) ++e;
+    tasks.push_back({-1, r, e, 0, I});
+    r = e;
+  }
+
+  const at::ScalarType h_t = a.scalar_type();
+  const at::Tensor a_acc = a.to(compute_t);
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const SwigluTask& task = tasks[t];
+      at::Tensor bt;
+      if (task.group >= 0 && task.end - task.begin <= kStreamingMaxRows) {
+        // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
+        const at::Tensor bg = b.select(0, task.group), rows = a.narrow(0, task.begin, task.end - task.begin);
+        at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
+        at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);
+        matmul_into(gate, rows, bg.narrow(0, task.j0, task.w), std::nullopt, 1.0);
+        matmul_into(up, rows, bg.narrow(0, I + task.j0, task.w), std::nullopt, 1.0);
+        epilogue(h, task.begin, task.j0, task.w);
+        continue;
+      }
+      if (task.group >= 0) {
+        const at::Tensor bg = b.select(0, task.group);
+        bt = at::empty({2 * task.w, K}, a.options().dtype(compute_t));
+        bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
+        bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
+      }
+      for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+        const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+        // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
+        const at::Tensor h = task.group >= 0 ? at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t)
+                                             : at::zeros({rows, 2 * task.w}, a.options().dtype(h_t));
+        epilogue(h, r0, task.j0, task.w);
+      }
+    }
+  });
+  return {epilogue.out, epilogue.sf};
+}
+
 }  // namespace
 
 // The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the
@@ -336,6 +519,17 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def(
       "k_grouped_bf16_gemm(Tensor a, Tensor b, Tensor layout, int num_groups, bool psum=True, int alignment=1, "
       "Tensor? c=None, ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
+  // The experts' first GEMM with its SwiGLU epilogue: h = round(A[i] @ B[g(i)]^T) in a's dtype (B [G, 2I, K], gate
+  // rows then up rows), act = silu(gate) * up (* row_weights[i]) in FP32 (FP64 for FP64), gate clamped to <= c and
+  // up to [-c, c] first; out [M, I] rounded to out_dtype, or FP8 E4M3 with 1 x quant_gran_k scales [M, ceil(I /
+  // quant_gran_k)] (power-of-two with use_ue8m0); the scales are [M, 0] without quantization. Rows no group owns
+  // go through the epilogue with h = 0.
+  m.def(
+      "m_grouped_bf16_gemm_swiglu(Tensor a, Tensor b, Tensor layout, bool psum=True, int alignment=1, "
+      "Tensor? row_weights=None, float? activation_clamp=None, int quant_gran_k=0, bool use_ue8m0=False, "
+      "ScalarType? out_dtype=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
 
   // Scaled variants (operands and scales as in fp8_gemm; A scales per row, recipe_a = [1, gran_k]).
@@ -366,6 +560,7 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("m_grouped_bf16_gemm", &m_grouped_bf16_gemm_cpu);
   m.impl("m_grouped_bf16_gemm_masked", &m_grouped_bf16_gemm_masked_cpu);
+  m.impl("m_grouped_bf16_gemm_swiglu", &m_grouped_bf16_gemm_swiglu_cpu);
   m.impl("k_grouped_bf16_gemm", &k_grouped_bf16_gemm_cpu);
   m.impl("m_grouped_fp8_gemm", &m_grouped_fp8_gemm_cpu);
   m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);

@@ -500,6 +500,113 @@ def k_grouped_fp8_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# (counts per group, alignment, psum, b MN-major, row weights, activation clamp, quant_gran_k, use_ue8m0)
+_SWIGLU_CASES = [
+    ([5, 0, 9, 3], 1, True, False, False, None, 0, False),
+    ([5, 0, 9, 3], 8, True, True, True, None, 0, False),
+    ([6, 2, 0, 7], 4, False, False, True, 0.75, 0, False),
+    ([0, 17, 0], 1, True, False, True, 0.0, 0, False),  # clamp 0: every gate <= 0 and up == 0
+    ([0, 0], 1, True, False, False, None, 0, False),
+    ([5, 0, 9, 3], 4, True, False, True, 1.5, 16, True),  # FP8 output, power-of-two scales
+    ([6, 2, 0, 7], 1, False, True, False, None, 32, False),  # FP8, ragged last scale group (I = 40)
+]
+_SWIGLU_CASES_SMALL = [
+    ([2, 0, 3], 1, True, False, True, None, 0, False),
+    ([3, 1], 4, False, True, True, 0.5, 0, False),
+    ([1, 2], 2, True, False, False, None, 0, False),
+]
+
+
+def swiglu_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    """FP8-output cases only in BF16 runs: their FP32 reference differs from the kernel's FP32 epilogue in the last
+    ulp, which can move a value across an FP8 rounding boundary (one FP8 step is far beyond FP32's threshold)."""
+    g = torch.Generator().manual_seed(30)
+    inter, k = (3, 16) if small else (20, 96)
+    samples = []
+    for counts, alignment, psum, mn_major, weighted, clamp, gran, ue8m0 in (
+        _SWIGLU_CASES_SMALL if small else _SWIGLU_CASES
+    ):
+        if gran and dtype != torch.bfloat16:
+            continue
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        a = torch.randn(rows, k, generator=g)
+        owned = _rows_of(layout, psum, alignment, rows, len(counts))
+        a[~owned] = _POISON * torch.randn(int((~owned).sum()), k, generator=g)
+        b = torch.randn(len(counts), 2 * inter * (2 if gran else 1), k, generator=g) / k**0.25
+        if mn_major:
+            b = b.transpose(1, 2).contiguous().transpose(1, 2)
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        w = torch.rand(rows, generator=g, dtype=torch.float64).to(compute) if weighted else None
+        grads = requires_grad and not gran  # the FP8 output has no gradient
+        a, b = (t.to(dtype).to(device).requires_grad_(grads) for t in (a, b))
+        w = None if w is None else w.to(device).requires_grad_(grads)
+        name = (
+            f"{'psum' if psum else 'ids'} counts={counts} align={alignment}{' bT' if mn_major else ''}"
+            f"{' weighted' if weighted else ''}{f' clamp={clamp}' if clamp is not None else ''}"
+            f"{f' fp8 gran={gran}' if gran else ''}{' ue8m0' if ue8m0 else ''}"
+        )
+        samples.append(SampleInput((a, b, layout.to(device), psum, alignment, w, clamp, gran, ue8m0, None), name))
+    return samples
+
+
+def swiglu_reference(a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype):
+    """The op's definition in fp64 with its one declared rounding inside: the L1 output ``h`` in ``a``'s dtype."""
+    h = m_grouped_reference(a, b, layout, psum, alignment, None).to(a.dtype).double()
+    gate, up = h.chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+    act = torch.nn.functional.silu(gate) * up
+    if row_weights is not None:
+        act = act * row_weights.detach().double().unsqueeze(1)
+    if quant_gran_k:
+        q, sf = quant.per_token_cast_to_fp8(act, use_ue8m0=use_ue8m0, gran_k=quant_gran_k)
+        return q.double(), sf.double()
+    return act, torch.zeros(a.shape[0], 0, dtype=torch.float64)
+
+
+def swiglu_bad_inputs(device) -> list[BadInput]:
+    a, b, ok, w = torch.randn(8, 16), torch.randn(3, 8, 16), _int32([2, 5, 8]), torch.rand(8)
+    args = (a, b, ok, True, 1, None, None, 0, False, None)
+
+    def bad(match, name, data_dependent=False, **changes):
+        names = ("a", "b", "layout", "psum", "alignment", "row_weights", "clamp", "gran", "ue8m0", "out_dtype")
+        call = tuple(changes.get(n, v) for n, v in zip(names, args))
+        return BadInput(call, match, name, data_dependent=data_dependent)
+
+    return [
+        bad(
+            r"argument 'b' size\(1\) \(2I: gate rows, then up rows\): expected an even number, got 7", "odd", b=b[:, :7]
+        ),
+        bad(r"argument 'b' rank: expected 3-D \[G, 2I, K\]", "b rank", b=b[0]),
+        bad(r"argument 'b' size\(2\) \(K\): expected 16", "K", b=b[:, :, :8]),
+        bad(r"argument 'a' dtype", "a dtype", a=a.int()),
+        bad(r"argument 'layout' dtype: expected torch.int32", "layout dtype", layout=ok.long()),
+        bad(r"layout\[1\] = 2 \(group start 4\)", "unsorted psum", True, layout=_int32([4, 2, 8])),
+        bad(r"argument 'alignment' value", "alignment", alignment=0),
+        bad(
+            r"argument 'row_weights' dtype: expected torch.float32 \(the epilogue's precision for a torch.float32\), "
+            r"got torch.bfloat16",
+            "weights dtype",
+            row_weights=w.bfloat16(),
+        ),
+        bad(r"argument 'row_weights' size\(0\) \(M\): expected 8", "weights length", row_weights=w[:5]),
+        bad(r"argument 'row_weights' rank: expected 1-D", "weights rank", row_weights=w[:, None]),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0, got -1.0", "clamp", clamp=-1.0),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0, got nan", "clamp nan", clamp=float("nan")),
+        bad(r"argument 'quant_gran_k' value: expected a non-negative integer, got -32", "gran", gran=-32),
+        bad(
+            r"argument 'out_dtype' value: expected None or torch.float8_e4m3fn \(quant_gran_k > 0\), "
+            r"got torch.bfloat16",
+            "fp8 out_dtype",
+            gran=32,
+            out_dtype=torch.bfloat16,
+        ),
+        bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
+        bad(r"argument 'out_dtype' value: expected one of", "out_dtype", out_dtype=torch.int32),
+    ]
+
+
 _FP8_NO_GRADCHECK = "quantized operands carry no gradient (train BF16 experts or cast inside an fp8_linear-style op)"
 
 SPECS = [
@@ -509,6 +616,13 @@ SPECS = [
         m_grouped_reference,
         m_grouped_bad_inputs,
         portable.m_grouped_bf16_gemm,
+    ),
+    OpSpec(
+        "m_grouped_bf16_gemm_swiglu",
+        swiglu_samples,
+        swiglu_reference,
+        swiglu_bad_inputs,
+        portable.m_grouped_bf16_gemm_swiglu,
     ),
     OpSpec(
         "m_grouped_bf16_gemm_masked",

@@ -12,10 +12,11 @@ from torch_ascend_moe import inductor_lowerings
 from torch_ascend_moe.bench import compile as cases_module
 from torch_ascend_moe.testing import calc_diff
 
-REWRITTEN = {"FP8 linear": 1, "indexer": 1, "MoE layer": 0, "combine": 1}
+# Rewrites per compile: the MoE layer's and the expert MLP's L1 GEMM + SwiGLU (inference graphs) by swiglu_epilogue.
+REWRITTEN = {"FP8 linear": 1, "indexer": 1, "MoE layer": 1, "expert MLP": 1, "combine": 1}
 
 
-@pytest.mark.parametrize("case", cases_module.cases(quick=True)[:4], ids=lambda c: c.name.split(" (")[0])
+@pytest.mark.parametrize("case", cases_module.cases(quick=True)[:-1], ids=lambda c: c.name.split(" (")[0])
 def test_sides_agree_and_only_ours_is_rewritten(case):
     torch._dynamo.reset()
     ours, baseline = case.setup()
@@ -27,9 +28,9 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
     assert inductor_lowerings.MATCHES.total() - before == rewrites  # the baseline compiled without them
     expected = next(v for k, v in REWRITTEN.items() if case.name.startswith(k))
     assert rewrites == expected, case.name
-    if case.name.startswith("MoE"):
+    if case.name.startswith("MoE") and got.dtype == torch.float32:
         torch.testing.assert_close(got, want)  # Inductor may order the dense epilogue's sums differently
-    elif case.name.startswith("combine"):
+    elif case.name.startswith(("combine", "MoE", "expert MLP")):
         assert calc_diff(got, want) < 1e-5  # one BF16 rounding instead of two
     else:
         assert_same(got, want)

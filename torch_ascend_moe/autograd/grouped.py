@@ -21,11 +21,12 @@ from torch_ascend_moe.ops.grouped import (
 )
 from torch_ascend_moe.quant import block_cast_to_fp8
 
-M, MASKED, K, LINEAR = (
+M, MASKED, K, LINEAR, SWIGLU = (
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
     "k_grouped_bf16_gemm",
     "m_grouped_fp8_linear",
+    "m_grouped_bf16_gemm_swiglu",
 )
 
 
@@ -119,6 +120,41 @@ def _linear_backward(ctx, grad):
     return gradients(LINEAR, x=grad_x, weight=grad_w)
 
 
+def _swiglu_setup(ctx, inputs, output):
+    args = arguments(SWIGLU, inputs)
+    ctx.save_for_backward(args.a, args.b, args.layout, args.row_weights)
+    ctx.options = (args.psum, args.alignment, args.activation_clamp, args.quant_gran_k, output[0].dtype)
+
+
+def _swiglu_backward(ctx, grad, grad_scales):
+    """Recompute, nothing but the inputs kept: the L1 output is rebuilt by ``m_grouped_bf16_gemm`` (so no ``[M, 2I]``
+    tensor outlives the forward) and the epilogue differentiated with autograd (straight-through at the roundings;
+    the clamp passes gradient inside its bounds). The FP8 output (``quant_gran_k > 0``) has no gradient."""
+    from torch_ascend_moe.backends.portable.grouped import swiglu_epilogue
+
+    psum, alignment, clamp, gran, dtype = ctx.options
+    names = ("a", "b", "row_weights")
+    needs = [needs_grad(ctx, SWIGLU, name) for name in names]
+    if grad is None or not any(needs):
+        return gradients(SWIGLU)
+    if gran > 0:
+        raise RuntimeError(
+            f"ascend_moe::{SWIGLU}: argument 'quant_gran_k' is {gran}, but the FP8 output has no gradient; "
+            "train with quant_gran_k=0"
+        )
+    a, b, layout, w = ctx.saved_tensors
+    leaves = [None if t is None else t.detach().requires_grad_(n) for t, n in zip((a, b, w), needs)]
+    with torch.enable_grad():
+        h = m_grouped_bf16_gemm(leaves[0], leaves[1], layout, psum=psum, alignment=alignment)
+        out, _ = swiglu_epilogue(h, leaves[2], clamp, 0, False, dtype)
+        wanted = [t for t, n in zip(leaves, needs) if n]
+        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
+    result = {name: next(grads) for name, n in zip(names, needs) if n}
+    return gradients(
+        SWIGLU, **{k: torch.zeros_like(leaves[names.index(k)]) if g is None else g for k, g in result.items()}
+    )
+
+
 def _register_scaled(name: str, hint: str) -> None:
     """A grouped FP8 op: quantized operands carry no gradient, scales are refused by name, ``c`` (where the op
     has one) gets ``grad``."""
@@ -149,3 +185,4 @@ autograd(M, _m_backward, _m_setup)
 autograd(MASKED, _masked_backward, _masked_setup)
 autograd(K, _k_backward, _k_setup)
 autograd(LINEAR, _linear_backward, _linear_setup)
+autograd(SWIGLU, _swiglu_backward, _swiglu_setup)

@@ -3,9 +3,10 @@ by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``
 timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
 ``fp8_quant_gemm``), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
 peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
-demo's MoE layer forward and forward+backward (no rewrite applies to it yet: the expert-MLP
-epilogue fusion is still to come, so its ratio is the passes' cost when nothing matches), and the compile time itself
-(each side compiled from scratch, FX graph cache off).
+demo's MoE layer forward and forward+backward in FP32 and BF16 and the experts' MLP alone (L1 grouped GEMM → SwiGLU
+→ L2, rewritten to ``m_grouped_bf16_gemm_swiglu`` → L2 in inference graphs; training graphs keep the L1 output for
+the backward, so nothing matches there and the ratio is the passes' cost), and the compile time itself (each side
+compiled from scratch, FX graph cache off).
 """
 
 from __future__ import annotations
@@ -89,13 +90,32 @@ def _combine(t, h, k, e) -> Case:
     return Case(f"combine + residual BF16 T{t} H{h} top-{k}", 2 * t * k * h + t * h, setup, _WITHOUT, memory=True)
 
 
-def _moe(tokens, hidden, grad: bool) -> Case:
+def _expert_mlp(rows, hidden, inter, experts) -> Case:
+    def setup():
+        from torch_ascend_moe.nn import GroupedExperts
+
+        torch.manual_seed(0)
+        mlp = GroupedExperts(experts, hidden, inter).bfloat16()
+        a = torch.randn(rows, hidden).bfloat16()
+        offs = torch.full((experts,), rows // experts).cumsum(0).int()
+
+        def expert_mlp(a, offs):
+            return mlp.expanded(a, offs)
+
+        ours, baseline = _both(expert_mlp)
+        return layer_call(lambda a: ours(a, offs), a, False), layer_call(lambda a: baseline(a, offs), a, False)
+
+    flops = 2 * rows * hidden * 3 * inter
+    return Case(f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
+
+
+def _moe(tokens, hidden, grad: bool, dtype=torch.float32) -> Case:
     def setup():
         from torch_ascend_moe.nn import MoE
 
         torch.manual_seed(0)
-        moe = MoE(hidden, hidden // 2, num_experts=8, topk=2, num_shared_experts=1)
-        x = torch.randn(tokens, hidden)
+        moe = MoE(hidden, hidden // 2, num_experts=8, topk=2, num_shared_experts=1).to(dtype)
+        x = torch.randn(tokens, hidden).to(dtype)
 
         def forward(x):
             return moe(x)
@@ -105,7 +125,8 @@ def _moe(tokens, hidden, grad: bool) -> Case:
 
     flops = tokens * (2 * hidden * 8 + 3 * 6 * hidden * hidden // 2) * (3 if grad else 1)
     mode = "fwd+bwd" if grad else "fwd"
-    return Case(f"MoE layer {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
+    name = f"MoE layer {'BF16 ' if dtype == torch.bfloat16 else ''}{mode} T{tokens} H{hidden}"
+    return Case(name, flops, setup, _WITHOUT, grad=grad)
 
 
 def _compile_time(m, n, k) -> Case:
@@ -144,6 +165,8 @@ def cases(quick: bool = False) -> list[Case]:
             _fp8_linear(64, 256, 512),
             _indexer(32, 256, 4, 32, 16),
             _moe(64, 64, False),
+            _expert_mlp(64, 64, 32, 4),
+            _moe(64, 64, False, torch.bfloat16),
             _combine(64, 128, 2, 4),
             _compile_time(16, 64, 256),
         ]
@@ -152,6 +175,9 @@ def cases(quick: bool = False) -> list[Case]:
         _indexer(1024, 8192, 16, 64, 512),
         _moe(2048, 512, False),
         _moe(2048, 512, True),
+        _expert_mlp(4096, 1024, 1024, 8),
+        _moe(2048, 1024, False, torch.bfloat16),
+        _moe(2048, 1024, True, torch.bfloat16),
         _combine(4096, 4096, 8, 64),
         _compile_time(64, 256, 512),
     ]

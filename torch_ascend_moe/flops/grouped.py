@@ -12,6 +12,11 @@ def m_grouped_bf16_gemm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> in
 
 
 @flop_formula
+def m_grouped_bf16_gemm_swiglu(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * b_shape[1] * a_shape[1]  # the GEMM; the epilogue's O(M * I) is not counted
+
+
+@flop_formula
 def m_grouped_bf16_gemm_masked(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1] * a_shape[2]
 

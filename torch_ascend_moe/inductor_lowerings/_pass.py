@@ -118,12 +118,15 @@ def _register_late() -> None:
 
 def _erase_orphans(nodes) -> None:
     """Remove the nodes that fed a replaced call and now feed nothing (the producers the fused op computes itself),
-    and their own orphaned producers; only ``getitem`` and calls of our ops, which have no side effects."""
+    and their own orphaned producers; only ``getitem``, calls of our ops and pure ATen/prims calls (the elementwise
+    steps an epilogue fusion absorbs)."""
     stack = list(nodes)
     while stack:
         node = stack.pop()
         ours = isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "ascend_moe"
-        if not node._erased and not node.users and (node.target is operator.getitem or ours):
+        pure = isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in ("aten", "prims")
+        pure = pure and not node.is_impure()
+        if not node._erased and not node.users and (node.target is operator.getitem or ours or pure):
             stack.extend(node.all_input_nodes)
             node.graph.erase_node(node)
 

@@ -20,6 +20,7 @@ M_GROUPED_FP8 = "ascend_moe::m_grouped_fp8_gemm"
 MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
 LINEAR_FP8 = "ascend_moe::m_grouped_fp8_linear"
 K_GROUPED_FP8 = "ascend_moe::k_grouped_fp8_gemm"
+SWIGLU = "ascend_moe::m_grouped_bf16_gemm_swiglu"
 
 
 def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
@@ -87,6 +88,53 @@ def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list,
     _check_alignment(op, alignment)
     check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
     return [a.shape[0], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
+
+
+def swiglu_signature(
+    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+) -> tuple[list, list, torch.dtype]:
+    """(output shape ``[M, I]``, scale shape ``[M, ceil(I / quant_gran_k)]`` or ``[M, 0]``, output dtype)."""
+    op = SWIGLU
+    ck.check_rank(op, "a", a, 2, "[M, K]")
+    ck.check_rank(op, "b", b, 3, "[G, 2I, K] (gate rows, then up rows)")
+    ck.check_operand_dtypes(op, a, b)
+    ck.check_same_device(op, "b", b, a)
+    ck.check_dim_size(op, "b", b, 2, "K", a.shape[1], "a.size(1)")
+    ck.check_arg(b.shape[1] % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.shape[1])
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
+    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+    if row_weights is not None:
+        ck.check_rank(op, "row_weights", row_weights, 1, "[M] (one routing weight per row of a)")
+        ck.check_arg(
+            row_weights.dtype == compute,
+            op,
+            "row_weights",
+            "dtype",
+            lambda: f"{compute} (the epilogue's precision for a {a.dtype})",
+            row_weights.dtype,
+        )
+        ck.check_same_device(op, "row_weights", row_weights, a)
+        ck.check_dim_size(op, "row_weights", row_weights, 0, "M", a.shape[0], "a.size(0)")
+    if activation_clamp is not None:
+        ck.check_arg(activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", float(activation_clamp))
+    ck.check_int_arg(op, "quant_gran_k", quant_gran_k, 0)
+    if quant_gran_k > 0:
+        ck.check_arg(
+            out_dtype in (None, torch.float8_e4m3fn),
+            op,
+            "out_dtype",
+            "value",
+            "None or torch.float8_e4m3fn (quant_gran_k > 0)",
+            out_dtype,
+        )
+        dtype = torch.float8_e4m3fn
+    else:
+        ck.check_arg(not use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", True)
+        dtype = ck.resolve_out_dtype(op, a, None, out_dtype)
+    inter = b.shape[1] // 2
+    scales = -(-inter // quant_gran_k) if quant_gran_k > 0 else 0
+    return [a.shape[0], inter], [a.shape[0], scales], dtype
 
 
 def _check_masked_m(op: str, masked_m, a) -> None:
@@ -241,3 +289,13 @@ def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, f
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     return a.new_empty(shape, dtype=dtype)
+
+
+@fake
+def m_grouped_bf16_gemm_swiglu(
+    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+):
+    shape, sf_shape, dtype = swiglu_signature(
+        a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+    )
+    return a.new_empty(shape, dtype=dtype), a.new_empty(sf_shape, dtype=torch.float32)

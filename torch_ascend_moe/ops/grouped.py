@@ -21,6 +21,7 @@ _m_grouped_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm.default
 _masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
 _linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
 _k_grouped_fp8 = torch.ops.ascend_moe.k_grouped_fp8_gemm.default
+_swiglu = torch.ops.ascend_moe.m_grouped_bf16_gemm_swiglu.default
 
 
 @schema_defaults
@@ -40,6 +41,38 @@ def m_grouped_bf16_gemm(
     torch.Size([5, 3])
     """
     return _m_grouped(a, b, layout, psum, alignment, out_dtype)
+
+
+@schema_defaults
+def m_grouped_bf16_gemm_swiglu(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    layout: torch.Tensor,
+    *,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
+    row_weights: torch.Tensor | None = None,
+    activation_clamp: float | None = None,
+    quant_gran_k: int = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts' first GEMM and SwiGLU in one op, without the ``[M, 2I]`` intermediate: ``(out [M, I], scales)``.
+
+    ``h = m_grouped_bf16_gemm(a, b, layout)`` (``b [G, 2I, K]``: gate rows, then up rows; rounded to ``a``'s dtype),
+    ``gate, up = h.chunk(2, -1)``, optionally ``gate <= activation_clamp`` and ``|up| <= activation_clamp``, then
+    ``act = silu(gate) * up (* row_weights[:, None])`` in FP32 (FP64 for FP64 operands) and one rounding to
+    ``out_dtype`` (default ``a``'s), or, with ``quant_gran_k > 0``, FP8 E4M3 with FP32 scales per 1 x
+    ``quant_gran_k`` (``use_ue8m0``: powers of two), ready for an FP8 grouped GEMM (``per_token_cast_to_fp8``'s
+    rule). Without quantization ``scales`` is ``[M, 0]``. Rows no group owns get the epilogue of a zero ``h``.
+    Differentiable in ``a``, ``b`` and ``row_weights`` (the backward recomputes ``h``); the FP8 output is not.
+
+    >>> a, b = torch.randn(5, 8), torch.randn(2, 6, 8)
+    >>> out, _ = m_grouped_bf16_gemm_swiglu(a, b, torch.tensor([2, 5], dtype=torch.int32))
+    >>> out.shape
+    torch.Size([5, 3])
+    """
+    return _swiglu(a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype)
 
 
 def m_grouped_bf16_gemm_masked(

@@ -31,6 +31,9 @@ CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no T
   output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
   bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
   ``m_grouped_fp8_linear`` stays portable (its casts and GEMMs are one Python composition).
+* ``m_grouped_bf16_gemm_swiglu`` runs its portable kernel: ``m_grouped_bf16_gemm`` (the ``_grouped_mm`` kernel above,
+  capturable) then the epilogue as elementwise ops, so the ``[M, 2I]`` L1 output is still written once on a GPU; a
+  Triton grouped GEMM with the epilogue in registers is not written yet.
 """
 
 from __future__ import annotations

@@ -54,6 +54,12 @@ its steps through the dispatcher (its cast and GEMM each reach their own kernels
 gradients: scale rows per group along the reduction, ``sum_g ceil(k_g / gran_k)`` of them) stays portable: MX
 blocks of the K-grouped form would have to restart at each group boundary, which torchao-npu's usage pads with
 zero rows (``npu_grouped_dynamic_mx_quant``), a layout our op's operands do not have.
+
+``m_grouped_bf16_gemm_swiglu`` (the experts' L1 GEMM with its SwiGLU(-quant) epilogue) runs its portable kernel: the
+grouped GEMM through this module's ``npu_grouped_matmul`` adapter, then the epilogue as elementwise ops. torch_npu's
+fused ``npu_grouped_matmul_swiglu_quant`` (and its ``_v2``) takes INT8 activations and weights with per-channel
+weight scales and returns INT8 with one scale per row: none of our op's forms (BF16/FP16/FP32 operands; BF16 output
+or E4M3 with 1 x ``quant_gran_k`` scales) maps onto it.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ where one exists.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     K_GROUPED_FP8,
@@ -20,6 +22,7 @@ from torch_ascend_moe.meta.grouped import (
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    SWIGLU,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
@@ -28,6 +31,7 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_signature,
     masked_fp8_signature,
     masked_signature,
+    swiglu_signature,
 )
 from torch_ascend_moe.quant import reference
 
@@ -173,3 +177,33 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
         acc[g] += (a[begin:end].float() * scales_a).T @ (b[begin:end].float() * scales_b)
         row += blocks
     return acc.to(dtype)
+
+
+def swiglu_epilogue(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0, dtype):
+    """``m_grouped_bf16_gemm_swiglu``'s epilogue on the whole L1 output ``h [M, 2I]`` (the C++ kernel applies the
+    same ATen ops tile by tile): ``(out [M, I], scales)``. Differentiable (the op's backward runs it again)."""
+    compute = torch.float64 if h.dtype == torch.float64 else torch.float32
+    gate, up = h.to(compute).chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate = gate.clamp(max=activation_clamp)
+        up = up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate) * up
+    if row_weights is not None:
+        act = act * row_weights.unsqueeze(1)
+    if quant_gran_k > 0:
+        return reference.quantize_fp8(act, (1, quant_gran_k), use_ue8m0, False)
+    return act.to(dtype), act.new_empty((h.shape[0], 0), dtype=torch.float32)
+
+
+@portable_kernel
+def m_grouped_bf16_gemm_swiglu(
+    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+):
+    _, _, dtype = swiglu_signature(
+        a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+    )
+    if capture.host_readable(layout):  # the layout's values, checked under this op's name (not while capturing)
+        layout_segments(SWIGLU, layout, psum, alignment, a.shape[0], b.shape[0])
+    # The device's grouped GEMM (torch._grouped_mm on CUDA, npu_grouped_matmul on Ascend), then the epilogue.
+    h = torch.ops.ascend_moe.m_grouped_bf16_gemm.default(a, b, layout, psum, alignment, None)
+    return swiglu_epilogue(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0, dtype)
