@@ -1,0 +1,151 @@
+"""The scaled_mm rewrite (inductor_lowerings/scaled_mm.py): ``torch._scaled_mm`` / ``torch._scaled_grouped_mm`` become
+``fp8_gemm`` / ``m_grouped_fp8_gemm`` where the device's ATen kernel refuses them. On this CPU: the blockwise recipes and
+the grouped form (which fail when the unrewritten graph runs) are rewritten, tensorwise and rowwise run ATen's kernel;
+those two, and a bias, are checked through the rewrite with the CPU standing in for a device that lacks them
+(``NATIVE`` patched). Values vs an fp64 dequantized product and vs ATen's own kernel where it runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from expecttest import assert_expected_inline
+
+from tests.inductor_lowerings.graphs import compiled
+from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe.inductor_lowerings import scaled_mm
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.harness import THRESHOLDS
+
+M, K, N = 64, 256, 192
+FP8 = torch.float8_e4m3fn
+
+
+def _operands(seed=0, m=M, k=K, n=N):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(FP8)
+    b = torch.randn(n, k, generator=g).to(FP8).t()  # [K, N] column-major, as _scaled_mm takes it
+    return a, b, g
+
+
+def _expand(scale, rows, cols, block):
+    """A per-block scale tensor (one per ``block = (r, c)`` elements) repeated to the element grid it scales."""
+    r, c = block
+    return (
+        scale.double()
+        .reshape(-(-rows // r), -(-cols // c))
+        .repeat_interleave(r, 0)[:rows]
+        .repeat_interleave(c, 1)[:, :cols]
+    )
+
+
+def _reference(a, b, sa, sb, block_a, block_b, bias=None):
+    """fp64 ``(a * scale_a) @ (b * scale_b)`` with ``scale_a`` per ``block_a`` of ``a [M, K]`` and ``scale_b`` per
+    ``block_b`` of ``b [K, N]``."""
+    (m, k), n = a.shape, b.shape[1]
+    out = (a.double() * _expand(sa, m, k, block_a)) @ (b.double() * _expand(sb, k, n, block_b))
+    return out if bias is None else out + bias.double()
+
+
+def _scaled(a, b, sa, sb):
+    return torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+
+
+def _scaled_bias(a, b, sa, sb, bias):
+    return torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=torch.bfloat16)
+
+
+# name -> (scale_a shape, scale_b shape) for M, K, N above, (scale_a's block of a [M, K], scale_b's block of b [K, N])
+_BLOCKWISE = {
+    "1x128 x 128x128": (((M, K // 128), (K // 128, -(-N // 128))), ((1, 128), (128, 128))),
+    "1x128 x 1x128": (((M, K // 128), (K // 128, N)), ((1, 128), (128, 1))),
+    "128x128 x 1x128": (((-(-M // 128), K // 128), (K // 128, N)), ((128, 128), (128, 1))),
+}
+
+
+def test_golden_graph():
+    a, b, g = _operands()
+    sa, sb = (torch.rand(*shape, generator=g) for shape in _BLOCKWISE["1x128 x 128x128"][0])
+    _, after = compiled(_scaled, a, b, sa, sb, passes=True)
+    assert_expected_inline(
+        after,
+        """\
+permute_default = aten.permute(arg1_1, [1, 0])
+permute_default_1 = aten.permute(arg3_1, [1, 0])
+fp8_gemm_default = fp8_gemm(arg0_1, arg2_1, permute_default, permute_default_1, None, [1, 128], [128, 128], 1.0, torch.bfloat16)""",
+    )
+
+
+@pytest.mark.parametrize("recipe", list(_BLOCKWISE), ids=str)
+def test_blockwise_recipes_run_on_cpu_through_fp8_gemm(recipe):
+    a, b, g = _operands(1)
+    shapes, blocks = _BLOCKWISE[recipe]
+    sa, sb = (torch.rand(*shape, generator=g) + 0.5 for shape in shapes)
+    with pytest.raises(Exception, match="Invalid scaling configuration"):  # what runs without the rewrite
+        compiled(_scaled, a, b, sa, sb, passes=False)
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    got, graph = compiled(_scaled, a, b, sa, sb, passes=True)
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before + 1 and "_scaled_mm" not in graph, graph
+    assert (
+        got.dtype == torch.bfloat16 and calc_diff(got, _reference(a, b, sa, sb, *blocks)) < THRESHOLDS[torch.bfloat16]
+    )
+
+
+@pytest.mark.parametrize("form", ["tensorwise", "rowwise", "rowwise + bias"])
+def test_tensorwise_and_rowwise_where_the_device_lacks_them(form, monkeypatch):
+    a, b, g = _operands(2)
+    if form == "tensorwise":
+        sa, sb, blocks = torch.tensor(0.75), torch.tensor(1.5), ((M, K), (K, N))
+    else:
+        sa, sb, blocks = torch.rand(M, 1, generator=g) + 0.5, torch.rand(1, N, generator=g) + 0.5, ((1, K), (K, 1))
+    bias = torch.randn(N, generator=g).bfloat16() if "bias" in form else None
+    fn, args = (_scaled_bias, (a, b, sa, sb, bias)) if bias is not None else (_scaled, (a, b, sa, sb))
+    native, graph = compiled(fn, *args, passes=True)  # the CPU runs these itself: left alone
+    assert "_scaled_mm" in graph, graph
+    monkeypatch.setitem(scaled_mm.NATIVE, "cpu", set())  # a device without them (Ascend)
+    got, graph = compiled(fn, *args, passes=True)
+    assert "fp8_gemm" in graph and "_scaled_mm" not in graph, graph
+    assert calc_diff(got, _reference(a, b, sa, sb, *blocks, bias)) < THRESHOLDS[torch.bfloat16]
+    assert calc_diff(got, native) < THRESHOLDS[torch.bfloat16]
+
+
+def _grouped(a, b, sa, sb, offs):
+    return torch._scaled_grouped_mm(a, b, sa, sb, offs, out_dtype=torch.bfloat16)
+
+
+def test_grouped_rowwise_runs_on_cpu_through_m_grouped_fp8_gemm():
+    g = torch.Generator().manual_seed(3)
+    groups, offs = 3, torch.tensor([10, 10, 64], dtype=torch.int32)
+    a = torch.randn(M, K, generator=g).to(FP8)
+    b = torch.randn(groups, N, K, generator=g).to(FP8).transpose(1, 2)  # [G, K, N] column-major per group
+    sa, sb = torch.rand(M, generator=g) + 0.5, torch.rand(groups, N, generator=g) + 0.5
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    got, graph = compiled(_grouped, a, b, sa, sb, offs, passes=True)
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before + 1 and "m_grouped_fp8_gemm" in graph, graph
+    ref, begin = torch.zeros(M, N, dtype=torch.float64), 0
+    for e, end in enumerate(offs.tolist()):
+        ref[begin:end] = _reference(a[begin:end], b[e], sa[begin:end], sb[e], (1, K), (K, 1))
+        begin = end
+    assert calc_diff(got, ref) < THRESHOLDS[torch.bfloat16]
+
+
+def _fp8_out(a, b, sa, sb):
+    return torch._scaled_mm(a, b, sa, sb, out_dtype=FP8).float()
+
+
+def _mx_like(a, b, sa, sb):
+    return torch._scaled_mm(a, b, sa[:, :1].expand(M, K // 32).contiguous(), sb, out_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("fn", [_fp8_out, _mx_like], ids=lambda f: f.__name__)
+def test_near_misses_are_left_alone(fn, monkeypatch):
+    """An FP8 output and 1x32 scales (not a recipe our ops share): left to ATen, whatever it does with them."""
+    monkeypatch.setitem(scaled_mm.NATIVE, "cpu", set())
+    a, b, g = _operands(4)
+    sa, sb = torch.rand(M, 1, generator=g) + 0.5, torch.rand(1, N, generator=g) + 0.5
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    try:
+        _, graph = compiled(fn, a, b, sa, sb, passes=True)
+        assert "_scaled_mm" in graph, graph
+    except Exception as e:  # ATen's CPU kernel refusing the call is fine: it was not rewritten
+        assert "scal" in str(e).lower(), e
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before
