@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_bf16_gemm_swiglu, m_grouped_fp8_linear
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
 # The gate activations named by string (Hugging Face's ``hidden_act`` names); any other callable may be passed.
@@ -102,16 +102,26 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         permuted, row_map, offs = moe_permute(x, topk_idx, self.num_experts, alignment=self.alignment)
-        gate, up = self._grouped(permuted, self.gate_up_proj, offs).chunk(2, dim=-1)
-        hidden = self._grouped(self.act_fn(gate) * up, self.down_proj, offs)
-        return moe_unpermute(hidden, row_map, topk_weights)
+        return moe_unpermute(self.expanded(permuted, offs, self.alignment), row_map, topk_weights)
 
     def expanded(self, x: torch.Tensor, psum: torch.Tensor, alignment: int = 1) -> torch.Tensor:
         """The experts on rows already in expert order (``ep_expand``'s layout: expert ``e``'s rows from
         ``align(psum[e - 1], alignment)`` to ``psum[e]``): ``[M, H] -> [M, H]``, unweighted; rows outside
         every block are not computed (padding)."""
-        gate, up = self._grouped(x, self.gate_up_proj, psum, alignment).chunk(2, dim=-1)
-        return self._grouped(self.act_fn(gate) * up, self.down_proj, psum, alignment)
+        if self._fused_swiglu(x):
+            # Inference: the L1 GEMM and SwiGLU in one op (no [M, 2I] L1 output; one rounding after silu * up).
+            act, _ = m_grouped_bf16_gemm_swiglu(x, self.gate_up_proj, psum, alignment=alignment)
+        else:
+            gate, up = self._grouped(x, self.gate_up_proj, psum, alignment).chunk(2, dim=-1)
+            act = self.act_fn(gate) * up
+        return self._grouped(act, self.down_proj, psum, alignment)
+
+    def _fused_swiglu(self, x: torch.Tensor) -> bool:
+        """Whether the fused L1 + SwiGLU op serves this call: BF16 experts with SiLU, and no gradient to keep (in
+        training the unfused steps keep the L1 output for the backward, which the fused op would recompute)."""
+        if self.fp8 or self.act_fn is not F.silu:
+            return False
+        return not torch.is_grad_enabled() or not (x.requires_grad or self.gate_up_proj.requires_grad)
 
     def _grouped(self, x: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor, alignment=None) -> torch.Tensor:
         alignment = self.alignment if alignment is None else alignment
