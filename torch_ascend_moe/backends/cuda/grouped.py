@@ -31,9 +31,10 @@ CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no T
   output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
   bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
   ``m_grouped_fp8_linear`` stays portable (its casts and GEMMs are one Python composition).
-* ``m_grouped_bf16_gemm_swiglu`` runs its portable kernel: ``m_grouped_bf16_gemm`` (the ``_grouped_mm`` kernel above,
-  capturable) then the epilogue as elementwise ops, so the ``[M, 2I]`` L1 output is still written once on a GPU; a
-  Triton grouped GEMM with the epilogue in registers is not written yet.
+* ``m_grouped_bf16_gemm_swiglu``: one launch of ``_swiglu`` (the L1 grouped GEMM with the SwiGLU(-quant) epilogue in
+  registers, the same device-built tile schedule as the FP8 kernel), after a prefill of the rows no expert owns;
+  portable (``_grouped_mm`` then elementwise ops) for FP64, an FP64 output, quantization groups that are not a power
+  of two in [16, 128], GPUs before sm80, empty operands.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from torch_ascend_moe.meta.grouped import (
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    SWIGLU,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
@@ -57,12 +59,13 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_signature,
     masked_fp8_signature,
     masked_signature,
+    swiglu_signature,
 )
 
 try:
-    from torch_ascend_moe.backends.cuda import _k_grouped, _scaled_gemm
+    from torch_ascend_moe.backends.cuda import _k_grouped, _scaled_gemm, _swiglu
 except ImportError:  # no triton: the portable kernels serve CUDA
-    _k_grouped = _scaled_gemm = None
+    _k_grouped = _scaled_gemm = _swiglu = None
 
 _ALIGN = 8  # BF16 elements in 16 bytes: _grouped_mm's stride alignment
 
@@ -200,3 +203,30 @@ if _k_grouped is not None:
         first_scale_row = torch.cumsum(blocks, 0) - blocks
         out = torch.empty(shape, dtype=dtype, device=a.device)
         return _k_grouped.k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k, out, c)
+
+
+if _swiglu is not None:
+
+    @cuda_kernel(calls="triton: _swiglu")
+    def m_grouped_bf16_gemm_swiglu(
+        a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+    ):
+        args = (a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype)
+        shape, _, dtype = swiglu_signature(*args)
+        rows, groups = a.shape[0], b.shape[0]
+        usable = _swiglu.usable(a, quant_gran_k) and dtype != torch.float64
+        if not (rows and groups and shape[1] and a.shape[1] and usable):
+            return portable.m_grouped_bf16_gemm_swiglu(*args)
+        if host_readable(layout):
+            layout_segments(SWIGLU, layout, psum, alignment, rows, groups)  # our op's value errors
+        rows_map = None
+        if psum:
+            begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
+        else:
+            rows_map, begins, ends = _id_segments(layout, groups)
+        tiles = _scaled_gemm.segment_tiles(begins, ends, rows)
+        out, scales = _swiglu.prefill(rows, shape[1], row_weights, quant_gran_k, use_ue8m0, dtype, a.device)
+        _swiglu.swiglu_gemm(
+            a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out, scales, tiles, rows_map=rows_map
+        )
+        return out, scales

@@ -1,0 +1,207 @@
+"""The Triton kernel behind ``m_grouped_bf16_gemm_swiglu`` on CUDA: the experts' L1 grouped GEMM with its SwiGLU(-quant)
+epilogue in registers, so the ``[M, 2I]`` L1 output never reaches memory.
+
+Each program takes one M tile of one expert (``_scaled_gemm.segment_tiles``' schedule, built on the device from the
+layout; a row map for the id layout) and ``BN`` output columns: two FP32 accumulators, the gate rows ``[n, n + BN)``
+and the up rows ``[I + n, I + n + BN)`` of the expert's weight (``tl.dot``: BF16/FP16 products exact, FP32 sums; FP32
+operands in IEEE FP32). The epilogue is the op's: each accumulator rounded to ``a``'s dtype (the L1 output the
+unfused pipeline stores), gate clamped to ``<= c`` and up to ``[-c, c]`` (selects, so NaN stays NaN), ``gate / (1 +
+exp(-gate)) * up`` times the row's weight in FP32, then one rounding to the output dtype, or, with ``quant_gran_k``
+(``BN`` = the group, a power of two in [16, 128]), the row's amax over the group, floored at 1e-4, over 448 (rounded
+up to a power of two with UE8M0) as the scale and the E4M3 codes of the scaled values (``_quant``'s integer
+rounding: the C++ cast's bits for the same FP32 input).
+
+Rows no expert owns get the epilogue of a zero L1 output, written before the launch (``prefill``). SiLU's ``exp`` is
+Triton's, not ATen's: values agree with the C++ kernel to FP32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.cuda._quant import _ceil_pow2, _e4m3_codes
+from torch_ascend_moe.backends.cuda._triton import INTERPRETED, launch, store_result, supported, tl, triton
+
+BLOCK_M = 64  # must equal _scaled_gemm.BLOCK_M: the schedule's tiles are that tall
+BLOCK_N = 64
+BLOCK_K = 32
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def usable(a: torch.Tensor, quant_gran_k: int) -> bool:
+    """Whether the kernel takes a call: a device it runs on, BF16/FP16/FP32 operands, and a quantization group that
+    is one tile's width (a power of two in [16, 128]) or none."""
+    gran_ok = quant_gran_k == 0 or (16 <= quant_gran_k <= 128 and quant_gran_k & (quant_gran_k - 1) == 0)
+    return supported(a.device, (8, 0)) and a.dtype in _DTYPES and gran_ok
+
+
+def prefill(rows: int, inter: int, row_weights, quant_gran_k: int, use_ue8m0: bool, dtype, device):
+    """``(out, scales)`` holding the epilogue of a zero L1 output in every row (``silu(0) * 0 * w``: zero, NaN where a
+    weight is not finite); the kernel overwrites the rows some expert owns."""
+    from torch_ascend_moe.ops.quant import quantize_fp8
+
+    act = torch.zeros(rows, inter, dtype=torch.float32, device=device)
+    if row_weights is not None:
+        act = act * row_weights[:, None]
+    if quant_gran_k:
+        return quantize_fp8(act, [1, quant_gran_k], use_ue8m0=use_ue8m0)
+    return act.to(dtype), torch.empty(rows, 0, dtype=torch.float32, device=device)
+
+
+def swiglu_gemm(a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out, scales, tiles, rows_map=None):
+    """Launch over the schedule ``tiles``: writes the scheduled rows of ``out`` (and ``scales``)."""
+    inter, k = b.shape[1] // 2, b.shape[2]
+    bn = quant_gran_k or BLOCK_N
+    num_tiles = tiles.shape[1]
+    w = row_weights if row_weights is not None else out
+    launch(
+        _swiglu_kernel,
+        (num_tiles, triton.cdiv(inter, bn)),
+        a,
+        b,
+        w,
+        out.view(torch.uint8) if quant_gran_k else out,
+        scales,
+        rows_map if rows_map is not None else tiles,
+        tiles,
+        num_tiles,
+        inter,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        w.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scales.stride(0),
+        float(activation_clamp) if activation_clamp is not None else 0.0,
+        HAS_W=row_weights is not None,
+        HAS_CLAMP=activation_clamp is not None,
+        QUANT=quant_gran_k > 0,
+        UE8M0=use_ue8m0,
+        ROW_MAP=rows_map is not None,
+        H_BF16=a.dtype == torch.bfloat16,
+        H_FP16=a.dtype == torch.float16,
+        # Triton's interpreter (3.9) gets BF16/FP16 dots wrong: there the operands are widened to FP32 first (the same
+        # exact products); a GPU's tensor cores take them directly.
+        LOW_DOT=a.dtype != torch.float32 and not INTERPRETED,
+        OUT_BF16=out.dtype == torch.bfloat16,
+        BM=BLOCK_M,
+        BN=bn,
+        BK=BLOCK_K,
+    )
+
+
+@triton.jit
+def _bf16_value(x):
+    """FP32 ``x`` rounded to BF16 (nearest even, NaN kept), as an FP32 value: the bits of ``round_to_bf16`` widened in
+    integer arithmetic (the interpreter's BF16 -> FP32 conversion is not exact)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    rounded = tl.where(x != x, bits | 0x00400000, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_rows(base, idx, mask, kk, k_mask, s_row, s_col):
+    ptr = base + idx.to(tl.int64)[:, None] * s_row + kk[None, :] * s_col
+    return tl.load(ptr, mask=mask[:, None] & k_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _swiglu_kernel(
+    a,
+    b,
+    w,
+    out,
+    scales,
+    rows_map,
+    tiles,
+    num_tiles,
+    INTER,
+    K,
+    s_am,
+    s_ak,
+    s_bg,
+    s_bn,
+    s_bk,
+    s_w,
+    s_om,
+    s_on,
+    s_sm,
+    clamp,
+    HAS_W: tl.constexpr,
+    HAS_CLAMP: tl.constexpr,
+    QUANT: tl.constexpr,
+    UE8M0: tl.constexpr,
+    ROW_MAP: tl.constexpr,
+    H_BF16: tl.constexpr,
+    H_FP16: tl.constexpr,
+    LOW_DOT: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    g = tl.load(tiles + t).to(tl.int64)
+    r0 = tl.load(tiles + num_tiles + t)
+    r1 = tl.load(tiles + 2 * num_tiles + t)
+    if r1 > r0:
+        pos = r0 + tl.arange(0, BM)
+        m_mask = pos < r1
+        if ROW_MAP:
+            row = tl.load(rows_map + pos, mask=m_mask, other=0)
+        else:
+            row = pos
+        n_idx = tl.program_id(1) * BN + tl.arange(0, BN)
+        n_mask = n_idx < INTER
+        b_base = b + g * s_bg
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            k_mask = kk < K
+            a_t = _load_rows(a, row, m_mask, kk, k_mask, s_am, s_ak)
+            g_t = _load_rows(b_base, n_idx, n_mask, kk, k_mask, s_bn, s_bk)
+            u_t = _load_rows(b_base, INTER + n_idx, n_mask, kk, k_mask, s_bn, s_bk)
+            if LOW_DOT:  # BF16/FP16 products are exact in the FP32 accumulator
+                acc_g += tl.dot(a_t, tl.trans(g_t))
+                acc_u += tl.dot(a_t, tl.trans(u_t))
+            else:
+                a_f = a_t.to(tl.float32)
+                acc_g += tl.dot(a_f, tl.trans(g_t.to(tl.float32)), input_precision="ieee")
+                acc_u += tl.dot(a_f, tl.trans(u_t.to(tl.float32)), input_precision="ieee")
+        # The L1 output as the unfused pipeline stores it: rounded once to a's dtype.
+        if H_BF16:
+            acc_g = _bf16_value(acc_g)
+            acc_u = _bf16_value(acc_u)
+        if H_FP16:
+            acc_g = acc_g.to(tl.float16).to(tl.float32)
+            acc_u = acc_u.to(tl.float16).to(tl.float32)
+        if HAS_CLAMP:
+            acc_g = tl.where(acc_g > clamp, clamp, acc_g)
+            acc_u = tl.where(acc_u > clamp, clamp, tl.where(acc_u < -clamp, -clamp, acc_u))
+        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        if HAS_W:
+            act = act * tl.load(w + row.to(tl.int64) * s_w, mask=m_mask, other=0.0)[:, None]
+        mask2 = m_mask[:, None] & n_mask[None, :]
+        o_ptr = out + row.to(tl.int64)[:, None] * s_om + n_idx[None, :] * s_on
+        if QUANT:
+            # One scale per row of this tile (BN = the quantization group): the C++ cast's rule on the same values.
+            v = tl.where(mask2, act, 0.0)
+            amax = tl.max(tl.abs(v), axis=1)
+            has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
+            sf = tl.maximum(amax, 1e-4) / 448.0
+            sf = tl.where(has_nan, float("nan"), sf)
+            if UE8M0:
+                sf = _ceil_pow2(sf)
+            tl.store(o_ptr, _e4m3_codes(v * (1.0 / sf)[:, None]), mask=mask2)
+            tl.store(scales + row.to(tl.int64) * s_sm + tl.program_id(1), sf, mask=m_mask)
+        else:
+            store_result(o_ptr, act, mask2, OUT_BF16)
+
+
+__all__ = ["BLOCK_M", "prefill", "swiglu_gemm", "usable"]
