@@ -129,6 +129,25 @@ def scaled_gemm(
 
 
 @triton.jit
+def tile_of(tiles, num_tiles):
+    """This program's (group, first row, end row) in a ``segment_tiles`` schedule."""
+    t = tl.program_id(0)
+    return tl.load(tiles + t).to(tl.int64), tl.load(tiles + num_tiles + t), tl.load(tiles + 2 * num_tiles + t)
+
+
+@triton.jit
+def tile_rows(rows_map, r0, r1, ROW_MAP: tl.constexpr, BM: tl.constexpr):
+    """(rows, valid mask) of a tile: positions ``[r0, r1)``, through the row map when the layout has one."""
+    pos = r0 + tl.arange(0, BM)
+    m_mask = pos < r1
+    if ROW_MAP:
+        row = tl.load(rows_map + pos, mask=m_mask, other=0)
+    else:
+        row = pos
+    return row, m_mask
+
+
+@triton.jit
 def _load_operand(base, idx, mask, k0, s_row, s_col, FP4: tl.constexpr, BK: tl.constexpr):
     """``[len(idx), BK]`` FP8 values of rows ``idx``, columns ``[k0, k0 + BK)`` (FP4: decoded from packed bytes)."""
     rows = idx.to(tl.int64)[:, None] * s_row
@@ -195,17 +214,9 @@ def _scaled_gemm_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    g = tl.load(tiles + t).to(tl.int64)
-    r0 = tl.load(tiles + num_tiles + t)
-    r1 = tl.load(tiles + 2 * num_tiles + t)
+    g, r0, r1 = tile_of(tiles, num_tiles)
     if r1 > r0:
-        pos = r0 + tl.arange(0, BM)
-        m_mask = pos < r1
-        if ROW_MAP:
-            row = tl.load(rows_map + pos, mask=m_mask, other=0)
-        else:
-            row = pos
+        row, m_mask = tile_rows(rows_map, r0, r1, ROW_MAP, BM)
         n_idx = tl.program_id(1) * BN + tl.arange(0, BN)
         n_mask = n_idx < N
         a_base, sa_base = a + g * s_ag, sa + g * s_sag
@@ -233,4 +244,4 @@ def _scaled_gemm_kernel(
         store_result(o_ptr, result, mask2, OUT_BF16)
 
 
-__all__ = ["BLOCK_M", "block_k", "scaled_gemm", "segment_tiles", "usable"]
+__all__ = ["BLOCK_M", "block_k", "scaled_gemm", "segment_tiles", "tile_of", "tile_rows", "usable"]

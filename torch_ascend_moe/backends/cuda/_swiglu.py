@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.cuda._quant import _ceil_pow2, _e4m3_codes
+from torch_ascend_moe.backends.cuda._scaled_gemm import BLOCK_M, tile_of, tile_rows
 from torch_ascend_moe.backends.cuda._triton import INTERPRETED, launch, store_result, supported, tl, triton
 
-BLOCK_M = 64  # must equal _scaled_gemm.BLOCK_M: the schedule's tiles are that tall
 BLOCK_N = 64
 BLOCK_K = 32
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -145,17 +145,9 @@ def _swiglu_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    g = tl.load(tiles + t).to(tl.int64)
-    r0 = tl.load(tiles + num_tiles + t)
-    r1 = tl.load(tiles + 2 * num_tiles + t)
+    g, r0, r1 = tile_of(tiles, num_tiles)
     if r1 > r0:
-        pos = r0 + tl.arange(0, BM)
-        m_mask = pos < r1
-        if ROW_MAP:
-            row = tl.load(rows_map + pos, mask=m_mask, other=0)
-        else:
-            row = pos
+        row, m_mask = tile_rows(rows_map, r0, r1, ROW_MAP, BM)
         n_idx = tl.program_id(1) * BN + tl.arange(0, BN)
         n_mask = n_idx < INTER
         b_base = b + g * s_bg

@@ -153,6 +153,19 @@ def _id_segments(layout: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch
     return perm.int(), bounds[:-1], bounds[1:]
 
 
+def _tile_schedule(op: str, layout, psum: bool, alignment: int, rows: int, groups: int):
+    """(``_scaled_gemm.segment_tiles``' schedule, row map or None) of an m-grouped layout, built on the device; the
+    layout's values checked under ``op``'s name first, except while capturing (a host read)."""
+    if host_readable(layout):
+        layout_segments(op, layout, psum, alignment, rows, groups)  # our op's value errors
+    rows_map = None
+    if psum:
+        begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
+    else:
+        rows_map, begins, ends = _id_segments(layout, groups)
+    return _scaled_gemm.segment_tiles(begins, ends, rows), rows_map
+
+
 if _scaled_gemm is not None:
 
     @cuda_kernel(calls="triton: _scaled_gemm")
@@ -161,14 +174,7 @@ if _scaled_gemm is not None:
         rows, groups = a.shape[0], b.shape[0]
         if not (rows and groups and b.shape[1] and _scaled_gemm.usable(a, recipe_a, recipe_b)):
             return portable.m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
-        if host_readable(layout):
-            layout_segments(M_GROUPED_FP8, layout, psum, alignment, rows, groups)  # our op's value errors
-        rows_map = None
-        if psum:
-            begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
-        else:
-            rows_map, begins, ends = _id_segments(layout, groups)
-        tiles = _scaled_gemm.segment_tiles(begins, ends, rows)
+        tiles, rows_map = _tile_schedule(M_GROUPED_FP8, layout, psum, alignment, rows, groups)
         out = torch.zeros(shape, dtype=dtype, device=a.device)
         return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map)
 
@@ -217,14 +223,7 @@ if _swiglu is not None:
         usable = _swiglu.usable(a, quant_gran_k) and dtype != torch.float64
         if not (rows and groups and shape[1] and a.shape[1] and usable):
             return portable.m_grouped_bf16_gemm_swiglu(*args)
-        if host_readable(layout):
-            layout_segments(SWIGLU, layout, psum, alignment, rows, groups)  # our op's value errors
-        rows_map = None
-        if psum:
-            begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
-        else:
-            rows_map, begins, ends = _id_segments(layout, groups)
-        tiles = _scaled_gemm.segment_tiles(begins, ends, rows)
+        tiles, rows_map = _tile_schedule(SWIGLU, layout, psum, alignment, rows, groups)
         out, scales = _swiglu.prefill(rows, shape[1], row_weights, quant_gran_k, use_ue8m0, dtype, a.device)
         _swiglu.swiglu_gemm(
             a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out, scales, tiles, rows_map=rows_map
