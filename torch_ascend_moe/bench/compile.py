@@ -5,7 +5,9 @@ timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp
 peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
 demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
 op itself in inference and training graphs keep the L1 output for the backward, so nothing matches there: the ratio
-is the passes' cost) and the experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
+is the passes' cost), transformers' Mixtral block with ``grouped_mm`` experts as shipped (on CPU no rewrite applies:
+ATen's own ``_grouped_mm`` is kept, see ``grouped_mm.DEVICES``; the ratio is the passes' cost on a stock model), and
+the experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
 ``m_grouped_bf16_gemm_swiglu`` → L2), and the compile time itself (each side compiled from scratch, FX graph cache
 off).
 """
@@ -131,6 +133,24 @@ def _moe(tokens, hidden, grad: bool, dtype=torch.float32) -> Case:
     return Case(name, flops, setup, _WITHOUT, grad=grad)
 
 
+def _hf_block(tokens, hidden, grad: bool) -> Case:
+    def setup():
+        from torch_ascend_moe.bench.moe import models
+
+        block, _, x = models((tokens, hidden, 2, 8), "grouped_mm", dtype=torch.bfloat16)
+
+        def forward(x):
+            out = block(x)
+            return out[0] if isinstance(out, tuple) else out
+
+        ours, baseline = _both(forward)
+        return layer_call(ours, x, grad), layer_call(baseline, x, grad)
+
+    flops = tokens * (2 * hidden * 8 + 2 * 6 * hidden * hidden) * (3 if grad else 1)
+    mode = "fwd+bwd" if grad else "fwd"
+    return Case(f"HF Mixtral block BF16 {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
+
+
 def _compile_time(m, n, k) -> Case:
     def setup():
         from torch._inductor import config
@@ -169,6 +189,7 @@ def cases(quick: bool = False) -> list[Case]:
             _moe(64, 64, False),
             _expert_mlp(64, 64, 32, 4),
             _moe(64, 64, False, torch.bfloat16),
+            _hf_block(32, 64, False),
             _combine(64, 128, 2, 4),
             _compile_time(16, 64, 256),
         ]
@@ -180,6 +201,8 @@ def cases(quick: bool = False) -> list[Case]:
         _expert_mlp(4096, 1024, 1024, 8),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
+        _hf_block(2048, 1024, False),
+        _hf_block(2048, 1024, True),
         _combine(4096, 4096, 8, 64),
         _compile_time(64, 256, 512),
     ]
