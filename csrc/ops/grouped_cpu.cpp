@@ -85,13 +85,18 @@ void check_alignment(const char* op, int64_t alignment) {
   check_int_arg(op, "alignment", alignment, 1);
 }
 
+// An m-grouped GEMM's operands: tokens a [M, K], expert weights b [G, N, K] of a's dtype and device.
+void check_m_operands(const char* op, const at::Tensor& a, const at::Tensor& b, const char* b_layout) {
+  check_rank(op, "a", a, 2, "[M, K]");
+  check_rank(op, "b", b, 3, b_layout);
+  check_operand_dtypes(op, a, b);
+  check_same_device(op, "b", b, a);
+  check_dim_size(op, "b", b, 2, "K", a.size(1), "a.size(1)");
+}
+
 at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, bool psum,
                                    int64_t alignment, std::optional<at::ScalarType> out_dtype) {
-  check_rank(kMGrouped, "a", a, 2, "[M, K]");
-  check_rank(kMGrouped, "b", b, 3, "[G, N, K]");
-  check_operand_dtypes(kMGrouped, a, b);
-  check_same_device(kMGrouped, "b", b, a);
-  check_dim_size(kMGrouped, "b", b, 2, "K", a.size(1), "a.size(1)");
+  check_m_operands(kMGrouped, a, b, "[G, N, K]");
   check_alignment(kMGrouped, alignment);
   check_layout_tensor(kMGrouped, layout, psum, psum ? b.size(0) : a.size(0), a);
   const at::ScalarType out_t = resolve_out_dtype(kMGrouped, a, std::nullopt, out_dtype);
@@ -387,11 +392,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   const at::Tensor a = a_in.detach(), b = b_in.detach();
   const std::optional<at::Tensor> row_weights =
       weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
-  check_rank(op, "a", a, 2, "[M, K]");
-  check_rank(op, "b", b, 3, "[G, 2I, K] (gate rows, then up rows)");
-  check_operand_dtypes(op, a, b);
-  check_same_device(op, "b", b, a);
-  check_dim_size(op, "b", b, 2, "K", a.size(1), "a.size(1)");
+  check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)");
   AM_CHECK_ARG(b.size(1) % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.size(1));
   check_alignment(op, alignment);
   check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);

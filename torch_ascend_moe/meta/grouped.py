@@ -78,13 +78,18 @@ def layout_segments(op: str, layout: torch.Tensor, psum: bool, alignment: int, r
     return segments
 
 
-def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list, torch.dtype]:
-    op = M_GROUPED
+def _check_m_operands(op: str, a, b, b_layout: str) -> None:
+    """An m-grouped GEMM's operands: tokens ``a [M, K]``, expert weights ``b [G, N, K]`` of a's dtype and device."""
     ck.check_rank(op, "a", a, 2, "[M, K]")
-    ck.check_rank(op, "b", b, 3, "[G, N, K]")
+    ck.check_rank(op, "b", b, 3, b_layout)
     ck.check_operand_dtypes(op, a, b)
     ck.check_same_device(op, "b", b, a)
     ck.check_dim_size(op, "b", b, 2, "K", a.shape[1], "a.size(1)")
+
+
+def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list, torch.dtype]:
+    op = M_GROUPED
+    _check_m_operands(op, a, b, "[G, N, K]")
     _check_alignment(op, alignment)
     check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
     return [a.shape[0], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
@@ -95,11 +100,7 @@ def swiglu_signature(
 ) -> tuple[list, list, torch.dtype]:
     """(output shape ``[M, I]``, scale shape ``[M, ceil(I / quant_gran_k)]`` or ``[M, 0]``, output dtype)."""
     op = SWIGLU
-    ck.check_rank(op, "a", a, 2, "[M, K]")
-    ck.check_rank(op, "b", b, 3, "[G, 2I, K] (gate rows, then up rows)")
-    ck.check_operand_dtypes(op, a, b)
-    ck.check_same_device(op, "b", b, a)
-    ck.check_dim_size(op, "b", b, 2, "K", a.shape[1], "a.size(1)")
+    _check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)")
     ck.check_arg(b.shape[1] % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.shape[1])
     _check_alignment(op, alignment)
     check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
