@@ -221,3 +221,34 @@ def test_fp8_linear_family_steps_reach_the_triton_gemm(name, monkeypatch):
                     where
                 )
     assert reached, f"{name}: no sample reached the Triton GEMM"
+
+
+def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
+    """``fp8_quant_gemm`` as one launch (the per-token cast inside the GEMM's K chunks) equals the two-launch
+    composition (the Triton cast, then the Triton GEMM) bit for bit, NaN/inf rows included."""
+    from tests.fp8_linear.specs import SPECS as LINEAR_SPECS
+    from torch_ascend_moe.backends.cuda import _quant
+    from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
+
+    spec = next(s for s in LINEAR_SPECS if s.name == "fp8_quant_gemm")
+    fused = 0
+    for dtype in spec.dtypes:
+        for s in spec.sample_inputs("cpu", dtype):
+            x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype = with_defaults(spec.name, lambda *a: a)(*s.args)
+            if not x.numel() or not b.numel():
+                continue
+            x = x.detach().clone()
+            if x.shape[0] >= 3:  # NaN/inf rows, and finite rows between them that must still match
+                x[0, 1], x[-1, -1] = float("nan"), float("inf")
+            args = (x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype)
+            takes = cuda_linear._fuses(x, b, [1, gran_k], recipe_b)
+            with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+                out = cuda_linear.fp8_quant_gemm(*args)
+            q, sf = _quant.quantize(x, (1, gran_k), ue8m0, False)
+            want = fp8_kernels.fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, out.dtype)
+            where = f"fp8_quant_gemm[{s.name}, {dtype}]"
+            assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num()), where
+            if takes:
+                assert launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
+            fused += takes
+    assert fused, "no sample took the fused cast"

@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from torch_ascend_moe.backends.cuda._quant import _ceil_pow2, _e4m3_codes
 from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
     launch,
@@ -78,13 +79,34 @@ def _strides(t: torch.Tensor, batched: bool) -> tuple[int, int, int]:
 
 
 def scaled_gemm(
-    a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, *, rows_map=None, c=None, alpha=1.0, a_batched=False
+    a,
+    sfa,
+    b,
+    sfb,
+    recipe_a,
+    recipe_b,
+    out,
+    tiles,
+    *,
+    rows_map=None,
+    c=None,
+    alpha=1.0,
+    a_batched=False,
+    quantize_a_ue8m0: bool | None = None,
 ) -> torch.Tensor:
     """Launch the kernel: writes ``out``'s scheduled rows (others untouched). ``a``/``sfa``/``c``/``out`` are
-    ``[M, ...]`` or, with ``a_batched``, ``[G, M, ...]``; ``b``/``sfb`` ``[G, N, K]`` (or ``[N, K]`` for one group)."""
+    ``[M, ...]`` or, with ``a_batched``, ``[G, M, ...]``; ``b``/``sfb`` ``[G, N, K]`` (or ``[N, K]`` for one group).
+
+    ``quantize_a_ue8m0`` not None: ``a`` is BF16/FP32 and ``sfa`` None; each K chunk of a row (``BK`` must equal
+    ``recipe_a``'s ``gran_k``: one scale block) is cast in the tile as ``quantize_fp8`` casts it (amax floored at
+    1e-4 over 448, UE8M0 when True, E4M3 codes by ``_quant``'s integer rounding), so the product is the cast-then-GEMM
+    composition's, bit for bit, without an FP8 copy of ``a`` in memory."""
+    quant = quantize_a_ue8m0 is not None
     b_batched = b.dim() == 3
     n, k = b.shape[-2], 2 * b.shape[-1] if b.dtype == torch.uint8 else b.shape[-1]
-    sa, sa_ue8m0 = _scale_view(sfa)
+    if quant and block_k(recipe_a, recipe_b) != recipe_a[1]:
+        raise ValueError(f"scaled_gemm: a fused cast needs K chunks of gran_k={recipe_a[1]} (recipe_b {recipe_b})")
+    sa, sa_ue8m0 = _scale_view(sfa if not quant else sfb)  # a placeholder when casting in the tile
     sb, sb_ue8m0 = _scale_view(sfb)
     cc = c if c is not None else out
     num_tiles = tiles.shape[1]
@@ -104,7 +126,7 @@ def scaled_gemm(
         n,
         k,
         *_strides(a, a_batched),
-        *_strides(sa, a_batched),
+        *(_strides(sa, a_batched) if not quant else (0, 0, 0)),
         *_strides(b, b_batched),
         *_strides(sb, b_batched),
         *_strides(cc, a_batched),
@@ -115,6 +137,8 @@ def scaled_gemm(
         GMN_B=recipe_b[0],
         GK_B=recipe_b[1],
         A_FP4=a.dtype == torch.uint8,
+        QUANT_A=quant,
+        QA_UE8M0=bool(quantize_a_ue8m0),
         B_FP4=b.dtype == torch.uint8,
         SA_UE8M0=sa_ue8m0,
         SB_UE8M0=sb_ue8m0,
@@ -162,6 +186,22 @@ def _load_operand(base, idx, mask, k0, s_row, s_col, FP4: tl.constexpr, BK: tl.c
 
 
 @triton.jit
+def _cast_rows(base, idx, mask, k0, s_row, s_col, UE8M0: tl.constexpr, BK: tl.constexpr):
+    """(E4M3 ``[len(idx), BK]``, FP32 scale per row) of high-precision rows ``idx``, columns ``[k0, k0 + BK)``: one
+    1 x ``BK`` block of ``quantize_fp8`` (a row holding NaN gets a NaN scale; masked rows scale 1)."""
+    kk = k0 + tl.arange(0, BK)
+    v = tl.load(base + idx.to(tl.int64)[:, None] * s_row + kk[None, :] * s_col, mask=mask[:, None], other=0.0)
+    v = v.to(tl.float32)
+    amax = tl.max(tl.abs(v), axis=1)
+    has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
+    sf = tl.where(has_nan, float("nan"), tl.maximum(amax, 1e-4) / 448.0)
+    if UE8M0:
+        sf = _ceil_pow2(sf)
+    codes = _e4m3_codes(v * (1.0 / sf)[:, None])
+    return codes.to(tl.float8e4nv, bitcast=True), tl.where(mask, sf, 1.0)
+
+
+@triton.jit
 def _load_scale(base, idx, mask, kblock, s_row, s_col, GMN: tl.constexpr, UE8M0: tl.constexpr):
     """FP32 scales of rows ``idx`` (rows ``idx // GMN`` of the scale tensor) for K block ``kblock``; 1 where masked."""
     return load_scales(base + (idx // GMN).to(tl.int64) * s_row + kblock * s_col, mask, UE8M0)
@@ -204,6 +244,8 @@ def _scaled_gemm_kernel(
     GMN_B: tl.constexpr,
     GK_B: tl.constexpr,
     A_FP4: tl.constexpr,
+    QUANT_A: tl.constexpr,
+    QA_UE8M0: tl.constexpr,
     B_FP4: tl.constexpr,
     SA_UE8M0: tl.constexpr,
     SB_UE8M0: tl.constexpr,
@@ -224,9 +266,12 @@ def _scaled_gemm_kernel(
         mask2 = m_mask[:, None] & n_mask[None, :]
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            a_t = _load_operand(a_base, row, m_mask, k0, s_am, s_ak, A_FP4, BK)
+            if QUANT_A:
+                a_t, a_s = _cast_rows(a_base, row, m_mask, k0, s_am, s_ak, QA_UE8M0, BK)
+            else:
+                a_t = _load_operand(a_base, row, m_mask, k0, s_am, s_ak, A_FP4, BK)
+                a_s = _load_scale(sa_base, row, m_mask, k0 // GK_A, s_sam, s_sak, GMN_A, SA_UE8M0)
             b_t = _load_operand(b_base, n_idx, n_mask, k0, s_bn, s_bk, B_FP4, BK)
-            a_s = _load_scale(sa_base, row, m_mask, k0 // GK_A, s_sam, s_sak, GMN_A, SA_UE8M0)
             b_s = _load_scale(sb_base, n_idx, n_mask, k0 // GK_B, s_sbn, s_sbk, GMN_B, SB_UE8M0)
             s, regular = scale_product(a_s, b_s)
             if tl.max(tl.where(mask2 & ~regular, 1, 0)) > 0:
