@@ -188,7 +188,7 @@ def _product(node, m: _Match) -> bool:
     for s, u in ((p, q), (q, p)):
         trial = m.copy()
         if _silu(s, trial) and _up(u, trial) and trial.gate_clamp == trial.up_clamp:
-            m.h, m.gate_clamp, m.up_clamp, m.nodes = trial.h, trial.gate_clamp, trial.up_clamp, trial.nodes
+            m.__dict__.update(trial.__dict__)
             return True
     return False
 

@@ -92,6 +92,19 @@ def _e4m3_codes(v):
 
 
 @triton.jit
+def cast_rows_e4m3(v, UE8M0: tl.constexpr):
+    """(E4M3 codes, FP32 scale per row) of FP32 ``v [R, C]``, each row one 1 x C block of ``quantize_fp8``: amax
+    floored at 1e-4 over 448 (a power of two with UE8M0; NaN for a row holding NaN), values times its reciprocal.
+    Zeros in ``v`` stand for masked elements (they never raise the amax)."""
+    amax = tl.max(tl.abs(v), axis=1)
+    has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
+    sf = tl.where(has_nan, float("nan"), tl.maximum(amax, 1e-4) / 448.0)
+    if UE8M0:
+        sf = _ceil_pow2(sf)
+    return _e4m3_codes(v * (1.0 / sf)[:, None]), sf
+
+
+@triton.jit
 def _e2m1_codes(v):
     """E2M1 codes (0..15) of ``v`` (already in [-6, 6], or NaN): DeepGEMM's midpoints, ties to the smaller."""
     mag = tl.abs(v)
@@ -147,4 +160,4 @@ def _quantize_kernel(
         tl.store(data + r.to(tl.int64)[:, None] * s_dm + c[None, :], _e4m3_codes(scaled), mask=ok)
 
 
-__all__ = ["quantize", "usable"]
+__all__ = ["cast_rows_e4m3", "quantize", "usable"]

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from torch_ascend_moe.backends.cuda._quant import _ceil_pow2, _e4m3_codes
+from torch_ascend_moe.backends.cuda._quant import cast_rows_e4m3
 from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
     launch,
@@ -191,13 +191,7 @@ def _cast_rows(base, idx, mask, k0, s_row, s_col, UE8M0: tl.constexpr, BK: tl.co
     1 x ``BK`` block of ``quantize_fp8`` (a row holding NaN gets a NaN scale; masked rows scale 1)."""
     kk = k0 + tl.arange(0, BK)
     v = tl.load(base + idx.to(tl.int64)[:, None] * s_row + kk[None, :] * s_col, mask=mask[:, None], other=0.0)
-    v = v.to(tl.float32)
-    amax = tl.max(tl.abs(v), axis=1)
-    has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
-    sf = tl.where(has_nan, float("nan"), tl.maximum(amax, 1e-4) / 448.0)
-    if UE8M0:
-        sf = _ceil_pow2(sf)
-    codes = _e4m3_codes(v * (1.0 / sf)[:, None])
+    codes, sf = cast_rows_e4m3(v.to(tl.float32), UE8M0)
     return codes.to(tl.float8e4nv, bitcast=True), tl.where(mask, sf, 1.0)
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._quant import _ceil_pow2, _e4m3_codes
+from torch_ascend_moe.backends.cuda._quant import cast_rows_e4m3
 from torch_ascend_moe.backends.cuda._scaled_gemm import BLOCK_M, tile_of, tile_rows
-from torch_ascend_moe.backends.cuda._triton import INTERPRETED, launch, store_result, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import INTERPRETED, bf16_value, launch, store_result, supported, tl, triton
 
 BLOCK_N = 64
 BLOCK_K = 32
@@ -95,16 +95,6 @@ def swiglu_gemm(a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, ou
 
 
 @triton.jit
-def _bf16_value(x):
-    """FP32 ``x`` rounded to BF16 (nearest even, NaN kept), as an FP32 value: the bits of ``round_to_bf16`` widened in
-    integer arithmetic (the interpreter's BF16 -> FP32 conversion is not exact)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    rounded = tl.where(x != x, bits | 0x00400000, rounded)
-    return rounded.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _load_rows(base, idx, mask, kk, k_mask, s_row, s_col):
     ptr = base + idx.to(tl.int64)[:, None] * s_row + kk[None, :] * s_col
     return tl.load(ptr, mask=mask[:, None] & k_mask[None, :], other=0.0)
@@ -168,8 +158,8 @@ def _swiglu_kernel(
                 acc_u += tl.dot(a_f, tl.trans(u_t.to(tl.float32)), input_precision="ieee")
         # The L1 output as the unfused pipeline stores it: rounded once to a's dtype.
         if H_BF16:
-            acc_g = _bf16_value(acc_g)
-            acc_u = _bf16_value(acc_u)
+            acc_g = bf16_value(acc_g)
+            acc_u = bf16_value(acc_u)
         if H_FP16:
             acc_g = acc_g.to(tl.float16).to(tl.float32)
             acc_u = acc_u.to(tl.float16).to(tl.float32)
@@ -183,14 +173,8 @@ def _swiglu_kernel(
         o_ptr = out + row.to(tl.int64)[:, None] * s_om + n_idx[None, :] * s_on
         if QUANT:
             # One scale per row of this tile (BN = the quantization group): the C++ cast's rule on the same values.
-            v = tl.where(mask2, act, 0.0)
-            amax = tl.max(tl.abs(v), axis=1)
-            has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
-            sf = tl.maximum(amax, 1e-4) / 448.0
-            sf = tl.where(has_nan, float("nan"), sf)
-            if UE8M0:
-                sf = _ceil_pow2(sf)
-            tl.store(o_ptr, _e4m3_codes(v * (1.0 / sf)[:, None]), mask=mask2)
+            codes, sf = cast_rows_e4m3(tl.where(mask2, act, 0.0), UE8M0)
+            tl.store(o_ptr, codes, mask=mask2)
             tl.store(scales + row.to(tl.int64) * s_sm + tl.program_id(1), sf, mask=m_mask)
         else:
             store_result(o_ptr, act, mask2, OUT_BF16)

@@ -51,13 +51,25 @@ INTERPRETED = interpreting(_probe)
 
 
 @triton.jit
+def _bf16_bits(x):
+    """FP32 bits of ``x`` rounded to BF16, nearest even (the low 16 bits zero). NaN stays NaN."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, bits | 0x00400000, rounded)  # a NaN's mantissa must not round into inf
+
+
+@triton.jit
 def round_to_bf16(x):
     """FP32 -> BF16 rounded to nearest even, by bit arithmetic: Triton's interpreter truncates in ``.to(bfloat16)``
     (3.9), the GPU rounds; spelled out, both give torch's rounding. NaN stays NaN."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    rounded = tl.where(x != x, bits | 0x00400000, rounded)  # a NaN's mantissa must not round into inf
-    return (rounded >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return (_bf16_bits(x) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def bf16_value(x):
+    """FP32 ``x`` rounded to BF16 and kept as FP32 (an FP32 epilogue on a BF16-rounded value, without a BF16 -> FP32
+    conversion, which the interpreter does not make exact)."""
+    return _bf16_bits(x).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -116,6 +128,7 @@ def scale_product(a_s, b_s):
 
 
 __all__ = [
+    "bf16_value",
     "decode_e2m1_to_e4m3",
     "decode_ue8m0",
     "interpreting",
