@@ -1,7 +1,9 @@
 """``mega_moe``: DeepGEMM's fused MegaMoE (specs/deepgemm_api.md §10.1) as the unfused pipeline of our own ops.
 
-On the GPU one kernel overlaps the steps; here (and on any device) they run one after another, so the op is
-bitwise equal to that pipeline by construction, which is also how upstream tests its kernel:
+On the GPU one kernel overlaps the steps; here (and on any device) they run one after another, so the op equals
+that pipeline (how upstream tests its kernel); in BF16 mode steps 3-5 are one ``m_grouped_bf16_gemm_swiglu``, whose
+column tiles MKL may sum in another FP32 order than the whole GEMM (equal on the tests' shapes, a last bit at most
+elsewhere):
 
 1. dispatch: ``ep_dispatch`` (x rows and their 1x32 scales, ids, weights) when expert-parallel, else local;
 2. ``moe_permute`` the (token, slot) pairs into expert order (FP8 rows travel as raw bytes);
