@@ -21,10 +21,12 @@ import types
 import torch
 from torch import nn
 from transformers import initialization as hf_init
-from transformers.integrations.moe import ExpertsInterface
+from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 from transformers.utils import output_capturing
 from transformers.utils.output_capturing import OutputRecorder
 
+from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe._checks import GEMM_DTYPES
 from torch_ascend_moe.nn import GroupedExperts, MegaMoE, MoE
 from torch_ascend_moe.nn.moe import MoEGate
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
@@ -87,10 +89,40 @@ def ascend_moe_fp8_experts_forward(self, hidden_states, top_k_index, top_k_weigh
     return _experts_forward(self, hidden_states, top_k_index, top_k_weights, fp8=True)
 
 
+def _decorated_forward(cls: type):
+    """The experts class's own forward: the one ``@use_experts_implementation`` wrapped (``functools.wraps`` keeps
+    it as ``__wrapped__``), found in the MRO so a subclass overriding ``forward`` and calling ``super()`` works."""
+    for klass in cls.__mro__:
+        wrapped = getattr(klass.__dict__.get("forward"), "__wrapped__", None)
+        if wrapped is not None:
+            return wrapped
+    raise TypeError(f"{cls.__name__} is not a @use_experts_implementation experts class")
+
+
+def eager_experts_forward(self, hidden_states, *args, **kwargs):
+    """transformers' ``"eager"`` experts implementation, registered under that name: the model's own per-expert
+    loop, except while ``torch.compile`` traces it with ``inductor_lowerings.enable()`` on. The loop cannot be
+    compiled (its ``nonzero`` and ``where`` have data-dependent shapes: a graph break per expert, the experts run
+    one by one in eager) and no post-grad rewrite can see it, so the substitution happens at trace time, by an
+    implementation of the same experts that compiles to one graph: ``ascend_moe_experts_forward`` (our grouped ops,
+    which the post-grad passes then fuse), or, for BF16 on CPU, transformers' own ``grouped_mm`` experts (ATen's
+    oneDNN grouped GEMM multiplies BF16 natively and is 2-3x our BF16 -> FP32 kernel there today, the reason the
+    ``grouped_mm`` rewrite leaves CPU alone too). Outside compilation or with the passes off it is exactly the
+    model's loop."""
+    if torch.compiler.is_compiling() and inductor_lowerings.SUBSTITUTE_EAGER_EXPERTS:
+        if hidden_states.dtype == torch.bfloat16 and hidden_states.device.type == "cpu":
+            return grouped_mm_experts_forward(self, hidden_states, *args, **kwargs)
+        if hidden_states.dtype in GEMM_DTYPES:
+            return ascend_moe_experts_forward(self, hidden_states, *args, **kwargs)
+    return _decorated_forward(type(self))(self, hidden_states, *args, **kwargs)
+
+
 def register() -> None:
-    """Register both implementations with transformers (done on import; idempotent)."""
+    """Register both implementations, and the ``"eager"`` entry above, with transformers (done on import;
+    idempotent)."""
     ExpertsInterface.register(IMPLEMENTATION, ascend_moe_experts_forward)
     ExpertsInterface.register(IMPLEMENTATION_FP8, ascend_moe_fp8_experts_forward)
+    ExpertsInterface.register("eager", eager_experts_forward)
 
 
 register()

@@ -13,8 +13,18 @@ from torch_ascend_moe.bench import compile as cases_module
 from torch_ascend_moe.testing import calc_diff
 
 # Rewrites per compile: the expert MLP's L1 GEMM + SwiGLU by swiglu_epilogue (nn.MoE's inference forward already calls
-# the fused op itself: nothing left to rewrite).
-REWRITTEN = {"FP8 linear": 1, "indexer": 1, "MoE layer": 0, "expert MLP": 1, "HF Mixtral": 0, "combine": 1}
+# the fused op itself: nothing left to rewrite); the same for the eager experts traced as our ops; stock models with
+# grouped_mm experts keep ATen's _grouped_mm on CPU (grouped_mm.DEVICES), and so do BF16 eager experts there
+# (hf.eager_experts_forward). The first matching prefix counts.
+REWRITTEN = {
+    "FP8 linear": 1,
+    "indexer": 1,
+    "MoE layer": 0,
+    "expert MLP": 1,
+    "HF Mixtral block FP32 eager": 1,
+    "HF": 0,
+    "combine": 1,
+}
 
 
 @pytest.mark.parametrize("case", cases_module.cases(quick=True)[:-1], ids=lambda c: c.name.split(" (")[0])
@@ -31,6 +41,10 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
     assert rewrites == expected, case.name
     if case.name.startswith("MoE") and got.dtype == torch.float32:
         torch.testing.assert_close(got, want)  # Inductor may order the dense epilogue's sums differently
+    elif case.name.startswith("HF Mixtral block BF16 eager"):  # (the FP32 one: the generic 1e-5 below)
+        # HF's loop rounds each expert's output, its weighting and the index_add sums to BF16, ours once: each side
+        # is 1.2e-5 from the FP64 block on this case.
+        assert calc_diff(got, want) < 2e-5
     elif case.name.startswith(("combine", "MoE", "expert MLP", "HF")):
         assert calc_diff(got, want) < 1e-5  # one BF16 rounding instead of two
     else:

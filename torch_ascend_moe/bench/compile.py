@@ -6,8 +6,10 @@ peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`
 demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
 op itself in inference and training graphs keep the L1 output for the backward, so nothing matches there: the ratio
 is the passes' cost), transformers' Mixtral block with ``grouped_mm`` experts as shipped (on CPU no rewrite applies:
-ATen's own ``_grouped_mm`` is kept, see ``grouped_mm.DEVICES``; the ratio is the passes' cost on a stock model), and
-the experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
+ATen's own ``_grouped_mm`` is kept, see ``grouped_mm.DEVICES``; the ratio is the passes' cost on a stock model), the
+same block with transformers' ``eager`` experts (compiled after ``enable()`` the per-expert loop is traced as one
+graph, against Dynamo's graph break per expert), whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped, the
+experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
 ``m_grouped_bf16_gemm_swiglu`` → L2), and the compile time itself (each side compiled from scratch, FX graph cache
 off).
 """
@@ -151,6 +153,69 @@ def _hf_block(tokens, hidden, grad: bool) -> Case:
     return Case(f"HF Mixtral block BF16 {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
 
 
+def _hf_eager_block(tokens, hidden, grad: bool, dtype) -> Case:
+    """transformers' Mixtral block with its ``eager`` experts: compiled after ``enable()`` the per-expert loop is
+    traced as one graph (our grouped ops; in BF16 on CPU transformers' ``grouped_mm`` experts, see
+    ``hf.eager_experts_forward``); without, Dynamo breaks the graph at every expert."""
+
+    def setup():
+        from torch_ascend_moe.bench.moe import models
+
+        block, _, x = models((tokens, hidden, 2, 8), "eager", dtype=dtype)
+
+        def forward(x):
+            out = block(x)
+            return out[0] if isinstance(out, tuple) else out
+
+        compiled = torch.compile(forward, backend="inductor", fullgraph=True)
+        baseline = torch.compile(_twin(forward), backend="inductor")  # graph breaks: no fullgraph
+
+        def ours(x):
+            with inductor_lowerings.enabled():  # Dynamo guards on the switch: on at every call, not just the first
+                return compiled(x)
+
+        return layer_call(ours, x, grad), layer_call(baseline, x, grad)
+
+    flops = tokens * (2 * hidden * 8 + 2 * 6 * hidden * hidden) * (3 if grad else 1)
+    mode = "fwd+bwd" if grad else "fwd"
+    name = f"HF Mixtral block {'BF16' if dtype == torch.bfloat16 else 'FP32'} eager experts {mode} T{tokens} H{hidden}"
+    return Case(name, flops, setup, _WITHOUT, grad=grad)
+
+
+def _hf_model(family, tokens, grad: bool) -> Case:
+    """A whole tiny transformers model (2 layers, hidden 256, 8 experts top-2, grouped_mm experts as shipped),
+    BF16, compiled whole with and without the passes: the passes' effect (and cost) on a stock model."""
+
+    def setup():
+        from torch_ascend_moe.bench.moe import tiny_model
+
+        model = tiny_model(family).to(torch.bfloat16)
+        ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            model(ids)  # transformers installs its output-capturing hooks at the first call, outside Dynamo
+
+        def forward(ids):
+            return model(ids).logits
+
+        ours, baseline = _both(forward)
+
+        def call(fn):
+            def step():
+                if not grad:
+                    with torch.no_grad():
+                        return fn(ids)
+                model.zero_grad(set_to_none=True)
+                fn(ids).float().sum().backward()
+                return model.lm_head.weight.grad
+
+            return step
+
+        return call(ours), call(baseline)
+
+    mode = "fwd+bwd" if grad else "fwd"
+    return Case(f"HF {family} tiny model BF16 {mode} T{tokens}", 0, setup, _WITHOUT, grad=grad)
+
+
 def _compile_time(m, n, k) -> Case:
     def setup():
         from torch._inductor import config
@@ -190,6 +255,9 @@ def cases(quick: bool = False) -> list[Case]:
             _expert_mlp(64, 64, 32, 4),
             _moe(64, 64, False, torch.bfloat16),
             _hf_block(32, 64, False),
+            _hf_eager_block(32, 64, False, torch.float32),
+            _hf_eager_block(32, 64, False, torch.bfloat16),
+            _hf_model("qwen3_moe", 32, False),
             _combine(64, 128, 2, 4),
             _compile_time(16, 64, 256),
         ]
@@ -203,6 +271,14 @@ def cases(quick: bool = False) -> list[Case]:
         _moe(2048, 1024, True, torch.bfloat16),
         _hf_block(2048, 1024, False),
         _hf_block(2048, 1024, True),
+        _hf_eager_block(2048, 1024, False, torch.float32),
+        _hf_eager_block(2048, 1024, True, torch.float32),
+        _hf_eager_block(2048, 1024, False, torch.bfloat16),
+        _hf_eager_block(2048, 1024, True, torch.bfloat16),
+        _hf_model("qwen3_moe", 1024, False),
+        _hf_model("qwen3_moe", 1024, True),
+        _hf_model("deepseek_v3", 1024, False),
+        _hf_model("deepseek_v3", 1024, True),
         _combine(4096, 4096, 8, 64),
         _compile_time(64, 256, 512),
     ]

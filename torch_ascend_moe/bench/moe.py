@@ -47,6 +47,70 @@ def models(shape, implementation: str, device="cpu", dtype=torch.float32):
     return block.to(device, dtype), ours.to(device, dtype), x.to(device, dtype)
 
 
+def tiny_model(family: str, hidden: int = 256, layers: int = 2, experts: int = 8, top_k: int = 2):
+    """A random-weight transformers causal LM of ``family`` (``"mixtral"``, ``"qwen3_moe"``, ``"deepseek_v3"``)
+    built locally (no download), every layer MoE except DeepSeek-V3's first (dense, as the real model), with the
+    experts implementation transformers picks by default, in FP32 and eval mode."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise RuntimeError("bench: needs transformers (pip install 'torch_ascend_moe[hf]')") from e
+    common = dict(
+        vocab_size=1024,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        num_experts_per_tok=top_k,
+    )
+    if family == "mixtral":
+        config = transformers.MixtralConfig(**common, intermediate_size=hidden, num_local_experts=experts)
+        cls = transformers.MixtralForCausalLM
+    elif family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(
+            **common,
+            intermediate_size=2 * hidden,
+            moe_intermediate_size=hidden,
+            num_experts=experts,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            head_dim=hidden // 4,
+        )
+        cls = transformers.Qwen3MoeForCausalLM
+    elif family == "deepseek_v3":
+        config = transformers.DeepseekV3Config(
+            **common,
+            intermediate_size=2 * hidden,
+            moe_intermediate_size=hidden,
+            n_routed_experts=experts,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=hidden // 4,
+            q_lora_rank=None,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=32,
+            v_head_dim=hidden // 4,
+        )
+        cls = transformers.DeepseekV3ForCausalLM
+    else:
+        raise ValueError(f"tiny_model: family must be one of 'mixtral', 'qwen3_moe', 'deepseek_v3', got {family!r}")
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # HF zero-initialises routers (and DeepSeek's correction bias): make routing non-trivial
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.01)
+    return model
+
+
 def _case(quick: bool, implementation: str, grad: bool) -> Case:
     t, h, k, e = _shape(quick)
     # Per token: router (2·H·E) and k experts of three H x H projections (gate, up, down): 6·H·I each.

@@ -10,6 +10,11 @@ or ``inductor_lowerings.enable()`` for the process, or ``torch.compile(model, ba
 the passes on for that model only). The passes run after Inductor's own post-grad passes and before a user's
 ``post_grad_custom_post_pass``, which keeps working; the FX graph cache keys on our sources. Each rewrite is one
 module here, named after what it fuses; ``MATCHES`` counts the rewrites applied in this process.
+
+``enable()`` / ``enabled()`` also switch on one substitution at trace time, before any graph exists: transformers'
+``eager`` experts (a per-expert loop Dynamo cannot put in one graph) are traced as a grouped implementation of the
+same experts (``torch_ascend_moe.hf.eager_experts_forward``). The backend name alone cannot do that (a backend
+sees graphs only after Dynamo has traced them).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from torch._inductor import config
 
 BACKEND = "ascend_moe"
 MATCHES: collections.Counter = collections.Counter()  # rewrites applied in this process, by rewrite name
+# Read by transformers' "eager" experts implementation while Dynamo traces it (torch_ascend_moe.hf): the per-expert
+# loop becomes our grouped ops. A plain module global, so Dynamo guards on it and recompiles when it changes.
+SUBSTITUTE_EAGER_EXPERTS = False
 
 
 def _passes(user=None, allowed=None):
@@ -36,7 +44,10 @@ def _ours(p) -> bool:
 
 
 def enable() -> None:
-    """Install the passes for every later ``torch.compile`` with Inductor in this process (idempotent)."""
+    """Install the passes for every later ``torch.compile`` with Inductor in this process, and the eager-experts
+    substitution for every later trace (idempotent)."""
+    global SUBSTITUTE_EAGER_EXPERTS
+    SUBSTITUTE_EAGER_EXPERTS = True
     current = config.post_grad_custom_post_pass
     if not _ours(current):
         config.post_grad_custom_post_pass = _passes(current)
@@ -44,6 +55,8 @@ def enable() -> None:
 
 def disable() -> None:
     """Remove the passes, restoring the post-grad pass that was installed before ``enable()``."""
+    global SUBSTITUTE_EAGER_EXPERTS
+    SUBSTITUTE_EAGER_EXPERTS = False
     current = config.post_grad_custom_post_pass
     if _ours(current):
         config.post_grad_custom_post_pass = current.user
