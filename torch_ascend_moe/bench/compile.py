@@ -1,7 +1,8 @@
 """Benchmark cases of the compiler passes (``python -m torch_ascend_moe bench compile``): the same function compiled
 by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``),
 timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
-``fp8_quant_gemm``), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
+``fp8_quant_gemm``), an RMSNorm followed by the per-token FP8 cast (``quantize_fp8`` inlined into Inductor's
+kernel), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
 peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
 demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
 op itself in inference and training graphs keep the L1 output for the backward, so nothing matches there: the ratio
@@ -57,6 +58,25 @@ def _fp8_linear(m, n, k) -> Case:
     return Case(
         f"FP8 linear (cast + GEMM) {m}x{n}x{k}", 2 * m * n * k, setup, "Inductor without the passes", memory=True
     )
+
+
+def _norm_cast(m, k) -> Case:
+    """RMSNorm then the per-token FP8 cast (what feeds an FP8 MoE's dispatch or grouped GEMM): ``quantize_inline``
+    lets Inductor compute the norm, the block amax and the cast in one pass."""
+
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        x, w = (torch.randn(m, k, generator=g) * 10).bfloat16(), torch.randn(k, generator=g)
+
+        def norm_cast(x, w):
+            xf = x.float()
+            y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(x.dtype)
+            return ops.quantize_fp8(y, [1, 128])
+
+        ours, baseline = _both(norm_cast)
+        return (lambda: ours(x, w)), (lambda: baseline(x, w))
+
+    return Case(f"RMSNorm + FP8 cast {m}x{k}", 0, setup, _WITHOUT, memory=True)
 
 
 def _indexer(s, s_kv, h, d, topk) -> Case:
@@ -250,6 +270,7 @@ def cases(quick: bool = False) -> list[Case]:
     if quick:
         return [
             _fp8_linear(64, 256, 512),
+            _norm_cast(64, 512),
             _indexer(32, 256, 4, 32, 16),
             _moe(64, 64, False),
             _expert_mlp(64, 64, 32, 4),
@@ -263,6 +284,8 @@ def cases(quick: bool = False) -> list[Case]:
         ]
     return [
         _fp8_linear(2048, 4096, 4096),
+        _norm_cast(4096, 7168),
+        _norm_cast(64, 7168),
         _indexer(1024, 8192, 16, 64, 512),
         _moe(2048, 512, False),
         _moe(2048, 512, True),

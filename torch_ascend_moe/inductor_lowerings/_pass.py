@@ -132,8 +132,10 @@ def _erase_orphans(nodes) -> None:
 
 
 def _rewrite_modules() -> list[Path]:
+    """The sources a compiled graph's rewrites depend on: this package's, and the quant reference that
+    ``quantize_inline`` traces into the graph."""
     package = Path(__file__).parent
-    return sorted(package.glob("*.py"))
+    return sorted(package.glob("*.py")) + sorted((package.parent / "quant").glob("*.py"))
 
 
 @functools.cache
