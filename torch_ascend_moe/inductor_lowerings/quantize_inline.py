@@ -11,9 +11,9 @@ does for its own pointwise chains): one rounding instead of two, within the cast
 Only where Inductor generates the kernels (``DEVICES``: CPU and CUDA; on Ascend the op's adapter is CANN's
 ``npu_dynamic_mx_quant``). Left alone: a cast feeding ``fp8_gemm`` (``quant_gemm`` fuses that pair into
 ``fp8_quant_gemm``), the requant closing an expert MLP's SwiGLU (``swiglu_epilogue`` fuses it into the grouped
-GEMM), shapes that are not whole blocks (see ``plan``), packed UE8M0 scales (the packing checks scale values: a data-dependent step Inductor cannot
-trace), calls the op refuses (its own checks decide, so a rewritten graph never runs where the
-original raised).
+GEMM), shapes that are not whole blocks (see ``plan``), packed UE8M0 scales (the packing checks scale values: a
+data-dependent step Inductor cannot trace), calls the op refuses (its own checks decide, so a rewritten graph never
+runs where the original raised).
 """
 
 from __future__ import annotations
