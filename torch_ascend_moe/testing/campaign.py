@@ -68,7 +68,7 @@ def tensor_mutations(x: torch.Tensor) -> list[tuple[str, Callable[[], torch.Tens
     if x.numel() and x.dtype in (torch.int32, torch.int64):
         # Data the kernels must check (ids, offsets, lengths); a fake cannot see them.
         top = torch.iinfo(x.dtype).max
-        for v in (-2, -1, top, x.max().item() + 1):
+        for v in dict.fromkeys((-2, -1, top, min(x.max().item() + 1, top))):  # max + 1 saturates (int32 entries)
             out.append(
                 (f"entry 0 = {v}", lambda v=v: x.flatten().clone().index_fill_(0, torch.tensor([0]), v).view(x.shape))
             )

@@ -1,0 +1,141 @@
+"""Sample inputs, fp64 reference, bad inputs and the harness spec of the sparse_mla family.
+
+FlashMLA's sparse-prefill test data scaled down for a CPU (specs/flashmla_api.md §9): q and kv ~ N(0, 1)/10 plus a
+random offset, non-contiguous views; indices are random rows of [0, s_kv) mixed with upstream's invalid values
+(-2^31, -123456, -1, s_kv, 114514, 1919810, 2147480000, 2^31 - 1), repeated rows, a token with no valid index;
+attention sinks with +-inf entries; topk_length in [0, topk]. Both head dims of upstream (d_qk 576 and 512 with
+d_v 512) in the large samples, small dims for gradcheck. The reference loops over tokens in fp64, written from the
+spec's formulas, independently of the kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_ascend_moe.backends.portable import sparse_mla as portable
+from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+
+INVALID = (-(2**31), -123456, -1, 114514, 1919810, 2147480000, 2**31 - 1)
+
+# (s_q, h_q, d_qk, d_v, s_kv, topk, sink, topk_length)
+_CASES = [
+    (6, 64, 576, 512, 95, 128, False, False),
+    (9, 16, 512, 512, 300, 64, True, True),
+    (13, 4, 96, 64, 40, 48, True, False),
+    (5, 2, 64, 32, 7, 16, False, True),
+    (0, 4, 64, 64, 10, 8, False, False),
+]
+_CASES_SMALL = [(3, 2, 16, 8, 9, 6, True, True), (4, 3, 8, 8, 5, 7, False, False)]
+
+
+def make_indices(s_q: int, s_kv: int, topk: int, g: torch.Generator, lonely: bool = True) -> torch.Tensor:
+    idx = torch.randint(0, max(s_kv, 1), (s_q, 1, topk), generator=g, dtype=torch.int64)
+    invalid = torch.tensor([*INVALID, s_kv], dtype=torch.int64)
+    mask = torch.rand(s_q, 1, topk, generator=g) < 0.3
+    idx = torch.where(mask, invalid[torch.randint(0, len(invalid), idx.shape, generator=g)], idx)
+    if s_q > 1 and topk > 1:
+        idx[0, 0, 1] = idx[0, 0, 0]  # a repeated row counts twice, as upstream's kernels do
+    if lonely and s_q > 2:
+        idx[s_q // 2] = invalid[torch.randint(0, len(invalid), (topk,), generator=g)]
+    return idx.to(torch.int32)
+
+
+def _strided(x: torch.Tensor, strides) -> torch.Tensor:
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype).copy_(x)
+
+
+def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(20)
+    out = []
+    for s_q, h_q, d_qk, d_v, s_kv, topk, sink, length in _CASES_SMALL if small else _CASES:
+        q = torch.randn(s_q, h_q, d_qk, generator=g) / 10 + torch.randn(1, generator=g) / 10
+        kv = torch.randn(s_kv, 1, d_qk, generator=g) / 10 + torch.randn(1, generator=g) / 10
+        if not small:  # larger logits than N(0, 1)/10 gives: the softmax is not flat
+            q = q * 30
+        # Non-contiguous, as upstream's test: q every other element of a wider row, kv every other row (strided
+        # tensors of their own, not views: an exported program's guards read a view's base).
+        q = _strided(q.to(dtype), (h_q * 2 * d_qk, 2 * d_qk, 2))
+        kv = _strided(kv.to(dtype), (2 * d_qk, d_qk, 1))
+        q, kv = (t.to(device).requires_grad_(requires_grad) for t in (q, kv))
+        indices = make_indices(s_q, s_kv, topk, g, lonely=not small).to(device)
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        attn_sink = None
+        if sink:
+            attn_sink = torch.randn(h_q, generator=g).to(acc)
+            if not small and h_q >= 4:
+                attn_sink[0], attn_sink[1] = math.inf, -math.inf
+            attn_sink = attn_sink.to(device).requires_grad_(requires_grad and small)
+        topk_length = None
+        if length:
+            topk_length = torch.randint(0 if not small else 1, topk + 1, (s_q,), generator=g, dtype=torch.int32)
+            topk_length = topk_length.to(device)
+        sm_scale = d_qk**-0.5 if not small else 0.5
+        name = f"s_q{s_q} h{h_q} d{d_qk}/{d_v} s_kv{s_kv} top{topk} sink={sink} length={length}"
+        out.append(SampleInput((q, kv, indices, sm_scale, d_v, attn_sink, topk_length), name))
+    return out
+
+
+def reference(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    q64, kv64 = q.detach().double(), kv.detach().double()[:, 0, :]
+    s_q, h_q, _ = q.shape
+    out = torch.zeros(s_q, h_q, d_v, dtype=torch.float64)
+    max_logits = torch.full((s_q, h_q), -math.inf, dtype=torch.float64)
+    lse = torch.full((s_q, h_q), math.inf, dtype=torch.float64)
+    for i in range(s_q):
+        positions = [
+            j
+            for j, index in enumerate(indices[i, 0].tolist())
+            if 0 <= index < kv.shape[0] and (topk_length is None or j < int(topk_length[i]))
+        ]
+        if not positions:
+            continue
+        rows = kv64[[int(indices[i, 0, j]) for j in positions]]
+        logits = sm_scale * q64[i] @ rows.T  # [h, n]
+        max_logits[i] = logits.max(dim=-1).values
+        lse[i] = torch.logsumexp(logits, dim=-1)
+        softmax = torch.softmax(logits, dim=-1)
+        out[i] = softmax @ rows[:, :d_v]
+        if attn_sink is not None:
+            out[i] *= torch.sigmoid(lse[i] - attn_sink.detach().double())[:, None]  # exp(lse)/(exp(lse)+exp(sink))
+    return out, max_logits, lse
+
+
+def bad_inputs(device) -> list[BadInput]:
+    q, kv = torch.randn(4, 2, 16), torch.randn(9, 1, 16)
+    idx = torch.zeros(4, 1, 5, dtype=torch.int32)
+    sink, length = torch.zeros(2), torch.zeros(4, dtype=torch.int32)
+    return [
+        BadInput((q[0], kv, idx, 0.5, 8), r"argument 'q' rank: expected 3-D \[s_q, h_q, d_qk\]", "q rank"),
+        BadInput((q.int(), kv, idx, 0.5, 8), r"argument 'q' dtype: expected one of torch.bfloat16", "q dtype"),
+        BadInput((q, kv.double(), idx, 0.5, 8), r"argument 'kv' dtype: expected torch.float32 \(same as 'q'\)", "kv"),
+        BadInput((q, kv.expand(9, 2, 16), idx, 0.5, 8), r"argument 'kv' size\(1\) \(h_kv\): expected 1", "h_kv"),
+        BadInput(
+            (q, kv[..., :8], idx, 0.5, 8), r"argument 'kv' size\(2\) \(d_qk\): expected 16 \(q.size\(2\)\)", "dqk"
+        ),
+        BadInput((q, kv, idx.long(), 0.5, 8), r"argument 'indices' dtype: expected torch.int32", "indices dtype"),
+        BadInput((q, kv, idx[:3], 0.5, 8), r"argument 'indices' size\(0\) \(s_q\): expected 4", "indices s_q"),
+        BadInput((q, kv, idx[0], 0.5, 8), r"argument 'indices' rank: expected 3-D", "indices rank"),
+        BadInput((q, kv, idx, 0.5, 0), r"argument 'd_v' value: expected a positive integer, got 0", "d_v 0"),
+        BadInput((q, kv, idx, 0.5, 17), r"argument 'd_v' value: expected at most d_qk = 16, got 17", "d_v big"),
+        BadInput((q, kv, idx, 0.5, 8, sink[:1]), r"argument 'attn_sink' size\(0\) \(h_q\): expected 2", "sink h"),
+        BadInput((q, kv, idx, 0.5, 8, sink.bfloat16()), r"argument 'attn_sink' dtype: expected torch.float32", "sink"),
+        BadInput((q, kv, idx, 0.5, 8, None, length[:2]), r"argument 'topk_length' size\(0\) \(s_q\)", "length s_q"),
+        BadInput((q, kv, idx, 0.5, 8, None, length.long()), r"argument 'topk_length' dtype", "length dtype"),
+        BadInput((q, kv.to("meta"), idx, 0.5, 8), r"argument 'kv' device: expected cpu \(same as 'q'\)", "device"),
+    ]
+
+
+SPECS = [
+    OpSpec(
+        "sparse_mla_prefill",
+        samples,
+        reference,
+        bad_inputs,
+        portable.sparse_mla_prefill,
+        dtypes=(torch.bfloat16, torch.float32),
+        aoti="the kernel is Python (the portable one, until a C++ kernel lands): an AOTInductor (C++-only) "
+        "deployment cannot run it",
+    )
+]

@@ -1,0 +1,124 @@
+"""sparse_mla_prefill beyond the harness: upstream FlashMLA's comparison rule and thresholds on its head shapes
+(BF16, d_qk 576 and 512, h_q 64 and 128, scaled-down s_q / s_kv), the exact semantics of sinks (+-inf),
+``topk_length`` and invalid indices, NaN in rows nobody selects, memory O(s_q * topk), gradients of BF16 inputs
+against the fp64 ones, and the ``flash_mla`` compat functions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_ascend_moe.flash_mla as flash_mla
+from tests.sparse_mla.specs import make_indices, reference
+from torch_ascend_moe.bench import peak_memory_mb
+from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+from torch_ascend_moe.testing import calc_diff
+
+
+def _upstream_close(got, ref, abs_tol, rel_tol, cos_tol=1.0) -> None:
+    """FlashMLA's tests/kernelkit/compare.py: +-inf and NaN at the same positions; every other element within
+    ``abs_tol`` or ``rel_tol`` (abs / (|ref| + 1e-6)); then calc_diff <= ``cos_tol`` (skipped for a ~zero ref)."""
+    got, ref = got.double(), ref.double()
+    for special in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(special(got), special(ref))
+    finite = torch.isfinite(ref)
+    err = (got[finite] - ref[finite]).abs()
+    assert ((err < abs_tol) | (err / (ref[finite].abs() + 1e-6) < rel_tol)).all(), err.max()
+    if ref[finite].square().sum() >= 1e-12:
+        assert calc_diff(got[finite], ref[finite]) <= cos_tol
+
+
+def _inputs(s_q, h_q, d_qk, s_kv, topk, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(s_q, h_q, d_qk, generator=g) / 10 + torch.randn(1, generator=g) / 10).clamp(-10, 10)
+    kv = (torch.randn(s_kv, 1, d_qk, generator=g) / 10 + torch.randn(1, generator=g) / 10).clamp(-10, 10)
+    return q.to(dtype), kv.to(dtype), make_indices(s_q, s_kv, topk, g)
+
+
+@pytest.mark.parametrize(("d_qk", "h_q"), [(576, 128), (512, 64)])
+@pytest.mark.parametrize(("s_kv", "topk"), [(128, 128), (592, 128), (95, 128), (153, 256)])
+def test_upstream_thresholds(d_qk, h_q, s_kv, topk):
+    q, kv, indices = _inputs(9, h_q, d_qk, s_kv, topk, seed=s_kv)
+    g = torch.Generator().manual_seed(topk)
+    sink = torch.randn(h_q, generator=g)
+    sink[:3] = torch.tensor([math.inf, -math.inf, math.inf])
+    length = torch.randint(0, topk + 1, (9,), generator=g, dtype=torch.int32)
+    out, max_logits, lse = sparse_mla_prefill(q, kv, indices, 0.5, 512, sink, length)
+    ref = reference(q, kv, indices, 0.5, 512, sink, length)  # upstream compares with an FP32 reference
+    _upstream_close(out, ref[0], 8e-4, 3.01 / 128, 7e-6)
+    _upstream_close(max_logits, ref[1], 1e-6, 2.01 / 65536)
+    _upstream_close(lse, ref[2], 1e-6, 2.01 / 65536)
+
+
+def test_sinks_and_lengths_are_exact():
+    q, kv, indices = _inputs(7, 4, 64, 50, 32, dtype=torch.float32)
+    plain = sparse_mla_prefill(q, kv, indices, 0.3, 64)
+    minus = sparse_mla_prefill(q, kv, indices, 0.3, 64, torch.full((4,), -math.inf))
+    plus = sparse_mla_prefill(q, kv, indices, 0.3, 64, torch.full((4,), math.inf))
+    for a, b in zip(plain, minus):
+        assert torch.equal(a, b)  # a -inf sink changes nothing
+    assert torch.equal(plus[0], torch.zeros_like(plus[0]))  # a +inf sink takes all the weight
+    assert torch.equal(plus[1], plain[1]) and torch.equal(plus[2], plain[2])  # and never touches the stats
+    length = torch.tensor([0, 1, 5, 32, 40, 17, 3], dtype=torch.int32)
+    cut = indices.clone()
+    for i, n in enumerate(length.tolist()):
+        cut[i, 0, n:] = -1
+    for a, b in zip(sparse_mla_prefill(q, kv, indices, 0.3, 64, None, length), sparse_mla_prefill(q, kv, cut, 0.3, 64)):
+        assert torch.equal(a, b)
+    out, max_logits, lse = sparse_mla_prefill(q, kv, indices, 0.3, 64, None, length)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # a token with no row
+    assert torch.isposinf(lse[0]).all() and torch.isneginf(max_logits[0]).all()
+
+
+def test_rows_nobody_selects_may_hold_nan():
+    q, kv, indices = _inputs(6, 2, 32, 40, 16, dtype=torch.float32)
+    length = torch.full((6,), 10, dtype=torch.int32)
+    want = sparse_mla_prefill(q, kv, indices, 0.5, 32, None, length)
+    selected = {int(i) for row in indices[:, 0, :10].tolist() for i in row if 0 <= i < 40}
+    poisoned = kv.clone()
+    poisoned[[i for i in range(40) if i not in selected]] = math.nan
+    got = sparse_mla_prefill(q, poisoned, indices, 0.5, 32, None, length)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_memory_is_per_selected_row():
+    """s_q 2048 x s_kv 65536 logits would be 512 MB in FP32; the op holds what its chunk of queries selects."""
+    q, kv, _ = _inputs(2048, 4, 64, 65536, 1, dtype=torch.float32)
+    indices = torch.randint(0, 65536, (2048, 1, 64), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    peak = peak_memory_mb(lambda: sparse_mla_prefill(q, kv, indices, 0.125, 64))
+    if peak is None:
+        pytest.skip("the kernel does not let the peak-RSS counter be reset")
+    assert peak < 96, peak
+
+
+def test_bf16_gradients_against_fp64():
+    q, kv, indices = _inputs(8, 4, 48, 30, 24)
+    sink = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    grads = {}
+    for dtype in (torch.bfloat16, torch.float64):
+        qd = q.detach().to(dtype).requires_grad_()
+        kvd = kv.detach().to(dtype).requires_grad_()
+        sd = sink.detach().to(torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_()
+        out, _, lse = sparse_mla_prefill(qd, kvd, indices, 0.4, 32, sd)
+        w = torch.randn(out.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        ((out.double() * w).sum() + torch.where(lse.isinf(), 0, lse.double()).sum()).backward()
+        grads[dtype] = (qd.grad, kvd.grad, sd.grad)
+    for got, want in zip(grads[torch.bfloat16], grads[torch.float64]):
+        assert calc_diff(got, want) < 1e-4
+
+
+def test_flash_mla_compat():
+    q, kv, indices = _inputs(5, 64, 576, 70, 128)
+    sink = torch.randn(64)
+    got = flash_mla.flash_mla_sparse_fwd(q, kv, indices, 576**-0.5, d_v=512, attn_sink=sink)
+    want = sparse_mla_prefill(q, kv, indices, 576**-0.5, 512, sink)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert got[0].dtype == torch.bfloat16 and got[1].dtype == got[2].dtype == torch.float32
+    meta, none = flash_mla.get_mla_metadata()
+    assert isinstance(meta, flash_mla.FlashMLASchedMeta) and none is None and not meta.have_initialized
+    meta, _ = flash_mla.get_mla_metadata(torch.tensor([5], dtype=torch.int32), 64, 1, 64, True, 128)  # G1 form
+    assert isinstance(meta, flash_mla.FlashMLASchedMeta)

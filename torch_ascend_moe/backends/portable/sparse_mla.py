@@ -1,0 +1,69 @@
+"""Device-generic sparse_mla kernels with torch ops, in chunks of query tokens so that memory stays
+O(chunk * topk * (d_qk + h_q)): each chunk gathers its selected KV rows, never a ``[s_q, s_kv]`` matrix.
+
+Numerics (the op's definition, which every kernel follows): logits ``sm_scale * q.k`` from q and KV in FP32
+(FP64 for FP64 inputs), the softmax weights ``exp(logit - L)`` in FP32 (not rounded to BF16 as FlashMLA's
+tensor-core PV product does: closer to the exact value), the weighted sum of V in FP32, one rounding to q's dtype.
+Rows that are left out contribute nothing, even when they hold NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.meta.sparse_mla import sparse_mla_prefill_signature
+
+CHUNK_ELEMENTS = 1 << 24  # gathered rows + logits per chunk of queries (64 MiB in FP32)
+
+
+def query_chunks(s_q: int, topk: int, d_qk: int, h_q: int):
+    """``(start, end)`` of each chunk of query tokens."""
+    rows = max(1, CHUNK_ELEMENTS // max(1, topk * (d_qk + h_q)))
+    return [(i, min(i + rows, s_q)) for i in range(0, s_q, rows)]
+
+
+def selected(kv, indices, topk_length, start, end, acc):
+    """For query tokens ``[start, end)``: ``valid [c, topk]`` and the selected KV rows ``[c, topk, d_qk]`` in
+    ``acc`` (rows left out are zeros, whatever the row they would point at holds)."""
+    idx = indices[start:end, 0, :].long()
+    valid = (idx >= 0) & (idx < kv.shape[0])
+    if topk_length is not None:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        valid &= positions < topk_length[start:end, None].long()
+    rows = kv[:, 0, :][torch.where(valid, idx, 0)].to(acc)
+    return valid, torch.where(valid[..., None], rows, 0)
+
+
+def softmax_parts(q_c, rows, valid, sm_scale, attn_sink):
+    """``(logits [c, h, topk] with -inf where left out, lse without the sink, the normaliser L with it)``."""
+    logits = torch.einsum("chd,ctd->cht", q_c, rows) * sm_scale
+    logits = logits.masked_fill(~valid[:, None, :], -math.inf)
+    lse = torch.logsumexp(logits, dim=-1)
+    norm = lse if attn_sink is None else torch.logaddexp(lse, attn_sink.to(lse.dtype)[None, :])
+    return logits, lse, norm
+
+
+def weights(logits, norm):
+    """``exp(logit - L)``, 0 where the row is left out (also for a query with no row, where L is -inf)."""
+    return torch.where(logits == -math.inf, 0, torch.exp(logits - norm[..., None]))
+
+
+@portable_kernel
+def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    acc = sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    s_q, h_q, d_qk = q.shape
+    out = q.new_empty(s_q, h_q, d_v)
+    max_logits = q.new_empty(s_q, h_q, dtype=acc)
+    lse = q.new_empty(s_q, h_q, dtype=acc)
+    for start, end in query_chunks(s_q, indices.shape[2], d_qk, h_q):
+        valid, rows = selected(kv, indices, topk_length, start, end, acc)
+        logits, lse_c, norm = softmax_parts(q[start:end].to(acc), rows, valid, sm_scale, attn_sink)
+        p = weights(logits, norm)
+        out[start:end] = torch.einsum("cht,ctd->chd", p, rows[..., :d_v]).to(q.dtype)
+        lonely = ~valid.any(dim=-1)[:, None]  # no row at all: lse +inf, max_logits -inf (FlashMLA's kernel)
+        max_logits[start:end] = torch.where(lonely, -math.inf, logits.amax(dim=-1) if logits.shape[-1] else 0)
+        lse[start:end] = torch.where(lonely, math.inf, lse_c)
+    return out, max_logits, lse

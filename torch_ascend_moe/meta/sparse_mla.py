@@ -1,0 +1,66 @@
+"""Fake of the sparse_mla family (FlashMLA's sparse attention) and the validation its kernels share.
+
+``sparse_mla_prefill`` is ``flash_mla_sparse_fwd`` (specs/flashmla_api.md §3, the current G2/G3 definitions):
+query token ``i``, head ``h`` attends over the ``topk`` KV rows ``indices[i, 0, :]`` (one KV head, its first
+``d_v`` columns are V); an index ``< 0`` or ``>= s_kv``, or a position ``>= topk_length[i]``, is left out.
+Outputs ``out [s_q, h_q, d_v]`` (q's dtype), ``max_logits`` and the natural-log ``lse`` ``[s_q, h_q]`` (FP32;
+FP64 for FP64 inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe import _checks as ck
+from torch_ascend_moe._registry import fake
+
+PREFILL = "ascend_moe::sparse_mla_prefill"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_DTYPES_TEXT = "one of torch.bfloat16, torch.float16, torch.float32, torch.float64"
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """Where the logits, the softmax and the weighted sum are computed (and lse / max_logits are returned)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _same_device(op: str, arg: str, t: torch.Tensor, q: torch.Tensor) -> None:
+    ck.check_arg(t.device == q.device, op, arg, "device", lambda: f"{q.device} (same as 'q')", t.device)
+
+
+def sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length) -> torch.dtype:
+    """Checks a call; returns the accumulation dtype."""
+    op = PREFILL
+    ck.check_rank(op, "q", q, 3, "[s_q, h_q, d_qk]")
+    ck.check_arg(q.dtype in DTYPES, op, "q", "dtype", _DTYPES_TEXT, q.dtype)
+    ck.check_rank(op, "kv", kv, 3, "[s_kv, h_kv, d_qk]")
+    ck.check_arg(kv.dtype == q.dtype, op, "kv", "dtype", lambda: f"{q.dtype} (same as 'q')", kv.dtype)
+    _same_device(op, "kv", kv, q)
+    ck.check_dim_size(op, "kv", kv, 1, "h_kv", 1, "one KV head")
+    ck.check_dim_size(op, "kv", kv, 2, "d_qk", q.shape[2], "q.size(2)")
+    ck.check_rank(op, "indices", indices, 3, "[s_q, h_kv, topk]")
+    ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
+    _same_device(op, "indices", indices, q)
+    ck.check_dim_size(op, "indices", indices, 0, "s_q", q.shape[0], "q.size(0)")
+    ck.check_dim_size(op, "indices", indices, 1, "h_kv", 1, "kv.size(1)")
+    ck.check_int_arg(op, "d_v", d_v, 1)
+    ck.check_arg(d_v <= q.shape[2], op, "d_v", "value", lambda: f"at most d_qk = {ck._text(q.shape[2])}", d_v)
+    acc = accumulator(q.dtype)
+    if attn_sink is not None:
+        ck.check_rank(op, "attn_sink", attn_sink, 1, "[h_q]")
+        ck.check_arg(attn_sink.dtype == acc, op, "attn_sink", "dtype", str(acc), attn_sink.dtype)
+        _same_device(op, "attn_sink", attn_sink, q)
+        ck.check_dim_size(op, "attn_sink", attn_sink, 0, "h_q", q.shape[1], "q.size(1)")
+    if topk_length is not None:
+        ck.check_rank(op, "topk_length", topk_length, 1, "[s_q]")
+        ck.check_arg(topk_length.dtype == torch.int32, op, "topk_length", "dtype", "torch.int32", topk_length.dtype)
+        _same_device(op, "topk_length", topk_length, q)
+        ck.check_dim_size(op, "topk_length", topk_length, 0, "s_q", q.shape[0], "q.size(0)")
+    return acc
+
+
+@fake
+def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    acc = sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    s_q, h_q = q.shape[0], q.shape[1]
+    return q.new_empty([s_q, h_q, d_v]), q.new_empty([s_q, h_q], dtype=acc), q.new_empty([s_q, h_q], dtype=acc)

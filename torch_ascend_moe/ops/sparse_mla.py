@@ -1,0 +1,38 @@
+"""The sparse_mla family: FlashMLA's sparse attention, the consumer of DeepSeek Sparse Attention's indexer top-k."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+
+_prefill = torch.ops.ascend_moe.sparse_mla_prefill.default
+
+
+@schema_defaults
+def sparse_mla_prefill(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = FROM_SCHEMA,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, max_logits, lse)``: each query token attends over its own ``topk`` KV rows (FlashMLA's
+    ``flash_mla_sparse_fwd``).
+
+    ``q [s_q, h_q, d_qk]``, ``kv [s_kv, 1, d_qk]`` (one latent KV head; V is its first ``d_v`` columns), ``indices
+    [s_q, 1, topk]`` int32: an index ``< 0`` or ``>= s_kv`` is left out, as is every position ``>= topk_length[i]``
+    (``[s_q]`` int32). ``P = sm_scale * q.k``; ``lse = ln sum exp P`` and ``max_logits = max P`` (FP32 ``[s_q, h_q]``);
+    ``out = sum softmax(P) V``, scaled by ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` with a sink (``[h_q]``
+    FP32). A token with no row: ``out`` 0, ``lse`` +inf, ``max_logits`` -inf. Memory O(s_q * topk); differentiable
+    in ``q``, ``kv`` (through the selected rows) and ``attn_sink``.
+
+    >>> q, kv = torch.randn(3, 2, 8), torch.randn(10, 1, 8)
+    >>> idx = torch.tensor([[[0, 4, -1]], [[9, 9, 1]], [[-1, 10, -5]]], dtype=torch.int32)
+    >>> out, max_logits, lse = sparse_mla_prefill(q, kv, idx, 0.5, d_v=4)
+    >>> out.shape, lse[2].tolist()
+    (torch.Size([3, 2, 4]), [inf, inf])
+    """
+    return _prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
