@@ -33,8 +33,9 @@ def selected(kv, indices, topk_length, start, end, acc):
     if topk_length is not None:
         positions = torch.arange(idx.shape[1], device=idx.device)
         valid &= positions < topk_length[start:end, None].long()
-    rows = kv[:, 0, :][torch.where(valid, idx, 0)].to(acc)
-    return valid, torch.where(valid[..., None], rows, 0)
+    rows = kv[:, 0, :][torch.where(valid, idx, 0)]
+    rows.masked_fill_(~valid[..., None], 0)  # in place, in kv's dtype: the cheapest pass over the gathered rows
+    return valid, rows.to(acc)
 
 
 def softmax_parts(q_c, rows, valid, sm_scale, attn_sink):
