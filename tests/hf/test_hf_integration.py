@@ -9,6 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import torch_ascend_moe.hf as hf  # noqa: E402  (registers the implementations)
+from torch_ascend_moe.bench.moe import randomize_routing  # noqa: E402
 from torch_ascend_moe.nn import MegaMoE, MoE  # noqa: E402
 from torch_ascend_moe.testing import calc_diff  # noqa: E402
 
@@ -60,15 +61,7 @@ def _tiny(family: str, **extra):
     for k, v in extra.items():
         setattr(config, k, v)
     torch.manual_seed(0)
-    model = cls(config).eval()
-    with torch.no_grad():  # HF initializes some router weights / biases to zero: make routing non-trivial
-        for name, p in model.named_parameters():
-            if name.endswith("gate.weight"):
-                p.normal_(0, 0.1)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.01)
-    return model
+    return randomize_routing(cls(config).eval())
 
 
 FAMILIES = ["mixtral", "qwen3_moe", "deepseek_v3"]

@@ -14,6 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import torch_ascend_moe.hf as hf  # noqa: E402
+from torch_ascend_moe.bench.moe import randomize_routing  # noqa: E402
 from torch_ascend_moe.nn import MoE  # noqa: E402
 from torch_ascend_moe.testing import calc_diff  # noqa: E402
 
@@ -70,14 +71,7 @@ SWAPPABLE = ["mixtral", "qwen3_moe", "olmoe", "deepseek_v3"]
 
 
 def _randomize_routing(model):
-    with torch.no_grad():  # HF initializes some router weights / biases to zero: make routing non-trivial
-        for name, p in model.named_parameters():
-            if name.endswith("gate.weight"):
-                p.normal_(0, 0.2)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0, 0.01)
-    return model
+    return randomize_routing(model, std=0.2)
 
 
 def _tiny(family: str, **extra):

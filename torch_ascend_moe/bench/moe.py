@@ -100,11 +100,15 @@ def tiny_model(family: str, hidden: int = 256, layers: int = 2, experts: int = 8
     else:
         raise ValueError(f"tiny_model: family must be one of 'mixtral', 'qwen3_moe', 'deepseek_v3', got {family!r}")
     torch.manual_seed(0)
-    model = cls(config).eval()
-    with torch.no_grad():  # HF zero-initialises routers (and DeepSeek's correction bias): make routing non-trivial
+    return randomize_routing(cls(config).eval())
+
+
+def randomize_routing(model, std: float = 0.1):
+    """HF zero-initialises routers (and DeepSeek's correction bias): random ones make routing non-trivial."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("gate.weight"):
-                p.normal_(0, 0.1)
+                p.normal_(0, std)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0, 0.01)
