@@ -135,7 +135,5 @@ SPECS = [
         bad_inputs,
         portable.sparse_mla_prefill,
         dtypes=(torch.bfloat16, torch.float32),
-        aoti="the kernel is Python (the portable one, until a C++ kernel lands): an AOTInductor (C++-only) "
-        "deployment cannot run it",
     )
 ]
