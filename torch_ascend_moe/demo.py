@@ -68,19 +68,34 @@ class Attention(nn.Module):
 
             self.indexer = LightningIndexer(hidden, num_heads=4, head_dim=64, topk=indexer_topk, quant="fp8")
 
-    def _sparse_mask(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, 1, S, S]`` boolean: key j visible to query i when the indexer picked it (causal by ks/ke)."""
+    def _selection(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, S, topk]`` int32: the KV positions the indexer picked for each query (causal by ks/ke; -1 pads)."""
         b, s, _ = x.shape
         ks = torch.zeros(s, dtype=torch.int32, device=x.device)
         ke = torch.arange(1, s + 1, dtype=torch.int32, device=x.device)
-        masks = []
+        picks = []
         for i in range(b):  # the indexer scores one sequence's tokens against each other
             with torch.no_grad():
                 idx, _ = self.indexer(x[i].detach(), ks, ke)
-            picked = torch.zeros(s, s + 1, dtype=torch.bool, device=x.device)
-            picked.scatter_(1, torch.where(idx >= 0, idx.long(), s), True)
-            masks.append(picked[:, :s])
-        return torch.stack(masks).unsqueeze(1)
+            picks.append(idx)
+        return torch.stack(picks)
+
+    def _sparse_attention(self, q, k, v, idx: torch.Tensor) -> torch.Tensor:
+        """Each query over its selected keys only, by FlashMLA's sparse prefill (``sparse_mla_prefill``, memory
+        O(S * topk), no ``[S, S]`` mask): one call for every (sequence, head), each pair's tokens its own KV rows.
+        The op reads one latent row per token as K and its first ``d_v`` columns as V (MLA's layout); this
+        multi-head attention's rows are ``[v | k]`` and its queries ``[0 | q]``, so the logits are ``q . k`` and
+        the output a softmax of ``v``."""
+        from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+
+        b, heads, s, d = q.shape
+        rows = torch.cat([v, k], dim=-1).reshape(b * heads * s, 1, 2 * d)
+        queries = torch.cat([torch.zeros_like(q), q], dim=-1).reshape(b * heads * s, 1, 2 * d)
+        offsets = (torch.arange(b * heads, device=q.device, dtype=torch.int32) * s).view(b, heads, 1, 1)
+        picked = idx[:, None]  # [B, 1, S, topk], the same keys for every head
+        indices = torch.where(picked >= 0, picked + offsets, -1).reshape(b * heads * s, 1, -1)
+        out, _, _ = sparse_mla_prefill(queries, rows, indices, d**-0.5, d)
+        return out.view(b, heads, s, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
@@ -88,7 +103,7 @@ class Attention(nn.Module):
         if self.indexer is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self._sparse_mask(x))
+            y = self._sparse_attention(q, k, v, self._selection(x))
         return self.out(y.transpose(1, 2).reshape(b, s, h))
 
 
