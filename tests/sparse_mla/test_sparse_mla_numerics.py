@@ -9,9 +9,12 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torch_ascend_moe.flash_mla as flash_mla
 from tests.sparse_mla.specs import make_indices, reference
+from torch_ascend_moe.backends.portable import sparse_mla as portable
 from torch_ascend_moe.bench import peak_memory_mb
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
 from torch_ascend_moe.testing import calc_diff
@@ -122,3 +125,48 @@ def test_flash_mla_compat():
     assert isinstance(meta, flash_mla.FlashMLASchedMeta) and none is None and not meta.have_initialized
     meta, _ = flash_mla.get_mla_metadata(torch.tensor([5], dtype=torch.int32), 64, 1, 64, True, 128)  # G1 form
     assert isinstance(meta, flash_mla.FlashMLASchedMeta)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    s_q=st.integers(0, 9),
+    h_q=st.integers(1, 5),
+    d_qk=st.integers(1, 40),
+    s_kv=st.integers(1, 30),
+    topk=st.integers(0, 24),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]),
+    sink=st.booleans(),
+    length=st.booleans(),
+    strided=st.booleans(),
+    nan=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_cpu_kernel_agrees_with_the_portable_one(s_q, h_q, d_qk, s_kv, topk, dtype, sink, length, strided, nan, seed):
+    """Random shapes, dtypes, strides, sinks (+-inf included), lengths (negative and past topk included), NaN in a
+    row: the C++ kernel and the portable one give the same non-finite entries and values to rounding."""
+    g = torch.Generator().manual_seed(seed)
+    d_v = int(torch.randint(1, d_qk + 1, (1,), generator=g))
+    q = torch.randn(s_q, h_q, d_qk, generator=g).to(dtype)
+    kv = torch.randn(s_kv, 1, d_qk, generator=g).to(dtype)
+    if strided:  # other strides: q's heads and kv's rows transposed in memory
+        q = q.transpose(0, 1).contiguous().transpose(0, 1)
+        kv = kv.transpose(0, 2).contiguous().transpose(0, 2)
+    if nan and s_kv > 1:
+        kv[1, 0, 0] = math.nan
+    indices = make_indices(s_q, s_kv, topk, g) if topk else torch.zeros(s_q, 1, 0, dtype=torch.int32)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    attn_sink = torch.randn(h_q, generator=g).to(acc) if sink else None
+    if sink:
+        attn_sink[0] = [math.inf, -math.inf, 0.5][seed % 3]
+    topk_length = torch.randint(-2, topk + 3, (s_q,), generator=g, dtype=torch.int32) if length else None
+    args = (q, kv, indices, 0.7, d_v, attn_sink, topk_length)
+    got = torch.ops.ascend_moe.sparse_mla_prefill(*args)
+    want = portable.sparse_mla_prefill(*args)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        a, b = a.double(), b.double()
+        for special in (torch.isnan, torch.isposinf, torch.isneginf):
+            assert torch.equal(special(a), special(b))
+        finite = a.isfinite() & b.isfinite()
+        tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+        torch.testing.assert_close(a[finite], b[finite], rtol=tol, atol=tol)
