@@ -4,13 +4,14 @@ natural-log lse, +inf lse for a token with no valid index).
 
 - ``flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None)`` ->
   ``(out, max_logits, lse)``: the ``sparse_mla_prefill`` op (differentiable, compilable, exportable).
+- ``flash_attn_varlen_func`` / ``flash_attn_varlen_qkvpacked_func`` / ``flash_attn_varlen_kvpacked_func``: the dense
+  MHA prefill (upstream SM100-only) in torch ops, differentiable (``flash_mla.dense``).
 - ``get_mla_metadata(*args, **kwargs)`` -> ``(FlashMLASchedMeta(), None)``: the lazy scheduling object of the
   current API (any argument form, the old ones included, is accepted and ignored, as upstream does).
 
 Upstream's kernels accept only their tuned shapes (``d_qk`` 512/576, ``h_q`` 64/128, ``d_v`` 512, BF16); the ops
 compute every shape and dtype the op documents, so code within upstream's limits runs unchanged and code outside
-them runs too. Not yet here (issue 20): ``flash_mla_with_kvcache`` (paged FP8 decode) and the dense
-``flash_attn_varlen_*`` functions.
+them runs too. Not yet here (issue 20): ``flash_mla_with_kvcache`` (paged FP8 decode).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import dataclasses
 
 import torch
 
+from torch_ascend_moe.flash_mla.dense import (
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
 
 __version__ = "1.0.0"
@@ -55,4 +61,12 @@ def flash_mla_sparse_fwd(
     return sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
 
 
-__all__ = ["FlashMLASchedMeta", "__version__", "flash_mla_sparse_fwd", "get_mla_metadata"]
+__all__ = [
+    "FlashMLASchedMeta",
+    "__version__",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_mla_sparse_fwd",
+    "get_mla_metadata",
+]
