@@ -5,8 +5,10 @@ from torch_ascend_moe.nn.grouped_experts import GroupedExperts
 from torch_ascend_moe.nn.hyper_connection import HyperConnection, sinkhorn
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer, indexer_kl_loss
 from torch_ascend_moe.nn.moe import MegaMoE, MoE, MoEGate, SwiGLUMLP
+from torch_ascend_moe.nn.sparse_attention import DSAttention
 
 __all__ = [
+    "DSAttention",
     "FP8Linear",
     "GroupedExperts",
     "HyperConnection",
