@@ -127,6 +127,132 @@ def bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# ---- sparse_mla_decode: DeepSeek-V3.2's paged FP8 cache, written by an independent builder ----
+
+
+def write_v32_cache(values: torch.Tensor, page: int, g: torch.Generator):
+    """``values [tokens, 576]`` quantized as FlashMLA's tests do (per 128 NoPE values a power-of-two scale
+    ``2^ceil(log2(max(amax / 448, 1e-4)))``, RoPE as BF16) into 656-byte records of randomly permuted physical
+    blocks with one spare row each (a block stride larger than the page); every byte nobody wrote is 0xFF (NaN in
+    E4M3, FP32 and BF16). Returns ``(k_cache [blocks, page, 1, 656] uint8, record number of each token, the
+    dequantized values [tokens, 576] fp64)``."""
+    tokens = values.shape[0]
+    blocks = -(-tokens // page) + 1  # one block nobody uses
+    buffer = torch.full((blocks, page + 1, 1, 656), 0xFF, dtype=torch.uint8)
+    physical = torch.randperm(blocks, generator=g)
+    record = torch.tensor([int(physical[t // page]) * page + t % page for t in range(tokens)])
+    nope = values[:, :512].float().view(tokens, 4, 128)
+    amax = nope.abs().amax(dim=-1).clamp(min=1e-4 * 448)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    codes = (nope / scales[..., None]).to(torch.float8_e4m3fn)
+    rope = values[:, 512:].to(torch.bfloat16)
+    exact = torch.cat([(codes.double() * scales.double()[..., None]).view(tokens, 512), rope.double()], dim=1)
+    for t in range(tokens):
+        row = buffer[int(record[t]) // page, int(record[t]) % page, 0]
+        row[:512] = codes[t].reshape(-1).view(torch.uint8)
+        row[512:528] = scales[t].contiguous().view(torch.uint8)
+        row[528:] = rope[t].contiguous().view(torch.uint8)
+    return buffer[:, :page], record, exact
+
+
+# (b, s_q, h_q, d_v, tokens per request, topk, page, sink, topk_length)
+_DECODE_CASES = [
+    (2, 2, 16, 512, (40, 23), 32, 5, True, True),
+    (3, 1, 4, 64, (9, 0, 70), 16, 64, False, False),
+    (1, 3, 8, 128, (17,), 24, 2, True, False),
+]
+_DECODE_SMALL = [(1, 1, 2, 8, (6,), 4, 3, True, True), (2, 1, 1, 4, (3, 5), 3, 2, False, False)]
+
+
+def decode_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(21)
+    out = []
+    for b, s_q, h_q, d_v, lens, topk, page, sink, length in _DECODE_SMALL if small else _DECODE_CASES:
+        values = torch.randn(sum(lens), 576, generator=g).clamp(-1, 1) / 10 * (1 if small else 10)
+        k_cache, record, _ = write_v32_cache(values, page, g)
+        indices = torch.full((b, s_q, topk), -1, dtype=torch.int32)
+        start = 0
+        for r, n in enumerate(lens):
+            for s in range(s_q):
+                picks = torch.randint(0, max(n, 1), (topk,), generator=g)
+                chosen = record[start + picks] if n else torch.full((topk,), -1)
+                drop = torch.rand(topk, generator=g) < 0.25
+                bad = torch.tensor([-1, -(2**31), 2**31 - 1, k_cache.shape[0] * page])
+                chosen = torch.where(drop, bad[torch.randint(0, 4, (topk,), generator=g)], chosen)
+                indices[r, s] = chosen.to(torch.int32)
+            start += n
+        q = (torch.randn(b, s_q, h_q, 576, generator=g).clamp(-1, 1) * (1 if small else 3)).to(dtype)
+        q = q.to(device).requires_grad_(requires_grad)
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        attn_sink = None
+        if sink:
+            attn_sink = torch.randn(h_q, generator=g).to(acc)
+            if not small:
+                attn_sink[0] = math.inf
+            attn_sink = attn_sink.to(device).requires_grad_(requires_grad)
+        topk_length = torch.randint(1, topk + 1, (b,), generator=g, dtype=torch.int32).to(device) if length else None
+        name = f"b{b} s_q{s_q} h{h_q} d_v{d_v} lens{list(lens)} top{topk} page{page} sink={sink} length={length}"
+        scale = 576**-0.55  # upstream's decode tests
+        out.append(SampleInput((q, k_cache.to(device), indices.to(device), scale, d_v, attn_sink, topk_length), name))
+    return out
+
+
+def _dequantized(k_cache: torch.Tensor, record: int) -> torch.Tensor:
+    """One record read back from its bytes in fp64, independently of the op's code."""
+    page = k_cache.shape[1]
+    raw = k_cache[record // page, record % page, 0]
+    codes = raw[:512].view(torch.float8_e4m3fn).double()
+    scales = raw[512:528].clone().view(torch.float32).double()
+    rope = raw[528:].clone().view(torch.bfloat16).double()
+    return torch.cat([codes * scales.repeat_interleave(128), rope])
+
+
+def decode_reference(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length):
+    b, s_q, h_q, _ = q.shape
+    out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    total = k_cache.shape[0] * k_cache.shape[1]
+    for r in range(b):
+        for s in range(s_q):
+            picked = [
+                int(i)
+                for j, i in enumerate(indices[r, s].tolist())
+                if 0 <= i < total and (topk_length is None or j < int(topk_length[r]))
+            ]
+            if not picked:
+                continue
+            rows = torch.stack([_dequantized(k_cache, i) for i in picked])
+            logits = sm_scale * q[r, s].detach().double() @ rows.T
+            lse[r, :, s] = torch.logsumexp(logits, dim=-1)
+            out[r, s] = torch.softmax(logits, dim=-1) @ rows[:, :d_v]
+            if attn_sink is not None:
+                out[r, s] *= torch.sigmoid(lse[r, :, s] - attn_sink.detach().double())[:, None]
+    return out, lse
+
+
+def decode_bad_inputs(device) -> list[BadInput]:
+    q = torch.randn(2, 1, 4, 576)
+    cache = torch.zeros(3, 4, 1, 656, dtype=torch.uint8)
+    idx = torch.zeros(2, 1, 8, dtype=torch.int32)
+    return [
+        BadInput((q[0], cache, idx, 0.1, 512), r"argument 'q' rank: expected 4-D \[b, s_q, h_q, d_qk\]", "q rank"),
+        BadInput((q.half(), cache, idx, 0.1, 512), r"argument 'q' dtype: expected one of torch.bfloat16", "q dtype"),
+        BadInput((q[..., :512], cache, idx, 0.1, 512), r"argument 'q' size\(3\) \(d_qk\): expected 576", "d_qk"),
+        BadInput((q, cache.float(), idx, 0.1, 512), r"argument 'k_cache' dtype: expected torch.uint8", "cache dtype"),
+        BadInput((q, cache[..., :584], idx, 0.1, 512), r"argument 'k_cache' size\(3\) \(bytes_per_token\)", "bytes"),
+        BadInput((q, cache[0], idx, 0.1, 512), r"argument 'k_cache' rank: expected 4-D", "cache rank"),
+        BadInput((q, cache, idx.long(), 0.1, 512), r"argument 'indices' dtype: expected torch.int32", "idx dtype"),
+        BadInput((q, cache, idx[:1], 0.1, 512), r"argument 'indices' size\(0\) \(b\): expected 2", "idx b"),
+        BadInput((q, cache, idx, 0.1, 513), r"argument 'd_v' value: expected at most 512", "d_v"),
+        BadInput(
+            (q, cache, idx, 0.1, 512, None, torch.zeros(3, dtype=torch.int32)),
+            r"argument 'topk_length' size\(0\) \(b\): expected 2",
+            "length b",
+        ),
+        BadInput((q, cache, idx, 0.1, 512, torch.zeros(3)), r"argument 'attn_sink' size\(0\) \(h_q\)", "sink h"),
+    ]
+
+
 SPECS = [
     OpSpec(
         "sparse_mla_prefill",
@@ -135,5 +261,15 @@ SPECS = [
         bad_inputs,
         portable.sparse_mla_prefill,
         dtypes=(torch.bfloat16, torch.float32),
-    )
+    ),
+    OpSpec(
+        "sparse_mla_decode",
+        decode_samples,
+        decode_reference,
+        decode_bad_inputs,
+        portable.sparse_mla_decode,
+        dtypes=(torch.bfloat16, torch.float32),
+        aoti="the kernel is Python (the records dequantized, then the prefill op): an AOTInductor (C++-only) "
+        "deployment cannot run it",
+    ),
 ]

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_ascend_moe.flash_mla as flash_mla
-from tests.sparse_mla.specs import make_indices, reference
+from tests.sparse_mla.specs import decode_reference, make_indices, reference, write_v32_cache
 from torch_ascend_moe.backends.portable import sparse_mla as portable
 from torch_ascend_moe.bench import peak_memory_mb
-from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 from torch_ascend_moe.testing import calc_diff
 
 
@@ -170,3 +170,74 @@ def test_cpu_kernel_agrees_with_the_portable_one(s_q, h_q, d_qk, s_kv, topk, dty
         finite = a.isfinite() & b.isfinite()
         tol = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
         torch.testing.assert_close(a[finite], b[finite], rtol=tol, atol=tol)
+
+
+def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5):
+    """A V3.2 cache written by the independent builder (unused bytes NaN), indices through it with -1 padding."""
+    g = torch.Generator().manual_seed(seed)
+    values = (torch.randn(sum(lens), 576, generator=g) / 10).clamp(-1, 1)
+    k_cache, record, _ = write_v32_cache(values, page, g)
+    b = len(lens)
+    indices = torch.full((b, s_q, topk), -1, dtype=torch.int32)
+    start = 0
+    for r, n in enumerate(lens):
+        for s in range(s_q):
+            if n:
+                picks = torch.randperm(n, generator=g)[: min(n, topk)]
+                indices[r, s, : len(picks)] = record[start + picks].to(torch.int32)
+        start += n
+    q = torch.randn(b, s_q, h_q, 576, generator=g).clamp(-1, 1).bfloat16()
+    return q, k_cache, indices
+
+
+def test_decode_upstream_thresholds_and_compat():
+    """FlashMLA's decode test rule (out abs 1e-3 / rel 2.01/128 / cos 5e-6, lse abs 1e-6 / rel 8.01/65536) against the
+    fp64 reference, through the compat entry point as vLLM calls it (keywords, get_mla_metadata() object)."""
+    q, k_cache, indices = _decode_case()
+    sink = torch.randn(64, generator=torch.Generator().manual_seed(6))
+    sink[0] = math.inf
+    meta, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(
+        q=q, k_cache=k_cache, block_table=None, cache_seqlens=None, head_dim_v=512,
+        tile_scheduler_metadata=meta, softmax_scale=576**-0.55, is_fp8_kvcache=True, indices=indices, attn_sink=sink,
+    )  # fmt: skip
+    want_out, want_lse = decode_reference(q, k_cache, indices, 576**-0.55, 512, sink, None)
+    _upstream_close(out, want_out, 1e-3, 2.01 / 128, 5e-6)
+    _upstream_close(lse, want_lse, 1e-6, 8.01 / 65536)
+    assert out.shape == (3, 2, 64, 512) and lse.shape == (3, 64, 2)
+    assert torch.equal(out[1], torch.zeros_like(out[1])) and lse[1].isposinf().all()  # an empty request
+    assert meta.have_initialized
+    with pytest.raises(AssertionError, match="inconsistent with sched_meta"):
+        flash_mla.flash_mla_with_kvcache(
+            q[:1], k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices[:1]
+        )
+    with pytest.raises(NotImplementedError, match="dense decode"):
+        flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0])
+    with pytest.raises(NotImplementedError, match="584-byte"):
+        flash_mla.flash_mla_with_kvcache(
+            q,
+            k_cache[..., :584],
+            None,
+            None,
+            512,
+            flash_mla.get_mla_metadata()[0],
+            is_fp8_kvcache=True,
+            indices=indices,
+        )
+
+
+def test_decode_reads_only_selected_records():
+    """Records nobody selects hold NaN bytes (the builder's fill); changing them changes nothing, and a selected
+    record's bytes do matter."""
+    q, k_cache, indices = _decode_case(h_q=4, topk=16, page=5, lens=(30, 12), s_q=1, seed=7)
+    want = sparse_mla_decode(q, k_cache, indices, 0.05, 64)
+    poked = k_cache.clone()
+    selected = set(indices[indices >= 0].tolist())
+    for r in range(poked.shape[0] * poked.shape[1]):
+        if r not in selected:
+            poked[r // poked.shape[1], r % poked.shape[1]] = 0x7F
+    for a, b in zip(sparse_mla_decode(q, poked, indices, 0.05, 64), want):
+        assert torch.equal(a, b)
+    r = int(indices[0, 0, 0])
+    poked[r // poked.shape[1], r % poked.shape[1], 0, :512] = 0x40
+    assert not torch.equal(sparse_mla_decode(q, poked, indices, 0.05, 64)[0], want[0])

@@ -13,7 +13,13 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
-from torch_ascend_moe.backends.portable.sparse_mla import query_chunks, selected, softmax_parts, weights
+from torch_ascend_moe.backends.portable.sparse_mla import (
+    decode_composition,
+    query_chunks,
+    selected,
+    softmax_parts,
+    weights,
+)
 from torch_ascend_moe.meta.sparse_mla import accumulator
 
 _NAME = "sparse_mla_prefill"
@@ -64,3 +70,30 @@ def _backward(ctx, grad_out, _grad_max_logits, grad_lse):
 
 
 autograd(_NAME, _backward, _setup)
+
+
+_DECODE = "sparse_mla_decode"
+
+
+def _decode_setup(ctx, inputs, output):
+    args = arguments(_DECODE, inputs)
+    ctx.sm_scale, ctx.d_v = args.sm_scale, args.d_v
+    ctx.save_for_backward(args.q, args.k_cache, args.indices, args.attn_sink, args.topk_length)
+
+
+def _decode_backward(ctx, grad_out, grad_lse):
+    """q and the sink (the cache is bytes): the decode's composition (records -> prefill op) rebuilt with autograd,
+    so the prefill's backward gives the gradients."""
+    q, k_cache, indices, attn_sink, topk_length = ctx.saved_tensors
+    want_sink = attn_sink is not None and needs_grad(ctx, _DECODE, "attn_sink")
+    with torch.enable_grad():
+        q_ = q.detach().requires_grad_()
+        sink_ = attn_sink.detach().requires_grad_(want_sink) if attn_sink is not None else None
+        out, lse = decode_composition(q_, k_cache, indices, ctx.sm_scale, ctx.d_v, sink_, topk_length)
+        pairs = [(o, g) for o, g in ((out, grad_out), (lse, grad_lse)) if g is not None]
+        inputs = [q_] + ([sink_] if want_sink else [])
+        grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+    return gradients(_DECODE, q=grads[0], attn_sink=grads[1] if want_sink else None)
+
+
+autograd(_DECODE, _decode_backward, _decode_setup)

@@ -1,5 +1,11 @@
 """Fake of the sparse_mla family (FlashMLA's sparse attention) and the validation its kernels share.
 
+``sparse_mla_decode`` is ``flash_mla_with_kvcache``'s sparse mode over DeepSeek-V3.2's paged FP8 cache (§4.4-§5.1):
+the same attention for each request's query tokens over the cache records ``indices[b, s, :]`` (``block *
+page_block_size + offset``; ``< 0`` or past the cache left out, as are positions ``>= topk_length[b]``), each record
+dequantized as the kernels do (``bf16(e4m3) * bf16(scale)``, rounded to BF16; RoPE part as stored); ``lse
+[b, h_q, s_q]``.
+
 ``sparse_mla_prefill`` is ``flash_mla_sparse_fwd`` (specs/flashmla_api.md §3, the current G2/G3 definitions):
 query token ``i``, head ``h`` attends over the ``topk`` KV rows ``indices[i, 0, :]`` (one KV head, its first
 ``d_v`` columns are V); an index ``< 0`` or ``>= s_kv``, or a position ``>= topk_length[i]``, is left out.
@@ -15,8 +21,15 @@ from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import fake
 
 PREFILL = "ascend_moe::sparse_mla_prefill"
+DECODE = "ascend_moe::sparse_mla_decode"
+# DeepSeek-V3.2's token record in the paged FP8 cache (specs/flashmla_api.md §5.1): 512 E4M3 NoPE values, 4 FP32
+# scales (one per 128 values), 64 BF16 RoPE values.
+V32_BYTES, V32_NOPE, V32_ROPE, V32_BLOCK = 656, 512, 64, 128
+CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _DTYPES_TEXT = "one of torch.bfloat16, torch.float16, torch.float32, torch.float64"
+DECODE_DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # the cache dequantizes to BF16: exact in these
+_DECODE_DTYPES_TEXT = "one of torch.bfloat16, torch.float32, torch.float64"
 
 
 def accumulator(dtype: torch.dtype) -> torch.dtype:
@@ -64,3 +77,46 @@ def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
     acc = sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
     s_q, h_q = q.shape[0], q.shape[1]
     return q.new_empty([s_q, h_q, d_v]), q.new_empty([s_q, h_q], dtype=acc), q.new_empty([s_q, h_q], dtype=acc)
+
+
+def sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length) -> torch.dtype:
+    """Checks a call; returns the accumulation dtype."""
+    op = DECODE
+    ck.check_rank(op, "q", q, 4, "[b, s_q, h_q, d_qk]")
+    ck.check_arg(q.dtype in DECODE_DTYPES, op, "q", "dtype", _DECODE_DTYPES_TEXT, q.dtype)
+    ck.check_dim_size(op, "q", q, 3, "d_qk", V32_NOPE + V32_ROPE, "the 656-byte V3.2 record's 512 + 64")
+    ck.check_rank(op, "k_cache", k_cache, 4, "[num_blocks, page_block_size, 1, bytes_per_token]")
+    ck.check_arg(
+        k_cache.dtype in CACHE_DTYPES, op, "k_cache", "dtype", "torch.uint8, torch.int8 or torch.float8_e4m3fn",
+        k_cache.dtype,
+    )  # fmt: skip
+    _same_device(op, "k_cache", k_cache, q)
+    ck.check_dim_size(op, "k_cache", k_cache, 2, "h_kv", 1, "one KV head")
+    ck.check_dim_size(op, "k_cache", k_cache, 3, "bytes_per_token", V32_BYTES, "DeepSeek-V3.2's FP8 record")
+    ck.check_arg(k_cache.stride(3) == 1, op, "k_cache", "stride(3)", 1, lambda: k_cache.stride(3))
+    ck.check_rank(op, "indices", indices, 3, "[b, s_q, topk]")
+    ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
+    _same_device(op, "indices", indices, q)
+    ck.check_dim_size(op, "indices", indices, 0, "b", q.shape[0], "q.size(0)")
+    ck.check_dim_size(op, "indices", indices, 1, "s_q", q.shape[1], "q.size(1)")
+    ck.check_int_arg(op, "d_v", d_v, 1)
+    ck.check_arg(d_v <= V32_NOPE, op, "d_v", "value", "at most 512 (V is the record's NoPE part)", d_v)
+    acc = accumulator(q.dtype)
+    if attn_sink is not None:
+        ck.check_rank(op, "attn_sink", attn_sink, 1, "[h_q]")
+        ck.check_arg(attn_sink.dtype == acc, op, "attn_sink", "dtype", str(acc), attn_sink.dtype)
+        _same_device(op, "attn_sink", attn_sink, q)
+        ck.check_dim_size(op, "attn_sink", attn_sink, 0, "h_q", q.shape[2], "q.size(2)")
+    if topk_length is not None:
+        ck.check_rank(op, "topk_length", topk_length, 1, "[b] (one per request)")
+        ck.check_arg(topk_length.dtype == torch.int32, op, "topk_length", "dtype", "torch.int32", topk_length.dtype)
+        _same_device(op, "topk_length", topk_length, q)
+        ck.check_dim_size(op, "topk_length", topk_length, 0, "b", q.shape[0], "q.size(0)")
+    return acc
+
+
+@fake
+def sparse_mla_decode(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length):
+    acc = sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length)
+    b, s_q, h_q, _ = q.shape
+    return q.new_empty([b, s_q, h_q, d_v]), q.new_empty([b, h_q, s_q], dtype=acc)

@@ -7,6 +7,7 @@ import torch
 from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
 
 _prefill = torch.ops.ascend_moe.sparse_mla_prefill.default
+_decode = torch.ops.ascend_moe.sparse_mla_decode.default
 
 
 @schema_defaults
@@ -36,3 +37,23 @@ def sparse_mla_prefill(
     (torch.Size([3, 2, 4]), [inf, inf])
     """
     return _prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+
+
+@schema_defaults
+def sparse_mla_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = FROM_SCHEMA,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])``: FlashMLA's sparse decode over a paged FP8 KV cache in
+    DeepSeek-V3.2's 656-byte records (``k_cache [num_blocks, page_block_size, 1, 656]`` uint8: 512 E4M3 values,
+    4 FP32 scales per 128, 64 BF16 RoPE values). ``q [b, s_q, h_q, 576]``; ``indices [b, s_q, topk]`` int32 are
+    record numbers ``block * page_block_size + offset`` (``< 0`` or past the cache left out, as are positions
+    ``>= topk_length[b]``); a record is dequantized to BF16 as the kernels do; then ``sparse_mla_prefill``'s
+    attention (sinks, lonely tokens: out 0, lse +inf). Differentiable in ``q`` and ``attn_sink``.
+    """
+    return _decode(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length)

@@ -9,6 +9,10 @@ and a logsumexp: ACLNN ops on an NPU). Why torch_npu 2.13's ``npu_sparse_flash_a
 * Invalid indices: ours leaves out anything ``< 0`` or ``>= s_kv`` and positions past ``topk_length``; the CANN
   op's handling of out-of-range entries (beyond ``-1`` padding) is not stated.
 
+``sparse_mla_decode`` stays portable too (it dequantizes the selected records and runs ``sparse_mla_prefill``, so
+it follows that op's mapping): FlashMLA's Ascend release decodes only V4.1's 528/288-byte records, not the
+656-byte V3.2 ones this op reads.
+
 FlashMLA's own Ascend 950 release registers ``torch.ops.flash_mla.sparse_prefill_fwd`` for ``PrivateUse1``
 (V4.1: d_qk = d_v = 512, h_q = 64 only): where that extension is installed it is the natural adapter, behind the
 same checks; mapping either is the next step of issue 20, with their metas checked against our fake.

@@ -14,7 +14,13 @@ import math
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.sparse_mla import sparse_mla_prefill_signature
+from torch_ascend_moe.meta.sparse_mla import (
+    V32_BLOCK,
+    V32_BYTES,
+    V32_NOPE,
+    sparse_mla_decode_signature,
+    sparse_mla_prefill_signature,
+)
 
 CHUNK_ELEMENTS = 1 << 24  # gathered rows + logits per chunk of queries (64 MiB in FP32)
 
@@ -68,3 +74,41 @@ def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
         max_logits[start:end] = torch.where(lonely, -math.inf, logits.amax(dim=-1) if logits.shape[-1] else 0)
         lse[start:end] = torch.where(lonely, math.inf, lse_c)
     return out, max_logits, lse
+
+
+def v32_records(k_cache: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """The 656-byte records ``flat`` (``block * page_block_size + offset``, in range) of a V3.2 cache, dequantized
+    as FlashMLA's kernels do: ``bf16(e4m3) * bf16(scale)`` rounded to BF16 per NoPE value, the RoPE part as stored:
+    ``[n, 576]`` BF16."""
+    page = k_cache.shape[1]
+    records = k_cache.view(torch.uint8)[flat // page, flat % page, 0]  # [n, 656]
+    nope = records[:, :V32_NOPE].view(torch.float8_e4m3fn).to(torch.bfloat16)
+    scales = records[:, V32_NOPE : V32_NOPE + 16].contiguous().view(torch.float32).to(torch.bfloat16)
+    rope = records[:, V32_NOPE + 16 : V32_BYTES].contiguous().view(torch.bfloat16)
+    return torch.cat([nope * scales.repeat_interleave(V32_BLOCK, dim=1), rope], dim=1)
+
+
+def decode_composition(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length):
+    """``sparse_mla_decode`` as the prefill op over each request's dequantized records (no validation): the records
+    every query token selected, in order, are its KV rows (records left out are -1, never read)."""
+    b, s_q, h_q, d_qk = q.shape
+    topk = indices.shape[2]
+    idx = indices.long()
+    valid = (idx >= 0) & (idx < k_cache.shape[0] * k_cache.shape[1])
+    if topk_length is not None:
+        valid &= torch.arange(topk, device=idx.device) < topk_length.long()[:, None, None]
+    rows = v32_records(k_cache, torch.where(valid, idx, 0).reshape(-1)).to(q.dtype)
+    slots = torch.arange(rows.shape[0], device=idx.device).view(b, s_q, topk)
+    own = torch.where(valid, slots, -1).to(torch.int32).reshape(b * s_q, 1, topk)
+    out, _, lse = torch.ops.ascend_moe.sparse_mla_prefill(
+        q.reshape(b * s_q, h_q, d_qk), rows[:, None, :], own, sm_scale, d_v, attn_sink, None
+    )
+    # [b, h_q, s_q] with standard strides (contiguous() would keep a transposed view's strides when s_q is 1)
+    lse_out = lse.new_empty(b, h_q, s_q).copy_(lse.view(b, s_q, h_q).transpose(1, 2))
+    return out.view(b, s_q, h_q, d_v), lse_out
+
+
+@portable_kernel
+def sparse_mla_decode(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length):
+    sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length)
+    return decode_composition(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length)
