@@ -155,21 +155,43 @@ def write_v32_cache(values: torch.Tensor, page: int, g: torch.Generator):
     return buffer[:, :page], record, exact
 
 
-# (b, s_q, h_q, d_v, tokens per request, topk, page, sink, topk_length)
+def write_v41_cache(values: torch.Tensor, page: int, g: torch.Generator):
+    """As ``write_v32_cache`` for V4.1's 528-byte records: ``values [tokens, 512]`` in E4M3 with a power-of-two
+    scale per 32 values stored as UE8M0 codes after the 512 data bytes (token-interleaved, the Ascend release's
+    form)."""
+    tokens = values.shape[0]
+    blocks = -(-tokens // page) + 1
+    buffer = torch.full((blocks, page + 1, 1, 528), 0xFF, dtype=torch.uint8)
+    physical = torch.randperm(blocks, generator=g)
+    record = torch.tensor([int(physical[t // page]) * page + t % page for t in range(tokens)])
+    groups = values.float().view(tokens, 16, 32)
+    exponents = torch.ceil(torch.log2(groups.abs().amax(dim=-1).clamp(min=1e-4 * 448) / 448))
+    codes = (groups / torch.exp2(exponents)[..., None]).to(torch.float8_e4m3fn)
+    exact = (codes.double() * torch.exp2(exponents).double()[..., None]).view(tokens, 512)
+    for t in range(tokens):
+        row = buffer[int(record[t]) // page, int(record[t]) % page, 0]
+        row[:512] = codes[t].reshape(-1).view(torch.uint8)
+        row[512:] = (exponents[t] + 127).to(torch.uint8)
+    return buffer[:, :page], record, exact
+
+
+# (b, s_q, h_q, d_v, tokens per request, topk, page, sink, topk_length, bytes per record)
 _DECODE_CASES = [
-    (2, 2, 16, 512, (40, 23), 32, 5, True, True),
-    (3, 1, 4, 64, (9, 0, 70), 16, 64, False, False),
-    (1, 3, 8, 128, (17,), 24, 2, True, False),
+    (2, 2, 16, 512, (40, 23), 32, 5, True, True, 656),
+    (3, 1, 4, 64, (9, 0, 70), 16, 64, False, False, 656),
+    (1, 3, 8, 128, (17,), 24, 2, True, False, 656),
+    (2, 2, 8, 512, (33, 12), 16, 7, True, True, 528),
 ]
-_DECODE_SMALL = [(1, 1, 2, 8, (6,), 4, 3, True, True), (2, 1, 1, 4, (3, 5), 3, 2, False, False)]
+_DECODE_SMALL = [(1, 1, 2, 8, (6,), 4, 3, True, True, 656), (2, 1, 1, 4, (3, 5), 3, 2, False, False, 528)]
 
 
 def decode_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(21)
     out = []
-    for b, s_q, h_q, d_v, lens, topk, page, sink, length in _DECODE_SMALL if small else _DECODE_CASES:
-        values = torch.randn(sum(lens), 576, generator=g).clamp(-1, 1) / 10 * (1 if small else 10)
-        k_cache, record, _ = write_v32_cache(values, page, g)
+    for b, s_q, h_q, d_v, lens, topk, page, sink, length, size in _DECODE_SMALL if small else _DECODE_CASES:
+        d_qk = 576 if size == 656 else 512
+        values = torch.randn(sum(lens), d_qk, generator=g).clamp(-1, 1) / 10 * (1 if small else 10)
+        k_cache, record, _ = (write_v32_cache if size == 656 else write_v41_cache)(values, page, g)
         indices = torch.full((b, s_q, topk), -1, dtype=torch.int32)
         start = 0
         for r, n in enumerate(lens):
@@ -181,7 +203,7 @@ def decode_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
                 chosen = torch.where(drop, bad[torch.randint(0, 4, (topk,), generator=g)], chosen)
                 indices[r, s] = chosen.to(torch.int32)
             start += n
-        q = (torch.randn(b, s_q, h_q, 576, generator=g).clamp(-1, 1) * (1 if small else 3)).to(dtype)
+        q = (torch.randn(b, s_q, h_q, d_qk, generator=g).clamp(-1, 1) * (1 if small else 3)).to(dtype)
         q = q.to(device).requires_grad_(requires_grad)
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         attn_sink = None
@@ -191,8 +213,8 @@ def decode_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
                 attn_sink[0] = math.inf
             attn_sink = attn_sink.to(device).requires_grad_(requires_grad)
         topk_length = torch.randint(1, topk + 1, (b,), generator=g, dtype=torch.int32).to(device) if length else None
-        name = f"b{b} s_q{s_q} h{h_q} d_v{d_v} lens{list(lens)} top{topk} page{page} sink={sink} length={length}"
-        scale = 576**-0.55  # upstream's decode tests
+        name = f"{size}B b{b} s_q{s_q} h{h_q} d_v{d_v} lens{list(lens)} top{topk} page{page} sink={sink} len={length}"
+        scale = d_qk**-0.55  # upstream's decode tests
         out.append(SampleInput((q, k_cache.to(device), indices.to(device), scale, d_v, attn_sink, topk_length), name))
     return out
 
@@ -201,6 +223,9 @@ def _dequantized(k_cache: torch.Tensor, record: int) -> torch.Tensor:
     """One record read back from its bytes in fp64, independently of the op's code."""
     page = k_cache.shape[1]
     raw = k_cache[record // page, record % page, 0]
+    if raw.shape[0] == 528:
+        codes = raw[:512].view(torch.float8_e4m3fn).double()
+        return codes * torch.exp2(raw[512:].double() - 127).repeat_interleave(32)
     codes = raw[:512].view(torch.float8_e4m3fn).double()
     scales = raw[512:528].clone().view(torch.float32).double()
     rope = raw[528:].clone().view(torch.bfloat16).double()

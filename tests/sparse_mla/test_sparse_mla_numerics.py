@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_ascend_moe.flash_mla as flash_mla
-from tests.sparse_mla.specs import decode_reference, make_indices, reference, write_v32_cache
+from tests.sparse_mla.specs import decode_reference, make_indices, reference, write_v32_cache, write_v41_cache
 from torch_ascend_moe.backends.portable import sparse_mla as portable
 from torch_ascend_moe.bench import peak_memory_mb
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
@@ -172,11 +172,13 @@ def test_cpu_kernel_agrees_with_the_portable_one(s_q, h_q, d_qk, s_kv, topk, dty
         torch.testing.assert_close(a[finite], b[finite], rtol=tol, atol=tol)
 
 
-def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5):
-    """A V3.2 cache written by the independent builder (unused bytes NaN), indices through it with -1 padding."""
+def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5, size=656):
+    """A V3.2 (656) or V4.1 (528) cache written by the independent builders (unused bytes NaN), indices through it
+    with -1 padding."""
     g = torch.Generator().manual_seed(seed)
-    values = (torch.randn(sum(lens), 576, generator=g) / 10).clamp(-1, 1)
-    k_cache, record, _ = write_v32_cache(values, page, g)
+    d_qk = 576 if size == 656 else 512
+    values = (torch.randn(sum(lens), d_qk, generator=g) / 10).clamp(-1, 1)
+    k_cache, record, _ = (write_v32_cache if size == 656 else write_v41_cache)(values, page, g)
     b = len(lens)
     indices = torch.full((b, s_q, topk), -1, dtype=torch.int32)
     start = 0
@@ -186,22 +188,24 @@ def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5):
                 picks = torch.randperm(n, generator=g)[: min(n, topk)]
                 indices[r, s, : len(picks)] = record[start + picks].to(torch.int32)
         start += n
-    q = torch.randn(b, s_q, h_q, 576, generator=g).clamp(-1, 1).bfloat16()
+    q = torch.randn(b, s_q, h_q, d_qk, generator=g).clamp(-1, 1).bfloat16()
     return q, k_cache, indices
 
 
-def test_decode_upstream_thresholds_and_compat():
+@pytest.mark.parametrize("size", [656, 528])
+def test_decode_upstream_thresholds_and_compat(size):
     """FlashMLA's decode test rule (out abs 1e-3 / rel 2.01/128 / cos 5e-6, lse abs 1e-6 / rel 8.01/65536) against the
     fp64 reference, through the compat entry point as vLLM calls it (keywords, get_mla_metadata() object)."""
-    q, k_cache, indices = _decode_case()
+    q, k_cache, indices = _decode_case(size=size)
+    scale = q.shape[-1] ** -0.55
     sink = torch.randn(64, generator=torch.Generator().manual_seed(6))
     sink[0] = math.inf
     meta, _ = flash_mla.get_mla_metadata()
     out, lse = flash_mla.flash_mla_with_kvcache(
         q=q, k_cache=k_cache, block_table=None, cache_seqlens=None, head_dim_v=512,
-        tile_scheduler_metadata=meta, softmax_scale=576**-0.55, is_fp8_kvcache=True, indices=indices, attn_sink=sink,
+        tile_scheduler_metadata=meta, softmax_scale=scale, is_fp8_kvcache=True, indices=indices, attn_sink=sink,
     )  # fmt: skip
-    want_out, want_lse = decode_reference(q, k_cache, indices, 576**-0.55, 512, sink, None)
+    want_out, want_lse = decode_reference(q, k_cache, indices, scale, 512, sink, None)
     _upstream_close(out, want_out, 1e-3, 2.01 / 128, 5e-6)
     _upstream_close(lse, want_lse, 1e-6, 8.01 / 65536)
     assert out.shape == (3, 2, 64, 512) and lse.shape == (3, 64, 2)
@@ -213,10 +217,11 @@ def test_decode_upstream_thresholds_and_compat():
         )
     with pytest.raises(NotImplementedError, match="dense decode"):
         flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0])
+    v4 = torch.zeros(*k_cache.shape[:3], 584, dtype=torch.uint8)  # V4's block-major records: not yet
     with pytest.raises(NotImplementedError, match="584-byte"):
         flash_mla.flash_mla_with_kvcache(
             q,
-            k_cache[..., :584],
+            v4,
             None,
             None,
             512,

@@ -12,7 +12,8 @@ natural-log lse, +inf lse for a token with no valid index).
 Upstream's kernels accept only their tuned shapes (``d_qk`` 512/576, ``h_q`` 64/128, ``d_v`` 512, BF16); the ops
 compute every shape and dtype the op documents, so code within upstream's limits runs unchanged and code outside
 them runs too. ``flash_mla_with_kvcache`` runs the sparse mode over DeepSeek-V3.2's 656-byte FP8 records
-(``sparse_mla_decode``); not yet here (issue 20): its dense mode, the V4 / V4.1 record formats and the extra cache,
+and V4.1's 528-byte ones (``sparse_mla_decode``); not yet here (issue 20): its dense mode, V4's 584-byte records,
+V4.1's FP4 records and the extra cache,
 which raise ``NotImplementedError`` naming what is missing.
 """
 
@@ -88,8 +89,8 @@ def flash_mla_with_kvcache(
         )
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         _not_yet("the extra KV cache (extra_k_cache)")
-    if k_cache.dim() == 4 and k_cache.shape[-1] != 656:
-        _not_yet(f"the {k_cache.shape[-1]}-byte cache records (V4 584 / V4.1 528; V3.2's 656 run)")
+    if k_cache.dim() == 4 and k_cache.shape[-1] not in (656, 528):
+        _not_yet(f"the {k_cache.shape[-1]}-byte cache records (V4's 584; V3.2's 656 and V4.1's 528 run)")
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         config = dict(
             zip(

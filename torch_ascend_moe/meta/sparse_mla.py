@@ -1,9 +1,10 @@
 """Fake of the sparse_mla family (FlashMLA's sparse attention) and the validation its kernels share.
 
-``sparse_mla_decode`` is ``flash_mla_with_kvcache``'s sparse mode over DeepSeek-V3.2's paged FP8 cache (§4.4-§5.1):
+``sparse_mla_decode`` is ``flash_mla_with_kvcache``'s sparse mode over a paged FP8 cache (§4.4-§5) of DeepSeek-V3.2's
+656-byte records or V4.1's 528-byte ones (token-interleaved, the Ascend release's form; told apart by the size):
 the same attention for each request's query tokens over the cache records ``indices[b, s, :]`` (``block *
 page_block_size + offset``; ``< 0`` or past the cache left out, as are positions ``>= topk_length[b]``), each record
-dequantized as the kernels do (``bf16(e4m3) * bf16(scale)``, rounded to BF16; RoPE part as stored); ``lse
+dequantized as the kernels do (``bf16(e4m3) * bf16(scale)``, rounded to BF16; V3.2's RoPE part as stored); ``lse
 [b, h_q, s_q]``.
 
 ``sparse_mla_prefill`` is ``flash_mla_sparse_fwd`` (specs/flashmla_api.md §3, the current G2/G3 definitions):
@@ -25,6 +26,10 @@ DECODE = "ascend_moe::sparse_mla_decode"
 # DeepSeek-V3.2's token record in the paged FP8 cache (specs/flashmla_api.md §5.1): 512 E4M3 NoPE values, 4 FP32
 # scales (one per 128 values), 64 BF16 RoPE values.
 V32_BYTES, V32_NOPE, V32_ROPE, V32_BLOCK = 656, 512, 64, 128
+# DeepSeek-V4.1's FP8 record (§5.3, the G3 / Ascend release's token-interleaved form): 512 E4M3 values (RoPE part
+# quantized too) then 16 UE8M0 scales, one per 32 values.
+V41_BYTES, V41_DIM, V41_BLOCK = 528, 512, 32
+RECORD_DIMS = {V32_BYTES: V32_NOPE + V32_ROPE, V41_BYTES: V41_DIM}  # bytes per token -> d_qk
 CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _DTYPES_TEXT = "one of torch.bfloat16, torch.float16, torch.float32, torch.float64"
@@ -84,7 +89,6 @@ def sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, t
     op = DECODE
     ck.check_rank(op, "q", q, 4, "[b, s_q, h_q, d_qk]")
     ck.check_arg(q.dtype in DECODE_DTYPES, op, "q", "dtype", _DECODE_DTYPES_TEXT, q.dtype)
-    ck.check_dim_size(op, "q", q, 3, "d_qk", V32_NOPE + V32_ROPE, "the 656-byte V3.2 record's 512 + 64")
     ck.check_rank(op, "k_cache", k_cache, 4, "[num_blocks, page_block_size, 1, bytes_per_token]")
     ck.check_arg(
         k_cache.dtype in CACHE_DTYPES, op, "k_cache", "dtype", "torch.uint8, torch.int8 or torch.float8_e4m3fn",
@@ -92,15 +96,20 @@ def sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, t
     )  # fmt: skip
     _same_device(op, "k_cache", k_cache, q)
     ck.check_dim_size(op, "k_cache", k_cache, 2, "h_kv", 1, "one KV head")
-    ck.check_dim_size(op, "k_cache", k_cache, 3, "bytes_per_token", V32_BYTES, "DeepSeek-V3.2's FP8 record")
+    size = int(k_cache.shape[3])  # the record format: a constant of the cache, specialized under dynamic shapes
+    ck.check_arg(
+        size in RECORD_DIMS, op, "k_cache", "size(3) (bytes_per_token)",
+        "656 (DeepSeek-V3.2's FP8 record) or 528 (V4.1's)", size,
+    )  # fmt: skip
     ck.check_arg(k_cache.stride(3) == 1, op, "k_cache", "stride(3)", 1, lambda: k_cache.stride(3))
+    ck.check_dim_size(op, "q", q, 3, "d_qk", RECORD_DIMS[size], f"the {size}-byte record's")
     ck.check_rank(op, "indices", indices, 3, "[b, s_q, topk]")
     ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
     _same_device(op, "indices", indices, q)
     ck.check_dim_size(op, "indices", indices, 0, "b", q.shape[0], "q.size(0)")
     ck.check_dim_size(op, "indices", indices, 1, "s_q", q.shape[1], "q.size(1)")
     ck.check_int_arg(op, "d_v", d_v, 1)
-    ck.check_arg(d_v <= V32_NOPE, op, "d_v", "value", "at most 512 (V is the record's NoPE part)", d_v)
+    ck.check_arg(d_v <= 512, op, "d_v", "value", "at most 512 (V is the record's first 512 values)", d_v)
     acc = accumulator(q.dtype)
     if attn_sink is not None:
         ck.check_rank(op, "attn_sink", attn_sink, 1, "[h_q]")

@@ -18,6 +18,8 @@ from torch_ascend_moe.meta.sparse_mla import (
     V32_BLOCK,
     V32_BYTES,
     V32_NOPE,
+    V41_BLOCK,
+    V41_DIM,
     sparse_mla_decode_signature,
     sparse_mla_prefill_signature,
 )
@@ -88,6 +90,20 @@ def v32_records(k_cache: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope * scales.repeat_interleave(V32_BLOCK, dim=1), rope], dim=1)
 
 
+def v41_records(k_cache: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """V4.1's 528-byte records (512 E4M3 values, then 16 UE8M0 scales, one per 32; code 255 is NaN), dequantized
+    as ``bf16(e4m3) * 2^(code - 127)``: ``[n, 512]`` BF16."""
+    page = k_cache.shape[1]
+    records = k_cache.view(torch.uint8)[flat // page, flat % page, 0]  # [n, 528]
+    values = records[:, :V41_DIM].view(torch.float8_e4m3fn).to(torch.bfloat16)
+    # 2^(code - 127) from its FP32 bits (integer ops: the backward's recompute runs under Inductor, which has no
+    # float8_e8m0fnu type); code 0 is the subnormal 2^-127, code 255 NaN.
+    codes = records[:, V41_DIM:].to(torch.int32)
+    scales = torch.where(codes == 0, 2.0**-127, (codes << 23).view(torch.float32))
+    scales = torch.where(codes == 255, math.nan, scales).to(torch.bfloat16)
+    return values * scales.repeat_interleave(V41_BLOCK, dim=1)
+
+
 def decode_composition(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length):
     """``sparse_mla_decode`` as the prefill op over each request's dequantized records (no validation): the records
     every query token selected, in order, are its KV rows (records left out are -1, never read)."""
@@ -97,7 +113,8 @@ def decode_composition(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_lengt
     valid = (idx >= 0) & (idx < k_cache.shape[0] * k_cache.shape[1])
     if topk_length is not None:
         valid &= torch.arange(topk, device=idx.device) < topk_length.long()[:, None, None]
-    rows = v32_records(k_cache, torch.where(valid, idx, 0).reshape(-1)).to(q.dtype)
+    read = v32_records if k_cache.shape[3] == V32_BYTES else v41_records
+    rows = read(k_cache, torch.where(valid, idx, 0).reshape(-1)).to(q.dtype)
     slots = torch.arange(rows.shape[0], device=idx.device).view(b, s_q, topk)
     own = torch.where(valid, slots, -1).to(torch.int32).reshape(b * s_q, 1, topk)
     out, _, lse = torch.ops.ascend_moe.sparse_mla_prefill(
