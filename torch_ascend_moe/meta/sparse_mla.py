@@ -64,17 +64,23 @@ def sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_
     ck.check_int_arg(op, "d_v", d_v, 1)
     ck.check_arg(d_v <= q.shape[2], op, "d_v", "value", lambda: f"at most d_qk = {ck._text(q.shape[2])}", d_v)
     acc = accumulator(q.dtype)
+    _check_sink_and_lengths(op, q, acc, attn_sink, 1, topk_length, "s_q", "[s_q]")
+    return acc
+
+
+def _check_sink_and_lengths(op, q, acc, attn_sink, heads_dim: int, topk_length, per: str, layout: str) -> None:
+    """``attn_sink [h_q]`` (q's dim ``heads_dim``) in the accumulation dtype; ``topk_length`` int32, one per ``per``
+    (q's dim 0)."""
     if attn_sink is not None:
         ck.check_rank(op, "attn_sink", attn_sink, 1, "[h_q]")
         ck.check_arg(attn_sink.dtype == acc, op, "attn_sink", "dtype", str(acc), attn_sink.dtype)
         _same_device(op, "attn_sink", attn_sink, q)
-        ck.check_dim_size(op, "attn_sink", attn_sink, 0, "h_q", q.shape[1], "q.size(1)")
+        ck.check_dim_size(op, "attn_sink", attn_sink, 0, "h_q", q.shape[heads_dim], f"q.size({heads_dim})")
     if topk_length is not None:
-        ck.check_rank(op, "topk_length", topk_length, 1, "[s_q]")
+        ck.check_rank(op, "topk_length", topk_length, 1, layout)
         ck.check_arg(topk_length.dtype == torch.int32, op, "topk_length", "dtype", "torch.int32", topk_length.dtype)
         _same_device(op, "topk_length", topk_length, q)
-        ck.check_dim_size(op, "topk_length", topk_length, 0, "s_q", q.shape[0], "q.size(0)")
-    return acc
+        ck.check_dim_size(op, "topk_length", topk_length, 0, per, q.shape[0], "q.size(0)")
 
 
 @fake
@@ -111,16 +117,7 @@ def sparse_mla_decode_signature(q, k_cache, indices, sm_scale, d_v, attn_sink, t
     ck.check_int_arg(op, "d_v", d_v, 1)
     ck.check_arg(d_v <= 512, op, "d_v", "value", "at most 512 (V is the record's first 512 values)", d_v)
     acc = accumulator(q.dtype)
-    if attn_sink is not None:
-        ck.check_rank(op, "attn_sink", attn_sink, 1, "[h_q]")
-        ck.check_arg(attn_sink.dtype == acc, op, "attn_sink", "dtype", str(acc), attn_sink.dtype)
-        _same_device(op, "attn_sink", attn_sink, q)
-        ck.check_dim_size(op, "attn_sink", attn_sink, 0, "h_q", q.shape[2], "q.size(2)")
-    if topk_length is not None:
-        ck.check_rank(op, "topk_length", topk_length, 1, "[b] (one per request)")
-        ck.check_arg(topk_length.dtype == torch.int32, op, "topk_length", "dtype", "torch.int32", topk_length.dtype)
-        _same_device(op, "topk_length", topk_length, q)
-        ck.check_dim_size(op, "topk_length", topk_length, 0, "b", q.shape[0], "q.size(0)")
+    _check_sink_and_lengths(op, q, acc, attn_sink, 2, topk_length, "b", "[b] (one per request)")
     return acc
 
 
