@@ -2,9 +2,10 @@
 the baseline issue 18 names for it, in the same run: BF16 GEMM vs cuBLAS (``torch.mm``), FP8 block-scaled GEMM vs
 ``torch._scaled_mm`` with DeepSeek's 1x128 x 128x128 recipe (where this GPU's cuBLAS takes it; else the dequantize
 + BF16 GEMM a PyTorch user writes), BF16 grouped vs ``torch._grouped_mm``, FP8 grouped vs a per-expert loop of
-dequantize + GEMM, MQA logits vs the naive einsum, the MoE layer vs transformers' Mixtral block with ``grouped_mm``
-experts (BF16 forward). Shapes are DeepGEMM's (``--quick``: small ones). Without CUDA
-there is nothing to time: the family has no cases then (the CLI says so).
+dequantize + GEMM, MQA logits vs the naive einsum, the sparse MLA prefill (BF16, d_qk 576 / d_v 512) vs the
+portable kernel, the MoE layer vs transformers' Mixtral block with ``grouped_mm`` experts (BF16 forward). Shapes are
+DeepGEMM's and DeepSeek-V3.2's (``--quick``: small ones). Without CUDA there is nothing to time: the family has no
+cases then (the CLI says so).
 """
 
 from __future__ import annotations
@@ -126,6 +127,22 @@ def _mqa(s, s_kv, h, d) -> Case:
     return Case(f"mqa_logits fp8 S{s} S_kv{s_kv} H{h} D{d}", s * h * s_kv * (2 * d + 2), setup, "naive einsum fp32")
 
 
+def _sparse_prefill(s, s_kv, h, topk) -> Case:
+    d_qk, d_v = 576, 512  # DeepSeek-V3.2's latent rows: 512 NoPE (V) + 64 RoPE
+
+    def setup():
+        from torch_ascend_moe.backends.portable import sparse_mla as portable
+
+        q, kv = _bf16(s, h, d_qk) / 10, _bf16(s_kv, 1, d_qk, seed=1) / 10
+        g = torch.Generator(device=_device()).manual_seed(2)
+        indices = torch.randint(0, s_kv, (s, 1, topk), generator=g, device=_device(), dtype=torch.int32)
+        args = (q, kv, indices, d_qk**-0.5, d_v, None, None)
+        return (lambda: torch.ops.ascend_moe.sparse_mla_prefill(*args)), (lambda: portable.sparse_mla_prefill(*args))
+
+    flops = 2 * s * h * topk * (d_qk + d_v)
+    return Case(f"sparse_mla_prefill s{s} s_kv{s_kv} h{h} top-{topk}", flops, setup, "portable kernel (torch ops)")
+
+
 def _moe(t, h, k, e) -> Case:
     def setup():
         from torch_ascend_moe.bench.moe import models
@@ -142,7 +159,7 @@ def cases(quick: bool = False) -> list[Case]:
         return []
     if quick:
         quick_cases = [_gemm(128, 256, 512), _fp8_gemm(128, 256, 512), _grouped(4, 64, 256, 512), _mqa(64, 256, 16, 64)]
-        return [*quick_cases, _moe(64, 128, 2, 4)]
+        return [*quick_cases, _sparse_prefill(64, 256, 16, 128), _moe(64, 128, 2, 4)]
     return [
         _gemm(4096, 7168, 2048),
         _gemm_fp32_out(4096, 7168, 2048),
@@ -151,5 +168,6 @@ def cases(quick: bool = False) -> list[Case]:
         _grouped(8, 1024, 4096, 7168),
         _grouped_fp8(8, 1024, 4096, 7168),
         _mqa(4096, 8192, 64, 128),
+        _sparse_prefill(1024, 8192, 128, 2048),
         _moe(4096, 2048, 8, 64),
     ]
