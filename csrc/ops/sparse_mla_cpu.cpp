@@ -181,11 +181,12 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v=512, "
       "Tensor? attn_sink=None, Tensor? topk_length=None) -> (Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
-  // Sparse decode over a paged FP8 KV cache (flash_mla_with_kvcache's sparse mode), DeepSeek-V3.2's 656-byte
-  // token records: (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]). Python kernel (the portable one).
+  // Sparse decode over paged FP8/FP4 KV caches (flash_mla_with_kvcache's sparse mode; the extra cache shares
+  // the softmax): (out [b, s_q, h_q, d_v], lse [b, h_q, s_q]). Python kernel (the portable one).
   m.def(
       "sparse_mla_decode(Tensor q, Tensor k_cache, Tensor indices, float sm_scale, int d_v=512, "
-      "Tensor? attn_sink=None, Tensor? topk_length=None) -> (Tensor, Tensor)",
+      "Tensor? attn_sink=None, Tensor? topk_length=None, Tensor? extra_k_cache=None, "
+      "Tensor? extra_indices=None, Tensor? extra_topk_length=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
 }
 

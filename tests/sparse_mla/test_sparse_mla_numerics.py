@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_ascend_moe.flash_mla as flash_mla
-from tests.sparse_mla.specs import decode_reference, make_indices, reference, write_v32_cache, write_v41_cache
+from tests.sparse_mla.specs import WRITERS, decode_reference, make_indices, reference
 from torch_ascend_moe.backends.portable import sparse_mla as portable
 from torch_ascend_moe.bench import peak_memory_mb
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
@@ -173,12 +173,12 @@ def test_cpu_kernel_agrees_with_the_portable_one(s_q, h_q, d_qk, s_kv, topk, dty
 
 
 def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5, size=656):
-    """A V3.2 (656) or V4.1 (528) cache written by the independent builders (unused bytes NaN), indices through it
-    with -1 padding."""
+    """A cache in the ``size``-byte record format written by the independent builders (unused bytes NaN), indices
+    through it with -1 padding, as upstream's decode tests build them."""
     g = torch.Generator().manual_seed(seed)
     d_qk = 576 if size == 656 else 512
     values = (torch.randn(sum(lens), d_qk, generator=g) / 10).clamp(-1, 1)
-    k_cache, record, _ = (write_v32_cache if size == 656 else write_v41_cache)(values, page, g)
+    k_cache, record, _ = WRITERS[size](values, page, g)
     b = len(lens)
     indices = torch.full((b, s_q, topk), -1, dtype=torch.int32)
     start = 0
@@ -192,14 +192,19 @@ def _decode_case(h_q=64, topk=64, page=61, lens=(150, 0, 90), s_q=2, seed=5, siz
     return q, k_cache, indices
 
 
-@pytest.mark.parametrize("size", [656, 528])
+def _upstream_sink(h_q: int) -> torch.Tensor:
+    sink = torch.randn(h_q, generator=torch.Generator().manual_seed(6))
+    sink[0], sink[1] = math.inf, -math.inf
+    return sink
+
+
+@pytest.mark.parametrize("size", [656, 584, 528])
 def test_decode_upstream_thresholds_and_compat(size):
     """FlashMLA's decode test rule (out abs 1e-3 / rel 2.01/128 / cos 5e-6, lse abs 1e-6 / rel 8.01/65536) against the
     fp64 reference, through the compat entry point as vLLM calls it (keywords, get_mla_metadata() object)."""
     q, k_cache, indices = _decode_case(size=size)
     scale = q.shape[-1] ** -0.55
-    sink = torch.randn(64, generator=torch.Generator().manual_seed(6))
-    sink[0] = math.inf
+    sink = _upstream_sink(64)
     meta, _ = flash_mla.get_mla_metadata()
     out, lse = flash_mla.flash_mla_with_kvcache(
         q=q, k_cache=k_cache, block_table=None, cache_seqlens=None, head_dim_v=512,
@@ -208,27 +213,114 @@ def test_decode_upstream_thresholds_and_compat(size):
     want_out, want_lse = decode_reference(q, k_cache, indices, scale, 512, sink, None)
     _upstream_close(out, want_out, 1e-3, 2.01 / 128, 5e-6)
     _upstream_close(lse, want_lse, 1e-6, 8.01 / 65536)
-    assert out.shape == (3, 2, 64, 512) and lse.shape == (3, 64, 2)
+    assert out.shape == (3, 2, 64, 512) and lse.shape == (3, 64, 2) and lse.is_contiguous()
     assert torch.equal(out[1], torch.zeros_like(out[1])) and lse[1].isposinf().all()  # an empty request
-    assert meta.have_initialized
-    with pytest.raises(AssertionError, match="inconsistent with sched_meta"):
+    assert meta.have_initialized and meta.config.topk == 64 and meta.config.extra_topk is None
+    with pytest.raises(AssertionError, match=r"sched_meta.config.b is 3, this call has 1.*inconsistent"):
         flash_mla.flash_mla_with_kvcache(
             q[:1], k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices[:1]
         )
-    with pytest.raises(NotImplementedError, match="dense decode"):
+    with pytest.raises(AssertionError, match="is_fp8_kvcache must be True"):
+        flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0], indices=indices)
+    with pytest.raises(AssertionError, match="block_table and cache_seqlens must be provided"):
         flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0])
-    v4 = torch.zeros(*k_cache.shape[:3], 584, dtype=torch.uint8)  # V4's block-major records: not yet
-    with pytest.raises(NotImplementedError, match="584-byte"):
-        flash_mla.flash_mla_with_kvcache(
-            q,
-            v4,
-            None,
-            None,
-            512,
-            flash_mla.get_mla_metadata()[0],
-            is_fp8_kvcache=True,
-            indices=indices,
+
+
+@pytest.mark.parametrize(("size", "extra_size"), [(584, 584), (528, 288), (528, 528)])
+def test_decode_extra_cache_upstream_thresholds(size, extra_size):
+    """DeepSeek-V4's two KV scopes in one softmax, called positionally as upstream's test harness does
+    (``lib.run_flash_mla_decode``), with per-request topk lengths for both scopes and sinks: upstream's thresholds
+    against the fp64 reference; the extra scope changes the result (it is not ignored)."""
+    q, k_cache, indices = _decode_case(h_q=16, topk=64, page=5, lens=(40, 0, 70, 9), s_q=3, seed=8, size=size)
+    _, extra, extra_indices = _decode_case(h_q=16, topk=32, page=3, lens=(30, 12, 0, 9), s_q=3, seed=9, size=extra_size)
+    lengths = torch.tensor([64, 10, 0, 5], dtype=torch.int32)
+    extra_lengths = torch.tensor([32, 0, 7, 32], dtype=torch.int32)
+    scale, sink = 512**-0.55, _upstream_sink(16)
+    meta, splits = flash_mla.get_mla_metadata()
+    args = (q, k_cache, None, None, 512, meta, splits, scale, False, True, indices, sink, extra, extra_indices)
+    out, lse = flash_mla.flash_mla_with_kvcache(*args, lengths, extra_lengths)
+    want_out, want_lse = decode_reference(
+        q, k_cache, indices, scale, 512, sink, lengths, extra, extra_indices, extra_lengths
+    )
+    _upstream_close(out, want_out, 1e-3, 2.01 / 128, 5e-6)
+    _upstream_close(lse, want_lse, 1e-6, 8.01 / 65536)
+    assert lse[2].isposinf().all() and torch.equal(out[2], torch.zeros_like(out[2]))  # nothing in either scope
+    assert meta.config.extra_topk == 32 and meta.config.extra_page_block_size == 3
+    alone, _ = sparse_mla_decode(q, k_cache, indices, scale, 512, sink, lengths)
+    assert not torch.equal(alone[0], out[0])
+    with pytest.raises(AssertionError, match="extra_topk"):
+        flash_mla.flash_mla_with_kvcache(*args[:-1], extra_indices[..., :16], lengths, extra_lengths)
+
+
+def _dense_reference(q, blocked_k, block_table, seqlens, d_v, causal, scale):
+    """Upstream's dense decode reference, in fp64: per request its first ``seqlens[b]`` tokens through the block
+    table, GQA by head groups, a causal mask bottom-right aligned; a query seeing nothing: out 0, lse +inf."""
+    b, s_q, h_q, d = q.shape
+    page, h_kv = blocked_k.shape[1], blocked_k.shape[2]
+    out = torch.zeros(b, s_q, h_q, d_v, dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    for i in range(b):
+        n = int(seqlens[i])
+        kv = blocked_k[block_table[i, : -(-n // page)].long()].reshape(-1, h_kv, d)[:n].double()
+        kv = kv.repeat_interleave(h_q // h_kv, dim=1).transpose(0, 1)  # [h_q, n, d]
+        scores = scale * q[i].double().transpose(0, 1) @ kv.transpose(1, 2)  # [h_q, s_q, n]
+        if causal:
+            scores = scores.masked_fill(torch.ones(s_q, n, dtype=torch.bool).tril(n - s_q).logical_not(), -math.inf)
+        row_lse = torch.logsumexp(scores, dim=-1)
+        seen = row_lse.isfinite()
+        out[i] = torch.where(seen[..., None], torch.softmax(scores, dim=-1) @ kv[..., :d_v], 0).transpose(0, 1)
+        lse[i] = torch.where(seen, row_lse, math.inf)
+    return out, lse
+
+
+@pytest.mark.parametrize(("h_q", "h_kv", "s_q", "causal", "dtype"), [
+    (16, 1, 1, False, torch.bfloat16), (9, 3, 4, True, torch.bfloat16), (8, 2, 2, True, torch.float16),
+    (6, 1, 3, False, torch.float16),
+])  # fmt: skip
+def test_dense_decode_against_upstreams_reference(h_q, h_kv, s_q, causal, dtype):
+    """The dense mode as upstream's dense decode test builds it: random lengths (one empty, one shorter than s_q),
+    permuted blocks, NaN in every slot past a length and 2147480000 in unused block-table slots (never read);
+    upstream's thresholds (out abs 8e-4 / rel 2.01/128 / cos 5e-6, lse abs 1e-6 / rel 8.01/65536)."""
+    g = torch.Generator().manual_seed(h_q * 7 + s_q)
+    b, page, d, d_v = 4, 16, 576, 512
+    seqlens = torch.tensor([70, 0, 2, 33], dtype=torch.int32)
+    per = 5
+    block_table = torch.randperm(b * per, generator=g).to(torch.int32).view(b, per)
+    blocked_k = (torch.randn(b * per, page, h_kv, d, generator=g) / 10).clamp(-1, 1).to(dtype)
+    for i in range(b):
+        n, used = int(seqlens[i]), -(-int(seqlens[i]) // page)
+        blocked_k[block_table[i, used:].long()] = math.nan
+        if n % page:
+            blocked_k[int(block_table[i, used - 1]), n % page :] = math.nan
+        block_table[i, used:] = 2147480000
+    q = (torch.randn(b, s_q, h_q, d, generator=g) / 10).clamp(-1, 1).to(dtype)
+    meta, splits = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(q, blocked_k, block_table, seqlens, d_v, meta, splits, causal=causal)
+    want_out, want_lse = _dense_reference(q, blocked_k, block_table, seqlens, d_v, causal, d**-0.5)
+    assert out.dtype == dtype and lse.shape == (b, h_q, s_q) and lse.is_contiguous()
+    _upstream_close(out, want_out, 8e-4, 2.01 / 128, 5e-6)
+    _upstream_close(lse, want_lse, 1e-6, 8.01 / 65536)
+    assert lse[1].isposinf().all()  # an empty cache
+
+
+def test_dense_decode_gradients_and_compile():
+    """The dense mode is the prefill op's composition: fp64 gradcheck through q and the cache, and one
+    ``torch.compile(fullgraph=True)`` graph (no host read of the lengths while compiling)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2, 4, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    k_cache = torch.randn(6, 4, 2, 12, generator=g, dtype=torch.float64, requires_grad=True)
+    table = torch.tensor([[3, 0, 5], [1, 2, 4]], dtype=torch.int32)
+    lens = torch.tensor([9, 2], dtype=torch.int32)
+
+    def run(q, k_cache):
+        return flash_mla.flash_mla_with_kvcache(
+            q, k_cache, table, lens, 8, flash_mla.get_mla_metadata()[0], causal=True
         )
+
+    torch.autograd.gradcheck(lambda q, k: run(q, k)[0], (q, k_cache))
+    compiled = torch.compile(run, fullgraph=True, backend="aot_eager")
+    for a, b in zip(compiled(q, k_cache), run(q, k_cache)):
+        torch.testing.assert_close(a, b)
 
 
 def test_decode_reads_only_selected_records():

@@ -75,21 +75,28 @@ autograd(_NAME, _backward, _setup)
 _DECODE = "sparse_mla_decode"
 
 
+_CACHE_ARGS = ("k_cache", "indices", "topk_length", "extra_k_cache", "extra_indices", "extra_topk_length")
+
+
 def _decode_setup(ctx, inputs, output):
     args = arguments(_DECODE, inputs)
     ctx.sm_scale, ctx.d_v = args.sm_scale, args.d_v
-    ctx.save_for_backward(args.q, args.k_cache, args.indices, args.attn_sink, args.topk_length)
+    ctx.save_for_backward(args.q, args.attn_sink, *(getattr(args, name) for name in _CACHE_ARGS))
 
 
 def _decode_backward(ctx, grad_out, grad_lse):
-    """q and the sink (the cache is bytes): the decode's composition (records -> prefill op) rebuilt with autograd,
-    so the prefill's backward gives the gradients."""
-    q, k_cache, indices, attn_sink, topk_length = ctx.saved_tensors
+    """q and the sink (the caches are bytes): the decode's composition (records -> prefill op) rebuilt with
+    autograd, so the prefill's backward gives the gradients."""
+    q, attn_sink, *cache = ctx.saved_tensors
+    k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length = cache
     want_sink = attn_sink is not None and needs_grad(ctx, _DECODE, "attn_sink")
     with torch.enable_grad():
         q_ = q.detach().requires_grad_()
         sink_ = attn_sink.detach().requires_grad_(want_sink) if attn_sink is not None else None
-        out, lse = decode_composition(q_, k_cache, indices, ctx.sm_scale, ctx.d_v, sink_, topk_length)
+        out, lse = decode_composition(
+            q_, k_cache, indices, ctx.sm_scale, ctx.d_v, sink_, topk_length, extra_k_cache, extra_indices,
+            extra_topk_length,
+        )  # fmt: skip
         pairs = [(o, g) for o, g in ((out, grad_out), (lse, grad_lse)) if g is not None]
         inputs = [q_] + ([sink_] if want_sink else [])
         grads = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)

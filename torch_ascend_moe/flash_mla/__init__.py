@@ -8,13 +8,13 @@ natural-log lse, +inf lse for a token with no valid index).
   MHA prefill (upstream SM100-only) in torch ops, differentiable (``flash_mla.dense``).
 - ``get_mla_metadata(*args, **kwargs)`` -> ``(FlashMLASchedMeta(), None)``: the lazy scheduling object of the
   current API (any argument form, the old ones included, is accepted and ignored, as upstream does).
+- ``flash_mla_with_kvcache``: the sparse decode over paged FP8/FP4 caches in every record format (DeepSeek-V3.2's
+  656 bytes, V4's 584 block-major, V4.1's 528 and 288 token-interleaved; the extra cache sharing the softmax) as
+  the ``sparse_mla_decode`` op, and the dense decode over a BF16/FP16 paged cache (``flash_mla.dense``).
 
 Upstream's kernels accept only their tuned shapes (``d_qk`` 512/576, ``h_q`` 64/128, ``d_v`` 512, BF16); the ops
 compute every shape and dtype the op documents, so code within upstream's limits runs unchanged and code outside
-them runs too. ``flash_mla_with_kvcache`` runs the sparse mode over DeepSeek-V3.2's 656-byte FP8 records
-and V4.1's 528-byte ones (``sparse_mla_decode``); not yet here (issue 20): its dense mode, V4's 584-byte records,
-V4.1's FP4 records and the extra cache,
-which raise ``NotImplementedError`` naming what is missing.
+them runs too. Upstream's argument asserts are kept (``AssertionError`` with its conditions).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import dataclasses
 import torch
 
 from torch_ascend_moe.flash_mla.dense import (
+    dense_decode,
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
@@ -38,8 +39,21 @@ class FlashMLASchedMeta:
     """Upstream's per-step scheduling cache, filled by the first decode call that uses it (our kernels need no
     schedule; the object keeps upstream's fields so code that inspects or reuses it runs)."""
 
+    @dataclasses.dataclass
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: int | None
+        extra_page_block_size: int | None
+        extra_topk: int | None
+
     have_initialized: bool = False
-    config: object | None = None
+    config: Config | None = None
     tile_scheduler_metadata: torch.Tensor | None = None
     num_splits: torch.Tensor | None = None
 
@@ -49,11 +63,21 @@ def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
     return FlashMLASchedMeta(), None
 
 
-_SCHED_FIELDS = ("b", "s_q", "h_q", "page_block_size", "h_k", "causal", "is_fp8_kvcache", "topk")
+_API = "flash_mla.flash_mla_with_kvcache"
 
 
-def _not_yet(what: str):
-    raise NotImplementedError(f"flash_mla.flash_mla_with_kvcache: {what} is not implemented yet (torch_ascend_moe)")
+def _schedule(meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> None:
+    """Upstream's contract for the object: the first call records its configuration, every later call must
+    repeat it (the metadata it would hold is only valid for that configuration)."""
+    if not meta.have_initialized:
+        meta.config, meta.have_initialized = config, True
+        return
+    for field in dataclasses.fields(config):
+        ours, theirs = getattr(config, field.name), getattr(meta.config, field.name)
+        assert ours == theirs, (
+            f"{_API}: sched_meta.config.{field.name} is {theirs}, this call has {ours}: your input arguments are "
+            "inconsistent with sched_meta (use one get_mla_metadata() object per step and batch shape)"
+        )
 
 
 def flash_mla_with_kvcache(
@@ -62,8 +86,8 @@ def flash_mla_with_kvcache(
     block_table: torch.Tensor | None,
     cache_seqlens: torch.Tensor | None,
     head_dim_v: int,
-    tile_scheduler_metadata,
-    num_splits: torch.Tensor | None = None,
+    tile_scheduler_metadata: FlashMLASchedMeta,
+    num_splits: None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     is_fp8_kvcache: bool = False,
@@ -74,40 +98,43 @@ def flash_mla_with_kvcache(
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashMLA's decode (G2 signature): with ``indices`` the sparse mode over a paged FP8 cache, ``(out [b, s_q,
-    h_q, head_dim_v], lse [b, h_q, s_q])`` (see ``ops.sparse_mla.sparse_mla_decode``). ``tile_scheduler_metadata``
-    is ``get_mla_metadata()``'s object: our kernels need no schedule, but as upstream the first call records the
-    call's configuration in it and a later call with another one is refused (reuse it per step and batch shape)."""
-    if num_splits is not None:
-        raise ValueError("flash_mla.flash_mla_with_kvcache: argument 'num_splits': expected None (the current API)")
-    if indices is None:
-        _not_yet("the dense decode (indices=None)")
-    if causal or not is_fp8_kvcache:
-        raise ValueError(
-            "flash_mla.flash_mla_with_kvcache: the sparse mode (indices given) needs causal=False and "
-            f"is_fp8_kvcache=True, got causal={causal}, is_fp8_kvcache={is_fp8_kvcache}"
-        )
-    if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
-        _not_yet("the extra KV cache (extra_k_cache)")
-    if k_cache.dim() == 4 and k_cache.shape[-1] not in (656, 528):
-        _not_yet(f"the {k_cache.shape[-1]}-byte cache records (V4's 584; V3.2's 656 and V4.1's 528 run)")
-    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
-        config = dict(
-            zip(
-                _SCHED_FIELDS,
-                (*q.shape[:3], k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache, indices.shape[-1]),
-            )
-        )
-        if not tile_scheduler_metadata.have_initialized:
-            tile_scheduler_metadata.config, tile_scheduler_metadata.have_initialized = config, True
-        elif tile_scheduler_metadata.config != config:
-            raise AssertionError(
-                f"flash_mla.flash_mla_with_kvcache: the call's configuration {config} is inconsistent with "
-                f"sched_meta's {tile_scheduler_metadata.config}: use one get_mla_metadata() object per step and "
-                "batch shape"
-            )
+    """FlashMLA's decode (G2 signature), ``(out [b, s_q, h_q, head_dim_v], lse [b, h_q, s_q])``:
+
+    - with ``indices``, the sparse mode over paged FP8/FP4 caches (656 / 584 / 528 / 288-byte records, an
+      ``extra_k_cache`` sharing the softmax): ``ops.sparse_mla.sparse_mla_decode``;
+    - without, the dense mode over a BF16/FP16 paged cache through ``block_table`` and ``cache_seqlens``
+      (``flash_mla.dense.dense_decode``).
+
+    ``tile_scheduler_metadata`` is ``get_mla_metadata()``'s object: our kernels need no schedule, but as upstream
+    the first call records the call's configuration in it and a later call with another one fails its assert."""
+    assert isinstance(tile_scheduler_metadata, FlashMLASchedMeta), (
+        f"{_API}: tile_scheduler_metadata must be of type FlashMLASchedMeta (get_mla_metadata()'s first element)"
+    )
+    assert num_splits is None, f"{_API}: num_splits must be None (the current API)"
+    topk = indices.shape[-1] if indices is not None else None
+    config = FlashMLASchedMeta.Config(
+        *q.shape[:3], k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache, topk,
+        extra_k_cache.shape[1] if extra_k_cache is not None else None,
+        extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None,
+    )  # fmt: skip
+    _schedule(tile_scheduler_metadata, config)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    return sparse_mla_decode(q, k_cache, indices, scale, head_dim_v, attn_sink, topk_length)
+    if indices is not None:
+        assert not causal, f"{_API}: causal must be False when sparse attention is enabled (indices given)"
+        assert is_fp8_kvcache, f"{_API}: is_fp8_kvcache must be True when sparse attention is enabled (indices given)"
+        return sparse_mla_decode(
+            q, k_cache, indices, scale, head_dim_v, attn_sink, topk_length, extra_k_cache, extra_indices_in_kvcache,
+            extra_topk_length,
+        )  # fmt: skip
+    sparse_only = (attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
+    assert all(t is None for t in sparse_only), (
+        f"{_API}: attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length and extra_topk_length must be None "
+        "when dense attention is used (indices=None)"
+    )
+    assert block_table is not None and cache_seqlens is not None, (
+        f"{_API}: block_table and cache_seqlens must be provided when dense attention is used (indices=None)"
+    )
+    return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, causal)
 
 
 def flash_mla_sparse_fwd(

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+
 _API = "flash_mla.flash_attn_varlen_func"
 
 
@@ -109,3 +111,76 @@ def flash_attn_varlen_kvpacked_func(
         q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p, softmax_scale, causal,
         deterministic, is_varlen,
     )  # fmt: skip
+
+
+_DECODE_API = "flash_mla.flash_mla_with_kvcache"
+
+
+def _check_decode(cond: bool, arg: str, expected: str, actual) -> None:
+    if not cond:
+        raise ValueError(f"{_DECODE_API}: argument '{arg}': expected {expected}, got {actual}")
+
+
+def dense_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    head_dim_v: int,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_mla_with_kvcache``'s dense mode (DeepSeek-V3/V3.1 MLA decode, specs/flashmla_api.md §4.3):
+    ``q [b, s_q, h_q, d]`` over each request's first ``cache_seqlens[b]`` tokens of the paged ``k_cache [blocks,
+    page_block_size, h_kv, d]`` (logical block ``p`` of request ``b`` is ``block_table[b, p]``; slots past the
+    length are never read), V the first ``head_dim_v`` columns, GQA by head groups, causal bottom-right aligned.
+    ``(out [b, s_q, h_q, head_dim_v], lse [b, h_q, s_q])``, a query that sees no key: out 0, lse +inf.
+
+    The ``sparse_mla_prefill`` op over each kv head's rows with the request's positions as the indices (the causal
+    limit is its ``topk_length``), so it runs the op's kernels, autograd, compile and export; memory O(b * s_q *
+    max length) for the indices."""
+    _check_decode(q.dim() == 4, "q", "4-D [b, s_q, h_q, d]", list(q.shape))
+    _check_decode(k_cache.dim() == 4, "k_cache", "4-D [num_blocks, page_block_size, h_kv, d]", list(k_cache.shape))
+    _check_decode(k_cache.dtype == q.dtype, "k_cache", f"dtype {q.dtype} (q's: a BF16/FP16 cache)", k_cache.dtype)
+    b, s_q, h_q, d = q.shape
+    blocks, page, h_kv, _ = k_cache.shape
+    _check_decode(k_cache.shape[3] == d, "k_cache", f"size(3) {d} (q's head dim)", k_cache.shape[3])
+    _check_decode(h_kv > 0 and h_q % h_kv == 0, "k_cache", f"a head count dividing h_q = {h_q}", h_kv)
+    _check_decode(0 < head_dim_v <= d, "head_dim_v", f"in [1, {d}]", head_dim_v)
+    _check_decode(
+        block_table.dim() == 2 and block_table.shape[0] == b and block_table.dtype == torch.int32,
+        "block_table", f"int32 [b = {b}, max_blocks_per_seq]", f"{block_table.dtype} {list(block_table.shape)}",
+    )  # fmt: skip
+    _check_decode(
+        cache_seqlens.shape == (b,) and cache_seqlens.dtype == torch.int32,
+        "cache_seqlens", f"int32 [b = {b}]", f"{cache_seqlens.dtype} {list(cache_seqlens.shape)}",
+    )  # fmt: skip
+    # Positions every request may attend: up to the longest length (a host read), or, while compiling (no host
+    # reads), every slot of the block table.
+    if torch.compiler.is_compiling() or b == 0:
+        span = block_table.shape[1] * page
+    else:
+        span = min(int(cache_seqlens.max()), block_table.shape[1] * page)
+    lengths = cache_seqlens.long().clamp(0, block_table.shape[1] * page)
+    pos = torch.arange(span, device=q.device)
+    valid = pos[None, :] < lengths[:, None]  # [b, span]
+    physical = block_table.long().gather(1, (pos // page).expand(b, span).clamp(max=max(block_table.shape[1] - 1, 0)))
+    records = torch.where(valid, physical * page + pos % page, -1)
+    records = torch.where(records < blocks * page, records, -1).to(torch.int32)  # a bad table entry reads nothing
+    indices = records[:, None, None, :].expand(b, s_q, 1, span).reshape(b * s_q, 1, span)
+    limit = None
+    if causal and s_q > 1:  # query r of s_q sees position c iff c <= length - s_q + r
+        rows = torch.arange(s_q, device=q.device)
+        limit = (lengths[:, None] - s_q + rows[None, :] + 1).clamp(min=0).to(torch.int32).reshape(b * s_q)
+    group = h_q // h_kv
+    outs, lses = [], []
+    for g in range(h_kv):
+        kv = k_cache[:, :, g : g + 1, :].flatten(0, 1)  # [blocks * page, 1, d]: a view for a contiguous cache
+        q_g = q[:, :, g * group : (g + 1) * group, :].reshape(b * s_q, group, d)
+        out, _, lse = sparse_mla_prefill(q_g, kv, indices, softmax_scale, head_dim_v, None, limit)
+        outs.append(out.view(b, s_q, group, head_dim_v))
+        lses.append(lse.view(b, s_q, group))
+    out = torch.cat(outs, dim=2) if h_kv > 1 else outs[0]
+    lse = torch.cat(lses, dim=2) if h_kv > 1 else lses[0]
+    # [b, h_q, s_q] with standard strides (contiguous() would keep a transposed view's strides when s_q is 1)
+    return out, lse.new_empty(b, h_q, s_q).copy_(lse.transpose(1, 2))

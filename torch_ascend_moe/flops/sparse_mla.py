@@ -13,6 +13,10 @@ def sparse_mla_prefill(q_shape, kv_shape, indices_shape, sm_scale, d_v, *args, o
 
 
 @flop_formula
-def sparse_mla_decode(q_shape, k_cache_shape, indices_shape, sm_scale, d_v, *args, out_shape=None, **kwargs) -> int:
+def sparse_mla_decode(
+    q_shape, k_cache_shape, indices_shape, sm_scale, d_v, attn_sink_shape=None, topk_length_shape=None,
+    extra_k_cache_shape=None, extra_indices_shape=None, *args, out_shape=None, **kwargs,
+) -> int:  # fmt: skip
     b, s_q, h_q, d_qk = q_shape
-    return 2 * b * s_q * indices_shape[2] * h_q * (d_qk + d_v)
+    topk = indices_shape[2] + (extra_indices_shape[2] if extra_indices_shape is not None else 0)
+    return 2 * b * s_q * topk * h_q * (d_qk + d_v)

@@ -48,12 +48,21 @@ def sparse_mla_decode(
     d_v: int = FROM_SCHEMA,
     attn_sink: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])``: FlashMLA's sparse decode over a paged FP8 KV cache in
-    DeepSeek-V3.2's 656-byte records (``k_cache [num_blocks, page_block_size, 1, 656]`` uint8: 512 E4M3 values,
-    4 FP32 scales per 128, 64 BF16 RoPE values). ``q [b, s_q, h_q, 576]``; ``indices [b, s_q, topk]`` int32 are
-    record numbers ``block * page_block_size + offset`` (``< 0`` or past the cache left out, as are positions
-    ``>= topk_length[b]``); a record is dequantized to BF16 as the kernels do; then ``sparse_mla_prefill``'s
-    attention (sinks, lonely tokens: out 0, lse +inf). Differentiable in ``q`` and ``attn_sink``.
+    """``(out [b, s_q, h_q, d_v], lse [b, h_q, s_q])``: FlashMLA's sparse decode over paged FP8/FP4 KV caches
+    ``[num_blocks, page_block_size, 1, bytes_per_token]`` (uint8), the record format told by its size: DeepSeek-V3.2's
+    656 bytes (512 E4M3 values, 4 FP32 scales per 128, 64 BF16 RoPE values; ``q [b, s_q, h_q, 576]``), V4's 584
+    (block-major: 448 E4M3 + 64 BF16 RoPE values per row, 7 UE8M0 scales per 64 after the block's rows), V4.1's 528
+    (512 E4M3 values, 16 UE8M0 scales per 32) and 288 (512 E2M1 values, 32 E4M3 scales per 16), the last three
+    with ``q [..., 512]``. ``indices [b, s_q, topk]`` int32 are record numbers ``block * page_block_size + offset``
+    (``< 0`` or past the cache left out, as are positions ``>= topk_length[b]``); with ``extra_k_cache`` the
+    records ``extra_indices [b, s_q, extra_topk]`` (and ``extra_topk_length``) join the same softmax. Each record
+    is dequantized to BF16 as the kernels do; then ``sparse_mla_prefill``'s attention (sinks, lonely tokens: out
+    0, lse +inf). Differentiable in ``q`` and ``attn_sink``.
     """
-    return _decode(q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length)
+    return _decode(
+        q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length
+    )
