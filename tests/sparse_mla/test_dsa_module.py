@@ -1,11 +1,14 @@
-"""``nn.DSAttention`` (DeepSeek Sparse Attention, MLA absorbed form, prefill): equal to dense attention with the
+"""``nn.DSAttention`` (DeepSeek Sparse Attention, MLA absorbed form): the prefill equal to dense attention with the
 indexer's selection as a mask (fp64), trainable except the selection, one graph under torch.compile, and a varlen
-batch's sequences independent of each other."""
+batch's sequences independent of each other; the paged decode (``decode`` over a ``PagedDSACache``) the same
+function of the tokens as the prefill, step by step, in BF16 rows or FP8 records, compiled too."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from tests.sparse_mla.specs import _dequantized
 from torch_ascend_moe.nn import DSAttention
 from torch_ascend_moe.testing import calc_diff
 
@@ -61,3 +64,79 @@ def test_varlen_sequences_do_not_see_each_other():
         alone = m(x[6:])
     assert torch.equal(y[6:], y2[6:])
     assert calc_diff(y[6:], alone) < 1e-20  # the second sequence as if it were alone
+
+
+def _decode_steps(m, x, cache, first: int, step: int = 1, run=None):
+    """The prompt's first ``first`` tokens in one call, then ``step`` tokens at a time."""
+    run = run or m.decode
+    outs = [run(x[:, :first], cache)]
+    outs += [run(x[:, t : t + step], cache) for t in range(first, x.shape[1], step)]
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize(("quant", "step"), [("fp8", 1), ("fp4", 3)])
+def test_paged_decode_equals_the_prefill(quant, step):
+    """Prompt then generation through the pages (random block order, pages of 5 so requests span blocks, topk below
+    the length so the indexer really selects): each token's output equals ``forward`` over the whole sequence,
+    per request; the cache holds what was written."""
+    torch.manual_seed(4)
+    m = DSAttention(64, 4, kv_lora_rank=32, rope_dim=8, v_head_dim=16, topk=6, indexer_heads=4, indexer_head_dim=32,
+                    indexer_quant=quant)  # fmt: skip
+    x = torch.randn(3, 22, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = torch.stack([m(x[i]) for i in range(3)])
+        cache = m.new_cache(3, 30, page=5)
+        got = _decode_steps(m, x, cache, 7, step)
+        assert cache.lengths.tolist() == [22, 22, 22]
+        _, kv = m.latents(x[1])
+        rows = cache.kv.view(-1, 40)[cache.records(torch.arange(22)[None].expand(3, 22))[1]]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rows, kv[:, 0], rtol=1e-6, atol=1e-6)  # (a GEMM of other rows: other blocking)
+
+
+def test_paged_decode_over_fp8_records():
+    """DeepSeek-V3.2's geometry (latent 512 + RoPE 64) with the 656-byte FP8 records through ``sparse_mla_decode``:
+    the records read back (independently of the op) are the latent rows to FP8's rounding, and the output is the
+    prefill's to that rounding; one request's output does not depend on the others in the batch."""
+    torch.manual_seed(6)
+    m = DSAttention(64, 2, kv_lora_rank=512, rope_dim=64, v_head_dim=16, topk=8, indexer_heads=4, indexer_head_dim=64)
+    x = torch.randn(2, 18, 64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = torch.stack([m(x[i]) for i in range(2)])
+        cache = m.new_cache(2, 20, page=4, kv_format="fp8")
+        got = _decode_steps(m, x, cache, 6, 4)
+        alone = _decode_steps(m, x[1:], m.new_cache(1, 20, page=4, kv_format="fp8"), 6, 4)
+        _, kv = m.latents(x[0])
+        records = cache.records(torch.arange(18)[None].expand(2, 18))[0].tolist()
+        back = torch.stack([_dequantized(cache.kv, r) for r in records])
+    assert calc_diff(back, kv[:, 0]) < 1e-3 and (back[:, 512:] == kv[:, 0, 512:].bfloat16().double()).all()
+    assert calc_diff(got, want) < 2e-3
+    torch.testing.assert_close(got[1], alone[0], rtol=1e-6, atol=1e-6)
+
+
+def test_paged_decode_compiles():
+    """``torch.compile(decode, fullgraph=True)``: one graph per step shape (no host read: the logits span the
+    cache's capacity), the same outputs and cache rows as eager."""
+    torch.manual_seed(8)
+    m = _module(torch.float32)
+    x = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        eager_cache, compiled_cache = m.new_cache(2, 16, page=4), m.new_cache(2, 16, page=4)
+        compiled_cache.block_table.copy_(eager_cache.block_table)
+        torch._dynamo.reset()
+        eager = _decode_steps(m, x, eager_cache, 4)
+        compiled = _decode_steps(m, x, compiled_cache, 4, run=torch.compile(m.decode, fullgraph=True))
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled_cache.kv, eager_cache.kv, rtol=1e-5, atol=1e-5)  # Inductor's fused RoPE
+    assert torch.equal(compiled_cache.lengths, eager_cache.lengths)
+
+
+def test_paged_cache_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="'fp8' \\(DeepSeek-V3.2's 656-byte records\\) needs kv_lora_rank 512"):
+        _module(torch.float32).new_cache(1, 8, kv_format="fp8")
+    with pytest.raises(ValueError, match="argument 'kv_format' value: expected 'bf16' or 'fp8'"):
+        _module(torch.float32).new_cache(1, 8, kv_format="fp16")
+    m = DSAttention(64, 2, kv_lora_rank=16, rope_dim=8, v_head_dim=8, topk=4, indexer_heads=2, indexer_head_dim=32,
+                    indexer_quant=None)  # fmt: skip
+    with pytest.raises(ValueError, match="indexer must quantize its keys"):
+        m.new_cache(1, 8)

@@ -1,11 +1,20 @@
 """Benchmark cases of DeepSeek Sparse Attention's attention half (``python -m torch_ascend_moe bench dsa``): the
-sparse prefill (``sparse_mla_prefill``: every token over its own top-k latent KV rows, memory O(s * topk)) against
-what a model without it runs, dense ``scaled_dot_product_attention`` with the same selection as an ``[s, s]``
-boolean mask (the demo's ``--indexer`` path until the DSA module lands), time and peak memory in one run.
+sparse ops against what a model without DSA runs, time and peak memory of both in one run.
 
-Shapes: DeepSeek-V3.2's latent attention (d_qk 576 = 512 + 64 RoPE, d_v 512, one KV head), h_q heads, causal
-selections as the indexer makes them (each token picks ``topk`` of the tokens up to itself; early tokens have
-fewer, padded with -1).
+- Prefill: ``sparse_mla_prefill`` (every token over its own top-k latent KV rows, memory O(s * topk)) against dense
+  ``scaled_dot_product_attention`` with the same selection as an ``[s, s]`` boolean mask (the demo's ``--indexer``
+  path until the DSA module lands). Causal selections as the indexer makes them (each token picks ``topk`` of the
+  tokens up to itself; early tokens have fewer, padded with -1).
+- Decode: ``sparse_mla_decode`` (each of a request's ``s_q`` query tokens over ``topk`` records of its own context
+  in a paged FP8 cache of DeepSeek-V3.2's 656-byte records, page 64, a random block table per request) against
+  dense SDPA of the same queries over each request's whole BF16 KV (causal: with ``s_q`` 2, the first token does
+  not see the last one): decode without DSA. The caches themselves (656 vs 1152 bytes per token) are built in
+  setup and are not in the peaks.
+
+Shapes: DeepSeek-V3.2's latent attention (d_qk 576 = 512 + 64 RoPE, d_v 512, one KV head), h_q query heads (128 in
+V3.2's decode). Full list: prefill s 4096 and 8192 (not 16384: the dense baseline at s 16384 allocates a 17 GB FP32
+``[16, s, s]`` score tensor, about 47 GB at its peak, more than a 24 GB machine holds), decode s 4096 and 16384,
+top-2048.
 """
 
 from __future__ import annotations
@@ -14,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe.bench import Case
-from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
+
+D_QK, D_V, PAGE = 576, 512, 64
 
 
 def causal_topk(s: int, topk: int, g: torch.Generator) -> torch.Tensor:
@@ -26,7 +37,7 @@ def causal_topk(s: int, topk: int, g: torch.Generator) -> torch.Tensor:
 
 
 def _prefill(s: int, h: int, topk: int) -> Case:
-    d_qk, d_v = 576, 512
+    d_qk, d_v = D_QK, D_V
 
     def setup():
         g = torch.Generator().manual_seed(0)
@@ -55,7 +66,76 @@ def _prefill(s: int, h: int, topk: int) -> Case:
     )
 
 
+def v32_records(values: torch.Tensor) -> torch.Tensor:
+    """``values [n, 576]`` as DeepSeek-V3.2's 656-byte cache records ``[n, 656]`` uint8, quantized as FlashMLA's
+    tests do: bytes 0-511 the 512 NoPE values in E4M3, each tile of 128 divided by its scale
+    ``2^ceil(log2(max(amax / 448, 1e-4)))``; 512-527 the 4 scales (FP32); 528-655 the 64 RoPE values (BF16)."""
+    n = values.shape[0]
+    nope = values[:, :512].float().view(n, 4, 128)
+    scales = torch.exp2(torch.ceil(torch.log2((nope.abs().amax(dim=-1) / 448).clamp(min=1e-4))))  # [n, 4]
+    codes = (nope / scales[..., None]).to(torch.float8_e4m3fn)
+    rope = values[:, 512:].to(torch.bfloat16).contiguous()
+    return torch.cat([codes.view(torch.uint8).view(n, 512), scales.view(torch.uint8), rope.view(torch.uint8)], dim=1)
+
+
+def _decode(b: int, s: int, s_q: int, h: int, topk: int) -> Case:
+    assert s % PAGE == 0 and topk <= s - s_q + 1, "whole pages; every query token has topk positions to pick"
+    d_qk, d_v = D_QK, D_V
+
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        q = (torch.randn(b, s_q, h, d_qk, generator=g) / 10).bfloat16()
+        kv = (torch.randn(b, s, d_qk, generator=g) / 10).bfloat16()  # each request's context, what dense reads
+        # Paged cache: request r's token p is record table[r, p // PAGE] * PAGE + p % PAGE, blocks scattered.
+        pages = s // PAGE
+        table = torch.randperm(b * pages, generator=g).view(b, pages)
+        position = torch.arange(s)
+        record = table[:, position // PAGE] * PAGE + position % PAGE  # [b, s]
+        cache = torch.empty(b * pages * PAGE, 656, dtype=torch.uint8)
+        cache[record.reshape(-1)] = v32_records(kv.reshape(b * s, d_qk))
+        cache = cache.view(b * pages, PAGE, 1, 656)
+        # Query token j is at position s - s_q + j and selects topk distinct positions among those up to itself.
+        visible = torch.ones(s_q, s, dtype=torch.bool).tril_(s - s_q)
+        scores = torch.rand(b, s_q, s, generator=g).masked_fill_(~visible, -1)
+        chosen = scores.topk(topk, dim=-1).indices  # [b, s_q, topk] positions
+        indices = record.gather(1, chosen.view(b, -1)).view(b, s_q, topk).to(torch.int32)
+        scale = d_qk**-0.5
+        # SDPA's CPU GQA path (enable_gqa) expands K and V to every head in FP32: 13 GB and 20-50 s for a single
+        # s 16384 request, which would time the expansion. With one KV head the heads fold into query rows
+        # ([b, 1, s_q * h, d_qk]: MQA, what FlashMLA's decode does too), the same attention, which SDPA runs in its
+        # flash kernel without copying K or V.
+        mask = None if s_q == 1 else visible.repeat_interleave(h, dim=0)  # rows: token-major, then head
+        k = kv[:, None]  # [b, 1, s, d_qk]
+
+        def ours():
+            return sparse_mla_decode(q, cache, indices, scale, d_v)[0]
+
+        def dense():
+            out = F.scaled_dot_product_attention(
+                q.view(b, 1, s_q * h, d_qk), k, k[..., :d_v], attn_mask=mask, scale=scale
+            )
+            return out.view(b, s_q, h, d_v)
+
+        return ours, dense
+
+    flops = 2 * b * s_q * topk * h * (d_qk + d_v)  # FlashMLA's model: the selected records
+    return Case(
+        f"sparse decode b{b} s{s} s_q{s_q} h{h} top-{topk} (FP8 656 B cache, page {PAGE})",
+        flops,
+        setup,
+        "dense SDPA (BF16 KV)",
+        memory=True,
+    )
+
+
 def cases(quick: bool = False) -> list[Case]:
     if quick:
-        return [_prefill(256, 4, 64)]
-    return [_prefill(4096, 16, 2048), _prefill(8192, 16, 2048)]
+        return [_prefill(256, 4, 64), _decode(2, 512, 2, 16, 128)]
+    return [
+        _prefill(4096, 16, 2048),
+        _prefill(8192, 16, 2048),
+        _decode(8, 4096, 1, 128, 2048),
+        _decode(8, 4096, 2, 128, 2048),
+        _decode(4, 16384, 1, 128, 2048),
+        _decode(4, 16384, 2, 128, 2048),
+    ]

@@ -5,7 +5,7 @@ from torch_ascend_moe.nn.grouped_experts import GroupedExperts
 from torch_ascend_moe.nn.hyper_connection import HyperConnection, sinkhorn
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer, indexer_kl_loss
 from torch_ascend_moe.nn.moe import MegaMoE, MoE, MoEGate, SwiGLUMLP
-from torch_ascend_moe.nn.sparse_attention import DSAttention
+from torch_ascend_moe.nn.sparse_attention import DSAttention, PagedDSACache
 
 __all__ = [
     "DSAttention",
@@ -16,6 +16,7 @@ __all__ = [
     "MegaMoE",
     "MoE",
     "MoEGate",
+    "PagedDSACache",
     "SwiGLUMLP",
     "convert_to_fp8_linear",
     "indexer_kl_loss",

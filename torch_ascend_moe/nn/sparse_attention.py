@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer
-from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
+from torch_ascend_moe.ops.mqa_logits import mqa_topk, paged_mqa_logits
+from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -94,5 +95,134 @@ class DSAttention(nn.Module):
         q, kv = self.latents(x, positions)
         idx = self.indices(x, ks, ke)
         latent, _, _ = sparse_mla_prefill(q, kv, idx[:, None, :], self.scale, self.kv_lora_rank)
+        return self._output(latent)
+
+    def _output(self, latent: torch.Tensor) -> torch.Tensor:
         values = torch.einsum("thr,hrv->thv", latent, self.w_uv.to(latent.dtype))
-        return self.wo(values.reshape(x.shape[0], -1))
+        return self.wo(values.reshape(latent.shape[0], -1))
+
+    def new_cache(self, batch: int, max_tokens: int, page: int = 64, kv_format: str = "bf16") -> PagedDSACache:
+        """An empty paged cache for ``decode`` (see ``PagedDSACache``)."""
+        return PagedDSACache(self, batch, max_tokens, page, kv_format)
+
+    def decode(self, x: torch.Tensor, cache: PagedDSACache) -> torch.Tensor:
+        """``x [batch, n, hidden]``: each request's next ``n`` tokens (a prompt, one generated token, or a few with
+        multi-token prediction) -> ``[batch, n, hidden]``. Their latent rows and indexer keys are appended to
+        ``cache``; token ``t`` of request ``b`` then attends over the ``topk`` of its request's tokens up to itself
+        that the indexer ranks highest, read from the pages: the indexer through ``paged_mqa_logits`` + ``mqa_topk``,
+        the attention through ``sparse_mla_prefill`` over the cache's rows (``"bf16"``) or ``sparse_mla_decode``
+        over its FP8 records (``"fp8"``). The same function of the tokens as ``forward`` over the whole sequence
+        (up to the FP8 rounding of the latent rows with ``"fp8"``). Inference: the selection is not
+        differentiable, and the cache holds values, not a graph."""
+        b, n, _ = x.shape
+        positions = cache.lengths.long()[:, None] + torch.arange(n, device=x.device)  # [b, n]
+        flat = x.reshape(b * n, -1)
+        q, kv = self.latents(flat, positions.reshape(-1))
+        with torch.no_grad():  # the indexer's inference path: really quantized operands
+            iq, k_data, weights, q_sf, k_sf = self.indexer._inputs(flat.detach(), None)
+        cache.write(kv.detach().view(b, n, -1), k_data, k_sf)
+        context = (positions + 1).to(torch.int32)  # token t sees its request's tokens up to itself
+        # Columns of the logits: the longest context, or (no host read while compiling) the cache's capacity.
+        capacity = cache.block_table.shape[1] * cache.page
+        columns = capacity if torch.compiler.is_compiling() else int(cache.lengths.max())
+        heads = self.indexer.num_heads
+        with torch.no_grad():
+            logits = paged_mqa_logits(
+                iq.view(b, n, heads, -1), cache.index_k, weights, context, cache.block_table, columns,
+                q_sf=None if q_sf is None else q_sf.view(b, n, heads, -1), logits_dtype=torch.float32,
+            )  # fmt: skip
+            zeros = torch.zeros(b * n, dtype=torch.int32, device=x.device)
+            _, picked = mqa_topk(logits, zeros, context.view(-1), self.indexer.topk)  # positions, -1 padded
+        records = cache.records(picked.view(b, -1)).to(torch.int32)  # [b, n * topk]
+        if cache.kv_format == "fp8":
+            latent, _ = sparse_mla_decode(
+                q.view(b, n, self.num_heads, -1), cache.kv, records.view(b, n, -1), self.scale, self.kv_lora_rank
+            )
+            latent = latent.reshape(b * n, self.num_heads, -1)
+        else:
+            rows = cache.kv.view(-1, 1, cache.kv.shape[-1])
+            latent, _, _ = sparse_mla_prefill(q, rows, records.view(b * n, 1, -1), self.scale, self.kv_lora_rank)
+        return self._output(latent).view(b, n, -1)
+
+
+# DeepSeek-V3.2's FP8 latent record (flash_mla's 656-byte format): 512 E4M3 NoPE values in 4 tiles of 128 with
+# power-of-two FP32 scales, then the 64 RoPE values in BF16.
+_V32 = {"nope": 512, "rope": 64, "tile": 128, "bytes": 656}
+
+
+def v32_records(rows: torch.Tensor) -> torch.Tensor:
+    """Latent rows ``[n, 576]`` as DeepSeek-V3.2's 656-byte cache records ``[n, 656]`` uint8, quantized as
+    FlashMLA's own tests do: per tile of 128 NoPE values the scale ``2^ceil(log2(max(amax / 448, 1e-4)))``,
+    codes ``value / scale`` in E4M3; the RoPE part as BF16."""
+    n, nope, tile = rows.shape[0], _V32["nope"], _V32["tile"]
+    tiles = rows[:, :nope].float().view(n, nope // tile, tile)
+    scales = torch.exp2(torch.ceil(torch.log2((tiles.abs().amax(dim=-1) / 448).clamp(min=1e-4))))
+    codes = (tiles / scales[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(n, nope)
+    rope = rows[:, nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return torch.cat([codes, scales.contiguous().view(torch.uint8), rope], dim=1)
+
+
+class PagedDSACache:
+    """One ``DSAttention`` layer's decode state for ``batch`` requests of up to ``max_tokens`` tokens each, in pages
+    of ``page`` tokens: the latent KV rows (``kv_format`` ``"bf16"``: rows in the module's dtype, ``[blocks, page, 1,
+    d_qk]``; ``"fp8"``: DeepSeek-V3.2's 656-byte FlashMLA records, d_qk 576 only) and the indexer's keys (DeepGEMM's
+    paged FP8 / FP4 layout, what ``paged_mqa_logits`` reads), one ``block_table [batch, max_blocks]`` for both and
+    ``lengths [batch]`` (tokens written). Blocks are assigned in a random order (a serving engine's allocator
+    would; the kernels never assume order). The tensors are public: an engine may bring its own block table."""
+
+    def __init__(self, layer: DSAttention, batch: int, max_tokens: int, page: int = 64, kv_format: str = "bf16"):
+        d_qk = layer.kv_lora_rank + layer.rope_dim
+        if kv_format not in ("bf16", "fp8"):
+            raise ValueError(f"PagedDSACache: argument 'kv_format' value: expected 'bf16' or 'fp8', got {kv_format!r}")
+        if kv_format == "fp8" and (layer.kv_lora_rank, layer.rope_dim) != (_V32["nope"], _V32["rope"]):
+            raise ValueError(
+                "PagedDSACache: argument 'kv_format' value: 'fp8' (DeepSeek-V3.2's 656-byte records) needs "
+                f"kv_lora_rank 512 and rope_dim 64, got {layer.kv_lora_rank} and {layer.rope_dim}"
+            )
+        quant, dim = layer.indexer.quant, layer.indexer.head_dim
+        if quant is None:
+            raise ValueError("PagedDSACache: the layer's indexer must quantize its keys ('fp8' or 'fp4') to be paged")
+        weight = layer.wkv.weight
+        per = -(-max_tokens // page)
+        self.page, self.kv_format, self.quant = page, kv_format, quant
+        blocks = batch * per
+        self.block_table = torch.randperm(blocks, device=weight.device).to(torch.int32).view(batch, per)
+        self.lengths = torch.zeros(batch, dtype=torch.int32, device=weight.device)
+        if kv_format == "fp8":
+            self.kv = torch.zeros(blocks, page, 1, _V32["bytes"], dtype=torch.uint8, device=weight.device)
+        else:
+            self.kv = torch.zeros(blocks, page, 1, d_qk, dtype=weight.dtype, device=weight.device)
+        self.index_data = dim if quant == "fp8" else dim // 2  # bytes of a key, then 4 bytes of scales
+        self.index_k = torch.zeros(blocks, page, 1, self.index_data + 4, dtype=torch.uint8, device=weight.device)
+
+    def records(self, positions: torch.Tensor) -> torch.Tensor:
+        """Record numbers ``block * page + offset`` of token ``positions [batch, n]`` (-1 stays -1)."""
+        valid = positions >= 0
+        pos = positions.clamp(min=0).long()
+        block = self.block_table.long().gather(1, pos // self.page)
+        return torch.where(valid, block * self.page + pos % self.page, -1)
+
+    def write(self, kv_rows: torch.Tensor, data: torch.Tensor, sf: torch.Tensor) -> None:
+        """Append ``kv_rows [batch, n, d_qk]`` and the indexer's quantized keys (``data [batch * n, ...]``, FP32
+        scales ``sf [batch * n, blocks]``: the bytes its prefill path computes) after each request's tokens."""
+        batch, n = kv_rows.shape[:2]
+        positions = self.lengths.long()[:, None] + torch.arange(n, device=kv_rows.device)
+        records = self.records(positions).reshape(-1)
+        rows = kv_rows.reshape(batch * n, -1)
+        if self.kv_format == "fp8":
+            self.kv.view(-1, _V32["bytes"])[records] = v32_records(rows)
+        else:
+            self.kv.view(-1, rows.shape[1])[records] = rows.to(self.kv.dtype)
+        if self.quant == "fp8":  # one FP32 scale per key
+            scale_bytes = sf.float().contiguous().view(torch.uint8)
+        else:  # UE8M0 codes of the power-of-two scales per 32 values, padded to 4 bytes
+            codes = (torch.log2(sf.float()) + 127).to(torch.uint8)
+            scale_bytes = torch.nn.functional.pad(codes, (0, 4 - codes.shape[1]), value=127)
+        # DeepGEMM's paged layout: a block's ``page`` key rows, then its ``page`` scale rows
+        block_bytes = self.index_k.view(self.index_k.shape[0], -1)
+        block, offset = records // self.page, records % self.page
+        cols = torch.arange(self.index_data, device=records.device)
+        block_bytes[block[:, None], (offset * self.index_data)[:, None] + cols] = data.view(torch.uint8)
+        sf_cols = self.page * self.index_data + offset[:, None] * 4 + torch.arange(4, device=records.device)
+        block_bytes[block[:, None], sf_cols] = scale_bytes
+        self.lengths += n

@@ -10,8 +10,9 @@ and a logsumexp: ACLNN ops on an NPU). Why torch_npu 2.13's ``npu_sparse_flash_a
   op's handling of out-of-range entries (beyond ``-1`` padding) is not stated.
 
 ``sparse_mla_decode`` stays portable too (it dequantizes the selected records and runs ``sparse_mla_prefill``, so
-it follows that op's mapping): FlashMLA's Ascend release decodes only V4.1's 528/288-byte records, not the
-656-byte V3.2 ones this op reads.
+it follows that op's mapping). FlashMLA's Ascend release decodes V4.1's 528-byte FP8 records with an optional
+288-byte FP4 extra cache, token-interleaved: the same byte layouts this op reads (besides V3.2's 656 and V4's 584),
+so its kernel could serve those calls unchanged.
 
 FlashMLA's own Ascend 950 release registers ``torch.ops.flash_mla.sparse_prefill_fwd`` for ``PrivateUse1``
 (V4.1: d_qk = d_v = 512, h_q = 64 only): where that extension is installed it is the natural adapter, behind the
