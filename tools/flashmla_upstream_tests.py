@@ -1,6 +1,6 @@
 """Run FlashMLA's own correctness tests against ``torch_ascend_moe.flash_mla`` on the CPU.
 
-    python tools/flashmla_upstream_tests.py /path/to/FlashMLA {prefill,decode,dense} [cases] [--max-batch B]
+    python tools/flashmla_upstream_tests.py /path/to/FlashMLA {prefill,decode,dense,fmha} [cases] [--max-batch B]
 
 ``/path/to/FlashMLA`` is a checkout of deepseek-ai/FlashMLA (tested with 9241ae3, the G2 API: its ``tests/`` are
 imported as they are). ``import flash_mla`` resolves to our package; the CUDA-only calls of its harness
@@ -14,7 +14,10 @@ imported as they are). ``import flash_mla`` resolves to our package; the CUDA-on
   584-byte V4 records, the extra cache, topk lengths, sinks, zero-length caches), batch capped at
   ``--max-batch`` (default 8: upstream's b = 321 needs ~20 GB for its own fp32 reference);
 - ``dense``: ``tests/test_flash_mla_dense_decoding.py``'s grid (b 1/2/6, s_q 1/2/4, s_k 20/140/1024, h_q, h_kv,
-  varlen, causal).
+  varlen, causal);
+- ``fmha``: ``tests/test_fmha_sm100.py``'s ``test_flash_attention`` (``flash_attn_varlen_func``: its (h, h_k) and
+  (d, dv) pairs, varlen, causal, the backward where h == h_k, the determinism reruns) at mean lengths 64 / 96
+  instead of 4096 / 8192 (``triton.testing.do_bench`` runs the function once).
 
 Not run in CI (it needs the upstream checkout); on this 2-core machine 12 prefill cases take ~20 s, 80 decode
 cases ~150 s, 40 dense cases ~25 s.
@@ -101,10 +104,27 @@ def _dense(rng: random.Random, n: int) -> None:
         T.test_flash_mla(case)  # asserts itself
 
 
+def _fmha(rng: random.Random, n: int) -> None:
+    import test_fmha_sm100 as T
+    import triton.testing
+
+    triton.testing.do_bench = lambda fn, **kwargs: (fn(), 1.0)[1]  # its timer: one run, no CUDA events
+    cases = [
+        (h, h_k, d, dv, varlen, causal)
+        for h, h_k in ((16, 16), (8, 2))
+        for d, dv in ((128, 128), (192, 128))
+        for varlen in (False, True)
+        for causal in (False, True)
+    ]
+    for h, h_k, d, dv, varlen, causal in rng.sample(cases, min(n, len(cases))):
+        T.h, T.h_k = h, h_k  # its reference reads them as globals (set by its __main__)
+        T.test_flash_attention(2, 64, 96, varlen, h, h_k, d, dv, causal, 0, h == h_k)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("flashmla", type=Path, help="a checkout of deepseek-ai/FlashMLA")
-    parser.add_argument("mode", choices=("prefill", "decode", "dense"))
+    parser.add_argument("mode", choices=("prefill", "decode", "dense", "fmha"))
     parser.add_argument("cases", type=int, nargs="?", default=20)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -116,8 +136,10 @@ def main() -> None:
         _prefill(rng, args.cases)
     elif args.mode == "decode":
         _decode(rng, args.cases, args.max_batch)
-    else:
+    elif args.mode == "dense":
         _dense(rng, args.cases)
+    else:
+        _fmha(rng, args.cases)
     print(f"upstream {args.mode}: {args.cases} cases passed in {time.time() - start:.0f} s")
 
 

@@ -89,3 +89,18 @@ def test_refused_arguments():
         flash_mla.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, deterministic=True)
     with pytest.raises(ValueError, match="argument 'k': expected a head count dividing h_q = 2"):
         flash_mla.flash_attn_varlen_func(q, torch.randn(4, 3, 8), torch.randn(4, 3, 8), cu, cu, 4, 4)
+
+
+def test_fixed_length_batches():
+    """``is_varlen=False`` (upstream's fixed-length kernel, which its own test passes for equal lengths): the same
+    result when every sequence has the max lengths; refused when they do not."""
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(6, 2, 8, generator=g), torch.randn(8, 2, 8, generator=g)
+    cu_q, cu_k = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([0, 4, 8], dtype=torch.int32)
+    fixed = flash_mla.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 4, causal=True, is_varlen=False)
+    varlen = flash_mla.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 4, causal=True)
+    for a, b in zip(fixed, varlen):
+        assert torch.equal(a, b)
+    uneven = torch.tensor([0, 2, 6], dtype=torch.int32)
+    with pytest.raises(ValueError, match="argument 'is_varlen': expected True unless every sequence has max_seqlen"):
+        flash_mla.flash_attn_varlen_func(q, k, k, uneven, cu_k, 4, 4, is_varlen=False)

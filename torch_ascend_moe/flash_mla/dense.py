@@ -41,7 +41,6 @@ def flash_attn_varlen_func(
     ``v [total_k, h_kv, d_v]`` and int32 prefix sums ``cu_seqlens_qo`` / ``cu_seqlens_kv`` ``[b + 1]``."""
     _check(dropout_p == 0.0, "dropout_p", "0.0 (no dropout, as upstream)", dropout_p)
     _check(not deterministic, "deterministic", "False (as upstream)", deterministic)
-    _check(is_varlen, "is_varlen", "True (packed varlen tensors)", is_varlen)
     _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q", "3-D [total, heads, dim] q, k and v", q.dim())
     _check(k.shape[:2] == v.shape[:2], "v", f"[total_k, h_kv] = {list(k.shape[:2])}", list(v.shape[:2]))
     _check(q.shape[2] == k.shape[2], "k", f"head dim {q.shape[2]} (q's)", k.shape[2])
@@ -51,6 +50,11 @@ def flash_attn_varlen_func(
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     outs, lses = [], []
     bounds_q, bounds_k = cu_seqlens_qo.tolist(), cu_seqlens_kv.tolist()
+    if not is_varlen:  # upstream's fixed-length kernel: every sequence max_seqlen long (then the same attention)
+        uniform = all(b - a == max_seqlen_qo for a, b in zip(bounds_q, bounds_q[1:])) and all(
+            b - a == max_seqlen_kv for a, b in zip(bounds_k, bounds_k[1:])
+        )
+        _check(uniform, "is_varlen", "True unless every sequence has max_seqlen_qo / max_seqlen_kv tokens", False)
     for (q0, q1), (k0, k1) in zip(zip(bounds_q, bounds_q[1:]), zip(bounds_k, bounds_k[1:])):
         qs = q[q0:q1].to(acc).transpose(0, 1)  # [h_q, s_q, d]
         ks = k[k0:k1].to(acc).transpose(0, 1).repeat_interleave(group, dim=0)
