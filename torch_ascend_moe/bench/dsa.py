@@ -12,9 +12,9 @@ sparse ops against what a model without DSA runs, time and peak memory of both i
   setup and are not in the peaks.
 
 Shapes: DeepSeek-V3.2's latent attention (d_qk 576 = 512 + 64 RoPE, d_v 512, one KV head), h_q query heads (128 in
-V3.2's decode). Full list: prefill s 4096 and 8192 (not 16384: the dense baseline at s 16384 allocates a 17 GB FP32
-``[16, s, s]`` score tensor, about 47 GB at its peak, more than a 24 GB machine holds), decode s 4096 and 16384,
-top-2048.
+V3.2's decode). Full list: prefill s 4096 and 8192 (not 16384: there the dense baseline asks for one 17 GB FP32
+``[16, s, s]`` score tensor, and s 4096's 2.9 GB peak scales to about 47 GB, more than a 24 GB machine holds),
+decode s 4096 and 16384, top-2048 throughout.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_ascend_moe.backends.portable.sparse_mla import encode_v32
+from torch_ascend_moe.backends.portable.sparse_mla import v32_records as portable_v32_records
 from torch_ascend_moe.bench import Case
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 
@@ -66,16 +68,12 @@ def _prefill(s: int, h: int, topk: int) -> Case:
     )
 
 
-def v32_records(values: torch.Tensor) -> torch.Tensor:
-    """``values [n, 576]`` as DeepSeek-V3.2's 656-byte cache records ``[n, 656]`` uint8, quantized as FlashMLA's
-    tests do: bytes 0-511 the 512 NoPE values in E4M3, each tile of 128 divided by its scale
-    ``2^ceil(log2(max(amax / 448, 1e-4)))``; 512-527 the 4 scales (FP32); 528-655 the 64 RoPE values (BF16)."""
-    n = values.shape[0]
-    nope = values[:, :512].float().view(n, 4, 128)
-    scales = torch.exp2(torch.ceil(torch.log2((nope.abs().amax(dim=-1) / 448).clamp(min=1e-4))))  # [n, 4]
-    codes = (nope / scales[..., None]).to(torch.float8_e4m3fn)
-    rope = values[:, 512:].to(torch.bfloat16).contiguous()
-    return torch.cat([codes.view(torch.uint8).view(n, 512), scales.view(torch.uint8), rope.view(torch.uint8)], dim=1)
+def v32_records(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values [n, 576]`` as DeepSeek-V3.2's 656-byte cache records ``[n, 656]`` uint8 (``encode_v32``: FlashMLA's
+    tests' quantization), and the values the records hold, ``[n, 576]`` BF16 (exact: an E4M3 code times a power of
+    two), read back as the decode op reads them."""
+    records = encode_v32(values)
+    return records, portable_v32_records(records[:, None, None, :], torch.arange(values.shape[0]))
 
 
 def _decode(b: int, s: int, s_q: int, h: int, topk: int) -> Case:
@@ -85,14 +83,16 @@ def _decode(b: int, s: int, s_q: int, h: int, topk: int) -> Case:
     def setup():
         g = torch.Generator().manual_seed(0)
         q = (torch.randn(b, s_q, h, d_qk, generator=g) / 10).bfloat16()
-        kv = (torch.randn(b, s, d_qk, generator=g) / 10).bfloat16()  # each request's context, what dense reads
+        kv = torch.randn(b * s, d_qk, generator=g) / 10  # each request's context
         # Paged cache: request r's token p is record table[r, p // PAGE] * PAGE + p % PAGE, blocks scattered.
         pages = s // PAGE
         table = torch.randperm(b * pages, generator=g).view(b, pages)
         position = torch.arange(s)
         record = table[:, position // PAGE] * PAGE + position % PAGE  # [b, s]
         cache = torch.empty(b * pages * PAGE, 656, dtype=torch.uint8)
-        cache[record.reshape(-1)] = v32_records(kv.reshape(b * s, d_qk))
+        records, kv = v32_records(kv)
+        cache[record.reshape(-1)] = records
+        kv = kv.view(b, s, d_qk)  # dense reads the values the cache holds: both sides attend over the same K and V
         cache = cache.view(b * pages, PAGE, 1, 656)
         # Query token j is at position s - s_q + j and selects topk distinct positions among those up to itself.
         visible = torch.ones(s_q, s, dtype=torch.bool).tril_(s - s_q)
@@ -100,10 +100,10 @@ def _decode(b: int, s: int, s_q: int, h: int, topk: int) -> Case:
         chosen = scores.topk(topk, dim=-1).indices  # [b, s_q, topk] positions
         indices = record.gather(1, chosen.view(b, -1)).view(b, s_q, topk).to(torch.int32)
         scale = d_qk**-0.5
-        # SDPA's CPU GQA path (enable_gqa) expands K and V to every head in FP32: 13 GB and 20-50 s for a single
-        # s 16384 request, which would time the expansion. With one KV head the heads fold into query rows
-        # ([b, 1, s_q * h, d_qk]: MQA, what FlashMLA's decode does too), the same attention, which SDPA runs in its
-        # flash kernel without copying K or V.
+        # SDPA's CPU GQA path (enable_gqa) copies K and V out to every head (torch 2.13: 13 GB peak and 20-50 s for
+        # one s 16384 request), which would time the copies. With one KV head the heads fold into query rows
+        # ([b, 1, s_q * h, d_qk]: MQA, as FlashMLA's decode treats them): the same attention, which SDPA runs in
+        # its flash kernel without copying K or V.
         mask = None if s_q == 1 else visible.repeat_interleave(h, dim=0)  # rows: token-major, then head
         k = kv[:, None]  # [b, 1, s, d_qk]
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torch_ascend_moe.backends.portable.sparse_mla import encode_v32
+from torch_ascend_moe.meta.sparse_mla import V32_BYTES, V32_NOPE, V32_ROPE
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer
 from torch_ascend_moe.ops.mqa_logits import mqa_topk, paged_mqa_logits
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
@@ -145,23 +147,6 @@ class DSAttention(nn.Module):
         return self._output(latent).view(b, n, -1)
 
 
-# DeepSeek-V3.2's FP8 latent record (flash_mla's 656-byte format): 512 E4M3 NoPE values in 4 tiles of 128 with
-# power-of-two FP32 scales, then the 64 RoPE values in BF16.
-_V32 = {"nope": 512, "rope": 64, "tile": 128, "bytes": 656}
-
-
-def v32_records(rows: torch.Tensor) -> torch.Tensor:
-    """Latent rows ``[n, 576]`` as DeepSeek-V3.2's 656-byte cache records ``[n, 656]`` uint8, quantized as
-    FlashMLA's own tests do: per tile of 128 NoPE values the scale ``2^ceil(log2(max(amax / 448, 1e-4)))``,
-    codes ``value / scale`` in E4M3; the RoPE part as BF16."""
-    n, nope, tile = rows.shape[0], _V32["nope"], _V32["tile"]
-    tiles = rows[:, :nope].float().view(n, nope // tile, tile)
-    scales = torch.exp2(torch.ceil(torch.log2((tiles.abs().amax(dim=-1) / 448).clamp(min=1e-4))))
-    codes = (tiles / scales[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(n, nope)
-    rope = rows[:, nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
-    return torch.cat([codes, scales.contiguous().view(torch.uint8), rope], dim=1)
-
-
 class PagedDSACache:
     """One ``DSAttention`` layer's decode state for ``batch`` requests of up to ``max_tokens`` tokens each, in pages
     of ``page`` tokens: the latent KV rows (``kv_format`` ``"bf16"``: rows in the module's dtype, ``[blocks, page, 1,
@@ -174,7 +159,7 @@ class PagedDSACache:
         d_qk = layer.kv_lora_rank + layer.rope_dim
         if kv_format not in ("bf16", "fp8"):
             raise ValueError(f"PagedDSACache: argument 'kv_format' value: expected 'bf16' or 'fp8', got {kv_format!r}")
-        if kv_format == "fp8" and (layer.kv_lora_rank, layer.rope_dim) != (_V32["nope"], _V32["rope"]):
+        if kv_format == "fp8" and (layer.kv_lora_rank, layer.rope_dim) != (V32_NOPE, V32_ROPE):
             raise ValueError(
                 "PagedDSACache: argument 'kv_format' value: 'fp8' (DeepSeek-V3.2's 656-byte records) needs "
                 f"kv_lora_rank 512 and rope_dim 64, got {layer.kv_lora_rank} and {layer.rope_dim}"
@@ -189,7 +174,7 @@ class PagedDSACache:
         self.block_table = torch.randperm(blocks, device=weight.device).to(torch.int32).view(batch, per)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=weight.device)
         if kv_format == "fp8":
-            self.kv = torch.zeros(blocks, page, 1, _V32["bytes"], dtype=torch.uint8, device=weight.device)
+            self.kv = torch.zeros(blocks, page, 1, V32_BYTES, dtype=torch.uint8, device=weight.device)
         else:
             self.kv = torch.zeros(blocks, page, 1, d_qk, dtype=weight.dtype, device=weight.device)
         self.index_data = dim if quant == "fp8" else dim // 2  # bytes of a key, then 4 bytes of scales
@@ -210,7 +195,7 @@ class PagedDSACache:
         records = self.records(positions).reshape(-1)
         rows = kv_rows.reshape(batch * n, -1)
         if self.kv_format == "fp8":
-            self.kv.view(-1, _V32["bytes"])[records] = v32_records(rows)
+            self.kv.view(-1, V32_BYTES)[records] = encode_v32(rows)
         else:
             self.kv.view(-1, rows.shape[1])[records] = rows.to(self.kv.dtype)
         if self.quant == "fp8":  # one FP32 scale per key

@@ -111,6 +111,18 @@ def v32_records(k_cache: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope * scales.repeat_interleave(V32_BLOCK, dim=1), rope], dim=1)
 
 
+def encode_v32(values: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``v32_records``: latent rows ``[n, 576]`` as 656-byte records ``[n, 656]`` uint8, quantized as
+    FlashMLA's own tests do (per tile of 128 NoPE values the scale ``2^ceil(log2(max(amax / 448, 1e-4)))``, codes
+    ``value / scale`` in E4M3; the RoPE part as BF16): what a model writes into the cache."""
+    n = values.shape[0]
+    tiles = values[:, :V32_NOPE].float().view(n, V32_NOPE // V32_BLOCK, V32_BLOCK)
+    scales = torch.exp2(torch.ceil(torch.log2((tiles.abs().amax(dim=-1) / 448).clamp(min=1e-4))))
+    codes = (tiles / scales[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(n, V32_NOPE)
+    rope = values[:, V32_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return torch.cat([codes, scales.contiguous().view(torch.uint8), rope], dim=1)
+
+
 def v4_records(k_cache: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
     """DeepSeek-V4's 584-byte records, block-major (a block's 576-byte data rows, then its 8-byte scale rows):
     ``bf16(e4m3) * bf16(2^(code - 127))`` per 64 NoPE values, the BF16 RoPE part as stored: ``[n, 512]`` BF16."""
