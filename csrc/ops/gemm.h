@@ -8,8 +8,13 @@
 namespace ascend_moe {
 
 // Up to this many rows a BF16 GEMM is memory-bound: matmul_into's streaming kernel reads B once, in BF16, and
-// wins; above it MKL's SGEMM on FP32 panels of B is faster (bench gemm).
+// wins over MKL's SGEMM on FP32 panels of B (bench gemm); on a CPU with BF16 dot products ATen's BF16 GEMM beats
+// both from two rows on when the result is BF16 (native_bf16_dot).
 constexpr int64_t kStreamingMaxRows = 8;
+
+// Whether the CPU has BF16 dot-product instructions (AVX512-BF16, AMX-BF16), where ATen's BF16 GEMM (oneDNN)
+// is the fastest way to a BF16 result (FP32 accumulation, one rounding: the same contract as ours).
+bool native_bf16_dot();
 
 // out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c), FP32 accumulation (FP64 for FP64 operands) and one
 // rounding into out's dtype. `out` is row-major and may be a slice of a bigger output; b any majorness.

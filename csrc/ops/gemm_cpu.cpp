@@ -25,11 +25,14 @@ constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
 
 // FP16 keeps ATen's kernel for few rows (kStreamingMaxRows: gemm.h).
 constexpr int64_t kNativeReducedMaxRows = 4;
+// BF16 -> BF16 without C from this many rows on: ATen's (oneDNN's) BF16 GEMM (matmul_into).
+constexpr int64_t kNativeBf16MinRows = 2;
 // FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
 // and to avoid a full FP32 copy of large weights.
 constexpr int64_t kPanelElements = int64_t{1} << 20;
 
 bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
 
 // ---- streaming BF16 kernel for few rows: reads B once, converts in registers, FP32 accumulators ----
 // target_clones builds an AVX2+FMA and a baseline version and picks one at load time, so the wheel
@@ -144,6 +147,30 @@ at::Tensor panel_to_float(const at::Tensor& panel) {
 
 }  // namespace
 
+// ATen's BF16 GEMM beats converting B to FP32 panels for MKL's SGEMM by 2-4x where the CPU has BF16 dot products
+// (issue 21, measured on an AVX512-BF16 EPYC); without them oneDNN emulates BF16 and the conversion path wins.
+bool native_bf16_dot() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// A BF16 result of BF16 operands (C absent or BF16) on a CPU where ATen's BF16 GEMM is the fast one.
+bool native_bf16_result(const at::Tensor& a, const at::Tensor& out, const std::optional<at::Tensor>& c) {
+  return a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
+         (!c.has_value() || c->scalar_type() == at::kBFloat16) && native_bf16_dot();
+}
+
+}  // namespace
+
 void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
                  double alpha) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
@@ -159,6 +186,15 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
   const at::ScalarType in_t = a.scalar_type();
   const double beta = c.has_value() ? 1.0 : 0.0;  // beta == 0 makes addmm ignore its input entirely
 
+  // BF16 in and out (C absent or BF16), two rows or more, a CPU with BF16 dot products: ATen's BF16 GEMM
+  // (oneDNN: BF16 products accumulated in FP32 with C, one rounding at the end, as ours; the FP32 sums in another
+  // order: within an ulp of ours) is 2-4x faster than converting to FP32 panels for SGEMM, at 1 and 2 threads. One
+  // row stays on the streaming kernel, which reads B once and wins there. (ATen has no BF16 -> FP32 GEMM on CPU:
+  // FP32 results of BF16 operands keep the panel path.)
+  if (native_bf16_result(a, out, c) && M >= kNativeBf16MinRows) {
+    at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);  // C joins the FP32 sum: one rounding
+    return;
+  }
   if (streams(a, b)) {
     streaming_matmul_into(out, a, b, c, alpha);
     return;
@@ -221,6 +257,11 @@ void check_bmm(const at::Tensor& a, const at::Tensor& b) {
 // out[i] = alpha * a[i] @ b[i]^T (+ c[i]) for every batch index, into a preallocated [B, M, N] output.
 void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
               double alpha) {
+  if (native_bf16_result(a, out, c) && a.size(1) >= kNativeBf16MinRows && a.size(0) > 0 && a.size(2) > 0) {
+    // One batched oneDNN call (see matmul_into) instead of a GEMM per batch.
+    at::baddbmm_out(out, c.has_value() ? *c : out, a, b.transpose(1, 2), c.has_value() ? 1.0 : 0.0, alpha);
+    return;
+  }
   for (int64_t i = 0; i < a.size(0); ++i) {
     at::Tensor out_i = out.select(0, i);
     matmul_into(out_i, a.select(0, i), b.select(0, i),

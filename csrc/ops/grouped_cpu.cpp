@@ -464,7 +464,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   }
 
   const at::ScalarType h_t = a.scalar_type();
-  const at::Tensor a_acc = a.to(compute_t);
+  const at::Tensor a_acc = h_t == at::kBFloat16 && native_bf16_dot() ? a : a.to(compute_t);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const SwigluTask& task = tasks[t];
@@ -479,17 +479,21 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
         epilogue(h, task.begin, task.j0, task.w);
         continue;
       }
+      // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
+      // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile.
+      const bool native = h_t == at::kBFloat16 && native_bf16_dot();
       if (task.group >= 0) {
         const at::Tensor bg = b.select(0, task.group);
-        bt = at::empty({2 * task.w, K}, a.options().dtype(compute_t));
+        bt = at::empty({2 * task.w, K}, a.options().dtype(native ? h_t : compute_t));
         bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
         bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
       }
       for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
         const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
         // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
-        const at::Tensor h = task.group >= 0 ? at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t)
-                                             : at::zeros({rows, 2 * task.w}, a.options().dtype(h_t));
+        const at::Tensor h = task.group < 0 ? at::zeros({rows, 2 * task.w}, a.options().dtype(h_t))
+                             : native       ? at::mm(a.narrow(0, r0, rows), bt.t())
+                                            : at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t);
         epilogue(h, r0, task.j0, task.w);
       }
     }
