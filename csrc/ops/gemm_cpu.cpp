@@ -163,10 +163,52 @@ bool native_bf16_dot() {
 
 namespace {
 
-// A BF16 result of BF16 operands (C absent or BF16) on a CPU where ATen's BF16 GEMM is the fast one.
-bool native_bf16_result(const at::Tensor& a, const at::Tensor& out, const std::optional<at::Tensor>& c) {
+// Smallest biased exponent among the nonzero values of a 2-D BF16 tensor (0: a subnormal value; 255 when every
+// value is zero, inf or NaN). Memory-bound, one pass, parallel over rows.
+int64_t min_bf16_exponent(const at::Tensor& t) {
+  const at::Tensor m = t.stride(1) == 1 || t.size(1) <= 1 ? t : (t.stride(0) == 1 ? t.t() : t.contiguous());
+  const int64_t rows = m.size(0), cols = m.size(1), ld = m.stride(0);
+  const auto* base = reinterpret_cast<const uint16_t*>(m.const_data_ptr<at::BFloat16>());
+  // Per value: its magnitude bits minus one, in 15 bits (a zero wraps to 0x7FFF, above every nonzero value), so
+  // one unsigned 16-bit min (vectorized) finds the smallest nonzero magnitude; its exponent is the answer.
+  const int64_t smallest = at::parallel_reduce(
+      0, rows, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1)), int64_t{0x7FFF},
+      [&](int64_t r0, int64_t r1, int64_t acc) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const uint16_t* row = base + r * ld;
+          uint16_t lo = 0x7FFF;
+#pragma omp simd reduction(min : lo)
+          for (int64_t j = 0; j < cols; ++j) {
+            const uint16_t v = static_cast<uint16_t>((row[j] - 1u) & 0x7FFFu);
+            lo = v < lo ? v : lo;
+          }
+          acc = std::min<int64_t>(acc, lo);
+        }
+        return acc;
+      },
+      [](int64_t x, int64_t y) { return std::min(x, y); });
+  return smallest == 0x7FFF ? 255 : ((smallest + 1) >> 7) & 0xFF;
+}
+
+}  // namespace
+
+bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b) {
+  // |a_ik * b_jk| >= 2^(e_a - 127) * 2^(e_b - 127) for the smallest nonzero exponents: normal in FP32 when
+  // e_a + e_b >= 128; a subnormal operand (exponent 0) is flushed by the BF16 dot instructions whatever the other.
+  const int64_t ea = min_bf16_exponent(a);
+  if (ea == 0) return false;
+  const int64_t eb = min_bf16_exponent(b);
+  return eb > 0 && ea + eb >= 128;
+}
+
+namespace {
+
+// A BF16 result of BF16 operands (C absent or BF16) on a CPU where ATen's BF16 GEMM is the fast one, whose
+// products stay normal (oneDNN's BF16 dot products flush subnormals: the panel path keeps them exact).
+bool native_bf16_result(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                        const std::optional<at::Tensor>& c) {
   return a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
-         (!c.has_value() || c->scalar_type() == at::kBFloat16) && native_bf16_dot();
+         (!c.has_value() || c->scalar_type() == at::kBFloat16) && native_bf16_dot() && bf16_products_normal(a, b);
 }
 
 }  // namespace
@@ -191,7 +233,7 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
   // order: within an ulp of ours) is 2-4x faster than converting to FP32 panels for SGEMM, at 1 and 2 threads. One
   // row stays on the streaming kernel, which reads B once and wins there. (ATen has no BF16 -> FP32 GEMM on CPU:
   // FP32 results of BF16 operands keep the panel path.)
-  if (native_bf16_result(a, out, c) && M >= kNativeBf16MinRows) {
+  if (in_t == at::kBFloat16 && M >= kNativeBf16MinRows && native_bf16_result(a, b, out, c)) {
     at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);  // C joins the FP32 sum: one rounding
     return;
   }
@@ -257,7 +299,8 @@ void check_bmm(const at::Tensor& a, const at::Tensor& b) {
 // out[i] = alpha * a[i] @ b[i]^T (+ c[i]) for every batch index, into a preallocated [B, M, N] output.
 void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
               double alpha) {
-  if (native_bf16_result(a, out, c) && a.size(1) >= kNativeBf16MinRows && a.size(0) > 0 && a.size(2) > 0) {
+  if (a.size(1) >= kNativeBf16MinRows && a.size(0) > 0 && a.size(2) > 0 && b.size(1) > 0 &&
+      native_bf16_result(a.flatten(0, 1), b.flatten(0, 1), out, c)) {
     // One batched oneDNN call (see matmul_into) instead of a GEMM per batch.
     at::baddbmm_out(out, c.has_value() ? *c : out, a, b.transpose(1, 2), c.has_value() ? 1.0 : 0.0, alpha);
     return;

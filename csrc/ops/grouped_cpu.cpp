@@ -464,7 +464,10 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   }
 
   const at::ScalarType h_t = a.scalar_type();
-  const at::Tensor a_acc = h_t == at::kBFloat16 && native_bf16_dot() ? a : a.to(compute_t);
+  // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
+  const bool native_tiles =
+      h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b.flatten(0, 1));
+  const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const SwigluTask& task = tasks[t];
@@ -481,7 +484,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
       }
       // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
       // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile.
-      const bool native = h_t == at::kBFloat16 && native_bf16_dot();
+      const bool native = native_tiles;
       if (task.group >= 0) {
         const at::Tensor bg = b.select(0, task.group);
         bt = at::empty({2 * task.w, K}, a.options().dtype(native ? h_t : compute_t));
