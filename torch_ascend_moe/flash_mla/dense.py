@@ -18,9 +18,9 @@ from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
 _API = "flash_mla.flash_attn_varlen_func"
 
 
-def _check(cond: bool, arg: str, expected: str, actual) -> None:
+def _check(cond: bool, arg: str, expected: str, actual, api: str = _API) -> None:
     if not cond:
-        raise ValueError(f"{_API}: argument '{arg}': expected {expected}, got {actual}")
+        raise ValueError(f"{api}: argument '{arg}': expected {expected}, got {actual}")
 
 
 def flash_attn_varlen_func(
@@ -121,8 +121,7 @@ _DECODE_API = "flash_mla.flash_mla_with_kvcache"
 
 
 def _check_decode(cond: bool, arg: str, expected: str, actual) -> None:
-    if not cond:
-        raise ValueError(f"{_DECODE_API}: argument '{arg}': expected {expected}, got {actual}")
+    _check(cond, arg, expected, actual, _DECODE_API)
 
 
 def dense_decode(
