@@ -16,8 +16,8 @@ constexpr int64_t kStreamingMaxRows = 8;
 // is the fastest way to a BF16 result (FP32 accumulation, one rounding: the same contract as ours).
 bool native_bf16_dot();
 
-// Whether every product of a nonzero value of a [M, K] and one of b [N, K] (BF16, any strides) is normal in FP32:
-// then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
+// Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
+// in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);
 
 // out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c), FP32 accumulation (FP64 for FP64 operands) and one

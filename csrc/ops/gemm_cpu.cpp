@@ -166,6 +166,11 @@ namespace {
 // Smallest biased exponent among the nonzero values of a 2-D BF16 tensor (0: a subnormal value; 255 when every
 // value is zero, inf or NaN). Memory-bound, one pass, parallel over rows.
 int64_t min_bf16_exponent(const at::Tensor& t) {
+  if (t.dim() == 3) {  // batches / groups one 2-D view at a time: never a copy of a permuted operand
+    int64_t lo = 255;
+    for (int64_t i = 0; i < t.size(0) && lo > 0; ++i) lo = std::min(lo, min_bf16_exponent(t.select(0, i)));
+    return lo;
+  }
   const at::Tensor m = t.stride(1) == 1 || t.size(1) <= 1 ? t : (t.stride(0) == 1 ? t.t() : t.contiguous());
   const int64_t rows = m.size(0), cols = m.size(1), ld = m.stride(0);
   const auto* base = reinterpret_cast<const uint16_t*>(m.const_data_ptr<at::BFloat16>());
@@ -300,7 +305,7 @@ void check_bmm(const at::Tensor& a, const at::Tensor& b) {
 void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
               double alpha) {
   if (a.size(1) >= kNativeBf16MinRows && a.size(0) > 0 && a.size(2) > 0 && b.size(1) > 0 &&
-      native_bf16_result(a.flatten(0, 1), b.flatten(0, 1), out, c)) {
+      native_bf16_result(a, b, out, c)) {
     // One batched oneDNN call (see matmul_into) instead of a GEMM per batch.
     at::baddbmm_out(out, c.has_value() ? *c : out, a, b.transpose(1, 2), c.has_value() ? 1.0 : 0.0, alpha);
     return;

@@ -466,7 +466,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   const at::ScalarType h_t = a.scalar_type();
   // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
   const bool native_tiles =
-      h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b.flatten(0, 1));
+      h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b);
   const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
