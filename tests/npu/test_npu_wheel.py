@@ -37,14 +37,15 @@ def test_torch_meta_kernels_untouched(npu_ops):
 
 
 def test_every_adapter_calls_torch_npu_ops_that_exist(npu_ops):
-    """``info``'s "on NPU" column: each adapter's ``calls`` names torch_npu ops of the pinned wheel (or FlashMLA's
-    Ascend release's ``flash_mla.*`` ops, not in torch_npu: tests/npu/test_flash_mla_ascend_adapter.py)."""
+    """``info``'s "on NPU" column: each adapter's ``calls`` names torch_npu ops of the pinned wheel (or, not in
+    torch_npu, FlashMLA's Ascend release's ``flash_mla.*`` ops: tests/npu/test_flash_mla_ascend_adapter.py, and
+    DeepSelect's Ascend build ``deep_select.*``: tests/npu/test_deep_select_ascend_adapter.py)."""
     from torch_ascend_moe import _registry
     from torch_ascend_moe.backends import npu
 
     npu.register()
     for op, calls in _registry.NPU_KERNELS.items():
         for name in calls.replace(" ", "").split(","):
-            if name.startswith("flash_mla."):
+            if name.startswith(("flash_mla.", "deep_select.")):
                 continue
             assert hasattr(torch.ops.npu, name) and name not in npu_ops.failed, f"{op}: torch_npu has no {name}"
