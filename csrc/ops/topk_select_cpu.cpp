@@ -243,9 +243,9 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
   AM_CHECK_ARG(idx_t == at::kInt || idx_t == at::kLong, kOp, "indices_dtype", "value",
                "None, torch.int32 or torch.int64", dtype_name(idx_t));
   const bool int32 = idx_t == at::kInt;
-  AM_CHECK_ARG(!int32 || (idx_oob_fill_value >= std::numeric_limits<int32_t>::min() &&
-                          idx_oob_fill_value <= std::numeric_limits<int32_t>::max()),
-               kOp, "idx_oob_fill_value", "value", "a value in [-2147483648, 2147483647] (torch.int32 indices)",
+  AM_CHECK_ARG(idx_oob_fill_value >= std::numeric_limits<int32_t>::min() &&
+                   idx_oob_fill_value <= std::numeric_limits<int32_t>::max(),
+               kOp, "idx_oob_fill_value", "value", "a value in [-2147483648, 2147483647] (DeepSelect's int32 fill)",
                idx_oob_fill_value);
 
   const int64_t b = input.size(0), V = input.size(1);

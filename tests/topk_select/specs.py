@@ -125,7 +125,7 @@ def bad_inputs(device) -> list[BadInput]:
         BadInput(
             call(indices_dtype=torch.int32, idx_oob_fill_value=2**31),
             r"argument 'idx_oob_fill_value' value: expected a value in \[-2147483648, 2147483647\] "
-            r"\(torch.int32 indices\), got 2147483648",
+            r"\(DeepSelect's int32 fill\), got 2147483648",
             "int32 fill",
         ),
         BadInput(

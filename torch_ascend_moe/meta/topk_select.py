@@ -23,8 +23,10 @@ def _check_index_vector(name: str, t, input) -> None:
     ck.check_dim_size(OP, name, t, 0, "b", input.shape[0], "input.size(0)")
 
 
-def topk_select_signature(input, topk, end, output_idx_offset, indices_dtype, idx_oob_fill_value) -> torch.dtype:
-    """Checks the arguments; returns the indices' dtype."""
+def topk_select_signature(args) -> torch.dtype:
+    """Checks the arguments (``args``: the op's arguments by name); returns the indices' dtype."""
+    input, topk, end, output_idx_offset = args.input, args.topk, args.end, args.output_idx_offset
+    indices_dtype, idx_oob_fill_value = args.indices_dtype, args.idx_oob_fill_value
     ck.check_rank(OP, "input", input, 2, "[b, V]")
     ck.check_arg(input.dtype in ck.GEMM_DTYPES, OP, "input", "dtype", DTYPES_TEXT, input.dtype)
     ck.check_int_arg(OP, "topk", topk, 1)
@@ -40,11 +42,11 @@ def topk_select_signature(input, topk, end, output_idx_offset, indices_dtype, id
         idx_dtype,
     )
     ck.check_arg(
-        idx_dtype == torch.int64 or INT32[0] <= idx_oob_fill_value <= INT32[1],
+        INT32[0] <= idx_oob_fill_value <= INT32[1],
         OP,
         "idx_oob_fill_value",
         "value",
-        "a value in [-2147483648, 2147483647] (torch.int32 indices)",
+        "a value in [-2147483648, 2147483647] (DeepSelect's int32 fill)",
         idx_oob_fill_value,
     )
     return idx_dtype
@@ -81,16 +83,7 @@ def offset_error(index: int, offset: int, row: int) -> None:
 
 
 @fake
-def topk_select(
-    input,
-    topk,
-    end,
-    output_idx_offset,
-    sorted,
-    indices_dtype,
-    idx_oob_fill_value,
-    value_oob_fill_value,
-    abort_when_nan_found,
-):
-    idx_dtype = topk_select_signature(input, topk, end, output_idx_offset, indices_dtype, idx_oob_fill_value)
-    return input.new_empty([input.shape[0], topk]), input.new_empty([input.shape[0], topk], dtype=idx_dtype)
+def topk_select(args):
+    idx_dtype = topk_select_signature(args)
+    b = args.input.shape[0]
+    return args.input.new_empty([b, args.topk]), args.input.new_empty([b, args.topk], dtype=idx_dtype)

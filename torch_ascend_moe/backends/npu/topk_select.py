@@ -62,32 +62,19 @@ def _aligned_rows(x: torch.Tensor, alignment: int) -> torch.Tensor:
 
 
 @npu_kernel(calls="deep_select.deep_select_npu.topk")
-def topk_select(
-    input,
-    topk,
-    end,
-    output_idx_offset,
-    sorted,
-    indices_dtype,
-    idx_oob_fill_value,
-    value_oob_fill_value,
-    abort_when_nan_found,
-):
-    args = (input, topk, end, output_idx_offset, sorted, indices_dtype, idx_oob_fill_value, value_oob_fill_value)
-    idx_dtype = meta.topk_select_signature(*args[:4], indices_dtype, idx_oob_fill_value)
+def topk_select(args):
+    idx_dtype = meta.topk_select_signature(args)
+    x, topk, end = args.input, args.topk, args.end
     backend = deep_select_backend()
-    if backend is None or not fits(input, topk, sorted):
-        return portable.topk_select(*args, abort_when_nan_found)
-    n = portable.row_lengths(input, end)
-    nan_row = portable.nan_rows(input, n, abort_when_nan_found)
-    b, V = input.shape
+    if backend is None or not fits(x, topk, args.sorted):
+        return portable.topk_select(*vars(args).values())
+    n = portable.row_lengths(x, end)
+    nan_row = portable.nan_rows(x, n, args.abort_when_nan_found)
+    b, V = x.shape
     per_row = _OUTPUT_ALIGNMENT // 4
-    columns = input.new_empty(b, -(-topk // per_row) * per_row, dtype=torch.int32)[:, :topk]
+    columns = x.new_empty(b, -(-topk // per_row) * per_row, dtype=torch.int32)[:, :topk]
     backend.topk(
-        _aligned_rows(input, backend.get_alignment_requirement()[0]), topk, None,
+        _aligned_rows(x, backend.get_alignment_requirement()[0]), topk, None,
         None if end is None else end.contiguous(), False, True, None, columns, None, -1, float("-inf"), False, False,
     )  # fmt: skip
-    cols = columns[:, : min(topk, V)].long()
-    return portable.finish(
-        input, topk, cols, n, nan_row, output_idx_offset, idx_dtype, idx_oob_fill_value, value_oob_fill_value
-    )
+    return portable.finish(args, columns[:, : min(topk, V)].long(), n, nan_row, idx_dtype)

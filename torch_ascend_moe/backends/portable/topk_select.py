@@ -62,10 +62,11 @@ def nan_rows(input: torch.Tensor, n: torch.Tensor, abort_when_nan_found: bool) -
     return nan.any(1, keepdim=True)
 
 
-def finish(input, topk, cols, n, nan_row, output_idx_offset, idx_dtype, idx_oob_fill_value, value_oob_fill_value):
+def finish(args, cols, n, nan_row, idx_dtype):
     """The op's outputs from the selected columns ``cols [b, min(topk, V)]`` (a row's first ``min(n, topk)`` in
     their output order; the rest ignored): values gathered, offsets added (an int32 wrap raises where the values
     may be read on the host), fills, NaN rows, padding up to ``topk`` columns."""
+    input, topk, output_idx_offset = args.input, args.topk, args.output_idx_offset
     b, V = input.shape
     k = cols.shape[1]
     # A NaN row's columns may be anything (a device kernel's marker): never read.
@@ -81,7 +82,7 @@ def finish(input, topk, cols, n, nan_row, output_idx_offset, idx_dtype, idx_oob_
             meta.offset_error(int(cols[row, slot]), int(output_idx_offset[row]), row)
     # The fill rounded to the input's dtype (a value beyond its range becomes ±inf, as a C++ cast does).
     fill = torch.tensor(
-        float("-inf") if value_oob_fill_value is None else value_oob_fill_value,
+        float("-inf") if args.value_oob_fill_value is None else args.value_oob_fill_value,
         dtype=torch.float64,
         device=input.device,
     ).to(input.dtype)
@@ -91,29 +92,20 @@ def finish(input, topk, cols, n, nan_row, output_idx_offset, idx_dtype, idx_oob_
         indices = torch.nn.functional.pad(indices, (0, topk - k))
         keep = torch.nn.functional.pad(keep, (0, topk - k), value=False)
     values = torch.where(nan_row, nan_value, torch.where(keep, values, fill))
-    indices = torch.where(nan_row, meta.NAN_MARKER, torch.where(keep, indices, idx_oob_fill_value)).to(idx_dtype)
+    indices = torch.where(nan_row, meta.NAN_MARKER, torch.where(keep, indices, args.idx_oob_fill_value)).to(idx_dtype)
     return values.contiguous(), indices.contiguous()
 
 
 @portable_kernel
-def topk_select(
-    input,
-    topk,
-    end,
-    output_idx_offset,
-    sorted,
-    indices_dtype,
-    idx_oob_fill_value,
-    value_oob_fill_value,
-    abort_when_nan_found,
-):
-    idx_dtype = meta.topk_select_signature(input, topk, end, output_idx_offset, indices_dtype, idx_oob_fill_value)
-    V = input.shape[1]
-    n = row_lengths(input, end)
-    nan_row = nan_rows(input, n, abort_when_nan_found)
+def topk_select(args):
+    idx_dtype = meta.topk_select_signature(args)
+    x, topk = args.input, args.topk
+    V = x.shape[1]
+    n = row_lengths(x, args.end)
+    nan_row = nan_rows(x, n, args.abort_when_nan_found)
     k = min(topk, V)
-    cols = selected_columns(input, torch.arange(V, device=input.device) < n[:, None], k)
-    if not sorted:  # ascending columns, the kept ones first
-        keep = torch.arange(k, device=input.device) < torch.clamp(n, max=topk)[:, None]
+    cols = selected_columns(x, torch.arange(V, device=x.device) < n[:, None], k)
+    if not args.sorted:  # ascending columns, the kept ones first
+        keep = torch.arange(k, device=x.device) < torch.clamp(n, max=topk)[:, None]
         cols = torch.sort(torch.where(keep, cols, V), dim=1).values
-    return finish(input, topk, cols, n, nan_row, output_idx_offset, idx_dtype, idx_oob_fill_value, value_oob_fill_value)
+    return finish(args, cols, n, nan_row, idx_dtype)

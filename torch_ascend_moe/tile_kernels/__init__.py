@@ -1,0 +1,24 @@
+"""TileKernels-compatible API over ``torch.ops.ascend_moe`` (specs/tilekernels_deepselect.md): code written for
+``import tile_kernels`` runs with ``import torch_ascend_moe.tile_kernels as tile_kernels`` for what is here so far:
+
+- ``tile_kernels.moe``: ``top2_sum_gate`` (DeepSeek-V3's fused gate: the ``moe_topk_gate`` op), ``topk_gate``,
+  ``topk_sum_and_topk_group_idx``, ``normalize_weight``, ``aux_fi``, ``group_count``, ``mask_indices_by_tp``,
+  ``inplace_unique_group_indices``; ``moe.scoring.ScoringFunc``.
+- ``tile_kernels.torch``: the same functions under the reference names upstream's tests compare against
+  (``stable_topk``, ``top2_sum_gate``, ...): one implementation, so a kernel-vs-reference test passes trivially and
+  proves nothing; our own tests compare against references written from the spec.
+- ``tile_kernels.testing``: ``numeric`` (``assert_equal``, ``calc_diff``, ``check_bias``, ``count_bytes``).
+- ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them.
+
+Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
+device (upstream: always CUDA). Not here yet (issue 22): the quant casts, SwiGLU, RMSNorm, RoPE, mHC, Engram,
+``get_fused_mapping`` / ``expand_to_fused`` / ``reduce_fused``, the transposes.
+"""
+
+from __future__ import annotations
+
+from torch_ascend_moe.tile_kernels import config, moe, testing
+from torch_ascend_moe.tile_kernels import torch_reference as torch  # noqa: A001  (upstream's module name)
+from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms, set_num_sms
+
+__all__ = ["config", "moe", "testing", "torch", "get_device_num_sms", "get_num_sms", "set_num_sms"]

@@ -1,0 +1,26 @@
+"""TileKernels' runtime configuration: the SM count its persistent kernels split work over. Kept and validated;
+nothing here depends on it (upstream's tests require results independent of it, which ours are by construction)."""
+
+from __future__ import annotations
+
+import os
+
+_NUM_SMS: list[int] = []
+
+
+def get_device_num_sms() -> int:
+    """The device's multiprocessor count (CUDA), else the CPU count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return os.cpu_count() or 1
+
+
+def set_num_sms(num_sms: int) -> None:
+    assert 0 < num_sms <= get_device_num_sms(), f"num_sms must be in (0, {get_device_num_sms()}], got {num_sms}"
+    _NUM_SMS[:] = [num_sms]
+
+
+def get_num_sms() -> int:
+    return _NUM_SMS[0] if _NUM_SMS else get_device_num_sms()
