@@ -255,3 +255,18 @@ def test_no_schema_default_is_restated():
     files = [p for d in ("ops", "meta", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))]
     assert files
     assert [f for p in files for f in _restated_schema_defaults(p)] == []
+
+
+def test_compile_caches_are_tagged_with_what_graphs_bake_in(monkeypatch):
+    """Inductor's and AOTAutograd's caches key on the graph, not on our schemas, fakes or backward formulas: the
+    import adds a hash of those to torch.compiler.config.cache_key_tag (a user's own tag kept), so a graph
+    compiled under another version of them is never served."""
+    from torch_ascend_moe import _registry
+
+    tag = _registry.compile_cache_tag()
+    assert tag in torch.compiler.config.cache_key_tag.split("|")
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "mine|ascend_moe-0123456789abcdef")
+    _registry.tag_compile_caches()
+    assert torch.compiler.config.cache_key_tag == f"mine|{tag}"  # a stale tag of ours is replaced, the user's kept
+    monkeypatch.setattr(_registry, "_GRAPH_SOURCES", ("meta",))
+    assert _registry.compile_cache_tag() != tag  # the formulas are part of it

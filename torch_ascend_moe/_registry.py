@@ -303,3 +303,36 @@ def needs_grad(ctx, name: str, arg: str) -> bool:
 @functools.cache
 def _position(name: str, arg: str) -> int:
     return next(i for i, (a, _, _) in enumerate(_schema(name)) if a == arg)
+
+
+# What a compiled graph holding our ops bakes in: the schemas (outputs, dtypes), the fakes (shapes, strides) and the
+# backward formulas (traced into AOTAutograd's backward graph) and compiler passes. Inductor's and AOTAutograd's
+# caches treat every OpOverload as cacheable and key on the graph alone, so a new version of any of these would be
+# served a stale compiled graph from an earlier one (seen: an op whose outputs were reordered kept the old order).
+_GRAPH_SOURCES = ("meta", "autograd", "inductor_lowerings")
+
+
+def compile_cache_tag() -> str:
+    """``ascend_moe-<hash>`` of every schema of the namespace and the sources graphs bake in (see above)."""
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for name in op_names():
+        for overload in getattr(torch.ops.ascend_moe, name).overloads():
+            digest.update(str(getattr(getattr(torch.ops.ascend_moe, name), overload)._schema).encode())
+    package = Path(__file__).resolve().parent
+    for folder in _GRAPH_SOURCES:
+        for path in sorted((package / folder).glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return f"{NAMESPACE}-{digest.hexdigest()[:16]}"
+
+
+def tag_compile_caches() -> None:
+    """Add ``compile_cache_tag()`` to ``torch.compiler.config.cache_key_tag`` (kept beside a user's own tag), so
+    compile caches written under other schemas, fakes or formulas are never reused."""
+    tag = compile_cache_tag()
+    current = torch.compiler.config.cache_key_tag
+    kept = [t for t in current.split("|") if t and not t.startswith(f"{NAMESPACE}-")]
+    torch.compiler.config.cache_key_tag = "|".join([*kept, tag])

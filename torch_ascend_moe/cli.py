@@ -130,7 +130,9 @@ def cmd_info(args, console: Console) -> int:
     for name in names:
         caps = capabilities(name)
         # An adapter takes the cases its torch_npu op computes exactly and hands the rest to the portable kernel.
-        npu_kernel = f"torch_npu.{on_npu[name]} | portable" if name in on_npu else "portable"
+        # Calls into another library (FlashMLA's or DeepSelect's Ascend builds) are named with their package.
+        calls = on_npu.get(name, "")
+        npu_kernel = f"{calls if '.' in calls else 'torch_npu.' + calls} | portable" if calls else "portable"
         # TorchAir's GE mode: the Ascend IR op our converter builds, for the cases the adapter maps
         ge_ir = _registry.NPU_GE_IR.get(name, "-")
         cuda_kernel = f"{on_cuda[name]} | portable" if name in on_cuda else "portable"

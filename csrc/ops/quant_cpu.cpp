@@ -342,6 +342,15 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // UE8M0) per block, in FP32, rounded once to out_dtype (default FP32).
   m.def("dequantize(Tensor data, Tensor scale, int[2] block=[1, 128], ScalarType? out_dtype=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
+  // TileKernels' cast (specs/tilekernels_deepselect.md §2): x [M, N] in block = [rows, cols] blocks to fmt
+  // "e4m3" (E4M3 [M, N]) or "e2m1" (uint8 [M, N / 2], low nibble first, round to nearest even, saturating at 6)
+  // -> (data, sf FP32 [ceil(M / rows), ceil(N / cols)], the dequantization scale): amax floored at amax_clamp
+  // (default 1e-4 for E4M3, 6 * 2^-126 for E2M1), sf = amax / max; x times max / amax, or times 1 / sf with
+  // round_sf (sf rounded up to a power of two) or a given sf (returned as is). Device-generic kernel (portable).
+  m.def(
+      "quantize_blocks(Tensor x, str fmt, int[2] block, bool round_sf=False, Tensor? sf=None, "
+      "float? amax_clamp=None) -> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {

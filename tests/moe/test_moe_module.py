@@ -134,3 +134,25 @@ def test_bad_input():
 
 def test_expert_parallel_matches_single_process(tmp_path):
     mp.spawn(ep_parity_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+
+
+def test_sqrtsoftplus_gate_is_deepseek_v4s_router():
+    """score_func='sqrtsoftplus': sqrt(softplus(logits)) ranked with the bias, weights over their sum + 1e-20,
+    scaled; gradients reach the router weight; renormalize=False is refused."""
+    from torch_ascend_moe.nn import MoEGate
+
+    torch.manual_seed(0)
+    gate = MoEGate(32, 16, 4, score_func="sqrtsoftplus", routed_scaling_factor=2.5, use_expert_bias=True)
+    with torch.no_grad():
+        gate.e_score_correction_bias.normal_(0, 0.05)
+    x = torch.randn(10, 32)
+    idx, weights, logits = gate(x)
+    u = torch.nn.functional.softplus(logits.double()).sqrt()
+    chosen = torch.sort(u.float() + gate.e_score_correction_bias, dim=1, descending=True, stable=True).indices[:, :4]
+    assert torch.equal(idx, chosen)
+    s = u.gather(1, chosen)
+    torch.testing.assert_close(weights.double(), s / (s.sum(-1, keepdim=True) + 1e-20) * 2.5, rtol=1e-6, atol=1e-7)
+    weights.square().sum().backward()
+    assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="renormalize"):
+        MoEGate(32, 16, 4, score_func="sqrtsoftplus", renormalize=False)

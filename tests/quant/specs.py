@@ -1,4 +1,5 @@
-"""Sample inputs, bad inputs and the harness specs of the quant family (quantize_fp8, quantize_fp4, dequantize).
+"""Sample inputs, bad inputs and the harness specs of the quant family (quantize_fp8, quantize_fp4, dequantize,
+quantize_blocks).
 
 ``dtype`` is the high-precision input dtype of the quantize ops and the output dtype of ``dequantize``. The
 quantize references are DeepGEMM's reference math (``quant.reference``, plain torch), so the numerics check
@@ -7,6 +8,8 @@ reference multiplies in fp64.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -204,6 +207,120 @@ def dequantize_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# ---- quantize_blocks (TileKernels' cast rules) ----
+
+# (M, N, block, fmt, round_sf, given sf, amax_clamp, stored transposed)
+_BLOCK_CASES = [
+    (33, 300, [1, 128], "e4m3", False, False, None, False),
+    (33, 300, [1, 128], "e4m3", True, False, None, True),
+    (130, 96, [128, 128], "e4m3", True, False, None, False),
+    (256, 40, [128, 1], "e4m3", False, False, 1e-3, False),
+    (17, 64, [1, 32], "e2m1", True, False, None, False),
+    (9, 70, [1, 16], "e2m1", False, False, None, True),
+    (40, 64, [32, 32], "e2m1", True, True, None, False),
+    (12, 256, [1, 128], "e4m3", False, True, None, False),
+    (0, 64, [1, 32], "e2m1", True, False, None, False),
+]
+_BLOCK_CASES_SMALL = [
+    (4, 64, [1, 32], "e4m3", False, False, None, False),
+    (6, 10, [3, 4], "e2m1", True, True, None, True),
+]
+
+
+def quantize_blocks_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(23)
+    out = []
+    for m, n, block, fmt, round_sf, given, clamp, transposed in _BLOCK_CASES_SMALL if small else _BLOCK_CASES:
+        x = _high_precision(m, n, dtype, device, transposed, g).requires_grad_(requires_grad)
+        sf = None
+        if given:  # arbitrary positive scales (not powers of two)
+            shape = (-(-m // block[0]), -(-n // block[1]))
+            sf = (torch.rand(shape, generator=g) * 3 + 0.01).to(device)
+        name = f"M{m}N{n} block={block} {fmt}{' round_sf' if round_sf else ''}{' sf' if given else ''} clamp={clamp}"
+        out.append(SampleInput((x, fmt, block, round_sf, sf, clamp), name + (" transposed" if transposed else "")))
+    return out
+
+
+def _f32(v: float) -> float:
+    """``v`` rounded to FP32 (the reference's arithmetic stays in FP32 as the kernels')."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+def _e2m1_bits(v: float) -> int:
+    """E2M1 code of an FP32 value by bits: round to nearest even on the mantissa, saturate at code 7 (6.0)."""
+    bits = int(torch.tensor([v], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
+    sign, exponent, mantissa = bits >> 31, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if exponent == 0xFF:
+        return (sign << 3) | 7
+    # The magnitude in units of 0.5 as an exact fraction: value = (1.m) * 2^(e - 127), or 0.m * 2^-126.
+    significand = (mantissa | (1 << 23)) if exponent else mantissa
+    shift = (exponent if exponent else 1) - 127 - 23 + 1  # value / 0.5 = significand * 2^shift
+    if shift >= 0:
+        halves, rest, half = significand << shift, 0, 1
+    else:
+        halves, rest, half = significand >> -shift, significand & ((1 << -shift) - 1), 1 << (-shift - 1)
+    # Representable magnitudes in halves: 0, 1, 2, 3, 4, 6, 8, 12 (codes 0..7); pick the nearest, ties to even code.
+    grid = [0, 1, 2, 3, 4, 6, 8, 12]
+    exact = halves + (rest / (2 * half) if shift < 0 else 0)
+    if exact >= 12:
+        return (sign << 3) | 7
+    code = max(c for c, h in enumerate(grid) if h <= exact)
+    if code < 7 and exact > grid[code]:
+        lower, upper = grid[code], grid[code + 1]
+        midpoint = (lower + upper) / 2
+        if exact > midpoint or (exact == midpoint and (code + 1) % 2 == 0):
+            code += 1
+    return (sign << 3) | code
+
+
+def quantize_blocks_reference(x, fmt, block, round_sf, sf, amax_clamp):
+    """The spec's steps element by element (§2): FP32 amax of the block's real elements, the floor, sf, the
+    multiplier, E4M3 by the standard RNE conversion, E2M1 by bits."""
+    x = x.detach().float().cpu()
+    m, n = x.shape
+    max_q = 448.0 if fmt == "e4m3" else 6.0
+    floor = amax_clamp if amax_clamp is not None else (1e-4 if fmt == "e4m3" else 6.0 * 2.0**-126)
+    rows, cols = -(-m // block[0]), -(-n // block[1])
+    scales = torch.zeros(rows, cols, dtype=torch.float32) if sf is None else sf.detach().cpu().clone()
+    q = torch.zeros(m, n, dtype=torch.float32)
+    for i in range(rows):
+        for j in range(cols):
+            part = x[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]]
+            if sf is None:
+                amax = max(_f32(float(part.abs().max())), _f32(floor))
+                scale = _f32(amax / max_q)
+                if round_sf:
+                    scale = 2.0 ** math.ceil(math.log2(scale)) if scale > 0 else 0.0
+                    multiplier = _f32(1 / scale)
+                else:
+                    multiplier = _f32(max_q / amax)
+                scales[i, j] = scale
+            else:
+                multiplier = _f32(1 / float(scales[i, j]))
+            q[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] = part * multiplier
+    if fmt == "e4m3":
+        return q.clamp(-max_q, max_q).to(torch.float8_e4m3fn).double(), scales.double()
+    codes = torch.tensor([_e2m1_bits(v) for v in q.flatten().tolist()], dtype=torch.uint8).view(m, n)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), scales.double()
+
+
+def quantize_blocks_bad_inputs(device) -> list[BadInput]:
+    x = torch.randn(4, 64)
+    return [
+        BadInput((x, "e5m6", [1, 32], False, None, None), r"argument 'fmt' value: expected 'e4m3' or 'e2m1'", "fmt"),
+        BadInput((x[:, :63], "e2m1", [1, 32], False, None, None), r"argument 'x' size\(1\): expected an even", "odd"),
+        BadInput((x, "e4m3", [0, 32], False, None, None), r"argument 'block' value", "block"),
+        BadInput((x.int(), "e4m3", [1, 32], False, None, None), r"argument 'x' dtype", "dtype"),
+        BadInput(
+            (x, "e4m3", [1, 32], False, torch.ones(4, 3), None), r"argument 'sf' shape: expected \[4, 2\]", "sf shape"
+        ),
+        BadInput((x, "e4m3", [1, 32], False, torch.ones(4, 2).double(), None), r"argument 'sf' dtype", "sf dtype"),
+        BadInput(
+            (x, "e4m3", [1, 32], False, None, 0.0), r"argument 'amax_clamp' value: expected None or a positive", "clamp"
+        ),
+    ]
+
+
 _NO_GRADIENT = "codes carry no gradient: the outputs are non-differentiable (tests/quant/test_quant_ops.py checks it)"
 
 SPECS = [
@@ -222,6 +339,16 @@ SPECS = [
         _quantize_bad_inputs(fp4=True),
         portable.quantize_fp4,
         gradcheck=_NO_GRADIENT,
+    ),
+    OpSpec(
+        "quantize_blocks",
+        quantize_blocks_samples,
+        quantize_blocks_reference,
+        quantize_blocks_bad_inputs,
+        portable.quantize_blocks,
+        dtypes=(torch.bfloat16, torch.float32),
+        gradcheck=_NO_GRADIENT,
+        aoti="a Python kernel (device-generic torch ops): no C++ kernel for an AOTInductor package to call",
     ),
     OpSpec(
         "dequantize",

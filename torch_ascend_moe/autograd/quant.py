@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.quant import dequantize
 
-QUANTIZE = ("quantize_fp8", "quantize_fp4")
+QUANTIZE = ("quantize_fp8", "quantize_fp4", "quantize_blocks")
 DEQUANTIZE = "dequantize"
 
 

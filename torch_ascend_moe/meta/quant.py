@@ -1,5 +1,5 @@
-"""Fakes of the quant family (``quantize_fp8``, ``quantize_fp4``, ``dequantize``) and the validation its Python
-kernels share: the twin of ``csrc/ops/quant_cpu.cpp`` (same checks, same order, same words)."""
+"""Fakes of the quant family (``quantize_fp8``, ``quantize_fp4``, ``dequantize``, ``quantize_blocks``) and the
+validation its Python kernels share: the twin of ``csrc/ops/quant_cpu.cpp`` (same checks, same order, same words)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from torch_ascend_moe._registry import fake
 QUANTIZE_FP8 = "ascend_moe::quantize_fp8"
 QUANTIZE_FP4 = "ascend_moe::quantize_fp4"
 DEQUANTIZE = "ascend_moe::dequantize"
+QUANTIZE_BLOCKS = "ascend_moe::quantize_blocks"
+# TileKernels' formats: (largest code value, default amax floor).
+BLOCK_FORMATS = {"e4m3": (448.0, 1e-4), "e2m1": (6.0, 6.0 * 2.0**-126)}
 # Integer scale dtypes: UE8M0 codes packed along the last dim, this many per word.
 PACKED_SCALES = {torch.int32: 4, torch.int16: 2}
 SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu, *PACKED_SCALES)
@@ -113,3 +116,40 @@ def quantize_fp4(x, block, use_ue8m0, use_packed_ue8m0):
 def dequantize(data, scale, block, out_dtype):
     shape, dtype = dequantize_signature(data, scale, block, out_dtype)
     return data.new_empty(shape, dtype=dtype)
+
+
+def quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp) -> tuple[list, list]:
+    """Validates a ``quantize_blocks`` call; returns (data shape, sf shape)."""
+    op = QUANTIZE_BLOCKS
+    ck.check_rank(op, "x", x, 2, "[M, N]")
+    ck.check_arg(x.dtype in ck.GEMM_DTYPES, op, "x", "dtype", ck.GEMM_DTYPES_TEXT, x.dtype)
+    ck.check_arg(fmt in BLOCK_FORMATS, op, "fmt", "value", "'e4m3' or 'e2m1'", repr(fmt))
+    check_block(op, block)
+    m, n = x.shape
+    fp4 = fmt == "e2m1"
+    if fp4:
+        ck.check_arg(n % 2 == 0, op, "x", "size(1)", "an even number (two E2M1 codes per byte)", lambda: n)
+    sf_shape = [_ceil_div(m, block[0]), _ceil_div(n, block[1])]
+    if sf is not None:
+        ck.check_arg(sf.dtype == torch.float32, op, "sf", "dtype", torch.float32, sf.dtype)
+        ck.check_arg(sf.device == x.device, op, "sf", "device", lambda: f"{x.device} (same as 'x')", sf.device)
+        ck.check_arg(
+            list(sf.shape) == sf_shape,
+            op,
+            "sf",
+            "shape",
+            lambda: ck.shape_str(sf_shape),
+            lambda: ck.shape_str(sf.shape),
+        )
+    if amax_clamp is not None:
+        ck.check_arg(
+            0 < amax_clamp < float("inf"), op, "amax_clamp", "value", "None or a positive finite float", amax_clamp
+        )
+    return [m, n // 2 if fp4 else n], sf_shape
+
+
+@fake
+def quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp):
+    data, sf_shape = quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp)
+    dtype = torch.uint8 if fmt == "e2m1" else torch.float8_e4m3fn
+    return x.new_empty(data, dtype=dtype), x.new_empty(sf_shape, dtype=torch.float32)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_ascend_moe.nn.grouped_experts import GroupedExperts, resolve_activation
+from torch_ascend_moe.ops.moe_gate import moe_topk_gate
 from torch_ascend_moe.ops.moe_routing import moe_gating_topk
 
 
@@ -27,7 +28,11 @@ class MoEGate(nn.Module):
     """The router: ``logits = x @ weight^T`` (in ``router_dtype``, FP32 by default, as DeepSeek-V3), then
     ``moe_gating_topk``. ``use_expert_bias`` adds DeepSeek-V3's ``e_score_correction_bias`` buffer (steers the
     choice, not the weights; updated from expert loads by ``MoE.update_expert_bias``, not by gradients).
-    ``forward(x [T, H]) -> (topk_idx [T, k], topk_weights [T, k] FP32, logits [T, E])``."""
+    ``forward(x [T, H]) -> (topk_idx [T, k], topk_weights [T, k] FP32, logits [T, E])``.
+
+    ``score_func="sqrtsoftplus"`` is DeepSeek-V4's router (TileKernels' ``moe_topk_gate_forward``): scores
+    ``sqrt(softplus(logits))``, experts ranked by score + bias, weights the chosen scores over their sum
+    (``+ 1e-20``) times ``routed_scaling_factor``, through the ``moe_topk_gate`` op; it always renormalizes."""
 
     def __init__(
         self,
@@ -48,6 +53,13 @@ class MoEGate(nn.Module):
         super().__init__()
         if not 0 < topk <= num_experts:
             raise _error("MoEGate", "topk", f"in [1, num_experts={num_experts}]", topk)
+        if score_func == "sqrtsoftplus" and not renormalize:
+            raise _error(
+                "MoEGate",
+                "renormalize",
+                "True with score_func='sqrtsoftplus' (its weights are normalized)",
+                renormalize,
+            )
         self.num_experts, self.topk, self.score_func = num_experts, topk, score_func
         self.num_groups, self.topk_groups, self.renormalize = num_groups, topk_groups, renormalize
         self.routed_scaling_factor, self.router_dtype = routed_scaling_factor, router_dtype
@@ -66,6 +78,19 @@ class MoEGate(nn.Module):
         bias = self.e_score_correction_bias
         if bias is not None and bias.dtype not in (torch.float32, torch.float64):
             bias = bias.float()  # module.bfloat16() casts buffers too; the choice is made in FP32 (as HF's router)
+        if self.score_func == "sqrtsoftplus":
+            grouped = self.num_groups != self.topk_groups
+            weights, idx, _, _ = moe_topk_gate(
+                logits if logits.dtype in (torch.float32, torch.float64) else logits.float(),
+                bias,
+                self.topk,
+                num_groups=self.num_groups if grouped else 0,
+                num_topk_groups=self.topk_groups if grouped else 0,
+                scoring_func="sqrtsoftplus",
+                routed_scaling_factor=self.routed_scaling_factor,
+                clamp_denominator=False,
+            )
+            return idx, weights, logits
         idx, weights = moe_gating_topk(
             logits,
             self.topk,
@@ -108,7 +133,8 @@ class MoE(nn.Module):
     """Router + routed experts + optional shared experts; ``forward(x [..., H]) -> [..., H]``.
 
     Routing options are ``moe_gating_topk``'s (Mixtral: defaults; DeepSeek-V3: ``score_func="sigmoid"``,
-    ``use_expert_bias=True``, ``num_groups``/``topk_groups``, ``routed_scaling_factor``). ``fp8=True`` runs
+    ``use_expert_bias=True``, ``num_groups``/``topk_groups``, ``routed_scaling_factor``; DeepSeek-V4:
+    ``score_func="sqrtsoftplus"``, through ``moe_topk_gate``). ``fp8=True`` runs
     the routed experts' GEMMs in FP8 (DeepSeek-V3's 1x128 / 128x128 recipe; ragged sizes zero-padded by the op).
     ``activation`` is the experts' (routed and shared) gate activation: SiLU by default, a name of
     ``grouped_experts.ACTIVATIONS`` or any elementwise callable (e.g. an HF ``ACT2FN`` module). ``input_jitter=j``

@@ -24,6 +24,7 @@ from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
 _quantize_fp8 = torch.ops.ascend_moe.quantize_fp8.default
 _quantize_fp4 = torch.ops.ascend_moe.quantize_fp4.default
 _dequantize = torch.ops.ascend_moe.dequantize.default
+_quantize_blocks = torch.ops.ascend_moe.quantize_blocks.default
 
 
 @schema_defaults
@@ -84,3 +85,30 @@ def dequantize(
     [1.0]
     """
     return _dequantize(data, scale, list(block), out_dtype)
+
+
+@schema_defaults
+def quantize_blocks(
+    x: torch.Tensor,
+    fmt: str,
+    block: Sequence[int],
+    *,
+    round_sf: bool = FROM_SCHEMA,
+    sf: torch.Tensor | None = None,
+    amax_clamp: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TileKernels' cast: ``(data, sf)`` of ``x [M, N]`` in ``block = (rows, cols)`` blocks, ``sf`` the FP32
+    dequantization scale ``[ceil(M/rows), ceil(N/cols)]`` (``x ≈ decode(data) · sf``).
+
+    ``fmt="e4m3"``: E4M3 ``[M, N]``; ``"e2m1"``: uint8 ``[M, N/2]`` (element ``2j`` in the low nibble), rounded to
+    nearest with ties to the even code (0.75 -> 1, 2.5 -> 2), saturating at 6. Per block: ``amax`` over the real
+    elements, floored at ``amax_clamp`` (1e-4 for E4M3, 6·2^-126 for E2M1 by default), ``sf = amax / max``; the
+    codes are ``x · (max / amax)`` (not ``x / sf``), or ``x · (1 / sf)`` with ``round_sf`` (``sf`` rounded up to a
+    power of two) or a given ``sf`` (returned as is). Differs from ``quantize_fp8`` / ``quantize_fp4`` (DeepGEMM's
+    rules) in that multiplier, the E2M1 ties and floor. Not differentiable.
+
+    >>> data, sf = quantize_blocks(torch.tensor([[0.75, -3.0, 2.5, 6.0]]), "e2m1", (1, 4), round_sf=True)
+    >>> sf.tolist(), [hex(b) for b in data.flatten().tolist()]
+    ([[1.0]], ['0xd2', '0x74'])
+    """
+    return _quantize_blocks(x, fmt, list(block), round_sf, sf, amax_clamp)

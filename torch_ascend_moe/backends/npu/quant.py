@@ -23,6 +23,11 @@ Stays portable, and why:
   2.5 -> 2); the op's ``round_mode`` offers ``rint`` (ties to even: 0.75 -> 1), ``round`` (ties away) and
   ``floor`` (truncation). Its FP4 scales are OCP's ``floor(log2 amax) - 2`` (scale_alg 0) or a mantissa-bit rule
   (scale_alg 2), not our ``ceil(log2(amax / 6))``; scale_alg 1 is FP8 only.
+* ``quantize_blocks`` (TileKernels' cast rules): its E4M3 ``round_sf`` case in ``[1, c]`` blocks is the same
+  computation as the ``quantize_fp8`` mapping above (``scale_alg=1``, ``max_low_bound`` = its ``amax_clamp``) and
+  can reuse it (not wired yet); without ``round_sf`` its multiplier is ``448 / amax``, which no documented
+  scale_alg states; its E2M1 ties to even like ``round_mode="rint"``, but the op's FP4 scales are OCP's, not
+  ``ceil(log2(amax / 6))``.
 * ``dequantize``: one multiply per element, rounded once, which the portable kernel already runs on ACLNN
   kernels; ``npu_anti_mx_quant`` takes only MX (1x32 E8M0) scales in the op's own layout, none of our FP32 /
   packed / arbitrary-block scales, and would add a layout conversion to an op with no rounding to share.

@@ -1,0 +1,115 @@
+"""torch_ascend_moe.tile_kernels.quant on TileKernels' own test pattern: codes and scales bit for bit against the
+spec's reference (tests/quant/specs.py: element by element, E2M1 by bits), the scale-factor layouts, sf-only and
+precomputed-sf forms reproducing the full cast, cast-back accuracy and unbiased rounding, QuantTensor inputs and
+the lossless FP4 -> FP8 re-cast."""
+
+import pytest
+import torch
+
+import torch_ascend_moe.tile_kernels as tile_kernels
+from tests.quant.specs import quantize_blocks_reference
+from torch_ascend_moe.tile_kernels.testing.numeric import assert_equal, calc_diff, check_bias
+
+quant = tile_kernels.quant
+# (col_major, round_sf, packed): the two combinations upstream's tests use, and the plain one.
+_LAYOUTS = [(False, True, False), (True, True, True), (False, False, False)]
+
+
+def _expected_sf(sf: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
+    """The reference's FP32 scales in the requested layout, written out element by element."""
+    rows, cols = sf.shape
+    if not col_major:
+        return sf
+    if not packed:
+        storage = torch.zeros(cols, -(-rows // 4) * 4)
+        storage[:, :rows] = sf.T
+        return storage.T[:rows]
+    words = -(-cols // 4)
+    storage = torch.zeros(words, -(-rows // 4) * 4, dtype=torch.int32)
+    exponents = (sf.view(torch.int32) >> 23) & 0xFF
+    for r in range(rows):
+        for w in range(words):
+            value = 0
+            for byte in range(4):
+                if 4 * w + byte < cols:
+                    value |= int(exponents[r, 4 * w + byte]) << (8 * byte)
+            storage[w, r] = value - (1 << 32) if value >= 1 << 31 else value
+    return storage.T[:rows]
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("num_per_channels", [32, 128, "hidden"])
+@pytest.mark.parametrize("layout", _LAYOUTS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_token_cast(fmt, num_per_channels, layout, dtype):
+    col_major, round_sf, packed = layout
+    g = torch.Generator().manual_seed(7)
+    tokens, hidden = 67, 576
+    npc = hidden if num_per_channels == "hidden" else num_per_channels
+    x = (torch.randn(tokens, hidden, generator=g) * 10.0 ** torch.randint(-3, 4, (tokens, 1), generator=g)).to(dtype)
+    data, sf = quant.per_token_cast(x, fmt, npc, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+                                    use_packed_ue8m0=packed)  # fmt: skip
+    ref_data, ref_sf = quantize_blocks_reference(x, fmt, [1, npc], round_sf, None, None)
+    expected_data = ref_data.to(torch.float8_e4m3fn) if fmt == "e4m3" else ref_data.view(torch.int8)
+    assert_equal(data, expected_data)
+    expected_sf = _expected_sf(ref_sf.float(), col_major, packed)
+    assert sf.shape == expected_sf.shape and sf.dtype == expected_sf.dtype
+    # The layout (a size-1 dim's stride carries no meaning, as torch treats it)
+    assert all(a == b for a, b, n in zip(sf.stride(), expected_sf.stride(), sf.shape) if n > 1)
+    assert torch.equal(sf, expected_sf)
+    # The sf-only form reproduces the scales, the precomputed form the codes.
+    assert torch.equal(quant.per_token_cast_with_sf_only(x, fmt, npc, None, col_major, round_sf, packed), sf)
+    if round_sf and not packed:  # 1 / sf is the full cast's multiplier only for power-of-two scales
+        assert_equal(quant.per_token_cast_with_precomputed_sf(x, fmt, npc, ref_sf.float()), data)
+    back = quant.per_token_cast_back((data, sf), "fp32", npc)
+    assert calc_diff(back, x) < (1e-3 if fmt == "e4m3" else 2e-2)
+    if fmt == "e4m3":
+        check_bias(back, x.float())
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("block", [(128, 128), (32, 32)])
+@pytest.mark.parametrize("layout", _LAYOUTS[:2], ids=str)
+def test_per_block_cast(fmt, block, layout):
+    col_major, round_sf, packed = layout
+    x = torch.randn(300, 256, generator=torch.Generator().manual_seed(8)).bfloat16()
+    data, sf = quant.per_block_cast(x, fmt, block, col_major, round_sf, packed)
+    ref_data, ref_sf = quantize_blocks_reference(x, fmt, list(block), round_sf, None, None)
+    assert torch.equal(
+        data.view(torch.uint8), (ref_data.to(torch.float8_e4m3fn) if fmt == "e4m3" else ref_data).view(torch.uint8)
+    )
+    assert torch.equal(sf, _expected_sf(ref_sf.float(), col_major, packed))
+    assert torch.equal(quant.per_block_cast_with_sf_only(x, fmt, block, col_major, round_sf, packed), sf)
+    assert_equal(quant.per_block_cast_with_precomputed_sf(x, fmt, block, ref_sf.float()), data)
+
+
+def test_per_channel_cast():
+    x = torch.randn(256, 128, generator=torch.Generator().manual_seed(9))
+    for round_sf in (False, True):
+        data, sf = quant.per_channel_cast(x, "e4m3", 128, round_sf=round_sf)
+        ref_data, ref_sf = quantize_blocks_reference(x, "e4m3", [128, 1], round_sf, None, None)
+        assert torch.equal(data.float(), ref_data.float()) and torch.equal(sf, ref_sf.float()) and sf.shape == (2, 128)
+
+
+@pytest.mark.parametrize("out_block", [(1, 128), (32, 32), (128, 128)])
+def test_lossless_fp4_to_fp8(out_block):
+    """FP4 data with 1x32 power-of-two scales re-cast to E4M3 blocks: the dequantized values are unchanged bitwise
+    while a block's magnitudes span at most 2^9 (upstream's condition)."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(256, 512, generator=g) * 2.0 ** torch.randint(-4, 5, (256, 1), generator=g)
+    fp4 = quant.per_token_cast(x, "e2m1", 32, round_sf=True)
+    data, sf = quant.per_block_cast_lossless(fp4, "e4m3", (1, 32), out_block, round_sf=True)
+    assert_equal(quant.cast_back((data, sf), "fp32", out_block), quant.cast_back(fp4, "fp32", (1, 32)))
+
+
+def test_quant_tensor_inputs_and_e2m1_decoding():
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(11))
+    fp8 = quant.per_token_cast(x, "e4m3", 128, round_sf=True)
+    again = quant.per_token_cast(fp8, "e2m1", 32, x_block_size=(1, 128), round_sf=True)
+    direct = quant.per_token_cast(quant.cast_back(fp8, "fp32", (1, 128)), "e2m1", 32, round_sf=True)
+    assert_equal(again[0], direct[0])  # a QuantTensor is dequantized with its block size first
+    assert_equal(again[1], direct[1])
+    packed = torch.tensor([[0x21, -0x6F]], dtype=torch.int8)  # codes 1, 2 | 1, 9 (0x91 as int8)
+    assert quant.unpack_from_e2m1fn_x2(packed).tolist() == [[0.5, 1.0, 0.5, -0.5]]
+    with pytest.raises(AssertionError, match="fmt"):
+        quant.per_token_cast(x, "e5m6", 256)

@@ -1,0 +1,180 @@
+"""``tile_kernels.quant``: TileKernels' casts (the ``quantize_blocks`` op for the codes and scales, ``dequantize`` for
+QuantTensor inputs and ``cast_back``), with upstream's signatures, asserts and scale-factor layouts:
+
+- default: FP32 ``sf`` row-major ``[ceil(rows / bh), ceil(cols / bw)]``;
+- ``use_tma_aligned_col_major_sf``: the same values column-major, the row count padded to 4 in the allocation;
+- ``use_packed_ue8m0`` (with the column-major layout, power-of-two scales): the exponent bytes of 4 consecutive
+  column blocks in one int32 (little-endian), column-major, rows padded to 4 (unused bytes zero).
+
+A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted). E5M6 (``fmt='e5m6'``) and
+the fused SwiGLU / per-channel-fused / transpose casts are not here yet (issue 22).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torch_ascend_moe.ops.quant import dequantize, quantize_blocks
+from torch_ascend_moe.quant.encodings import decode_e2m1, unpack_e2m1
+
+__all__ = [
+    "cast_back",
+    "per_block_cast",
+    "per_block_cast_lossless",
+    "per_block_cast_with_precomputed_sf",
+    "per_block_cast_with_sf_only",
+    "per_channel_cast",
+    "per_token_cast",
+    "per_token_cast_back",
+    "per_token_cast_with_precomputed_sf",
+    "per_token_cast_with_sf_only",
+    "unpack_from_e2m1fn_x2",
+]
+
+_FORMATS = ("e4m3", "e2m1")
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _sf_as_float(sf: torch.Tensor) -> torch.Tensor:
+    """A given sf as FP32 values: FP32 as is (any layout), packed UE8M0 int32 decoded byte by byte."""
+    if sf.dtype == torch.float32:
+        return sf
+    assert sf.dtype == torch.int32, f"sf must be float32 or packed UE8M0 int32, got {sf.dtype}"
+    codes = sf.contiguous().view(torch.uint8).view(sf.shape[0], -1).to(torch.int32)
+    return (codes << 23).view(torch.float32)
+
+
+def _input(x, x_block_size) -> torch.Tensor:
+    """A plain tensor, or a QuantTensor dequantized to FP32 with its block size."""
+    if not isinstance(x, tuple):
+        assert x.dtype in (torch.bfloat16, torch.float32), f"x must be bfloat16 or float32, got {x.dtype}"
+        return x
+    data, sf = x
+    assert x_block_size is not None, "a QuantTensor input needs x_block_size"
+    assert data.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8), f"unsupported data dtype {data.dtype}"
+    if data.dtype == torch.int8:
+        data = data.view(torch.uint8)
+    values = _sf_as_float(sf)
+    cols = data.shape[1] * (2 if data.dtype == torch.uint8 else 1)
+    values = values[
+        : _align(data.shape[0], x_block_size[0]) // x_block_size[0], : _align(cols, x_block_size[1]) // x_block_size[1]
+    ]
+    return dequantize(data, values.contiguous(), tuple(x_block_size))
+
+
+def _layout(sf: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
+    if packed:
+        assert col_major, "use_packed_ue8m0 needs use_tma_aligned_col_major_sf"
+    if not col_major:
+        return sf
+    rows, cols = sf.shape
+    padded = F.pad(sf, (0, _align(cols, 4 if packed else 1) - cols, 0, _align(rows, 4) - rows))
+    if packed:
+        bits = padded.view(torch.int32)
+        assert bool(((bits & 0x807FFFFF) == 0).all()), "use_packed_ue8m0 needs power-of-two scales (round_sf=True)"
+        padded = (bits >> 23).to(torch.uint8).view(torch.int32)
+    return padded.T.contiguous().T[:rows]
+
+
+def _data(data: torch.Tensor, fmt: str) -> torch.Tensor:
+    return data.view(torch.int8) if fmt == "e2m1" else data
+
+
+def _cast(x, fmt, block, x_block_size, col_major, round_sf, packed, sf=None):
+    assert fmt in _FORMATS, f"fmt must be one of {_FORMATS} here, got {fmt!r}"
+    values = _input(x, x_block_size)
+    assert values.dim() == 2, "only 2-D tensors are supported"
+    if sf is not None:
+        assert not packed and not col_major, "a precomputed sf is row-major FP32"
+    data, scale = quantize_blocks(values, fmt, block, round_sf=round_sf, sf=sf)
+    return _data(data, fmt), _layout(scale, col_major, packed)
+
+
+def _token_block(x, num_per_channels: int) -> tuple[int, int]:
+    hidden = (
+        (x[0].shape[1] * (2 if x[0].dtype in (torch.int8, torch.uint8) else 1)) if isinstance(x, tuple) else x.shape[1]
+    )
+    assert num_per_channels in (16, 32, 64, 128) or (num_per_channels == hidden and hidden % 64 == 0), (
+        f"num_per_channels must be 16, 32, 64, 128 or the hidden size (a multiple of 64), got {num_per_channels}"
+    )
+    return 1, num_per_channels
+
+
+def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tma_aligned_col_major_sf: bool = False,
+                   round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
+    """``(data, sf)``: ``x`` (or a QuantTensor) cast in ``1 × num_per_channels`` blocks."""
+    return _cast(x, fmt, _token_block(x, num_per_channels), x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                 use_packed_ue8m0)  # fmt: skip
+
+
+def per_token_cast_with_sf_only(x, fmt: str, num_per_channels: int, x_block_size=None,
+                                use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                use_packed_ue8m0: bool = False) -> torch.Tensor:  # fmt: skip
+    return per_token_cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0)[1]  # fmt: skip
+
+
+def per_token_cast_with_precomputed_sf(x, fmt: str, num_per_channels: int, sf: torch.Tensor, x_block_size=None,
+                                       use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                       use_packed_ue8m0: bool = False) -> torch.Tensor:  # fmt: skip
+    return _cast(x, fmt, _token_block(x, num_per_channels), x_block_size, False, False, False,
+                 sf=_sf_as_float(sf).contiguous())[0]  # fmt: skip
+
+
+def per_block_cast(x, fmt: str, block_size, use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                   use_packed_ue8m0: bool = False, x_block_size=None):  # fmt: skip
+    """``(data, sf)``: ``x`` cast in ``block_size`` blocks (a contiguous 2-D BF16/FP32 tensor, hidden % 64 == 0)."""
+    if not isinstance(x, tuple):
+        assert x.is_contiguous() and x.shape[1] % 64 == 0, "per_block_cast needs a contiguous x with hidden % 64 == 0"
+    return _cast(x, fmt, tuple(block_size), x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def per_block_cast_with_sf_only(x, fmt: str, block_size, use_tma_aligned_col_major_sf: bool = False,
+                                round_sf: bool = False, use_packed_ue8m0: bool = False) -> torch.Tensor:  # fmt: skip
+    return per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)[1]
+
+
+def per_block_cast_with_precomputed_sf(x, fmt: str, block_size, sf: torch.Tensor,
+                                       use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                       use_packed_ue8m0: bool = False) -> torch.Tensor:  # fmt: skip
+    assert sf.dtype == torch.float32 and sf.stride(-1) == 1, "a precomputed sf is row-major FP32"
+    return _cast(x, fmt, tuple(block_size), None, False, False, False, sf=sf.contiguous())[0]
+
+
+def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False):
+    """``(data, sf FP32 [T / num_per_tokens, H])``: ``x`` cast in ``num_per_tokens × 1`` blocks (E4M3)."""
+    assert fmt == "e4m3" and num_per_tokens == 128, "per_channel_cast supports e4m3 with num_per_tokens == 128"
+    assert x.shape[0] % 128 == 0 and x.shape[1] % 64 == 0, "per_channel_cast needs T % 128 == 0 and H % 64 == 0"
+    return _cast(x, fmt, (num_per_tokens, 1), None, False, round_sf, False)
+
+
+def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf: bool = False,
+                            round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
+    """An FP4 QuantTensor re-cast to E4M3 blocks; exact (the dequantized values are unchanged) while each output
+    block's values span at most 2^9 in magnitude."""
+    assert isinstance(x, tuple) and x[0].dtype in (torch.int8, torch.uint8) and fmt == "e4m3"
+    return _cast(x, fmt, tuple(out_block_size), x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def cast_back(x, fmt: str, x_block_size, x_special_fmt=None) -> torch.Tensor:
+    """A QuantTensor dequantized to ``fmt`` (``'bf16'`` or ``'fp32'``)."""
+    assert x_special_fmt is None, "x_special_fmt='e5m6' is not supported here yet"
+    assert fmt in ("bf16", "fp32"), f"fmt must be 'bf16' or 'fp32', got {fmt!r}"
+    values = _input(x, x_block_size)
+    return values.to(torch.bfloat16 if fmt == "bf16" else torch.float32)
+
+
+def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt=None) -> torch.Tensor:
+    return cast_back(x, fmt, (1, num_per_channels), x_special_fmt)
+
+
+def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Packed FP4 (int8/uint8, two codes per byte, low nibble first) decoded: ``[..., K] -> [..., 2K]``."""
+    assert x.dtype in (torch.int8, torch.uint8)
+    if x.dim() == 0:
+        raise ValueError("x must have at least 1 dimension so the last dim can be doubled")
+    return decode_e2m1(unpack_e2m1(x)).to(out_dtype)
