@@ -265,8 +265,10 @@ def test_compile_caches_are_tagged_with_what_graphs_bake_in(monkeypatch):
 
     tag = _registry.compile_cache_tag()
     assert tag in torch.compiler.config.cache_key_tag.split("|")
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "mine|ascend_moe-0123456789abcdef")
-    _registry.tag_compile_caches()
-    assert torch.compiler.config.cache_key_tag == f"mine|{tag}"  # a stale tag of ours is replaced, the user's kept
+    # The config's own patch restores it (a monkeypatched config attribute is deleted on undo, breaking compiles).
+    with torch.compiler.config.patch(cache_key_tag="mine|ascend_moe-0123456789abcdef"):
+        _registry.tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag == f"mine|{tag}"  # a stale tag of ours replaced, the user's kept
+    assert tag in torch.compiler.config.cache_key_tag.split("|")
     monkeypatch.setattr(_registry, "_GRAPH_SOURCES", ("meta",))
     assert _registry.compile_cache_tag() != tag  # the formulas are part of it

@@ -19,3 +19,8 @@ def quantize_fp4(x_shape, *args, out_shape=None, **kwargs) -> int:
 @flop_formula
 def dequantize(data_shape, scale_shape, *args, out_shape=None, **kwargs) -> int:
     return out_shape[0] * out_shape[1]
+
+
+@flop_formula
+def quantize_blocks(x_shape, *args, out_shape=None, **kwargs) -> int:
+    return x_shape[0] * x_shape[1]
