@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
-from torch_ascend_moe.backends.portable.moe_gate import tp_masked
+from torch_ascend_moe.backends.portable.moe_gate import stable_topk, tp_masked
 
 _gate = torch.ops.ascend_moe.moe_topk_gate.default
 
@@ -68,7 +68,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     >>> topk_gate(torch.tensor([[1.0, 3.0, 3.0, 0.0]]), 2).tolist()
     [[1, 2]]
     """
-    return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :num_topk].contiguous()
+    return stable_topk(scores, num_topk).contiguous()
 
 
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
