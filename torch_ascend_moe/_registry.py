@@ -115,6 +115,20 @@ def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
     _C._register_autograd(name, make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context)))
 
 
+def _mark_outputs_non_differentiable(ctx, inputs, output):
+    ctx.mark_non_differentiable(*(output if isinstance(output, (tuple, list)) else (output,)))
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("ascend_moe: this op's outputs are not differentiable (no double backward)")
+
+
+def non_differentiable(name: str) -> None:
+    """Register ``ascend_moe::name`` (a backward op, a layout op) as having no derivative: its outputs are marked
+    non-differentiable, so autograd never asks for one."""
+    autograd(name, _no_double_backward, _mark_outputs_non_differentiable)
+
+
 def schema_default(name: str, arg: str):
     """The schema's default of ``arg`` of ``ascend_moe::name`` (a qualified name works too)."""
     name = name.removeprefix(f"{NAMESPACE}::")

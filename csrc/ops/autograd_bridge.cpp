@@ -6,6 +6,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -25,6 +26,18 @@ std::unordered_map<std::string, PyObject*>& python_impls() {
   return *impls;
 }
 std::mutex impls_mutex;
+
+// An argument as Python sees it from a Python call: a ScalarType travels on the stack as an int (its JIT type),
+// which toPyObject would hand to setup_context as a plain int; the schema's real type turns it into a dtype.
+py::object argument_to_python(const c10::Argument& arg, c10::IValue&& value) {
+  auto type = arg.real_type();
+  if (auto inner = type->castRaw<c10::OptionalType>()) type = inner->getElementType();
+  if (value.isInt() && type->kind() == c10::TypeKind::ScalarTypeType) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(value.toInt()))));
+  }
+  return torch::jit::toPyObject(std::move(value));
+}
 
 bool requires_grad(const c10::IValue& v) {
   if (v.isTensor()) return v.toTensor().requires_grad();
@@ -69,7 +82,7 @@ void autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
   py::dict kwargs;
   args[0] = py::cast(ks);
   for (size_t i = 0; i < n; ++i) {
-    py::object value = torch::jit::toPyObject(std::move(arguments[i]));
+    py::object value = argument_to_python(schema.arguments()[i], std::move(arguments[i]));
     if (i < positional) {
       args[i + 1] = std::move(value);
     } else {

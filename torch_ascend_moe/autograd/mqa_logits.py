@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad, non_differentiable
 from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.meta import mqa_logits as meta
 
@@ -61,14 +61,6 @@ def _logits_backward(ctx, grad):
         k=dk.to(k_t) if mask[1] else None,
         weights=dw.to(w_t) if mask[2] else None,
     )
-
-
-def _non_differentiable_setup(ctx, inputs, output):
-    ctx.mark_non_differentiable(*(output if isinstance(output, (tuple, list)) else (output,)))
-
-
-def _not_differentiable(ctx, *grads):
-    raise RuntimeError("ascend_moe: this op's outputs are not differentiable (no double backward)")
 
 
 def _paged_setup(ctx, inputs, output):
@@ -154,7 +146,7 @@ def _fused_backward(ctx, grad_values, grad_idx):
 
 autograd(LOGITS, _logits_backward, _logits_setup)
 autograd(FUSED, _fused_backward, _fused_setup)
-autograd("mqa_logits_backward", _not_differentiable, _non_differentiable_setup)
+non_differentiable("mqa_logits_backward")
 autograd(PAGED, _paged_backward, _paged_setup)
-autograd("paged_mqa_logits_metadata", _not_differentiable, _non_differentiable_setup)
+non_differentiable("paged_mqa_logits_metadata")
 autograd(TOPK, _topk_backward, _topk_setup)

@@ -3,26 +3,30 @@
 
 - ``tile_kernels.moe``: ``top2_sum_gate`` (DeepSeek-V3's fused gate: the ``moe_topk_gate`` op), ``topk_gate``,
   ``topk_sum_and_topk_group_idx``, ``normalize_weight``, ``aux_fi``, ``group_count``, ``mask_indices_by_tp``,
-  ``inplace_unique_group_indices``; ``moe.scoring.ScoringFunc``.
+  ``inplace_unique_group_indices``; the fused routing layout ``get_fused_mapping``, ``expand_to_fused(_with_sf)``,
+  ``reduce_fused`` (``moe.fused``: ``moe_permute``'s layout); ``moe.scoring.ScoringFunc``.
 - ``tile_kernels.torch``: the same functions under the reference names upstream's tests compare against
   (``stable_topk``, ``top2_sum_gate``, ...): one implementation, so a kernel-vs-reference test passes trivially and
   proves nothing; our own tests compare against references written from the spec.
 - ``tile_kernels.quant``: the per-token / per-block / per-channel casts to E4M3 and E2M1 (the ``quantize_blocks``
   op: TileKernels' scale rule, RNE E2M1), their ``_with_sf_only`` / ``_with_precomputed_sf`` forms, QuantTensor
   inputs, ``per_block_cast_lossless``, ``cast_back`` / ``per_token_cast_back``, ``unpack_from_e2m1fn_x2``, and the
-  three scale-factor layouts (row-major FP32, TMA-aligned column-major, packed UE8M0 int32).
-- ``tile_kernels.testing``: ``numeric`` (``assert_equal``, ``calc_diff``, ``check_bias``, ``count_bytes``).
-- ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them.
+  three scale-factor layouts (row-major FP32, TMA-aligned column-major, packed UE8M0 int32); the fused SwiGLU
+  kernels (the ``swiglu_forward`` / ``swiglu_backward`` ops) in v1's and the Ascend era's forms (``quant.swiglu``).
+- ``tile_kernels.testing``: ``numeric`` (``assert_equal``, ``calc_diff``, ``check_bias``, ``count_bytes``),
+  ``generator`` (upstream's input generators), ``bench.make_param_id``, ``clear_unused_sf``; ``tile_kernels.utils``.
+- ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them;
+  ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA). Not here yet (issue 22): E5M6, SwiGLU, RMSNorm, RoPE, mHC, Engram,
-``get_fused_mapping`` / ``expand_to_fused`` / ``reduce_fused``, the transposes.
+device (upstream: always CUDA). Not here yet (issue 22): E5M6, RMSNorm, RoPE, mHC, Engram, the transposes,
+``per_channel_cast_fused`` / ``_and_transpose``.
 """
 
 from __future__ import annotations
 
-from torch_ascend_moe.tile_kernels import config, moe, quant, testing
+from torch_ascend_moe.tile_kernels import config, moe, quant, testing, utils
 from torch_ascend_moe.tile_kernels import torch_reference as torch  # noqa: A001  (upstream's module name)
 from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms, set_num_sms
 
-__all__ = ["config", "moe", "quant", "testing", "torch", "get_device_num_sms", "get_num_sms", "set_num_sms"]
+__all__ = ["config", "moe", "quant", "testing", "torch", "utils", "get_device_num_sms", "get_num_sms", "set_num_sms"]

@@ -24,3 +24,27 @@ def set_num_sms(num_sms: int) -> None:
 
 def get_num_sms() -> int:
     return _NUM_SMS[0] if _NUM_SMS else get_device_num_sms()
+
+
+# The Ascend-era API's token alignment: the psum layout's expert blocks start at multiples of it.
+_TOKEN_ALIGNMENT: list[int] = [128]
+
+
+def set_token_alignment(alignment: int) -> None:
+    assert alignment > 0, f"alignment must be positive, got {alignment}"
+    _TOKEN_ALIGNMENT[:] = [alignment]
+
+
+def get_token_alignment() -> int:
+    return _TOKEN_ALIGNMENT[0]
+
+
+def is_ascend() -> bool:
+    """Whether an Ascend NPU runtime is loaded (torch_npu imported): upstream tests for /dev/davinci_manager."""
+    import torch
+
+    return hasattr(torch, "npu") and torch.npu.is_available()
+
+
+def get_device() -> str:
+    return "npu" if is_ascend() else "cuda"

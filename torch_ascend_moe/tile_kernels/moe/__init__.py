@@ -5,15 +5,25 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.ops import moe_gate as ops
+from torch_ascend_moe.tile_kernels.moe.fused import (
+    expand_to_fused,
+    expand_to_fused_with_sf,
+    get_fused_mapping,
+    reduce_fused,
+)
 from torch_ascend_moe.tile_kernels.moe.scoring import ScoringFunc
 
 __all__ = [
     "ScoringFunc",
     "aux_fi",
+    "expand_to_fused",
+    "expand_to_fused_with_sf",
+    "get_fused_mapping",
     "group_count",
     "inplace_unique_group_indices",
     "mask_indices_by_tp",
     "normalize_weight",
+    "reduce_fused",
     "top2_sum_gate",
     "topk_gate",
     "topk_sum_and_topk_group_idx",

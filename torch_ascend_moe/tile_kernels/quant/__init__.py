@@ -6,8 +6,8 @@ QuantTensor inputs and ``cast_back``), with upstream's signatures, asserts and s
 - ``use_packed_ue8m0`` (with the column-major layout, power-of-two scales): the exponent bytes of 4 consecutive
   column blocks in one int32 (little-endian), column-major, rows padded to 4 (unused bytes zero).
 
-A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted). E5M6 (``fmt='e5m6'``) and
-the fused SwiGLU / per-channel-fused / transpose casts are not here yet (issue 22).
+A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted). The fused SwiGLU kernels live
+in ``quant.swiglu``. E5M6 (``fmt='e5m6'``) and the per-channel-fused / transpose casts are not here yet (issue 22).
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from torch_ascend_moe.quant.encodings import decode_e2m1, unpack_e2m1
 
 __all__ = [
     "cast_back",
+    "swiglu_backward",
+    "swiglu_backward_and_per_token_cast",
+    "swiglu_forward",
+    "swiglu_forward_and_per_token_cast",
     "per_block_cast",
     "per_block_cast_lossless",
     "per_block_cast_with_precomputed_sf",
@@ -154,10 +158,30 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
 
 def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf: bool = False,
                             round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
-    """An FP4 QuantTensor re-cast to E4M3 blocks; exact (the dequantized values are unchanged) while each output
-    block's values span at most 2^9 in magnitude."""
+    """An FP4 QuantTensor with power-of-two scales re-cast to E4M3 ``out_block_size`` blocks without loss, by
+    upstream's exponent rule: an output block's scale is its largest input scale / 2^6 (exponent floored at the
+    code 0, read as 0.0), each FP4 value is multiplied by its input scale / the output scale (exact) and stored in
+    E4M3. Lossless while every input scale is at least the output scale / 2^5 (asserted, as upstream's kernel);
+    ``round_sf`` changes nothing (the scales are powers of two by construction)."""
     assert isinstance(x, tuple) and x[0].dtype in (torch.int8, torch.uint8) and fmt == "e4m3"
-    return _cast(x, fmt, tuple(out_block_size), x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    (bm_in, bk_in), (bm, bk) = tuple(x_block_size), tuple(out_block_size)
+    assert bm % bm_in == 0 and bk % bk_in == 0, "Output block size must be multiple of input block size"
+    data, sf = x
+    values = decode_e2m1(unpack_e2m1(data.view(torch.uint8)))
+    m, k = values.shape
+    rows_in, cols_in = -(-m // bm_in), -(-k // bk_in)
+    # The input scales' biased exponents (FP32 bits >> 23, or the packed bytes), on the input blocks that exist.
+    codes = (_sf_as_float(sf)[:rows_in, :cols_in].contiguous().view(torch.int32) >> 23) & 0xFF
+    rm, rk = bm // bm_in, bk // bk_in
+    rows, cols = -(-rows_in // rm), -(-cols_in // rk)
+    padded = F.pad(codes, (0, cols * rk - cols_in, 0, rows * rm - rows_in), value=0)
+    out_codes = (padded.view(rows, rm, cols, rk).amax(dim=(1, 3)) - 6).clamp(min=0)
+    spread = out_codes.repeat_interleave(rm, 0).repeat_interleave(rk, 1)[:rows_in, :cols_in]
+    assert bool((codes + 5 >= spread).all()), "per_block_cast_lossless: an input scale is below output scale / 2^5"
+    factor = ((codes - spread + 127) << 23).view(torch.float32)
+    factor = factor.repeat_interleave(bm_in, 0).repeat_interleave(bk_in, 1)[:m, :k]
+    out = (values * factor).to(torch.float8_e4m3fn)
+    return out, _layout((out_codes << 23).view(torch.float32), use_tma_aligned_col_major_sf, use_packed_ue8m0)
 
 
 def cast_back(x, fmt: str, x_block_size, x_special_fmt=None) -> torch.Tensor:
@@ -178,3 +202,12 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     if x.dim() == 0:
         raise ValueError("x must have at least 1 dimension so the last dim can be doubled")
     return decode_e2m1(unpack_e2m1(x)).to(out_dtype)
+
+
+# After the cast helpers: the fused SwiGLU kernels lay their scales out with ``_layout``.
+from torch_ascend_moe.tile_kernels.quant.swiglu import (  # noqa: E402
+    swiglu_backward,
+    swiglu_backward_and_per_token_cast,
+    swiglu_forward,
+    swiglu_forward_and_per_token_cast,
+)

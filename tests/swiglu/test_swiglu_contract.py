@@ -1,0 +1,6 @@
+"""The swiglu family through the op-contract harness (torch_ascend_moe.testing.harness)."""
+
+from tests.swiglu.specs import SPECS
+from torch_ascend_moe.testing.harness import contract_test
+
+test_op_contract = contract_test(SPECS)

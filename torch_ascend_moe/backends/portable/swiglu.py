@@ -1,0 +1,132 @@
+"""Device-generic swiglu family: TileKernels' SwiGLU forward / backward (its ``tile_kernels.torch`` references'
+operations in their order, so FP32 results are theirs bit for bit on the same device) over the psum layout, plus
+quantize_blocks' per-token cast. Rows outside the layout are masked on the device (no host read but the layout
+check), so the kernels are capturable."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.backends.portable._arith import fma
+from torch_ascend_moe.backends.portable.quant import tile_cast
+from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.meta import swiglu as meta
+
+
+def layout_rows(psum: torch.Tensor | None, alignment: int, rows: int, device) -> torch.Tensor | None:
+    """Bool ``[N]``: the rows some expert owns in the psum layout (None: every row)."""
+    if psum is None:
+        return None
+    if psum.numel() == 0:
+        return torch.zeros(rows, dtype=torch.bool, device=device)
+    ends = psum.long()
+    starts = (torch.cat([ends.new_zeros(1), ends[:-1]]) + alignment - 1) // alignment * alignment
+    r = torch.arange(rows, device=device)
+    # The last expert starting at or before the row owns it if any does: a nonempty expert's successors start
+    # after its end, so only empty experts share a start.
+    e = torch.searchsorted(starts, r, right=True) - 1
+    return (e >= 0) & (r < ends[e.clamp(min=0)])
+
+
+def _halves(xf: torch.Tensor, h: int, clamp_value):
+    a, b = xf[:, :h], xf[:, h:]
+    if clamp_value is None:
+        return a, b, None, None
+    return torch.clamp(a, max=clamp_value), torch.clamp(b, min=-clamp_value, max=clamp_value), a, b
+
+
+def _weights(args, rows: torch.Tensor | None, acc: torch.dtype):
+    w = args.topk_weights
+    if w is None:
+        return None
+    w = w.to(acc)
+    if args.routed_scaling_factor is not None:
+        w = w * args.routed_scaling_factor
+    return w if rows is None else torch.where(rows, w, 0)
+
+
+@portable_kernel
+def swiglu_forward(args):
+    meta.forward_signature(args)
+    x = args.x
+    n, h = x.shape[0], x.shape[1] // 2
+    if capture.host_readable(x):
+        meta.check_layout_values(meta.FORWARD, args.psum_num_tokens_per_expert, args.alignment, n)
+    acc = meta.compute_dtype(x)
+    rows = layout_rows(args.psum_num_tokens_per_expert, args.alignment, n, x.device)
+    a, b, a_in, b_in = _halves(x.to(acc), h, args.clamp_value)
+    count = torch.zeros(4, dtype=torch.int64, device=x.device)
+    if args.clamp_value is not None:
+        c = args.clamp_value
+        valid = torch.ones(n, 1, dtype=torch.bool, device=x.device) if rows is None else rows[:, None]
+        count = torch.stack(
+            [
+                (a_in > c).logical_and(valid).sum(),
+                (b_in > c).logical_and(valid).sum(),
+                (b_in < -c).logical_and(valid).sum(),
+                valid.sum() * h,
+            ]  # fmt: skip
+        )
+    y = a / (1.0 + torch.exp(-a)) * b
+    w = _weights(args, rows, acc)
+    if w is not None:
+        y = y * w[:, None]
+    if rows is not None:
+        y = torch.where(rows[:, None], y, 0)
+    out_dtype = meta.forward_out_dtype(args)
+    if out_dtype != meta.FP8:
+        return y.to(out_dtype), x.new_empty([0], dtype=torch.float32), count
+    floor = meta.E4M3_AMAX_FLOOR if args.sf_clamp_min is None else args.sf_clamp_min
+    data, sf = tile_cast(y.float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, floor)
+    return data, sf, count
+
+
+def dequantized_x(args, acc: torch.dtype) -> torch.Tensor:
+    """x in the compute dtype; E4M3 codes times their block scale (one FP32 product each)."""
+    x = args.x
+    if x.dtype != meta.FP8:
+        return x.to(acc)
+    block = meta.x_scale_block(args)
+    return (x.float() * args.x_sf.repeat_interleave(block, dim=1)).to(acc)
+
+
+@portable_kernel
+def swiglu_backward(args):
+    n, h, out_dtype, sf_cols = meta.backward_signature(args)
+    g_in = args.grad_out
+    if capture.host_readable(g_in):
+        meta.check_layout_values(meta.BACKWARD, args.psum_num_tokens_per_expert, args.alignment, n)
+    acc = meta.compute_dtype(args.x, g_in)
+    rows = layout_rows(args.psum_num_tokens_per_expert, args.alignment, n, g_in.device)
+    a, b, a_in, b_in = _halves(dequantized_x(args, acc), h, args.clamp_value)
+    t = 1.0 + torch.exp(-a)
+    s = torch.ones_like(a) / t
+    g = g_in.to(acc)
+    w = _weights(args, rows, acc)
+    gws = g * s if w is None else g * w[:, None] * s
+    da = gws * b * fma(a, 1.0 - s, 1.0)
+    db = gws * a
+    if args.clamp_value is not None:
+        c = args.clamp_value
+        da = torch.where(a_in > c, 0.0, da)
+        db = torch.where((b_in > c) | (b_in < -c), 0.0, db)
+    act = a / t * b
+    out = act if w is None else act * w[:, None]
+    x_grad = torch.cat([da, db], dim=1)
+    if rows is not None:
+        x_grad = torch.where(rows[:, None], x_grad, 0)
+        out = torch.where(rows[:, None], out, 0)
+    if w is None:
+        weight_grad = g_in.new_empty([0], dtype=acc)
+    else:
+        weight_grad = (g * act).sum(dim=1)
+        if rows is not None:
+            weight_grad = torch.where(rows, weight_grad, 0)
+        if args.routed_scaling_factor is not None:
+            weight_grad = weight_grad * args.routed_scaling_factor
+    if sf_cols is None:
+        q, sf = g_in.new_empty([0], dtype=meta.FP8), g_in.new_empty([0], dtype=torch.float32)
+    else:
+        q, sf = tile_cast(x_grad.float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, meta.E4M3_AMAX_FLOOR)
+    return x_grad.to(out_dtype), q, sf, weight_grad, out.to(out_dtype)
