@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.backends.portable.swiglu import layout_rows
 from torch_ascend_moe.ops.moe_gate import (
     aux_fi,
     group_count,
@@ -17,6 +18,8 @@ from torch_ascend_moe.ops.moe_gate import (
     topk_sum_and_topk_group_idx,
 )
 from torch_ascend_moe.ops.moe_gate import topk_gate as stable_topk
+from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward
+from torch_ascend_moe.ops.rope import rotary_embedding
 from torch_ascend_moe.ops.swiglu import swiglu_backward as _backward
 from torch_ascend_moe.ops.swiglu import swiglu_forward as _forward
 from torch_ascend_moe.tile_kernels.config import get_token_alignment
@@ -32,11 +35,15 @@ __all__ = [
     "cast_back",
     "expand_to_fused",
     "expand_to_fused_with_sf",
+    "get_mapping_from_psum",
     "group_count",
     "inplace_unique_group_indices",
     "mask_indices_by_tp",
+    "norm_backward_ref",
+    "norm_forward_ref",
     "normalize_weight",
     "reduce_fused",
+    "rotary_embedding_ref",
     "stable_topk",
     "swiglu_backward",
     "swiglu_forward",
@@ -115,3 +122,35 @@ def swiglu_backward(x, grad_out: torch.Tensor, *args, **kwargs):
         clamp_value=a.get("clamp_value"), out_dtype=torch.float32,
     )  # fmt: skip
     return (x_grad, w_grad, out) if weights is not None else (x_grad, out)
+
+
+def get_mapping_from_psum(x: torch.Tensor, psum_num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """Bool ``[N]``: the rows of ``x`` some expert owns in the psum layout (the token alignment of ``config``)."""
+    return layout_rows(psum_num_tokens_per_expert, get_token_alignment(), x.shape[0], x.device)
+
+
+def norm_forward_ref(x, weight, eps: float, residual=None, out_scale: float = 1.0):
+    """``(out, rstd, residual_out)``: RMSNorm of ``x (+ residual)``; ``residual_out`` is x itself without one."""
+    out, rstd, s = rms_norm(x, weight, eps, residual=residual, out_scale=out_scale)
+    return out, rstd, x if residual is None else s
+
+
+def norm_backward_ref(out_grad, x, weight, rstd, residual_out_grad=None, out_scale: float = 1.0):
+    """``(x_grad, weight_grad)``: ``weight_grad`` in FP32 (None without a weight)."""
+    x_grad, w_grad = rms_norm_backward(out_grad, x, weight, rstd, residual_out_grad=residual_out_grad,
+                                       out_scale=out_scale)  # fmt: skip
+    return x_grad, (w_grad if weight is not None else None)
+
+
+def rotary_embedding_ref(x, cos, sin, positions=None, seqlen_offsets: int = 0, interleaved: bool = False,
+                         conjugate: bool = False):  # fmt: skip
+    """``x [..., tokens, heads, D]`` with its first ``2 · cos.size(-1)`` channels rotated by ``cos`` / ``sin``
+    ``[rows, rot/2]`` (the rest copied), out of place."""
+    rot = 2 * cos.shape[-1]
+    out = x.clone()
+    cache = torch.cat([cos, sin], dim=-1).float()
+    out[..., :rot] = rotary_embedding(
+        x[..., :rot].contiguous(), cache, positions, seqlen_offset=seqlen_offsets, interleaved=interleaved,
+        conjugate=conjugate,
+    )  # fmt: skip
+    return out

@@ -20,6 +20,9 @@ from torch_ascend_moe.quant.encodings import decode_e2m1, unpack_e2m1
 
 __all__ = [
     "cast_back",
+    "norm_backward",
+    "norm_forward",
+    "norm_forward_and_per_token_cast",
     "swiglu_backward",
     "swiglu_backward_and_per_token_cast",
     "swiglu_forward",
@@ -204,7 +207,12 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
     return decode_e2m1(unpack_e2m1(x)).to(out_dtype)
 
 
-# After the cast helpers: the fused SwiGLU kernels lay their scales out with ``_layout``.
+# After the cast helpers: the fused SwiGLU and norm kernels lay their scales out with ``_layout``.
+from torch_ascend_moe.tile_kernels.quant.norm import (  # noqa: E402
+    norm_backward,
+    norm_forward,
+    norm_forward_and_per_token_cast,
+)
 from torch_ascend_moe.tile_kernels.quant.swiglu import (  # noqa: E402
     swiglu_backward,
     swiglu_backward_and_per_token_cast,

@@ -1,0 +1,102 @@
+"""TileKernels' (Ascend era) RMSNorm kernels over the ``rms_norm`` / ``rms_norm_backward`` ops, with upstream's
+signatures, asserts (its CUDA limits: hidden a multiple of 16, at most 8192; the backward's of 32) and out-parameters.
+
+Not here: ``mega_moe_sf`` (the Mega MoE activation-scale buffer's transposed row layout is not specified well
+enough to reproduce; it raises). With 3-D ``x`` the column-major scale layouts are laid out per batch (the values
+upstream's are; its single shared allocation's strides differ).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward, rms_norm_quant
+from torch_ascend_moe.tile_kernels.quant import _layout
+
+__all__ = ["norm_backward", "norm_forward", "norm_forward_and_per_token_cast"]
+
+
+def _check_forward(x, weight, residual, hidden_multiple: int = 16) -> None:
+    assert x.ndim in (2, 3) and x.dtype in (torch.bfloat16, torch.float32) and x.stride(-1) == 1
+    hidden = x.shape[-1]
+    assert hidden > 0 and hidden % hidden_multiple == 0 and hidden <= 8192
+    if weight is not None:
+        assert weight.shape == (hidden,) and weight.dtype == x.dtype and weight.device == x.device
+        assert weight.is_contiguous()
+    if residual is not None:
+        assert residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device
+
+
+def _store(buffer, value):
+    if buffer is None:
+        return value
+    assert buffer.shape == value.shape and buffer.dtype == value.dtype and buffer.device == value.device
+    return buffer.copy_(value)
+
+
+def norm_forward(x: torch.Tensor, weight, eps: float, residual=None, out_scale: float = 1.0, out=None,
+                 residual_out=None):  # fmt: skip
+    """``(out, rstd, norm_input)``: RMSNorm of ``x (+ residual)``; ``norm_input`` is ``x`` itself without a residual
+    (upstream's alias), else the rounded sum (in ``residual_out`` when given)."""
+    _check_forward(x, weight, residual)
+    y, rstd, s = rms_norm(x, weight, eps, residual=residual, out_scale=out_scale)
+    norm_input = x if residual is None else _store(residual_out, s)
+    return _store(out, y), rstd, norm_input
+
+
+def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: str, num_per_channels: int,
+                                    residual=None, out_scale: float = 1.0, use_tma_aligned_col_major_sf: bool = False,
+                                    round_sf: bool = False, use_packed_ue8m0: bool = False, with_out_bf16: bool = False,
+                                    out=None, out_bf16=None, residual_out=None, mega_moe_sf=None,
+                                    mega_moe_block_m: int = 0):  # fmt: skip
+    """``((out_fp8, out_sf), out_bf16, rstd, norm_input)``: the per-token E4M3 cast (blocks of 32) of the RMSNorm
+    output rounded to x's dtype, i.e. ``per_token_cast(norm_forward(...)[0])``; ``out_bf16`` the normalized output in
+    BF16 when ``with_out_bf16`` (else None)."""
+    _check_forward(x, weight, residual)
+    assert (fmt, num_per_channels) == ("e4m3", 32), "fmt must be 'e4m3' with num_per_channels 32"
+    assert x.shape[-1] % num_per_channels == 0
+    assert (mega_moe_sf is None) == (mega_moe_block_m == 0)
+    if mega_moe_sf is not None:
+        raise NotImplementedError("norm_forward_and_per_token_cast: mega_moe_sf is not supported by torch_ascend_moe")
+    assert out_bf16 is None or with_out_bf16
+    data, sf, y, rstd, s = rms_norm_quant(
+        x, weight, eps, residual=residual, out_scale=out_scale, num_per_channels=num_per_channels, round_sf=round_sf
+    )
+    if x.ndim == 2:
+        sf = _layout(sf, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+    else:
+        sf = torch.stack([_layout(part, use_tma_aligned_col_major_sf, use_packed_ue8m0) for part in sf])
+    if out is not None:
+        out_data, out_sf = out
+        assert not use_tma_aligned_col_major_sf, "External buffers only support row-major SF"
+        data, sf = _store(out_data, data), _store(out_sf, sf)
+    norm_input = x if residual is None else _store(residual_out, s)
+    bf16 = _store(out_bf16, y.bfloat16()) if with_out_bf16 else None
+    return (data, sf), bf16, rstd, norm_input
+
+
+def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight, rstd: torch.Tensor, residual_out_grad=None,
+                  out_scale: float = 1.0, weight_grad=None):  # fmt: skip
+    """``(x_grad, weight_grad)`` from ``norm_forward``'s ``norm_input`` and ``rstd``; a given ``weight_grad`` buffer
+    is accumulated into and returned."""
+    assert x.ndim == 2 and x.dtype in (torch.bfloat16, torch.float32) and x.stride(-1) == 1
+    hidden = x.shape[1]
+    assert 0 < hidden <= 8192 and hidden % 32 == 0, "hidden_size must be a multiple of 32 in [32, 8192]"
+    assert out_grad.shape == x.shape and out_grad.dtype == x.dtype and out_grad.device == x.device
+    assert rstd.shape == (x.shape[0],) and rstd.dtype == torch.float32 and rstd.is_contiguous()
+    if residual_out_grad is not None:
+        assert residual_out_grad.shape == x.shape and residual_out_grad.dtype == x.dtype
+    if weight is not None:
+        assert weight.shape == (hidden,) and weight.dtype == x.dtype and weight.is_contiguous()
+    if weight_grad is not None:
+        assert weight is not None
+        assert weight_grad.shape == weight.shape and weight_grad.dtype in (torch.bfloat16, torch.float32)
+    x_grad, w_grad = rms_norm_backward(
+        out_grad, x, weight, rstd, residual_out_grad=residual_out_grad, out_scale=out_scale
+    )
+    if weight is None:
+        return x_grad, None
+    if weight_grad is None:
+        return x_grad, w_grad.to(weight.dtype)
+    weight_grad.copy_((weight_grad.float() + w_grad).to(weight_grad.dtype))
+    return x_grad, weight_grad
