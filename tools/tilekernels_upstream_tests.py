@@ -4,13 +4,13 @@
         [--max-hidden H] [--seed S]
 
 ``/path/to/TileKernels`` is a checkout of deepseek-ai/TileKernels (tested with 36d9e45): its ``tests/`` files are
-copied to a temporary directory with ``device='cuda'`` turned into ``device='cpu'`` and run by pytest with
+copied to a temporary directory with every ``'cuda'`` device string turned into ``'cpu'`` and run by pytest with
 ``import tile_kernels`` resolving to our package. Each test function runs ``--cases`` of its parametrized cases
 (drawn with ``--seed``; default 4), benchmarks are skipped, and the MoE generators are scaled for a CPU:
 ``--tokens`` tokens per rank instead of 4001 (default 257), hidden sizes up to ``--max-hidden`` (default 2048).
 
 Test paths are relative to ``tests/`` (default: the ones whose functions the package has: ``moe/`` gates, mapping,
-expand, reduce; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with ``tile_kernels.torch``'s
+expand, reduce; ``mhc/``; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with ``tile_kernels.torch``'s
 reference, which here is the same implementation for most functions (so those comparisons check the API: signatures,
 asserts, result structure, layouts), while ``test_get_fused_mapping``, the cast tests' round trips and rounding-bias
 checks and the gate tests' own checks test semantics. Our own tests judge the implementations against references
@@ -36,6 +36,15 @@ DEFAULT_TESTS = [
     "moe/test_top2_sum_gate.py",
     "moe/test_topk_gate.py",
     "moe/test_topk_sum_and_topk_idx.py",
+    "mhc/test_expand.py",
+    "mhc/test_head_compute_mix.py",
+    "mhc/test_multilayer_recompute.py",
+    "mhc/test_norm_fn.py",
+    "mhc/test_post.py",
+    "mhc/test_pre_apply_mix.py",
+    "mhc/test_pre_big_fuse.py",
+    "mhc/test_pre_split_mixes.py",
+    "mhc/test_sinkhorn.py",
     "quant/test_cast_back.py",
     "quant/test_per_block_cast.py",
     "quant/test_per_block_cast_lossless.py",
@@ -54,14 +63,16 @@ import pytest
 import torch
 
 import torch_ascend_moe.tile_kernels as tk
-from torch_ascend_moe.tile_kernels import config, moe, quant, testing, utils
-from torch_ascend_moe.tile_kernels.testing import bench, generator, numeric
+from torch_ascend_moe.tile_kernels.testing import generator
 
 sys.modules["tile_kernels"] = tk
-for name, module in {"config": config, "moe": moe, "quant": quant, "torch": tk.torch, "testing": testing,
-                     "utils": utils, "testing.bench": bench, "testing.generator": generator,
-                     "testing.numeric": numeric, "testing.quant": testing.quant}.items():
-    sys.modules["tile_kernels." + name] = module
+import importlib
+import pkgutil
+
+# Every module of the package under upstream's name (imported, so `from tile_kernels.x.y import z` finds it).
+for info in pkgutil.walk_packages(tk.__path__, tk.__name__ + "."):
+    module = importlib.import_module(info.name)
+    sys.modules["tile_kernels." + info.name[len(tk.__name__) + 1 :]] = module
 
 torch.Tensor.cuda = lambda self, *a, **k: self
 torch.cuda.synchronize = lambda *a, **k: None
@@ -116,7 +127,7 @@ def main() -> int:
         (root / "conftest.py").write_text(header + CONFTEST)
         for rel in args.tests:
             source = (args.checkout / "tests" / rel).read_text()
-            source = source.replace("device='cuda'", "device='cpu'").replace('device="cuda"', 'device="cpu"')
+            source = source.replace("'cuda'", "'cpu'").replace('"cuda"', '"cpu"')  # every device string
             target = root / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(source)

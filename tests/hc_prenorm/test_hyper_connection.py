@@ -1,31 +1,27 @@
-"""nn.HyperConnection: the pre-norm identity, doubly stochastic mixing, gradients, training, compile."""
+"""nn.HyperConnection: DeepSeek's mHC step (the ``ops.mhc`` pipeline) around a layer, its parameters and options,
+training, compile."""
 
 import torch
 import torch.nn.functional as F
 
-from torch_ascend_moe.nn import HyperConnection, sinkhorn
-from torch_ascend_moe.quant import round_to_tf32
+from torch_ascend_moe.nn import HyperConnection
+from torch_ascend_moe.ops import mhc
 
 
-def test_sinkhorn_is_doubly_stochastic():
-    p = sinkhorn(torch.randn(7, 4, 4, generator=torch.Generator().manual_seed(0)), 50)
-    torch.testing.assert_close(p.sum(-2), torch.ones(7, 4), atol=1e-5, rtol=0)  # the last step: exact
-    torch.testing.assert_close(p.sum(-1), torch.ones(7, 4), atol=1e-3, rtol=0)  # converged
-    assert (p > 0).all()
-
-
-def test_coefficients_match_an_explicit_rmsnorm_projection():
+def test_forward_is_the_pre_and_post_steps():
     torch.manual_seed(0)
-    hc = HyperConnection(32, n_hc=4)
+    hc = HyperConnection(32, n_hc=4, norm_weight=True)
     with torch.no_grad():
-        hc.proj.normal_()
-    streams = torch.randn(5, 4, 32)
-    pre, post, res = hc.coefficients(streams)
-    flat = streams.reshape(5, 128)
-    logits = F.rms_norm(flat, (128,), eps=hc.eps) @ round_to_tf32(hc.proj.detach()).T + hc.bias.detach()
-    torch.testing.assert_close(pre, torch.sigmoid(logits[:, :4]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(post, 2 * torch.sigmoid(logits[:, 4:8]), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(res, sinkhorn(logits[:, 8:].view(5, 4, 4), hc.sinkhorn_iterations), rtol=1e-4, atol=1e-5)
+        hc.fn.normal_(std=0.05)
+        hc.norm_weight.uniform_(0.5, 1.5)
+    layer = torch.nn.Linear(32, 32).bfloat16()
+    streams = torch.randn(5, 4, 32).bfloat16()
+    layer_input, post, comb = mhc.mhc_pre(streams, hc.fn, hc.scale, hc.base, norm_weight=hc.norm_weight,
+                                          post_mult_value=2.0, sinkhorn_repeat=10)  # fmt: skip
+    want = mhc.mhc_post(layer(layer_input), streams, post, comb)
+    assert torch.equal(hc(streams, layer), want)
+    assert hc.fn.shape == (24, 128) and hc.scale.shape == (3,) and hc.base.shape == (24,)
+    assert torch.allclose(comb.sum(-2), torch.ones(5, 4), atol=1e-4)  # the combination is doubly stochastic
 
 
 def test_trains_and_compiles():
@@ -41,7 +37,8 @@ def test_trains_and_compiles():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert hc.proj.grad is not None and hc.proj.grad.abs().sum() > 0  # gradients reach the pre-norm GEMM's b
+    assert hc.fn.grad is not None and hc.fn.grad.abs().sum() > 0  # gradients reach the pre-norm GEMM's b
+    assert hc.scale.grad is not None and hc.base.grad is not None
     assert losses[-1] < 0.5 * losses[0]
     torch._dynamo.reset()
     compiled = torch.compile(lambda s: hc(s, layer), fullgraph=True)

@@ -15,24 +15,35 @@
   kernels (the ``swiglu_forward`` / ``swiglu_backward`` ops) in v1's and the Ascend era's forms (``quant.swiglu``);
   the Ascend era's RMSNorm kernels ``norm_forward(_and_per_token_cast)`` / ``norm_backward`` (``quant.norm``).
 - ``tile_kernels.transform``: ``apply_rotary`` (in-place RoPE; the ``rotary_embedding`` op).
+- ``tile_kernels.modeling.mhc``: ``mhc_pre``, ``mhc_head``, ``expand_from_embedding`` and ``ops`` (the mHC layers over
+  ``torch_ascend_moe.ops.mhc``, with upstream's residual-gradient accumulation protocol); ``tile_kernels.torch.mhc``.
 - ``tile_kernels.testing``: ``numeric`` (``assert_equal``, ``calc_diff``, ``check_bias``, ``count_bytes``),
   ``generator`` (upstream's input generators), ``bench.make_param_id``, ``clear_unused_sf``; ``tile_kernels.utils``.
 - ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them;
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA). Not here yet (issue 22): E5M6, mHC, Engram, the transposes,
+device (upstream: always CUDA). Not here yet (issue 22): E5M6, Engram, the transposes,
 ``per_channel_cast_fused`` / ``_and_transpose``.
 """
 
 from __future__ import annotations
 
-from torch_ascend_moe.tile_kernels import config, moe, quant, testing, transform, utils
-from torch_ascend_moe.tile_kernels import torch_reference as torch  # noqa: A001  (upstream's module name)
+from torch_ascend_moe.tile_kernels import (
+    config,
+    modeling,
+    moe,
+    quant,
+    testing,
+    torch,  # noqa: A001  (upstream's module name)
+    transform,
+    utils,
+)
 from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms, set_num_sms
 
 __all__ = [
     "config",
+    "modeling",
     "moe",
     "quant",
     "testing",
