@@ -9,9 +9,9 @@ copied to a temporary directory with every ``'cuda'`` device string turned into 
 (drawn with ``--seed``; default 4), benchmarks are skipped, and the MoE generators are scaled for a CPU:
 ``--tokens`` tokens per rank instead of 4001 (default 257), hidden sizes up to ``--max-hidden`` (default 2048).
 
-Test paths are relative to ``tests/`` (default: the ones whose functions the package has: ``moe/`` gates, mapping,
-expand, reduce; ``mhc/``; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with ``tile_kernels.torch``'s
-reference, which here is the same implementation for most functions (so those comparisons check the API: signatures,
+Test paths are relative to ``tests/`` (default: the ones whose functions the package has: ``moe/`` gates,
+mapping, expand, reduce; ``mhc/``; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with
+``tile_kernels.torch``'s reference, which here is the same implementation for most functions (so those comparisons check the API: signatures,
 asserts, result structure, layouts), while ``test_get_fused_mapping``, the cast tests' round trips and rounding-bias
 checks and the gate tests' own checks test semantics. Our own tests judge the implementations against references
 written from the spec. Not run in CI (it needs the upstream checkout).
