@@ -11,9 +11,10 @@ copied to a temporary directory with every ``'cuda'`` device string turned into 
 
 Test paths are relative to ``tests/`` (default: the ones whose functions the package has: ``moe/`` gates,
 mapping, expand, reduce; ``mhc/``; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with
-``tile_kernels.torch``'s reference, which here is the same implementation for most functions (so those comparisons check the API: signatures,
-asserts, result structure, layouts), while ``test_get_fused_mapping``, the cast tests' round trips and rounding-bias
-checks and the gate tests' own checks test semantics. Our own tests judge the implementations against references
+``tile_kernels.torch``'s reference, which here is the same implementation for most functions (so those comparisons
+check the API: signatures, asserts, result structure, layouts, the mHC gradient protocol), while
+``test_get_fused_mapping``, the cast tests' round trips and rounding-bias checks and the gate tests' own checks test
+semantics. Our own tests judge the implementations against references
 written from the spec. Not run in CI (it needs the upstream checkout).
 """
 
