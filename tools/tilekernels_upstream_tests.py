@@ -47,6 +47,8 @@ DEFAULT_TESTS = [
     "mhc/test_pre_split_mixes.py",
     "mhc/test_sinkhorn.py",
     "quant/test_cast_back.py",
+    "quant/test_cast_back_e5m6.py",
+    "quant/test_per_token_cast_to_e5m6.py",
     "quant/test_per_block_cast.py",
     "quant/test_per_block_cast_lossless.py",
     "quant/test_per_channel_cast.py",

@@ -343,10 +343,11 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def("dequantize(Tensor data, Tensor scale, int[2] block=[1, 128], ScalarType? out_dtype=None) -> Tensor",
         {at::Tag::pt2_compliant_tag});
   // TileKernels' cast (specs/tilekernels_deepselect.md §2): x [M, N] in block = [rows, cols] blocks to fmt
-  // "e4m3" (E4M3 [M, N]) or "e2m1" (uint8 [M, N / 2], low nibble first, round to nearest even, saturating at 6)
+  // "e4m3" (E4M3 [M, N]), "e2m1" (uint8 [M, N / 2], low nibble first, round to nearest even, saturating at 6) or
+  // "e5m6" (rows only, N % 8 == 0: 12-bit codes, 8 per 12 bytes, uint8 [M, 3N / 2]; TileKernels' rounding, no clamp)
   // -> (data, sf FP32 [ceil(M / rows), ceil(N / cols)], the dequantization scale): amax floored at amax_clamp
-  // (default 1e-4 for E4M3, 6 * 2^-126 for E2M1), sf = amax / max; x times max / amax, or times 1 / sf with
-  // round_sf (sf rounded up to a power of two) or a given sf (returned as is). Device-generic kernel (portable).
+  // (default 1e-4 for E4M3 and E5M6, 6 * 2^-126 for E2M1), sf = amax / max; x times max / amax, or times 1 / sf
+  // with round_sf (sf rounded up to a power of two) or a given sf (returned as is). Device-generic kernel.
   m.def(
       "quantize_blocks(Tensor x, str fmt, int[2] block, bool round_sf=False, Tensor? sf=None, "
       "float? amax_clamp=None) -> (Tensor, Tensor)",

@@ -220,6 +220,9 @@ _BLOCK_CASES = [
     (40, 64, [32, 32], "e2m1", True, True, None, False),
     (12, 256, [1, 128], "e4m3", False, True, None, False),
     (0, 64, [1, 32], "e2m1", True, False, None, False),
+    (21, 200, [1, 200], "e5m6", False, False, None, False),
+    (13, 96, [1, 32], "e5m6", True, False, None, True),
+    (5, 64, [1, 64], "e5m6", False, True, None, False),
 ]
 _BLOCK_CASES_SMALL = [
     (4, 64, [1, 32], "e4m3", False, False, None, False),
@@ -273,13 +276,35 @@ def _e2m1_bits(v: float) -> int:
     return (sign << 3) | code
 
 
+def _e5m6_bits(v: float) -> int:
+    """E5M6 code of an FP32 value by its bits, the spec's steps (§5.6): FP16 by truncation (IEEE ranges), then the 4
+    low FP16 mantissa bits dropped, rounding to nearest even on the 17 low bits of the FP32 mantissa."""
+    bits = int(torch.tensor([v], dtype=torch.float32).view(torch.int32)) & 0xFFFFFFFF
+    sign, exponent, mantissa = (bits >> 16) & 0x8000, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if exponent == 0xFF:
+        half = sign | (0x7FFF if mantissa else 0x7C00)
+    elif exponent > 142:
+        half = sign | 0x7C00
+    elif exponent >= 113:
+        half = sign | ((exponent - 112) << 10) | (mantissa >> 13)
+    elif exponent >= 103:
+        half = sign | ((0x800000 | mantissa) >> (113 - exponent + 13))
+    else:
+        half = sign
+    code = half >> 4
+    rest = bits & 0x1FFFF
+    if rest > 0x10000 or (rest == 0x10000 and code & 1):
+        code += 1
+    return code & 0xFFF
+
+
 def quantize_blocks_reference(x, fmt, block, round_sf, sf, amax_clamp):
     """The spec's steps element by element (§2): FP32 amax of the block's real elements, the floor, sf, the
     multiplier, E4M3 by the standard RNE conversion, E2M1 by bits."""
     x = x.detach().float().cpu()
     m, n = x.shape
-    max_q = 448.0 if fmt == "e4m3" else 6.0
-    floor = amax_clamp if amax_clamp is not None else (1e-4 if fmt == "e4m3" else 6.0 * 2.0**-126)
+    max_q = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}[fmt]
+    floor = amax_clamp if amax_clamp is not None else (6.0 * 2.0**-126 if fmt == "e2m1" else 1e-4)
     rows, cols = -(-m // block[0]), -(-n // block[1])
     scales = torch.zeros(rows, cols, dtype=torch.float32) if sf is None else sf.detach().cpu().clone()
     q = torch.zeros(m, n, dtype=torch.float32)
@@ -300,6 +325,18 @@ def quantize_blocks_reference(x, fmt, block, round_sf, sf, amax_clamp):
             q[i * block[0] : (i + 1) * block[0], j * block[1] : (j + 1) * block[1]] = part * multiplier
     if fmt == "e4m3":
         return q.clamp(-max_q, max_q).to(torch.float8_e4m3fn).double(), scales.double()
+    if fmt == "e5m6":  # 8 codes -> three little-endian 32-bit words, most significant code first
+        data = torch.zeros(m, n * 3 // 2, dtype=torch.uint8)
+        for r in range(m):
+            codes = [_e5m6_bits(v) for v in q[r].tolist()]
+            for g in range(n // 8):
+                value = 0
+                for c in codes[8 * g : 8 * g + 8]:
+                    value = (value << 12) | c
+                raw = value.to_bytes(12, "big")  # w0 w1 w2, each big-endian here
+                words = [raw[0:4], raw[4:8], raw[8:12]]
+                data[r, 12 * g : 12 * g + 12] = torch.tensor(list(b"".join(w[::-1] for w in words)), dtype=torch.uint8)
+        return data, scales.double()
     codes = torch.tensor([_e2m1_bits(v) for v in q.flatten().tolist()], dtype=torch.uint8).view(m, n)
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), scales.double()
 
@@ -307,7 +344,9 @@ def quantize_blocks_reference(x, fmt, block, round_sf, sf, amax_clamp):
 def quantize_blocks_bad_inputs(device) -> list[BadInput]:
     x = torch.randn(4, 64)
     return [
-        BadInput((x, "e5m6", [1, 32], False, None, None), r"argument 'fmt' value: expected 'e4m3' or 'e2m1'", "fmt"),
+        BadInput((x, "e5m7", [1, 32], False, None, None), r"argument 'fmt' value: expected 'e4m3', 'e2m1' or", "fmt"),
+        BadInput((x, "e5m6", [2, 32], False, None, None), r"argument 'block' value: expected \[1, cols\] for", "e5m6"),
+        BadInput((x[:, :60], "e5m6", [1, 32], False, None, None), r"'x' size\(1\): expected a multiple of 8", "x8"),
         BadInput((x[:, :63], "e2m1", [1, 32], False, None, None), r"argument 'x' size\(1\): expected an even", "odd"),
         BadInput((x, "e4m3", [0, 32], False, None, None), r"argument 'block' value", "block"),
         BadInput((x.int(), "e4m3", [1, 32], False, None, None), r"argument 'x' dtype", "dtype"),

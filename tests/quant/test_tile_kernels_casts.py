@@ -112,4 +112,40 @@ def test_quant_tensor_inputs_and_e2m1_decoding():
     packed = torch.tensor([[0x21, -0x6F]], dtype=torch.int8)  # codes 1, 2 | 1, 9 (0x91 as int8)
     assert quant.unpack_from_e2m1fn_x2(packed).tolist() == [[0.5, 1.0, 0.5, -0.5]]
     with pytest.raises(AssertionError, match="fmt"):
-        quant.per_token_cast(x, "e5m6", 256)
+        quant.per_token_cast(x, "e3m2", 256)
+
+
+@pytest.mark.parametrize("layout", [(False, True, False), (True, True, True), (False, False, False)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_per_token_cast_e5m6(layout, dtype):
+    """E5M6 (per-row scales): codes and scales bit for bit against the spec's element-by-element reference in every
+    layout; the round trip within upstream's thresholds on random and special values (min/max subnormal, min normal,
+    with 65024 in the row)."""
+    col_major, round_sf, packed = layout
+    g = torch.Generator().manual_seed(12)
+    hidden = 256
+    inputs = [(torch.randn(37, hidden, generator=g) * 10.0 ** torch.randint(-3, 4, (37, 1), generator=g), False)]
+    for value in (2.0**-20, 2.0**-14 * 63 / 64, 2.0**-14):
+        special = torch.full((5, hidden), value)
+        special[:, -1] = 65024.0
+        inputs.append((special, True))
+    for x, is_special in inputs:
+        x = x.to(dtype)
+        data, sf = quant.per_token_cast(x, "e5m6", hidden, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+                                        use_packed_ue8m0=packed)  # fmt: skip
+        ref_data, ref_sf = quantize_blocks_reference(x, "e5m6", [1, hidden], round_sf, None, None)
+        assert data.dtype == torch.uint8 and data.shape == (x.shape[0], hidden * 3 // 2)
+        assert torch.equal(data, ref_data) and torch.equal(sf, _expected_sf(ref_sf.float(), col_major, packed))
+        back = quant.cast_back((data, sf), "fp32", (1, hidden), x_special_fmt="e5m6")
+        assert calc_diff(back, x.float()) < (5e-6 if is_special else 1e-4)
+        assert_equal(back, tile_kernels.torch.cast_back_from_e5m6((data, sf), "fp32", (1, hidden)))
+
+
+def test_e5m6_codes():
+    from torch_ascend_moe.quant.encodings import decode_e5m6, encode_e5m6
+
+    values = torch.tensor([65024.0, 2.0**-20, 2.0**-14, 1.0, -1.0, 1.0 + 2.0**-7, 1.0 + 3 * 2.0**-7, 0.0])
+    codes = encode_e5m6(values)
+    # 1 + 2^-7 is halfway between two codes: ties to the even one (1.0); 1 + 3·2^-7 goes up to the even 1 + 2^-5.
+    assert codes.tolist() == [0x7BF, 0x001, 0x040, 0x3C0, 0xBC0, 0x3C0, 0x3C2, 0x000]
+    assert decode_e5m6(codes).tolist() == [65024.0, 2.0**-20, 2.0**-14, 1.0, -1.0, 1.0, 1.0 + 2.0**-5, 0.0]

@@ -13,7 +13,7 @@ QUANTIZE_FP4 = "ascend_moe::quantize_fp4"
 DEQUANTIZE = "ascend_moe::dequantize"
 QUANTIZE_BLOCKS = "ascend_moe::quantize_blocks"
 # TileKernels' formats: (largest code value, default amax floor).
-BLOCK_FORMATS = {"e4m3": (448.0, 1e-4), "e2m1": (6.0, 6.0 * 2.0**-126)}
+BLOCK_FORMATS = {"e4m3": (448.0, 1e-4), "e2m1": (6.0, 6.0 * 2.0**-126), "e5m6": (65024.0, 1e-4)}
 # Integer scale dtypes: UE8M0 codes packed along the last dim, this many per word.
 PACKED_SCALES = {torch.int32: 4, torch.int16: 2}
 SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu, *PACKED_SCALES)
@@ -123,12 +123,15 @@ def quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp) -> tuple[
     op = QUANTIZE_BLOCKS
     ck.check_rank(op, "x", x, 2, "[M, N]")
     ck.check_arg(x.dtype in ck.GEMM_DTYPES, op, "x", "dtype", ck.GEMM_DTYPES_TEXT, x.dtype)
-    ck.check_arg(fmt in BLOCK_FORMATS, op, "fmt", "value", "'e4m3' or 'e2m1'", repr(fmt))
+    ck.check_arg(fmt in BLOCK_FORMATS, op, "fmt", "value", "'e4m3', 'e2m1' or 'e5m6'", repr(fmt))
     check_block(op, block)
     m, n = x.shape
     fp4 = fmt == "e2m1"
     if fp4:
         ck.check_arg(n % 2 == 0, op, "x", "size(1)", "an even number (two E2M1 codes per byte)", lambda: n)
+    if fmt == "e5m6":
+        ck.check_arg(n % 8 == 0, op, "x", "size(1)", "a multiple of 8 (eight E5M6 codes per 12 bytes)", lambda: n)
+        ck.check_arg(block[0] == 1, op, "block", "value", "[1, cols] for 'e5m6' (per-row scales)", list(block))
     sf_shape = [_ceil_div(m, block[0]), _ceil_div(n, block[1])]
     if sf is not None:
         ck.check_arg(sf.dtype == torch.float32, op, "sf", "dtype", torch.float32, sf.dtype)
@@ -145,11 +148,11 @@ def quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp) -> tuple[
         ck.check_arg(
             0 < amax_clamp < float("inf"), op, "amax_clamp", "value", "None or a positive finite float", amax_clamp
         )
-    return [m, n // 2 if fp4 else n], sf_shape
+    return [m, n // 2 if fp4 else n * 3 // 2 if fmt == "e5m6" else n], sf_shape
 
 
 @fake
 def quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp):
     data, sf_shape = quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp)
-    dtype = torch.uint8 if fmt == "e2m1" else torch.float8_e4m3fn
+    dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.uint8
     return x.new_empty(data, dtype=dtype), x.new_empty(sf_shape, dtype=torch.float32)

@@ -4,6 +4,11 @@
   reference: the magnitude code counts the midpoints ``|x|`` strictly exceeds, so ties go to the smaller
   magnitude (0.75 -> 0.5, 2.5 -> 2), and a negative value that rounds to zero has no sign bit.
 * Packed FP4: byte ``j`` holds element ``2j`` in its low nibble and ``2j + 1`` in its high nibble.
+* E5M6 (TileKernels): a 12-bit float, 1 sign, 5 exponent (bias 15), 6 mantissa bits: the top 12 bits of an FP16
+  pattern. Encoding follows TileKernels' reference bit for bit: FP32 -> FP16 rounded toward zero, then the 4 low
+  FP16 mantissa bits dropped with round-to-nearest-even judged on the FP32 value's 17 low mantissa bits. Eight codes
+  pack into three 32-bit words (w0 = c0|c1|c2 high byte, w1 = c2 low nibble|c3|c4|c5 high nibble, w2 = c5 low
+  byte|c6|c7, most significant first), stored little-endian: uint8 ``[..., 3n / 2]``.
 * UE8M0: an unsigned biased exponent, value ``2^(e - 127)``; 0 means ``2^-127``, 255 is NaN (PyTorch's
   ``float8_e8m0fnu`` has exactly these semantics, so decoding goes through it).
 * int32 packing (upstream): scale ``4i + j`` along K is byte ``j`` (bits ``8j..8j+7``) of int32 ``i``.
@@ -54,6 +59,63 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
     if packed.dtype != torch.uint8:
         packed = packed.view(torch.uint8)
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+E5M6_MAX = 65024.0  # largest finite E5M6 magnitude
+
+
+def _fp16_rtz_bits(bits: torch.Tensor) -> torch.Tensor:
+    """FP16 bit patterns (int32) of FP32 bit patterns, rounded toward zero (overflow and infinity to infinity)."""
+    sign = (bits >> 16) & 0x8000
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    normal = (exp >= 113) & (exp <= 142)
+    subnormal = (exp >= 103) & (exp <= 112)
+    infinite = ((exp > 142) & (exp < 255)) | ((exp == 255) & (mant == 0))
+    nan = (exp == 255) & (mant != 0)
+    sub_mant = ((0x800000 | mant) >> (113 - exp + 13).clamp(0, 31)) & 0x3FF
+    out = torch.where(normal, sign | ((exp - 112) << 10) | (mant >> 13), sign)
+    out = torch.where(subnormal, sign | sub_mant, out)
+    out = torch.where(infinite, sign | 0x7C00, out)
+    return torch.where(nan, sign | 0x7FFF, out)
+
+
+def encode_e5m6(x: torch.Tensor) -> torch.Tensor:
+    """E5M6 codes (int32 in 0..0xFFF) of FP32 ``x`` (see the module docstring's rounding)."""
+    bits = row_major(x.float()).view(torch.int32)
+    code = _fp16_rtz_bits(bits) >> 4
+    # Round to nearest even on the dropped bits: up when they exceed half, or equal it with an odd code.
+    up = ((code & 1) + (bits & 0x1FFFF)) > 0x10000
+    return (code + up.to(torch.int32)) & 0xFFF
+
+
+def decode_e5m6(codes: torch.Tensor) -> torch.Tensor:
+    """FP32 values of E5M6 codes (each the top 12 bits of an FP16 pattern)."""
+    half = ((codes.to(torch.int32) << 4) & 0xFFFF).to(torch.int32)
+    return ((half ^ 0x8000) - 0x8000).to(torch.int16).view(torch.float16).float()
+
+
+def pack_e5m6(codes: torch.Tensor) -> torch.Tensor:
+    """Eight 12-bit codes per three little-endian 32-bit words: int ``[..., n]`` -> uint8 ``[..., 3n / 2]``."""
+    n = codes.shape[-1]
+    ck.check_arg(n % 8 == 0, "pack_e5m6", "codes", "size(-1)", "a multiple of 8", n)
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], n // 8, 8).unbind(-1)
+    w0 = (c[0] << 20) | (c[1] << 8) | (c[2] >> 4)
+    w1 = ((c[2] & 0xF) << 28) | (c[3] << 16) | (c[4] << 4) | (c[5] >> 8)
+    w2 = ((c[5] & 0xFF) << 24) | (c[6] << 12) | c[7]
+    words = torch.stack([w0, w1, w2], dim=-1)
+    shifts = torch.arange(0, 32, 8, device=codes.device)
+    data = (words.unsqueeze(-1) >> shifts) & 0xFF  # little-endian bytes
+    return data.to(torch.uint8).reshape(*codes.shape[:-1], n // 8 * 12)
+
+
+def unpack_e5m6(data: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``pack_e5m6``: uint8 ``[..., 3n / 2]`` -> int32 codes ``[..., n]``."""
+    b = data.to(torch.int64).reshape(*data.shape[:-1], -1, 3, 4)
+    w0, w1, w2 = (b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)).unbind(-1)
+    c = [w0 >> 20, (w0 >> 8) & 0xFFF, ((w0 & 0xFF) << 4) | (w1 >> 28), (w1 >> 16) & 0xFFF, (w1 >> 4) & 0xFFF,
+         ((w1 & 0xF) << 8) | (w2 >> 24), (w2 >> 12) & 0xFFF, w2 & 0xFFF]  # fmt: skip
+    return torch.stack(c, dim=-1).flatten(-2).to(torch.int32)
 
 
 def _float_bits(x: torch.Tensor) -> torch.Tensor:

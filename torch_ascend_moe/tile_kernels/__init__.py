@@ -23,7 +23,7 @@
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA). Not here yet (issue 22): E5M6, Engram, the transposes,
+device (upstream: always CUDA). Not here yet (issue 22): Engram, the transposes,
 ``per_channel_cast_fused`` / ``_and_transpose``.
 """
 

@@ -17,7 +17,7 @@ from torch_ascend_moe.meta.quant import (
     quantize_signature,
 )
 from torch_ascend_moe.quant import reference
-from torch_ascend_moe.quant.encodings import pack_e2m1
+from torch_ascend_moe.quant.encodings import encode_e5m6, pack_e2m1, pack_e5m6
 
 
 @portable_kernel
@@ -72,6 +72,8 @@ def tile_cast(x, fmt, block, round_sf, sf, amax_clamp):
     q = (blocks * multiplier[:, None, :, None]).reshape(xf.shape)[:m, :n]
     if fmt == "e4m3":
         return torch.clamp(q, -max_q, max_q).to(torch.float8_e4m3fn), sf.clone()
+    if fmt == "e5m6":  # no clamp: TileKernels rounds the scaled value as it is
+        return pack_e5m6(encode_e5m6(q)), sf.clone()
     return pack_e2m1(encode_e2m1_rne(q)), sf.clone()
 
 

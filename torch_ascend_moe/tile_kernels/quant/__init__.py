@@ -6,8 +6,9 @@ QuantTensor inputs and ``cast_back``), with upstream's signatures, asserts and s
 - ``use_packed_ue8m0`` (with the column-major layout, power-of-two scales): the exponent bytes of 4 consecutive
   column blocks in one int32 (little-endian), column-major, rows padded to 4 (unused bytes zero).
 
-A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted). The fused SwiGLU kernels live
-in ``quant.swiglu``. E5M6 (``fmt='e5m6'``) and the per-channel-fused / transpose casts are not here yet (issue 22).
+A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted); E5M6 (``fmt='e5m6'``, per-row
+scales) is packed uint8 ``[T, 3H / 2]``. The fused SwiGLU and norm kernels live in ``quant.swiglu`` / ``quant.norm``.
+The per-channel-fused / transpose casts are not here yet (issue 22).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe.ops.quant import dequantize, quantize_blocks
-from torch_ascend_moe.quant.encodings import decode_e2m1, unpack_e2m1
+from torch_ascend_moe.quant.encodings import decode_e2m1, decode_e5m6, unpack_e2m1, unpack_e5m6
 
 __all__ = [
     "cast_back",
@@ -39,7 +40,7 @@ __all__ = [
     "unpack_from_e2m1fn_x2",
 ]
 
-_FORMATS = ("e4m3", "e2m1")
+_FORMATS = ("e4m3", "e2m1", "e5m6")
 
 
 def _align(n: int, a: int) -> int:
@@ -188,11 +189,26 @@ def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_a
 
 
 def cast_back(x, fmt: str, x_block_size, x_special_fmt=None) -> torch.Tensor:
-    """A QuantTensor dequantized to ``fmt`` (``'bf16'`` or ``'fp32'``)."""
-    assert x_special_fmt is None, "x_special_fmt='e5m6' is not supported here yet"
+    """A QuantTensor dequantized to ``fmt`` (``'bf16'`` or ``'fp32'``); ``x_special_fmt='e5m6'`` reads packed E5M6
+    data (uint8 ``[T, 3H / 2]``) with per-token scales."""
     assert fmt in ("bf16", "fp32"), f"fmt must be 'bf16' or 'fp32', got {fmt!r}"
-    values = _input(x, x_block_size)
+    if x_special_fmt is not None:
+        assert x_special_fmt == "e5m6", f"x_special_fmt must be None or 'e5m6', got {x_special_fmt!r}"
+        values = _e5m6_values(x, x_block_size)
+    else:
+        values = _input(x, x_block_size)
     return values.to(torch.bfloat16 if fmt == "bf16" else torch.float32)
+
+
+def _e5m6_values(x, x_block_size) -> torch.Tensor:
+    data, sf = x
+    assert data.dim() == 2 and data.dtype == torch.uint8
+    hidden = data.shape[1] * 2 // 3
+    bm, bn = x_block_size
+    assert hidden % bn == 0
+    scales = _sf_as_float(sf)[:, : hidden // bn]
+    scales = scales.repeat_interleave(bm, 0).repeat_interleave(bn, 1)[: data.shape[0], :hidden]
+    return decode_e5m6(unpack_e5m6(data)) * scales
 
 
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt=None) -> torch.Tensor:

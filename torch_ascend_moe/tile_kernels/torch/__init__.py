@@ -33,6 +33,8 @@ __all__ = [
     "aux_fi",
     "cast",
     "cast_back",
+    "cast_back_from_e5m6",
+    "cast_to_e5m6",
     "expand_to_fused",
     "expand_to_fused_with_sf",
     "get_mapping_from_psum",
@@ -62,6 +64,18 @@ def cast(x, fmt: str, block_size=(32, 32), sf: torch.Tensor | None = None, x_blo
 
 def cast_back(x, fmt: str, block_size=(32, 32)) -> torch.Tensor:
     return _cast_back(x, fmt, tuple(block_size))
+
+
+def cast_to_e5m6(x, num_per_channels: int, use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                 use_packed_ue8m0: bool = False):  # fmt: skip
+    """``(packed uint8 [T, 3H / 2], sf)``: the per-token E5M6 cast."""
+    assert x.ndim == 2 and x.dtype in (torch.float32, torch.bfloat16)
+    assert x.shape[1] % num_per_channels == 0 and x.shape[1] % 8 == 0
+    return _cast(x, "e5m6", (1, num_per_channels), None, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+
+
+def cast_back_from_e5m6(x, fmt: str, x_block_size) -> torch.Tensor:
+    return _cast_back(x, fmt, tuple(x_block_size), "e5m6")
 
 
 def swiglu_forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
