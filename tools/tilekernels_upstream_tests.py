@@ -52,9 +52,13 @@ DEFAULT_TESTS = [
     "quant/test_per_block_cast.py",
     "quant/test_per_block_cast_lossless.py",
     "quant/test_per_channel_cast.py",
+    "quant/test_per_channel_cast_and_transpose.py",
+    "quant/test_per_channel_cast_fused.py",
     "quant/test_per_token_cast.py",
     "quant/test_swiglu_backward_and_per_token_cast.py",
+    "quant/test_swiglu_forward_and_per_channel_cast_and_transpose.py",
     "quant/test_swiglu_forward_and_per_token_cast.py",
+    "transpose/test_transpose.py",
 ]
 
 CONFTEST = """

@@ -149,3 +149,44 @@ def test_e5m6_codes():
     # 1 + 2^-7 is halfway between two codes: ties to the even one (1.0); 1 + 3·2^-7 goes up to the even 1 + 2^-5.
     assert codes.tolist() == [0x7BF, 0x001, 0x040, 0x3C0, 0xBC0, 0x3C0, 0x3C2, 0x000]
     assert decode_e5m6(codes).tolist() == [65024.0, 2.0**-20, 2.0**-14, 1.0, -1.0, 1.0, 1.0 + 2.0**-5, 0.0]
+
+
+@pytest.mark.parametrize("round_sf", [False, True])
+def test_per_channel_fused_and_transposed_casts(round_sf):
+    """The per-channel casts' variants against the element-by-element reference: transposed codes; rows gathered by
+    ``pos_to_token`` (-1: zero rows) from a plain or an FP8 1x128 QuantTensor input; SwiGLU (rounded to BF16) first."""
+    from tests.swiglu.specs import forward_fp32
+
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(256, 192, generator=g).bfloat16()
+    data, sf = quant.per_channel_cast_and_transpose(x, "e4m3", 32, round_sf)
+    ref_data, ref_sf = quantize_blocks_reference(x, "e4m3", [32, 1], round_sf, None, None)
+    assert (
+        data.shape == (192, 256) and torch.equal(data.float(), ref_data.float().T) and torch.equal(sf, ref_sf.float())
+    )
+    pos = torch.randint(-1, 256, (48,), generator=g, dtype=torch.int32)
+    rows = torch.stack([x[p] if p >= 0 else torch.zeros(192, dtype=torch.bfloat16) for p in pos.tolist()])
+    data, sf = quant.per_channel_cast_fused(x, "e4m3", 128, round_sf, pos_to_token=pos)
+    ref_data, ref_sf = quantize_blocks_reference(rows, "e4m3", [128, 1], round_sf, None, None)
+    assert torch.equal(data.float(), ref_data.float()) and torch.equal(sf, ref_sf.float())
+    x2 = torch.randn(128, 256, generator=g).bfloat16()
+    fp8, fp8_sf = quant.per_token_cast(x2, "e4m3", 128)
+    deq = fp8.float() * fp8_sf.repeat_interleave(128, 1)
+    data, sf = quant.per_channel_cast_fused((fp8, fp8_sf), "e4m3", 128, round_sf, num_per_channels=128)
+    ref_data, ref_sf = quantize_blocks_reference(deq, "e4m3", [128, 1], round_sf, None, None)
+    assert torch.equal(data.float(), ref_data.float()) and torch.equal(sf, ref_sf.float())
+    gate_up = (torch.randn(128, 256, generator=g) * 2).bfloat16()
+    for without in (False, True):
+        data, sf = quant.swiglu_forward_and_per_channel_cast_and_transpose(gate_up, "e4m3", 128, round_sf, without, 0.5)
+        act = forward_fp32(gate_up, None, None, 1, None, 0.5).bfloat16()
+        ref_data, ref_sf = quantize_blocks_reference(act, "e4m3", [128, 1], round_sf, None, None)
+        want = ref_data.float() if without else ref_data.float().T
+        assert torch.equal(data.float(), want) and torch.equal(sf, ref_sf.float())
+
+
+def test_transpose():
+    x = torch.randn(3, 128, 192)
+    assert_equal(tile_kernels.transpose.batched_transpose(x), x.transpose(1, 2).contiguous())
+    assert_equal(tile_kernels.transpose.transpose(x[0]), x[0].T.contiguous())
+    with pytest.raises(AssertionError):
+        tile_kernels.transpose.transpose(torch.randn(100, 64))

@@ -14,6 +14,7 @@
   three scale-factor layouts (row-major FP32, TMA-aligned column-major, packed UE8M0 int32); the fused SwiGLU
   kernels (the ``swiglu_forward`` / ``swiglu_backward`` ops) in v1's and the Ascend era's forms (``quant.swiglu``);
   the Ascend era's RMSNorm kernels ``norm_forward(_and_per_token_cast)`` / ``norm_backward`` (``quant.norm``).
+- ``tile_kernels.transpose``: ``transpose``, ``batched_transpose``.
 - ``tile_kernels.transform``: ``apply_rotary`` (in-place RoPE; the ``rotary_embedding`` op).
 - ``tile_kernels.modeling.mhc``: ``mhc_pre``, ``mhc_head``, ``expand_from_embedding`` and ``ops`` (the mHC layers over
   ``torch_ascend_moe.ops.mhc``, with upstream's residual-gradient accumulation protocol); ``tile_kernels.torch.mhc``.
@@ -23,8 +24,7 @@
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA). Not here yet (issue 22): Engram, the transposes,
-``per_channel_cast_fused`` / ``_and_transpose``.
+device (upstream: always CUDA). Not here yet (issue 22): Engram.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch_ascend_moe.tile_kernels import (
     testing,
     torch,  # noqa: A001  (upstream's module name)
     transform,
+    transpose,
     utils,
 )
 from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms, set_num_sms
@@ -49,6 +50,7 @@ __all__ = [
     "testing",
     "torch",
     "transform",
+    "transpose",
     "utils",
     "get_device_num_sms",
     "get_num_sms",

@@ -8,7 +8,7 @@ QuantTensor inputs and ``cast_back``), with upstream's signatures, asserts and s
 
 A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted); E5M6 (``fmt='e5m6'``, per-row
 scales) is packed uint8 ``[T, 3H / 2]``. The fused SwiGLU and norm kernels live in ``quant.swiglu`` / ``quant.norm``.
-The per-channel-fused / transpose casts are not here yet (issue 22).
+``per_channel_cast_fused`` gathers rows and dequantizes a QuantTensor before the per-channel cast.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from torch_ascend_moe.quant.encodings import decode_e2m1, decode_e5m6, unpack_e2
 
 __all__ = [
     "cast_back",
+    "per_channel_cast_and_transpose",
+    "per_channel_cast_fused",
+    "swiglu_forward_and_per_channel_cast_and_transpose",
     "norm_backward",
     "norm_forward",
     "norm_forward_and_per_token_cast",
@@ -160,6 +163,46 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     return _cast(x, fmt, (num_per_tokens, 1), None, False, round_sf, False)
 
 
+def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False):
+    """``(data [H, T], sf FP32 [T / num_per_tokens, H])``: the per-channel E4M3 cast of a BF16 ``x [T, H]``, its codes
+    transposed."""
+    assert x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16
+    assert fmt == "e4m3" and x.shape[0] % 128 == 0 and x.shape[1] % 64 == 0 and num_per_tokens in (32, 128)
+    data, sf = _cast(x, fmt, (num_per_tokens, 1), None, False, round_sf, False)
+    return data.T.contiguous(), sf
+
+
+def per_channel_cast_fused(x, fmt: str, num_per_tokens: int, round_sf: bool = False, num_per_channels=None,
+                           pos_to_token: torch.Tensor | None = None):  # fmt: skip
+    """The per-channel E4M3 cast (blocks of ``num_per_tokens`` rows) of ``x``, or of an FP8 QuantTensor with
+    ``1 × num_per_channels`` scales (dequantized first), its rows optionally gathered by ``pos_to_token`` (-1: a
+    zero row)."""
+    quantized = isinstance(x, tuple)
+    data = x[0] if quantized else x
+    assert fmt == "e4m3" and data.dim() == 2 and data.is_contiguous()
+    rows = data.shape[0]
+    if pos_to_token is not None:
+        assert pos_to_token.dim() == 1 and pos_to_token.is_contiguous() and pos_to_token.dtype == torch.int32
+        rows = pos_to_token.shape[0]
+        assert rows % 16 == 0
+    else:
+        assert rows % 128 == 0
+    assert num_per_tokens == 128
+    if quantized:
+        assert num_per_channels == 128 and data.dtype == torch.float8_e4m3fn
+        assert x[1].dim() == 2 and x[1].is_contiguous() and x[1].shape[1] * 128 == data.shape[1]
+    if pos_to_token is not None:
+        take = pos_to_token.long().clamp(min=0)
+        keep = (pos_to_token >= 0)[:, None]
+        data = torch.where(keep, data[take].float(), 0).to(data.dtype)
+        if quantized:
+            x = (data, torch.where(keep, x[1][take], 0))
+        else:
+            x = data
+    block = (1, num_per_channels) if quantized else None
+    return _cast(x, fmt, (num_per_tokens, 1), block, False, round_sf, False)
+
+
 def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf: bool = False,
                             round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
     """An FP4 QuantTensor with power-of-two scales re-cast to E4M3 ``out_block_size`` blocks without loss, by
@@ -233,5 +276,6 @@ from torch_ascend_moe.tile_kernels.quant.swiglu import (  # noqa: E402
     swiglu_backward,
     swiglu_backward_and_per_token_cast,
     swiglu_forward,
+    swiglu_forward_and_per_channel_cast_and_transpose,
     swiglu_forward_and_per_token_cast,
 )

@@ -18,12 +18,15 @@ import torch
 from torch_ascend_moe.ops.swiglu import swiglu_backward as _backward
 from torch_ascend_moe.ops.swiglu import swiglu_forward as _forward
 from torch_ascend_moe.tile_kernels.config import get_token_alignment
-from torch_ascend_moe.tile_kernels.quant import _layout  # defined before this module is imported (see __init__)
+
+# Defined before this module is imported (see __init__).
+from torch_ascend_moe.tile_kernels.quant import _cast, _layout
 
 __all__ = [
     "swiglu_backward",
     "swiglu_backward_and_per_token_cast",
     "swiglu_forward",
+    "swiglu_forward_and_per_channel_cast_and_transpose",
     "swiglu_forward_and_per_token_cast",
     "weights_per_row",
 ]
@@ -235,3 +238,15 @@ def swiglu_backward(x: torch.Tensor, act_x_grad: torch.Tensor, fmt: str, psum_nu
          "routed_scaling_factor": routed_scaling_factor, "clamp_value": clamp_value, "do_recompute": do_recompute,
          **_FALSE}  # fmt: skip
     return _backward_ascend(x, act_x_grad, a)
+
+
+def swiglu_forward_and_per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int,
+                                                      round_sf: bool = False, without_transpose: bool = False,
+                                                      swiglu_clamp_value=None):  # fmt: skip
+    """v1's SwiGLU of a BF16 ``x [T, 2H]`` rounded to BF16, cast per channel (blocks of ``num_per_tokens`` rows) to
+    E4M3: ``(data [H, T] (or [T, H] with without_transpose), sf FP32 [T / num_per_tokens, H])``."""
+    assert fmt == "e4m3" and x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16
+    assert x.shape[0] % 128 == 0 and x.shape[1] % 128 == 0 and num_per_tokens in (32, 128)
+    act, _, _ = _forward(x, clamp_value=swiglu_clamp_value, out_dtype=torch.bfloat16)
+    data, sf = _cast(act, fmt, (num_per_tokens, 1), None, False, round_sf, False)
+    return (data if without_transpose else data.T.contiguous()), sf

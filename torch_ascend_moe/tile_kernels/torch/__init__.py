@@ -28,6 +28,7 @@ from torch_ascend_moe.tile_kernels.moe.fused import expand_to_fused, expand_to_f
 from torch_ascend_moe.tile_kernels.quant import _cast
 from torch_ascend_moe.tile_kernels.quant import cast_back as _cast_back
 from torch_ascend_moe.tile_kernels.quant.swiglu import ascend_era, scatter_weight_grad, weights_per_row
+from torch_ascend_moe.tile_kernels.torch.per_channel_cast_fused import per_channel_cast_fused
 
 __all__ = [
     "aux_fi",
@@ -44,6 +45,7 @@ __all__ = [
     "norm_backward_ref",
     "norm_forward_ref",
     "normalize_weight",
+    "per_channel_cast_fused",
     "reduce_fused",
     "rotary_embedding_ref",
     "stable_topk",
