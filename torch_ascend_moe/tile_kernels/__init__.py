@@ -3,7 +3,8 @@
 
 - ``tile_kernels.moe``: ``top2_sum_gate`` (DeepSeek-V3's fused gate: the ``moe_topk_gate`` op), ``topk_gate``,
   ``topk_sum_and_topk_group_idx``, ``normalize_weight``, ``aux_fi``, ``group_count``, ``mask_indices_by_tp``,
-  ``inplace_unique_group_indices``; the fused routing layout ``get_fused_mapping``, ``expand_to_fused(_with_sf)``,
+  ``inplace_unique_group_indices``; the Ascend era's ``moe_topk_gate_forward`` / ``moe_topk_gate`` /
+  ``moe_topk_gate_backward`` (``moe.ascend``); the fused routing layout ``get_fused_mapping``, ``expand_to_fused(_with_sf)``,
   ``reduce_fused`` (``moe.fused``: ``moe_permute``'s layout); ``moe.scoring.ScoringFunc``.
 - ``tile_kernels.torch``: the same functions under the reference names upstream's tests compare against
   (``stable_topk``, ``top2_sum_gate``, ...): one implementation, so a kernel-vs-reference test passes trivially and

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.ops import moe_gate as ops
+from torch_ascend_moe.tile_kernels.moe.ascend import moe_topk_gate, moe_topk_gate_backward, moe_topk_gate_forward
 from torch_ascend_moe.tile_kernels.moe.fused import (
     expand_to_fused,
     expand_to_fused_with_sf,
@@ -22,6 +23,9 @@ __all__ = [
     "group_count",
     "inplace_unique_group_indices",
     "mask_indices_by_tp",
+    "moe_topk_gate",
+    "moe_topk_gate_backward",
+    "moe_topk_gate_forward",
     "normalize_weight",
     "reduce_fused",
     "top2_sum_gate",

@@ -23,7 +23,12 @@ from torch_ascend_moe.ops.rope import rotary_embedding
 from torch_ascend_moe.ops.swiglu import swiglu_backward as _backward
 from torch_ascend_moe.ops.swiglu import swiglu_forward as _forward
 from torch_ascend_moe.tile_kernels.config import get_token_alignment
-from torch_ascend_moe.tile_kernels.moe import inplace_unique_group_indices, top2_sum_gate
+from torch_ascend_moe.tile_kernels.moe import (
+    inplace_unique_group_indices,
+    moe_topk_gate_backward,
+    moe_topk_gate_forward,
+    top2_sum_gate,
+)
 from torch_ascend_moe.tile_kernels.moe.fused import expand_to_fused, expand_to_fused_with_sf, reduce_fused
 from torch_ascend_moe.tile_kernels.quant import _cast
 from torch_ascend_moe.tile_kernels.quant import cast_back as _cast_back
@@ -42,6 +47,8 @@ __all__ = [
     "group_count",
     "inplace_unique_group_indices",
     "mask_indices_by_tp",
+    "moe_topk_gate_backward",
+    "moe_topk_gate_forward",
     "norm_backward_ref",
     "norm_forward_ref",
     "normalize_weight",
