@@ -9,8 +9,8 @@ copied to a temporary directory with every ``'cuda'`` device string turned into 
 (drawn with ``--seed``; default 4), benchmarks are skipped, and the MoE generators are scaled for a CPU:
 ``--tokens`` tokens per rank instead of 4001 (default 257), hidden sizes up to ``--max-hidden`` (default 2048).
 
-Test paths are relative to ``tests/`` (default: the ones whose functions the package has: ``moe/`` gates,
-mapping, expand, reduce; ``mhc/``; ``quant/`` casts and SwiGLU). Upstream's tests compare each kernel with
+Test paths are relative to ``tests/`` (default: every file: ``moe/`` gates, mapping, expand, reduce; ``mhc/``;
+``engram/``; ``quant/`` casts and SwiGLU; ``transpose/``). Upstream's tests compare each kernel with
 ``tile_kernels.torch``'s reference, which here is the same implementation for most functions (so those comparisons
 check the API: signatures, asserts, result structure, layouts, the mHC gradient protocol), while
 ``test_get_fused_mapping``, the cast tests' round trips and rounding-bias checks and the gate tests' own checks test
@@ -26,6 +26,11 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_TESTS = [
+    "engram/test_engram_fused_weight.py",
+    "engram/test_engram_gate_bwd.py",
+    "engram/test_engram_gate_fwd.py",
+    "engram/test_engram_grad_w_reduce.py",
+    "engram/test_engram_hash.py",
     "moe/test_aux_fi.py",
     "moe/test_expand_to_fused.py",
     "moe/test_get_fused_mapping.py",

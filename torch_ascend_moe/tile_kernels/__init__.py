@@ -4,8 +4,9 @@
 - ``tile_kernels.moe``: ``top2_sum_gate`` (DeepSeek-V3's fused gate: the ``moe_topk_gate`` op), ``topk_gate``,
   ``topk_sum_and_topk_group_idx``, ``normalize_weight``, ``aux_fi``, ``group_count``, ``mask_indices_by_tp``,
   ``inplace_unique_group_indices``; the Ascend era's ``moe_topk_gate_forward`` / ``moe_topk_gate`` /
-  ``moe_topk_gate_backward`` (``moe.ascend``); the fused routing layout ``get_fused_mapping``, ``expand_to_fused(_with_sf)``,
-  ``reduce_fused`` (``moe.fused``: ``moe_permute``'s layout); ``moe.scoring.ScoringFunc``.
+  ``moe_topk_gate_backward`` (``moe.ascend``); the fused routing layout ``get_fused_mapping``,
+  ``expand_to_fused(_with_sf)``, ``reduce_fused`` (``moe.fused``: ``moe_permute``'s layout);
+  ``moe.scoring.ScoringFunc``.
 - ``tile_kernels.torch``: the same functions under the reference names upstream's tests compare against
   (``stable_topk``, ``top2_sum_gate``, ...): one implementation, so a kernel-vs-reference test passes trivially and
   proves nothing; our own tests compare against references written from the spec.
@@ -15,6 +16,7 @@
   three scale-factor layouts (row-major FP32, TMA-aligned column-major, packed UE8M0 int32); the fused SwiGLU
   kernels (the ``swiglu_forward`` / ``swiglu_backward`` ops) in v1's and the Ascend era's forms (``quant.swiglu``);
   the Ascend era's RMSNorm kernels ``norm_forward(_and_per_token_cast)`` / ``norm_backward`` (``quant.norm``).
+- ``tile_kernels.engram`` / ``modeling.engram``: the Engram hash and gate (``torch_ascend_moe.ops.engram``).
 - ``tile_kernels.transpose``: ``transpose``, ``batched_transpose``.
 - ``tile_kernels.transform``: ``apply_rotary`` (in-place RoPE; the ``rotary_embedding`` op).
 - ``tile_kernels.modeling.mhc``: ``mhc_pre``, ``mhc_head``, ``expand_from_embedding`` and ``ops`` (the mHC layers over
@@ -25,13 +27,14 @@
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA). Not here yet (issue 22): Engram.
+device (upstream: always CUDA).
 """
 
 from __future__ import annotations
 
 from torch_ascend_moe.tile_kernels import (
     config,
+    engram,
     modeling,
     moe,
     quant,
@@ -45,6 +48,7 @@ from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms
 
 __all__ = [
     "config",
+    "engram",
     "modeling",
     "moe",
     "quant",

@@ -1,5 +1,5 @@
-"""``tile_kernels.modeling``: the autograd layers (``modeling.mhc``; Engram is not here yet)."""
+"""``tile_kernels.modeling``: the autograd layers (``modeling.mhc``, ``modeling.engram``)."""
 
-from torch_ascend_moe.tile_kernels.modeling import mhc
+from torch_ascend_moe.tile_kernels.modeling import engram, mhc
 
-__all__ = ["mhc"]
+__all__ = ["engram", "mhc"]

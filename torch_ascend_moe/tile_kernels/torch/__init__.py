@@ -33,6 +33,7 @@ from torch_ascend_moe.tile_kernels.moe.fused import expand_to_fused, expand_to_f
 from torch_ascend_moe.tile_kernels.quant import _cast
 from torch_ascend_moe.tile_kernels.quant import cast_back as _cast_back
 from torch_ascend_moe.tile_kernels.quant.swiglu import ascend_era, scatter_weight_grad, weights_per_row
+from torch_ascend_moe.tile_kernels.torch import engram, mhc  # noqa: F401  (upstream's submodules)
 from torch_ascend_moe.tile_kernels.torch.per_channel_cast_fused import per_channel_cast_fused
 
 __all__ = [
