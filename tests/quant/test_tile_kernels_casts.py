@@ -190,3 +190,18 @@ def test_transpose():
     assert_equal(tile_kernels.transpose.transpose(x[0]), x[0].T.contiguous())
     with pytest.raises(AssertionError):
         tile_kernels.transpose.transpose(torch.randn(100, 64))
+
+
+def test_packed_scales_are_int16_on_ascend(monkeypatch):
+    """The Ascend-era rule: packed UE8M0 scales are two exponents per int16 there (four per int32 elsewhere)."""
+    x = torch.randn(9, 384, generator=torch.Generator().manual_seed(14))
+    data32, sf32 = quant.per_token_cast(x, "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True,
+                                        use_packed_ue8m0=True)  # fmt: skip
+    monkeypatch.setattr(tile_kernels.config, "is_ascend", lambda: True)
+    data16, sf16 = quant.per_token_cast(x, "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True,
+                                        use_packed_ue8m0=True)  # fmt: skip
+    assert sf32.dtype == torch.int32 and sf16.dtype == torch.int16 and sf16.shape == (9, 6) and sf16.stride(0) == 1
+    assert torch.equal(data16, data32)
+    # The same exponent bytes per row (12 blocks: no padding either way), in words of two instead of four.
+    assert torch.equal(sf16.contiguous().view(torch.uint8), sf32.contiguous().view(torch.uint8))
+    assert_equal(quant.cast_back((data16, sf16), "fp32", (1, 32)), quant.cast_back((data32, sf32), "fp32", (1, 32)))

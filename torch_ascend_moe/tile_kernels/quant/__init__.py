@@ -4,7 +4,8 @@ QuantTensor inputs and ``cast_back``), with upstream's signatures, asserts and s
 - default: FP32 ``sf`` row-major ``[ceil(rows / bh), ceil(cols / bw)]``;
 - ``use_tma_aligned_col_major_sf``: the same values column-major, the row count padded to 4 in the allocation;
 - ``use_packed_ue8m0`` (with the column-major layout, power-of-two scales): the exponent bytes of 4 consecutive
-  column blocks in one int32 (little-endian), column-major, rows padded to 4 (unused bytes zero).
+  column blocks in one int32 (little-endian), column-major, rows padded to 4 (unused bytes zero); on Ascend
+  (``config.is_ascend()`` or NPU tensors) two per int16, as the Ascend-era TileKernels packs them.
 
 A QuantTensor is a ``(data, sf)`` tuple; FP4 data is int8 as upstream (uint8 accepted); E5M6 (``fmt='e5m6'``, per-row
 scales) is packed uint8 ``[T, 3H / 2]``. The fused SwiGLU and norm kernels live in ``quant.swiglu`` / ``quant.norm``.
@@ -54,7 +55,7 @@ def _sf_as_float(sf: torch.Tensor) -> torch.Tensor:
     """A given sf as FP32 values: FP32 as is (any layout), packed UE8M0 int32 decoded byte by byte."""
     if sf.dtype == torch.float32:
         return sf
-    assert sf.dtype == torch.int32, f"sf must be float32 or packed UE8M0 int32, got {sf.dtype}"
+    assert sf.dtype in (torch.int32, torch.int16), f"sf must be float32 or packed UE8M0 int32/int16, got {sf.dtype}"
     codes = sf.contiguous().view(torch.uint8).view(sf.shape[0], -1).to(torch.int32)
     return (codes << 23).view(torch.float32)
 
@@ -77,17 +78,26 @@ def _input(x, x_block_size) -> torch.Tensor:
     return dequantize(data, values.contiguous(), tuple(x_block_size))
 
 
+def packed_sf_dtype(device: torch.device) -> torch.dtype:
+    """The packed UE8M0 word: int16 (two exponents) on Ascend, int32 (four) elsewhere, as TileKernels packs them."""
+    from torch_ascend_moe.tile_kernels.config import is_ascend
+
+    return torch.int16 if device.type == "npu" or is_ascend() else torch.int32
+
+
 def _layout(sf: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
     if packed:
         assert col_major, "use_packed_ue8m0 needs use_tma_aligned_col_major_sf"
     if not col_major:
         return sf
     rows, cols = sf.shape
-    padded = F.pad(sf, (0, _align(cols, 4 if packed else 1) - cols, 0, _align(rows, 4) - rows))
+    word = packed_sf_dtype(sf.device) if packed else torch.float32
+    per_word = {torch.int32: 4, torch.int16: 2}.get(word, 1)
+    padded = F.pad(sf, (0, _align(cols, per_word) - cols, 0, _align(rows, 4) - rows))
     if packed:
         bits = padded.view(torch.int32)
         assert bool(((bits & 0x807FFFFF) == 0).all()), "use_packed_ue8m0 needs power-of-two scales (round_sf=True)"
-        padded = (bits >> 23).to(torch.uint8).view(torch.int32)
+        padded = (bits >> 23).to(torch.uint8).view(word)
     return padded.T.contiguous().T[:rows]
 
 
