@@ -52,13 +52,16 @@ def tile_cast(x, fmt, block, round_sf, sf, amax_clamp):
     # A block taller or wider than the matrix is the matrix's own extent (no padding to a huge block).
     gr, gc = min(block[0], max(m, 1)), min(block[1], max(n, 1))
     pad = (0, (-n) % gc, 0, (-m) % gr)
-    xf = F.pad(x.float(), pad)
+    xf = F.pad(x.float(), pad) if any(pad) else x.float()
     rows, cols = xf.shape[0] // gr, xf.shape[1] // gc
     blocks = xf.view(rows, gr, cols, gc)
     if sf is None:
-        valid = F.pad(torch.ones_like(x, dtype=torch.bool), pad).view(rows, gr, cols, gc)
-        # Padding is excluded from the amax (-1 never wins); a NaN in a block wins (NaN in, NaN scale out).
-        amax = torch.where(valid, blocks.abs(), -1.0).amax(dim=(1, 3))
+        if any(pad):
+            valid = F.pad(torch.ones_like(x, dtype=torch.bool), pad).view(rows, gr, cols, gc)
+            # Padding is excluded from the amax (-1 never wins); a NaN in a block wins (NaN in, NaN scale out).
+            amax = torch.where(valid, blocks.abs(), -1.0).amax(dim=(1, 3))
+        else:
+            amax = blocks.abs().amax(dim=(1, 3))
         amax = torch.clamp(amax, min=floor if amax_clamp is None else amax_clamp)
         limit = torch.full_like(amax, max_q)
         sf = amax / limit

@@ -46,6 +46,15 @@ def _weights(args, rows: torch.Tensor | None, acc: torch.dtype):
     return w if rows is None else torch.where(rows, w, 0)
 
 
+def clamp_counts(a: torch.Tensor, b: torch.Tensor, c: float, rows: torch.Tensor | None) -> torch.Tensor:
+    """int64 ``[4]``: #(a > c), #(b > c), #(b < -c) over the layout's rows, and those rows' element count."""
+    flags = (a > c, b > c, b < -c)
+    if rows is None:
+        return torch.stack([torch.count_nonzero(f) for f in flags] + [a.new_tensor(a.numel(), dtype=torch.int64)])
+    per_row = torch.stack([torch.count_nonzero(f, dim=1) for f in flags])  # [3, N], then keep the layout's rows
+    return torch.cat([(per_row * rows).sum(1), (rows.sum() * a.shape[1]).reshape(1)])
+
+
 @portable_kernel
 def swiglu_forward(args):
     meta.forward_signature(args)
@@ -58,16 +67,7 @@ def swiglu_forward(args):
     a, b, a_in, b_in = _halves(x.to(acc), h, args.clamp_value)
     count = torch.zeros(4, dtype=torch.int64, device=x.device)
     if args.clamp_value is not None:
-        c = args.clamp_value
-        valid = torch.ones(n, 1, dtype=torch.bool, device=x.device) if rows is None else rows[:, None]
-        count = torch.stack(
-            [
-                (a_in > c).logical_and(valid).sum(),
-                (b_in > c).logical_and(valid).sum(),
-                (b_in < -c).logical_and(valid).sum(),
-                valid.sum() * h,
-            ]  # fmt: skip
-        )
+        count = clamp_counts(a_in, b_in, args.clamp_value, rows)
     y = a / (1.0 + torch.exp(-a)) * b
     w = _weights(args, rows, acc)
     if w is not None:
