@@ -3,9 +3,11 @@ nothing here depends on it (upstream's tests require results independent of it, 
 
 from __future__ import annotations
 
+import importlib
 import os
 
-_NUM_SMS: list[int] = []
+# By its canonical name, so every copy of this module shares the settings (see _state).
+_state = importlib.import_module("torch_ascend_moe.tile_kernels._state")
 
 
 def get_device_num_sms() -> int:
@@ -19,24 +21,20 @@ def get_device_num_sms() -> int:
 
 def set_num_sms(num_sms: int) -> None:
     assert 0 < num_sms <= get_device_num_sms(), f"num_sms must be in (0, {get_device_num_sms()}], got {num_sms}"
-    _NUM_SMS[:] = [num_sms]
+    _state.NUM_SMS[:] = [num_sms]
 
 
 def get_num_sms() -> int:
-    return _NUM_SMS[0] if _NUM_SMS else get_device_num_sms()
-
-
-# The Ascend-era API's token alignment: the psum layout's expert blocks start at multiples of it.
-_TOKEN_ALIGNMENT: list[int] = [128]
+    return _state.NUM_SMS[0] if _state.NUM_SMS else get_device_num_sms()
 
 
 def set_token_alignment(alignment: int) -> None:
     assert alignment > 0, f"alignment must be positive, got {alignment}"
-    _TOKEN_ALIGNMENT[:] = [alignment]
+    _state.TOKEN_ALIGNMENT[:] = [alignment]
 
 
 def get_token_alignment() -> int:
-    return _TOKEN_ALIGNMENT[0]
+    return _state.TOKEN_ALIGNMENT[0]
 
 
 def is_ascend() -> bool:
@@ -48,3 +46,12 @@ def is_ascend() -> bool:
 
 def get_device() -> str:
     return "npu" if is_ascend() else "cuda"
+
+
+def get_max_smem_per_sm() -> int:
+    """The CUDA device's shared memory per multiprocessor; 0 without CUDA (no kernel here depends on it)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).shared_memory_per_multiprocessor

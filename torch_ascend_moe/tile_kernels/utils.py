@@ -9,3 +9,7 @@ def ceil_div(a: int, b: int) -> int:
 
 def align(a: int, b: int) -> int:
     return ceil_div(a, b) * b
+
+
+def is_power_of_two(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0

@@ -1,0 +1,75 @@
+"""``torch_ascend_moe.tile_kernels`` has TileKernels' module layout and public names (v1 @ 36d9e45 and the Ascend
+era's), so ``import tile_kernels`` code finds everything it imports; importing under upstream's name works."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import torch_ascend_moe.tile_kernels as tk
+
+NAMES = {
+    "moe": "topk_gate topk_sum_and_topk_group_idx top2_sum_gate normalize_weight aux_fi group_count "
+    "inplace_unique_group_indices mask_indices_by_tp get_fused_mapping expand_to_fused expand_to_fused_with_sf "
+    "reduce_fused moe_topk_gate moe_topk_gate_forward moe_topk_gate_backward",
+    "quant": "per_token_cast per_token_cast_with_sf_only per_token_cast_with_precomputed_sf per_block_cast "
+    "per_block_cast_with_sf_only per_block_cast_with_precomputed_sf per_channel_cast per_channel_cast_fused "
+    "per_channel_cast_and_transpose per_block_cast_lossless cast_back per_token_cast_back "
+    "swiglu_forward_and_per_token_cast swiglu_forward_and_per_channel_cast_and_transpose "
+    "swiglu_backward_and_per_token_cast unpack_from_e2m1fn_x2 swiglu_forward swiglu_backward norm_forward "
+    "norm_forward_and_per_token_cast norm_backward",
+    "transpose": "transpose batched_transpose",
+    "engram": "engram_hash fused_weight engram_gate_fwd engram_gate_bwd grad_w_reduce",
+    "transform": "apply_rotary",
+    "modeling.mhc": "expand_from_embedding mhc_pre mhc_head",
+    "modeling.mhc.ops": "expand_to_mhc mhc_pre_norm_fn mhc_pre_split_mixes sinkhorn_normalize mhc_pre_apply_mix "
+    "mhc_post mhc_post_fwd mhc_post_bwd mhc_head_compute_mix mhc_pre_big_fuse mhc_multilayer_recompute",
+    "modeling.engram": "engram_gate EngramGateFn",
+    "torch": "cast cast_back cast_to_e5m6 cast_back_from_e5m6 expand_to_fused expand_to_fused_with_sf reduce_fused "
+    "swiglu_forward swiglu_backward stable_topk topk_sum_and_topk_group_idx top2_sum_gate "
+    "inplace_unique_group_indices aux_fi group_count mask_indices_by_tp normalize_weight per_channel_cast_fused "
+    "moe_topk_gate_forward moe_topk_gate_backward norm_forward_ref norm_backward_ref rotary_embedding_ref "
+    "get_mapping_from_psum",
+    "torch.mhc": "expand_to_mhc_ref mhc_head_compute_mix_ref mhc_post_ref mhc_pre_apply_mix_ref mhc_pre_norm_fn_ref "
+    "mhc_pre_split_mixes_ref sinkhorn_normalize_ref",
+    "torch.engram": "make_offsets engram_hash_ref engram_gate_ref",
+    "testing": "clear_unused_sf bench numeric generator quant",
+    "testing.numeric": "assert_equal calc_diff check_bias count_bytes",
+    "testing.generator": "generate_num_tokens generate_hidden_sizes generate_num_sms generate_moe_params "
+    "generate_topk_idx generate_rand_float generate_e5m6_inputs",
+    "config": "set_num_sms get_num_sms get_device_num_sms get_max_smem_per_sm set_token_alignment "
+    "get_token_alignment is_ascend",
+    "utils": "align ceil_div is_power_of_two",
+    "quant.types": "QuantTensor",
+}
+
+
+def test_public_names():
+    for module, names in NAMES.items():
+        mod = importlib.import_module(f"{tk.__name__}.{module}")
+        missing = [n for n in names.split() if not hasattr(mod, n)]
+        assert not missing, f"tile_kernels.{module} lacks {missing}"
+    assert callable(tk.set_num_sms) and tk.mhc is not None
+
+
+def test_importable_under_upstreams_name(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tile_kernels", tk)
+    for info in pkgutil.walk_packages(tk.__path__, "tile_kernels."):
+        importlib.import_module(info.name.replace("tile_kernels.", tk.__name__ + ".", 1))
+    from tile_kernels.modeling.mhc.ops.post import mhc_post  # noqa: F401  (a submodule path upstream's tests use)
+    from tile_kernels.torch.mhc import mhc_post_ref  # noqa: F401
+
+
+def test_settings_are_shared_by_every_copy_of_config(monkeypatch):
+    """Importing under upstream's name may create a second ``config`` module; both read the same settings."""
+    monkeypatch.setitem(sys.modules, "tile_kernels", tk)
+    copy = importlib.import_module("tile_kernels.config")
+    try:
+        copy.set_token_alignment(64)
+        assert tk.config.get_token_alignment() == 64
+        copy.set_num_sms(1)
+        assert tk.config.get_num_sms() == 1
+    finally:
+        copy.set_token_alignment(128)
+        tk.config._state.NUM_SMS.clear()
