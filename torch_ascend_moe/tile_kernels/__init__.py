@@ -26,10 +26,10 @@
 - ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them;
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
-Every upstream module path exists (``tile_kernels.mhc``, ``quant.types``, ``torch.mhc``, ``modeling.mhc.ops.post``, ...),
-and the settings live in one module (``_state``), so importing the package under upstream's name (a second copy of
-``config``) still shares them. Upstream's argument asserts are kept (``AssertionError``, its conditions). Outputs are allocated on the inputs'
-device (upstream: always CUDA).
+Every upstream module path exists (``tile_kernels.mhc``, ``quant.types``, ``torch.mhc``, ``modeling.mhc.ops.post``,
+...), and the settings live in one module (``_state``), so importing the package under upstream's name (a second
+copy of ``config``) still shares them. Upstream's argument asserts are kept (``AssertionError``, its conditions).
+Outputs are allocated on the inputs' device (upstream: always CUDA).
 """
 
 from __future__ import annotations
