@@ -81,6 +81,7 @@ def test_expand_and_reduce():
         data, out_sf = moe.expand_to_fused_with_sf((fp8, scales), 128, ttp, p2e, col_major)
         codes = torch.where(p2e[:, None] >= 0, fp8.view(torch.uint8)[p2t.clamp(min=0)], 0)
         assert torch.equal(data.view(torch.uint8), codes) and data.dtype == FP8
+        assert torch.equal(moe.expand_to_fused(fp8, ttp, p2e).view(torch.uint8), codes)  # FP8 without scales too
         rows = torch.where(p2e[:, None] >= 0, scales[p2t.clamp(min=0)], 0)
         assert torch.equal(out_sf, rows) and (not col_major or out_sf.stride() == (1, -(-p2e.shape[0] // 4) * 4))
     # reduce_fused: slot-order fused multiply-adds from 0 into FP32, then the output scale, one final cast.

@@ -5,7 +5,12 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.ops import moe_gate as ops
-from torch_ascend_moe.tile_kernels.moe.ascend import moe_topk_gate, moe_topk_gate_backward, moe_topk_gate_forward
+from torch_ascend_moe.tile_kernels.moe.ascend import (
+    check_gate_buffers,
+    moe_topk_gate,
+    moe_topk_gate_backward,
+    moe_topk_gate_forward,
+)
 from torch_ascend_moe.tile_kernels.moe.fused import (
     expand_to_fused,
     expand_to_fused_with_sf,
@@ -81,16 +86,10 @@ def top2_sum_gate(
         assert num_topk % num_shared_experts == 0
         assert E % (num_topk // num_shared_experts) == 0
     assert num_shared_experts in {1, 2} or (num_shared_experts == 0 and not use_shared_as_routed)
-    if to_physical_map is not None:
-        assert to_physical_map.is_contiguous() and to_physical_map.dim() == 2 and to_physical_map.dtype == torch.int32
-        assert to_physical_map.size(0) == E + num_shared_experts
-        assert logical_count.is_contiguous() and logical_count.dim() == 1 and logical_count.dtype == torch.int32
-        assert logical_count.size(0) == E + num_shared_experts
+    check_gate_buffers(
+        to_physical_map, logical_count, E + num_shared_experts, unmapped_topk_idx, logits.size(0), num_topk
+    )
     assert num_shared_experts <= (0 if to_physical_map is None else to_physical_map.size(1) - 1)
-    if unmapped_topk_idx is not None:
-        assert unmapped_topk_idx.dim() == 2 and unmapped_topk_idx.dtype == torch.long
-        assert unmapped_topk_idx.size(0) == logits.size(0) and unmapped_topk_idx.size(1) == num_topk
-        assert unmapped_topk_idx.stride(1) == 1
     if fix_routing_mask is not None:
         assert unmapped_topk_idx is not None, "fix_routing_mask needs unmapped_topk_idx"
         assert fix_routing_mask.numel() == logits.size(0) and fix_routing_mask.dtype == torch.bool

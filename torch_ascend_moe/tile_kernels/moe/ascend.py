@@ -14,7 +14,20 @@ import torch
 
 from torch_ascend_moe.ops import moe_gate as ops
 
-__all__ = ["moe_topk_gate", "moe_topk_gate_backward", "moe_topk_gate_forward"]
+__all__ = ["check_gate_buffers", "moe_topk_gate", "moe_topk_gate_backward", "moe_topk_gate_forward"]
+
+
+def check_gate_buffers(to_physical_map, logical_count, logical_experts: int, unmapped_topk_idx, num_tokens: int,
+                       num_topk: int) -> None:  # fmt: skip
+    """Both gate APIs' asserts on the physical map, its counts and the unmapped-index buffer."""
+    if to_physical_map is not None:
+        assert to_physical_map.is_contiguous() and to_physical_map.dim() == 2 and to_physical_map.dtype == torch.int32
+        assert to_physical_map.size(0) == logical_experts
+        assert logical_count.is_contiguous() and logical_count.dim() == 1 and logical_count.dtype == torch.int32
+        assert logical_count.size(0) == logical_experts
+    if unmapped_topk_idx is not None:
+        assert unmapped_topk_idx.dim() == 2 and unmapped_topk_idx.dtype == torch.int64
+        assert tuple(unmapped_topk_idx.shape) == (num_tokens, num_topk) and unmapped_topk_idx.stride(1) == 1
 
 
 def _check_forward(logits, num_topk, use_shared_as_routed, num_shared_experts, bias, image_bias, image_token_mask,
@@ -37,14 +50,7 @@ def _check_forward(logits, num_topk, use_shared_as_routed, num_shared_experts, b
     assert num_topk <= experts, f"num_topk ({num_topk}) must be less than or equal to num_routed_experts ({experts})."
     shared = num_shared_experts if use_shared_as_routed else 0
     assert shared in {1, 2} or (shared == 0 and not use_shared_as_routed)
-    if to_physical_map is not None:
-        assert to_physical_map.is_contiguous() and to_physical_map.dim() == 2 and to_physical_map.dtype == torch.int32
-        assert to_physical_map.size(0) == experts + shared
-        assert logical_count.is_contiguous() and logical_count.dim() == 1 and logical_count.dtype == torch.int32
-        assert logical_count.size(0) == experts + shared
-    if unmapped_topk_idx is not None:
-        assert unmapped_topk_idx.dim() == 2 and unmapped_topk_idx.dtype == torch.int64
-        assert tuple(unmapped_topk_idx.shape) == (num_tokens, num_topk) and unmapped_topk_idx.stride(1) == 1
+    check_gate_buffers(to_physical_map, logical_count, experts + shared, unmapped_topk_idx, num_tokens, num_topk)
     if fix_routing_mask is not None:
         assert unmapped_topk_idx is not None
         assert fix_routing_mask.is_contiguous() and fix_routing_mask.dtype == torch.bool

@@ -71,7 +71,10 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
 
 
 def _gather_rows(x: torch.Tensor, token_topk_to_pos: torch.Tensor, rows: int) -> torch.Tensor:
-    """``out[token_topk_to_pos[t, j]] = x[t]`` for every used slot; every other row zero."""
+    """``out[token_topk_to_pos[t, j]] = x[t]`` for every used slot; every other row zero. Any dtype: one-byte
+    ones (FP8) move as their bytes (zero bytes are +0.0), which every device can copy."""
+    if x.element_size() == 1 and x.dtype != torch.uint8:
+        return _gather_rows(x.view(torch.uint8), token_topk_to_pos, rows).view(x.dtype)
     num_tokens, num_topk = token_topk_to_pos.shape
     out = x.new_zeros((rows + 1,) + tuple(x.shape[1:]))
     target = torch.where(token_topk_to_pos >= 0, token_topk_to_pos.long(), rows).flatten().clamp(max=rows)
@@ -105,7 +108,7 @@ def expand_to_fused_with_sf(x, num_per_channels: int, token_topk_to_pos: torch.T
         assert use_tma_aligned_col_major_sf
     assert hidden_sf == x_sf.shape[1]
     rows = pos_to_expert.shape[0]
-    out = _gather_rows(x.view(torch.uint8) if x.element_size() == 1 else x, token_topk_to_pos, rows).view(x.dtype)
+    out = _gather_rows(x, token_topk_to_pos, rows)
     sf = _gather_rows(x_sf, token_topk_to_pos, rows)
     if use_tma_aligned_col_major_sf:
         storage = sf.new_zeros(hidden_sf, _align(rows, 4))
