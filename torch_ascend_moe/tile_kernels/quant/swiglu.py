@@ -61,7 +61,8 @@ def _add_counts(clamped_count, counts, n: int) -> None:
         clamped_count += counts[:n].to(clamped_count)
 
 
-def _bind(names: tuple, defaults: dict, args: tuple, kwargs: dict) -> dict:
+def bind(names: tuple, defaults: dict, args: tuple, kwargs: dict) -> dict:
+    """A call's arguments by name (positional ones in ``names``' order), rejecting extra or unknown ones."""
     values = dict(defaults)
     assert len(args) <= len(names), f"too many positional arguments ({len(args)})"
     values.update(zip(names, args))
@@ -88,9 +89,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
     # The sixth argument is v1's pos_to_expert (a tensor) or the Ascend era's routed_scaling_factor (a number).
     scale_given = len(args) > 2 and args[2] is not None and not isinstance(args[2], torch.Tensor)
     if scale_given or ascend_era(kwargs, weights, layout):
-        a = _bind(_ASCEND_FORWARD, {**_FALSE}, args, kwargs)
+        a = bind(_ASCEND_FORWARD, {**_FALSE}, args, kwargs)
         return _forward_ascend(x, fmt, num_per_channels, a)
-    a = _bind(_V1_FORWARD, {**_FALSE}, args, kwargs)
+    a = bind(_V1_FORWARD, {**_FALSE}, args, kwargs)
     assert x.dim() == 2 and x.is_contiguous()
     hidden = x.shape[1] // 2
     if a.get("pos_to_expert") is not None:
@@ -154,9 +155,9 @@ def swiglu_backward_and_per_token_cast(x, grad_out: torch.Tensor, *args, **kwarg
     if (args and isinstance(args[0], str)) or "fmt" in kwargs or (_ASCEND_ONLY & kwargs.keys()):
         names = ("fmt", "num_per_channels", "psum_num_tokens_per_expert", "topk_weights", "routed_scaling_factor",
                  *_LAYOUT_FLAGS, "clamp_value", "do_recompute")  # fmt: skip
-        return _backward_ascend(x, grad_out, _bind(names, {**_FALSE, "do_recompute": False}, args, kwargs))
+        return _backward_ascend(x, grad_out, bind(names, {**_FALSE, "do_recompute": False}, args, kwargs))
     names = ("weight", "pos_to_token_topk", "token_topk_to_pos", "num_per_channels", "round_sf", "swiglu_clamp_value")
-    a = _bind(names, {"round_sf": False}, args, kwargs)
+    a = bind(names, {"round_sf": False}, args, kwargs)
     npc, weight, p2tt, ttp = a["num_per_channels"], a["weight"], a["pos_to_token_topk"], a["token_topk_to_pos"]
     assert npc in (32, 128)
     data, x_sf = x

@@ -32,7 +32,7 @@ from torch_ascend_moe.tile_kernels.moe import (
 from torch_ascend_moe.tile_kernels.moe.fused import expand_to_fused, expand_to_fused_with_sf, reduce_fused
 from torch_ascend_moe.tile_kernels.quant import _cast
 from torch_ascend_moe.tile_kernels.quant import cast_back as _cast_back
-from torch_ascend_moe.tile_kernels.quant.swiglu import ascend_era, scatter_weight_grad, weights_per_row
+from torch_ascend_moe.tile_kernels.quant.swiglu import ascend_era, bind, scatter_weight_grad, weights_per_row
 from torch_ascend_moe.tile_kernels.torch import engram, mhc  # noqa: F401  (upstream's submodules)
 from torch_ascend_moe.tile_kernels.torch.per_channel_cast_fused import per_channel_cast_fused
 
@@ -96,7 +96,7 @@ def swiglu_forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     layout = args[0] if args else kwargs.get("psum_num_tokens_per_expert", kwargs.get("pos_to_token_topk"))
     if ascend_era(kwargs, weights, layout):
         names = ("psum_num_tokens_per_expert", "topk_weights", "routed_scaling_factor", "clamp_value", "clamped_count")
-        a = dict(zip(names, args), **kwargs)
+        a = bind(names, {}, args, kwargs)
         psum, clamp, count = a.get("psum_num_tokens_per_expert"), a.get("clamp_value"), a.get("clamped_count")
         out, _, counts = _forward(x, a.get("topk_weights"), routed_scaling_factor=a.get("routed_scaling_factor"),
                                   clamp_value=clamp)  # fmt: skip
@@ -107,7 +107,7 @@ def swiglu_forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             count += counts.to(count)
         return out
     names = ("pos_to_token_topk", "topk_weights", "swiglu_clamp_value", "clamped_count")
-    a = dict(zip(names, args), **kwargs)
+    a = bind(names, {}, args, kwargs)
     clamp, count = a.get("swiglu_clamp_value"), a.get("clamped_count")
     out, _, counts = _forward(x, weights_per_row(a.get("pos_to_token_topk"), a.get("topk_weights")), clamp_value=clamp)
     if count is not None and clamp is not None:
@@ -122,7 +122,7 @@ def swiglu_backward(x, grad_out: torch.Tensor, *args, **kwargs):
     weight_grad, out)`` (``(x_grad, out)`` without weights); every result FP32."""
     if isinstance(x, tuple):
         names = ("weight", "pos_to_token_topk", "token_topk_to_pos", "num_per_channels", "swiglu_clamp_value")
-        a = dict(zip(names, args), **kwargs)
+        a = bind(names, {}, args, kwargs)
         data, x_sf = x
         npc = a["num_per_channels"]
         assert npc in (32, 128) and data.size(-1) % (2 * npc) == 0
@@ -134,7 +134,7 @@ def swiglu_backward(x, grad_out: torch.Tensor, *args, **kwargs):
         )  # fmt: skip
         return out, x_grad, scatter_weight_grad(w_grad, p2tt, weight)
     names = ("psum_num_tokens_per_expert", "topk_weights", "routed_scaling_factor", "clamp_value", "alignment")
-    a = dict(zip(names, args), **kwargs)
+    a = bind(names, {}, args, kwargs)
     weights, psum = a.get("topk_weights"), a.get("psum_num_tokens_per_expert")
     if psum is not None:
         assert a.get("alignment") is not None, "alignment is required when psum_num_tokens_per_expert is provided"
