@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -19,6 +22,20 @@ inline std::string shape_str(at::IntArrayRef sizes) {
   std::ostringstream s;
   s << sizes;
   return s.str();
+}
+
+// Python's str() of a float (the fake prints the value that way): "nan", "-inf", "-1.0", "0.5", "1e+20".
+inline std::string float_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string text(buf);
+  if (text.find_first_of(".e") == std::string::npos) text += ".0";
+  return text;
 }
 
 // "<op>: argument '<arg>' <what>: expected <expected>, got <actual>"

@@ -335,20 +335,6 @@ constexpr int64_t kSwigluRowBlock = 256;
 // FP32 elements of B per task (gate + up rows of one column tile): about 1 MiB, L2-resident across row blocks.
 constexpr int64_t kSwigluTileElements = int64_t{1} << 18;
 
-// Python's str() of a float (the fake prints the value that way): "nan", "-inf", "-1.0", "0.5", "1e+20".
-std::string float_text(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  for (int precision = 1; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string text(buf);
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  return text;
-}
-
 struct SwigluEpilogue {
   const std::optional<at::Tensor>& row_weights;
   std::optional<double> clamp;

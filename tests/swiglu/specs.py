@@ -311,7 +311,6 @@ def backward_bad_inputs(device) -> list[BadInput]:
 
 
 _DIFFERENTIABLE = "a backward op (no double backward): its values are checked against autograd in test_swiglu"
-_AOTI = "a Python kernel (device-generic torch ops): no C++ kernel for an AOTInductor package to call"
 
 SPECS = [
     OpSpec(
@@ -320,7 +319,6 @@ SPECS = [
         forward_reference,
         forward_bad_inputs,
         portable.swiglu_forward,
-        aoti=_AOTI,
     ),
     OpSpec(
         "swiglu_backward",
@@ -329,6 +327,5 @@ SPECS = [
         backward_bad_inputs,
         portable.swiglu_backward,
         gradcheck=_DIFFERENTIABLE,
-        aoti=_AOTI,
     ),
 ]

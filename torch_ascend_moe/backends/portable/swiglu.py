@@ -1,7 +1,8 @@
 """Device-generic swiglu family: TileKernels' SwiGLU forward / backward (its ``tile_kernels.torch`` references'
 operations in their order, so FP32 results are theirs bit for bit on the same device) over the psum layout, plus
 quantize_blocks' per-token cast. Rows outside the layout are masked on the device (no host read but the layout
-check), so the kernels are capturable."""
+check), so the kernels are capturable. On the CPU the C++ kernels (csrc/ops/swiglu_cpu.cpp) compute the same
+operations in one pass, bit for bit these."""
 
 from __future__ import annotations
 

@@ -1,0 +1,548 @@
+// The swiglu family: the experts' activation between the two grouped GEMMs as TileKernels computes it
+// (specs/tilekernels_deepselect.md §6, §10.6): SwiGLU with the clamp and its counters, a routing weight per expanded
+// row, DeepGEMM's psum layout, and the per-token FP8 cast of the result (forward) or of the input gradient
+// (backward). Schemas, and the CPU kernels: one pass over x per row chunk (load, clamp and count, exp, the SwiGLU
+// arithmetic, the weight, the cast), where the device-generic kernel (torch_ascend_moe/backends/portable/swiglu.py)
+// makes about fifteen passes over [N, H] tensors.
+//
+// Both kernels compute the portable kernel's operations in its order, so results are equal bit for bit: every step
+// is one IEEE operation in the compute type (FP32, FP64 for FP64 operands; this file is built without FMA
+// contraction, and the backward's fused multiply-add is std::fma, one rounding, where the portable kernel emulates
+// one), and exp(-a) is ATen's own CPU exp (called on a chunk buffer), so it is the function torch.exp is.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kForward = "ascend_moe::swiglu_forward";
+constexpr const char* kBackward = "ascend_moe::swiglu_backward";
+constexpr const char* kFloatDtypes = "torch.bfloat16, torch.float32 or torch.float64";
+constexpr float kE4M3Max = 448.0f;
+constexpr double kE4M3AmaxFloor = 1e-4;  // TileKernels' default sf_clamp_min
+// Elements of each half a chunk holds (FP32 buffers of a few hundred KiB stay in L2); a chunk is whole rows.
+constexpr int64_t kChunkElements = int64_t{1} << 14;
+// Elements a thread takes at least: smaller calls run on the caller's thread.
+constexpr int64_t kWorkPerThread = int64_t{1} << 15;
+
+bool is_float_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
+
+at::ScalarType compute_type(const at::Tensor& x, const at::Tensor* g = nullptr) {
+  const bool fp64 = x.scalar_type() == at::kDouble || (g != nullptr && g->scalar_type() == at::kDouble);
+  return fp64 ? at::kDouble : at::kFloat;
+}
+
+// ---- validation: the fakes' checks (torch_ascend_moe/meta/swiglu.py), word for word ----
+
+std::pair<int64_t, int64_t> check_x(const char* op, const at::Tensor& x, bool quantized_ok) {
+  check_rank(op, "x", x, 2, "[N, 2H] (gate half, then up half)");
+  const at::ScalarType t = x.scalar_type();
+  AM_CHECK_ARG(is_float_dtype(t) || (quantized_ok && t == at::kFloat8_e4m3fn), op, "x", "dtype",
+               quantized_ok ? "torch.bfloat16, torch.float32, torch.float64 or torch.float8_e4m3fn" : kFloatDtypes,
+               dtype_name(t));
+  const int64_t two_h = x.size(1);
+  AM_CHECK_ARG(two_h % 2 == 0 && two_h > 0, op, "x", "size(1)", "an even number 2H > 0 ([a | b] halves)", two_h);
+  return {x.size(0), two_h / 2};
+}
+
+void check_same_device_as(const char* op, const char* arg, const at::Tensor& t, const at::Tensor& ref) {
+  AM_CHECK_ARG(t.device() == ref.device(), op, arg, "device", ref.device().str() + " (same as 'x')",
+               t.device().str());
+}
+
+void check_routing(const char* op, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& psum,
+                   int64_t alignment, std::optional<double> scale, std::optional<double> clamp, const at::Tensor& ref,
+                   int64_t rows) {
+  if (w.has_value()) {
+    check_rank(op, "topk_weights", *w, 1, "[N] (one weight per expanded row)");
+    const bool fp64 = compute_type(ref) == at::kDouble;
+    const at::ScalarType t = w->scalar_type();
+    AM_CHECK_ARG(t == at::kFloat || (fp64 && t == at::kDouble), op, "topk_weights", "dtype",
+                 fp64 ? "torch.float32 or torch.float64" : "torch.float32", dtype_name(t));
+    check_same_device_as(op, "topk_weights", *w, ref);
+    check_dim_size(op, "topk_weights", *w, 0, "N", rows, "x.size(0)");
+  }
+  if (psum.has_value()) {
+    check_rank(op, "psum_num_tokens_per_expert", *psum, 1, "[E] (cumulative expert ends)");
+    AM_CHECK_ARG(psum->scalar_type() == at::kInt, op, "psum_num_tokens_per_expert", "dtype", "torch.int32",
+                 dtype_name(psum->scalar_type()));
+    check_same_device_as(op, "psum_num_tokens_per_expert", *psum, ref);
+  }
+  check_int_arg(op, "alignment", alignment, 1);
+  AM_CHECK_ARG(!scale.has_value() || w.has_value(), op, "routed_scaling_factor", "presence",
+               "None without 'topk_weights'", float_text(scale.value_or(0)));
+  AM_CHECK_ARG(!clamp.has_value() || (*clamp > 0 && *clamp < std::numeric_limits<double>::infinity()), op,
+               "clamp_value", "value", "None or a positive finite float", float_text(clamp.value_or(0)));
+}
+
+// The rows some expert owns in the psum layout (expert e owns [align(psum[e-1]), psum[e])), after the layout's
+// value check; empty when every row counts (no layout).
+std::vector<uint8_t> layout_rows(const char* op, const std::optional<at::Tensor>& psum, int64_t alignment,
+                                 int64_t rows) {
+  if (!psum.has_value()) return {};
+  std::vector<uint8_t> owned(rows, 0);
+  const at::Tensor ends = psum->contiguous();
+  const int32_t* e = ends.data_ptr<int32_t>();
+  int64_t prev = 0;
+  for (int64_t i = 0; i < ends.numel(); ++i) {
+    const int64_t end = e[i], start = (prev + alignment - 1) / alignment * alignment;
+    AM_CHECK_ARG(end >= prev && (end <= rows || end <= start), op, "psum_num_tokens_per_expert", "values",
+                 "nondecreasing cumulative expert ends, expert e's rows [align(psum[e-1], alignment=" +
+                     std::to_string(alignment) + "), psum[e]) within x's " + std::to_string(rows) + " rows",
+                 "psum[" + std::to_string(i) + "] = " + std::to_string(end) + " (after " + std::to_string(prev) +
+                     ")");
+    for (int64_t r = start; r < end; ++r) owned[r] = 1;
+    prev = end;
+  }
+  return owned;
+}
+
+// ---- element access ----
+
+// Row r of x (columns contiguous) into dst in the compute type: BF16/FP32/FP64 converted, E4M3 codes times their
+// FP32 block scale (one FP32 product) and then converted.
+template <typename acc_t>
+void load_row(const at::Tensor& x, const float* sf_row, int64_t sf_block, int64_t r, int64_t cols, acc_t* dst) {
+  const int64_t stride = x.stride(0);
+  switch (x.scalar_type()) {
+    case at::kBFloat16: {
+      const c10::BFloat16* p = x.const_data_ptr<c10::BFloat16>() + r * stride;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(static_cast<float>(p[j]));
+      break;
+    }
+    case at::kFloat: {
+      const float* p = x.const_data_ptr<float>() + r * stride;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
+      break;
+    }
+    case at::kDouble: {
+      const double* p = x.const_data_ptr<double>() + r * stride;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
+      break;
+    }
+    default: {  // E4M3 with block scales
+      const c10::Float8_e4m3fn* p = x.const_data_ptr<c10::Float8_e4m3fn>() + r * stride;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(static_cast<float>(p[j]) * sf_row[j / sf_block]);
+    }
+  }
+}
+
+// src [cols] in the compute type into row r of a contiguous output of dtype t (one rounding, as .to(t)).
+template <typename acc_t>
+void store_row(const acc_t* src, int64_t cols, at::Tensor& out, int64_t r) {
+  switch (out.scalar_type()) {
+    case at::kBFloat16: {
+      c10::BFloat16* p = out.data_ptr<c10::BFloat16>() + r * cols;
+      for (int64_t j = 0; j < cols; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j]));
+      break;
+    }
+    case at::kFloat: {
+      float* p = out.data_ptr<float>() + r * cols;
+      for (int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(src[j]);
+      break;
+    }
+    default: {
+      double* p = out.data_ptr<double>() + r * cols;
+      for (int64_t j = 0; j < cols; ++j) p[j] = static_cast<double>(src[j]);
+    }
+  }
+}
+
+// TileKernels' per-token E4M3 cast of one row (quantize_blocks' rule, as the portable tile_cast): per block of
+// `block` columns amax (NaN wins), floored, sf = amax / 448 (round_sf: up to a power of two by adding the
+// mantissa's all-ones, integer arithmetic wrapping as torch's int32 add), multiplier 448 / amax (1 / sf with
+// round_sf; 0 where sf is 0), codes clamp(y * multiplier, -448, 448).
+void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, c10::Float8_e4m3fn* q,
+                   float* sf) {
+  for (int64_t j0 = 0, k = 0; j0 < cols; j0 += block, ++k) {
+    const int64_t j1 = std::min(cols, j0 + block);
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float v = std::fabs(y[j]);
+      nan |= std::isnan(v);
+      amax = v > amax ? v : amax;
+    }
+    if (nan) amax = std::numeric_limits<float>::quiet_NaN();
+    amax = std::isnan(amax) ? amax : std::max(amax, floor);
+    float s = amax / kE4M3Max, multiplier;
+    if (round_sf) {
+      uint32_t bits;
+      std::memcpy(&bits, &s, 4);
+      bits = (bits + 0x007FFFFFu) & 0x7F800000u;
+      std::memcpy(&s, &bits, 4);
+      multiplier = s == 0.0f ? 0.0f : 1.0f / s;
+    } else {
+      multiplier = s == 0.0f ? 0.0f : kE4M3Max / amax;
+    }
+    sf[k] = s;
+    for (int64_t j = j0; j < j1; ++j) {
+      float v = y[j] * multiplier;
+      if (!std::isnan(v)) v = std::min(std::max(v, -kE4M3Max), kE4M3Max);
+      q[j] = c10::Float8_e4m3fn(v);
+    }
+  }
+}
+
+// exp(-a) of a chunk buffer, in place, by ATen's CPU exp (the function torch.exp is; called inside a parallel
+// region it runs on this thread).
+template <typename acc_t>
+void exp_neg_inplace(acc_t* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = -e[i];
+  at::Tensor t = at::from_blob(e, {n}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value));
+  t.exp_();
+}
+
+// Row chunks: whole rows, about kChunkElements per half; parallel when the call is big enough.
+template <typename F>
+void for_row_chunks(int64_t rows, int64_t h, F&& body) {
+  const int64_t per_chunk = std::max<int64_t>(1, kChunkElements / h);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  const int64_t grain = std::max<int64_t>(1, kWorkPerThread / (per_chunk * h));
+  at::parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) body(c * per_chunk, std::min(rows, (c + 1) * per_chunk));
+  });
+}
+
+// The routing weight per row in the compute type: topk_weights times the scaling factor (one rounding; a Python
+// float scalar meets a tensor in the tensor's dtype), 0 off the layout. Empty without weights.
+template <typename acc_t>
+std::vector<acc_t> row_weights(const std::optional<at::Tensor>& w, std::optional<double> scale,
+                               const std::vector<uint8_t>& owned, int64_t rows) {
+  if (!w.has_value()) return {};
+  const at::Tensor wt = w->to(c10::CppTypeToScalarType<acc_t>::value).contiguous();
+  const acc_t* p = wt.const_data_ptr<acc_t>();
+  std::vector<acc_t> out(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    acc_t v = p[r];
+    if (scale.has_value()) v = v * static_cast<acc_t>(*scale);
+    out[r] = owned.empty() || owned[r] ? v : acc_t(0);
+  }
+  return out;
+}
+
+// ---- forward ----
+
+template <typename acc_t>
+void forward_rows(const at::Tensor& x, const std::vector<acc_t>& w, const std::vector<uint8_t>& owned,
+                  std::optional<double> clamp, at::Tensor& out, at::Tensor& sf, int64_t npc, bool round_sf,
+                  float floor, std::atomic<int64_t>* counts) {
+  const int64_t rows = x.size(0), h = x.size(1) / 2;
+  const bool fp8 = out.scalar_type() == at::kFloat8_e4m3fn;
+  for_row_chunks(rows, h, [&](int64_t r0, int64_t r1) {
+    const int64_t n = (r1 - r0) * h;
+    std::vector<acc_t> a(n), b(n), e(n), xrow(2 * h), y(h);
+    std::vector<float> y32(fp8 ? h : 0);
+    int64_t c_a = 0, c_bhi = 0, c_blo = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      acc_t* ar = a.data() + (r - r0) * h;
+      acc_t* br = b.data() + (r - r0) * h;
+      if (!owned.empty() && !owned[r]) {
+        std::fill(ar, ar + h, acc_t(0));  // not used: the row's output is 0
+        continue;
+      }
+      load_row<acc_t>(x, nullptr, 1, r, 2 * h, xrow.data());
+      std::copy(xrow.begin(), xrow.begin() + h, ar);
+      std::copy(xrow.begin() + h, xrow.end(), br);
+      if (clamp.has_value()) {
+        const acc_t c = static_cast<acc_t>(*clamp);
+        for (int64_t j = 0; j < h; ++j) {
+          c_a += ar[j] > c;
+          c_bhi += br[j] > c;
+          c_blo += br[j] < -c;
+          // torch.clamp: NaN stays NaN
+          ar[j] = std::isnan(ar[j]) ? ar[j] : std::min(ar[j], c);
+          br[j] = std::isnan(br[j]) ? br[j] : std::min(std::max(br[j], -c), c);
+        }
+      }
+    }
+    std::copy(a.begin(), a.end(), e.begin());
+    exp_neg_inplace(e.data(), n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const bool on = owned.empty() || owned[r];
+      const acc_t* ar = a.data() + (r - r0) * h;
+      const acc_t* br = b.data() + (r - r0) * h;
+      const acc_t* er = e.data() + (r - r0) * h;
+      for (int64_t j = 0; j < h; ++j) y[j] = ar[j] / (acc_t(1) + er[j]) * br[j];
+      if (!w.empty())
+        for (int64_t j = 0; j < h; ++j) y[j] = y[j] * w[r];
+      if (!on) std::fill(y.begin(), y.end(), acc_t(0));
+      if (!fp8) {
+        store_row(y.data(), h, out, r);
+        continue;
+      }
+      for (int64_t j = 0; j < h; ++j) y32[j] = static_cast<float>(y[j]);
+      const int64_t sf_cols = sf.size(1);
+      cast_row_e4m3(y32.data(), h, npc, round_sf, floor, out.data_ptr<c10::Float8_e4m3fn>() + r * h,
+                    sf.data_ptr<float>() + r * sf_cols);
+    }
+    counts[0] += c_a;
+    counts[1] += c_bhi;
+    counts[2] += c_blo;
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_forward_cpu(
+    const at::Tensor& x_in, const std::optional<at::Tensor>& topk_weights,
+    const std::optional<at::Tensor>& psum, int64_t alignment, std::optional<double> routed_scaling_factor,
+    std::optional<double> clamp_value, std::optional<at::ScalarType> out_dtype, int64_t num_per_channels,
+    bool round_sf, std::optional<double> sf_clamp_min) {
+  const char* op = kForward;
+  const auto [n, h] = check_x(op, x_in, false);
+  check_routing(op, topk_weights, psum, alignment, routed_scaling_factor, clamp_value, x_in, n);
+  const at::ScalarType acc = compute_type(x_in);
+  const at::ScalarType out_t = out_dtype.value_or(acc);
+  AM_CHECK_ARG(is_float_dtype(out_t) || out_t == at::kFloat8_e4m3fn, op, "out_dtype", "value",
+               "None, torch.float32, torch.bfloat16, torch.float64 or torch.float8_e4m3fn (the per-token cast)",
+               dtype_name(out_t));
+  check_int_arg(op, "num_per_channels", num_per_channels, 1);
+  AM_CHECK_ARG(!sf_clamp_min.has_value() ||
+                   (*sf_clamp_min > 0 && *sf_clamp_min < std::numeric_limits<double>::infinity()),
+               op, "sf_clamp_min", "value", "None or a positive finite float", float_text(sf_clamp_min.value_or(0)));
+  const std::vector<uint8_t> owned = layout_rows(op, psum, alignment, n);
+
+  const bool fp8 = out_t == at::kFloat8_e4m3fn;
+  at::Tensor out = at::empty({n, h}, x_in.options().dtype(out_t));
+  at::Tensor sf = at::empty(fp8 ? std::vector<int64_t>{n, (h + num_per_channels - 1) / num_per_channels}
+                                : std::vector<int64_t>{0},
+                            x_in.options().dtype(at::kFloat));
+  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  std::atomic<int64_t> counts[3] = {0, 0, 0};
+  const float floor = static_cast<float>(sf_clamp_min.value_or(kE4M3AmaxFloor));
+  if (acc == at::kDouble) {
+    forward_rows<double>(x, row_weights<double>(topk_weights, routed_scaling_factor, owned, n), owned, clamp_value,
+                         out, sf, num_per_channels, round_sf, floor, counts);
+  } else {
+    forward_rows<float>(x, row_weights<float>(topk_weights, routed_scaling_factor, owned, n), owned, clamp_value,
+                        out, sf, num_per_channels, round_sf, floor, counts);
+  }
+  at::Tensor count = at::zeros({4}, x_in.options().dtype(at::kLong));
+  if (clamp_value.has_value()) {
+    const int64_t valid = owned.empty() ? n : std::count(owned.begin(), owned.end(), uint8_t{1});
+    int64_t* c = count.data_ptr<int64_t>();
+    c[0] = counts[0], c[1] = counts[1], c[2] = counts[2], c[3] = valid * h;
+  }
+  return {out, sf, count};
+}
+
+// ---- backward ----
+
+template <typename acc_t>
+inline acc_t fused_multiply_add(acc_t a, acc_t b, acc_t c) {
+  // FP32: TileKernels' fma, rounded once. FP64 (the gradcheck path): the plain expression, as the portable kernel.
+  if constexpr (std::is_same_v<acc_t, float>) {
+    return std::fma(a, b, c);
+  } else {
+    return a * b + c;
+  }
+}
+
+struct BackwardOutputs {
+  at::Tensor x_grad, q, sf, weight_grad, out;
+};
+
+template <typename acc_t>
+void backward_rows(const at::Tensor& x, const at::Tensor* x_sf, const at::Tensor& grad,
+                   const std::vector<acc_t>& w, std::optional<double> scale, const std::vector<uint8_t>& owned,
+                   std::optional<double> clamp, int64_t npc, bool round_sf, BackwardOutputs& o) {
+  const int64_t rows = x.size(0), h = x.size(1) / 2;
+  const int64_t sf_block = x_sf != nullptr ? x.size(1) / x_sf->size(1) : 1;
+  const at::ScalarType acc_type = c10::CppTypeToScalarType<acc_t>::value;
+  for_row_chunks(rows, h, [&](int64_t r0, int64_t r1) {
+    const int64_t m = r1 - r0, n = m * h;
+    std::vector<acc_t> a(n), b(n), e(n), xrow(2 * h), g(h), grad_row(2 * h), out_row(h), gact(w.empty() ? 0 : n);
+    std::vector<uint8_t> a_held(clamp ? n : 0), b_held(clamp ? n : 0);
+    std::vector<float> g32(npc ? 2 * h : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      acc_t* ar = a.data() + (r - r0) * h;
+      acc_t* br = b.data() + (r - r0) * h;
+      load_row<acc_t>(x, x_sf != nullptr ? x_sf->const_data_ptr<float>() + r * x_sf->stride(0) : nullptr,
+                      sf_block, r, 2 * h, xrow.data());
+      std::copy(xrow.begin(), xrow.begin() + h, ar);
+      std::copy(xrow.begin() + h, xrow.end(), br);
+      if (clamp.has_value()) {
+        const acc_t c = static_cast<acc_t>(*clamp);
+        uint8_t* ah = a_held.data() + (r - r0) * h;
+        uint8_t* bh = b_held.data() + (r - r0) * h;
+        for (int64_t j = 0; j < h; ++j) {
+          ah[j] = ar[j] > c;
+          bh[j] = br[j] > c || br[j] < -c;
+          ar[j] = std::isnan(ar[j]) ? ar[j] : std::min(ar[j], c);
+          br[j] = std::isnan(br[j]) ? br[j] : std::min(std::max(br[j], -c), c);
+        }
+      }
+    }
+    std::copy(a.begin(), a.end(), e.begin());
+    exp_neg_inplace(e.data(), n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const bool on = owned.empty() || owned[r];
+      const int64_t o0 = (r - r0) * h;
+      const acc_t* ar = a.data() + o0;
+      const acc_t* br = b.data() + o0;
+      const acc_t* er = e.data() + o0;
+      load_row<acc_t>(grad, nullptr, 1, r, h, g.data());
+      acc_t* da = grad_row.data();
+      acc_t* db = grad_row.data() + h;
+      for (int64_t j = 0; j < h; ++j) {
+        const acc_t t = acc_t(1) + er[j];
+        const acc_t s = acc_t(1) / t;
+        const acc_t gws = w.empty() ? g[j] * s : g[j] * w[r] * s;
+        da[j] = gws * br[j] * fused_multiply_add(ar[j], acc_t(1) - s, acc_t(1));
+        db[j] = gws * ar[j];
+        const acc_t act = ar[j] / t * br[j];
+        out_row[j] = w.empty() ? act : act * w[r];
+        if (!w.empty()) gact[o0 + j] = g[j] * act;
+      }
+      if (clamp.has_value()) {
+        const uint8_t* ah = a_held.data() + o0;
+        const uint8_t* bh = b_held.data() + o0;
+        for (int64_t j = 0; j < h; ++j) {
+          if (ah[j]) da[j] = acc_t(0);
+          if (bh[j]) db[j] = acc_t(0);
+        }
+      }
+      if (!on) {
+        std::fill(grad_row.begin(), grad_row.end(), acc_t(0));
+        std::fill(out_row.begin(), out_row.end(), acc_t(0));
+      }
+      store_row(grad_row.data(), 2 * h, o.x_grad, r);
+      store_row(out_row.data(), h, o.out, r);
+      if (npc) {
+        for (int64_t j = 0; j < 2 * h; ++j) g32[j] = static_cast<float>(grad_row[j]);
+        const int64_t sf_cols = o.sf.size(1);
+        cast_row_e4m3(g32.data(), 2 * h, npc, round_sf, static_cast<float>(kE4M3AmaxFloor),
+                      o.q.data_ptr<c10::Float8_e4m3fn>() + r * 2 * h, o.sf.data_ptr<float>() + r * sf_cols);
+      }
+    }
+    if (!w.empty()) {
+      // The row sums of grad_out * act by ATen's sum over the rows of the chunk (torch's reduction order).
+      at::Tensor sums = at::from_blob(gact.data(), {m, h}, at::TensorOptions().dtype(acc_type)).sum(1);
+      const acc_t* s = sums.const_data_ptr<acc_t>();
+      acc_t* wg = o.weight_grad.data_ptr<acc_t>();
+      for (int64_t r = r0; r < r1; ++r) {
+        acc_t v = owned.empty() || owned[r] ? s[r - r0] : acc_t(0);
+        if (scale.has_value()) v = v * static_cast<acc_t>(*scale);
+        wg[r] = v;
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> swiglu_backward_cpu(
+    const at::Tensor& x_in, const std::optional<at::Tensor>& x_sf_in, const at::Tensor& grad_in,
+    const std::optional<at::Tensor>& topk_weights, const std::optional<at::Tensor>& psum, int64_t alignment,
+    std::optional<double> routed_scaling_factor, std::optional<double> clamp_value,
+    std::optional<at::ScalarType> out_dtype, int64_t num_per_channels, bool round_sf) {
+  const char* op = kBackward;
+  const auto [n, h] = check_x(op, x_in, true);
+  const bool fp8_x = x_in.scalar_type() == at::kFloat8_e4m3fn;
+  if (!fp8_x) {
+    AM_CHECK_ARG(!x_sf_in.has_value(), op, "x_sf", "presence", "None for a " + dtype_name(x_in.scalar_type()) + " x",
+                 "a tensor");
+  } else {
+    AM_CHECK_ARG(x_sf_in.has_value(), op, "x_sf", "presence", "given with an E4M3 x (its per-row block scales)",
+                 "None");
+    const at::Tensor& sf = *x_sf_in;
+    check_rank(op, "x_sf", sf, 2, "[N, 2H / block] (FP32 per-row block scales)");
+    AM_CHECK_ARG(sf.scalar_type() == at::kFloat, op, "x_sf", "dtype", "torch.float32", dtype_name(sf.scalar_type()));
+    check_same_device_as(op, "x_sf", sf, x_in);
+    check_dim_size(op, "x_sf", sf, 0, "N", n, "x.size(0)");
+    const int64_t two_h = x_in.size(1), s = sf.size(1);
+    AM_CHECK_ARG(s > 0 && two_h % s == 0, op, "x_sf", "size(1)",
+                 "a divisor of 2H=" + std::to_string(two_h) + " (equal blocks of x's columns)", s);
+  }
+  check_rank(op, "grad_out", grad_in, 2, "[N, H]");
+  AM_CHECK_ARG(is_float_dtype(grad_in.scalar_type()), op, "grad_out", "dtype", kFloatDtypes,
+               dtype_name(grad_in.scalar_type()));
+  check_same_device_as(op, "grad_out", grad_in, x_in);
+  AM_CHECK_ARG(grad_in.size(0) == n && grad_in.size(1) == h, op, "grad_out", "shape",
+               shape_str({n, h}) + " (x's rows, H)", shape_str(grad_in.sizes()));
+  check_routing(op, topk_weights, psum, alignment, routed_scaling_factor, clamp_value, fp8_x ? grad_in : x_in, n);
+  const at::ScalarType out_t = out_dtype.value_or(grad_in.scalar_type());
+  AM_CHECK_ARG(is_float_dtype(out_t), op, "out_dtype", "value", std::string("None or ") + kFloatDtypes,
+               dtype_name(out_t));
+  check_int_arg(op, "num_per_channels", num_per_channels, 0);
+  const std::vector<uint8_t> owned = layout_rows(op, psum, alignment, n);
+
+  const at::ScalarType acc = compute_type(x_in, &grad_in);
+  const int64_t npc = num_per_channels;
+  const auto opts = grad_in.options();
+  BackwardOutputs o{
+      at::empty({n, 2 * h}, opts.dtype(out_t)),
+      at::empty(npc ? std::vector<int64_t>{n, 2 * h} : std::vector<int64_t>{0}, opts.dtype(at::kFloat8_e4m3fn)),
+      at::empty(npc ? std::vector<int64_t>{n, (2 * h + npc - 1) / npc} : std::vector<int64_t>{0},
+                opts.dtype(at::kFloat)),
+      at::empty({topk_weights.has_value() ? n : 0}, opts.dtype(acc)),
+      at::empty({n, h}, opts.dtype(out_t)),
+  };
+  const at::Tensor x = x_in.stride(1) == 1 ? x_in : x_in.contiguous();
+  const at::Tensor grad = grad_in.stride(1) == 1 ? grad_in : grad_in.contiguous();
+  std::optional<at::Tensor> x_sf;
+  if (x_sf_in.has_value()) x_sf = x_sf_in->stride(1) == 1 ? *x_sf_in : x_sf_in->contiguous();
+  const at::Tensor* sf_ptr = x_sf.has_value() ? &*x_sf : nullptr;
+  if (acc == at::kDouble) {
+    backward_rows<double>(x, sf_ptr, grad, row_weights<double>(topk_weights, routed_scaling_factor, owned, n),
+                          routed_scaling_factor, owned, clamp_value, npc, round_sf, o);
+  } else {
+    backward_rows<float>(x, sf_ptr, grad, row_weights<float>(topk_weights, routed_scaling_factor, owned, n),
+                         routed_scaling_factor, owned, clamp_value, npc, round_sf, o);
+  }
+  return {o.x_grad, o.q, o.sf, o.weight_grad, o.out};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- swiglu family: clamp (counted) -> silu(a) * b -> x routing weight -> FP32 / BF16 / per-token E4M3 ----
+  m.set_python_module("torch_ascend_moe.meta.swiglu");
+  // x [N, 2H] = [a | b]. a = min(a, c), b = clamp(b, -c, c) when clamp_value c is given; y = a / (1 + exp(-a)) * b
+  // in FP32 (FP64 for FP64 x); y *= topk_weights[n] * routed_scaling_factor. Rows outside the psum layout
+  // (expert e owns [align(psum[e-1], alignment), psum[e])) are 0. out_dtype None: the compute dtype (FP32, FP64
+  // for FP64 x); float8_e4m3fn: y cast per row in blocks of num_per_channels (TileKernels' rule: multiplier
+  // 448 / amax, or 1 / sf with round_sf; amax floored at sf_clamp_min, default 1e-4), sf FP32
+  // [N, ceil(H / num_per_channels)]; other dtypes: sf empty.
+  // -> (out [N, H], sf, clamped_count int64 [4]: #(a > c), #(b > c), #(b < -c), valid rows * H).
+  m.def(
+      "swiglu_forward(Tensor x, Tensor? topk_weights=None, Tensor? psum_num_tokens_per_expert=None, "
+      "int alignment=128, float? routed_scaling_factor=None, float? clamp_value=None, "
+      "ScalarType? out_dtype=None, int num_per_channels=128, bool round_sf=False, float? sf_clamp_min=None) "
+      "-> (Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+  // The gradient of swiglu_forward (TileKernels' swiglu_backward(_and_per_token_cast)): x [N, 2H] (or E4M3 with
+  // FP32 per-row block scales x_sf [N, 2H / block]) and grad_out [N, H]. With w = topk_weights * scale (0 off
+  // the layout) and s = 1 / (1 + exp(-a)) on the clamped halves: g = grad_out * w * s, da = g * b * fma(a, 1 - s,
+  // 1), db = g * a, zero where the clamp held; out = a / (1 + exp(-a)) * b * w (the recomputed forward);
+  // weight_grad[n] = sum_h grad_out * a / (1 + exp(-a)) * b, times scale, 0 off the layout.
+  // -> (x_grad [N, 2H] in out_dtype (grad_out's by default), x_grad's per-token E4M3 cast in blocks of
+  // num_per_channels and its FP32 sf when num_per_channels > 0 (empty otherwise; cast from the FP32 gradient),
+  // weight_grad [N] (empty without weights), out [N, H] in out_dtype).
+  m.def(
+      "swiglu_backward(Tensor x, Tensor? x_sf, Tensor grad_out, Tensor? topk_weights=None, "
+      "Tensor? psum_num_tokens_per_expert=None, int alignment=128, float? routed_scaling_factor=None, "
+      "float? clamp_value=None, ScalarType? out_dtype=None, int num_per_channels=0, bool round_sf=False) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
+  m.impl("swiglu_forward", &swiglu_forward_cpu);
+  m.impl("swiglu_backward", &swiglu_backward_cpu);
+}
+
+}  // namespace ascend_moe
