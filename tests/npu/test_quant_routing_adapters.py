@@ -36,6 +36,7 @@ SPECS = {s.name: s for s in (*QUANT_SPECS, *ROUTING_SPECS, *FP8_GEMM_SPECS)}
 # op -> the backend module holding its adapter (the adapter has the op's name there)
 ADAPTED = {
     "quantize_fp8": npu_quant,
+    "quantize_blocks": npu_quant,
     "moe_permute": npu_routing,
     "moe_gating_topk": npu_routing,
     "moe_unpermute": npu_routing,
@@ -54,6 +55,25 @@ def _extra_quantize_samples(device, dtype):
         SampleInput((_high_precision(m, n, dtype, device, tr, g), block, True, packed), f"extra M{m}N{n} {block}")
         for m, n, block, packed, tr in cases
     ]
+
+
+def _extra_blocks_samples(device, dtype):
+    """TileKernels' power-of-two E4M3 row blocks (what the MX op takes): ragged widths, a custom amax floor, a row of
+    zeros (the floor decides its scale), a transposed input; and near misses that stay portable."""
+    g = torch.Generator().manual_seed(44)
+    cases = [
+        (9, 300, [1, 128], True, None, False),
+        (5, 64, [1, 32], True, 0.5, True),
+        (4, 40, [1, 64], True, None, False),
+    ]
+    cases += [(6, 64, [1, 32], False, None, False), (6, 64, [2, 32], True, None, False)]
+    out = []
+    for m, n, block, round_sf, clamp, tr in cases:
+        x = _high_precision(m, n, dtype, device, tr, g)
+        x[0] = 0
+        name = f"extra M{m}N{n} {block}{' round_sf' if round_sf else ''} clamp={clamp}"
+        out.append(SampleInput((x, "e4m3", block, round_sf, None, clamp), name))
+    return out
 
 
 def _extra_unpermute_samples(device, dtype):
@@ -88,6 +108,7 @@ def _extra_fp8_gemm_samples(device, dtype):
 
 EXTRA = {
     "quantize_fp8": _extra_quantize_samples,
+    "quantize_blocks": _extra_blocks_samples,
     "moe_unpermute": _extra_unpermute_samples,
     "fp8_gemm": _extra_fp8_gemm_samples,
 }
@@ -127,6 +148,13 @@ MAPPED = {
             "extra M6N64 [1, 32]",
         },
         ("quantize_fp8", torch.float32): {"extra M7N100 [1, 32]", "extra M6N64 [1, 32]"},
+        ("quantize_blocks", torch.bfloat16): {
+            "M33N300 block=[1, 128] e4m3 round_sf clamp=None transposed",
+            "extra M9N300 [1, 128] round_sf clamp=None",
+            "extra M5N64 [1, 32] round_sf clamp=0.5",
+            "extra M4N40 [1, 64] round_sf clamp=None",
+        },
+        ("quantize_blocks", torch.float32): {"extra M5N64 [1, 32] round_sf clamp=0.5"},
         ("fp8_gemm", torch.bfloat16): {
             "M1N576K512 fp8-1x128 x fp8-128x128",
             "extra M33N129K384",

@@ -10,6 +10,14 @@ are turned into ours: FP32 ``2^(code-127)`` ``[M, G]``, or four codes per int32 
 code 127 = 1.0, as ours). FP32 input only with ``c == 32`` and ``N >= 32`` (the docs' limits). Not verified:
 blocks holding NaN/Inf (ours gives code 255 / 254; the docs do not say what the op writes).
 
+``quantize_blocks(x, "e4m3", [1, c], round_sf=True, sf=None, amax_clamp)`` (TileKernels' power-of-two scales), under
+the same conditions: the same call with ``max_low_bound = amax_clamp`` (1e-4 by default). TileKernels' rule is the
+same steps for finite values: ``sf = max(amax, floor) / 448`` rounded up to a power of two (its bit trick, adding
+the mantissa's all-ones), multiplier ``1 / sf``, codes ``e4m3(x * (1 / sf))`` (the clamp to 448 never binds: the
+product is at most ``amax / sf <= 448``). Scales come back as FP32 powers of two. Blocks holding NaN/inf are
+rewritten on the device by TileKernels' rule (its bit trick makes their scale 0 or inf and their multiplier 0),
+whatever the MX op writes there.
+
 Stays portable, and why:
 
 * ``quantize_fp8`` with FP32 (non power-of-two) scales, 1x128 or 128x128: ``npu_dynamic_block_quant`` is
@@ -23,11 +31,10 @@ Stays portable, and why:
   2.5 -> 2); the op's ``round_mode`` offers ``rint`` (ties to even: 0.75 -> 1), ``round`` (ties away) and
   ``floor`` (truncation). Its FP4 scales are OCP's ``floor(log2 amax) - 2`` (scale_alg 0) or a mantissa-bit rule
   (scale_alg 2), not our ``ceil(log2(amax / 6))``; scale_alg 1 is FP8 only.
-* ``quantize_blocks`` (TileKernels' cast rules): its E4M3 ``round_sf`` case in ``[1, c]`` blocks is the same
-  computation as the ``quantize_fp8`` mapping above (``scale_alg=1``, ``max_low_bound`` = its ``amax_clamp``) and
-  can reuse it (not wired yet); without ``round_sf`` its multiplier is ``448 / amax``, which no documented
-  scale_alg states; its E2M1 ties to even like ``round_mode="rint"``, but the op's FP4 scales are OCP's, not
-  ``ceil(log2(amax / 6))``.
+* ``quantize_blocks`` (TileKernels' cast rules) other than its E4M3 ``round_sf`` case in ``[1, c]`` blocks (mapped,
+  above): without ``round_sf`` its multiplier is ``448 / amax``, which no documented scale_alg states; given scales
+  (``sf``) are not powers of two; its E2M1 ties to even like ``round_mode="rint"``, but the op's FP4 scales are
+  OCP's, not ``ceil(log2(amax / 6))``; E5M6 is no CANN format.
 * ``dequantize``: one multiply per element, rounded once, which the portable kernel already runs on ACLNN
   kernels; ``npu_anti_mx_quant`` takes only MX (1x32 E8M0) scales in the op's own layout, none of our FP32 /
   packed / arbitrary-block scales, and would add a layout conversion to an op with no rounding to share.
@@ -47,7 +54,7 @@ import torch
 from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
 from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.portable import quant as portable
-from torch_ascend_moe.meta.quant import QUANTIZE_FP8, quantize_signature
+from torch_ascend_moe.meta.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
 from torch_ascend_moe.quant.reference import AMAX_FLOOR
 
 ASCEND950 = 260  # get_soc_version() from here on is Ascend 950 (the metas' _ASCEND950_SOC_VERSION)
@@ -86,9 +93,9 @@ def mx_scales_to_ours(codes: torch.Tensor, groups: int, packed: bool) -> torch.T
     return torch.where(codes == 255, float("nan"), powers).contiguous()
 
 
-def _mx_quant(call, x, group: int):
+def _mx_quant(call, x, group: int, floor: float = AMAX_FLOOR):
     """``npu_dynamic_mx_quant`` through ``call`` (the op, or torch_npu's GE converter of it) with DeepGEMM's UE8M0
-    recipe (scale_alg 1, amax floored at 1e-4), E4M3 out, ``group``-wide row blocks."""
+    recipe (scale_alg 1, amax floored at ``floor``, 1e-4 by default), E4M3 out, ``group``-wide row blocks."""
     return call(
         x,
         axis=-1,
@@ -96,7 +103,7 @@ def _mx_quant(call, x, group: int):
         dst_type=NPU_FLOAT8_E4M3FN,
         block_size=group,
         scale_alg=1,
-        max_low_bound=AMAX_FLOOR,
+        max_low_bound=floor,
     )
 
 
@@ -109,6 +116,36 @@ def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
     y, codes = _mx_quant(torch.ops.npu.npu_dynamic_mx_quant, x, group)
     groups = -(-x.shape[1] // group)
     return y.contiguous(), mx_scales_to_ours(codes, groups, use_packed_ue8m0)
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant")
+def quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp):
+    quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp)
+    mapped = fmt == "e4m3" and round_sf and sf is None
+    group = mx_fp8_block(x, block, True) if mapped else None
+    if group is None:
+        return portable.quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp)
+    floor = BLOCK_FORMATS["e4m3"][1] if amax_clamp is None else amax_clamp
+    y, codes = _mx_quant(torch.ops.npu.npu_dynamic_mx_quant, x, group, floor)
+    scales = mx_scales_to_ours(codes, -(-x.shape[1] // group), False)
+    return _nonfinite_blocks_as_tilekernels(x, y.contiguous(), scales, group)
+
+
+def _nonfinite_blocks_as_tilekernels(x: torch.Tensor, y: torch.Tensor, sf: torch.Tensor, group: int):
+    """Blocks holding NaN/inf rewritten by TileKernels' rule (on the device, whatever the MX op wrote there): its bit
+    trick turns a NaN amax into a 0 scale and an infinite one into an infinite scale, both into the multiplier 0, so
+    the codes are ``e4m3(x * 0)`` (signed zeros, NaN where x is not finite)."""
+    m, n = x.shape
+    groups = sf.shape[1]
+    pad = groups * group - n
+    xf = x.float()
+    nan_block = torch.nn.functional.pad(xf.isnan(), (0, pad)).view(m, groups, group).any(-1)
+    bad_block = torch.nn.functional.pad(~xf.isfinite(), (0, pad)).view(m, groups, group).any(-1)
+    sf = torch.where(nan_block, 0.0, torch.where(bad_block, float("inf"), sf))
+    bad = bad_block.repeat_interleave(group, 1)[:, :n]
+    zeroed = (xf * 0.0).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    codes = torch.where(bad, zeroed.view(torch.uint8), y.view(torch.uint8))
+    return codes.view(torch.float8_e4m3fn), sf
 
 
 @npu_ge_converter("quantize_fp8", ir="DynamicMxQuant")

@@ -73,8 +73,8 @@ def tile_cast(x, fmt, block, round_sf, sf, amax_clamp):
     else:
         multiplier = sf.reciprocal()
     q = (blocks * multiplier[:, None, :, None]).reshape(xf.shape)[:m, :n]
-    if fmt == "e4m3":
-        return torch.clamp(q, -max_q, max_q).to(torch.float8_e4m3fn), sf.clone()
+    if fmt == "e4m3":  # contiguous as the fake's, whatever x's strides (elementwise ops follow a transposed x)
+        return torch.clamp(q, -max_q, max_q).to(torch.float8_e4m3fn).contiguous(), sf.clone()
     if fmt == "e5m6":  # no clamp: TileKernels rounds the scaled value as it is
         return pack_e5m6(encode_e5m6(q)), sf.clone()
     return pack_e2m1(encode_e2m1_rne(q)), sf.clone()
