@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "vector_clones.h"
 
 namespace ascend_moe {
 namespace {
@@ -113,32 +114,200 @@ std::vector<uint8_t> layout_rows(const char* op, const std::optional<at::Tensor>
   return owned;
 }
 
-// ---- element access ----
+// ---- element loops: plain loops over contiguous buffers, built for AVX2 and baseline x86-64 (AM_VECTOR_CLONES) ----
+// Every step is one IEEE operation: no expression has the a * b + c shape a compiler could contract into an FMA.
+
+inline uint32_t bits_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+AM_VECTOR_CLONES void bf16_to_float(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
+}
+
+// c10's round to nearest even (NaN -> 0x7FC0), branch-free so it vectorizes.
+AM_VECTOR_CLONES void float_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = bits_of(src[j]);
+    const uint16_t rounded = static_cast<uint16_t>((u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16);
+    dst[j] = src[j] != src[j] ? uint16_t{0x7FC0} : rounded;
+  }
+}
+
+// torch.clamp's results (NaN kept): a = min(a, c), b = clamp(b, -c, c); counts #(a > c), #(b > c), #(b < -c).
+template <typename T>
+inline void clamp_count_impl(T* a, T* b, int64_t h, T c, int64_t* counts) {
+  int64_t na = 0, nhi = 0, nlo = 0;
+  for (int64_t j = 0; j < h; ++j) {
+    const T x = a[j], y = b[j];
+    na += x > c;
+    nhi += y > c;
+    nlo += y < -c;
+    a[j] = x > c ? c : x;
+    b[j] = y > c ? c : (y < -c ? -c : y);
+  }
+  counts[0] += na, counts[1] += nhi, counts[2] += nlo;
+}
+AM_VECTOR_CLONES void clamp_count(float* a, float* b, int64_t h, float c, int64_t* counts) {
+  clamp_count_impl(a, b, h, c, counts);
+}
+void clamp_count(double* a, double* b, int64_t h, double c, int64_t* counts) { clamp_count_impl(a, b, h, c, counts); }
+
+// The backward's clamp: the same bounds, and which elements the clamp held (their gradient is 0).
+template <typename T>
+inline void clamp_flags_impl(T* a, T* b, int64_t h, T c, uint8_t* a_held, uint8_t* b_held) {
+  for (int64_t j = 0; j < h; ++j) {
+    const T x = a[j], y = b[j];
+    a_held[j] = x > c;
+    b_held[j] = (y > c) | (y < -c);
+    a[j] = x > c ? c : x;
+    b[j] = y > c ? c : (y < -c ? -c : y);
+  }
+}
+AM_VECTOR_CLONES void clamp_flags(float* a, float* b, int64_t h, float c, uint8_t* a_held, uint8_t* b_held) {
+  clamp_flags_impl(a, b, h, c, a_held, b_held);
+}
+void clamp_flags(double* a, double* b, int64_t h, double c, uint8_t* a_held, uint8_t* b_held) {
+  clamp_flags_impl(a, b, h, c, a_held, b_held);
+}
+
+template <typename T>
+inline void negate_impl(const T* src, int64_t n, T* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = -src[j];
+}
+AM_VECTOR_CLONES void negate(const float* src, int64_t n, float* dst) { negate_impl(src, n, dst); }
+void negate(const double* src, int64_t n, double* dst) { negate_impl(src, n, dst); }
+
+// y = a / (1 + e) * b (e = exp(-a)), times w when weighted.
+template <typename T>
+inline void swiglu_impl(const T* a, const T* b, const T* e, int64_t h, bool weighted, T w, T* y) {
+  for (int64_t j = 0; j < h; ++j) y[j] = a[j] / (T(1) + e[j]) * b[j];
+  if (weighted)
+    for (int64_t j = 0; j < h; ++j) y[j] = y[j] * w;
+}
+AM_VECTOR_CLONES void swiglu_row(const float* a, const float* b, const float* e, int64_t h, bool weighted, float w,
+                                 float* y) {
+  swiglu_impl(a, b, e, h, weighted, w, y);
+}
+void swiglu_row(const double* a, const double* b, const double* e, int64_t h, bool weighted, double w, double* y) {
+  swiglu_impl(a, b, e, h, weighted, w, y);
+}
+
+// The backward of one row: s = 1 / (1 + e), gws = g * w * s (g * s unweighted), da = gws * b * fma(a, 1 - s, 1),
+// db = gws * a, out = a / (1 + e) * b (* w), gact = g * (a / (1 + e) * b) (the weight gradient's terms).
+template <typename T, typename Fma>
+inline void backward_impl(const T* a, const T* b, const T* e, const T* g, int64_t h, bool weighted, T w, T* da, T* db,
+                          T* out, T* gact, Fma fma) {
+  for (int64_t j = 0; j < h; ++j) {
+    const T t = T(1) + e[j];
+    const T s = T(1) / t;
+    const T gws = weighted ? g[j] * w * s : g[j] * s;
+    da[j] = gws * b[j] * fma(a[j], T(1) - s, T(1));
+    db[j] = gws * a[j];
+    const T act = a[j] / t * b[j];
+    out[j] = weighted ? act * w : act;
+    gact[j] = g[j] * act;
+  }
+}
+// TileKernels' fma rounded once (FP32); the FP64 gradcheck path takes the plain expression, as the portable kernel.
+AM_VECTOR_CLONES void backward_row(const float* a, const float* b, const float* e, const float* g, int64_t h,
+                                   bool weighted, float w, float* da, float* db, float* out, float* gact) {
+  backward_impl(a, b, e, g, h, weighted, w, da, db, out, gact, [](float x, float y, float z) { return std::fma(x, y, z); });
+}
+void backward_row(const double* a, const double* b, const double* e, const double* g, int64_t h, bool weighted,
+                  double w, double* da, double* db, double* out, double* gact) {
+  backward_impl(a, b, e, g, h, weighted, w, da, db, out, gact, [](double x, double y, double z) {
+    const double p = x * y;  // two roundings, on purpose
+    return p + z;
+  });
+}
+
+// The largest |y| of a block as bits (non-negative floats order as their bits; NaN's above inf's), integer max.
+AM_VECTOR_CLONES uint32_t abs_max_bits(const float* y, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = bits_of(y[j]) & 0x7FFFFFFFu;
+    m = u > m ? u : m;
+  }
+  return m;
+}
+
+// E4M3 codes of clamp(y * multiplier, -448, 448): c10's conversion (round to nearest even; NaN -> 0x7F with the
+// sign) written branch-free so it vectorizes.
+AM_VECTOR_CLONES void e4m3_codes(const float* y, int64_t n, float multiplier, uint8_t* q) {
+  constexpr uint32_t kDenormMask = UINT32_C(141) << 23;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = y[j] * multiplier;
+    v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
+    const uint32_t u = bits_of(v);
+    const uint32_t sign = u & 0x80000000u, mag = u ^ sign;
+    const uint32_t denorm = bits_of(float_of(mag) + float_of(kDenormMask)) - kDenormMask;
+    const uint32_t normal = (mag + ((static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu) + ((mag >> 20) & 1u)) >> 20;
+    const uint32_t code = mag >= (UINT32_C(1087) << 20) ? 0x7Fu : (mag < (UINT32_C(121) << 23) ? denorm : normal);
+    q[j] = static_cast<uint8_t>(code | (sign >> 24));
+  }
+}
+
+// TileKernels' per-token E4M3 cast of one row (quantize_blocks' rule, as the portable tile_cast): per block of
+// `block` columns amax (NaN wins), floored, sf = amax / 448 (round_sf: up to a power of two by adding the
+// mantissa's all-ones, integer arithmetic wrapping as torch's int32 add), multiplier 448 / amax (1 / sf with
+// round_sf; 0 where sf is 0), codes clamp(y * multiplier, -448, 448).
+void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, uint8_t* q, float* sf) {
+  for (int64_t j0 = 0, k = 0; j0 < cols; j0 += block, ++k) {
+    const int64_t n = std::min(cols, j0 + block) - j0;
+    float amax = float_of(abs_max_bits(y + j0, n));  // a NaN amax stays NaN through the floor (torch.clamp)
+    amax = amax < floor ? floor : amax;
+    float s = amax / kE4M3Max, multiplier;
+    if (round_sf) {
+      s = float_of((bits_of(s) + 0x007FFFFFu) & 0x7F800000u);
+      multiplier = s == 0.0f ? 0.0f : 1.0f / s;
+    } else {
+      multiplier = s == 0.0f ? 0.0f : kE4M3Max / amax;
+    }
+    sf[k] = s;
+    e4m3_codes(y + j0, n, multiplier, q + j0);
+  }
+}
 
 // Row r of x (columns contiguous) into dst in the compute type: BF16/FP32/FP64 converted, E4M3 codes times their
 // FP32 block scale (one FP32 product) and then converted.
 template <typename acc_t>
-void load_row(const at::Tensor& x, const float* sf_row, int64_t sf_block, int64_t r, int64_t cols, acc_t* dst) {
+void load_row(const at::Tensor& x, const float* sf_row, int64_t sf_block, int64_t r, int64_t col0, int64_t cols,
+              acc_t* dst) {
   const int64_t stride = x.stride(0);
+  const int64_t offset = r * stride + col0;
   switch (x.scalar_type()) {
     case at::kBFloat16: {
-      const c10::BFloat16* p = x.const_data_ptr<c10::BFloat16>() + r * stride;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(static_cast<float>(p[j]));
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()) + offset;
+      if constexpr (std::is_same_v<acc_t, float>) {
+        bf16_to_float(p, cols, dst);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) dst[j] = float_of(static_cast<uint32_t>(p[j]) << 16);
+      }
       break;
     }
     case at::kFloat: {
-      const float* p = x.const_data_ptr<float>() + r * stride;
+      const float* p = x.const_data_ptr<float>() + offset;
       for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
       break;
     }
     case at::kDouble: {
-      const double* p = x.const_data_ptr<double>() + r * stride;
+      const double* p = x.const_data_ptr<double>() + offset;
       for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
       break;
     }
     default: {  // E4M3 with block scales
-      const c10::Float8_e4m3fn* p = x.const_data_ptr<c10::Float8_e4m3fn>() + r * stride;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(static_cast<float>(p[j]) * sf_row[j / sf_block]);
+      const c10::Float8_e4m3fn* p = x.const_data_ptr<c10::Float8_e4m3fn>() + offset;
+      for (int64_t j = 0; j < cols; ++j) {
+        dst[j] = static_cast<acc_t>(static_cast<float>(p[j]) * sf_row[(col0 + j) / sf_block]);
+      }
     }
   }
 }
@@ -148,8 +317,12 @@ template <typename acc_t>
 void store_row(const acc_t* src, int64_t cols, at::Tensor& out, int64_t r) {
   switch (out.scalar_type()) {
     case at::kBFloat16: {
-      c10::BFloat16* p = out.data_ptr<c10::BFloat16>() + r * cols;
-      for (int64_t j = 0; j < cols; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j]));
+      uint16_t* p = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()) + r * cols;
+      if constexpr (std::is_same_v<acc_t, float>) {
+        float_to_bf16(src, cols, p);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j])).x;
+      }
       break;
     }
     case at::kFloat: {
@@ -164,49 +337,19 @@ void store_row(const acc_t* src, int64_t cols, at::Tensor& out, int64_t r) {
   }
 }
 
-// TileKernels' per-token E4M3 cast of one row (quantize_blocks' rule, as the portable tile_cast): per block of
-// `block` columns amax (NaN wins), floored, sf = amax / 448 (round_sf: up to a power of two by adding the
-// mantissa's all-ones, integer arithmetic wrapping as torch's int32 add), multiplier 448 / amax (1 / sf with
-// round_sf; 0 where sf is 0), codes clamp(y * multiplier, -448, 448).
-void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, c10::Float8_e4m3fn* q,
-                   float* sf) {
-  for (int64_t j0 = 0, k = 0; j0 < cols; j0 += block, ++k) {
-    const int64_t j1 = std::min(cols, j0 + block);
-    float amax = 0.0f;
-    bool nan = false;
-    for (int64_t j = j0; j < j1; ++j) {
-      const float v = std::fabs(y[j]);
-      nan |= std::isnan(v);
-      amax = v > amax ? v : amax;
-    }
-    if (nan) amax = std::numeric_limits<float>::quiet_NaN();
-    amax = std::isnan(amax) ? amax : std::max(amax, floor);
-    float s = amax / kE4M3Max, multiplier;
-    if (round_sf) {
-      uint32_t bits;
-      std::memcpy(&bits, &s, 4);
-      bits = (bits + 0x007FFFFFu) & 0x7F800000u;
-      std::memcpy(&s, &bits, 4);
-      multiplier = s == 0.0f ? 0.0f : 1.0f / s;
-    } else {
-      multiplier = s == 0.0f ? 0.0f : kE4M3Max / amax;
-    }
-    sf[k] = s;
-    for (int64_t j = j0; j < j1; ++j) {
-      float v = y[j] * multiplier;
-      if (!std::isnan(v)) v = std::min(std::max(v, -kE4M3Max), kE4M3Max);
-      q[j] = c10::Float8_e4m3fn(v);
-    }
-  }
-}
-
-// exp(-a) of a chunk buffer, in place, by ATen's CPU exp (the function torch.exp is; called inside a parallel
+// exp(-a) of a chunk: negated into e, then ATen's CPU exp in place (the function torch.exp is; inside a parallel
 // region it runs on this thread).
 template <typename acc_t>
-void exp_neg_inplace(acc_t* e, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) e[i] = -e[i];
-  at::Tensor t = at::from_blob(e, {n}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value));
-  t.exp_();
+void exp_neg(const acc_t* a, int64_t n, acc_t* e) {
+  negate(a, n, e);
+  at::from_blob(e, {n}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value)).exp_();
+}
+
+// A thread's scratch buffers, kept between chunks and calls (no allocation or zero-fill per chunk).
+template <typename T>
+T* scratch(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
 }
 
 // Row chunks: whole rows, about kChunkElements per half; parallel when the call is big enough.
@@ -245,56 +388,54 @@ void forward_rows(const at::Tensor& x, const std::vector<acc_t>& w, const std::v
                   float floor, std::atomic<int64_t>* counts) {
   const int64_t rows = x.size(0), h = x.size(1) / 2;
   const bool fp8 = out.scalar_type() == at::kFloat8_e4m3fn;
+  const bool direct = std::is_same_v<acc_t, float> && out.scalar_type() == at::kFloat;
   for_row_chunks(rows, h, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<acc_t> buffer;
+    thread_local std::vector<float> buffer32;
     const int64_t n = (r1 - r0) * h;
-    std::vector<acc_t> a(n), b(n), e(n), xrow(2 * h), y(h);
-    std::vector<float> y32(fp8 ? h : 0);
-    int64_t c_a = 0, c_bhi = 0, c_blo = 0;
+    acc_t* a = scratch(buffer, 4 * n);
+    acc_t *b = a + n, *e = b + n, *y_chunk = e + n;
+    float* y32 = fp8 ? scratch(buffer32, h) : nullptr;
+    int64_t local[3] = {0, 0, 0};
     for (int64_t r = r0; r < r1; ++r) {
-      acc_t* ar = a.data() + (r - r0) * h;
-      acc_t* br = b.data() + (r - r0) * h;
-      if (!owned.empty() && !owned[r]) {
-        std::fill(ar, ar + h, acc_t(0));  // not used: the row's output is 0
+      acc_t* ar = a + (r - r0) * h;
+      acc_t* br = b + (r - r0) * h;
+      if (!owned.empty() && !owned[r]) {  // the row's output is 0: its buffers only need to be harmless
+        std::fill(ar, ar + h, acc_t(0));
+        std::fill(br, br + h, acc_t(0));
         continue;
       }
-      load_row<acc_t>(x, nullptr, 1, r, 2 * h, xrow.data());
-      std::copy(xrow.begin(), xrow.begin() + h, ar);
-      std::copy(xrow.begin() + h, xrow.end(), br);
-      if (clamp.has_value()) {
-        const acc_t c = static_cast<acc_t>(*clamp);
-        for (int64_t j = 0; j < h; ++j) {
-          c_a += ar[j] > c;
-          c_bhi += br[j] > c;
-          c_blo += br[j] < -c;
-          // torch.clamp: NaN stays NaN
-          ar[j] = std::isnan(ar[j]) ? ar[j] : std::min(ar[j], c);
-          br[j] = std::isnan(br[j]) ? br[j] : std::min(std::max(br[j], -c), c);
-        }
-      }
+      load_row<acc_t>(x, nullptr, 1, r, 0, h, ar);
+      load_row<acc_t>(x, nullptr, 1, r, h, h, br);
+      if (clamp.has_value()) clamp_count(ar, br, h, static_cast<acc_t>(*clamp), local);
     }
-    std::copy(a.begin(), a.end(), e.begin());
-    exp_neg_inplace(e.data(), n);
+    exp_neg(a, n, e);
     for (int64_t r = r0; r < r1; ++r) {
-      const bool on = owned.empty() || owned[r];
-      const acc_t* ar = a.data() + (r - r0) * h;
-      const acc_t* br = b.data() + (r - r0) * h;
-      const acc_t* er = e.data() + (r - r0) * h;
-      for (int64_t j = 0; j < h; ++j) y[j] = ar[j] / (acc_t(1) + er[j]) * br[j];
-      if (!w.empty())
-        for (int64_t j = 0; j < h; ++j) y[j] = y[j] * w[r];
-      if (!on) std::fill(y.begin(), y.end(), acc_t(0));
+      const int64_t o = (r - r0) * h;
+      // FP32 out: straight into the output row.
+      acc_t* yr = direct ? reinterpret_cast<acc_t*>(out.data_ptr<float>() + r * h) : y_chunk + o;
+      if (owned.empty() || owned[r]) {
+        swiglu_row(a + o, b + o, e + o, h, !w.empty(), w.empty() ? acc_t(0) : w[r], yr);
+      } else {
+        std::fill(yr, yr + h, acc_t(0));
+      }
       if (!fp8) {
-        store_row(y.data(), h, out, r);
+        if (!direct) store_row(yr, h, out, r);
         continue;
       }
-      for (int64_t j = 0; j < h; ++j) y32[j] = static_cast<float>(y[j]);
+      const float* cast_src;
+      if constexpr (std::is_same_v<acc_t, float>) {
+        cast_src = yr;
+      } else {
+        for (int64_t j = 0; j < h; ++j) y32[j] = static_cast<float>(yr[j]);
+        cast_src = y32;
+      }
       const int64_t sf_cols = sf.size(1);
-      cast_row_e4m3(y32.data(), h, npc, round_sf, floor, out.data_ptr<c10::Float8_e4m3fn>() + r * h,
+      cast_row_e4m3(cast_src, h, npc, round_sf, floor,
+                    reinterpret_cast<uint8_t*>(out.data_ptr<c10::Float8_e4m3fn>()) + r * h,
                     sf.data_ptr<float>() + r * sf_cols);
     }
-    counts[0] += c_a;
-    counts[1] += c_bhi;
-    counts[2] += c_blo;
+    for (int i = 0; i < 3; ++i) counts[i] += local[i];
   });
 }
 
@@ -343,16 +484,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_forward_cpu(
 
 // ---- backward ----
 
-template <typename acc_t>
-inline acc_t fused_multiply_add(acc_t a, acc_t b, acc_t c) {
-  // FP32: TileKernels' fma, rounded once. FP64 (the gradcheck path): the plain expression, as the portable kernel.
-  if constexpr (std::is_same_v<acc_t, float>) {
-    return std::fma(a, b, c);
-  } else {
-    return a * b + c;
-  }
-}
-
 struct BackwardOutputs {
   at::Tensor x_grad, q, sf, weight_grad, out;
 };
@@ -365,74 +496,65 @@ void backward_rows(const at::Tensor& x, const at::Tensor* x_sf, const at::Tensor
   const int64_t sf_block = x_sf != nullptr ? x.size(1) / x_sf->size(1) : 1;
   const at::ScalarType acc_type = c10::CppTypeToScalarType<acc_t>::value;
   for_row_chunks(rows, h, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<acc_t> buffer;
+    thread_local std::vector<uint8_t> flags;
+    thread_local std::vector<float> buffer32;
     const int64_t m = r1 - r0, n = m * h;
-    std::vector<acc_t> a(n), b(n), e(n), xrow(2 * h), g(h), grad_row(2 * h), out_row(h), gact(w.empty() ? 0 : n);
-    std::vector<uint8_t> a_held(clamp ? n : 0), b_held(clamp ? n : 0);
-    std::vector<float> g32(npc ? 2 * h : 0);
+    acc_t* a = scratch(buffer, 4 * n + 4 * h);
+    acc_t *b = a + n, *e = b + n, *gact = e + n, *g = gact + n, *grad_row = g + h, *out_row = grad_row + 2 * h;
+    uint8_t* a_held = clamp ? scratch(flags, 2 * n) : nullptr;
+    uint8_t* b_held = clamp ? a_held + n : nullptr;
+    float* g32 = npc ? scratch(buffer32, 2 * h) : nullptr;
     for (int64_t r = r0; r < r1; ++r) {
-      acc_t* ar = a.data() + (r - r0) * h;
-      acc_t* br = b.data() + (r - r0) * h;
-      load_row<acc_t>(x, x_sf != nullptr ? x_sf->const_data_ptr<float>() + r * x_sf->stride(0) : nullptr,
-                      sf_block, r, 2 * h, xrow.data());
-      std::copy(xrow.begin(), xrow.begin() + h, ar);
-      std::copy(xrow.begin() + h, xrow.end(), br);
+      acc_t* ar = a + (r - r0) * h;
+      acc_t* br = b + (r - r0) * h;
+      const float* sf_row = x_sf != nullptr ? x_sf->const_data_ptr<float>() + r * x_sf->stride(0) : nullptr;
+      load_row<acc_t>(x, sf_row, sf_block, r, 0, h, ar);
+      load_row<acc_t>(x, sf_row, sf_block, r, h, h, br);
       if (clamp.has_value()) {
-        const acc_t c = static_cast<acc_t>(*clamp);
-        uint8_t* ah = a_held.data() + (r - r0) * h;
-        uint8_t* bh = b_held.data() + (r - r0) * h;
-        for (int64_t j = 0; j < h; ++j) {
-          ah[j] = ar[j] > c;
-          bh[j] = br[j] > c || br[j] < -c;
-          ar[j] = std::isnan(ar[j]) ? ar[j] : std::min(ar[j], c);
-          br[j] = std::isnan(br[j]) ? br[j] : std::min(std::max(br[j], -c), c);
-        }
+        clamp_flags(ar, br, h, static_cast<acc_t>(*clamp), a_held + (r - r0) * h, b_held + (r - r0) * h);
       }
     }
-    std::copy(a.begin(), a.end(), e.begin());
-    exp_neg_inplace(e.data(), n);
+    exp_neg(a, n, e);
     for (int64_t r = r0; r < r1; ++r) {
       const bool on = owned.empty() || owned[r];
       const int64_t o0 = (r - r0) * h;
-      const acc_t* ar = a.data() + o0;
-      const acc_t* br = b.data() + o0;
-      const acc_t* er = e.data() + o0;
-      load_row<acc_t>(grad, nullptr, 1, r, h, g.data());
-      acc_t* da = grad_row.data();
-      acc_t* db = grad_row.data() + h;
-      for (int64_t j = 0; j < h; ++j) {
-        const acc_t t = acc_t(1) + er[j];
-        const acc_t s = acc_t(1) / t;
-        const acc_t gws = w.empty() ? g[j] * s : g[j] * w[r] * s;
-        da[j] = gws * br[j] * fused_multiply_add(ar[j], acc_t(1) - s, acc_t(1));
-        db[j] = gws * ar[j];
-        const acc_t act = ar[j] / t * br[j];
-        out_row[j] = w.empty() ? act : act * w[r];
-        if (!w.empty()) gact[o0 + j] = g[j] * act;
-      }
+      load_row<acc_t>(grad, nullptr, 1, r, 0, h, g);
+      acc_t* da = grad_row;
+      acc_t* db = grad_row + h;
+      backward_row(a + o0, b + o0, e + o0, g, h, !w.empty(), w.empty() ? acc_t(0) : w[r], da, db, out_row,
+                   gact + o0);
       if (clamp.has_value()) {
-        const uint8_t* ah = a_held.data() + o0;
-        const uint8_t* bh = b_held.data() + o0;
+        const uint8_t* ah = a_held + o0;
+        const uint8_t* bh = b_held + o0;
         for (int64_t j = 0; j < h; ++j) {
-          if (ah[j]) da[j] = acc_t(0);
-          if (bh[j]) db[j] = acc_t(0);
+          da[j] = ah[j] ? acc_t(0) : da[j];
+          db[j] = bh[j] ? acc_t(0) : db[j];
         }
       }
       if (!on) {
-        std::fill(grad_row.begin(), grad_row.end(), acc_t(0));
-        std::fill(out_row.begin(), out_row.end(), acc_t(0));
+        std::fill(grad_row, grad_row + 2 * h, acc_t(0));
+        std::fill(out_row, out_row + h, acc_t(0));
       }
-      store_row(grad_row.data(), 2 * h, o.x_grad, r);
-      store_row(out_row.data(), h, o.out, r);
+      store_row(grad_row, 2 * h, o.x_grad, r);
+      store_row(out_row, h, o.out, r);
       if (npc) {
-        for (int64_t j = 0; j < 2 * h; ++j) g32[j] = static_cast<float>(grad_row[j]);
+        const float* cast_src;
+        if constexpr (std::is_same_v<acc_t, float>) {
+          cast_src = grad_row;
+        } else {
+          for (int64_t j = 0; j < 2 * h; ++j) g32[j] = static_cast<float>(grad_row[j]);
+          cast_src = g32;
+        }
         const int64_t sf_cols = o.sf.size(1);
-        cast_row_e4m3(g32.data(), 2 * h, npc, round_sf, static_cast<float>(kE4M3AmaxFloor),
-                      o.q.data_ptr<c10::Float8_e4m3fn>() + r * 2 * h, o.sf.data_ptr<float>() + r * sf_cols);
+        cast_row_e4m3(cast_src, 2 * h, npc, round_sf, static_cast<float>(kE4M3AmaxFloor),
+                      reinterpret_cast<uint8_t*>(o.q.data_ptr<c10::Float8_e4m3fn>()) + r * 2 * h,
+                      o.sf.data_ptr<float>() + r * sf_cols);
       }
     }
     if (!w.empty()) {
       // The row sums of grad_out * act by ATen's sum over the rows of the chunk (torch's reduction order).
-      at::Tensor sums = at::from_blob(gact.data(), {m, h}, at::TensorOptions().dtype(acc_type)).sum(1);
+      at::Tensor sums = at::from_blob(gact, {m, h}, at::TensorOptions().dtype(acc_type)).sum(1);
       const acc_t* s = sums.const_data_ptr<acc_t>();
       acc_t* wg = o.weight_grad.data_ptr<acc_t>();
       for (int64_t r = r0; r < r1; ++r) {
