@@ -110,6 +110,19 @@ def test_cli_info_table_and_bench(tmp_path):
     assert all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 and r["speedup"] > 0 for r in rows)
 
 
+def test_cli_bench_threads(tmp_path):
+    """``--threads 1,2``: one table per thread count, each result recorded with its count."""
+    out = tmp_path / "bench.json"
+    args = ("bench", "gemm", "--quick", "--min-run-time", "0.02", "--threads", "1,2", "--json", str(out))
+    bench = _python("-m", "torch_ascend_moe", *args)
+    assert bench.returncode == 0, bench.stderr
+    assert "1 CPU threads" in bench.stdout and "2 CPU threads" in bench.stdout
+    rows = json.loads(out.read_text())
+    assert sorted({r["threads"] for r in rows}) == [1, 2] and len(rows) % 2 == 0
+    bad = _python("-m", "torch_ascend_moe", "bench", "gemm", "--threads", "0")
+    assert bad.returncode != 0 and "--threads expects positive integers" in bad.stderr
+
+
 def test_cli_rejects_unknown_family():
     result = _python("-m", "torch_ascend_moe", "bench", "nope")
     assert result.returncode != 0 and "invalid choice" in result.stderr

@@ -145,19 +145,50 @@ def _secondary_rank() -> bool:
     return torch.distributed.is_initialized() and torch.distributed.get_rank() != 0
 
 
+def _thread_counts(text: str | None) -> list[int]:
+    """``--threads 1,2``: the CPU thread counts to time at, each a positive integer; none: the current count."""
+    if text is None:
+        return [torch.get_num_threads()]
+    counts = []
+    for part in text.split(","):
+        if not part.strip().isdigit() or int(part) < 1:
+            raise SystemExit(f"bench: --threads expects positive integers separated by commas, got {text!r}")
+        counts.append(int(part))
+    return counts
+
+
 def cmd_bench(args, console: Console) -> int:
     bench.OPTIONS.update({k: getattr(args, k) for k in ("tokens", "hidden", "topk", "experts") if getattr(args, k)})
     cases = bench.cases(args.family, quick=args.quick)
     if not cases:
         console.print(f"bench {args.family}: nothing to time on this machine (the family needs a device it lacks)")
         return 0
+    was = torch.get_num_threads()
+    records = []
+    try:
+        for threads in _thread_counts(args.threads):
+            torch.set_num_threads(threads)
+            records += _bench_at(args, cases, threads, console)
+    finally:
+        torch.set_num_threads(was)
+    if args.json and not _secondary_rank():
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=2)
+    return 0
+
+
+def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
+    """Times every case at ``threads`` CPU threads (ours and the baseline interleaved, as ``run_case`` does) and
+    prints one table; returns the results as JSON records."""
     results = [
         bench.run_case(c, args.min_run_time)
-        for c in track(cases, description=f"bench {args.family}", console=console, disable=_secondary_rank())
+        for c in track(
+            cases, description=f"bench {args.family} ({threads} threads)", console=console, disable=_secondary_rank()
+        )
     ]
-    table = Table(title=f"bench {args.family}: {torch.get_num_threads()} CPU threads, speedup = baseline time / ours")
     if _secondary_rank():
-        return 0  # one report per run (every rank timed the same collectives)
+        return []  # one report per run (every rank timed the same collectives)
+    table = Table(title=f"bench {args.family}: {threads} CPU threads, speedup = baseline time / ours")
     memory = any(r.ours_peak_mb is not None for r in results)
     bandwidth = any(r.ours_gbps is not None for r in results)
     columns = ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup")
@@ -177,10 +208,7 @@ def cmd_bench(args, console: Console) -> int:
         cells += [f"{r.ours_gbps:.2f}", f"{r.baseline_gbps:.2f}"] if bandwidth else []
         table.add_row(*cells)
     console.print(table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{**r.__dict__, "speedup": r.speedup} for r in results], f, indent=2)
-    return 0
+    return [{**r.__dict__, "speedup": r.speedup, "threads": threads} for r in results]
 
 
 def cmd_demo(args, console: Console) -> int:
@@ -210,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         b.add_argument(f"--{opt}", type=int, default=None, help=f"bench ep: {what}")
     b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
     b.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    b.add_argument(
+        "--threads",
+        metavar="N[,M...]",
+        help="CPU thread counts to time at, one table each (default: the current torch.get_num_threads())",
+    )
     args = parser.parse_args(argv)
     # Wide enough for the tables when piped (rich assumes 80 columns without a terminal).
     console = Console(width=None if sys.stdout.isatty() else 150)
