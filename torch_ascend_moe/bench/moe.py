@@ -134,5 +134,46 @@ def _case(quick: bool, implementation: str, grad: bool) -> Case:
     )
 
 
+class _LinearSharedExperts(torch.nn.Module):
+    """The baseline of the shared-experts case: the same MoE, its shared MLP called through its ``nn.Linear``
+    modules and added after it (``out + down(act(gate(x)) * up(x))``)."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x):
+        m, mlp = self.moe, self.moe.shared_experts
+        tokens = x.reshape(-1, m.hidden_size)
+        idx, weights, _ = m.gate(tokens)
+        out = m.experts(tokens, idx, weights)
+        out = out + mlp.down_proj(mlp.act_fn(mlp.gate_proj(tokens)) * mlp.up_proj(tokens))
+        return out.view(x.shape)
+
+
+def _shared_case(quick: bool, grad: bool, dtype=torch.bfloat16) -> Case:
+    from torch_ascend_moe.nn import MoE
+
+    t, h, k, e = _shape(quick)
+    # router, k routed experts and one shared expert of intermediate size H (three H x H projections each)
+    flops = t * (2 * h * e + (k + 1) * 6 * h * h) * (3 if grad else 1)
+
+    def setup():
+        torch.manual_seed(0)
+        ours = MoE(h, h, num_experts=e, topk=k, num_shared_experts=1, dtype=dtype)
+        x = torch.randn(1, t, h, dtype=dtype)
+        return layer_call(ours, x, grad), layer_call(_LinearSharedExperts(ours), x, grad)
+
+    mode = "fwd+bwd" if grad else "fwd"
+    return Case(
+        f"MoE + shared expert {mode} {str(dtype)[6:]} T{t} H{h} top-{k} of {e}",
+        flops,
+        setup,
+        "the same MoE, shared expert on nn.Linear, added after",
+        grad=grad,
+    )
+
+
 def cases(quick: bool = False) -> list[Case]:
-    return [_case(quick, impl, grad) for grad in (False, True) for impl in ("eager", "grouped_mm")]
+    routed = [_case(quick, impl, grad) for grad in (False, True) for impl in ("eager", "grouped_mm")]
+    return routed + [_shared_case(quick, grad) for grad in (False, True)]

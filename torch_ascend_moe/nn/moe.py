@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_ascend_moe.nn.grouped_experts import GroupedExperts, resolve_activation
+from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.moe_gate import moe_topk_gate
 from torch_ascend_moe.ops.moe_routing import moe_gating_topk
 
@@ -111,9 +112,26 @@ class MoEGate(nn.Module):
         )
 
 
+_GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _linear(module: nn.Module, x: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
+    """``module(x)`` (+ ``c``): a plain bias-free ``nn.Linear`` on 2-D input of its weight's dtype runs as our GEMM
+    (``bf16_gemm(x, W, c)``: ``x @ W^T + c`` with one rounding); any other module (an ``FP8Linear`` after a
+    conversion, a hooked or biased linear) is called as it is."""
+    w = getattr(module, "weight", None)
+    plain = type(module) is nn.Linear and module.bias is None and x.dim() == 2 and not module._forward_hooks
+    if plain and not module._forward_pre_hooks and x.dtype == w.dtype and x.dtype in _GEMM_DTYPES:
+        return bf16_gemm(x, w, c)
+    y = module(x)
+    return y if c is None else c + y
+
+
 class SwiGLUMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with bias-free linears (the shared experts; HF's ``*MLP`` layout); ``act``
-    is SiLU (SwiGLU) unless ``activation`` names another (``GroupedExperts``'s choices)."""
+    is SiLU (SwiGLU) unless ``activation`` names another (``GroupedExperts``'s choices). The projections run as
+    our GEMMs (``bf16_gemm``); ``forward(x, residual)`` adds ``residual`` inside the down projection's GEMM (one
+    rounding of ``h @ W_down^T + residual``: the routed experts' output, in ``MoE``)."""
 
     def __init__(
         self, hidden_size: int, intermediate_size: int, *, activation: str | Callable = "silu", device=None, dtype=None
@@ -125,8 +143,9 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.act_fn(_linear(self.gate_proj, x)) * _linear(self.up_proj, x)
+        return _linear(self.down_proj, h, residual)
 
 
 class MoE(nn.Module):
@@ -249,7 +268,7 @@ class MoE(nn.Module):
         else:
             out = self._expert_parallel(tokens, idx, weights)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(tokens)
+            out = self.shared_experts(tokens, residual=out)
         return out.view(shape)
 
     def _jitter(self, x: torch.Tensor) -> torch.Tensor:
@@ -362,5 +381,5 @@ class MegaMoE(MoE):
         )
         out = out.to(x.dtype)
         if self.shared_experts is not None and not shared:
-            out = out + self.shared_experts(tokens)
+            out = self.shared_experts(tokens, residual=out)
         return out.view(shape)
