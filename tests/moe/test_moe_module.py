@@ -156,3 +156,30 @@ def test_sqrtsoftplus_gate_is_deepseek_v4s_router():
     assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="renormalize"):
         MoEGate(32, 16, 4, score_func="sqrtsoftplus", renormalize=False)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_shared_experts_on_our_gemm_where_torch_bf16_gemm_is_slow(native, monkeypatch):
+    """On a CPU without BF16 dot products the shared experts' projections run as bf16_gemm (FP32 accumulation, one
+    rounding, as nn.Linear): outputs and gradients within BF16 rounding of the nn.Linear path; where PyTorch's BF16
+    GEMM is native the modules are called; a converted (non-Linear) projection is always called."""
+    from torch_ascend_moe.nn import moe as moe_module
+    from torch_ascend_moe.ops import gemm
+
+    monkeypatch.setattr(moe_module, "_cpu_has_native", lambda dtype: native)
+    calls = []
+    monkeypatch.setattr(moe_module, "bf16_gemm", lambda a, b: calls.append(1) or gemm.bf16_gemm(a, b))
+    torch.manual_seed(0)
+    mlp = moe_module.SwiGLUMLP(64, 96, dtype=torch.bfloat16)
+    x = torch.randn(33, 64, dtype=torch.bfloat16, requires_grad=True)
+    got = mlp(x)
+    assert len(calls) == (0 if native else 3)
+    want = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+    assert calc_diff(got, want) < 1e-5
+    g_got = torch.autograd.grad(got.float().sum(), (x, mlp.up_proj.weight))
+    g_want = torch.autograd.grad(want.float().sum(), (x, mlp.up_proj.weight))
+    assert all(calc_diff(a, b) < 1e-5 for a, b in zip(g_got, g_want))
+    calls.clear()
+    mlp.up_proj = torch.nn.Linear(64, 96, bias=True, dtype=torch.bfloat16)
+    mlp(x)
+    assert len(calls) == (0 if native else 2)  # the biased projection is the module's own call

@@ -8,6 +8,7 @@ come back with ``ep_combine`` (expert parallelism), everything else is replicate
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -112,26 +113,34 @@ class MoEGate(nn.Module):
         )
 
 
-_GEMM_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+@functools.cache
+def _cpu_has_native(dtype: torch.dtype) -> bool:
+    """Whether PyTorch's CPU GEMM of ``dtype`` has dot-product instructions (AVX512-BF16 / AMX): then it is oneDNN's,
+    as fast as ours (which takes ATen's BF16 GEMM itself there); without them ours is several times faster."""
+    if dtype == torch.bfloat16:
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return torch.cpu._is_amx_fp16_supported()
 
 
-def _linear(module: nn.Module, x: torch.Tensor, c: torch.Tensor | None = None) -> torch.Tensor:
-    """``module(x)`` (+ ``c``): a plain bias-free ``nn.Linear`` on 2-D input of its weight's dtype runs as our GEMM
-    (``bf16_gemm(x, W, c)``: ``x @ W^T + c`` with one rounding); any other module (an ``FP8Linear`` after a
-    conversion, a hooked or biased linear) is called as it is."""
+def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)``; a plain bias-free ``nn.Linear`` of a BF16/FP16 2-D CPU input runs as our GEMM (``bf16_gemm``:
+    FP32 accumulation, one rounding) where PyTorch's CPU GEMM of that dtype has no dot-product instructions (there
+    ours is several times faster; elsewhere both are the same library call, and ``nn.Linear``'s C++ autograd costs
+    less per call). Any other module (an ``FP8Linear`` after a conversion, a hooked or biased linear) is called."""
     w = getattr(module, "weight", None)
-    plain = type(module) is nn.Linear and module.bias is None and x.dim() == 2 and not module._forward_hooks
-    if plain and not module._forward_pre_hooks and x.dtype == w.dtype and x.dtype in _GEMM_DTYPES:
-        return bf16_gemm(x, w, c)
-    y = module(x)
-    return y if c is None else c + y
+    plain = (
+        type(module) is nn.Linear and module.bias is None and not (module._forward_hooks or module._forward_pre_hooks)
+    )
+    if plain and x.dim() == 2 and x.device.type == "cpu" and x.dtype == w.dtype:
+        if x.dtype in (torch.bfloat16, torch.float16) and not _cpu_has_native(x.dtype):
+            return bf16_gemm(x, w)
+    return module(x)
 
 
 class SwiGLUMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with bias-free linears (the shared experts; HF's ``*MLP`` layout); ``act``
-    is SiLU (SwiGLU) unless ``activation`` names another (``GroupedExperts``'s choices). The projections run as
-    our GEMMs (``bf16_gemm``); ``forward(x, residual)`` adds ``residual`` inside the down projection's GEMM (one
-    rounding of ``h @ W_down^T + residual``: the routed experts' output, in ``MoE``)."""
+    is SiLU (SwiGLU) unless ``activation`` names another (``GroupedExperts``'s choices). On CPUs whose PyTorch BF16
+    GEMM lacks dot-product instructions the projections run as our GEMMs (``bf16_gemm``)."""
 
     def __init__(
         self, hidden_size: int, intermediate_size: int, *, activation: str | Callable = "silu", device=None, dtype=None
@@ -143,9 +152,8 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, **factory)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, **factory)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.act_fn(_linear(self.gate_proj, x)) * _linear(self.up_proj, x)
-        return _linear(self.down_proj, h, residual)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(self.down_proj, self.act_fn(_linear(self.gate_proj, x)) * _linear(self.up_proj, x))
 
 
 class MoE(nn.Module):
@@ -268,7 +276,7 @@ class MoE(nn.Module):
         else:
             out = self._expert_parallel(tokens, idx, weights)
         if self.shared_experts is not None:
-            out = self.shared_experts(tokens, residual=out)
+            out = out + self.shared_experts(tokens)
         return out.view(shape)
 
     def _jitter(self, x: torch.Tensor) -> torch.Tensor:
@@ -381,5 +389,5 @@ class MegaMoE(MoE):
         )
         out = out.to(x.dtype)
         if self.shared_experts is not None and not shared:
-            out = self.shared_experts(tokens, residual=out)
+            out = out + self.shared_experts(tokens)
         return out.view(shape)
