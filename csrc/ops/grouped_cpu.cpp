@@ -94,14 +94,33 @@ void check_m_operands(const char* op, const at::Tensor& a, const at::Tensor& b, 
   check_dim_size(op, "b", b, 2, "K", a.size(1), "a.size(1)");
 }
 
+// Zeroes the rows of out no segment owns (the GEMMs write every other row): runs between and after segments.
+void zero_unowned_rows(at::Tensor& out, const std::vector<Segment>& segments) {
+  const int64_t M = out.size(0);
+  std::vector<char> owned(M, 0);
+  for (const Segment& s : segments) std::fill(owned.begin() + s.begin, owned.begin() + s.end, 1);
+  for (int64_t r = 0; r < M;) {
+    if (owned[r]) {
+      ++r;
+      continue;
+    }
+    int64_t e = r;
+    while (e < M && !owned[e]) ++e;
+    out.narrow(0, r, e - r).zero_();
+    r = e;
+  }
+}
+
 at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, bool psum,
                                    int64_t alignment, std::optional<at::ScalarType> out_dtype) {
   check_m_operands(kMGrouped, a, b, "[G, N, K]");
   check_alignment(kMGrouped, alignment);
   check_layout_tensor(kMGrouped, layout, psum, psum ? b.size(0) : a.size(0), a);
   const at::ScalarType out_t = resolve_out_dtype(kMGrouped, a, std::nullopt, out_dtype);
-  at::Tensor out = at::zeros({a.size(0), b.size(1)}, a.options().dtype(out_t));
-  for (const Segment& s : layout_segments(kMGrouped, layout, psum, alignment, a.size(0), b.size(0))) {
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(out_t));
+  const std::vector<Segment> segments = layout_segments(kMGrouped, layout, psum, alignment, a.size(0), b.size(0));
+  zero_unowned_rows(out, segments);
+  for (const Segment& s : segments) {
     if (s.end == s.begin) continue;
     at::Tensor rows = out.narrow(0, s.begin, s.end - s.begin);
     matmul_into(rows, a.narrow(0, s.begin, s.end - s.begin), b.select(0, s.group), std::nullopt, 1.0);
@@ -139,9 +158,10 @@ at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor&
   check_masked_m(kMasked, masked_m, a);
   const at::ScalarType out_t = resolve_out_dtype(kMasked, a, std::nullopt, out_dtype);
   const std::vector<int64_t> mv = masked_rows(kMasked, masked_m, a.size(1));
-  // Rows at or beyond masked_m[g] are not computed; they are written as zeros.
-  at::Tensor out = at::zeros({a.size(0), a.size(1), b.size(1)}, a.options().dtype(out_t));
+  // Rows at or beyond masked_m[g] are not computed; they are written as zeros (only they are zeroed).
+  at::Tensor out = at::empty({a.size(0), a.size(1), b.size(1)}, a.options().dtype(out_t));
   for (int64_t g = 0; g < a.size(0); ++g) {
+    if (mv[g] < a.size(1)) out.select(0, g).narrow(0, mv[g], a.size(1) - mv[g]).zero_();
     if (mv[g] == 0) continue;
     at::Tensor rows = out.select(0, g).narrow(0, 0, mv[g]);
     matmul_into(rows, a.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), std::nullopt, 1.0);
@@ -167,12 +187,20 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   // A contiguous copy of c: the output's layout is the fake's (row-major), whatever c's strides are.
   at::Tensor acc = c.has_value() ? c->to(acc_t, false, /*copy=*/true, at::MemoryFormat::Contiguous)
-                                 : at::zeros(shape, a.options().dtype(acc_t));
+                                 : at::empty(shape, a.options().dtype(acc_t));
+  // Without c a group's first segment writes its accumulator (no zero-fill pass) and later ones add to it;
+  // groups without rows are zeroed.
+  std::vector<char> started(num_groups, c.has_value() ? 1 : 0);
   for (const Segment& s : layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups)) {
     if (s.end == s.begin) continue;
     at::Tensor acc_g = acc.select(0, s.group);
     const int64_t len = s.end - s.begin;
-    matmul_into(acc_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), acc_g, 1.0);
+    const std::optional<at::Tensor> prior = started[s.group] ? std::optional<at::Tensor>(acc_g) : std::nullopt;
+    matmul_into(acc_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), prior, 1.0);
+    started[s.group] = 1;
+  }
+  for (int64_t g = 0; g < num_groups; ++g) {
+    if (!started[g]) acc.select(0, g).zero_();
   }
   return acc.scalar_type() == out_t ? acc : acc.to(out_t);
 }

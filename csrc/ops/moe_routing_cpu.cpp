@@ -101,16 +101,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
   }
   at::Tensor offs = at::empty({E}, topk_idx.options().dtype(at::kInt));
   std::vector<int64_t> next(E);
+  // Only the alignment padding and the rows past the last expert are zeroed: every other row gets a token.
+  at::Tensor out = at::empty({capacity, H}, x.options());
   int64_t end = 0;
   for (int64_t e = 0; e < E; ++e) {
     next[e] = (end + alignment - 1) / alignment * alignment;
+    if (next[e] > end) out.narrow(0, end, next[e] - end).zero_();
     end = next[e] + counts[e];
     offs.data_ptr<int32_t>()[e] = static_cast<int32_t>(end);
   }
+  if (capacity > end) out.narrow(0, end, capacity - end).zero_();
   at::Tensor row_map = at::empty({T, k}, topk_idx.options().dtype(at::kInt));
   int32_t* rm = row_map.data_ptr<int32_t>();
   for (int64_t i = 0; i < T * k; ++i) rm[i] = ids[i] >= 0 ? static_cast<int32_t>(next[ids[i]]++) : -1;
-  at::Tensor out = at::zeros({capacity, H}, x.options());
   const at::Tensor xc = x.contiguous();
   const int64_t row_bytes = H * static_cast<int64_t>(x.element_size());
   const char* src = static_cast<const char*>(xc.const_data_ptr());
