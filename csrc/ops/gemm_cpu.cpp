@@ -7,6 +7,8 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <algorithm>
 #include <array>
@@ -197,12 +199,60 @@ int64_t min_bf16_exponent(const at::Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+// The B operand is usually a weight read by call after call (every expert of a grouped GEMM, every step of a
+// layer): its smallest exponent is remembered per view (storage, offset, sizes, strides) and version counter, so
+// a call scans only A. The entry holds a weak reference to the storage: a freed storage never matches again (its
+// StorageImpl cannot be reused at the same address while the weak reference lives), and an in-place change bumps
+// the version. (A write through `.data` or another tensor sharing the storage without its version counter is not
+// seen: such a stale verdict can only pick oneDNN's path for operands that gained subnormal values.)
+struct ExponentEntry {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::weak_intrusive_ptr<c10::StorageImpl>::reclaim(nullptr)};
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+  uint32_t version = 0;
+  int64_t exponent = 0;
+};
+
+constexpr size_t kExponentCacheSize = 1024;
+
+int64_t cached_min_bf16_exponent(const at::Tensor& t) {
+  if (!t.has_storage()) return min_bf16_exponent(t);
+  static std::mutex mutex;
+  static std::vector<ExponentEntry> cache(kExponentCacheSize);
+  static size_t next = 0;
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const uint32_t version = t._version();
+  const auto matches = [&](const ExponentEntry& e) {
+    return e.storage._unsafe_get_target() == storage && !e.storage.expired() && e.version == version &&
+           e.offset == t.storage_offset() && t.sizes().equals(e.sizes) && t.strides().equals(e.strides);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const ExponentEntry& e : cache)
+      if (matches(e)) return e.exponent;
+  }
+  const int64_t exponent = min_bf16_exponent(t);
+  std::lock_guard<std::mutex> lock(mutex);
+  ExponentEntry& e = cache[next++ % kExponentCacheSize];
+  e.storage = t.storage().getWeakStorageImpl();
+  e.offset = t.storage_offset();
+  e.sizes = t.sizes().vec();
+  e.strides = t.strides().vec();
+  e.version = version;
+  e.exponent = exponent;
+  return exponent;
+}
+
+}  // namespace
+
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b) {
   // |a_ik * b_jk| >= 2^(e_a - 127) * 2^(e_b - 127) for the smallest nonzero exponents: normal in FP32 when
   // e_a + e_b >= 128; a subnormal operand (exponent 0) is flushed by the BF16 dot instructions whatever the other.
   const int64_t ea = min_bf16_exponent(a);
   if (ea == 0) return false;
-  const int64_t eb = min_bf16_exponent(b);
+  const int64_t eb = cached_min_bf16_exponent(b);
   return eb > 0 && ea + eb >= 128;
 }
 

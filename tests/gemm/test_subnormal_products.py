@@ -45,3 +45,24 @@ def test_normal_operands_match_fp64_within_an_ulp():
     exact = a.double() @ b.double().t() + c.double()
     got = bf16_gemm(a, b, c)
     assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-30).all()
+
+
+def test_remembered_weight_verdict_follows_in_place_changes():
+    """B's scan is remembered per view and version: a weight called again is not rescanned, an in-place change to
+    subnormal values (a new version) is, and a view of other rows (another offset) has its own verdict."""
+    g = torch.Generator().manual_seed(2)
+    a = (torch.rand(16, 64, generator=g) + 0.5).bfloat16()
+    w = (torch.rand(48, 64, generator=g) + 0.5).bfloat16()
+    torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
+    with torch.no_grad():
+        w[24:].mul_(2e-39)  # subnormal rows: the old verdict ("normal") must not be reused
+    assert _exact(a, w)[:, 24:].abs().min() > 0
+    torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
+    top, bottom = w[:24], w[24:]
+    torch.testing.assert_close(bf16_gemm(a, top), _exact(a, top), rtol=2**-7, atol=0)
+    torch.testing.assert_close(bf16_gemm(a, bottom), _exact(a, bottom), rtol=2**-7, atol=0)
+    offs = torch.tensor([7, 16], dtype=torch.int32)
+    grouped_w = torch.stack([top, bottom])
+    want = torch.cat([_exact(a[:7], top), _exact(a[7:], bottom)])
+    for _ in range(2):  # the second call takes the remembered verdicts
+        torch.testing.assert_close(m_grouped_bf16_gemm(a, grouped_w, offs), want, rtol=2**-7, atol=0)
