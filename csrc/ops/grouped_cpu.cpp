@@ -373,8 +373,13 @@ struct SwigluEpilogue {
 
   // h [rows, 2w]: the L1 output's gate columns [j0, j0 + w) then its up columns, for rows [r0, r0 + rows).
   void operator()(const at::Tensor& h, int64_t r0, int64_t j0, int64_t w) const {
-    const int64_t rows = h.size(0);
-    at::Tensor gate = h.narrow(1, 0, w).to(compute_t), up = h.narrow(1, w, w).to(compute_t);
+    (*this)(h.narrow(1, 0, w), h.narrow(1, w, w), r0, j0, w);
+  }
+
+  // The same with the gate and up columns [rows, w] as two tensors.
+  void operator()(const at::Tensor& gate_h, const at::Tensor& up_h, int64_t r0, int64_t j0, int64_t w) const {
+    const int64_t rows = gate_h.size(0);
+    at::Tensor gate = gate_h.to(compute_t), up = up_h.to(compute_t);
     if (clamp.has_value()) {
       gate = gate.clamp_max(*clamp);
       up = up.clamp(-*clamp, *clamp);
@@ -455,15 +460,19 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   const int64_t tiles_wanted = (2 * at::get_num_threads() + busy - 1) / busy;
   const int64_t parallel_tile = round_up((I + tiles_wanted - 1) / tiles_wanted, unit);
   tile = std::min({tile, parallel_tile, round_up(I, unit)});
-  // Few-row segments stream B once whatever the tile: as wide as the threads allow (fewer calls, less overhead).
+  // Few-row segments stream B once whatever the tile, and ATen's BF16 GEMM reads B in place (no tile to keep in
+  // cache): as wide as the threads allow (fewer, bigger GEMM calls; many narrow ones cost more than the work).
   const int64_t stream_tile = std::min(parallel_tile, round_up(I, unit));
+  const at::ScalarType h_t = a.scalar_type();
+  // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
+  const bool native_tiles = h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b);
 
   std::vector<SwigluTask> tasks;
   std::vector<char> owned(M, 0);
   for (const Segment& s : segments) {
     std::fill(owned.begin() + s.begin, owned.begin() + s.end, 1);
     if (s.end == s.begin) continue;
-    const int64_t w = s.end - s.begin <= kStreamingMaxRows ? stream_tile : tile;
+    const int64_t w = native_tiles || s.end - s.begin <= kStreamingMaxRows ? stream_tile : tile;
     for (int64_t j0 = 0; j0 < I; j0 += w) tasks.push_back({s.group, s.begin, s.end, j0, std::min(w, I - j0)});
   }
   for (int64_t r = 0; r < M;) {  // runs of unowned rows: the epilogue of a zero L1 output, full width
@@ -477,10 +486,6 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
     r = e;
   }
 
-  const at::ScalarType h_t = a.scalar_type();
-  // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
-  const bool native_tiles =
-      h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b);
   const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -499,6 +504,17 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
       // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
       // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile.
       const bool native = native_tiles;
+      if (native && task.group >= 0) {
+        // ATen's BF16 GEMM reads the gate and up rows of B in place (a transposed view, as F.linear): no copy of
+        // the tile, which at few rows per expert would cost more than the GEMM.
+        const at::Tensor bg = b.select(0, task.group);
+        const at::Tensor b_gate = bg.narrow(0, task.j0, task.w).t(), b_up = bg.narrow(0, I + task.j0, task.w).t();
+        for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+          const at::Tensor rows = a.narrow(0, r0, std::min(kSwigluRowBlock, task.end - r0));
+          epilogue(at::mm(rows, b_gate), at::mm(rows, b_up), r0, task.j0, task.w);
+        }
+        continue;
+      }
       if (task.group >= 0) {
         const at::Tensor bg = b.select(0, task.group);
         bt = at::empty({2 * task.w, K}, a.options().dtype(native ? h_t : compute_t));
