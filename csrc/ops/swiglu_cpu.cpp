@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "rows.h"
 #include "vector_clones.h"
 
 namespace ascend_moe {
@@ -35,12 +36,7 @@ namespace {
 constexpr const char* kForward = "ascend_moe::swiglu_forward";
 constexpr const char* kBackward = "ascend_moe::swiglu_backward";
 constexpr const char* kFloatDtypes = "torch.bfloat16, torch.float32 or torch.float64";
-constexpr float kE4M3Max = 448.0f;
 constexpr double kE4M3AmaxFloor = 1e-4;  // TileKernels' default sf_clamp_min
-// Elements of each half a chunk holds (FP32 buffers of a few hundred KiB stay in L2); a chunk is whole rows.
-constexpr int64_t kChunkElements = int64_t{1} << 14;
-// Elements a thread takes at least: smaller calls run on the caller's thread.
-constexpr int64_t kWorkPerThread = int64_t{1} << 15;
 
 bool is_float_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
 
@@ -116,30 +112,6 @@ std::vector<uint8_t> layout_rows(const char* op, const std::optional<at::Tensor>
 
 // ---- element loops: plain loops over contiguous buffers, built for AVX2 and baseline x86-64 (AM_VECTOR_CLONES) ----
 // Every step is one IEEE operation: no expression has the a * b + c shape a compiler could contract into an FMA.
-
-inline uint32_t bits_of(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
-AM_VECTOR_CLONES void bf16_to_float(const uint16_t* src, int64_t n, float* dst) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
-}
-
-// c10's round to nearest even (NaN -> 0x7FC0), branch-free so it vectorizes.
-AM_VECTOR_CLONES void float_to_bf16(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t u = bits_of(src[j]);
-    const uint16_t rounded = static_cast<uint16_t>((u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16);
-    dst[j] = src[j] != src[j] ? uint16_t{0x7FC0} : rounded;
-  }
-}
 
 // torch.clamp's results (NaN kept): a = min(a, c), b = clamp(b, -c, c); counts #(a > c), #(b > c), #(b < -c).
 template <typename T>
@@ -229,53 +201,6 @@ void backward_row(const double* a, const double* b, const double* e, const doubl
   });
 }
 
-// The largest |y| of a block as bits (non-negative floats order as their bits; NaN's above inf's), integer max.
-AM_VECTOR_CLONES uint32_t abs_max_bits(const float* y, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t u = bits_of(y[j]) & 0x7FFFFFFFu;
-    m = u > m ? u : m;
-  }
-  return m;
-}
-
-// E4M3 codes of clamp(y * multiplier, -448, 448): c10's conversion (round to nearest even; NaN -> 0x7F with the
-// sign) written branch-free so it vectorizes.
-AM_VECTOR_CLONES void e4m3_codes(const float* y, int64_t n, float multiplier, uint8_t* q) {
-  constexpr uint32_t kDenormMask = UINT32_C(141) << 23;
-  for (int64_t j = 0; j < n; ++j) {
-    float v = y[j] * multiplier;
-    v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
-    const uint32_t u = bits_of(v);
-    const uint32_t sign = u & 0x80000000u, mag = u ^ sign;
-    const uint32_t denorm = bits_of(float_of(mag) + float_of(kDenormMask)) - kDenormMask;
-    const uint32_t normal = (mag + ((static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu) + ((mag >> 20) & 1u)) >> 20;
-    const uint32_t code = mag >= (UINT32_C(1087) << 20) ? 0x7Fu : (mag < (UINT32_C(121) << 23) ? denorm : normal);
-    q[j] = static_cast<uint8_t>(code | (sign >> 24));
-  }
-}
-
-// TileKernels' per-token E4M3 cast of one row (quantize_blocks' rule, as the portable tile_cast): per block of
-// `block` columns amax (NaN wins), floored, sf = amax / 448 (round_sf: up to a power of two by adding the
-// mantissa's all-ones, integer arithmetic wrapping as torch's int32 add), multiplier 448 / amax (1 / sf with
-// round_sf; 0 where sf is 0), codes clamp(y * multiplier, -448, 448).
-void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, uint8_t* q, float* sf) {
-  for (int64_t j0 = 0, k = 0; j0 < cols; j0 += block, ++k) {
-    const int64_t n = std::min(cols, j0 + block) - j0;
-    float amax = float_of(abs_max_bits(y + j0, n));  // a NaN amax stays NaN through the floor (torch.clamp)
-    amax = amax < floor ? floor : amax;
-    float s = amax / kE4M3Max, multiplier;
-    if (round_sf) {
-      s = float_of((bits_of(s) + 0x007FFFFFu) & 0x7F800000u);
-      multiplier = s == 0.0f ? 0.0f : 1.0f / s;
-    } else {
-      multiplier = s == 0.0f ? 0.0f : kE4M3Max / amax;
-    }
-    sf[k] = s;
-    e4m3_codes(y + j0, n, multiplier, q + j0);
-  }
-}
-
 // Row r of x (columns contiguous) into dst in the compute type: BF16/FP32/FP64 converted, E4M3 codes times their
 // FP32 block scale (one FP32 product) and then converted.
 template <typename acc_t>
@@ -287,7 +212,7 @@ void load_row(const at::Tensor& x, const float* sf_row, int64_t sf_block, int64_
     case at::kBFloat16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()) + offset;
       if constexpr (std::is_same_v<acc_t, float>) {
-        bf16_to_float(p, cols, dst);
+        bf16_row_to_float(p, cols, dst);
       } else {
         for (int64_t j = 0; j < cols; ++j) dst[j] = float_of(static_cast<uint32_t>(p[j]) << 16);
       }
@@ -319,7 +244,7 @@ void store_row(const acc_t* src, int64_t cols, at::Tensor& out, int64_t r) {
     case at::kBFloat16: {
       uint16_t* p = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()) + r * cols;
       if constexpr (std::is_same_v<acc_t, float>) {
-        float_to_bf16(src, cols, p);
+        float_row_to_bf16(src, cols, p);
       } else {
         for (int64_t j = 0; j < cols; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j])).x;
       }
@@ -343,24 +268,6 @@ template <typename acc_t>
 void exp_neg(const acc_t* a, int64_t n, acc_t* e) {
   negate(a, n, e);
   at::from_blob(e, {n}, at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value)).exp_();
-}
-
-// A thread's scratch buffers, kept between chunks and calls (no allocation or zero-fill per chunk).
-template <typename T>
-T* scratch(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  return v.data();
-}
-
-// Row chunks: whole rows, about kChunkElements per half; parallel when the call is big enough.
-template <typename F>
-void for_row_chunks(int64_t rows, int64_t h, F&& body) {
-  const int64_t per_chunk = std::max<int64_t>(1, kChunkElements / h);
-  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
-  const int64_t grain = std::max<int64_t>(1, kWorkPerThread / (per_chunk * h));
-  at::parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) body(c * per_chunk, std::min(rows, (c + 1) * per_chunk));
-  });
 }
 
 // The routing weight per row in the compute type: topk_weights times the scaling factor (one rounding; a Python

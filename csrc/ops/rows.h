@@ -1,0 +1,63 @@
+// Row-wise element loops shared by the CPU kernels that work a chunk of rows at a time (swiglu, norm): BF16
+// conversions as torch's, TileKernels' per-token E4M3 cast (quantize_blocks' rule), and the row chunking with
+// per-thread scratch. The loops are built for AVX2 and baseline x86-64 (vector_clones.h); every step is one IEEE
+// operation, so results are the torch-op compositions' bit for bit.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace ascend_moe {
+
+constexpr float kE4M3Max = 448.0f;
+// Elements of each buffer a chunk holds (FP32 buffers of a few hundred KiB stay in L2); a chunk is whole rows.
+constexpr int64_t kChunkElements = int64_t{1} << 14;
+// Elements a thread takes at least: smaller calls run on the caller's thread.
+constexpr int64_t kWorkPerThread = int64_t{1} << 15;
+
+inline uint32_t bits_of(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// BF16 bits -> FP32 (exact).
+void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst);
+// FP32 -> BF16 bits, c10's round to nearest even (NaN -> 0x7FC0).
+void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst);
+
+// TileKernels' per-token E4M3 cast of one row of `cols` FP32 values in blocks of `block`: amax (NaN wins) floored
+// at `floor`, sf = amax / 448 (round_sf: rounded up to a power of two by adding the mantissa's all-ones, wrapping as
+// torch's int32 add), multiplier 448 / amax (1 / sf with round_sf; 0 where sf is 0), codes
+// e4m3(clamp(y * multiplier, -448, 448)) written as bytes to q, scales to sf.
+void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, uint8_t* q, float* sf);
+
+// A thread's scratch buffer, kept between chunks and calls (no allocation or zero-fill per chunk).
+template <typename T>
+T* scratch(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+// body(r0, r1) over chunks of whole rows of width h (about kChunkElements elements each), parallel when the call is
+// big enough. A row's result never depends on the chunking (the kernels work row by row, or call ATen's row sums).
+template <typename F>
+void for_row_chunks(int64_t rows, int64_t h, F&& body) {
+  const int64_t per_chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(h, 1));
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+  const int64_t grain = std::max<int64_t>(1, kWorkPerThread / (per_chunk * std::max<int64_t>(h, 1)));
+  at::parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) body(c * per_chunk, std::min(rows, (c + 1) * per_chunk));
+  });
+}
+
+}  // namespace ascend_moe

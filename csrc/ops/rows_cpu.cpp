@@ -1,0 +1,71 @@
+// Row-wise element loops shared by the swiglu and norm CPU kernels (declared in rows.h).
+#include "rows.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "vector_clones.h"
+
+namespace ascend_moe {
+
+AM_VECTOR_CLONES void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
+}
+
+// c10's round to nearest even (NaN -> 0x7FC0), branch-free so it vectorizes.
+AM_VECTOR_CLONES void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = bits_of(src[j]);
+    const uint16_t rounded = static_cast<uint16_t>((u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16);
+    dst[j] = src[j] != src[j] ? uint16_t{0x7FC0} : rounded;
+  }
+}
+
+namespace {
+
+// The largest |y| of a block as bits (non-negative floats order as their bits; NaN's above inf's), integer max.
+AM_VECTOR_CLONES uint32_t abs_max_bits(const float* y, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t u = bits_of(y[j]) & 0x7FFFFFFFu;
+    m = u > m ? u : m;
+  }
+  return m;
+}
+
+// E4M3 codes of clamp(y * multiplier, -448, 448): c10's conversion (round to nearest even; NaN -> 0x7F with the
+// sign) written branch-free so it vectorizes.
+AM_VECTOR_CLONES void e4m3_codes(const float* y, int64_t n, float multiplier, uint8_t* q) {
+  constexpr uint32_t kDenormMask = UINT32_C(141) << 23;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = y[j] * multiplier;
+    v = v > kE4M3Max ? kE4M3Max : (v < -kE4M3Max ? -kE4M3Max : v);
+    const uint32_t u = bits_of(v);
+    const uint32_t sign = u & 0x80000000u, mag = u ^ sign;
+    const uint32_t denorm = bits_of(float_of(mag) + float_of(kDenormMask)) - kDenormMask;
+    const uint32_t normal = (mag + ((static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu) + ((mag >> 20) & 1u)) >> 20;
+    const uint32_t code = mag >= (UINT32_C(1087) << 20) ? 0x7Fu : (mag < (UINT32_C(121) << 23) ? denorm : normal);
+    q[j] = static_cast<uint8_t>(code | (sign >> 24));
+  }
+}
+
+}  // namespace
+
+void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, uint8_t* q, float* sf) {
+  for (int64_t j0 = 0, k = 0; j0 < cols; j0 += block, ++k) {
+    const int64_t n = std::min(cols, j0 + block) - j0;
+    float amax = float_of(abs_max_bits(y + j0, n));  // a NaN amax stays NaN through the floor (torch.clamp)
+    amax = amax < floor ? floor : amax;
+    float s = amax / kE4M3Max, multiplier;
+    if (round_sf) {
+      s = float_of((bits_of(s) + 0x007FFFFFu) & 0x7F800000u);
+      multiplier = s == 0.0f ? 0.0f : 1.0f / s;
+    } else {
+      multiplier = s == 0.0f ? 0.0f : kE4M3Max / amax;
+    }
+    sf[k] = s;
+    e4m3_codes(y + j0, n, multiplier, q + j0);
+  }
+}
+
+}  // namespace ascend_moe
