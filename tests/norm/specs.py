@@ -158,10 +158,8 @@ def backward_bad_inputs(device) -> list[BadInput]:
     ]
 
 
-_AOTI = "a Python kernel (device-generic torch ops): no C++ kernel for an AOTInductor package to call"
-
 SPECS = [
-    OpSpec("rms_norm", forward_samples, forward_reference, forward_bad_inputs, portable.rms_norm, aoti=_AOTI),
+    OpSpec("rms_norm", forward_samples, forward_reference, forward_bad_inputs, portable.rms_norm),
     OpSpec(
         "rms_norm_quant",
         quant_samples,
@@ -169,7 +167,6 @@ SPECS = [
         quant_bad_inputs,
         portable.rms_norm_quant,
         gradcheck="the inference path: codes carry no gradient (rms_norm is the differentiable form)",
-        aoti=_AOTI,
     ),
     OpSpec(
         "rms_norm_backward",
@@ -178,6 +175,5 @@ SPECS = [
         backward_bad_inputs,
         portable.rms_norm_backward,
         gradcheck="a backward op (no double backward): its values are checked against autograd in test_norm",
-        aoti=_AOTI,
     ),
 ]

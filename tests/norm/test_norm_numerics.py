@@ -139,3 +139,57 @@ def test_compat_norm_backward_accumulates():
     xr = x.double().requires_grad_()
     y = xr * torch.rsqrt(xr.square().mean(-1, keepdim=True) + 1e-6) * w.double() * 1.5
     torch.testing.assert_close(x_grad.double(), torch.autograd.grad(y, xr, go.double())[0], rtol=1e-5, atol=1e-5)
+
+
+_PORTABLE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype == torch.float8_e4m3fn:  # a NaN code's sign is open (IEEE leaves a NaN result's sign unspecified)
+        ua, ub = a.view(torch.uint8), b.view(torch.uint8)
+        return torch.equal(torch.where(ua & 0x7F == 0x7F, 0x7F, ua), torch.where(ub & 0x7F == 0x7F, 0x7F, ub))
+    same = (a == b) | (a.isnan() & b.isnan())
+    return a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and bool(same.all())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shape=st.sampled_from([(9,), (3, 4, 40), (300, 1000), (1, 40000)]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32, torch.float64]),
+    weighted=st.booleans(),
+    residual=st.booleans(),
+    out_scale=st.sampled_from([1.0, 0.3]),
+    transposed=st.booleans(),
+    npc=st.sampled_from([32, 128]),
+    round_sf=st.booleans(),
+)
+def test_cpu_kernels_equal_the_portable_kernels(
+    seed, shape, dtype, weighted, residual, out_scale, transposed, npc, round_sf
+):
+    """The C++ kernels (chunks of rows, several threads on the bigger shapes; ATen's row and column sums) compute
+    the portable kernels' operations in their order: every output bit for bit, NaN/inf rows and strided inputs
+    included."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    x.view(-1)[torch.randint(0, x.numel(), (2,), generator=g)] = torch.tensor([float("nan"), float("inf")]).to(dtype)
+    if transposed and x.dim() >= 2:
+        x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+    w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype) if weighted else None
+    r = torch.randn(*shape, generator=g).to(dtype) if residual else None
+    ops = torch.ops.ascend_moe
+    args = (x, w, 1e-6, r, out_scale)
+    for got, want in zip(ops.rms_norm.default(*args), ops.rms_norm.default.redispatch(_PORTABLE, *args)):
+        assert _same(got, want)
+    if dtype != torch.float64:
+        quant_args = (*args, npc, round_sf)
+        fq = ops.rms_norm_quant.default
+        for got, want in zip(fq(*quant_args), fq.redispatch(_PORTABLE, *quant_args)):
+            assert _same(got, want)
+    out, rstd, residual_out = ops.rms_norm(*args)
+    grad = torch.randn(*shape, generator=g).to(dtype)
+    residual_grad = torch.randn(*shape, generator=g).to(dtype) if residual else None
+    back = (grad, residual_out if residual else x, w, rstd, residual_grad, out_scale)
+    fb = ops.rms_norm_backward.default
+    for got, want in zip(fb(*back), fb.redispatch(_PORTABLE, *back)):
+        assert _same(got, want)

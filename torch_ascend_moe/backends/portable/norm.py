@@ -1,5 +1,6 @@
 """Device-generic norm family: TileKernels' RMSNorm references' operations in their order (a row sum of squares, the
-reciprocal square root, two products), plus quantize_blocks' per-token cast of the rounded output."""
+reciprocal square root, two products), plus quantize_blocks' per-token cast of the rounded output. On the CPU the
+C++ kernels (csrc/ops/norm_cpu.cpp) compute the same operations in one pass per chunk of rows, bit for bit these."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from torch_ascend_moe.meta import norm as meta
 
 
 def normalized(args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, rstd, residual_out)`` of checked arguments."""
-    x, weight = args.x, args.weight
+    """``(out, rstd, residual_out)`` of checked arguments. The rows are made contiguous first: the row sums' order is
+    then the one the C++ kernel (csrc/ops/norm_cpu.cpp) takes, whatever x's strides."""
+    x, weight = args.x.contiguous(), args.weight
     acc = meta.compute_dtype(x)
-    s = x if args.residual is None else (x + args.residual).to(x.dtype)
+    s = x if args.residual is None else (x + args.residual.contiguous()).to(x.dtype)
     sf = s.to(acc)
     rstd = (sf.square().sum(dim=-1) / x.shape[-1] + args.eps).rsqrt()
     scale = args.out_scale if weight is None else weight.to(acc) * args.out_scale
@@ -43,11 +45,11 @@ def rms_norm_quant(args):
 @portable_kernel
 def rms_norm_backward(args):
     meta.backward_signature(args)
-    x, weight, rstd = args.x, args.weight, args.rstd
+    x, weight, rstd = args.x.contiguous(), args.weight, args.rstd
     acc = meta.compute_dtype(x)
     h = x.shape[-1]
     xhat = x.to(acc) * rstd[..., None]
-    g = args.out_grad.to(acc) * args.out_scale
+    g = args.out_grad.contiguous().to(acc) * args.out_scale
     gw = g if weight is None else g * weight.to(acc)
     mean = (xhat * gw).sum(dim=-1, keepdim=True) / h
     x_grad = (gw - xhat * mean) * rstd[..., None]
