@@ -8,7 +8,6 @@ come back with ``ep_combine`` (expert parallelism), everything else is replicate
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -113,13 +112,17 @@ class MoEGate(nn.Module):
         )
 
 
-@functools.cache
+# Whether PyTorch's CPU GEMM of a dtype has dot-product instructions (AVX512-BF16 / AMX): then it is oneDNN's, as fast
+# as ours (which takes ATen's BF16 GEMM itself there); without them ours is several times faster. Read once at import:
+# a constant to torch.compile (Dynamo cannot trace torch.cpu's capability queries).
+_CPU_NATIVE = {
+    torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
+    torch.float16: torch.cpu._is_amx_fp16_supported(),
+}
+
+
 def _cpu_has_native(dtype: torch.dtype) -> bool:
-    """Whether PyTorch's CPU GEMM of ``dtype`` has dot-product instructions (AVX512-BF16 / AMX): then it is oneDNN's,
-    as fast as ours (which takes ATen's BF16 GEMM itself there); without them ours is several times faster."""
-    if dtype == torch.bfloat16:
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.cpu._is_amx_fp16_supported()
+    return _CPU_NATIVE.get(dtype, False)
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
