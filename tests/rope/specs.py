@@ -94,6 +94,5 @@ SPECS = [
         reference,
         bad_inputs,
         portable.rotary_embedding,
-        aoti="a Python kernel (device-generic torch ops): no C++ kernel for an AOTInductor package to call",
     )
 ]

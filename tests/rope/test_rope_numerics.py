@@ -4,8 +4,10 @@ conjugate as the inverse, and autograd (the inverse rotation) against autograd o
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import pytest
 import torch
+from hypothesis import given, settings
 
 import torch_ascend_moe as tam
 import torch_ascend_moe.tile_kernels as tile_kernels
@@ -69,3 +71,40 @@ def test_autograd_is_the_inverse_rotation(interleaved):
     ref = torch.stack([y1, y2], -1).flatten(-2) if interleaved else torch.cat([y1, y2], -1)
     torch.testing.assert_close(out, ref, rtol=1e-14, atol=1e-14)
     torch.testing.assert_close(got, torch.autograd.grad(ref, x, go)[0], rtol=1e-13, atol=1e-13)
+
+
+_PORTABLE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shape=st.sampled_from([(5, 3, 8), (2, 7, 4, 64), (200, 16, 128), (0, 2, 8), (3, 0, 8)]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32, torch.float64]),
+    positions=st.booleans(),
+    offset=st.sampled_from([0, 3]),
+    interleaved=st.booleans(),
+    conjugate=st.booleans(),
+    strided=st.booleans(),
+)
+def test_cpu_kernel_equals_the_portable_kernel(seed, shape, dtype, positions, offset, interleaved, conjugate, strided):
+    """The C++ kernel (cache rows read in place, tokens over threads) computes the portable kernel's operations in
+    its order: bit for bit, NaN/inf and strided inputs, empty token and head dims included."""
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    rot = shape[-1]
+    angle = torch.rand(400, rot // 2, generator=g, dtype=torch.float64) * 6.3
+    cache = torch.cat([angle.cos(), angle.sin()], 1).to(acc)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    if x.numel() > 10:
+        x.view(-1)[torch.randint(0, x.numel(), (2,), generator=g)] = torch.tensor([float("nan"), float("inf")]).to(
+            dtype
+        )
+    if strided:
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    pos = torch.randint(0, 390, shape[:-2], generator=g) if positions else None
+    op = torch.ops.ascend_moe.rotary_embedding.default
+    args = (x, cache, pos, offset, interleaved, conjugate)
+    got, want = op(*args), op.redispatch(_PORTABLE, *args)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert bool(((got == want) | (got.isnan() & want.isnan())).all())

@@ -1,0 +1,202 @@
+// The rope family: rotary position embedding as TileKernels' Ascend-era transform.apply_rotary computes it
+// (specs/tilekernels_deepselect.md §10.5), functional (the compat function writes the result back in place). Schema,
+// and the CPU kernel: per token its cache row read in place, per head and pair two rounded products and one add or
+// subtract, one rounding to x's dtype, where the device-generic kernel (torch_ascend_moe/backends/portable/rope.py)
+// gathers the cache rows into a copy and makes several passes. The same operations in the same order: bit for bit
+// the portable kernel (no FMA contraction, see the pragma below).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "checks.h"
+#include "rows.h"
+#include "vector_clones.h"
+
+// x1 * cos - x2 * sin rounds both products before the difference, as the portable kernel's separate ops: a compiler
+// must not fuse a product into an FMA (the AVX2 clones have FMA instructions).
+#pragma GCC optimize("fp-contract=off")
+
+namespace ascend_moe {
+namespace {
+
+constexpr const char* kOp = "ascend_moe::rotary_embedding";
+
+// ---- validation: the fake's checks (torch_ascend_moe/meta/rope.py), word for word ----
+
+void check_rope(const at::Tensor& x, const at::Tensor& cache, const std::optional<at::Tensor>& positions,
+                int64_t seqlen_offset) {
+  const char* op = kOp;
+  AM_CHECK_ARG(x.dim() == 3 || x.dim() == 4, op, "x", "rank", "3-D [T, heads, rot] or 4-D [B, S, heads, rot]",
+               std::to_string(x.dim()) + "-D");
+  const at::ScalarType t = x.scalar_type();
+  AM_CHECK_ARG(t == at::kBFloat16 || t == at::kFloat || t == at::kDouble, op, "x", "dtype",
+               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(t));
+  check_rank(op, "cos_sin_cache", cache, 2, "[rows, rot] (cos halves, then sin halves)");
+  const at::ScalarType want = t == at::kDouble ? at::kDouble : at::kFloat;
+  AM_CHECK_ARG(cache.scalar_type() == want, op, "cos_sin_cache", "dtype", dtype_name(want),
+               dtype_name(cache.scalar_type()));
+  AM_CHECK_ARG(cache.device() == x.device(), op, "cos_sin_cache", "device", x.device().str() + " (same as 'x')",
+               cache.device().str());
+  const int64_t rot = cache.size(1);
+  AM_CHECK_ARG(rot % 2 == 0 && rot > 0, op, "cos_sin_cache", "size(1)", "an even rotary dim > 0", rot);
+  check_dim_size(op, "x", x, x.dim() - 1, "rot", rot, "cos_sin_cache.size(1)");
+  check_int_arg(op, "seqlen_offset", seqlen_offset, 0);
+  if (!positions.has_value()) {
+    const int64_t need = seqlen_offset + x.size(-3);
+    AM_CHECK_ARG(need <= cache.size(0), op, "cos_sin_cache", "size(0)",
+                 "at least seqlen_offset + tokens = " + std::to_string(need), cache.size(0));
+    return;
+  }
+  const at::Tensor& p = *positions;
+  AM_CHECK_ARG(p.scalar_type() == at::kInt || p.scalar_type() == at::kLong, op, "positions", "dtype",
+               "torch.int32 or torch.int64", dtype_name(p.scalar_type()));
+  AM_CHECK_ARG(p.device() == x.device(), op, "positions", "device", x.device().str() + " (same as 'x')",
+               p.device().str());
+  const auto rows = x.sizes().slice(0, x.dim() - 2);
+  AM_CHECK_ARG(p.sizes().equals(rows), op, "positions", "shape", shape_str(rows) + " (x's tokens)",
+               shape_str(p.sizes()));
+}
+
+// Each token's cache row (positions + seqlen_offset, or the token's index in its sequence + seqlen_offset), after
+// the value check: every row read exists.
+std::vector<int64_t> cache_rows(const at::Tensor& x, const at::Tensor& cache,
+                                const std::optional<at::Tensor>& positions, int64_t offset) {
+  int64_t tokens = 1;
+  for (int64_t d = 0; d < x.dim() - 2; ++d) tokens *= x.size(d);
+  const int64_t seq = std::max<int64_t>(x.size(-3), 1);
+  std::vector<int64_t> rows(tokens);
+  if (!positions.has_value()) {
+    for (int64_t t = 0; t < tokens; ++t) rows[t] = t % seq + offset;
+    return rows;
+  }
+  const at::Tensor p = positions->to(at::kLong).contiguous();
+  const int64_t* v = p.const_data_ptr<int64_t>();
+  if (tokens == 0) return rows;
+  int64_t lo = v[0] + offset, hi = v[0] + offset;
+  for (int64_t t = 0; t < tokens; ++t) {
+    rows[t] = v[t] + offset;
+    lo = std::min(lo, rows[t]);
+    hi = std::max(hi, rows[t]);
+  }
+  const int64_t limit = cache.size(0);
+  AM_CHECK_ARG(0 <= lo && hi < limit, kOp, "positions", "values",
+               "positions + seqlen_offset in [0, " + std::to_string(limit) + ")",
+               "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return rows;
+}
+
+// ---- element loops ----
+
+// y = (x1 cos - x2 sin, x1 sin + x2 cos) for `half` pairs; x1[i] = x[i * step], x2[i] = x[i * step + gap], the same
+// for y (NeoX halves: step 1, gap half; GPT-J neighbours: step 2, gap 1).
+template <typename T>
+inline void rotate_impl(const T* x, int64_t half, int64_t step, int64_t gap, const T* cos, const T* sin, T* y) {
+  for (int64_t i = 0; i < half; ++i) {
+    const T x1 = x[i * step], x2 = x[i * step + gap];
+    const T a = x1 * cos[i], b = x2 * sin[i];
+    const T c = x1 * sin[i], d = x2 * cos[i];
+    y[i * step] = a - b;
+    y[i * step + gap] = c + d;
+  }
+}
+AM_VECTOR_CLONES void rotate_halves(const float* x, int64_t half, const float* cos, const float* sin, float* y) {
+  rotate_impl(x, half, 1, half, cos, sin, y);
+}
+AM_VECTOR_CLONES void rotate_neighbours(const float* x, int64_t half, const float* cos, const float* sin, float* y) {
+  rotate_impl(x, half, 2, 1, cos, sin, y);
+}
+void rotate_halves(const double* x, int64_t half, const double* cos, const double* sin, double* y) {
+  rotate_impl(x, half, 1, half, cos, sin, y);
+}
+void rotate_neighbours(const double* x, int64_t half, const double* cos, const double* sin, double* y) {
+  rotate_impl(x, half, 2, 1, cos, sin, y);
+}
+
+template <typename acc_t, typename x_t>
+void rotate_tokens(const at::Tensor& x, const at::Tensor& cache, const std::vector<int64_t>& rows, bool interleaved,
+                   bool conjugate, at::Tensor& out) {
+  const int64_t rot = x.size(-1), heads = x.size(-2), half = rot / 2, tokens = static_cast<int64_t>(rows.size());
+  const x_t* src = x.const_data_ptr<x_t>();
+  x_t* dst = out.data_ptr<x_t>();
+  const acc_t* table = cache.const_data_ptr<acc_t>();
+  const int64_t grain = std::max<int64_t>(1, kWorkPerThread / std::max<int64_t>(heads * rot, 1));
+  at::parallel_for(0, tokens, grain, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<acc_t> buffer;
+    acc_t* xs = scratch(buffer, 2 * rot + half);
+    acc_t *ys = xs + rot, *neg_sin = ys + rot;
+    for (int64_t t = t0; t < t1; ++t) {
+      const acc_t* cos = table + rows[t] * rot;
+      const acc_t* sin = cos + half;
+      if (conjugate) {  // the inverse rotation: sin negated (exactly), as the portable kernel
+        for (int64_t i = 0; i < half; ++i) neg_sin[i] = -sin[i];
+        sin = neg_sin;
+      }
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const int64_t base = (t * heads + hd) * rot;
+        const acc_t* xr;
+        acc_t* yr;
+        if constexpr (std::is_same_v<x_t, acc_t>) {
+          xr = reinterpret_cast<const acc_t*>(src + base);
+          yr = reinterpret_cast<acc_t*>(dst + base);
+        } else {  // BF16 rows through FP32 buffers
+          bf16_row_to_float(reinterpret_cast<const uint16_t*>(src + base), rot, xs);
+          xr = xs;
+          yr = ys;
+        }
+        if (interleaved) {
+          rotate_neighbours(xr, half, cos, sin, yr);
+        } else {
+          rotate_halves(xr, half, cos, sin, yr);
+        }
+        if constexpr (!std::is_same_v<x_t, acc_t>) float_row_to_bf16(ys, rot, reinterpret_cast<uint16_t*>(dst + base));
+      }
+    }
+  });
+}
+
+at::Tensor rotary_embedding_cpu(const at::Tensor& x_in, const at::Tensor& cache_in,
+                                const std::optional<at::Tensor>& positions, int64_t seqlen_offset, bool interleaved,
+                                bool conjugate) {
+  check_rope(x_in, cache_in, positions, seqlen_offset);
+  const std::vector<int64_t> rows = cache_rows(x_in, cache_in, positions, seqlen_offset);
+  const at::Tensor x = x_in.contiguous(), cache = cache_in.contiguous();
+  at::Tensor out = at::empty(x_in.sizes(), x_in.options());
+  switch (x.scalar_type()) {
+    case at::kBFloat16:
+      rotate_tokens<float, c10::BFloat16>(x, cache, rows, interleaved, conjugate, out);
+      break;
+    case at::kFloat:
+      rotate_tokens<float, float>(x, cache, rows, interleaved, conjugate, out);
+      break;
+    default:
+      rotate_tokens<double, double>(x, cache, rows, interleaved, conjugate, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
+  // ---- rope family: per pair (x1, x2): (x1 cos - x2 sin, x1 sin + x2 cos) ----
+  m.set_python_module("torch_ascend_moe.meta.rope");
+  // x [T, heads, rot] or [B, S, heads, rot] (BF16/FP32, FP64 for gradcheck); cos_sin_cache [rows, rot] FP32 (FP64
+  // with FP64 x): cos in [:, :rot/2], sin in [:, rot/2:]. Row of token t: positions[t] (or [b, s]) + seqlen_offset,
+  // else seqlen_offset + t (the token's index in its sequence). Pairs: NeoX halves (x[i], x[i + rot/2]), or GPT-J
+  // neighbours (x[2i], x[2i+1]) with interleaved; conjugate negates sin (the inverse rotation). Computed in FP32
+  // (FP64 for FP64 x), two rounded products and one add or subtract per result, rounded once to x's dtype.
+  m.def(
+      "rotary_embedding(Tensor x, Tensor cos_sin_cache, Tensor? positions=None, int seqlen_offset=0, "
+      "bool interleaved=False, bool conjugate=False) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+}
+
+TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) { m.impl("rotary_embedding", &rotary_embedding_cpu); }
+
+}  // namespace ascend_moe
