@@ -150,54 +150,16 @@ void input_grad(const double* xhat, const double* gw, int64_t h, double mean, do
   input_grad_impl(xhat, gw, h, mean, rstd, extra, dx);
 }
 
-// Row r of a contiguous [N, H] tensor of dtype BF16 / FP32 / FP64 into dst in the compute type (exact).
+// Row r of a contiguous [N, H] tensor of dtype BF16 / FP32 / FP64 into dst in the compute type (exact), and back
+// (one rounding, as .to()).
 template <typename acc_t>
 void load(const at::Tensor& t, int64_t r, int64_t h, acc_t* dst) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(t.const_data_ptr<c10::BFloat16>()) + r * h;
-      if constexpr (std::is_same_v<acc_t, float>) {
-        bf16_row_to_float(p, h, dst);
-      } else {
-        for (int64_t j = 0; j < h; ++j) dst[j] = float_of(static_cast<uint32_t>(p[j]) << 16);
-      }
-      break;
-    }
-    case at::kFloat: {
-      const float* p = t.const_data_ptr<float>() + r * h;
-      for (int64_t j = 0; j < h; ++j) dst[j] = static_cast<acc_t>(p[j]);
-      break;
-    }
-    default: {
-      const double* p = t.const_data_ptr<double>() + r * h;
-      for (int64_t j = 0; j < h; ++j) dst[j] = static_cast<acc_t>(p[j]);
-    }
-  }
+  load_values(t.scalar_type(), static_cast<const char*>(t.const_data_ptr()) + r * h * t.element_size(), h, dst);
 }
 
-// src in the compute type into row r of a contiguous tensor of x's dtype (one rounding, as .to()).
 template <typename acc_t>
 void store(const acc_t* src, int64_t h, at::Tensor& t, int64_t r) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16: {
-      uint16_t* p = reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()) + r * h;
-      if constexpr (std::is_same_v<acc_t, float>) {
-        float_row_to_bf16(src, h, p);
-      } else {
-        for (int64_t j = 0; j < h; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j])).x;
-      }
-      break;
-    }
-    case at::kFloat: {
-      float* p = t.data_ptr<float>() + r * h;
-      for (int64_t j = 0; j < h; ++j) p[j] = static_cast<float>(src[j]);
-      break;
-    }
-    default: {
-      double* p = t.data_ptr<double>() + r * h;
-      for (int64_t j = 0; j < h; ++j) p[j] = static_cast<double>(src[j]);
-    }
-  }
+  store_values(src, h, t.scalar_type(), static_cast<char*>(t.data_ptr()) + r * h * t.element_size());
 }
 
 // ATen's row sums of a chunk buffer [m, h] (torch's reduction order for a contiguous [..., H] tensor's last dim).

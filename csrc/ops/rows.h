@@ -5,10 +5,13 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace ascend_moe {
@@ -40,6 +43,44 @@ void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst);
 // torch's int32 add), multiplier 448 / amax (1 / sf with round_sf; 0 where sf is 0), codes
 // e4m3(clamp(y * multiplier, -448, 448)) written as bytes to q, scales to sf.
 void cast_row_e4m3(const float* y, int64_t cols, int64_t block, bool round_sf, float floor, uint8_t* q, float* sf);
+
+// n values of dtype t (BF16, FP32 or FP64) at src into dst in the compute type (exact: a widening or the same type).
+template <typename acc_t>
+void load_values(c10::ScalarType t, const void* src, int64_t n, acc_t* dst) {
+  if (t == c10::kBFloat16) {
+    const uint16_t* p = static_cast<const uint16_t*>(src);
+    if constexpr (std::is_same_v<acc_t, float>) {
+      bf16_row_to_float(p, n, dst);
+    } else {
+      for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(p[j]) << 16);
+    }
+  } else if (t == c10::kFloat) {
+    const float* p = static_cast<const float*>(src);
+    for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<acc_t>(p[j]);
+  } else {
+    const double* p = static_cast<const double*>(src);
+    for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<acc_t>(p[j]);
+  }
+}
+
+// n values in the compute type into dtype t (BF16, FP32 or FP64) at dst: one rounding each, as .to(t).
+template <typename acc_t>
+void store_values(const acc_t* src, int64_t n, c10::ScalarType t, void* dst) {
+  if (t == c10::kBFloat16) {
+    uint16_t* p = static_cast<uint16_t*>(dst);
+    if constexpr (std::is_same_v<acc_t, float>) {
+      float_row_to_bf16(src, n, p);
+    } else {
+      for (int64_t j = 0; j < n; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j])).x;
+    }
+  } else if (t == c10::kFloat) {
+    float* p = static_cast<float*>(dst);
+    for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>(src[j]);
+  } else {
+    double* p = static_cast<double*>(dst);
+    for (int64_t j = 0; j < n; ++j) p[j] = static_cast<double>(src[j]);
+  }
+}
 
 // A thread's scratch buffer, kept between chunks and calls (no allocation or zero-fill per chunk).
 template <typename T>

@@ -191,7 +191,8 @@ inline void backward_impl(const T* a, const T* b, const T* e, const T* g, int64_
 // TileKernels' fma rounded once (FP32); the FP64 gradcheck path takes the plain expression, as the portable kernel.
 AM_VECTOR_CLONES void backward_row(const float* a, const float* b, const float* e, const float* g, int64_t h,
                                    bool weighted, float w, float* da, float* db, float* out, float* gact) {
-  backward_impl(a, b, e, g, h, weighted, w, da, db, out, gact, [](float x, float y, float z) { return std::fma(x, y, z); });
+  backward_impl(a, b, e, g, h, weighted, w, da, db, out, gact,
+                [](float x, float y, float z) { return std::fma(x, y, z); });
 }
 void backward_row(const double* a, const double* b, const double* e, const double* g, int64_t h, bool weighted,
                   double w, double* da, double* db, double* out, double* gact) {
@@ -206,60 +207,21 @@ void backward_row(const double* a, const double* b, const double* e, const doubl
 template <typename acc_t>
 void load_row(const at::Tensor& x, const float* sf_row, int64_t sf_block, int64_t r, int64_t col0, int64_t cols,
               acc_t* dst) {
-  const int64_t stride = x.stride(0);
-  const int64_t offset = r * stride + col0;
-  switch (x.scalar_type()) {
-    case at::kBFloat16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(x.const_data_ptr<c10::BFloat16>()) + offset;
-      if constexpr (std::is_same_v<acc_t, float>) {
-        bf16_row_to_float(p, cols, dst);
-      } else {
-        for (int64_t j = 0; j < cols; ++j) dst[j] = float_of(static_cast<uint32_t>(p[j]) << 16);
-      }
-      break;
-    }
-    case at::kFloat: {
-      const float* p = x.const_data_ptr<float>() + offset;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
-      break;
-    }
-    case at::kDouble: {
-      const double* p = x.const_data_ptr<double>() + offset;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<acc_t>(p[j]);
-      break;
-    }
-    default: {  // E4M3 with block scales
-      const c10::Float8_e4m3fn* p = x.const_data_ptr<c10::Float8_e4m3fn>() + offset;
-      for (int64_t j = 0; j < cols; ++j) {
-        dst[j] = static_cast<acc_t>(static_cast<float>(p[j]) * sf_row[(col0 + j) / sf_block]);
-      }
-    }
+  const int64_t offset = r * x.stride(0) + col0;
+  if (x.scalar_type() != at::kFloat8_e4m3fn) {
+    load_values(x.scalar_type(), static_cast<const char*>(x.const_data_ptr()) + offset * x.element_size(), cols, dst);
+    return;
+  }
+  const c10::Float8_e4m3fn* p = x.const_data_ptr<c10::Float8_e4m3fn>() + offset;  // E4M3 with block scales
+  for (int64_t j = 0; j < cols; ++j) {
+    dst[j] = static_cast<acc_t>(static_cast<float>(p[j]) * sf_row[(col0 + j) / sf_block]);
   }
 }
 
-// src [cols] in the compute type into row r of a contiguous output of dtype t (one rounding, as .to(t)).
+// src [cols] in the compute type into row r of a contiguous output (one rounding, as .to(out's dtype)).
 template <typename acc_t>
 void store_row(const acc_t* src, int64_t cols, at::Tensor& out, int64_t r) {
-  switch (out.scalar_type()) {
-    case at::kBFloat16: {
-      uint16_t* p = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>()) + r * cols;
-      if constexpr (std::is_same_v<acc_t, float>) {
-        float_row_to_bf16(src, cols, p);
-      } else {
-        for (int64_t j = 0; j < cols; ++j) p[j] = c10::BFloat16(static_cast<float>(src[j])).x;
-      }
-      break;
-    }
-    case at::kFloat: {
-      float* p = out.data_ptr<float>() + r * cols;
-      for (int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(src[j]);
-      break;
-    }
-    default: {
-      double* p = out.data_ptr<double>() + r * cols;
-      for (int64_t j = 0; j < cols; ++j) p[j] = static_cast<double>(src[j]);
-    }
-  }
+  store_values(src, cols, out.scalar_type(), static_cast<char*>(out.data_ptr()) + r * cols * out.element_size());
 }
 
 // exp(-a) of a chunk: negated into e, then ATen's CPU exp in place (the function torch.exp is; inside a parallel
