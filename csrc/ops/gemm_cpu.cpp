@@ -218,7 +218,8 @@ struct ExponentEntry {
 constexpr size_t kExponentCacheSize = 1024;
 
 int64_t cached_min_bf16_exponent(const at::Tensor& t) {
-  if (!t.has_storage()) return min_bf16_exponent(t);
+  // Inference tensors have no version counter: nothing tells a changed value, so they are scanned every call.
+  if (!t.has_storage() || t.is_inference()) return min_bf16_exponent(t);
   static std::mutex mutex;
   static std::vector<ExponentEntry> cache(kExponentCacheSize);
   static size_t next = 0;

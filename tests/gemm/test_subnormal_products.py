@@ -66,3 +66,15 @@ def test_remembered_weight_verdict_follows_in_place_changes():
     want = torch.cat([_exact(a[:7], top), _exact(a[7:], bottom)])
     for _ in range(2):  # the second call takes the remembered verdicts
         torch.testing.assert_close(m_grouped_bf16_gemm(a, grouped_w, offs), want, rtol=2**-7, atol=0)
+
+
+def test_inference_tensors_are_scanned_every_call():
+    """Inference tensors have no version counter, so their verdict is not remembered: an in-place change inside
+    inference mode is still seen."""
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        a = (torch.rand(16, 64, generator=g) + 0.5).bfloat16()
+        w = (torch.rand(24, 64, generator=g) + 0.5).bfloat16()
+        torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
+        w.mul_(2e-39)
+        torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
