@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -64,6 +65,18 @@ void check_rope(const at::Tensor& x, const at::Tensor& cache, const std::optiona
                shape_str(p.sizes()));
 }
 
+std::string int128_text(__int128 v) {
+  if (v >= 0 && v <= INT64_MAX) return std::to_string(static_cast<int64_t>(v));
+  const bool negative = v < 0;
+  unsigned __int128 m = negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(m % 10)));
+    m /= 10;
+  } while (m != 0);
+  return negative ? "-" + digits : digits;
+}
+
 // Each token's cache row (positions + seqlen_offset, or the token's index in its sequence + seqlen_offset), after
 // the value check: every row read exists.
 std::vector<int64_t> cache_rows(const at::Tensor& x, const at::Tensor& cache,
@@ -79,16 +92,15 @@ std::vector<int64_t> cache_rows(const at::Tensor& x, const at::Tensor& cache,
   const at::Tensor p = positions->to(at::kLong).contiguous();
   const int64_t* v = p.const_data_ptr<int64_t>();
   if (tokens == 0) return rows;
-  int64_t lo = v[0] + offset, hi = v[0] + offset;
-  for (int64_t t = 0; t < tokens; ++t) {
-    rows[t] = v[t] + offset;
-    lo = std::min(lo, rows[t]);
-    hi = std::max(hi, rows[t]);
-  }
+  const auto [lo_it, hi_it] = std::minmax_element(v, v + tokens);
+  // The sums in 128 bits: a position near 2^63 plus the offset must be reported as the number it is (the fake's
+  // Python ints do not wrap), not wrapped into a small or negative row.
+  const __int128 lo = static_cast<__int128>(*lo_it) + offset, hi = static_cast<__int128>(*hi_it) + offset;
   const int64_t limit = cache.size(0);
   AM_CHECK_ARG(0 <= lo && hi < limit, kOp, "positions", "values",
                "positions + seqlen_offset in [0, " + std::to_string(limit) + ")",
-               "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+               "[" + int128_text(lo) + ", " + int128_text(hi) + "]");
+  for (int64_t t = 0; t < tokens; ++t) rows[t] = v[t] + offset;
   return rows;
 }
 
