@@ -78,4 +78,4 @@ def test_ep_combine_reduce_num_tokens():
     rows, dest = torch.randn(3, 4), torch.tensor([0, 1, -1])
     for bad in (-1, 2**62 + 1):
         with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'num_tokens' value"):
-            torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, bad, None, None)
+            torch.ops.ascend_moe_kernels.ep_combine_reduce([rows], dest, bad, None, None)

@@ -16,16 +16,16 @@ namespace {
 constexpr const char* kReduceOp = "ep_combine_reduce";
 
 // out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i_0] + rows[i_1] + ...) over the rows i with dest[i] == t in
-// ascending i, accumulated in Acc. Rows arrive source-rank-major, so ascending i is ascending source rank: the
-// combine's fixed order. Tokens are independent, so threads split tokens and the result is bitwise the same
-// for any thread count. Converting row by row keeps no [rows, H] FP32 temporary (fresh pages cost more than
-// the arithmetic here).
+// ascending i, accumulated in Acc; row i is found through `row` (rows arrive as blocks: this rank's own rows and
+// each peer's, read where the transport left them). Rows arrive source-rank-major, so ascending i is ascending
+// source rank: the combine's fixed order. Tokens are independent, so threads split tokens and the result is
+// bitwise the same for any thread count. Converting row by row keeps no [rows, H] FP32 temporary (fresh pages
+// cost more than the arithmetic here).
 template <typename T, typename Acc>
-void reduce_rows(const at::Tensor& rows, const std::vector<int64_t>& begin, const std::vector<int64_t>& order,
-                 const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
-                 at::Tensor& out) {
-  const int64_t tokens = out.size(0), h = out.size(1), row_stride = rows.stride(0);
-  const T* src = rows.const_data_ptr<T>();
+void reduce_rows(const std::vector<const void*>& row, const std::vector<int64_t>& begin,
+                 const std::vector<int64_t>& order, const c10::optional<at::Tensor>& bias_0,
+                 const c10::optional<at::Tensor>& bias_1, at::Tensor& out) {
+  const int64_t tokens = out.size(0), h = out.size(1);
   T* dst = out.mutable_data_ptr<T>();
   std::vector<at::Tensor> biases;
   for (const auto& b : {bias_0, bias_1}) {
@@ -40,7 +40,7 @@ void reduce_rows(const at::Tensor& rows, const std::vector<int64_t>& begin, cons
         for (int64_t j = 0; j < h; ++j) acc[j] += bp[j];
       }
       for (int64_t p = begin[t]; p < begin[t + 1]; ++p) {
-        const T* r = src + order[p] * row_stride;
+        const T* r = static_cast<const T*>(row[order[p]]);
         for (int64_t j = 0; j < h; ++j) acc[j] += static_cast<Acc>(r[j]);
       }
       T* o = dst + t * h;
@@ -49,19 +49,32 @@ void reduce_rows(const at::Tensor& rows, const std::vector<int64_t>& begin, cons
   });
 }
 
-at::Tensor ep_combine_reduce_cpu(const at::Tensor& rows, const at::Tensor& dest, int64_t num_tokens,
+at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
                                  const c10::optional<at::Tensor>& bias_0,
                                  const c10::optional<at::Tensor>& bias_1) {
-  check_rank(kReduceOp, "rows", rows, 2, "[rows, hidden]");
+  AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
+  const at::Tensor& first = blocks[0];
+  const int64_t h = first.dim() == 2 ? first.size(1) : 0;
+  int64_t n = 0;
+  std::vector<const void*> row;
+  for (const at::Tensor& rows : blocks) {
+    check_rank(kReduceOp, "rows", rows, 2, "[rows, hidden]");
+    AM_CHECK_ARG(is_gemm_dtype(rows.scalar_type()), kReduceOp, "rows", "dtype", kGemmDtypes,
+                 dtype_name(rows.scalar_type()));
+    AM_CHECK_ARG(rows.scalar_type() == first.scalar_type(), kReduceOp, "rows", "dtype", dtype_name(first.scalar_type()),
+                 dtype_name(rows.scalar_type()));
+    AM_CHECK_ARG(rows.size(1) == h, kReduceOp, "rows", "size(1)", h, rows.size(1));
+    AM_CHECK_ARG(rows.size(1) <= 1 || rows.stride(1) == 1, kReduceOp, "rows", "stride(1)", 1, rows.stride(1));
+    const char* base = static_cast<const char*>(rows.const_data_ptr());
+    const int64_t stride = rows.stride(0) * rows.element_size();
+    for (int64_t i = 0; i < rows.size(0); ++i) row.push_back(base + i * stride);
+    n += rows.size(0);
+  }
   check_rank(kReduceOp, "dest", dest, 1, "[rows]");
-  AM_CHECK_ARG(is_gemm_dtype(rows.scalar_type()), kReduceOp, "rows", "dtype", kGemmDtypes,
-               dtype_name(rows.scalar_type()));
-  AM_CHECK_ARG(rows.size(1) <= 1 || rows.stride(1) == 1, kReduceOp, "rows", "stride(1)", 1, rows.stride(1));
   AM_CHECK_ARG(dest.scalar_type() == at::kLong, kReduceOp, "dest", "dtype", "torch.int64",
                dtype_name(dest.scalar_type()));
-  AM_CHECK_ARG(dest.size(0) == rows.size(0), kReduceOp, "dest", "size(0)", rows.size(0), dest.size(0));
+  AM_CHECK_ARG(dest.size(0) == n, kReduceOp, "dest", "size(0)", n, dest.size(0));
   check_int_arg(kReduceOp, "num_tokens", num_tokens, 0);
-  const int64_t h = rows.size(1), n = rows.size(0);
   for (const auto& [name, b] : {std::pair{"bias_0", bias_0}, std::pair{"bias_1", bias_1}}) {
     if (b.has_value()) {
       AM_CHECK_ARG(b->dim() == 2 && b->size(0) == num_tokens && b->size(1) == h, kReduceOp, name, "shape",
@@ -82,19 +95,19 @@ at::Tensor ep_combine_reduce_cpu(const at::Tensor& rows, const at::Tensor& dest,
   for (int64_t i = 0; i < n; ++i) {
     if (dp[i] >= 0) order[fill[dp[i]]++] = i;
   }
-  at::Tensor out = at::empty({num_tokens, h}, rows.options().memory_format(at::MemoryFormat::Contiguous));
-  switch (rows.scalar_type()) {
+  at::Tensor out = at::empty({num_tokens, h}, first.options().memory_format(at::MemoryFormat::Contiguous));
+  switch (first.scalar_type()) {
     case at::kBFloat16:
-      reduce_rows<c10::BFloat16, float>(rows, begin, order, bias_0, bias_1, out);
+      reduce_rows<c10::BFloat16, float>(row, begin, order, bias_0, bias_1, out);
       break;
     case at::kHalf:
-      reduce_rows<c10::Half, float>(rows, begin, order, bias_0, bias_1, out);
+      reduce_rows<c10::Half, float>(row, begin, order, bias_0, bias_1, out);
       break;
     case at::kFloat:
-      reduce_rows<float, float>(rows, begin, order, bias_0, bias_1, out);
+      reduce_rows<float, float>(row, begin, order, bias_0, bias_1, out);
       break;
     default:
-      reduce_rows<double, double>(rows, begin, order, bias_0, bias_1, out);
+      reduce_rows<double, double>(row, begin, order, bias_0, bias_1, out);
   }
   return out;
 }
@@ -171,7 +184,8 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
 }
 
 TORCH_LIBRARY(ascend_moe_kernels, m) {
-  m.def("ep_combine_reduce(Tensor rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None) -> Tensor");
+  // rows: blocks whose rows, one block after another, are the rows dest indexes.
+  m.def("ep_combine_reduce(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) { m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu); }

@@ -22,8 +22,14 @@ def test_combine_reduce_matches_portable_path(dtype, biases):
     rows = (torch.randn(dest.shape[0], h + 8, generator=g) * torch.logspace(-3, 3, h + 8)).to(dtype)[:, :h]
     bias = [torch.randn(tokens, h, generator=g).to(torch.bfloat16) for _ in range(biases)]
     bias += [None] * (2 - biases)
-    ours = torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, tokens, *bias)
+    ours = torch.ops.ascend_moe_kernels.ep_combine_reduce([rows], dest, tokens, *bias)
     portable = kernels._reduce_rows_portable(rows, dest, tokens, *bias, ranks)
+    # Rows in blocks (the shared-memory transport's: own rows and each peer's where they lie, any row strides).
+    cuts = sorted(torch.randint(0, rows.shape[0] + 1, (3,), generator=g).tolist())
+    blocks = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, rows.shape[0]])]
+    blocks[1] = torch.cat([blocks[1], blocks[1]], 1)[:, :h]  # a row stride of 2h
+    blocked = torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, tokens, *bias)
+    assert torch.equal(blocked.view(torch.uint8), ours.view(torch.uint8))
     assert ours.dtype == dtype and ours.shape == (tokens, h)
     assert torch.equal(ours.view(torch.uint8), portable.view(torch.uint8))
     # And the order is the row order: FP64 of the same sums in that order, rounded through FP32.
@@ -43,7 +49,11 @@ def test_combine_reduce_bad_dest():
     with pytest.raises(
         ValueError, match=r"ep_combine_reduce: argument 'dest' values: expected token indices in \[-1, 3\), got 5"
     ):
-        torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, torch.tensor([0, 1, 5, -1]), 3)
+        torch.ops.ascend_moe_kernels.ep_combine_reduce([rows], torch.tensor([0, 1, 5, -1]), 3)
+    with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'dest' size\(0\): expected 6, got 4"):
+        torch.ops.ascend_moe_kernels.ep_combine_reduce([rows, rows[:2]], torch.tensor([0, 1, 2, -1]), 3)
+    with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'rows' dtype: expected torch.float32, got"):
+        torch.ops.ascend_moe_kernels.ep_combine_reduce([rows, rows.double()], torch.zeros(8, dtype=torch.long), 3)
 
 
 def test_emulated_capture_catches_host_syncs():

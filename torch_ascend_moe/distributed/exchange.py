@@ -15,18 +15,22 @@ import time
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe.distributed import shared_rows
 from torch_ascend_moe.distributed.capture import capturing, capturing_current_stream
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
 
 
-def wait(op: str, group, work, timeout_s: float, what: str) -> None:
+def wait(op: str, group, work, timeout_s: float, what: str, start: float | None = None) -> None:
+    """``work.wait()`` with a deadline ``timeout_s`` after ``start`` (``time.monotonic()``; default now), raising
+    a message that tells a timeout from a transport failure."""
     if capturing_current_stream():
         work.wait()  # a deadline is a host-side wait, illegal in a capture: the stream waits instead
         return
-    start = time.monotonic()
+    start = time.monotonic() if start is None else start
     try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        left = max(timeout_s - (time.monotonic() - start), 1e-3)
+        work.wait(timeout=datetime.timedelta(seconds=left))
     except RuntimeError as e:
         elapsed = time.monotonic() - start
         if elapsed < 0.9 * timeout_s:  # the transport failed before the deadline: not a timeout
@@ -40,22 +44,123 @@ def wait(op: str, group, work, timeout_s: float, what: str) -> None:
         ) from e
 
 
-def all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s) -> None:
-    """all_to_all_single of each (out, in) pair of row tensors (as bytes), all in flight at once."""
+def all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s, index=None, padded=False, send_rows=None):
+    """all_to_all_single of each ``(out, rows)`` pair of row tensors (as bytes), all in flight at once; with
+    ``index``, the rows sent are ``rows[index]`` (``padded``: -1 entries send zero rows). Splits None: equal.
+    ``send_rows``: every rank's splits as an [R, R] table (``send_rows[s, d]`` rows from s to d), which the
+    caller's header exchange gave every rank.
+
+    On gloo, ranks of one host with the table move the rows through shared memory (``shared_rows``); otherwise
+    on gloo the exchange is point to point, ordered so the copies overlap the transfer: the rows for each peer
+    are gathered and sent first, the receives land straight in ``out``, and this rank's own rows are gathered
+    straight into ``out`` while the peers' bytes travel (``all_to_all_single`` would copy them once more).
+    Elsewhere (NCCL, HCCL, a captured graph): gathered, then one ``all_to_all_single`` each."""
+    pairs = [(out, rows) for out, rows in pairs if row_bytes(out) or row_bytes(rows)]  # zero-width metadata
+    if not pairs:
+        return
+    if dist.get_backend(group) != "gloo" or capturing_current_stream():
+        works = []
+        for out, rows in pairs:
+            send = rows if index is None else take_rows(rows, index, padded)
+            works.append(
+                dist.all_to_all_single(as_bytes(out), as_bytes(send), out_splits, in_splits, group=group, async_op=True)
+            )
+        for work in works:
+            wait(op, group, work, timeout_s, "the all-to-all")
+        return
+    if send_rows is not None:
+        regions = shared_rows.regions(op, group, timeout_s)
+        if regions is not None and regions.exchange(op, group, pairs, send_rows, index, padded, timeout_s) is not None:
+            return
+    _point_to_point(op, group, pairs, out_splits, in_splits, timeout_s, index, padded)
+
+
+def received_blocks(op, group, sends, rows_out, out_splits, in_splits, timeout_s, send_rows=None):
+    """``all_to_all_rows`` of each tensor of ``sends`` (no index), received as blocks instead of into one tensor:
+    per tensor, a list of row blocks of its dtype whose rows, one block after another, are what
+    ``all_to_all_rows`` would write into ``rows_out`` rows. Through shared memory nothing is copied on the
+    receiving side: the blocks are this rank's own rows and views of the peers' regions (read them before this
+    rank's next header exchange on the group); otherwise one received tensor each."""
+    if send_rows is not None and dist.get_backend(group) == "gloo" and not capturing_current_stream():
+        regions = shared_rows.regions(op, group, timeout_s)
+        got = None
+        if regions is not None:
+            pairs = [(None, rows) for rows in sends]
+            got = regions.exchange(op, group, pairs, send_rows, None, False, timeout_s, views=True)
+        if got is not None:
+            return [
+                [b.view(rows.dtype).view(b.shape[0], *rows.shape[1:]) for b in blocks]
+                for rows, blocks in zip(sends, got)
+            ]
+    outs = [rows.new_empty(rows_out, *rows.shape[1:]) for rows in sends]
+    all_to_all_rows(op, group, list(zip(outs, sends)), out_splits, in_splits, timeout_s, send_rows=send_rows)
+    return [[out] for out in outs]
+
+
+def _offsets(splits, rows: int, r: int) -> list[int]:
+    splits = [rows // r] * r if splits is None else splits
+    out = [0]
+    for n in splits:
+        out.append(out[-1] + n)
+    return out
+
+
+def _point_to_point(op, group, pairs, out_splits, in_splits, timeout_s, index, padded) -> None:
+    r, rank = group.size(), group.rank()
+    sent = pairs[0][1].shape[0] if index is None else index.shape[0]
+    send_at, recv_at = _offsets(in_splits, sent, r), _offsets(out_splits, pairs[0][0].shape[0], r)
+    # Peers in ring order from this rank, so rank i's first message goes to i + 1 while i - 1's comes to it.
+    peers = [(rank + j) % r for j in range(1, r)]
+    start = time.monotonic()
     works = []
-    for out, inp in pairs:
-        if out.shape[1:].numel() == 0 and inp.shape[1:].numel() == 0:
-            continue  # zero-width rows (H = 0 is rejected earlier, but zero-column metadata is possible)
-        works.append(
-            dist.all_to_all_single(as_bytes(out), as_bytes(inp), out_splits, in_splits, group=group, async_op=True)
-        )
+    for tag, (out, _) in enumerate(pairs):
+        dst = as_bytes(out)
+        for p in peers:
+            if recv_at[p + 1] > recv_at[p]:
+                works.append(dist.irecv(dst[recv_at[p] : recv_at[p + 1]], group=group, group_src=p, tag=tag))
+    for tag, (_, rows) in enumerate(pairs):
+        for p in peers:
+            if send_at[p + 1] > send_at[p]:
+                chunk = gather_rows(rows, index, send_at[p], send_at[p + 1], padded)
+                works.append(dist.isend(chunk, group=group, group_dst=p, tag=tag))
+    for out, rows in pairs:  # this rank's own rows, while the peers' travel
+        if recv_at[rank + 1] > recv_at[rank]:
+            gather_rows(
+                rows, index, send_at[rank], send_at[rank + 1], padded, as_bytes(out)[recv_at[rank] : recv_at[rank + 1]]
+            )
     for work in works:
-        wait(op, group, work, timeout_s, "the all-to-all")
+        wait(op, group, work, timeout_s, "the all-to-all", start)
 
 
-def all_reduce_max(op, group, t, timeout_s) -> None:
+def row_bytes(t: torch.Tensor) -> int:
+    width = t.element_size()
+    for d in t.shape[1:]:
+        width *= d
+    return width
+
+
+def gather_rows(rows, index, begin: int, end: int, padded: bool, out=None) -> torch.Tensor:
+    """Rows ``begin:end`` of what is sent (``rows[index]``, or ``rows`` without an index) as bytes, into ``out``
+    (uint8 ``[end - begin, row bytes]``) if given."""
+    src = as_bytes(rows)
+    if index is None:
+        return src[begin:end] if out is None else out.copy_(src[begin:end])
+    idx = index[begin:end]
+    if out is None:
+        out = src.new_empty(end - begin, src.shape[1])
+    if not src.shape[0]:  # nothing to take from: only padding can be asked for
+        return out.zero_()
+    # uint8 rows: CPU index_select copies whole rows of bytes (int64 words take a per-element path, 5x slower).
+    torch.index_select(src, 0, idx.clamp(min=0) if padded else idx, out=out)
+    if padded:  # zero the padding rows through 8-byte words when the width allows (a byte-wise fill is 2x slower)
+        words = out.view(torch.int64) if out.shape[1] % 8 == 0 and out.shape[1] else out
+        words.masked_fill_((idx < 0).unsqueeze(1), 0)
+    return out
+
+
+def all_reduce_max(op, group, t, timeout_s, what: str = "the all-reduce") -> None:
     work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    wait(op, group, work, timeout_s, "the all-reduce")
+    wait(op, group, work, timeout_s, what)
 
 
 # Header words: op code, then the op's fields, error flags and per-rank counts, zero-padded to a length every
@@ -157,15 +262,7 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 def take_rows(rows: torch.Tensor, index: torch.Tensor, padded: bool) -> torch.Tensor:
     """``rows[index]`` (any dtype); with ``padded``, -1 entries give zero rows. No host sync."""
-    b = as_bytes(rows)
-    if not b.shape[0]:
-        return rows.new_zeros(index.shape[0], *rows.shape[1:])
-    # uint8 rows: CPU index_select copies whole rows of bytes (int64 words take a per-element path, 5x slower).
-    out = b.index_select(0, index.clamp(min=0) if padded else index)
-    if padded:
-        # Zero the padding rows through 8-byte words when the width allows (a byte-wise fill is 2x slower).
-        words = out.view(torch.int64) if out.shape[1] % 8 == 0 and out.shape[1] else out
-        words.masked_fill_((index < 0).unsqueeze(1), 0)
+    out = gather_rows(rows, index, 0, index.shape[0], padded)
     return out.view(rows.dtype).view(index.shape[0], *rows.shape[1:])
 
 

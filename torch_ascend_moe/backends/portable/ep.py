@@ -160,13 +160,13 @@ def ep_dispatch(args):
     exchange.all_to_all_rows(
         op,
         group,
-        [
-            (recv_x, exchange.take_rows(args.x, send_src, static)),
-            (recv_meta, exchange.take_rows(exchange.join(parts), send_src, static)),
-        ],
+        [(recv_x, args.x), (recv_meta, exchange.join(parts))],
         out_splits,
         in_splits,
         args.timeout_s,
+        index=send_src,
+        padded=static,
+        send_rows=None if capturing else table,
     )
     tag = recv_meta[:, -8:].contiguous().view(torch.int64).view(-1)
     valid = tag > 0
@@ -243,6 +243,7 @@ class _Route(NamedTuple):
     rows_in: int  # rows of the dispatch's send buffer
     compact_recv: bool  # recv_gather is the identity: outputs are the receive buffer itself
     padded_send: bool  # send_src holds -1 padding
+    send_rows: torch.Tensor | None  # [R, R]: rows rank s sends rank d in the dispatch direction (None: capturing)
 
 
 def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s) -> _Route:
@@ -252,7 +253,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
     r, rank = group.size(), group.rank()
     if capture.capturing(device):
         rows = send_src.shape[0]  # static: R * T rows each way
-        return _Route(None, None, rows, rows, False, True)
+        return _Route(None, None, rows, rows, False, True, None)
     table = exchange.exchange_header(
         op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s
     )
@@ -267,7 +268,7 @@ def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, f
     in_splits, out_splits = send_counts.tolist(), recv_counts.tolist()
     rows_out = sum(out_splits)
     compact = recv_gather.shape[0] == rows_out and torch.equal(recv_gather, torch.arange(rows_out, device=device))
-    return _Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()))
+    return _Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()), sends)
 
 
 @portable_kernel
@@ -280,6 +281,7 @@ def ep_dispatch_cached(args):
         "x's row bytes": args.x.shape[1] * args.x.element_size(),
         "x's dtype": exchange.dtype_code(args.x.dtype),
         "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
+        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
     }
     route = _route(
         op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
@@ -291,10 +293,13 @@ def ep_dispatch_cached(args):
     exchange.all_to_all_rows(
         op,
         group,
-        [(out, exchange.take_rows(rows, args.send_src, route.padded_send)) for rows, out in pairs],
+        [(out, rows) for rows, out in pairs],
         route.out_splits,
         route.in_splits,
         args.timeout_s,
+        index=args.send_src,
+        padded=route.padded_send,
+        send_rows=route.send_rows,
     )
     received = [out if route.compact_recv else exchange.take_rows(out, args.recv_gather, True) for _, out in pairs]
     recv_scales = received[1] if args.x_scales is not None else args.x.new_empty(n, 0, dtype=_ABSENT)
@@ -319,21 +324,20 @@ def ep_combine(args):
         op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
     )
     # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
-    pairs = [(args.x, args.x.new_empty(route.rows_in, args.x.shape[1]))]
-    if args.topk_weights is not None:
-        pairs.append((args.topk_weights, args.topk_weights.new_empty(route.rows_in, args.topk_weights.shape[1])))
-    exchange.all_to_all_rows(
+    sends = [args.x] if args.topk_weights is None else [args.x, args.topk_weights]
+    if not route.compact_recv:
+        sends = [exchange.place_rows(rows, args.recv_gather, route.rows_out) for rows in sends]
+    received = exchange.received_blocks(
         op,
         group,
-        [
-            (back, rows if route.compact_recv else exchange.place_rows(rows, args.recv_gather, route.rows_out))
-            for rows, back in pairs
-        ],
+        sends,
+        route.rows_in,
         route.in_splits,
         route.out_splits,
         args.timeout_s,
+        send_rows=None if route.send_rows is None else route.send_rows.t(),  # what came in goes back
     )
-    rows, dest = [back for _, back in pairs], args.send_src
+    dest = args.send_src
     if args.copy_order is not None:
         # The reduction adds a token's copies in row order: put the rows in copy_order first (a stable sort, so
         # equal keys keep ascending rank). Send rows are destination-major: row i went to the rank whose
@@ -343,20 +347,21 @@ def ep_combine(args):
         rank_of = torch.searchsorted(ends, torch.arange(n_rows, device=device), right=True).clamp(max=group.size() - 1)
         key = args.copy_order.long()[args.send_src.clamp(min=0), rank_of] if n_rows else args.send_src
         perm = torch.sort(key, stable=True).indices
-        rows = [exchange.take_rows(b, perm, False) for b in rows]
+        received = [[exchange.take_rows(torch.cat(blocks), perm, False)] for blocks in received]
         dest = args.send_src[perm]
-    out = _reduce_rows(rows[0], dest, args.num_tokens, args.bias_0, args.bias_1, group.size())
+    out = _reduce_rows(received[0], dest, args.num_tokens, args.bias_0, args.bias_1, group.size())
     if args.topk_weights is None:
         return out, args.x.new_empty(args.num_tokens, 0, dtype=_ABSENT)
-    return out, _reduce_rows(rows[1], dest, args.num_tokens, None, None, group.size())
+    return out, _reduce_rows(received[1], dest, args.num_tokens, None, None, group.size())
 
 
-def _reduce_rows(rows, dest, num_tokens, bias_0, bias_1, passes):
+def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes):
     """``out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i] + ...)`` over the rows ``i`` with ``dest[i] == t``
     in ascending ``i`` (= ascending source rank), accumulated in FP32 (FP64 for FP64 rows); at most ``passes``
-    rows per token."""
-    if rows.device.type == "cpu":
-        return torch.ops.ascend_moe_kernels.ep_combine_reduce(rows, dest, num_tokens, bias_0, bias_1)
+    rows per token. ``rows`` is the concatenation of ``blocks``."""
+    if blocks[0].device.type == "cpu":
+        return torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, num_tokens, bias_0, bias_1)
+    rows = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     return _reduce_rows_portable(rows, dest, num_tokens, bias_0, bias_1, passes)
 
 
@@ -555,7 +560,9 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).reshape(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
-    exchange.all_to_all_rows(op, group, [(recv, send)], None, None, args.timeout_s)
+    header = capture.host_readable(args.topk_idx)  # ll_dispatch_checks exchanged one: the table may be used
+    table = torch.full((r, r), local * t_max, dtype=torch.int64) if header else None
+    exchange.all_to_all_rows(op, group, [(recv, send)], None, None, args.timeout_s, send_rows=table)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
     recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
     tags = recv[:, :, -4:].contiguous().view(torch.int32).view(local, r * t_max)
@@ -638,7 +645,9 @@ def ll_combine_transport(args, group, r: int):
     send[torch.where(ok, dest, spare).reshape(-1)] = args.x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
-    exchange.all_to_all_rows(op, group, [(back, send)], None, None, args.timeout_s)
+    header = not capture.capturing(device)  # ll_combine_checks exchanged one: the table may be used
+    table = torch.full((r, r), local * t_max, dtype=torch.int64) if header else None
+    exchange.all_to_all_rows(op, group, [(back, send)], None, None, args.timeout_s, send_rows=table)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
     acc_t = torch.float64 if args.x.dtype == torch.float64 else torch.float32
     t = args.topk_idx.shape[0]
