@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kReduceOp = "ep_combine_reduce";
 
 // out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i_0] + rows[i_1] + ...) over the rows i with dest[i] == t in
-// ascending i, accumulated in Acc; row i is found through `row` (rows arrive as blocks: this rank's own rows and
+// visiting order (default ascending i), accumulated in Acc; row i is found through `row` (rows arrive as blocks: this rank's own rows and
 // each peer's, read where the transport left them). Rows arrive source-rank-major, so ascending i is ascending
 // source rank: the combine's fixed order. Tokens are independent, so threads split tokens and the result is
 // bitwise the same for any thread count. Converting row by row keeps no [rows, H] FP32 temporary (fresh pages
@@ -50,8 +50,8 @@ void reduce_rows(const std::vector<const void*>& row, const std::vector<int64_t>
 }
 
 at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
-                                 const c10::optional<at::Tensor>& bias_0,
-                                 const c10::optional<at::Tensor>& bias_1) {
+                                 const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
+                                 const c10::optional<at::Tensor>& visit) {
   AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
   const at::Tensor& first = blocks[0];
   const int64_t h = first.dim() == 2 ? first.size(1) : 0;
@@ -81,7 +81,22 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
                    shape_str({num_tokens, h}), shape_str(b->sizes()));
     }
   }
-  // A stable counting sort of the rows by destination token: begin[t] .. begin[t + 1] in ascending row order.
+  // The rows in visiting order: ascending, or `visit` (a permutation: the order a token's copies add in).
+  at::Tensor v;
+  const int64_t* vp = nullptr;
+  if (visit.has_value()) {
+    check_rank(kReduceOp, "visit", *visit, 1, "[rows]");
+    AM_CHECK_ARG(visit->scalar_type() == at::kLong, kReduceOp, "visit", "dtype", "torch.int64",
+                 dtype_name(visit->scalar_type()));
+    AM_CHECK_ARG(visit->size(0) == n, kReduceOp, "visit", "size(0)", n, visit->size(0));
+    v = visit->contiguous();
+    vp = v.const_data_ptr<int64_t>();
+    for (int64_t q = 0; q < n; ++q) {
+      AM_CHECK_ARG(vp[q] >= 0 && vp[q] < n, kReduceOp, "visit", "values",
+                   "row indices in [0, " + std::to_string(n) + ")", vp[q]);
+    }
+  }
+  // A stable counting sort of the rows by destination token: begin[t] .. begin[t + 1] in visiting order.
   const at::Tensor d = dest.contiguous();
   const int64_t* dp = d.const_data_ptr<int64_t>();
   std::vector<int64_t> begin(num_tokens + 1, 0);
@@ -92,7 +107,8 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
   }
   for (int64_t t = 0; t < num_tokens; ++t) begin[t + 1] += begin[t];
   std::vector<int64_t> order(begin[num_tokens]), fill(begin.begin(), begin.end() - 1);
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t q = 0; q < n; ++q) {
+    const int64_t i = vp ? vp[q] : q;
     if (dp[i] >= 0) order[fill[dp[i]]++] = i;
   }
   at::Tensor out = at::empty({num_tokens, h}, first.options().memory_format(at::MemoryFormat::Contiguous));
@@ -185,7 +201,10 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
 
 TORCH_LIBRARY(ascend_moe_kernels, m) {
   // rows: blocks whose rows, one block after another, are the rows dest indexes.
-  m.def("ep_combine_reduce(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None) -> Tensor");
+  // visit: the order the rows are visited in (default ascending): a token's copies add in that order.
+  m.def(
+      "ep_combine_reduce(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None, "
+      "Tensor? visit=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) { m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu); }

@@ -30,6 +30,13 @@ def test_combine_reduce_matches_portable_path(dtype, biases):
     blocks[1] = torch.cat([blocks[1], blocks[1]], 1)[:, :h]  # a row stride of 2h
     blocked = torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, tokens, *bias)
     assert torch.equal(blocked.view(torch.uint8), ours.view(torch.uint8))
+    # A visiting order (ElasticBuffer's slot order): the same as the rows permuted into that order.
+    visit = torch.randperm(rows.shape[0], generator=g)
+    visited = torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, tokens, *bias, visit)
+    permuted = torch.ops.ascend_moe_kernels.ep_combine_reduce([rows[visit]], dest[visit], tokens, *bias)
+    assert torch.equal(visited.view(torch.uint8), permuted.view(torch.uint8))
+    portable_visit = kernels._reduce_rows([rows], dest, tokens, *bias, ranks, visit)
+    assert torch.equal(portable_visit.view(torch.uint8), visited.view(torch.uint8))
     assert ours.dtype == dtype and ours.shape == (tokens, h)
     assert torch.equal(ours.view(torch.uint8), portable.view(torch.uint8))
     # And the order is the row order: FP64 of the same sums in that order, rounded through FP32.
@@ -52,6 +59,10 @@ def test_combine_reduce_bad_dest():
         torch.ops.ascend_moe_kernels.ep_combine_reduce([rows], torch.tensor([0, 1, 5, -1]), 3)
     with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'dest' size\(0\): expected 6, got 4"):
         torch.ops.ascend_moe_kernels.ep_combine_reduce([rows, rows[:2]], torch.tensor([0, 1, 2, -1]), 3)
+    with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'visit' values: expected row indices in"):
+        torch.ops.ascend_moe_kernels.ep_combine_reduce(
+            [rows], torch.tensor([0, 1, 2, -1]), 3, None, None, torch.arange(1, 5)
+        )
     with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'rows' dtype: expected torch.float32, got"):
         torch.ops.ascend_moe_kernels.ep_combine_reduce([rows, rows.double()], torch.zeros(8, dtype=torch.long), 3)
 
@@ -124,3 +135,34 @@ def test_ops_take_any_strides():
     ex = ep_expand(x, idx, w, num_local_experts=8, expert_alignment=4)
     ex_dense = ep_expand(x.contiguous(), idx.contiguous(), w.contiguous(), num_local_experts=8, expert_alignment=4)
     assert all(torch.equal(a, b) for a, b in zip(ex, ex_dense) if a is not None)
+
+
+def test_large_outputs_reuse_only_unreferenced_memory():
+    """exchange.new_rows (the receive buffers and gathered rows of the ep kernels): a block of 32 MiB or more
+    reuses an earlier block's memory only once no tensor or view references it; smaller blocks and fake tensors
+    are plain new_empty."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_ascend_moe.distributed.exchange import new_rows
+
+    like = torch.empty(1, dtype=torch.bfloat16)
+    rows, h = 4096, 4096  # 32 MiB of BF16
+    a = new_rows(like, rows, h)
+    b = new_rows(like, rows, h)
+    assert a.data_ptr() != b.data_ptr() and a.shape == (rows, h) and a.dtype == torch.bfloat16
+    a_ptr = a.data_ptr()
+    del a
+    c = new_rows(like, rows, h)
+    assert c.data_ptr() == a_ptr  # nothing referenced a: its pages are reused
+    view = c[1:]
+    del c
+    d = new_rows(like, rows, h)
+    assert d.data_ptr() not in (a_ptr, b.data_ptr())  # a view still holds c's memory, b is alive
+    view.fill_(1)
+    d.fill_(2)
+    assert bool((view == 1).all())
+    small = new_rows(like, 4, 8)
+    assert small.shape == (4, 8) and small.untyped_storage().nbytes() == 64
+    with FakeTensorMode() as mode:
+        fake = new_rows(mode.from_tensor(like), rows, h)
+    assert fake.shape == (rows, h)

@@ -155,7 +155,7 @@ def ep_dispatch(args):
     parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
     parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     widths = [p.shape[1] for p in parts]
-    recv_x = args.x.new_empty(recv_rows, h)
+    recv_x = exchange.new_rows(args.x, recv_rows, h)
     recv_meta = parts[0].new_empty(recv_rows, sum(widths))
     exchange.all_to_all_rows(
         op,
@@ -346,22 +346,24 @@ def ep_combine(args):
         ends = torch.cumsum(args.send_counts, 0)
         rank_of = torch.searchsorted(ends, torch.arange(n_rows, device=device), right=True).clamp(max=group.size() - 1)
         key = args.copy_order.long()[args.send_src.clamp(min=0), rank_of] if n_rows else args.send_src
-        perm = torch.sort(key, stable=True).indices
-        received = [[exchange.take_rows(torch.cat(blocks), perm, False)] for blocks in received]
-        dest = args.send_src[perm]
-    out = _reduce_rows(received[0], dest, args.num_tokens, args.bias_0, args.bias_1, group.size())
+        visit = torch.sort(key, stable=True).indices
+    else:
+        visit = None
+    out = _reduce_rows(received[0], dest, args.num_tokens, args.bias_0, args.bias_1, group.size(), visit)
     if args.topk_weights is None:
         return out, args.x.new_empty(args.num_tokens, 0, dtype=_ABSENT)
-    return out, _reduce_rows(received[1], dest, args.num_tokens, None, None, group.size())
+    return out, _reduce_rows(received[1], dest, args.num_tokens, None, None, group.size(), visit)
 
 
-def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes):
+def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes, visit=None):
     """``out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i] + ...)`` over the rows ``i`` with ``dest[i] == t``
-    in ascending ``i`` (= ascending source rank), accumulated in FP32 (FP64 for FP64 rows); at most ``passes``
-    rows per token. ``rows`` is the concatenation of ``blocks``."""
+    in ascending ``i`` (= ascending source rank), or in the order of the permutation ``visit``, accumulated in
+    FP32 (FP64 for FP64 rows); at most ``passes`` rows per token. ``rows`` is the concatenation of ``blocks``."""
     if blocks[0].device.type == "cpu":
-        return torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, num_tokens, bias_0, bias_1)
+        return torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, num_tokens, bias_0, bias_1, visit)
     rows = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    if visit is not None:
+        rows, dest = exchange.take_rows(rows, visit, False), dest[visit]
     return _reduce_rows_portable(rows, dest, num_tokens, bias_0, bias_1, passes)
 
 
