@@ -49,9 +49,10 @@ void reduce_rows(const std::vector<const void*>& row, const std::vector<int64_t>
   });
 }
 
-at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
-                                 const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
-                                 const c10::optional<at::Tensor>& visit) {
+at::Tensor& ep_combine_reduce_out_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
+                                      const c10::optional<at::Tensor>& bias_0,
+                                      const c10::optional<at::Tensor>& bias_1,
+                                      const c10::optional<at::Tensor>& visit, at::Tensor& out) {
   AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
   const at::Tensor& first = blocks[0];
   const int64_t h = first.dim() == 2 ? first.size(1) : 0;
@@ -111,7 +112,10 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
     const int64_t i = vp ? vp[q] : q;
     if (dp[i] >= 0) order[fill[dp[i]]++] = i;
   }
-  at::Tensor out = at::empty({num_tokens, h}, first.options().memory_format(at::MemoryFormat::Contiguous));
+  AM_CHECK_ARG(out.scalar_type() == first.scalar_type(), kReduceOp, "out", "dtype", dtype_name(first.scalar_type()),
+               dtype_name(out.scalar_type()));
+  AM_CHECK_ARG(out.dim() == 2 && out.size(0) == num_tokens && out.size(1) == h && out.is_contiguous(), kReduceOp,
+               "out", "shape", "contiguous " + shape_str({num_tokens, h}), shape_str(out.sizes()));
   switch (first.scalar_type()) {
     case at::kBFloat16:
       reduce_rows<c10::BFloat16, float>(row, begin, order, bias_0, bias_1, out);
@@ -126,6 +130,16 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
       reduce_rows<double, double>(row, begin, order, bias_0, bias_1, out);
   }
   return out;
+}
+
+at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
+                                 const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
+                                 const c10::optional<at::Tensor>& visit) {
+  AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
+  check_int_arg(kReduceOp, "num_tokens", num_tokens, 0);
+  const int64_t h = blocks[0].dim() == 2 ? blocks[0].size(1) : 0;
+  at::Tensor out = at::empty({num_tokens, h}, blocks[0].options().memory_format(at::MemoryFormat::Contiguous));
+  return ep_combine_reduce_out_cpu(blocks, dest, num_tokens, bias_0, bias_1, visit, out);
 }
 
 }  // namespace
@@ -205,6 +219,12 @@ TORCH_LIBRARY(ascend_moe_kernels, m) {
   m.def(
       "ep_combine_reduce(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None, "
       "Tensor? visit=None) -> Tensor");
+  m.def(
+      "ep_combine_reduce.out(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None, "
+      "Tensor? visit=None, *, Tensor(a!) out) -> Tensor(a!)");
 }
 
-TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) { m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu); }
+TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) {
+  m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu);
+  m.impl("ep_combine_reduce.out", &ascend_moe::ep_combine_reduce_out_cpu);
+}

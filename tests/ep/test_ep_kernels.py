@@ -35,6 +35,9 @@ def test_combine_reduce_matches_portable_path(dtype, biases):
     visited = torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, tokens, *bias, visit)
     permuted = torch.ops.ascend_moe_kernels.ep_combine_reduce([rows[visit]], dest[visit], tokens, *bias)
     assert torch.equal(visited.view(torch.uint8), permuted.view(torch.uint8))
+    into = torch.empty(tokens, h, dtype=dtype)
+    written = torch.ops.ascend_moe_kernels.ep_combine_reduce.out(blocks, dest, tokens, *bias, visit, out=into)
+    assert written is into and torch.equal(into.view(torch.uint8), visited.view(torch.uint8))
     portable_visit = kernels._reduce_rows([rows], dest, tokens, *bias, ranks, visit)
     assert torch.equal(portable_visit.view(torch.uint8), visited.view(torch.uint8))
     assert ours.dtype == dtype and ours.shape == (tokens, h)
@@ -62,6 +65,10 @@ def test_combine_reduce_bad_dest():
     with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'visit' values: expected row indices in"):
         torch.ops.ascend_moe_kernels.ep_combine_reduce(
             [rows], torch.tensor([0, 1, 2, -1]), 3, None, None, torch.arange(1, 5)
+        )
+    with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'out' shape: expected contiguous \[3, 8\], got"):
+        torch.ops.ascend_moe_kernels.ep_combine_reduce.out(
+            [rows], torch.tensor([0, 1, 2, -1]), 3, out=torch.empty(2, 8)
         )
     with pytest.raises(ValueError, match=r"ep_combine_reduce: argument 'rows' dtype: expected torch.float32, got"):
         torch.ops.ascend_moe_kernels.ep_combine_reduce([rows, rows.double()], torch.zeros(8, dtype=torch.long), 3)

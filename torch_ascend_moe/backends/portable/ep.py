@@ -360,7 +360,10 @@ def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes, visit=None):
     in ascending ``i`` (= ascending source rank), or in the order of the permutation ``visit``, accumulated in
     FP32 (FP64 for FP64 rows); at most ``passes`` rows per token. ``rows`` is the concatenation of ``blocks``."""
     if blocks[0].device.type == "cpu":
-        return torch.ops.ascend_moe_kernels.ep_combine_reduce(blocks, dest, num_tokens, bias_0, bias_1, visit)
+        out = exchange.new_rows(blocks[0], num_tokens, *blocks[0].shape[1:])  # 32 MiB or more: reused pages
+        return torch.ops.ascend_moe_kernels.ep_combine_reduce.out(
+            blocks, dest, num_tokens, bias_0, bias_1, visit, out=out
+        )
     rows = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     if visit is not None:
         rows, dest = exchange.take_rows(rows, visit, False), dest[visit]
