@@ -149,3 +149,87 @@ def test_near_misses_are_left_alone(fn, monkeypatch):
     except Exception as e:  # ATen's CPU kernel refusing the call is fine: it was not rewritten
         assert "scal" in str(e).lower(), e
     assert inductor_lowerings.MATCHES["scaled_mm"] == before
+
+
+# ---- torch.nn.functional.scaled_mm (aten._scaled_mm_v2) ----
+
+_S = torch.nn.functional.ScalingType
+_KB = K // 128
+_L4 = -(-_KB // 4) * 4
+
+
+def _v2_scales(recipe, m, n, g):
+    """(scale_a, recipe_a, scale_b, recipe_b, scale_a's block of a, scale_b's block of b [K, N], scale_a and scale_b
+    as the fp64 reference reads them) in the layouts torch's meta function asks for: blockwise scales K-block-major,
+    128x128 ones padded to L4 = K/128 rounded up to 4 rows."""
+    if recipe == "tensorwise":
+        sa, sb = torch.tensor(0.75), torch.tensor(1.5)
+        return sa, _S.TensorWise, sb, _S.TensorWise, (m, K), (K, n), sa, sb
+    if recipe == "rowwise":
+        sa, sb = torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
+        return sa, _S.RowWise, sb, _S.RowWise, (1, K), (K, 1), sa, sb
+    if recipe == "1x128 x 128x128":
+        sa = torch.rand(_KB, m, generator=g).t() + 0.5  # [M, K/128], stride [1, M]
+        sb = torch.rand(n // 128, _L4, generator=g).t() + 0.5  # [L4, N/128], stride [1, L4]
+        return sa, _S.BlockWise1x128, sb, _S.BlockWise128x128, (1, 128), (128, 128), sa, sb[:_KB]
+    if recipe == "1x128 x 1x128":
+        sa = torch.rand(_KB, m, generator=g).t() + 0.5
+        sb = torch.rand(_KB, n, generator=g).t() + 0.5  # [N, K/128], stride [1, N]
+        return sa, _S.BlockWise1x128, sb, _S.BlockWise1x128, (1, 128), (128, 1), sa, sb.t()
+    sa = torch.rand(m // 128, _L4, generator=g).t() + 0.5  # 128x128 x 1x128: [L4, M/128]
+    sb = torch.rand(_KB, n, generator=g).t() + 0.5
+    return sa, _S.BlockWise128x128, sb, _S.BlockWise1x128, (128, 128), (128, 1), sa[:_KB].t(), sb.t()
+
+
+# The 128x128 operand's outer size is a multiple of 128 (torch's meta divides it by 128, rounding down).
+_V2_SIZES = {"1x128 x 128x128": (M, 256), "128x128 x 1x128": (128, N)}
+
+
+@pytest.mark.parametrize(
+    "recipe", ["tensorwise", "rowwise", "1x128 x 128x128", "1x128 x 1x128", "128x128 x 1x128"], ids=str
+)
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_scaled_mm_v2(recipe, bias, monkeypatch):
+    """F.scaled_mm's blockwise recipes fail on CPU unrewritten and run through fp8_gemm rewritten; tensorwise and
+    rowwise run ATen's kernel here and are rewritten for a device without them; values vs fp64."""
+    m, n = _V2_SIZES.get(recipe, (M, N))
+    a, b, g = _operands(5, m=m, n=n)
+    sa, ra, sb, rb, block_a, block_b, ref_sa, ref_sb = _v2_scales(recipe, m, n, g)
+    c = torch.randn(n, generator=g).bfloat16() if bias else None
+
+    def fn(a, b, sa, sb, *c):
+        return torch.nn.functional.scaled_mm(a, b, sa, ra, sb, rb, bias=c[0] if c else None)
+
+    args = (a, b, sa, sb, *([c] if bias else []))
+    if recipe in ("tensorwise", "rowwise"):
+        _, graph = compiled(fn, *args, passes=True)
+        assert "_scaled_mm_v2" in graph, graph  # the CPU runs these itself: left alone
+        monkeypatch.setitem(scaled_mm.NATIVE, "cpu", set())  # a device without them (Ascend)
+    else:
+        with pytest.raises(Exception, match="Invalid scaling configuration"):  # what runs without the rewrite
+            compiled(fn, *args, passes=False)
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    got, graph = compiled(fn, *args, passes=True)
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before + 1, graph
+    assert "fp8_gemm" in graph and "_scaled_mm_v2" not in graph, graph
+    ref = _reference(a, b, ref_sa, ref_sb, block_a, block_b, c)
+    assert got.dtype == torch.bfloat16 and calc_diff(got, ref) < THRESHOLDS[torch.bfloat16]
+
+
+def test_scaled_mm_v2_near_misses_are_left_alone(monkeypatch):
+    """Swizzled scales and MX (1x32, E8M0) scales: not recipes our ops share, left to ATen."""
+    monkeypatch.setitem(scaled_mm.NATIVE, "cpu", set())
+    a, b, g = _operands(6)
+    sa, sb = torch.rand(M, 1, generator=g) + 0.5, torch.rand(1, N, generator=g) + 0.5
+    swizzled = torch.nn.functional.SwizzleType.SWIZZLE_32_4_4
+
+    def fn(a, b, sa, sb):
+        return torch.nn.functional.scaled_mm(a, b, sa, _S.RowWise, sb, _S.RowWise, swizzle_a=swizzled)
+
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    try:
+        _, graph = compiled(fn, a, b, sa, sb, passes=True)
+        assert "_scaled_mm_v2" in graph, graph
+    except Exception as e:  # ATen refusing the call is fine: it was not rewritten
+        assert "swizzle" in str(e).lower() or "scal" in str(e).lower(), e
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before

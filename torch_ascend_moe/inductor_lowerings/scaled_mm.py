@@ -14,9 +14,13 @@ fails when it runs, and runs ours after ``inductor_lowerings.enable()``. On Asce
 op) every recipe is rewritten (``fp8_gemm`` maps the DeepSeek recipe to ``npu_quant_matmul`` there). CUDA has cuBLAS's
 and CUTLASS's kernels: left alone.
 
+``torch.nn.functional.scaled_mm`` (``aten._scaled_mm_v2``: recipes as ``ScalingType`` codes, one scale tensor per
+operand, the blockwise scales K-block-major as torch's meta function lays them out) is rewritten the same way.
+``_scaled_grouped_mm_v2`` has no meta function in torch 2.13, so no graph holds it.
+
 Left alone: FP8 outputs (``out_dtype`` None or an FP8 type) and ``scale_result``, scales of any other shape (MX / NV
-block formats), a bias whose dtype differs from the output's, grouped forms other than 2-D x 3-D with ``offs``, and any
-call our ops' own checks refuse.
+block formats), swizzled scales, a non-default ``contraction_dim``, a bias whose dtype differs from the output's,
+grouped forms other than 2-D x 3-D with ``offs``, and any call our ops' own checks refuse.
 """
 
 from __future__ import annotations
@@ -77,6 +81,71 @@ def plan_scaled_mm(node: torch.fx.Node) -> Plan | None:
         return None
     m, k, n = fa.shape[0], fa.shape[1], fb.shape[1]
     recipe = _recipe(fsa, fsb, m, n, k)
+    if recipe is None or not _rewritten(fa.device, recipe[0]):
+        return None
+    _, recipe_a, recipe_b, to_sfa, to_sfb = recipe
+    fbias = val(bias)
+    if bias is not None and (fbias is None or fbias.dtype != out or not _shape_is(fbias, n)):
+        return None
+    fc = None if bias is None else fbias.expand(m, n)
+    if not accepts(fp8_gemm_signature, fa, to_sfa(fsa), fb.t(), to_sfb(fsb), fc, recipe_a, recipe_b, out):
+        return None
+
+    def fp8_gemm(a, b, scale_a, scale_b, *bias):
+        c = bias[0].expand(m, n) if bias else None
+        return _ops.fp8_gemm.default(a, to_sfa(scale_a), b.t(), to_sfb(scale_b), c, recipe_a, recipe_b, 1.0, out)
+
+    return Plan(fp8_gemm, [a, b, scale_a, scale_b, *([bias] if bias is not None else [])], _ops.fp8_gemm.default)
+
+
+# torch.nn.functional.ScalingType's values: the v2 ops take recipes as ints.
+_TENSORWISE, _ROWWISE, _BLOCK_1X128, _BLOCK_128X128 = 0, 1, 4, 5
+
+
+def _recipe_v2(recipe_a, recipe_b, sa, sb, m, n, k):
+    """_recipe for ``_scaled_mm_v2``'s recipe codes and scale layouts (torch's meta function): tensorwise and
+    rowwise as ``_scaled_mm``'s; the blockwise scales K-block-major, ``1x128`` as ``[M, K/128]`` (``b``'s
+    ``[N, K/128]``: already our ``b^T`` layout) and ``128x128`` as ``[L4, M/128]`` with ``L4`` = ``K/128`` rounded up
+    to 4 (rows past ``K/128`` are padding)."""
+    kb = k // 128
+    pair = (tuple(recipe_a), tuple(recipe_b))
+    if pair == ((_TENSORWISE,), (_TENSORWISE,)) or pair == ((_ROWWISE,), (_ROWWISE,)):
+        if pair[0] == (_ROWWISE,) and not (_shape_is(sa, m, 1) and statically_known_true(sb.numel() == n)):
+            return None
+        found = _recipe(sa, sb if pair[0] == (_TENSORWISE,) else sb.reshape(1, n), m, n, k)
+        if found is None or found[0] not in ("tensorwise", "rowwise"):
+            return None
+        name, ra, rb, to_sfa, to_sfb = found
+        return name, ra, rb, to_sfa, (to_sfb if name == "tensorwise" else lambda s: s.reshape(n, 1))
+    l4 = _ceil(kb, 4) * 4
+    if pair == ((_BLOCK_1X128,), (_BLOCK_128X128,)) and _shape_is(sa, m, kb) and _shape_is(sb, l4, n // 128):
+        return "1x128 x 128x128", [1, 128], [128, 128], lambda s: s, lambda s: s[:kb].t()
+    if pair == ((_BLOCK_1X128,), (_BLOCK_1X128,)) and _shape_is(sa, m, kb) and _shape_is(sb, n, kb):
+        return "1x128 x 1x128", [1, 128], [1, 128], lambda s: s, lambda s: s
+    if pair == ((_BLOCK_128X128,), (_BLOCK_1X128,)) and _shape_is(sa, l4, m // 128) and _shape_is(sb, n, kb):
+        return "128x128 x 1x128", [128, 128], [1, 128], lambda s: s[:kb].t(), lambda s: s
+    return None
+
+
+@rewrite(torch.ops.aten._scaled_mm_v2.default, "scaled_mm")
+def plan_scaled_mm_v2(node: torch.fx.Node) -> Plan | None:
+    """``torch.nn.functional.scaled_mm`` (``aten._scaled_mm_v2``): one scale per operand, no swizzle, the default
+    contraction; otherwise as ``_scaled_mm``."""
+    args = call_args(node)
+    a, b, scales_a, scales_b, bias = (args[k] for k in ("input", "mat2", "scale_a", "scale_b", "bias"))
+    out = args["out_dtype"]
+    if len(scales_a) != 1 or len(scales_b) != 1 or args["contraction_dim"]:
+        return None
+    if any(s != 0 for s in (*args["swizzle_a"], *args["swizzle_b"])):  # SwizzleType.NO_SWIZZLE only
+        return None
+    scale_a, scale_b = scales_a[0], scales_b[0]
+    fa, fb, fsa, fsb = (val(x) for x in (a, b, scale_a, scale_b))
+    if None in (fa, fb, fsa, fsb) or out not in _OUT:
+        return None
+    if fa.dim() != 2 or fb.dim() != 2 or fsa.dtype != torch.float32 or fsb.dtype != torch.float32:
+        return None
+    m, k, n = fa.shape[0], fa.shape[1], fb.shape[1]
+    recipe = _recipe_v2(args["recipe_a"], args["recipe_b"], fsa, fsb, m, n, k)
     if recipe is None or not _rewritten(fa.device, recipe[0]):
         return None
     _, recipe_a, recipe_b, to_sfa, to_sfb = recipe
