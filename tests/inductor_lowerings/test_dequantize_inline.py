@@ -125,3 +125,19 @@ def test_near_misses_stay_the_op():
         _, graph = compiled(_dequant, data, scale, passes=True)
     assert "dequantize" in graph  # CPU, as shipped
     assert inductor_lowerings.MATCHES["dequantize_inline"] == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (tools/device_check.sh runs the cuda tests)")
+def test_inlined_dequantize_on_cuda(monkeypatch):
+    """Where the rewrite ships: bit for bit the op alone, and fused into a consumer within BF16's error."""
+    monkeypatch.setattr(dequantize_inline, "DEVICES", {"cuda"})
+    g = torch.Generator().manual_seed(3)
+    data, scale = (t.cuda() for t in _codes(256, 1024, (1, 128), g, special=True))
+    got, graph = compiled(lambda d, s: _dequant(d, s, (1, 128), torch.bfloat16), data, scale, passes=True)
+    assert "dequantize" not in graph, graph
+    torch.testing.assert_close(got, _dequant(data, scale, (1, 128), torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+    finite, finite_sf = (t.cuda() for t in _codes(256, 1024, (1, 128), g))
+    residual = torch.randn(256, 1024, generator=g).bfloat16().cuda()
+    fused, graph = compiled(_dequant_residual_silu, finite, finite_sf, residual, passes=True)
+    assert "dequantize" not in graph, graph
+    assert calc_diff(fused, _dequant_residual_silu(finite, finite_sf, residual)) < 1e-4
