@@ -73,14 +73,21 @@ def _rewritten(device: torch.device, recipe: str) -> bool:
 def plan_scaled_mm(node: torch.fx.Node) -> Plan | None:
     args = call_args(node)
     a, b, scale_a, scale_b, bias = (args[k] for k in ("input", "mat2", "scale_a", "scale_b", "bias"))
+    if args["scale_result"] is not None:
+        return None
+    return _fp8_gemm_plan(a, b, scale_a, scale_b, bias, args["out_dtype"], _recipe)
+
+
+def _fp8_gemm_plan(a, b, scale_a, scale_b, bias, out, recipe_of) -> Plan | None:
+    """The ``fp8_gemm`` call of a 2-D scaled GEMM whose recipe ``recipe_of(fsa, fsb, m, n, k)`` reads off its scales
+    (see ``_recipe``), where the device lacks that recipe."""
     fa, fb, fsa, fsb = (val(x) for x in (a, b, scale_a, scale_b))
-    out = args["out_dtype"]
-    if None in (fa, fb, fsa, fsb) or out not in _OUT or args["scale_result"] is not None:
+    if None in (fa, fb, fsa, fsb) or out not in _OUT:
         return None
     if fa.dim() != 2 or fb.dim() != 2 or fsa.dtype != torch.float32 or fsb.dtype != torch.float32:
         return None
     m, k, n = fa.shape[0], fa.shape[1], fb.shape[1]
-    recipe = _recipe(fsa, fsb, m, n, k)
+    recipe = recipe_of(fsa, fsb, m, n, k)
     if recipe is None or not _rewritten(fa.device, recipe[0]):
         return None
     _, recipe_a, recipe_b, to_sfa, to_sfb = recipe
@@ -138,29 +145,10 @@ def plan_scaled_mm_v2(node: torch.fx.Node) -> Plan | None:
         return None
     if any(s != 0 for s in (*args["swizzle_a"], *args["swizzle_b"])):  # SwizzleType.NO_SWIZZLE only
         return None
-    scale_a, scale_b = scales_a[0], scales_b[0]
-    fa, fb, fsa, fsb = (val(x) for x in (a, b, scale_a, scale_b))
-    if None in (fa, fb, fsa, fsb) or out not in _OUT:
-        return None
-    if fa.dim() != 2 or fb.dim() != 2 or fsa.dtype != torch.float32 or fsb.dtype != torch.float32:
-        return None
-    m, k, n = fa.shape[0], fa.shape[1], fb.shape[1]
-    recipe = _recipe_v2(args["recipe_a"], args["recipe_b"], fsa, fsb, m, n, k)
-    if recipe is None or not _rewritten(fa.device, recipe[0]):
-        return None
-    _, recipe_a, recipe_b, to_sfa, to_sfb = recipe
-    fbias = val(bias)
-    if bias is not None and (fbias is None or fbias.dtype != out or not _shape_is(fbias, n)):
-        return None
-    fc = None if bias is None else fbias.expand(m, n)
-    if not accepts(fp8_gemm_signature, fa, to_sfa(fsa), fb.t(), to_sfb(fsb), fc, recipe_a, recipe_b, out):
-        return None
-
-    def fp8_gemm(a, b, scale_a, scale_b, *bias):
-        c = bias[0].expand(m, n) if bias else None
-        return _ops.fp8_gemm.default(a, to_sfa(scale_a), b.t(), to_sfb(scale_b), c, recipe_a, recipe_b, 1.0, out)
-
-    return Plan(fp8_gemm, [a, b, scale_a, scale_b, *([bias] if bias is not None else [])], _ops.fp8_gemm.default)
+    recipes = args["recipe_a"], args["recipe_b"]
+    return _fp8_gemm_plan(
+        a, b, scales_a[0], scales_b[0], bias, out, lambda sa, sb, m, n, k: _recipe_v2(*recipes, sa, sb, m, n, k)
+    )
 
 
 @rewrite(torch.ops.aten._scaled_grouped_mm.default, "scaled_mm")
