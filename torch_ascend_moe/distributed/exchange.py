@@ -10,6 +10,7 @@ rank that never arrives produces an error on the others. Rows travel as bytes (a
 from __future__ import annotations
 
 import datetime
+import itertools
 import threading
 import time
 
@@ -98,18 +99,15 @@ def received_blocks(op, group, sends, rows_out, out_splits, in_splits, timeout_s
     return [[out] for out in outs]
 
 
-def _offsets(splits, rows: int, r: int) -> list[int]:
-    splits = [rows // r] * r if splits is None else splits
-    out = [0]
-    for n in splits:
-        out.append(out[-1] + n)
-    return out
+def offsets(splits, rows: int, r: int) -> list[int]:
+    """Where each rank's rows start (and, last, the total): ``splits`` summed up; None: ``rows`` split equally."""
+    return list(itertools.accumulate([rows // r] * r if splits is None else splits, initial=0))
 
 
 def _point_to_point(op, group, pairs, out_splits, in_splits, timeout_s, index, padded) -> None:
     r, rank = group.size(), group.rank()
     sent = pairs[0][1].shape[0] if index is None else index.shape[0]
-    send_at, recv_at = _offsets(in_splits, sent, r), _offsets(out_splits, pairs[0][0].shape[0], r)
+    send_at, recv_at = offsets(in_splits, sent, r), offsets(out_splits, pairs[0][0].shape[0], r)
     # Peers in ring order from this rank, so rank i's first message goes to i + 1 while i - 1's comes to it.
     peers = [(rank + j) % r for j in range(1, r)]
     start = time.monotonic()
@@ -134,6 +132,7 @@ def _point_to_point(op, group, pairs, out_splits, in_splits, timeout_s, index, p
 
 
 def row_bytes(t: torch.Tensor) -> int:
+    """Bytes per row of ``[rows, ...]``."""
     width = t.element_size()
     for d in t.shape[1:]:
         width *= d
@@ -253,9 +252,7 @@ def exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor | 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """``[rows, ...]`` as ``[rows, bytes per row]`` uint8."""
-    width = t.element_size()
-    for d in t.shape[1:]:
-        width *= d
+    width = row_bytes(t)
     if t.numel() == 0:  # empty tensors count as contiguous whatever their strides, and may not be viewable
         return torch.empty(t.shape[0], width, dtype=torch.uint8, device=t.device)
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], width)

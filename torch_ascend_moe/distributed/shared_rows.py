@@ -19,6 +19,7 @@ Protocol (every rank runs the same steps, decided from values every rank holds):
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import secrets
 import socket
@@ -134,52 +135,36 @@ class _Regions:
         uint8 ``[rows, bytes]`` views (this rank's own of ``rows``, the peers' of their regions: valid until this
         rank's next header exchange on the group). None (nothing moved) where the regions cannot be set up: the
         caller then uses the socket transport."""
-        from torch_ascend_moe.distributed.exchange import as_bytes, gather_rows, row_bytes
+        from torch_ascend_moe.distributed.exchange import as_bytes, gather_rows, offsets, row_bytes
 
         r, rank = group.size(), group.rank()
         widths = [row_bytes(rows) for _, rows in pairs]
         table = send_rows.tolist()
-
-        def bases(s: int) -> list[int]:
-            """Where each pair's rows start in rank s's region: [rows sent, width] blocks, 16-byte aligned so a
-            block viewed as its dtype is aligned."""
-            at, total = [0], sum(table[s])
-            for w in widths:
-                at.append(at[-1] + (total * w + 15) // 16 * 16)
-            return at
-
-        need = [bases(s)[-1] for s in range(r)]
+        starts = [offsets(row, 0, r) for row in table]  # starts[s][d]: rank s's first row for rank d
+        # bases[s][j]: where pair j's rows start in rank s's region ([rows sent, width] blocks, 16-byte aligned so
+        # a block viewed as its dtype is aligned); the last entry is the size the region needs.
+        bases = [list(itertools.accumulate(((at[-1] * w + 15) // 16 * 16 for w in widths), initial=0)) for at in starts]
+        need = [b[-1] for b in bases]
         if any(n > c for n, c in zip(need, self.capacity)) and not self._grow(op, group, need, timeout_s):
             return None
 
-        def starts(s: int) -> list[int]:
-            at = [0]
-            for n in table[s]:
-                at.append(at[-1] + n)
-            return at
-
-        def block(s: int, j: int, begin: int, end: int) -> torch.Tensor:
-            base = bases(s)[j]
+        def block(s: int, j: int, d: int) -> torch.Tensor:
+            """Pair j's rows from rank s for rank d, in rank s's region."""
+            begin, end, base = starts[s][d], starts[s][d + 1], bases[s][j]
             return self.maps[s][base + begin * widths[j] : base + end * widths[j]].view(end - begin, widths[j])
 
-        mine = starts(rank)
-        for j, (_, rows) in enumerate(pairs):
+        mine, at = starts[rank], sum(table[s][rank] for s in range(rank))  # at: where own rows land in out
+        for j, (out, rows) in enumerate(pairs):
             for d in range(r):
                 if d != rank and mine[d + 1] > mine[d]:
-                    gather_rows(rows, index, mine[d], mine[d + 1], padded, block(rank, j, mine[d], mine[d + 1]))
-        if not views:
-            for out, rows in pairs:  # this rank's own rows, straight into out
-                at = sum(table[s][rank] for s in range(rank))
-                if table[rank][rank]:
-                    own = as_bytes(out)[at : at + table[rank][rank]]
-                    gather_rows(rows, index, mine[rank], mine[rank + 1], padded, own)
+                    gather_rows(rows, index, mine[d], mine[d + 1], padded, block(rank, j, d))
+            if not views and table[rank][rank]:  # this rank's own rows, straight into out
+                own = as_bytes(out)[at : at + table[rank][rank]]
+                gather_rows(rows, index, mine[rank], mine[rank + 1], padded, own)
         self._sync(op, group, False, timeout_s, "the all-to-all")
         if views:
             return [
-                [
-                    as_bytes(rows)[mine[s] : mine[s + 1]] if s == rank else block(s, j, *starts(s)[rank : rank + 2])
-                    for s in range(r)
-                ]
+                [as_bytes(rows)[mine[rank] : mine[rank + 1]] if s == rank else block(s, j, rank) for s in range(r)]
                 for j, (_, rows) in enumerate(pairs)
             ]
         for j, (out, _) in enumerate(pairs):
@@ -187,6 +172,6 @@ class _Regions:
             for s in range(r):
                 n = table[s][rank]
                 if n and s != rank:
-                    dst[at : at + n].copy_(block(s, j, *starts(s)[rank : rank + 2]))
+                    dst[at : at + n].copy_(block(s, j, rank))
                 at += n
         return []

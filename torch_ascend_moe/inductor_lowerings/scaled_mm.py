@@ -116,14 +116,13 @@ def _recipe_v2(recipe_a, recipe_b, sa, sb, m, n, k):
     to 4 (rows past ``K/128`` are padding)."""
     kb = k // 128
     pair = (tuple(recipe_a), tuple(recipe_b))
-    if pair == ((_TENSORWISE,), (_TENSORWISE,)) or pair == ((_ROWWISE,), (_ROWWISE,)):
-        if pair[0] == (_ROWWISE,) and not (_shape_is(sa, m, 1) and statically_known_true(sb.numel() == n)):
+    if pair == ((_TENSORWISE,), (_TENSORWISE,)):
+        found = _recipe(sa, sb, m, n, k)
+        return found if found is not None and found[0] == "tensorwise" else None
+    if pair == ((_ROWWISE,), (_ROWWISE,)):
+        if not (_shape_is(sa, m, 1) and statically_known_true(sb.numel() == n)):
             return None
-        found = _recipe(sa, sb if pair[0] == (_TENSORWISE,) else sb.reshape(1, n), m, n, k)
-        if found is None or found[0] not in ("tensorwise", "rowwise"):
-            return None
-        name, ra, rb, to_sfa, to_sfb = found
-        return name, ra, rb, to_sfa, (to_sfb if name == "tensorwise" else lambda s: s.reshape(n, 1))
+        return "rowwise", [1, k], [1, k], lambda s: s, lambda s: s.reshape(n, 1)
     l4 = _ceil(kb, 4) * 4
     if pair == ((_BLOCK_1X128,), (_BLOCK_128X128,)) and _shape_is(sa, m, kb) and _shape_is(sb, l4, n // 128):
         return "1x128 x 128x128", [1, 128], [128, 128], lambda s: s, lambda s: s[:kb].t()

@@ -565,8 +565,8 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     send[torch.where(valid, idx * t_max + slot_t.view(t, k), spare).reshape(-1)] = payload
     send = send[:spare]
     recv = torch.empty_like(send)
-    header = capture.host_readable(args.topk_idx)  # ll_dispatch_checks exchanged one: the table may be used
-    table = torch.full((r, r), local * t_max, dtype=torch.int64) if header else None
+    # ll_dispatch_checks exchanged a header (the regions' guard) unless capturing: then equal splits' table.
+    table = _equal_splits(r, local * t_max) if capture.host_readable(args.topk_idx) else None
     exchange.all_to_all_rows(op, group, [(recv, send)], None, None, args.timeout_s, send_rows=table)
     # [source, local expert, token] -> per local expert, sources major, tokens ascending; valid rows first.
     recv = recv.view(r, local, t_max, width).permute(1, 0, 2, 3).reshape(local, r * t_max, width)
@@ -591,6 +591,11 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     layout_range = (begins << 32) | per_source
     count = per_source.sum(1).to(torch.int32)
     return recv_x, recv_scales, count, src_info, layout_range, no_backend_state(device)
+
+
+def _equal_splits(r: int, rows: int) -> torch.Tensor:
+    """The [R, R] split table of the low-latency buffers: every rank sends every rank ``rows`` rows."""
+    return torch.full((r, r), rows, dtype=torch.int64)
 
 
 def no_backend_state(device) -> torch.Tensor:
@@ -650,8 +655,8 @@ def ll_combine_transport(args, group, r: int):
     send[torch.where(ok, dest, spare).reshape(-1)] = args.x.reshape(local * n, h)
     send = send[:spare]
     back = torch.empty_like(send)
-    header = not capture.capturing(device)  # ll_combine_checks exchanged one: the table may be used
-    table = torch.full((r, r), local * t_max, dtype=torch.int64) if header else None
+    # ll_combine_checks exchanged a header (the regions' guard) unless capturing: then equal splits' table.
+    table = None if capture.capturing(device) else _equal_splits(r, local * t_max)
     exchange.all_to_all_rows(op, group, [(back, send)], None, None, args.timeout_s, send_rows=table)
     back = back.view(r * local, t_max, h)  # [global expert, token, H] for this rank's tokens
     acc_t = torch.float64 if args.x.dtype == torch.float64 else torch.float32
