@@ -8,6 +8,7 @@ tests run the compiled kernels through ``tests/cuda`` in ``tools/device_check.sh
 
 from __future__ import annotations
 
+import types
 from unittest import mock
 
 import pytest
@@ -196,7 +197,6 @@ def test_fp8_linear_family_steps_reach_the_triton_gemm(name, monkeypatch):
     """The fp8_linear family's CUDA kernels are their steps through the dispatcher (routed here to the CUDA kernels
     themselves, as CUDA tensors would be): the cast bitwise the reference's, the GEMM the Triton kernel's, within a
     few ulps of the portable kernel (the same FP32 sums in another order, one rounding)."""
-    import types
 
     from tests.fp8_linear.specs import SPECS as LINEAR_SPECS
     from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
@@ -252,3 +252,72 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
                 assert launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
             fused += takes
     assert fused, "no sample took the fused cast"
+
+
+def _routed_grouped_linear(monkeypatch):
+    """``m_grouped_fp8_linear``'s CUDA kernel with its steps routed to the CUDA kernels (as CUDA tensors would be)."""
+    from torch_ascend_moe.backends.cuda import quant as cuda_quant
+
+    routed = types.SimpleNamespace(
+        quantize_fp8=cuda_quant.quantize_fp8, m_grouped_fp8_gemm=grouped_kernels.m_grouped_fp8_gemm
+    )
+    monkeypatch.setattr(grouped_kernels, "OPS", routed)
+    return next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_linear")
+
+
+def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm(monkeypatch):
+    """``m_grouped_fp8_linear`` on CUDA is the per-token cast, one cast of every expert's weight (N padded to the
+    block, so no tile straddles experts) and one launch of the grouped Triton GEMM: within an ulp of the portable
+    kernel (a cast per expert, a GEMM per segment; the same FP32 sums in another order), padding rows zero, no
+    host read while capturing, layout errors under this op's name."""
+    spec = _routed_grouped_linear(monkeypatch)
+    reached = 0
+    for dtype in spec.dtypes:
+        for small in (False, True):
+            for s in spec.sample_inputs("cpu", dtype, small=small):
+                with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+                    out = grouped_kernels.m_grouped_fp8_linear(*s.args)
+                ours = portable_grouped.m_grouped_fp8_linear(*s.args)
+                where = f"m_grouped_fp8_linear[{s.name}, {dtype}]"
+                assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
+                reached += launch.call_count
+                if out.numel():
+                    tol = (1 if out.dtype == torch.bfloat16 else 16) * torch.finfo(out.dtype).eps
+                    scale = max(ours.abs().max().item(), 1e-30)
+                    assert (out.double() - ours.double()).abs().max().item() <= tol * scale, where
+                    assert not out[(ours == 0).all(1)].any(), where  # rows no expert owns
+                if launch.called:
+                    with capture.emulated(), no_host_reads():
+                        captured = grouped_kernels.m_grouped_fp8_linear(*s.args)
+                    assert torch.equal(captured, out), where
+    assert reached, "no sample reached the Triton GEMM"
+    for bad in spec.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            grouped_kernels.m_grouped_fp8_linear(*bad.args)
+
+
+def test_m_grouped_fp8_linear_one_weight_cast_equals_one_per_expert():
+    """The steps' single cast of ``[G, N, K]`` as ``[G * N', K]`` (``N`` zero-padded to the block) gives each
+    expert's codes and scales bit for bit, at an N that is not a multiple of the block, NaN and inf included."""
+    from torch_ascend_moe.quant import reference
+
+    g = torch.Generator().manual_seed(3)
+    calls = []
+
+    def fp8_gemm_of(a, sfa, b, sfb, *rest):
+        calls.append((b, sfb))
+        return torch.zeros(a.shape[0], b.shape[1])
+
+    ops = types.SimpleNamespace(quantize_fp8=reference.quantize_fp8, m_grouped_fp8_gemm=fp8_gemm_of)
+    for n, block, ue8m0 in ((40, 32, False), (72, 64, True), (128, 128, False)):
+        w = torch.randn(3, n, 128, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
+        w[1, 5, 7], w[2, -1, 0] = float("nan"), float("inf")
+        calls.clear()
+        layout = torch.tensor([1, 2, 3], dtype=torch.int32)
+        x = torch.randn(3, 128, generator=g)
+        portable_grouped.m_grouped_fp8_linear_steps(ops, x, w, layout, True, 1, block, ue8m0)
+        ((wq, ws),) = calls
+        for e in range(3):
+            q, sf = reference.quantize_fp8(w[e], (block, block), ue8m0, False)
+            for got, want in ((wq[e], q), (ws[e], sf)):  # bit patterns: NaN scales compare too
+                assert torch.equal(got.contiguous().view(torch.uint8), want.view(torch.uint8)), (n, block, e)

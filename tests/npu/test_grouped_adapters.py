@@ -20,7 +20,8 @@ from torch_ascend_moe.testing.harness import THRESHOLDS
 ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" not in s.name]
 MX_ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" in s.name]
 # Portable on Ascend, each with its reason in backends/npu/grouped.py (the swiglu op: its grouped GEMM still maps).
-PORTABLE_ONLY = {"m_grouped_fp8_linear", "k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu"}
+PORTABLE_ONLY = {"k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu"}
+STEPS = {"m_grouped_fp8_linear"}  # its casts and grouped FP8 GEMM through the dispatcher
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,8 @@ def _out_dtype_variants(spec):
 def test_registered_adapters():
     assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
     assert {s.name for s in MX_ADAPTED} == {"m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked"}
-    assert {s.name for s in SPECS} == {s.name for s in ADAPTED + MX_ADAPTED} | PORTABLE_ONLY
+    assert {s.name for s in SPECS} == {s.name for s in ADAPTED + MX_ADAPTED} | PORTABLE_ONLY | STEPS
+    assert all(NPU_KERNELS[name] == "npu_dynamic_mx_quant, npu_grouped_matmul" for name in STEPS)
     assert not PORTABLE_ONLY & NPU_KERNELS.keys()
 
 
@@ -455,3 +457,40 @@ def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
         assert len(mx_calls) == calls + 1 and torch.equal(captured, eager), name
         taken += 1
     assert taken >= 2
+
+
+def test_m_grouped_fp8_linear_steps_reach_the_mx_form(ascend950, mx_calls, monkeypatch):
+    """``m_grouped_fp8_linear`` on Ascend: its steps routed to the Ascend adapters (as NPU tensors would be): UE8M0
+    casts reach npu_grouped_matmul's MX form in one call (every expert's weight cast at once) within the FP8
+    threshold of the portable kernel and of fp64, rows no expert owns zero; FP32 scales stay on the portable GEMM,
+    bit for bit the portable kernel; layout errors under this op's name."""
+    import types
+
+    from tests.npu import quant_routing_refs
+    from torch_ascend_moe.backends.npu import quant as npu_quant
+
+    quant_routing_refs.register()
+    monkeypatch.setattr(npu_quant, "soc_version", lambda: 260)
+    routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, m_grouped_fp8_gemm=adapters.m_grouped_fp8_gemm)
+    monkeypatch.setattr(adapters, "OPS", routed)
+    spec = next(s for s in SPECS if s.name == "m_grouped_fp8_linear")
+    reached = 0
+    for dtype in spec.dtypes:
+        for s in spec.sample_inputs("cpu", dtype):
+            before = len(mx_calls)
+            out = adapters.m_grouped_fp8_linear(*s.args)
+            ours = spec.portable(*s.args)
+            where = f"m_grouped_fp8_linear[{s.name}, {dtype}]"
+            assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
+            if len(mx_calls) > before:
+                assert len(mx_calls) == before + 1, where
+                reached += 1
+                ref = with_defaults(spec.name, spec.reference)(*s.args)
+                assert (out[ref == 0] == 0).all(), f"{where}: rows no group owns are not zeros"
+                assert calc_diff(out, ref) < FP8_THRESHOLD and calc_diff(out, ours) < 1e-6, where
+            else:
+                assert torch.equal(out, ours), f"{where}: not bitwise the portable kernel's"
+    assert reached, "no sample reached the MX form"
+    for bad in spec.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            adapters.m_grouped_fp8_linear(*bad.args)

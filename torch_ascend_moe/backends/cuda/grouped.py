@@ -30,7 +30,8 @@ CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no T
 * ``k_grouped_fp8_gemm`` (the experts' weight gradients): one launch of ``_k_grouped`` (a program per group and
   output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
   bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
-  ``m_grouped_fp8_linear`` stays portable (its casts and GEMMs are one Python composition).
+* ``m_grouped_fp8_linear``: its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts'
+  and ``m_grouped_fp8_gemm``'s CUDA kernels, every expert's weight cast in one launch), so no host loop remains.
 * ``m_grouped_bf16_gemm_swiglu``: one launch of ``_swiglu`` (the L1 grouped GEMM with the SwiGLU(-quant) epilogue in
   registers, the same device-built tile schedule as the FP8 kernel), after a prefill of the rows no expert owns;
   portable (``_grouped_mm`` then elementwise ops) for FP64, an FP64 output, quantization groups that are not a power
@@ -190,6 +191,16 @@ if _scaled_gemm is not None:
         tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
         out = torch.zeros(shape, dtype=dtype, device=a.device)
         return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, a_batched=True)
+
+
+# The ops the steps call: the dispatcher (a CUDA tensor reaches each step's CUDA kernel); the tests put the CUDA
+# kernels themselves here, as the dispatcher would route CUDA tensors to them, to run the composition on CPU.
+OPS = torch.ops.ascend_moe
+
+
+@cuda_kernel(calls="quantize_fp8 -> m_grouped_fp8_gemm (triton: _scaled_gemm)")
+def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
+    return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
 
 
 if _k_grouped is not None:

@@ -50,7 +50,8 @@ Portable, and why: before Ascend 950 (A2/A3 take no FP8 operands); FP4 operands 
 nibble order is not documented against DeepGEMM's); scales that are not powers of two in E8M0's range (FP32
 scales in general, zero, NaN (code 255: the hardware's NaN handling is not documented)); ``gran_k`` not a multiple
 of 32 or K not a multiple of 32; while capturing (the scale check reads the host). ``m_grouped_fp8_linear`` runs
-its steps through the dispatcher (its cast and GEMM each reach their own kernels); ``k_grouped_fp8_gemm`` (weight
+its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts' adapters, then this module's
+``m_grouped_fp8_gemm``, which takes the MX form for UE8M0 casts on Ascend 950); ``k_grouped_fp8_gemm`` (weight
 gradients: scale rows per group along the reduction, ``sum_g ceil(k_g / gran_k)`` of them) stays portable: MX
 blocks of the K-grouped form would have to restart at each group boundary, which torchao-npu's usage pads with
 zero rows (``npu_grouped_dynamic_mx_quant``), a layout our op's operands do not have.
@@ -300,6 +301,16 @@ def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
         y_sorted = _gmm(x.index_select(0, perm), w, cum, M_AXIS, dtype, **mx)
         y = torch.empty_like(y_sorted).index_copy_(0, perm, y_sorted)
     return y.masked_fill(~valid.unsqueeze(1), 0)
+
+
+# The ops m_grouped_fp8_linear's steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the
+# tests put the adapters themselves here, as the dispatcher would route NPU tensors to them, to run it on CPU.
+OPS = torch.ops.ascend_moe
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant, npu_grouped_matmul")
+def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
+    return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
 
 
 @npu_kernel(calls="npu_grouped_matmul")

@@ -145,6 +145,27 @@ def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, f
     return out.to(x.dtype)
 
 
+def m_grouped_fp8_linear_steps(ops, x, weight, layout, psum, alignment, block, use_ue8m0):
+    """``m_grouped_fp8_linear``'s forward as op calls through ``ops`` (a device's casts and grouped FP8 GEMM, no host
+    loop): ``x`` cast per token, every expert's weight in one cast (``[G, N, K]`` as ``[G * N', K]`` with ``N``
+    zero-padded to ``N'``, a multiple of ``block``, so no tile straddles two experts: zero rows change no tile's
+    amax, the same codes and scales as one cast per expert), then ``m_grouped_fp8_gemm``. BF16 ``x`` asks the GEMM
+    for BF16 directly (the FP32 sum rounded once: the same bits as FP32 then ``.to``). The layout's values are checked
+    under this op's name first, except while capturing (a host read)."""
+    m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
+    if capture.host_readable(layout):
+        layout_segments(LINEAR_FP8, layout, psum, alignment, x.shape[0], weight.shape[0])  # our op's value errors
+    groups, n, k = weight.shape
+    xq, xs = ops.quantize_fp8(x, [1, block], use_ue8m0, False)
+    n_padded = n + -n % block
+    padded = F.pad(weight, (0, 0, 0, n_padded - n)) if n_padded != n else weight
+    wq, ws = ops.quantize_fp8(padded.reshape(groups * n_padded, k), [block, block], use_ue8m0, False)
+    wq, ws = wq.view(groups, n_padded, k)[:, :n], ws.view(groups, n_padded // block, ws.shape[-1])
+    dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    out = ops.m_grouped_fp8_gemm(xq, xs, wq, ws, layout, psum, alignment, [1, block], [block, block], dtype)
+    return out.to(x.dtype)
+
+
 def check_k_fp8_scale_rows(segments, gran_k: int, sfa, sfb) -> None:
     """``k_grouped_fp8_gemm``'s scale tensors hold one row per ``gran_k`` rows of each group (the layout's values
     decide how many: checked on the host)."""
