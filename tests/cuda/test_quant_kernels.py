@@ -24,6 +24,11 @@ pytestmark = pytest.mark.skipif(
     not _triton.INTERPRETED, reason="Triton's interpreter is off in this process (a GPU compiles the kernels)"
 )
 CASTS = [s for s in SPECS if s.name in ("quantize_fp8", "quantize_fp4")]
+KERNELS = [s for s in SPECS if s.name in ("quantize_fp8", "quantize_fp4", "dequantize")]
+
+
+def _outs(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -35,14 +40,14 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_registered():
-    assert {n for n, k in CUDA_KERNELS.items() if k == "triton: _quant"} == {"quantize_fp8", "quantize_fp4"}
+    assert {n for n, k in CUDA_KERNELS.items() if k == "triton: _quant"} == {s.name for s in KERNELS}
 
 
-@pytest.mark.parametrize("spec", CASTS, ids=str)
+@pytest.mark.parametrize("spec", KERNELS, ids=str)
 def test_spec_samples_bitwise_the_cpu_kernel(spec):
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype) + spec.sample_inputs("cpu", dtype, small=True):
-            out, ours = getattr(kernels, spec.name)(*s.args), spec.op(*s.args)
+            out, ours = _outs(getattr(kernels, spec.name)(*s.args)), _outs(spec.op(*s.args))
             assert all(_bitwise(a, b) for a, b in zip(out, ours, strict=True)), (spec.name, s.name, dtype)
 
 
@@ -89,21 +94,85 @@ def test_e4m3_rounding_is_torchs_on_every_bf16_value():
         assert torch.equal(out, x.to(torch.float8_e4m3fn).view(torch.uint8))
 
 
-@pytest.mark.parametrize("spec", CASTS, ids=str)
+@pytest.mark.parametrize("spec", KERNELS, ids=str)
 def test_bad_inputs_raise_our_errors(spec):
     for bad in spec.bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
             getattr(kernels, spec.name)(*bad.args)
 
 
-@pytest.mark.parametrize("spec", CASTS, ids=str)
+@pytest.mark.parametrize("spec", KERNELS, ids=str)
 def test_hostile_inputs_agree_with_the_cpu_kernel(spec):
     samples = spec.sample_inputs("cpu", torch.float32, small=True)[:2]
     problems, count = campaign.kernel_problems(spec, getattr(kernels, spec.name), samples)
     assert count and not problems, "\n".join(problems[:5])
 
 
-@pytest.mark.parametrize("spec", CASTS, ids=str)
+@pytest.mark.parametrize("spec", KERNELS, ids=str)
 def test_opcheck_and_compile_through_an_opaque_op(spec):
     samples = [s for s in spec.sample_inputs("cpu", torch.float32, small=True) if s.args[0].numel()]
     check_opaque(spec.name, getattr(kernels, spec.name), samples[:2])
+
+
+def test_dequantize_decodes_every_code_as_torch():
+    """Every E4M3 byte (NaN codes, -0, subnormals) and every E2M1 nibble pair, scale 1, FP32 out: torch's own
+    conversion (E4M3) and the E2M1 table, bit for bit."""
+    codes = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    one = torch.ones(1, 1)
+    out = kernels.dequantize(codes.view(torch.float8_e4m3fn), one, [16, 16], torch.float32)
+    assert _bitwise(out, codes.view(torch.float8_e4m3fn).float())
+    assert torch.equal(
+        out.view(torch.int32)[~out.isnan()], codes.view(torch.float8_e4m3fn).float().view(torch.int32)[~out.isnan()]
+    )
+    out = kernels.dequantize(codes, one, [16, 32], torch.float32)
+    assert _bitwise(out, torch.ops.ascend_moe.dequantize(codes, one, [16, 32], torch.float32))
+    assert torch.equal(out.view(torch.int32), torch.ops.ascend_moe.dequantize(codes, one, [16, 32]).view(torch.int32))
+
+
+def _scales_as(sf: torch.Tensor, fmt: str) -> torch.Tensor:
+    """FP32 power-of-two scales in ``fmt``: FP32 itself, E8M0, or UE8M0 codes packed in int32 / int16."""
+    if fmt == "fp32":
+        return sf
+    codes = ((sf.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+    if fmt == "e8m0":
+        return codes.view(torch.float8_e8m0fnu)
+    per = 4 if fmt == "int32" else 2
+    cols = -(-codes.shape[1] // per) * per
+    codes = torch.nn.functional.pad(codes, (0, cols - codes.shape[1]), value=127)
+    return codes.view(torch.int32 if per == 4 else torch.int16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 70).map(lambda v: 2 * v),
+    block=st.sampled_from([[1, 128], [1, 32], [128, 128], [32, 32], [3, 4], [4, 2], [1, 6], [7, 1]]),
+    fp4=st.booleans(),
+    fmt=st.sampled_from(["fp32", "fp32_any", "e8m0", "int32", "int16"]),
+    out_dtype=st.sampled_from([None, torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_dequantize_random_calls_bitwise_the_cpu_kernel(m, n, block, fp4, fmt, out_dtype, strided, seed):
+    """Random codes (every byte value: NaN codes included), blocks cut to the tensor, scales in every format (FP32
+    ones of any value: NaN, inf, 0, huge, tiny), every output dtype, column-strided data: the C++ kernel's bits."""
+    if fp4 and block[1] % 2:
+        block = [block[0], block[1] + 1]
+    g = torch.Generator().manual_seed(seed)
+    width = n // 2 if fp4 else n
+    raw = torch.randint(0, 256, (m, 2 * width if strided else width), generator=g, dtype=torch.uint8)
+    data = raw[:, ::2] if strided else raw
+    if not fp4:
+        data = data.view(torch.float8_e4m3fn) if not strided else raw.view(torch.float8_e4m3fn)[:, ::2]
+    rows, cols = -(-m // min(block[0], m)), -(-n // min(block[1], n))
+    if fmt == "fp32_any":
+        sf = torch.randn(rows, cols, generator=g) * torch.pow(10.0, torch.randint(-30, 30, (rows, cols), generator=g))
+        sf.view(-1)[:: max(1, sf.numel() // 3)] = torch.tensor([float("nan"), float("inf"), 0.0]).repeat(3)[
+            : len(sf.view(-1)[:: max(1, sf.numel() // 3)])
+        ]
+    else:
+        sf = torch.pow(2.0, torch.randint(-20, 20, (rows, cols), generator=g).float())
+    scale = _scales_as(sf, "fp32" if fmt == "fp32_any" else fmt)
+    args = (data, scale, block, out_dtype)
+    out, ours = kernels.dequantize(*args), torch.ops.ascend_moe.dequantize(*args)
+    assert _bitwise(out, ours) and out.stride() == ours.stride()

@@ -9,10 +9,11 @@ codes and scales, UE8M0 power-of-two scales included). Where a consumer is fused
 product for it when the output dtype is narrower (as for its own pointwise chains): one rounding fewer, within the
 dtype's error.
 
-Only on CUDA (``DEVICES``), where the op's kernel is its torch-op reference (several kernels and a full-size FP32
-scale tensor) and Triton widens FP8 in registers. Not on CPU, where it was measured and does not pay: our C++
-kernel against Inductor's code for dequantize -> + residual / -> RMSNorm / -> requant at 4096x7168, 0.88x / 1.01x
-/ 1.00x (2 threads, 2026-12-03; Inductor's CPU code widens FP8 element by element). Not on Ascend (CANN adapters).
+Only on CUDA (``DEVICES``), where the op's kernel (one Triton launch) still writes the wide tensor the next kernel
+reads back, and Inductor's Triton code widens FP8 in registers inside that next kernel. Not on CPU, where it was
+measured and does not pay: our C++ kernel against Inductor's code for dequantize -> + residual / -> RMSNorm /
+-> requant at 4096x7168, 0.88x / 1.01x / 1.00x (2 threads, 2026-12-03; Inductor's CPU code widens FP8 element by
+element). Not on Ascend (CANN adapters).
 
 Left alone: packed FP4 codes (a table decode), ``float8_e8m0fnu`` scales (Inductor has no code for the dtype: it
 would fall back anyway) and packed UE8M0 scales (int32 / int16 bit fields), shapes that are not whole blocks (the

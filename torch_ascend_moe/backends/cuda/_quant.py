@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import launch, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import launch, round_to_bf16, supported, tl, triton
 
 MAX_BLOCK_ELEMENTS = 1 << 14  # elements one program holds (128 x 128)
 
@@ -160,4 +160,100 @@ def _quantize_kernel(
         tl.store(data + r.to(tl.int64)[:, None] * s_dm + c[None, :], _e4m3_codes(scaled), mask=ok)
 
 
-__all__ = ["cast_rows_e4m3", "quantize", "usable"]
+DEQUANT_ROWS, DEQUANT_COLS = 32, 128  # elements one dequantize program covers
+
+
+def dequantize_usable(data: torch.Tensor) -> bool:
+    """No FP8 arithmetic in the dequantize kernel (integer decoding): any GPU from sm80."""
+    return supported(data.device, (8, 0))
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, block, out_dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize``'s values: ``data`` (E4M3 ``[M, N]`` or packed E2M1 ``[M, N/2]``) times its block's FP32
+    scale (``scale [ceil(M/gr), ceil(N/gc)]``, any strides), rounded once to ``out_dtype``; row-major. Codes are
+    decoded with integer arithmetic (exact on the GPU and in the interpreter), any block shape."""
+    fp4 = data.dtype == torch.uint8
+    m, n = data.shape[0], data.shape[1] * (2 if fp4 else 1)
+    gr, gc = min(block[0], max(m, 1)), min(block[1], max(n, 1))
+    out = torch.empty(m, n, dtype=out_dtype, device=data.device)
+    if m and n:
+        launch(
+            _dequantize_kernel,
+            (triton.cdiv(m, DEQUANT_ROWS), triton.cdiv(n, DEQUANT_COLS)),
+            data.view(torch.uint8),
+            scale,
+            out,
+            m,
+            n,
+            gr,
+            gc,
+            data.stride(0),
+            data.stride(1),
+            scale.stride(0),
+            scale.stride(1),
+            BR=DEQUANT_ROWS,
+            BC=DEQUANT_COLS,
+            FP4=fp4,
+            OUT_BF16=out_dtype == torch.bfloat16,
+        )
+    return out
+
+
+@triton.jit
+def _e4m3_value(code):
+    """FP32 value of E4M3 (fn) codes (int32 0..255): subnormals ``m * 2^-9``, normals rebiased (7 -> 127) bit for
+    bit, 0x7F / 0xFF NaN."""
+    sign = (code & 0x80) << 24
+    e, m = (code >> 3) & 0xF, code & 7
+    normal = (sign | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = tl.where(sign != 0, -1.0, 1.0) * m.to(tl.float32) * 0.001953125
+    value = tl.where(e == 0, sub, normal)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), value)
+
+
+@triton.jit
+def _e2m1_value(code):
+    """FP32 value of E2M1 codes (int32 0..15): magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6, bit 3 the sign."""
+    mag, e = code & 7, (code >> 1) & 3
+    normal = (1.0 + (mag & 1).to(tl.float32) * 0.5) * tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0))
+    value = tl.where(e == 0, (mag & 1).to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -value, value)
+
+
+@triton.jit
+def _dequantize_kernel(
+    data,
+    scale,
+    out,
+    M,
+    N,
+    GR,
+    GC,
+    s_dm,
+    s_dn,
+    s_sm,
+    s_sn,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    FP4: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    ok = (r < M)[:, None] & (c < N)[None, :]
+    rows = r.to(tl.int64)[:, None]
+    if FP4:  # element c is nibble c % 2 (low first) of byte c // 2
+        byte = tl.load(data + rows * s_dm + (c // 2)[None, :] * s_dn, mask=ok, other=0).to(tl.int32)
+        v = _e2m1_value((byte >> ((c % 2) * 4)[None, :]) & 0xF)
+    else:
+        v = _e4m3_value(tl.load(data + rows * s_dm + c[None, :] * s_dn, mask=ok, other=0).to(tl.int32))
+    sf = tl.load(scale + (r // GR).to(tl.int64)[:, None] * s_sm + (c // GC)[None, :] * s_sn, mask=ok, other=1.0)
+    y = v * sf
+    at = out + rows * N + c[None, :]
+    if OUT_BF16:
+        tl.store(at, round_to_bf16(y), mask=ok)
+    else:
+        tl.store(at, y.to(out.dtype.element_ty), mask=ok)
+
+
+__all__ = ["cast_rows_e4m3", "dequantize", "dequantize_usable", "quantize", "usable"]

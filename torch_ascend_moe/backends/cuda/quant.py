@@ -4,16 +4,20 @@ reciprocal and rounding, written with integer arithmetic) instead of the portabl
 conversion as separate torch ops. Packed UE8M0 scales are packed from the kernel's FP32 ones.
 
 Portable, and why: blocks larger than 128 x 128 elements (one program holds a block), FP4 blocks of an odd width (a
-byte would straddle two blocks), builds without Triton; ``dequantize`` (one multiply: ATen's).
+byte would straddle two blocks), builds without Triton.
+
+``dequantize`` is one launch of ``_quant.dequantize`` (codes decoded in registers, each element times its block's
+scale, one rounding) instead of the portable kernel's full-size FP32 copies of the values and of the scales; scales of
+any format are widened to FP32 first (``[M/gr, N/gc]``: small).
 """
 
 from __future__ import annotations
 
 from torch_ascend_moe._registry import cuda_kernel
 from torch_ascend_moe.backends.portable import quant as portable
-from torch_ascend_moe.meta.quant import QUANTIZE_FP4, QUANTIZE_FP8, quantize_signature
+from torch_ascend_moe.meta.quant import QUANTIZE_FP4, QUANTIZE_FP8, dequantize_signature, quantize_signature
 from torch_ascend_moe.quant import reference
-from torch_ascend_moe.quant.encodings import row_major
+from torch_ascend_moe.quant.encodings import row_major, scales_to_float
 
 try:
     from torch_ascend_moe.backends.cuda import _quant
@@ -43,3 +47,10 @@ if _quant is not None:
             return portable.quantize_fp4(x, block, use_ue8m0, use_packed_ue8m0)
         data, sf = _quant.quantize(x, block, use_ue8m0, fp4=True)
         return data, _scales(sf, use_packed_ue8m0)
+
+    @cuda_kernel(calls="triton: _quant")
+    def dequantize(data, scale, block, out_dtype):
+        _, dtype = dequantize_signature(data, scale, block, out_dtype)
+        if not _quant.dequantize_usable(data):
+            return portable.dequantize(data, scale, block, out_dtype)
+        return _quant.dequantize(data, scales_to_float(scale), block, dtype)
