@@ -285,3 +285,24 @@ def test_compile_caches_are_tagged_with_what_graphs_bake_in(monkeypatch):
     assert tag in torch.compiler.config.cache_key_tag.split("|")
     monkeypatch.setattr(_registry, "_GRAPH_SOURCES", ("meta",))
     assert _registry.compile_cache_tag() != tag  # the formulas are part of it
+
+
+def test_install_as_resolves_upstream_module_paths():
+    """``testing.upstream.install_as`` (the upstream-test tools): ``import <name>.sub`` finds our submodule."""
+    import importlib
+    import sys
+
+    import torch_ascend_moe.deep_gemm as dg
+    from torch_ascend_moe.testing.upstream import install_as
+
+    name = "deep_gemm_install_as_check"
+    try:
+        install_as(dg, name)
+        assert importlib.import_module(name) is dg
+        assert importlib.import_module(f"{name}.testing") is importlib.import_module(
+            "torch_ascend_moe.deep_gemm.testing"
+        )
+        assert importlib.import_module(f"{name}.utils.math").ceil_div(5, 2) == 3
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]

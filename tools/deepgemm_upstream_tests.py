@@ -40,21 +40,14 @@ DEFAULT_TESTS = [
 CONFTEST = """
 import functools
 import random
-import sys
 
 import torch
 
 import torch_ascend_moe.deep_gemm as dg
+from torch_ascend_moe.testing.upstream import install_as
 import torch_ascend_moe.deep_gemm.testing
 
-sys.modules["deep_gemm"] = dg
-import importlib
-import pkgutil
-
-# Every module of the package under upstream's name (imported, so `from deep_gemm.x.y import z` finds it).
-for info in pkgutil.walk_packages(dg.__path__, dg.__name__ + "."):
-    module = importlib.import_module(info.name)
-    sys.modules["deep_gemm." + info.name[len(dg.__name__) + 1 :]] = module
+install_as(dg, "deep_gemm")  # every module under upstream's name
 
 dg.testing.get_arch_major = lambda: ARCH
 torch.Tensor.cuda = lambda self, *a, **k: self

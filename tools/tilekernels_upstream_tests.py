@@ -69,22 +69,15 @@ DEFAULT_TESTS = [
 CONFTEST = """
 import hashlib
 import random
-import sys
 
 import pytest
 import torch
 
 import torch_ascend_moe.tile_kernels as tk
+from torch_ascend_moe.testing.upstream import install_as
 from torch_ascend_moe.tile_kernels.testing import generator
 
-sys.modules["tile_kernels"] = tk
-import importlib
-import pkgutil
-
-# Every module of the package under upstream's name (imported, so `from tile_kernels.x.y import z` finds it).
-for info in pkgutil.walk_packages(tk.__path__, tk.__name__ + "."):
-    module = importlib.import_module(info.name)
-    sys.modules["tile_kernels." + info.name[len(tk.__name__) + 1 :]] = module
+install_as(tk, "tile_kernels")  # every module under upstream's name
 
 torch.Tensor.cuda = lambda self, *a, **k: self
 torch.cuda.synchronize = lambda *a, **k: None
