@@ -10,6 +10,7 @@ from torch._inductor.utils import fresh_cache
 from tests.inductor_lowerings.graphs import assert_same
 from torch_ascend_moe import inductor_lowerings
 from torch_ascend_moe.bench import compile as cases_module
+from torch_ascend_moe.nn import moe
 from torch_ascend_moe.testing import calc_diff
 
 # Rewrites per compile: the expert MLP's L1 GEMM + SwiGLU by swiglu_epilogue (nn.MoE's inference forward already calls
@@ -39,6 +40,10 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
         want = baseline()
     assert inductor_lowerings.MATCHES.total() - before == rewrites  # the baseline compiled without them
     expected = next(v for k, v in REWRITTEN.items() if case.name.startswith(k))
+    if case.name.startswith("MoE layer BF16") and not moe._cpu_has_native(torch.bfloat16):
+        # Without BF16 dot products on this CPU the shared expert runs on our bf16_gemm (nn.moe._linear), and its sum
+        # with the routed experts' combine folds into the combine (combine_residual); elsewhere it is nn.Linear's mm.
+        expected += 1
     assert rewrites == expected, case.name
     if case.name.startswith("MoE") and got.dtype == torch.float32:
         torch.testing.assert_close(got, want)  # Inductor may order the dense epilogue's sums differently
