@@ -119,14 +119,14 @@ def test_dequantize_decodes_every_code_as_torch():
     conversion (E4M3) and the E2M1 table, bit for bit."""
     codes = torch.arange(256, dtype=torch.uint8).view(16, 16)
     one = torch.ones(1, 1)
-    out = kernels.dequantize(codes.view(torch.float8_e4m3fn), one, [16, 16], torch.float32)
-    assert _bitwise(out, codes.view(torch.float8_e4m3fn).float())
-    assert torch.equal(
-        out.view(torch.int32)[~out.isnan()], codes.view(torch.float8_e4m3fn).float().view(torch.int32)[~out.isnan()]
-    )
-    out = kernels.dequantize(codes, one, [16, 32], torch.float32)
-    assert _bitwise(out, torch.ops.ascend_moe.dequantize(codes, one, [16, 32], torch.float32))
-    assert torch.equal(out.view(torch.int32), torch.ops.ascend_moe.dequantize(codes, one, [16, 32]).view(torch.int32))
+    for data, block, want in (
+        (codes.view(torch.float8_e4m3fn), [16, 16], codes.view(torch.float8_e4m3fn).float()),
+        (codes, [16, 32], torch.ops.ascend_moe.dequantize(codes, one, [16, 32])),
+    ):
+        out = kernels.dequantize(data, one, block, torch.float32)
+        nan = out.isnan()
+        assert torch.equal(nan, want.isnan())
+        assert torch.equal(out.view(torch.int32)[~nan], want.view(torch.int32)[~nan])  # -0.0 included
 
 
 def _scales_as(sf: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -161,15 +161,13 @@ def test_dequantize_random_calls_bitwise_the_cpu_kernel(m, n, block, fp4, fmt, o
     g = torch.Generator().manual_seed(seed)
     width = n // 2 if fp4 else n
     raw = torch.randint(0, 256, (m, 2 * width if strided else width), generator=g, dtype=torch.uint8)
-    data = raw[:, ::2] if strided else raw
-    if not fp4:
-        data = data.view(torch.float8_e4m3fn) if not strided else raw.view(torch.float8_e4m3fn)[:, ::2]
+    codes = raw if fp4 else raw.view(torch.float8_e4m3fn)
+    data = codes[:, ::2] if strided else codes
     rows, cols = -(-m // min(block[0], m)), -(-n // min(block[1], n))
     if fmt == "fp32_any":
         sf = torch.randn(rows, cols, generator=g) * torch.pow(10.0, torch.randint(-30, 30, (rows, cols), generator=g))
-        sf.view(-1)[:: max(1, sf.numel() // 3)] = torch.tensor([float("nan"), float("inf"), 0.0]).repeat(3)[
-            : len(sf.view(-1)[:: max(1, sf.numel() // 3)])
-        ]
+        special = sf.view(-1)[:: max(1, sf.numel() // 3)]  # a view: up to three blocks get NaN, inf, 0
+        special.copy_(torch.tensor([float("nan"), float("inf"), 0.0]).repeat(3)[: special.numel()])
     else:
         sf = torch.pow(2.0, torch.randint(-20, 20, (rows, cols), generator=g).float())
     scale = _scales_as(sf, "fp32" if fmt == "fp32_any" else fmt)
