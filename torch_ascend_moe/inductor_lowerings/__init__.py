@@ -80,11 +80,15 @@ def enabled():
 
 def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The ``"ascend_moe"`` torch.compile backend: Inductor with the passes on for this graph only (registered as a
-    ``torch_dynamo_backends`` entry point, so the name works without importing this module first)."""
+    ``torch_dynamo_backends`` entry point, so the name works without importing this module first). The passes go in
+    as ``compile_fx``'s config patch, which it also applies to the backward graph: AOTAutograd compiles that one
+    lazily, at the first backward, after this function has returned."""
     from torch._inductor.compile_fx import compile_fx
 
-    with enabled():
-        return compile_fx(gm, example_inputs, **kwargs)
+    current = config.post_grad_custom_post_pass
+    passes = current if _ours(current) else _passes(current)
+    patches = {**(kwargs.pop("config_patches", None) or {}), "post_grad_custom_post_pass": passes}
+    return compile_fx(gm, example_inputs, config_patches=patches, **kwargs)
 
 
 def npugraph_ex_passes(compiler_config, *, ge_mode: bool | None = None) -> None:
