@@ -27,6 +27,7 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from torch_ascend_moe import inductor_lowerings
 from torch_ascend_moe._checks import GEMM_DTYPES
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.nn import GroupedExperts, MegaMoE, MoE
 from torch_ascend_moe.nn.moe import MoEGate
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear
@@ -105,12 +106,12 @@ def eager_experts_forward(self, hidden_states, *args, **kwargs):
     compiled (its ``nonzero`` and ``where`` have data-dependent shapes: a graph break per expert, the experts run
     one by one in eager) and no post-grad rewrite can see it, so the substitution happens at trace time, by an
     implementation of the same experts that compiles to one graph: ``ascend_moe_experts_forward`` (our grouped ops,
-    which the post-grad passes then fuse), or, for BF16 on CPU, transformers' own ``grouped_mm`` experts (ATen's
-    oneDNN grouped GEMM multiplies BF16 natively and is 2-3x our BF16 -> FP32 kernel there today, the reason the
-    ``grouped_mm`` rewrite leaves CPU alone too). Outside compilation or with the passes off it is exactly the
-    model's loop."""
+    which the post-grad passes then fuse), or, for BF16 on a CPU with BF16 dot products, transformers' own
+    ``grouped_mm`` experts (ATen's oneDNN grouped GEMM multiplies BF16 natively there and the traced graph of
+    transformers' implementation measured faster than ours as a whole; the ``grouped_mm`` rewrite leaves those CPUs
+    alone too, ``backends.cpu_gemm``). Outside compilation or with the passes off it is exactly the model's loop."""
     if torch.compiler.is_compiling() and inductor_lowerings.SUBSTITUTE_EAGER_EXPERTS:
-        if hidden_states.dtype == torch.bfloat16 and hidden_states.device.type == "cpu":
+        if hidden_states.device.type == "cpu" and cpu_gemm.native(hidden_states.dtype):
             return grouped_mm_experts_forward(self, hidden_states, *args, **kwargs)
         if hidden_states.dtype in GEMM_DTYPES:
             return ascend_moe_experts_forward(self, hidden_states, *args, **kwargs)

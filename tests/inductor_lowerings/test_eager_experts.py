@@ -105,13 +105,22 @@ def test_dynamo_guards_on_the_switch():
     torch._dynamo.reset()
 
 
-def test_bf16_on_cpu_traces_transformers_grouped_mm_experts():
-    """BF16 on CPU: ATen's oneDNN grouped GEMM beats ours there, so the loop becomes transformers' own grouped_mm
-    experts (one graph, ``aten._grouped_mm``), not ours."""
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-dot", "no-bf16-dot"])
+def test_bf16_on_cpu_follows_the_faster_grouped_gemm(monkeypatch, native):
+    """BF16 on a CPU with BF16 dot products: ATen's oneDNN grouped GEMM is native there, so the loop becomes
+    transformers' own grouped_mm experts (one graph, ``aten._grouped_mm``); without them ATen emulates BF16 and the
+    loop becomes our grouped ops (L1 + SwiGLU fused)."""
+    from torch_ascend_moe.backends import cpu_gemm
+
+    monkeypatch.setitem(cpu_gemm.NATIVE, torch.bfloat16, native)
     model = _tiny("mixtral").to(torch.bfloat16)
     ids = _ids()
     with torch.no_grad():
         want = model(ids).logits
     got, graph = _compiled_logits(model, ids, passes=True)
-    assert graph.count("aten._grouped_mm") == 4 and "m_grouped" not in graph and "nonzero" not in graph, graph
+    assert "nonzero" not in graph, graph
+    if native:
+        assert graph.count("aten._grouped_mm") == 4 and "m_grouped" not in graph, graph
+    else:
+        assert graph.count("m_grouped_bf16_gemm_swiglu(") == 2 and "_grouped_mm" not in graph, graph
     assert calc_diff(got, want) < 1e-4

@@ -1,10 +1,14 @@
 """The grouped_mm rewrite (inductor_lowerings/grouped_mm.py): ``aten._grouped_mm`` and transformers'
-``grouped_mm_fallback`` become ``m_grouped_bf16_gemm`` on the devices listed in ``DEVICES`` (Ascend). CPU tensors stand
-in for an NPU here (``DEVICES`` patched): the golden graph, values against fp64 and the unrewritten compile, an
-unmodified transformers Mixtral block compiled with the passes (forward, and the backward's input and weight
-gradients), the weight-gradient form alone, and CPU left alone by default."""
+``grouped_mm_fallback`` become our grouped GEMMs where ours is the better kernel (``grouped_mm.applies``: Ascend, CPUs
+without BF16 dot products, FP32 on CPU). Every test here says which CPU it stands for (``backends.cpu_gemm.NATIVE``
+patched), so both choices are checked on every machine: the golden graph, values against fp64 and the unrewritten
+compile, an unmodified transformers Mixtral block compiled with the passes (forward, and the backward's input and
+weight gradients, through ``enable()`` and through the ``"ascend_moe"`` backend), the weight-gradient form alone, and
+BF16 left to ATen where the CPU multiplies it natively."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -12,15 +16,17 @@ from expecttest import assert_expected_inline
 
 from tests.inductor_lowerings.graphs import compiled
 from torch_ascend_moe import inductor_lowerings
-from torch_ascend_moe.inductor_lowerings import grouped_mm as rewrite_module
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.testing import calc_diff
 
 pytest.importorskip("transformers")
 
 
 @pytest.fixture
-def cpu_as_npu(monkeypatch):
-    monkeypatch.setattr(rewrite_module, "DEVICES", {"cpu"})
+def emulated_bf16(monkeypatch):
+    """A CPU without BF16 / FP16 dot products, whatever this one has: ours is the better grouped GEMM there."""
+    monkeypatch.setitem(cpu_gemm.NATIVE, torch.bfloat16, False)
+    monkeypatch.setitem(cpu_gemm.NATIVE, torch.float16, False)
 
 
 def _inputs(dtype=torch.bfloat16, g=4, m_per=(5, 0, 9, 3), k=64, n=48, seed=0):
@@ -42,7 +48,7 @@ def _reference(a, b, offs):
     return out
 
 
-def test_golden_graph(cpu_as_npu):
+def test_golden_graph(emulated_bf16):
     _, before = compiled(_aten, *_inputs(), passes=False)
     _, after = compiled(_aten, *_inputs(), passes=True)
     assert_expected_inline(before, """_grouped_mm = aten._grouped_mm(arg0_1, arg1_1, arg2_1)""")
@@ -55,7 +61,7 @@ m_grouped_bf16_gemm_default = m_grouped_bf16_gemm(arg0_1, permute_default, arg2_
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_values(cpu_as_npu, dynamic):
+def test_values(emulated_bf16, dynamic):
     args = _inputs()
     before = inductor_lowerings.MATCHES["grouped_mm"]
     got, graph = compiled(_aten, *args, passes=True, dynamic=dynamic)
@@ -65,17 +71,25 @@ def test_values(cpu_as_npu, dynamic):
     assert calc_diff(got, _reference(*args)) < 1e-5 and calc_diff(got, want) < 1e-5
 
 
-def test_transformers_fallback_op(cpu_as_npu):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_transformers_fallback_op(emulated_bf16, monkeypatch, dtype):
+    """transformers' own op for non-BF16 experts (``aten._grouped_mm``'s meta function takes BF16 only): FP32 always
+    (ours 1.02-1.18x its host loop), FP16 on a CPU without FP16 dot products; FP16 kept where they exist."""
     import transformers.integrations.moe  # noqa: F401  (registers transformers::grouped_mm_fallback)
 
-    args = _inputs(torch.float32)
+    args = _inputs(dtype)
     fn = lambda a, b, offs: torch.ops.transformers.grouped_mm_fallback(a, b, offs)  # noqa: E731
     got, graph = compiled(fn, *args, passes=True)
     assert "m_grouped_bf16_gemm" in graph and "grouped_mm_fallback" not in graph, graph
-    torch.testing.assert_close(got, fn(*args), rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype and calc_diff(got, _reference(*args)) < 1e-5
+    torch.testing.assert_close(got, fn(*args), **({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}))
+    if dtype == torch.float16:
+        monkeypatch.setitem(cpu_gemm.NATIVE, dtype, True)
+        _, graph = compiled(fn, *args, passes=True)
+        assert "m_grouped_bf16_gemm" not in graph and "grouped_mm_fallback" in graph, graph
 
 
-def test_unmodified_transformers_moe_block_runs_our_grouped_gemm(cpu_as_npu):
+def test_unmodified_transformers_moe_block_runs_our_grouped_gemm(emulated_bf16):
     """transformers' Mixtral block with ``grouped_mm`` experts, compiled as is after ``enable()``: its expert GEMMs
     (gate-up and down) are ours, the output equals the uncompiled block's."""
     from torch_ascend_moe.bench.moe import models
@@ -93,7 +107,7 @@ def _weight_gradient_form(a, b, offs):
     return torch._grouped_mm(a.t(), a, offs=offs)  # A [K, S] @ B [S, K] per column group -> [G, K, K]
 
 
-def test_weight_gradient_form(cpu_as_npu):
+def test_weight_gradient_form(emulated_bf16):
     args = _inputs(k=32, m_per=(8, 0, 16, 8))  # 16-byte aligned strides, as ATen's kernel needs
     got, graph = compiled(_weight_gradient_form, *args, passes=True)
     assert "k_grouped_bf16_gemm(" in graph and "_grouped_mm(" not in graph, graph
@@ -106,10 +120,12 @@ def test_weight_gradient_form(cpu_as_npu):
     assert calc_diff(got, _weight_gradient_form(*args)) < 1e-5
 
 
-def test_training_graphs_of_an_unmodified_transformers_block(cpu_as_npu):
-    """Forward and backward of transformers' Mixtral block compiled after ``enable()``: the forward's expert GEMMs
-    are ``m_grouped_bf16_gemm``, the backward's input gradients too and its weight gradients ``k_grouped_bf16_gemm``;
-    the gradients match eager's."""
+@pytest.mark.parametrize("through", ["enable", "backend"])
+def test_training_graphs_of_an_unmodified_transformers_block(emulated_bf16, through):
+    """Forward and backward of transformers' Mixtral block compiled with the passes: the forward's expert GEMMs are
+    ``m_grouped_bf16_gemm``, the backward's input gradients too and its weight gradients ``k_grouped_bf16_gemm``;
+    the gradients match eager's. Through ``backend="ascend_moe"`` too, whose backward graph AOTAutograd compiles
+    lazily, after the backend returned (the passes must still be on for it)."""
     from torch._inductor import config
 
     from tests.inductor_lowerings.graphs import Recorder
@@ -118,9 +134,11 @@ def test_training_graphs_of_an_unmodified_transformers_block(cpu_as_npu):
     block, _, x = models((32, 64, 2, 4), "grouped_mm", "cpu", torch.bfloat16)
     recorder = Recorder()
     torch._dynamo.reset()
-    with config.patch(post_grad_custom_post_pass=recorder), inductor_lowerings.enabled():
+    switch = inductor_lowerings.enabled() if through == "enable" else contextlib.nullcontext()
+    backend = inductor_lowerings.BACKEND if through == "backend" else "inductor"
+    with config.patch(post_grad_custom_post_pass=recorder), switch:  # the backward's compile happens in the block
         xg = x.detach().requires_grad_()
-        out = torch.compile(block, fullgraph=True)(xg)
+        out = torch.compile(block, fullgraph=True, backend=backend)(xg)
         (out[0] if isinstance(out, tuple) else out).float().square().sum().backward()
     torch._dynamo.reset()
     forward, backward = recorder.graphs[-2:]
@@ -132,8 +150,10 @@ def test_training_graphs_of_an_unmodified_transformers_block(cpu_as_npu):
     assert calc_diff(xg.grad, xe.grad) < 1e-3
 
 
-def test_left_alone_on_cpu_by_default():
+def test_left_alone_where_the_cpu_multiplies_bf16_natively(monkeypatch):
+    """On a CPU with BF16 dot products ATen's grouped GEMM is oneDNN's native one, on par with ours: kept."""
+    monkeypatch.setitem(cpu_gemm.NATIVE, torch.bfloat16, True)
     args = _inputs()
     got, graph = compiled(_aten, *args, passes=True)
-    assert "m_grouped_bf16_gemm" not in graph, graph
+    assert "m_grouped_bf16_gemm" not in graph and "_grouped_mm(" in graph, graph
     torch.testing.assert_close(got, _aten(*args))

@@ -163,10 +163,11 @@ def test_shared_experts_on_our_gemm_where_torch_bf16_gemm_is_slow(native, monkey
     """On a CPU without BF16 dot products the shared experts' projections run as bf16_gemm (FP32 accumulation, one
     rounding, as nn.Linear): outputs and gradients within BF16 rounding of the nn.Linear path; where PyTorch's BF16
     GEMM is native the modules are called; a converted (non-Linear) projection is always called."""
+    from torch_ascend_moe.backends import cpu_gemm
     from torch_ascend_moe.nn import moe as moe_module
     from torch_ascend_moe.ops import gemm
 
-    monkeypatch.setattr(moe_module, "_cpu_has_native", lambda dtype: native)
+    monkeypatch.setitem(cpu_gemm.NATIVE, torch.bfloat16, native)
     calls = []
     monkeypatch.setattr(moe_module, "bf16_gemm", lambda a, b: calls.append(1) or gemm.bf16_gemm(a, b))
     torch.manual_seed(0)

@@ -24,6 +24,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 from torch._inductor.pattern_matcher import CallFunctionVarArgs, Match, PatternMatcherPass, register_graph_pattern
 from torch.fx.operator_schemas import normalize_function
 
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.inductor_lowerings import MATCHES
 
 PASS = PatternMatcherPass(pass_name="ascend_moe")
@@ -151,8 +152,10 @@ class AscendMoEPasses(CustomGraphPass):
     """Our rewrites, then ``user`` (the post-grad pass that was installed before ours, if any); ``allowed(name)``
     says which fused ops may be introduced (TorchAir's GE mode: those with a GE converter).
 
-    ``uuid()`` hashes this package's sources (a changed rewrite is a new cache key) and the user pass's own uuid;
-    a user pass that is a plain function has none, so the FX graph cache is bypassed, as it would be without us."""
+    ``uuid()`` hashes this package's sources (a changed rewrite is a new cache key), the CPU capabilities some rewrites
+    decide by (``backends.cpu_gemm``: a cache directory shared between machines must not hand one CPU's choice to
+    another) and the user pass's own uuid; a user pass that is a plain function has none, so the FX graph cache is
+    bypassed, as it would be without us."""
 
     def __init__(self, user=None, allowed: Callable[[str], bool] | None = None) -> None:
         self.user, self.allowed = user, allowed
@@ -169,7 +172,10 @@ class AscendMoEPasses(CustomGraphPass):
             self.user(graph)
 
     def uuid(self):
-        ours = get_hash_for_files(tuple(_rewrite_modules()))
+        ours = (
+            get_hash_for_files(tuple(_rewrite_modules())),
+            tuple(sorted((str(t), v) for t, v in cpu_gemm.NATIVE.items())),
+        )
         if self.user is None:
             return ours
         theirs = self.user.uuid() if isinstance(self.user, CustomGraphPass) else None

@@ -5,11 +5,15 @@ call ``torch._grouped_mm(x [M, K], w [G, K, N], offs)`` (``aten._grouped_mm``), 
 compiled after ``inductor_lowerings.enable()`` runs our kernel for its experts. Its training graphs' weight gradients,
 ``_grouped_mm(A [K, S], B [S, N], offs) -> [G, K, N]``, become ``k_grouped_bf16_gemm(A^T, B, offs, G)``.
 
-Only on devices where that is the better kernel: Ascend (torch_npu 2.13 has no ``_grouped_mm`` kernel, so the aten op
-would not run there at all, while ours is ``npu_grouped_matmul`` and has a GE converter). On CPU, ATen's own
-``_grouped_mm`` (oneDNN) is faster than our C++ kernel on BF16 today, and on CUDA ours calls ``torch._grouped_mm``
-anyway: left alone there (``DEVICES`` says where it applies). Same values up to the FP32 summation order (both
-accumulate in FP32 and round once); rows past ``offs[-1]`` are zeros in ours, unspecified in ATen's.
+Only where that is the better kernel (``applies``): on Ascend always (torch_npu 2.13 has no ``_grouped_mm`` kernel, so
+the aten op would not run there at all, while ours is ``npu_grouped_matmul`` and has a GE converter); on CPU for FP32
+(ours 1.02-1.18x ATen's, a host loop of ``torch.mm`` in transformers' fallback) and for BF16 / FP16 where PyTorch's
+CPU GEMM of that type has no dot-product instructions (``backends.cpu_gemm``: ATen's ``_grouped_mm`` emulates the
+type there, 90-300x slower than ours in ``bench grouped``'s shapes; an unmodified Mixtral block compiled with the
+passes 4-7x faster, ``bench compile``). Left alone on CPUs with BF16 dot products (oneDNN's native grouped GEMM, on
+par with ours, which calls ATen's BF16 GEMM there) and on CUDA (ours calls ``torch._grouped_mm`` anyway). Same values
+up to the FP32 summation order (both accumulate in FP32 and round once); rows past ``offs[-1]`` are zeros in ours,
+unspecified in ATen's.
 
 Left alone: a bias or an ``out_dtype`` other than the input's, other operand ranks (3-D x 3-D batched, 3-D x 2-D),
 calls our ops refuse (their own checks decide).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, late_rewrite, rewrite, val
 from torch_ascend_moe.meta.grouped import k_grouped_signature, m_grouped_signature
 
@@ -26,9 +31,16 @@ DEVICES = {"npu", "privateuseone"}  # where ATen's _grouped_mm has no kernel of 
 _ops = torch.ops.ascend_moe
 
 
+def applies(x: torch.Tensor) -> bool:
+    """Whether ours is the better grouped GEMM for operands like ``x`` (see the module's docstring)."""
+    if x.device.type == "cpu":
+        return x.dtype == torch.float32 or cpu_gemm.emulated(x.dtype)
+    return x.device.type in DEVICES
+
+
 def _plan(node: torch.fx.Node, a, b, offs, bias=None, out_dtype=None) -> Plan | None:
     fa, fb, fo = val(a), val(b), val(offs)
-    if fa is None or fb is None or fo is None or bias is not None or fa.device.type not in DEVICES:
+    if fa is None or fb is None or fo is None or bias is not None or not applies(fa):
         return None
     out = val(node).dtype
     if (out_dtype is not None and out_dtype != fa.dtype) or out != fa.dtype:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.nn.grouped_experts import GroupedExperts, resolve_activation
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.moe_gate import moe_topk_gate
@@ -112,19 +113,6 @@ class MoEGate(nn.Module):
         )
 
 
-# Whether PyTorch's CPU GEMM of a dtype has dot-product instructions (AVX512-BF16 / AMX): then it is oneDNN's, as fast
-# as ours (which takes ATen's BF16 GEMM itself there); without them ours is several times faster. Read once at import:
-# a constant to torch.compile (Dynamo cannot trace torch.cpu's capability queries).
-_CPU_NATIVE = {
-    torch.bfloat16: torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported(),
-    torch.float16: torch.cpu._is_amx_fp16_supported(),
-}
-
-
-def _cpu_has_native(dtype: torch.dtype) -> bool:
-    return _CPU_NATIVE.get(dtype, False)
-
-
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``; a plain bias-free ``nn.Linear`` of a BF16/FP16 2-D CPU input runs as our GEMM (``bf16_gemm``:
     FP32 accumulation, one rounding) where PyTorch's CPU GEMM of that dtype has no dot-product instructions (there
@@ -134,9 +122,8 @@ def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     plain = (
         type(module) is nn.Linear and module.bias is None and not (module._forward_hooks or module._forward_pre_hooks)
     )
-    if plain and x.dim() == 2 and x.device.type == "cpu" and x.dtype == w.dtype:
-        if x.dtype in (torch.bfloat16, torch.float16) and not _cpu_has_native(x.dtype):
-            return bf16_gemm(x, w)
+    if plain and x.dim() == 2 and x.device.type == "cpu" and x.dtype == w.dtype and cpu_gemm.emulated(x.dtype):
+        return bf16_gemm(x, w)
     return module(x)
 
 
