@@ -9,24 +9,39 @@ from torch._inductor.utils import fresh_cache
 
 from tests.inductor_lowerings.graphs import assert_same
 from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.bench import compile as cases_module
-from torch_ascend_moe.nn import moe
 from torch_ascend_moe.testing import calc_diff
 
 # Rewrites per compile: the expert MLP's L1 GEMM + SwiGLU by swiglu_epilogue (nn.MoE's inference forward already calls
-# the fused op itself: nothing left to rewrite); the same for the eager experts traced as our ops; stock models with
-# grouped_mm experts keep ATen's _grouped_mm on CPU (grouped_mm.DEVICES), and so do BF16 eager experts there
-# (hf.eager_experts_forward). The first matching prefix counts.
+# the fused op itself: nothing left to rewrite); the same for the eager experts traced as our ops. BF16 dense and stock
+# models depend on the CPU (backends.cpu_gemm): with BF16 dot products ATen's GEMMs are kept (grouped_mm experts keep
+# _grouped_mm, BF16 eager experts are traced as transformers' grouped_mm experts: hf.eager_experts_forward); without,
+# every BF16 mm / addmm becomes bf16_gemm (dense_gemm: a linear, a router, attention projections, the LM head) and
+# each _grouped_mm ours (grouped_mm: two per MoE layer), the eager experts are traced as our ops (swiglu_epilogue).
+# The first matching prefix counts.
 REWRITTEN = {
     "FP8 linear": 1,
     "RMSNorm + FP8 cast": 1,
     "indexer": 1,
     "MoE layer": 0,
+    "dense MLP": 0,
     "expert MLP": 1,
     "HF Mixtral block FP32 eager": 1,
     "HF": 0,
     "combine": 1,
 }
+REWRITTEN_WITHOUT_BF16_DOT = {
+    "dense MLP": 2,  # both linears
+    "HF Mixtral block BF16 eager": 2,  # the router's mm, the L1 + SwiGLU
+    "HF Mixtral block BF16": 3,  # the router's mm, two _grouped_mm
+    "HF qwen3_moe tiny model BF16": 15,  # per layer q/k/v/o and the router's mm, two _grouped_mm; the LM head
+}
+
+
+def expected_rewrites(name: str) -> int:
+    tables = (REWRITTEN,) if cpu_gemm.native(torch.bfloat16) else (REWRITTEN_WITHOUT_BF16_DOT, REWRITTEN)
+    return next(v for table in tables for k, v in table.items() if name.startswith(k))
 
 
 @pytest.mark.parametrize("case", cases_module.cases(quick=True)[:-1], ids=lambda c: c.name.split(" (")[0])
@@ -39,8 +54,8 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
         rewrites = inductor_lowerings.MATCHES.total() - before
         want = baseline()
     assert inductor_lowerings.MATCHES.total() - before == rewrites  # the baseline compiled without them
-    expected = next(v for k, v in REWRITTEN.items() if case.name.startswith(k))
-    if case.name.startswith("MoE layer BF16") and not moe._cpu_has_native(torch.bfloat16):
+    expected = expected_rewrites(case.name)
+    if case.name.startswith("MoE layer BF16") and not cpu_gemm.native(torch.bfloat16):
         # Without BF16 dot products on this CPU the shared expert runs on our bf16_gemm (nn.moe._linear), and its sum
         # with the routed experts' combine folds into the combine (combine_residual); elsewhere it is nn.Linear's mm.
         expected += 1
@@ -54,7 +69,7 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
         # HF's loop rounds each expert's output, its weighting and the index_add sums to BF16, ours once: each side
         # is 1.2e-5 from the FP64 block on this case.
         assert calc_diff(got, want) < 2e-5
-    elif case.name.startswith(("combine", "MoE", "expert MLP", "HF")):
+    elif case.name.startswith(("combine", "MoE", "expert MLP", "HF", "dense")):
         assert calc_diff(got, want) < 1e-5  # one BF16 rounding instead of two
     else:
         assert_same(got, want)

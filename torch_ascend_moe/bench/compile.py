@@ -6,10 +6,12 @@ kernel), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritte
 peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
 demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
 op itself in inference and training graphs keep the L1 output for the backward, so nothing matches there: the ratio
-is the passes' cost), transformers' Mixtral block with ``grouped_mm`` experts as shipped (on CPU no rewrite applies:
-ATen's own ``_grouped_mm`` is kept, see ``grouped_mm.DEVICES``; the ratio is the passes' cost on a stock model), the
-same block with transformers' ``eager`` experts (compiled after ``enable()`` the per-expert loop is traced as one
-graph, against Dynamo's graph break per expert), whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped, the
+is the passes' cost), transformers' Mixtral block with ``grouped_mm`` experts as shipped (its ``_grouped_mm`` calls
+become ours on a CPU without BF16 dot products, where ATen emulates BF16; kept where the CPU has them, and the ratio
+is the passes' cost on a stock model: ``grouped_mm.applies``), the same block with transformers' ``eager`` experts
+(compiled after ``enable()`` the per-expert loop is traced as one graph, against Dynamo's graph break per expert),
+whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped (the same choice as the block), a BF16 dense MLP
+(``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products: ``dense_gemm``), the
 experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
 ``m_grouped_bf16_gemm_swiglu`` → L2), and the compile time itself (each side compiled from scratch, FX graph cache
 off).
@@ -133,6 +135,28 @@ def _expert_mlp(rows, hidden, inter, experts) -> Case:
 
     flops = 2 * rows * hidden * 3 * inter
     return Case(f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
+
+
+def _dense_mlp(tokens, hidden, grad: bool) -> Case:
+    """A BF16 dense MLP (``nn.Linear`` H → 4H, GELU, 4H → H, with biases): its GEMMs are ``aten.mm`` / ``addmm``,
+    rewritten to ``bf16_gemm`` on a CPU without BF16 dot products (``dense_gemm``), kept where it has them."""
+
+    def setup():
+        torch.manual_seed(0)
+        mlp = torch.nn.Sequential(
+            torch.nn.Linear(hidden, 4 * hidden), torch.nn.GELU(), torch.nn.Linear(4 * hidden, hidden)
+        ).bfloat16()
+        x = torch.randn(tokens, hidden).bfloat16()
+
+        def forward(x):
+            return mlp(x)
+
+        ours, baseline = _both(forward)
+        return layer_call(ours, x, grad), layer_call(baseline, x, grad)
+
+    mode = "fwd+bwd" if grad else "fwd"
+    flops = 2 * tokens * hidden * 8 * hidden * (3 if grad else 1)
+    return Case(f"dense MLP BF16 {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
 
 
 def _moe(tokens, hidden, grad: bool, dtype=torch.float32) -> Case:
@@ -273,6 +297,7 @@ def cases(quick: bool = False) -> list[Case]:
             _norm_cast(64, 512),
             _indexer(32, 256, 4, 32, 16),
             _moe(64, 64, False),
+            _dense_mlp(16, 64, False),
             _expert_mlp(64, 64, 32, 4),
             _moe(64, 64, False, torch.bfloat16),
             _hf_block(32, 64, False),
@@ -289,6 +314,8 @@ def cases(quick: bool = False) -> list[Case]:
         _indexer(1024, 8192, 16, 64, 512),
         _moe(2048, 512, False),
         _moe(2048, 512, True),
+        _dense_mlp(2048, 1024, False),
+        _dense_mlp(2048, 1024, True),
         _expert_mlp(4096, 1024, 1024, 8),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
