@@ -1,5 +1,6 @@
-"""What PyTorch's own CPU GEMMs are on this machine: the choices between them and ours (``nn.moe``'s shared experts,
-the ``grouped_mm`` rewrite, transformers' ``eager`` experts under compilation) read it.
+"""What PyTorch's own CPU GEMMs are on this machine: the choices between them and ours read it (``nn.moe``'s shared
+experts, the ``grouped_mm`` and ``dense_gemm`` rewrites, transformers' ``eager`` experts under compilation, and the
+passes' ``uuid()``, so the FX graph cache keys on it).
 
 Where the CPU has BF16 (FP16) dot-product instructions (AVX512-BF16, AMX) PyTorch's BF16 (FP16) GEMMs are oneDNN's
 native ones, as fast as ours (which call ATen's BF16 GEMM themselves there); without them oneDNN emulates the type
