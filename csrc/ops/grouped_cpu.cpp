@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -401,21 +402,17 @@ struct SwigluTask {
   int64_t group, begin, end, j0, w;  // group -1: rows no group owns (their L1 output is zero)
 };
 
-std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
-    const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
-    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
-    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
-  const char* op = kSwiglu;
-  // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
-  // detached operands keep them from recording (or refusing, for out= ops) autograd history.
-  const at::Tensor a = a_in.detach(), b = b_in.detach();
-  const std::optional<at::Tensor> row_weights =
-      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
-  check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)");
+void check_even_gate_up(const char* op, const at::Tensor& b) {
   AM_CHECK_ARG(b.size(1) % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.size(1));
-  check_alignment(op, alignment);
-  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
-  const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The epilogue's arguments, checked alike by both SwiGLU ops (twin of meta.grouped.check_swiglu_epilogue); returns
+// the output dtype, `plain_out` resolving out_dtype when the output is not quantized.
+template <typename PlainOut>
+at::ScalarType check_swiglu_epilogue(const char* op, const at::Tensor& a, at::ScalarType compute_t,
+                                     const std::optional<at::Tensor>& row_weights,
+                                     std::optional<double> activation_clamp, int64_t quant_gran_k, bool use_ue8m0,
+                                     std::optional<at::ScalarType> out_dtype, PlainOut plain_out) {
   if (row_weights.has_value()) {
     check_rank(op, "row_weights", *row_weights, 1, "[M] (one routing weight per row of a)");
     AM_CHECK_ARG(row_weights->scalar_type() == compute_t, op, "row_weights", "dtype",
@@ -429,15 +426,84 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
                  float_text(*activation_clamp));
   }
   check_int_arg(op, "quant_gran_k", quant_gran_k, 0);
-  at::ScalarType out_t;
   if (quant_gran_k > 0) {
     AM_CHECK_ARG(!out_dtype.has_value() || *out_dtype == at::kFloat8_e4m3fn, op, "out_dtype", "value",
                  "None or torch.float8_e4m3fn (quant_gran_k > 0)", dtype_name(*out_dtype));
-    out_t = at::kFloat8_e4m3fn;
-  } else {
-    AM_CHECK_ARG(!use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", "True");
-    out_t = resolve_out_dtype(op, a, std::nullopt, out_dtype);
+    return at::kFloat8_e4m3fn;
   }
+  AM_CHECK_ARG(!use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", "True");
+  return plain_out(out_dtype);
+}
+
+// Column tiles of the L1 output's I columns: multiples of `unit` (a quantization group never straddles two tasks),
+// `tile` sized for the cache, `stream` for few-row segments (which stream B once whatever the tile: as wide as the
+// threads allow, since many narrow GEMM calls cost more than the work); both narrowed until every thread has work.
+struct SwigluTiles {
+  int64_t tile, stream;
+};
+
+SwigluTiles swiglu_tiles(int64_t I, int64_t K, int64_t unit, size_t segments) {
+  const auto round_up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  const int64_t tile = round_up(std::max<int64_t>(1, kSwigluTileElements / (2 * std::max<int64_t>(K, 1))), unit);
+  const int64_t busy = std::max<int64_t>(1, static_cast<int64_t>(segments));
+  const int64_t tiles_wanted = (2 * at::get_num_threads() + busy - 1) / busy;
+  const int64_t parallel_tile = round_up((I + tiles_wanted - 1) / tiles_wanted, unit);
+  const int64_t whole = round_up(I, unit);
+  return {std::min({tile, parallel_tile, whole}), std::min(parallel_tile, whole)};
+}
+
+// One task per (segment, column tile of width `width(segment)`), then one per run of rows no group owns (the
+// epilogue of a zero L1 output, full width).
+template <typename Width>
+std::vector<SwigluTask> swiglu_tasks(const std::vector<Segment>& segments, int64_t M, int64_t I, Width width) {
+  std::vector<SwigluTask> tasks;
+  std::vector<char> owned(M, 0);
+  for (const Segment& s : segments) {
+    std::fill(owned.begin() + s.begin, owned.begin() + s.end, 1);
+    if (s.end == s.begin) continue;
+    const int64_t w = width(s);
+    for (int64_t j0 = 0; j0 < I; j0 += w) tasks.push_back({s.group, s.begin, s.end, j0, std::min(w, I - j0)});
+  }
+  for (int64_t r = 0; r < M;) {
+    if (owned[r]) {
+      ++r;
+      continue;
+    }
+    int64_t e = r;
+    while (e < M && !owned[e]) ++e;
+    tasks.push_back({-1, r, e, 0, I});
+    r = e;
+  }
+  return tasks;
+}
+
+// The epilogue of rows no group owns: h = 0, in row blocks.
+void swiglu_unowned(const SwigluEpilogue& epilogue, const SwigluTask& task, at::ScalarType h_t,
+                    const at::TensorOptions& options) {
+  for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+    const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+    epilogue(at::zeros({rows, 2 * task.w}, options.dtype(h_t)), r0, task.j0, task.w);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
+    const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
+    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
+    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
+  const char* op = kSwiglu;
+  // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
+  // detached operands keep them from recording (or refusing, for out= ops) autograd history.
+  const at::Tensor a = a_in.detach(), b = b_in.detach();
+  const std::optional<at::Tensor> row_weights =
+      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
+  check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)");
+  check_even_gate_up(op, b);
+  check_alignment(op, alignment);
+  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType out_t =
+      check_swiglu_epilogue(op, a, compute_t, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype,
+                            [&](std::optional<at::ScalarType> dt) { return resolve_out_dtype(op, a, std::nullopt, dt); });
 
   const int64_t M = a.size(0), K = a.size(1), I = b.size(1) / 2;
   const int64_t scale_cols = quant_gran_k > 0 ? (I + quant_gran_k - 1) / quant_gran_k : 0;
@@ -451,49 +517,27 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   const auto segments = layout_segments(op, layout, psum, alignment, M, b.size(0));
   if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
 
-  // Column tiles: multiples of the quantization group (scales never straddle two tasks), sized for the cache,
-  // narrowed until every thread has work.
-  const int64_t unit = quant_gran_k > 0 ? quant_gran_k : 16;
-  const auto round_up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
-  int64_t tile = round_up(std::max<int64_t>(1, kSwigluTileElements / (2 * std::max<int64_t>(K, 1))), unit);
-  const int64_t busy = std::max<int64_t>(1, static_cast<int64_t>(segments.size()));
-  const int64_t tiles_wanted = (2 * at::get_num_threads() + busy - 1) / busy;
-  const int64_t parallel_tile = round_up((I + tiles_wanted - 1) / tiles_wanted, unit);
-  tile = std::min({tile, parallel_tile, round_up(I, unit)});
-  // Few-row segments stream B once whatever the tile, and ATen's BF16 GEMM reads B in place (no tile to keep in
-  // cache): as wide as the threads allow (fewer, bigger GEMM calls; many narrow ones cost more than the work).
-  const int64_t stream_tile = std::min(parallel_tile, round_up(I, unit));
+  const SwigluTiles tiles = swiglu_tiles(I, K, quant_gran_k > 0 ? quant_gran_k : 16, segments.size());
   const at::ScalarType h_t = a.scalar_type();
   // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
   const bool native_tiles = h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b);
-
-  std::vector<SwigluTask> tasks;
-  std::vector<char> owned(M, 0);
-  for (const Segment& s : segments) {
-    std::fill(owned.begin() + s.begin, owned.begin() + s.end, 1);
-    if (s.end == s.begin) continue;
-    const int64_t w = native_tiles || s.end - s.begin <= kStreamingMaxRows ? stream_tile : tile;
-    for (int64_t j0 = 0; j0 < I; j0 += w) tasks.push_back({s.group, s.begin, s.end, j0, std::min(w, I - j0)});
-  }
-  for (int64_t r = 0; r < M;) {  // runs of unowned rows: the epilogue of a zero L1 output, full width
-    if (owned[r]) {
-      ++r;
-      continue;
-    }
-    int64_t e = r;
-    while (e < M && !owned[e]) ++e;
-    tasks.push_back({-1, r, e, 0, I});
-    r = e;
-  }
+  // Few-row segments stream B once, and ATen's BF16 GEMM reads B in place (no tile to keep in cache).
+  const auto tasks = swiglu_tasks(segments, M, I, [&](const Segment& s) {
+    return native_tiles || s.end - s.begin <= kStreamingMaxRows ? tiles.stream : tiles.tile;
+  });
 
   const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const SwigluTask& task = tasks[t];
-      at::Tensor bt;
-      if (task.group >= 0 && task.end - task.begin <= kStreamingMaxRows) {
+      if (task.group < 0) {
+        swiglu_unowned(epilogue, task, h_t, a.options());
+        continue;
+      }
+      const at::Tensor bg = b.select(0, task.group);
+      if (task.end - task.begin <= kStreamingMaxRows) {
         // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
-        const at::Tensor bg = b.select(0, task.group), rows = a.narrow(0, task.begin, task.end - task.begin);
+        const at::Tensor rows = a.narrow(0, task.begin, task.end - task.begin);
         at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
         at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);
         matmul_into(gate, rows, bg.narrow(0, task.j0, task.w), std::nullopt, 1.0);
@@ -501,13 +545,11 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
         epilogue(h, task.begin, task.j0, task.w);
         continue;
       }
-      // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
-      // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile.
-      const bool native = native_tiles;
-      if (native && task.group >= 0) {
-        // ATen's BF16 GEMM reads the gate and up rows of B in place (a transposed view, as F.linear): no copy of
-        // the tile, which at few rows per expert would cost more than the GEMM.
-        const at::Tensor bg = b.select(0, task.group);
+      if (native_tiles) {
+        // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
+        // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile. It
+        // reads the gate and up rows of B in place (a transposed view, as F.linear): no copy of the tile, which at
+        // few rows per expert would cost more than the GEMM.
         const at::Tensor b_gate = bg.narrow(0, task.j0, task.w).t(), b_up = bg.narrow(0, I + task.j0, task.w).t();
         for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
           const at::Tensor rows = a.narrow(0, r0, std::min(kSwigluRowBlock, task.end - r0));
@@ -515,19 +557,103 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
         }
         continue;
       }
-      if (task.group >= 0) {
-        const at::Tensor bg = b.select(0, task.group);
-        bt = at::empty({2 * task.w, K}, a.options().dtype(native ? h_t : compute_t));
-        bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
-        bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
-      }
+      at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(compute_t));
+      bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
+      bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
       for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
         const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
         // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
-        const at::Tensor h = task.group < 0 ? at::zeros({rows, 2 * task.w}, a.options().dtype(h_t))
-                             : native       ? at::mm(a.narrow(0, r0, rows), bt.t())
-                                            : at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t);
-        epilogue(h, r0, task.j0, task.w);
+        epilogue(at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t), r0, task.j0, task.w);
+      }
+    }
+  });
+  return {epilogue.out, epilogue.sf};
+}
+
+// ---- m_grouped_fp8_gemm_swiglu: the same with FP8 (or packed FP4) L1 operands ----
+// h = bf16(deq(A) @ deq(B)^T) (the L1 output m_grouped_fp8_gemm writes), then the same epilogue. Tasks as above:
+// each many-row task decodes its gate and up rows of B to FP32 once (scale rows found by absolute row, so a tile
+// need not start on a scale block) and runs SGEMM per row block; few-row segments take the FP8 GEMM's streaming
+// kernel (B decoded in registers, read once) on the tile's rows of B and of its scales.
+
+constexpr const char* kSwigluFp8 = "ascend_moe::m_grouped_fp8_gemm_swiglu";
+
+std::tuple<at::Tensor, at::Tensor> m_grouped_fp8_gemm_swiglu_cpu(
+    const at::Tensor& a_in, const at::Tensor& sfa_in, const at::Tensor& b_in, const at::Tensor& sfb_in,
+    const at::Tensor& layout, bool psum, int64_t alignment, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
+    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
+  const char* op = kSwigluFp8;
+  // Detached for the worker threads, as in m_grouped_bf16_gemm_swiglu_cpu.
+  const at::Tensor a = a_in.detach(), sfa = sfa_in.detach(), b = b_in.detach(), sfb = sfb_in.detach();
+  const std::optional<at::Tensor> row_weights =
+      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
+  check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, false, std::nullopt);
+  check_even_gate_up(op, b);
+  check_alignment(op, alignment);
+  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const at::ScalarType out_t = check_swiglu_epilogue(
+      op, a, at::kFloat, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype,
+      [&](std::optional<at::ScalarType> dt) { return check_scaled_out_dtype(op, std::nullopt, dt, at::kBFloat16); });
+
+  const int64_t M = a.size(0), K = logical_k(a), I = b.size(1) / 2;
+  const int64_t scale_cols = quant_gran_k > 0 ? (I + quant_gran_k - 1) / quant_gran_k : 0;
+  SwigluEpilogue epilogue{row_weights,
+                          activation_clamp,
+                          quant_gran_k,
+                          use_ue8m0,
+                          at::kFloat,
+                          at::empty({M, I}, a.options().dtype(out_t)),
+                          at::empty({M, scale_cols}, a.options().dtype(at::kFloat))};
+  const auto segments = layout_segments(op, layout, psum, alignment, M, b.size(0));
+  if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
+
+  const int64_t gran_n = recipe_b[0];
+  const int64_t unit = quant_gran_k > 0 ? quant_gran_k : 16;
+  const SwigluTiles tiles = swiglu_tiles(I, K, unit, segments.size());
+  // The streaming kernel takes B's scales as whole blocks of gran_n rows: its tiles start on block boundaries (the
+  // up half too, so I must be whole blocks), else one task covers all 2I columns.
+  const int64_t stream_unit = std::lcm(unit, gran_n);
+  const int64_t stream_width =
+      I % gran_n == 0 ? std::min(I, std::max(stream_unit, tiles.stream / stream_unit * stream_unit)) : I;
+  const auto tasks = swiglu_tasks(segments, M, I, [&](const Segment& s) {
+    return s.end - s.begin <= kStreamingMaxRows ? stream_width : tiles.tile;
+  });
+
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const SwigluTask& task = tasks[t];
+      if (task.group < 0) {
+        swiglu_unowned(epilogue, task, at::kBFloat16, a.options());
+        continue;
+      }
+      const at::Tensor bg = b.select(0, task.group), sg = sfb.select(0, task.group);
+      const int64_t len = task.end - task.begin;
+      if (len <= kStreamingMaxRows) {
+        // m_grouped_fp8_gemm's own path for these rows (streaming, or dequantized panels where scales overflow).
+        const at::Tensor rows = a.narrow(0, task.begin, len), row_sf = sfa.narrow(0, task.begin, len);
+        at::Tensor acc = at::zeros({len, 2 * task.w}, a.options().dtype(at::kFloat));
+        if (task.w == I) {
+          fp8_gemm_accumulate(acc, rows, row_sf, bg, sg, recipe_a, recipe_b, 1.0);
+        } else {
+          const int64_t blocks = (task.w + gran_n - 1) / gran_n;
+          for (const int64_t half : {int64_t{0}, I}) {
+            at::Tensor part = acc.narrow(1, half == 0 ? 0 : task.w, task.w);
+            fp8_gemm_accumulate(part, rows, row_sf, bg.narrow(0, half + task.j0, task.w),
+                                sg.narrow(0, (half + task.j0) / gran_n, blocks), recipe_a, recipe_b, 1.0);
+          }
+        }
+        epilogue(acc.to(at::kBFloat16), task.begin, task.j0, task.w);
+        continue;
+      }
+      const at::Tensor b_gate = dequantize_rows(bg, sg, gran_n, recipe_b[1], task.j0, task.w);
+      const at::Tensor b_up = dequantize_rows(bg, sg, gran_n, recipe_b[1], I + task.j0, task.w);
+      for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+        const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+        const at::Tensor a_deq = dequantize_rows(a, sfa, 1, recipe_a[1], r0, rows);
+        // FP32 accumulation, then the one rounding of the L1 output to BF16.
+        epilogue(at::mm(a_deq, b_gate.t()).to(at::kBFloat16), at::mm(a_deq, b_up.t()).to(at::kBFloat16), r0,
+                 task.j0, task.w);
       }
     }
   });
@@ -575,6 +701,15 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "m_grouped_fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor layout, bool psum=True, "
       "int alignment=1, int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
+  // m_grouped_bf16_gemm_swiglu with a scaled L1 (operands and scales as m_grouped_fp8_gemm): h =
+  // bf16(deq(A)[i] @ deq(B)[g(i)]^T), B [G, 2I, K]; the same epilogue (FP32, row_weights FP32); out BF16 (default)
+  // or FP32, or FP8 E4M3 with 1 x quant_gran_k scales.
+  m.def(
+      "m_grouped_fp8_gemm_swiglu(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor layout, bool psum=True, "
+      "int alignment=1, int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], Tensor? row_weights=None, "
+      "float? activation_clamp=None, int quant_gran_k=0, bool use_ue8m0=False, ScalarType? out_dtype=None) "
+      "-> (Tensor, Tensor)",
+      {at::Tag::pt2_compliant_tag});
   m.def(
       "m_grouped_fp8_gemm_masked(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor masked_m, "
       "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
@@ -602,6 +737,7 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("k_grouped_bf16_gemm", &k_grouped_bf16_gemm_cpu);
   m.impl("m_grouped_fp8_gemm", &m_grouped_fp8_gemm_cpu);
   m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);
+  m.impl("m_grouped_fp8_gemm_swiglu", &m_grouped_fp8_gemm_swiglu_cpu);
   m.impl("m_grouped_fp8_linear", &m_grouped_fp8_linear_cpu);
   m.impl("k_grouped_fp8_gemm", &k_grouped_fp8_gemm_cpu);
 }

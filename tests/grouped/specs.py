@@ -550,10 +550,9 @@ def swiglu_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
     return samples
 
 
-def swiglu_reference(a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype):
-    """The op's definition in fp64 with its one declared rounding inside: the L1 output ``h`` in ``a``'s dtype."""
-    h = m_grouped_reference(a, b, layout, psum, alignment, None).to(a.dtype).double()
-    gate, up = h.chunk(2, dim=-1)
+def _swiglu_tail(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0):
+    """The SwiGLU ops' epilogue in fp64 on the (already rounded) L1 output ``h``."""
+    gate, up = h.double().chunk(2, dim=-1)
     if activation_clamp is not None:
         gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
     act = torch.nn.functional.silu(gate) * up
@@ -562,7 +561,13 @@ def swiglu_reference(a, b, layout, psum, alignment, row_weights, activation_clam
     if quant_gran_k:
         q, sf = quant.per_token_cast_to_fp8(act, use_ue8m0=use_ue8m0, gran_k=quant_gran_k)
         return q.double(), sf.double()
-    return act, torch.zeros(a.shape[0], 0, dtype=torch.float64)
+    return act, torch.zeros(h.shape[0], 0, dtype=torch.float64)
+
+
+def swiglu_reference(a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype):
+    """The op's definition in fp64 with its one declared rounding inside: the L1 output ``h`` in ``a``'s dtype."""
+    h = m_grouped_reference(a, b, layout, psum, alignment, None).to(a.dtype)
+    return _swiglu_tail(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0)
 
 
 def swiglu_bad_inputs(device) -> list[BadInput]:
@@ -604,6 +609,105 @@ def swiglu_bad_inputs(device) -> list[BadInput]:
         ),
         bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
         bad(r"argument 'out_dtype' value: expected one of", "out_dtype", out_dtype=torch.int32),
+    ]
+
+
+# (counts, alignment, psum, format index of _FORMATS, I, row weights, clamp, quant_gran_k, use_ue8m0, out_dtype)
+_SWIGLU_FP8_CASES = [
+    ([5, 0, 20, 3], 1, True, 0, 128, True, None, 0, False, None),  # 1x128 x 128x128, I whole blocks
+    ([6, 2, 0, 11], 4, False, 0, 64, False, 0.75, 0, False, torch.float32),  # a 128-row B block spans gate and up
+    ([9, 4, 2], 8, True, 2, 40, True, 1.5, 32, True, None),  # MegaMoE's FP8 x FP4 1x32, FP8 out (ragged last group)
+    ([0, 12], 1, True, 3, 32, False, None, 16, False, None),  # FP4 x FP4
+    ([7, 3], 1, True, 1, 48, True, 0.0, 0, False, None),  # 1x128 x 1x128 UE8M0; clamp 0
+    ([0, 0], 1, True, 0, 64, False, None, 0, False, None),
+]
+_SWIGLU_FP8_CASES_SMALL = [
+    ([2, 0, 3], 1, True, 1, 8, True, None, 0, False, None),
+    ([3, 1], 4, False, 0, 64, False, 0.5, 0, False, None),
+]
+
+
+def swiglu_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    """Few-row (streaming) and many-row segments, every operand format, B scale blocks aligned with the gate/up
+    halves or straddling them. ``dtype`` is unused: each case names its output dtype."""
+    g = torch.Generator().manual_seed(31)
+    k = 256
+    samples = []
+    for counts, alignment, psum, fmt, inter, weighted, clamp, gran, ue8m0, out_dtype in (
+        _SWIGLU_FP8_CASES_SMALL if small else _SWIGLU_FP8_CASES
+    ):
+        name, fa, fb = _FORMATS[fmt]
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        x = torch.randn(rows, k, generator=g)
+        x[~_rows_of(layout, psum, alignment, rows, len(counts))] *= _POISON
+        a, sfa, recipe_a = quantize(x, fa)
+        b, sfb, recipe_b = _quantize_experts(torch.randn(len(counts), 2 * inter, k, generator=g) / 4, fb)
+        w = torch.rand(rows, generator=g) if weighted else None
+        w = None if w is None else w.to(device).requires_grad_(requires_grad and not gran)
+        args = tuple(t.to(device) for t in (a, sfa, b, sfb, layout))
+        label = (
+            f"{'psum' if psum else 'ids'} counts={counts} align={alignment} {name} I={inter}"
+            f"{' weighted' if weighted else ''}{f' clamp={clamp}' if clamp is not None else ''}"
+            f"{f' fp8 gran={gran}' if gran else ''}{' ue8m0' if ue8m0 else ''}{f' {out_dtype}' if out_dtype else ''}"
+        )
+        samples.append(
+            SampleInput((*args, psum, alignment, recipe_a, recipe_b, w, clamp, gran, ue8m0, out_dtype), label)
+        )
+    return samples
+
+
+def swiglu_fp8_reference(
+    a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+    use_ue8m0, out_dtype,
+):  # fmt: skip
+    """fp64 with the op's roundings: the L1 output in BF16, then the epilogue."""
+    h = m_grouped_fp8_reference(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, None).bfloat16()
+    return _swiglu_tail(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0)
+
+
+def swiglu_fp8_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(32)
+    a, sfa, ra = quantize(torch.randn(8, 256, generator=g), _FORMATS[0][1])
+    b, sfb, rb = _quantize_experts(torch.randn(3, 256, 256, generator=g), _FORMATS[0][2])
+    w = torch.rand(8)
+    args = (a, sfa, b, sfb, _int32([2, 5, 8]), True, 1, ra, rb, None, None, 0, False, None)
+    names = ("a", "sfa", "b", "sfb", "layout", "psum", "alignment", "recipe_a", "recipe_b", "row_weights", "clamp")
+    names += ("gran", "ue8m0", "out_dtype")
+
+    def bad(match, name, data_dependent=False, **changes):
+        call = tuple(changes.get(n, v) for n, v in zip(names, args))
+        return BadInput(call, match, name, data_dependent=data_dependent)
+
+    return [
+        bad(r"argument 'recipe_a' value: expected \[1, gran_k\]", "row scales", recipe_a=[128, 128]),
+        bad(
+            r"argument 'b' size\(1\) \(2I: gate rows, then up rows\): expected an even number, got 255",
+            "odd",
+            b=b[:, :255],
+            sfb=sfb[:, :2],
+        ),
+        bad(r"argument 'a' dtype", "a dtype", a=a.float()),
+        bad(r"argument 'layout' size\(0\) \(groups\): expected 3", "layout", layout=_int32([2, 8])),
+        bad(r"layout\[1\] = 2 \(group start 5\)", "unsorted", True, layout=_int32([5, 2, 8])),
+        bad(
+            r"argument 'row_weights' dtype: expected torch.float32 \(the epilogue's precision for a "
+            r"torch.float8_e4m3fn\), got torch.bfloat16",
+            "weights dtype",
+            row_weights=w.bfloat16(),
+        ),
+        bad(r"argument 'row_weights' size\(0\) \(M\): expected 8", "weights length", row_weights=w[:5]),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0, got -1.0", "clamp", clamp=-1.0),
+        bad(r"argument 'quant_gran_k' value: expected a non-negative integer, got -32", "gran", gran=-32),
+        bad(
+            r"argument 'out_dtype' value: expected None or torch.float8_e4m3fn \(quant_gran_k > 0\), "
+            r"got torch.bfloat16",
+            "fp8 out_dtype",
+            gran=32,
+            out_dtype=torch.bfloat16,
+        ),
+        bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
+        bad(r"argument 'out_dtype' value: expected torch.bfloat16 or torch.float32", "out_dtype", out_dtype=torch.half),
     ]
 
 
@@ -653,6 +757,16 @@ SPECS = [
         masked_fp8_bad_inputs,
         portable.m_grouped_fp8_gemm_masked,
         gradcheck=_FP8_NO_GRADCHECK,
+    ),
+    OpSpec(
+        "m_grouped_fp8_gemm_swiglu",
+        swiglu_fp8_samples,
+        swiglu_fp8_reference,
+        swiglu_fp8_bad_inputs,
+        portable.m_grouped_fp8_gemm_swiglu,
+        dtypes=(torch.bfloat16,),
+        gradcheck="quantized operands carry no gradient; row_weights' (FP32 only) is checked against autograd "
+        "through the composition in tests/grouped/test_grouped_swiglu.py",
     ),
     OpSpec(
         "m_grouped_fp8_linear",

@@ -35,7 +35,8 @@ REWRITTEN_WITHOUT_BF16_DOT = {
     "dense MLP": 2,  # both linears
     "HF Mixtral block BF16 eager": 2,  # the router's mm, the L1 + SwiGLU
     "HF Mixtral block BF16": 3,  # the router's mm, two _grouped_mm
-    "HF qwen3_moe tiny model BF16": 15,  # per layer q/k/v/o and the router's mm, two _grouped_mm; the LM head
+    "HF qwen3_moe tiny model 1-layer BF16": 8,  # q/k/v/o and the router's mm, two _grouped_mm; the LM head
+    "HF qwen3_moe tiny model BF16": 15,  # the same per layer (2); the LM head
 }
 
 

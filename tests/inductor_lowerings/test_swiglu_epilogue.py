@@ -1,5 +1,5 @@
 """The swiglu_epilogue rewrite (inductor_lowerings/swiglu_epilogue.py): L1 grouped GEMM -> SwiGLU (-> x routing weight)
-(-> cast | per-token FP8 requant) becomes ``m_grouped_bf16_gemm_swiglu``. Golden graphs (the BF16 expert MLP as
+(-> cast | per-token FP8 requant) becomes ``m_grouped_bf16_gemm_swiglu`` (``m_grouped_fp8_gemm_swiglu`` after a scaled L1). Golden graphs (the BF16 expert MLP as
 ``nn.GroupedExperts`` writes it; the FP32 epilogue with clamp, weights and requant as ``mega_moe`` does), outputs of
 the rewritten compile within the op's thresholds of the unrewritten compile and of fp64, the module itself, the FX
 graph cache, and near misses left alone."""
@@ -14,10 +14,11 @@ from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.utils import fresh_cache
 
+from tests.fp8_gemm.specs import quantize
 from tests.grouped.specs import psum_layout, swiglu_reference
 from tests.inductor_lowerings.graphs import compiled
 from torch_ascend_moe import inductor_lowerings
-from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm
+from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_gemm
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
@@ -234,3 +235,73 @@ def test_steps_the_op_does_not_take_stay_outside(fn, left):
     if len(got) == 2:
         got, want = ((q.float() * s.repeat_interleave(16, dim=1),) for q, s in (got, want))
     assert calc_diff(got[0], want[0]) < THRESHOLDS[torch.bfloat16]
+
+
+# ---- a scaled L1 (FP8 inference experts): m_grouped_fp8_gemm -> SwiGLU -> requant becomes m_grouped_fp8_gemm_swiglu --
+
+
+def _fp8_inputs(seed=0, counts=(5, 0, 30, 9), k=128, inter=64):
+    """MegaMoE's FP8 x FP4 operands (1x32 UE8M0 scales) for the L1 and FP8 x FP4 for the L2."""
+    g = torch.Generator().manual_seed(seed)
+    offs, rows = psum_layout(list(counts), 1)
+    a, sfa, _ = quantize(torch.randn(rows, k, generator=g), ("fp8-token", 1, 32, True))
+    experts = [quantize(torch.randn(2 * inter, k, generator=g) / 4, ("fp4", 1, 32, True)) for _ in counts]
+    w1, sf1 = torch.stack([e[0] for e in experts]), torch.stack([e[1] for e in experts])
+    experts = [quantize(torch.randn(k, inter, generator=g) / 4, ("fp4", 1, 32, True)) for _ in counts]
+    w2, sf2 = torch.stack([e[0] for e in experts]), torch.stack([e[1] for e in experts])
+    return a, sfa, w1, sf1, w2, sf2, offs, torch.rand(rows, generator=g)
+
+
+def _fp8_experts(a, sfa, w1, sf1, w2, sf2, offs, w, clamp=2.0):
+    """mega_moe's FP8 steps 3-6 as separate ops: L1, FP32 SwiGLU with clamp and weight, 1x32 UE8M0 requant, L2."""
+    recipe = {"recipe_a": (1, 32), "recipe_b": (1, 32)}
+    gate, up = m_grouped_fp8_gemm(a, sfa, w1, sf1, offs, **recipe).chunk(2, dim=-1)
+    gate, up = gate.clamp(max=clamp), up.clamp(-clamp, clamp)
+    act, act_sf = per_token_cast_to_fp8(F.silu(gate.float()) * up.float() * w.unsqueeze(1), use_ue8m0=True, gran_k=32)
+    return m_grouped_fp8_gemm(act, act_sf, w2, sf2, offs, **recipe)
+
+
+def _fp8_plain(a, sfa, w1, sf1, w2, sf2, offs, w):
+    """The BF16 output form (no requant): SwiGLU in the L1's BF16."""
+    gate, up = m_grouped_fp8_gemm(a, sfa, w1, sf1, offs, recipe_a=(1, 32), recipe_b=(1, 32)).chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _fp8_fp32_l1(a, sfa, w1, sf1, w2, sf2, offs, w):
+    """An FP32 L1 output: the fused op rounds h to BF16, so this is a near miss."""
+    h = m_grouped_fp8_gemm(a, sfa, w1, sf1, offs, recipe_a=(1, 32), recipe_b=(1, 32), out_dtype=torch.float32)
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def test_fp8_golden_graph():
+    _, after = compiled(_fp8_experts, *_fp8_inputs(), passes=True)
+    assert_expected_inline(
+        after,
+        """\
+unsqueeze = aten.unsqueeze(arg5_1, 1)
+view_default = aten.view(unsqueeze, [-1])
+m_grouped_fp8_gemm_swiglu_default = m_grouped_fp8_gemm_swiglu(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, True, 1, [1, 32], [1, 32], view_default, 2.0, 32, True)
+getitem_4 = getitem(m_grouped_fp8_gemm_swiglu_default, 0)
+getitem_5 = getitem(m_grouped_fp8_gemm_swiglu_default, 1)
+m_grouped_fp8_gemm_1 = m_grouped_fp8_gemm(getitem_4, getitem_5, arg6_1, arg7_1, arg4_1, True, 1, [1, 32], [1, 32])""",
+    )
+
+
+@pytest.mark.parametrize("fn", [_fp8_experts, _fp8_plain], ids=lambda f: f.__name__)
+def test_fp8_rewrite_within_thresholds(fn):
+    args = _fp8_inputs()
+    before = inductor_lowerings.MATCHES["swiglu_epilogue"]
+    got, graph = compiled(fn, *args, passes=True)
+    assert "m_grouped_fp8_gemm_swiglu" in graph and inductor_lowerings.MATCHES["swiglu_epilogue"] == before + 1, graph
+    want, _ = compiled(fn, *args, passes=False)
+    assert got.dtype == want.dtype and calc_diff(got, want) < THRESHOLDS[torch.bfloat16]
+
+
+def test_fp8_near_miss_is_left_alone():
+    args = _fp8_inputs()
+    before = inductor_lowerings.MATCHES["swiglu_epilogue"]
+    got, graph = compiled(_fp8_fp32_l1, *args, passes=True)
+    assert inductor_lowerings.MATCHES["swiglu_epilogue"] == before and "swiglu" not in graph, graph
+    want, _ = compiled(_fp8_fp32_l1, *args, passes=False)
+    assert torch.equal(got, want)

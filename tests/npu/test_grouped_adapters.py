@@ -20,7 +20,7 @@ from torch_ascend_moe.testing.harness import THRESHOLDS
 ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" not in s.name]
 MX_ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" in s.name]
 # Portable on Ascend, each with its reason in backends/npu/grouped.py (the swiglu op: its grouped GEMM still maps).
-PORTABLE_ONLY = {"k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu"}
+PORTABLE_ONLY = {"k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu", "m_grouped_fp8_gemm_swiglu"}
 STEPS = {"m_grouped_fp8_linear"}  # its casts and grouped FP8 GEMM through the dispatcher
 
 

@@ -21,12 +21,13 @@ from torch_ascend_moe.ops.grouped import (
 )
 from torch_ascend_moe.quant import block_cast_to_fp8
 
-M, MASKED, K, LINEAR, SWIGLU = (
+M, MASKED, K, LINEAR, SWIGLU, SWIGLU_FP8 = (
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
     "k_grouped_bf16_gemm",
     "m_grouped_fp8_linear",
     "m_grouped_bf16_gemm_swiglu",
+    "m_grouped_fp8_gemm_swiglu",
 )
 
 
@@ -126,33 +127,68 @@ def _swiglu_setup(ctx, inputs, output):
     ctx.options = (args.psum, args.alignment, args.activation_clamp, args.quant_gran_k, output[0].dtype)
 
 
-def _swiglu_backward(ctx, grad, grad_scales):
-    """Recompute, nothing but the inputs kept: the L1 output is rebuilt by ``m_grouped_bf16_gemm`` (so no ``[M, 2I]``
-    tensor outlives the forward) and the epilogue differentiated with autograd (straight-through at the roundings;
-    the clamp passes gradient inside its bounds). The FP8 output (``quant_gran_k > 0``) has no gradient."""
+def _epilogue_gradients(name, grad, operands: dict, wanted: list, l1, options) -> dict:
+    """Gradients (by argument name, those in ``wanted``) of a SwiGLU op by recomputation, nothing but the inputs
+    kept: ``l1`` rebuilds the L1 output from ``operands`` (``row_weights`` last) with the op's own GEMM op, so no
+    ``[M, 2I]`` tensor outlives the forward, and the epilogue is differentiated with autograd (straight-through at
+    the roundings; the clamp passes gradient inside its bounds). The FP8 output (``quant_gran_k > 0``) has none."""
     from torch_ascend_moe.backends.portable.grouped import swiglu_epilogue
 
-    psum, alignment, clamp, gran, dtype = ctx.options
-    names = ("a", "b", "row_weights")
-    needs = [needs_grad(ctx, SWIGLU, name) for name in names]
-    if grad is None or not any(needs):
-        return gradients(SWIGLU)
+    clamp, gran, dtype = options
     if gran > 0:
         raise RuntimeError(
-            f"ascend_moe::{SWIGLU}: argument 'quant_gran_k' is {gran}, but the FP8 output has no gradient; "
+            f"ascend_moe::{name}: argument 'quant_gran_k' is {gran}, but the FP8 output has no gradient; "
             "train with quant_gran_k=0"
         )
-    a, b, layout, w = ctx.saved_tensors
-    leaves = [None if t is None else t.detach().requires_grad_(n) for t, n in zip((a, b, w), needs)]
+    leaves = {n: None if t is None else t.detach().requires_grad_(n in wanted) for n, t in operands.items()}
+    *l1_operands, row_weights = leaves.values()
     with torch.enable_grad():
-        h = m_grouped_bf16_gemm(leaves[0], leaves[1], layout, psum=psum, alignment=alignment)
-        out, _ = swiglu_epilogue(h, leaves[2], clamp, 0, False, dtype)
-        wanted = [t for t, n in zip(leaves, needs) if n]
-        grads = iter(torch.autograd.grad(out, wanted, grad, allow_unused=True))
-    result = {name: next(grads) for name, n in zip(names, needs) if n}
-    return gradients(
-        SWIGLU, **{k: torch.zeros_like(leaves[names.index(k)]) if g is None else g for k, g in result.items()}
-    )
+        out, _ = swiglu_epilogue(l1(*l1_operands), row_weights, clamp, 0, False, dtype)
+        grads = torch.autograd.grad(out, [leaves[n] for n in wanted], grad, allow_unused=True)
+    return {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wanted, grads, strict=True)}
+
+
+def _swiglu_backward(ctx, grad, grad_scales):
+    psum, alignment, clamp, gran, dtype = ctx.options
+    wanted = [n for n in ("a", "b", "row_weights") if needs_grad(ctx, SWIGLU, n)]
+    if grad is None or not wanted:
+        return gradients(SWIGLU)
+    a, b, layout, w = ctx.saved_tensors
+
+    def l1(a, b):
+        return m_grouped_bf16_gemm(a, b, layout, psum=psum, alignment=alignment)
+
+    operands = {"a": a, "b": b, "row_weights": w}
+    return gradients(SWIGLU, **_epilogue_gradients(SWIGLU, grad, operands, wanted, l1, (clamp, gran, dtype)))
+
+
+def _swiglu_fp8_setup(ctx, inputs, output):
+    args = arguments(SWIGLU_FP8, inputs)
+    ctx.save_for_backward(args.a, args.sfa, args.b, args.sfb, args.layout, args.row_weights)
+    ctx.options = (args.psum, args.alignment, list(args.recipe_a), list(args.recipe_b))
+    ctx.epilogue = (args.activation_clamp, args.quant_gran_k, output[0].dtype)
+
+
+def _swiglu_fp8_backward(ctx, grad, grad_scales):
+    """Only ``row_weights`` has a gradient (quantized operands carry none, as in ``m_grouped_fp8_gemm``)."""
+    for scale in ("sfa", "sfb"):
+        if needs_grad(ctx, SWIGLU_FP8, scale):
+            raise RuntimeError(
+                f"ascend_moe::{SWIGLU_FP8}: argument '{scale}' requires grad, but scale factors are not "
+                f"differentiable here{_TRAIN_BF16}"
+            )
+    if grad is None or not needs_grad(ctx, SWIGLU_FP8, "row_weights"):
+        return gradients(SWIGLU_FP8)
+    a, sfa, b, sfb, layout, w = ctx.saved_tensors
+    psum, alignment, recipe_a, recipe_b = ctx.options
+
+    def l1():
+        return m_grouped_fp8_gemm(
+            a, sfa, b, sfb, layout, psum=psum, alignment=alignment, recipe_a=recipe_a, recipe_b=recipe_b
+        )
+
+    grads = _epilogue_gradients(SWIGLU_FP8, grad, {"row_weights": w}, ["row_weights"], l1, ctx.epilogue)
+    return gradients(SWIGLU_FP8, **grads)
 
 
 def _register_scaled(name: str, hint: str) -> None:
@@ -186,3 +222,4 @@ autograd(MASKED, _masked_backward, _masked_setup)
 autograd(K, _k_backward, _k_setup)
 autograd(LINEAR, _linear_backward, _linear_setup)
 autograd(SWIGLU, _swiglu_backward, _swiglu_setup)
+autograd(SWIGLU_FP8, _swiglu_fp8_backward, _swiglu_fp8_setup)

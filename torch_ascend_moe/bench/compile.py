@@ -11,10 +11,10 @@ become ours on a CPU without BF16 dot products, where ATen emulates BF16; kept w
 is the passes' cost on a stock model: ``grouped_mm.applies``), the same block with transformers' ``eager`` experts
 (compiled after ``enable()`` the per-expert loop is traced as one graph, against Dynamo's graph break per expert),
 whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped (the same choice as the block), a BF16 dense MLP
-(``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products: ``dense_gemm``), the
-experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
-``m_grouped_bf16_gemm_swiglu`` → L2), and the compile time itself (each side compiled from scratch, FX graph cache
-off).
+(``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products: ``dense_gemm``), the experts' MLP
+written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to ``m_grouped_bf16_gemm_swiglu`` → L2; FP8
+inference experts likewise to ``m_grouped_fp8_gemm_swiglu``), and the compile time itself (each side compiled from
+scratch, FX graph cache off).
 """
 
 from __future__ import annotations
@@ -137,6 +137,33 @@ def _expert_mlp(rows, hidden, inter, experts) -> Case:
     return Case(f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
 
 
+def _fp8_expert_mlp(rows, hidden, inter, experts) -> Case:
+    """FP8 inference experts (DeepSeek-V3's recipe: 1x128 activations, 128x128 weights) as unfused steps: L1 FP8
+    grouped GEMM (BF16 out) → FP32 SwiGLU × routing weight → per-token FP8 requant → L2 FP8 grouped GEMM, the first
+    three rewritten to ``m_grouped_fp8_gemm_swiglu``."""
+
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        a, sfa = ops.quantize_fp8(torch.randn(rows, hidden, generator=g), [1, 128])
+        w1 = [ops.quantize_fp8(torch.randn(2 * inter, hidden, generator=g) / 8, [128, 128]) for _ in range(experts)]
+        w2 = [ops.quantize_fp8(torch.randn(hidden, inter, generator=g) / 8, [128, 128]) for _ in range(experts)]
+        b1, sf1 = (torch.stack(t) for t in zip(*w1))
+        b2, sf2 = (torch.stack(t) for t in zip(*w2))
+        w = torch.rand(rows, generator=g)
+        offs = torch.full((experts,), rows // experts).cumsum(0).int()
+
+        def expert_mlp(a, sfa, w):
+            gate, up = ops.m_grouped_fp8_gemm(a, sfa, b1, sf1, offs).chunk(2, dim=-1)
+            act, act_sf = ops.quantize_fp8(torch.nn.functional.silu(gate.float()) * up.float() * w[:, None], [1, 128])
+            return ops.m_grouped_fp8_gemm(act, act_sf, b2, sf2, offs)
+
+        ours, baseline = _both(expert_mlp)
+        return (lambda: ours(a, sfa, w)), (lambda: baseline(a, sfa, w))
+
+    flops = 2 * rows * hidden * 3 * inter
+    return Case(f"expert MLP FP8 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
+
+
 def _dense_mlp(tokens, hidden, grad: bool) -> Case:
     """A BF16 dense MLP (``nn.Linear`` H → 4H, GELU, 4H → H, with biases): its GEMMs are ``aten.mm`` / ``addmm``,
     rewritten to ``bf16_gemm`` on a CPU without BF16 dot products (``dense_gemm``), kept where it has them."""
@@ -226,14 +253,14 @@ def _hf_eager_block(tokens, hidden, grad: bool, dtype) -> Case:
     return Case(name, flops, setup, _WITHOUT, grad=grad)
 
 
-def _hf_model(family, tokens, grad: bool) -> Case:
-    """A whole tiny transformers model (2 layers, hidden 256, 8 experts top-2, grouped_mm experts as shipped),
-    BF16, compiled whole with and without the passes: the passes' effect (and cost) on a stock model."""
+def _hf_model(family, tokens, grad: bool, layers: int = 2) -> Case:
+    """A whole tiny transformers model (2 layers unless told, hidden 256, 8 experts top-2, grouped_mm experts as
+    shipped), BF16, compiled whole with and without the passes: the passes' effect (and cost) on a stock model."""
 
     def setup():
         from torch_ascend_moe.bench.moe import tiny_model
 
-        model = tiny_model(family).to(torch.bfloat16)
+        model = tiny_model(family, layers=layers).to(torch.bfloat16)
         ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             model(ids)  # transformers installs its output-capturing hooks at the first call, outside Dynamo
@@ -257,7 +284,8 @@ def _hf_model(family, tokens, grad: bool) -> Case:
         return call(ours), call(baseline)
 
     mode = "fwd+bwd" if grad else "fwd"
-    return Case(f"HF {family} tiny model BF16 {mode} T{tokens}", 0, setup, _WITHOUT, grad=grad)
+    size = "" if layers == 2 else f" {layers}-layer"
+    return Case(f"HF {family} tiny model{size} BF16 {mode} T{tokens}", 0, setup, _WITHOUT, grad=grad)
 
 
 def _compile_time(m, n, k) -> Case:
@@ -299,11 +327,12 @@ def cases(quick: bool = False) -> list[Case]:
             _moe(64, 64, False),
             _dense_mlp(16, 64, False),
             _expert_mlp(64, 64, 32, 4),
+            _fp8_expert_mlp(64, 128, 128, 4),
             _moe(64, 64, False, torch.bfloat16),
             _hf_block(32, 64, False),
             _hf_eager_block(32, 64, False, torch.float32),
             _hf_eager_block(32, 64, False, torch.bfloat16),
-            _hf_model("qwen3_moe", 32, False),
+            _hf_model("qwen3_moe", 32, False, layers=1),
             _combine(64, 128, 2, 4),
             _compile_time(16, 64, 256),
         ]
@@ -317,6 +346,8 @@ def cases(quick: bool = False) -> list[Case]:
         _dense_mlp(2048, 1024, False),
         _dense_mlp(2048, 1024, True),
         _expert_mlp(4096, 1024, 1024, 8),
+        _fp8_expert_mlp(4096, 1024, 1024, 8),
+        _fp8_expert_mlp(64, 1024, 1024, 8),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
         _hf_block(2048, 1024, False),

@@ -49,3 +49,10 @@ def m_grouped_fp8_linear(x_shape, w_shape, *args, out_shape=None, **kwargs) -> i
 @flop_formula
 def k_grouped_fp8_gemm(a_shape, sfa_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+@flop_formula
+def m_grouped_fp8_gemm_swiglu(
+    a_shape, sfa_shape, b_shape, sfb_shape, layout_shape, psum, alignment, recipe_a, *args, out_shape=None, **kwargs
+) -> int:
+    return 2 * a_shape[0] * b_shape[1] * sfa_shape[1] * recipe_a[1]  # the GEMM, as m_grouped_fp8_gemm's

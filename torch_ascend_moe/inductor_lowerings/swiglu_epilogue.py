@@ -1,6 +1,8 @@
-"""Rewrite: the expert MLP's first grouped GEMM and its SwiGLU epilogue become one ``m_grouped_bf16_gemm_swiglu``:
+"""Rewrite: the expert MLP's first grouped GEMM and its SwiGLU epilogue become one ``m_grouped_bf16_gemm_swiglu``
+(``m_grouped_fp8_gemm_swiglu`` for a scaled L1: FP8 inference experts):
 
     h = m_grouped_bf16_gemm(a, b, layout)          # [M, 2I], rounded to a's dtype
+        | m_grouped_fp8_gemm(a, sfa, b, sfb, layout)  # or a scaled L1 with a BF16 output
     gate, up = h.chunk(2, dim=-1)                  # aten.split / split_with_sizes
     act = silu(gate) * up                          # gate and up optionally widened to FP32, gate <= c, |up| <= c
     act = act * w[:, None]                         # optional FP32 routing weight per row
@@ -29,11 +31,12 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
-from torch_ascend_moe.meta.grouped import swiglu_signature
+from torch_ascend_moe.meta.grouped import swiglu_fp8_signature, swiglu_signature
 
 _ops = torch.ops.ascend_moe
 aten, prims = torch.ops.aten, torch.ops.prims
 _WIDE = (torch.float32, torch.float64)
+_L1 = (_ops.m_grouped_bf16_gemm.default, _ops.m_grouped_fp8_gemm.default)  # the L1 GEMMs a fused op replaces
 
 
 @dataclass
@@ -83,7 +86,7 @@ def _half(node, index: int, m: _Match) -> bool:
         return False
     h, sizes = split.args[0], split.args[1]
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if not _call(h, _ops.m_grouped_bf16_gemm.default) or val(h) is None or dim not in (-1, 1):
+    if not _call(h, *_L1) or val(h) is None or dim not in (-1, 1):
         return False
     if not _split_sizes_halve(sizes, val(h).shape[1]) or (m.h is not None and m.h is not h):
         return False
@@ -238,32 +241,34 @@ def _plan(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None) -> Plan 
     m.nodes.discard(end)
     if not _feeds_only_the_chain(m, end):
         return None
-    h_val = val(m.h)
-    gemm = call_args(m.h)
-    if gemm["out_dtype"] not in (None, val(gemm["a"]).dtype) or h_val.dtype != val(gemm["a"]).dtype:
-        return None  # the fused op's L1 output is rounded to a's dtype
-    compute = torch.float64 if h_val.dtype == torch.float64 else torch.float32
-    if m.weights is not None and val(m.weights).dtype != compute:
-        return None
     gran, ue8m0 = quant if quant is not None else (0, False)
     out_dtype = None if quant is not None else val(end).dtype
-    w_val = None if m.weights is None else val(m.weights).reshape(-1)
-    a, b, layout, psum, alignment = (gemm[k] for k in ("a", "b", "layout", "psum", "alignment"))
-    if not accepts(
-        swiglu_signature, val(a), val(b), val(layout), psum, alignment, w_val, m.gate_clamp, gran, ue8m0, out_dtype
-    ):
+    fp8 = m.h.target is _ops.m_grouped_fp8_gemm.default
+    gemm = call_args(m.h)
+    # The fused ops' L1 output is rounded to a's dtype (BF16 for the scaled one).
+    h_dtype = torch.bfloat16 if fp8 else val(gemm["a"]).dtype
+    if gemm["out_dtype"] not in (None, h_dtype) or val(m.h).dtype != h_dtype:
         return None
-    clamp, weighted = m.gate_clamp, m.weights is not None
+    compute = torch.float64 if h_dtype == torch.float64 else torch.float32
+    if m.weights is not None and val(m.weights).dtype != compute:
+        return None
+    w_val = None if m.weights is None else val(m.weights).reshape(-1)
+    operands = ("a", "sfa", "b", "sfb", "layout") if fp8 else ("a", "b", "layout")
+    options = ("psum", "alignment", "recipe_a", "recipe_b") if fp8 else ("psum", "alignment")
+    tensors, static = [gemm[k] for k in operands], [gemm[k] for k in options]
+    epilogue = (m.gate_clamp, gran, ue8m0, out_dtype)
+    op = _ops.m_grouped_fp8_gemm_swiglu.default if fp8 else _ops.m_grouped_bf16_gemm_swiglu.default
+    signature = swiglu_fp8_signature if fp8 else swiglu_signature
+    if not accepts(signature, *(val(t) for t in tensors), *static, w_val, *epilogue):
+        return None
+    weighted = m.weights is not None
 
-    def fused(a, b, layout, *w):
-        row_weights = w[0].reshape(-1) if weighted else None
-        out, sf = _ops.m_grouped_bf16_gemm_swiglu.default(
-            a, b, layout, psum, alignment, row_weights, clamp, gran, ue8m0, out_dtype
-        )
+    def fused(*inputs):
+        row_weights = inputs[-1].reshape(-1) if weighted else None
+        out, sf = op(*inputs[: len(tensors)], *static, row_weights, *epilogue)
         return (out, sf) if quant is not None else out
 
-    inputs = [a, b, layout, *([m.weights] if weighted else [])]
-    return Plan(fused, inputs, _ops.m_grouped_bf16_gemm_swiglu.default)
+    return Plan(fused, [*tensors, *([m.weights] if weighted else [])], op)
 
 
 @rewrite(aten.mul.Tensor, "swiglu_epilogue")

@@ -21,6 +21,7 @@ MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
 LINEAR_FP8 = "ascend_moe::m_grouped_fp8_linear"
 K_GROUPED_FP8 = "ascend_moe::k_grouped_fp8_gemm"
 SWIGLU = "ascend_moe::m_grouped_bf16_gemm_swiglu"
+SWIGLU_FP8 = "ascend_moe::m_grouped_fp8_gemm_swiglu"
 
 
 def check_layout_tensor(op: str, layout, psum: bool, length, ref) -> None:
@@ -95,16 +96,15 @@ def m_grouped_signature(a, b, layout, psum, alignment, out_dtype) -> tuple[list,
     return [a.shape[0], b.shape[1]], ck.resolve_out_dtype(op, a, None, out_dtype)
 
 
-def swiglu_signature(
-    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
-) -> tuple[list, list, torch.dtype]:
-    """(output shape ``[M, I]``, scale shape ``[M, ceil(I / quant_gran_k)]`` or ``[M, 0]``, output dtype)."""
-    op = SWIGLU
-    _check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)")
+def _check_even_gate_up(op: str, b) -> None:
     ck.check_arg(b.shape[1] % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.shape[1])
-    _check_alignment(op, alignment)
-    check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
-    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+
+
+def check_swiglu_epilogue(
+    op: str, a, compute, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype, plain_out
+) -> torch.dtype:
+    """The epilogue's arguments, checked alike by both SwiGLU ops; the output dtype (``plain_out(out_dtype)``
+    without quantization)."""
     if row_weights is not None:
         ck.check_rank(op, "row_weights", row_weights, 1, "[M] (one routing weight per row of a)")
         ck.check_arg(
@@ -129,13 +129,63 @@ def swiglu_signature(
             "None or torch.float8_e4m3fn (quant_gran_k > 0)",
             out_dtype,
         )
-        dtype = torch.float8_e4m3fn
-    else:
-        ck.check_arg(not use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", True)
-        dtype = ck.resolve_out_dtype(op, a, None, out_dtype)
+        return torch.float8_e4m3fn
+    ck.check_arg(not use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", True)
+    return plain_out(out_dtype)
+
+
+def _swiglu_shapes(a, b, quant_gran_k) -> tuple[list, list]:
     inter = b.shape[1] // 2
     scales = -(-inter // quant_gran_k) if quant_gran_k > 0 else 0
-    return [a.shape[0], inter], [a.shape[0], scales], dtype
+    return [a.shape[0], inter], [a.shape[0], scales]
+
+
+def swiglu_signature(
+    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+) -> tuple[list, list, torch.dtype]:
+    """(output shape ``[M, I]``, scale shape ``[M, ceil(I / quant_gran_k)]`` or ``[M, 0]``, output dtype)."""
+    op = SWIGLU
+    _check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)")
+    _check_even_gate_up(op, b)
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
+    compute = torch.float64 if a.dtype == torch.float64 else torch.float32
+    dtype = check_swiglu_epilogue(
+        op,
+        a,
+        compute,
+        row_weights,
+        activation_clamp,
+        quant_gran_k,
+        use_ue8m0,
+        out_dtype,
+        lambda out: ck.resolve_out_dtype(op, a, None, out),
+    )
+    return (*_swiglu_shapes(a, b, quant_gran_k), dtype)
+
+
+def swiglu_fp8_signature(
+    a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+    use_ue8m0, out_dtype,
+) -> tuple[list, list, torch.dtype]:  # fmt: skip
+    """``swiglu_signature`` of ``m_grouped_fp8_gemm_swiglu`` (operands checked as ``m_grouped_fp8_gemm``'s)."""
+    op = SWIGLU_FP8
+    _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, False, None)
+    _check_even_gate_up(op, b)
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, b.shape[0] if psum else a.shape[0], a)
+    dtype = check_swiglu_epilogue(
+        op,
+        a,
+        torch.float32,
+        row_weights,
+        activation_clamp,
+        quant_gran_k,
+        use_ue8m0,
+        out_dtype,
+        lambda out: check_scaled_out_dtype(op, None, out, torch.bfloat16),
+    )
+    return (*_swiglu_shapes(a, b, quant_gran_k), dtype)
 
 
 def _check_masked_m(op: str, masked_m, a) -> None:
@@ -299,4 +349,16 @@ def m_grouped_bf16_gemm_swiglu(
     shape, sf_shape, dtype = swiglu_signature(
         a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
     )
+    return a.new_empty(shape, dtype=dtype), a.new_empty(sf_shape, dtype=torch.float32)
+
+
+@fake
+def m_grouped_fp8_gemm_swiglu(
+    a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+    use_ue8m0, out_dtype,
+):  # fmt: skip
+    shape, sf_shape, dtype = swiglu_fp8_signature(
+        a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+        use_ue8m0, out_dtype,
+    )  # fmt: skip
     return a.new_empty(shape, dtype=dtype), a.new_empty(sf_shape, dtype=torch.float32)

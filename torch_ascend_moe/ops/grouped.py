@@ -22,6 +22,7 @@ _masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
 _linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
 _k_grouped_fp8 = torch.ops.ascend_moe.k_grouped_fp8_gemm.default
 _swiglu = torch.ops.ascend_moe.m_grouped_bf16_gemm_swiglu.default
+_swiglu_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_swiglu.default
 
 
 @schema_defaults
@@ -119,6 +120,37 @@ def m_grouped_fp8_gemm(
     """Scaled ``m_grouped_bf16_gemm``: FP8 (or packed FP4) ``a[M, K]`` with per-row scales ``sfa[M, K/gk]``,
     expert weights ``b[G, N, K]`` with ``sfb[G, ceil(N/gn), K/gk]`` (formats as ``fp8_gemm``)."""
     return _m_grouped_fp8(a, sfa, b, sfb, layout, psum, alignment, list(recipe_a), list(recipe_b), out_dtype)
+
+
+@schema_defaults
+def m_grouped_fp8_gemm_swiglu(
+    a: torch.Tensor,
+    sfa: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    layout: torch.Tensor,
+    *,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
+    recipe_a: Sequence[int] = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    row_weights: torch.Tensor | None = None,
+    activation_clamp: float | None = None,
+    quant_gran_k: int = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``m_grouped_bf16_gemm_swiglu`` with a scaled L1 (FP8 inference experts: DeepSeek-V3's 1x128 x 128x128,
+    MegaMoE's FP8 x FP4 1x32): ``h = m_grouped_fp8_gemm(a, sfa, b, sfb, layout)`` rounded to BF16 (``b [G, 2I, K]``:
+    gate rows, then up rows), then the same FP32 epilogue (``row_weights`` FP32) and one rounding to ``out_dtype``
+    (BF16 by default, or FP32), or with ``quant_gran_k > 0`` FP8 E4M3 with 1 x ``quant_gran_k`` scales ready for the
+    L2 ``m_grouped_fp8_gemm``. No ``[M, 2I]`` intermediate. Quantized operands carry no gradient; ``row_weights``
+    does (BF16/FP32 output).
+    """
+    return _swiglu_fp8(
+        a, sfa, b, sfb, layout, psum, alignment, list(recipe_a), list(recipe_b), row_weights, activation_clamp,
+        quant_gran_k, use_ue8m0, out_dtype,
+    )  # fmt: skip
 
 
 @schema_defaults

@@ -36,6 +36,8 @@ CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no T
   registers, the same device-built tile schedule as the FP8 kernel), after a prefill of the rows no expert owns;
   portable (``_grouped_mm`` then elementwise ops) for FP64, an FP64 output, quantization groups that are not a power
   of two in [16, 128], GPUs before sm80, empty operands.
+* ``m_grouped_fp8_gemm_swiglu``: portable: the block-scaled Triton ``m_grouped_fp8_gemm`` through the dispatcher,
+  then the epilogue as elementwise ops (the ``[M, 2I]`` BF16 L1 output exists on the GPU; no fused kernel yet).
 """
 
 from __future__ import annotations

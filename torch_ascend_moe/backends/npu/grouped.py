@@ -60,7 +60,9 @@ zero rows (``npu_grouped_dynamic_mx_quant``), a layout our op's operands do not 
 grouped GEMM through this module's ``npu_grouped_matmul`` adapter, then the epilogue as elementwise ops. torch_npu's
 fused ``npu_grouped_matmul_swiglu_quant`` (and its ``_v2``) takes INT8 activations and weights with per-channel
 weight scales and returns INT8 with one scale per row: none of our op's forms (BF16/FP16/FP32 operands; BF16 output
-or E4M3 with 1 x ``quant_gran_k`` scales) maps onto it.
+or E4M3 with 1 x ``quant_gran_k`` scales) maps onto it. ``m_grouped_fp8_gemm_swiglu`` (the same with an FP8/FP4 L1)
+likewise runs its portable kernel: ``m_grouped_fp8_gemm`` through the dispatcher (this module's MX adapter where it
+maps), then the epilogue; the fused op's INT8 x INT8 per-channel form is not our FP8 block-scaled one.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from torch_ascend_moe.meta.grouped import (
     MASKED,
     MASKED_FP8,
     SWIGLU,
+    SWIGLU_FP8,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
@@ -31,6 +32,7 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_signature,
     masked_fp8_signature,
     masked_signature,
+    swiglu_fp8_signature,
     swiglu_signature,
 )
 from torch_ascend_moe.quant import reference
@@ -201,8 +203,8 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
 
 
 def swiglu_epilogue(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0, dtype):
-    """``m_grouped_bf16_gemm_swiglu``'s epilogue on the whole L1 output ``h [M, 2I]`` (the C++ kernel applies the
-    same ATen ops tile by tile): ``(out [M, I], scales)``. Differentiable (the op's backward runs it again)."""
+    """The SwiGLU ops' epilogue on the whole L1 output ``h [M, 2I]`` (the C++ kernels apply the same ATen ops tile
+    by tile): ``(out [M, I], scales)``. Differentiable (the ops' backward runs it again)."""
     compute = torch.float64 if h.dtype == torch.float64 else torch.float32
     gate, up = h.to(compute).chunk(2, dim=-1)
     if activation_clamp is not None:
@@ -227,4 +229,22 @@ def m_grouped_bf16_gemm_swiglu(
         layout_segments(SWIGLU, layout, psum, alignment, a.shape[0], b.shape[0])
     # The device's grouped GEMM (torch._grouped_mm on CUDA, npu_grouped_matmul on Ascend), then the epilogue.
     h = torch.ops.ascend_moe.m_grouped_bf16_gemm.default(a, b, layout, psum, alignment, None)
+    return swiglu_epilogue(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0, dtype)
+
+
+@portable_kernel
+def m_grouped_fp8_gemm_swiglu(
+    a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+    use_ue8m0, out_dtype,
+):  # fmt: skip
+    _, _, dtype = swiglu_fp8_signature(
+        a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights, activation_clamp, quant_gran_k,
+        use_ue8m0, out_dtype,
+    )  # fmt: skip
+    if capture.host_readable(layout):
+        layout_segments(SWIGLU_FP8, layout, psum, alignment, a.shape[0], b.shape[0])
+    # The device's scaled grouped GEMM (Triton on CUDA, npu_grouped_matmul's MX form on Ascend 950), then the epilogue.
+    h = torch.ops.ascend_moe.m_grouped_fp8_gemm.default(
+        a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, torch.bfloat16
+    )
     return swiglu_epilogue(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0, dtype)

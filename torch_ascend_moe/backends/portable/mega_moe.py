@@ -1,14 +1,13 @@
 """``mega_moe``: DeepGEMM's fused MegaMoE (specs/deepgemm_api.md §10.1) as the unfused pipeline of our own ops.
 
 On the GPU one kernel overlaps the steps; here (and on any device) they run one after another, so the op equals
-that pipeline (how upstream tests its kernel); in BF16 mode steps 3-5 are one ``m_grouped_bf16_gemm_swiglu``, whose
-column tiles MKL may sum in another FP32 order than the whole GEMM (equal on the tests' shapes, a last bit at most
-elsewhere):
+that pipeline (how upstream tests its kernel); steps 3-5 are one ``m_grouped_bf16_gemm_swiglu`` (BF16 mode) or
+``m_grouped_fp8_gemm_swiglu`` (FP8 x FP4), whose column tiles MKL may sum in another FP32 order than the whole GEMM
+(equal on the tests' shapes, a last bit at most elsewhere):
 
 1. dispatch: ``ep_dispatch`` (x rows and their 1x32 scales, ids, weights) when expert-parallel, else local;
 2. ``moe_permute`` the (token, slot) pairs into expert order (FP8 rows travel as raw bytes);
-3. L1: ``h = bf16(x̂ @ W1_e^T)`` (BF16: steps 3-5 are one ``m_grouped_bf16_gemm_swiglu``; FP8 x FP4:
-   ``m_grouped_fp8_gemm`` with 1x32 UE8M0);
+3. L1: ``h = bf16(x̂ @ W1_e^T)`` (FP8 x FP4: 1x32 UE8M0 scales);
 4. ``gate = h[:I]``, ``up = h[I:]``; clamp ``gate <= c``, ``-c <= up <= c``; ``act = silu(gate) * up * w`` (FP32);
 5. ``act_q = bf16(act)``, or FP8 with per-32 UE8M0 scales (amax floored at 1e-4, scale rounded up to 2^k);
 6. L2: ``y_k = bf16(act_q @ W2_e^T)``;
@@ -35,7 +34,12 @@ from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta.mega_moe import OP, mega_moe_signature
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
-from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_bf16_gemm_swiglu, m_grouped_fp8_gemm
+from torch_ascend_moe.ops.grouped import (
+    m_grouped_bf16_gemm,
+    m_grouped_bf16_gemm_swiglu,
+    m_grouped_fp8_gemm,
+    m_grouped_fp8_gemm_swiglu,
+)
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 
@@ -78,13 +82,14 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
     spare = torch.where(row_map >= 0, row_map.long(), n_rows).view(-1)
     row_w = torch.zeros(n_rows + 1, dtype=torch.float32, device=x.device)
     row_w = row_w.index_copy(0, spare, weights.float().reshape(-1))[:n_rows]
+    # Steps 3-5 in one op: the same values without the [N, 2I] L1 output.
     if fp8:
         sf_rows, _, _ = moe_permute(x_sf, idx, experts)
-        h = m_grouped_fp8_gemm(
-            permuted, sf_rows, l1, l1_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16
-        )
-        act, act_sf = _activation(h, row_w, activation_clamp, fp8)
-    else:  # steps 3-5 in one op: the same values without the [N, 2I] L1 output
+        act, act_sf = m_grouped_fp8_gemm_swiglu(
+            permuted, sf_rows, l1, l1_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), row_weights=row_w,
+            activation_clamp=activation_clamp, quant_gran_k=GRAN, use_ue8m0=True,
+        )  # fmt: skip
+    else:
         act, act_sf = m_grouped_bf16_gemm_swiglu(
             permuted, l1, offs, row_weights=row_w, activation_clamp=activation_clamp, out_dtype=torch.bfloat16
         )
