@@ -570,6 +570,26 @@ def swiglu_reference(a, b, layout, psum, alignment, row_weights, activation_clam
     return _swiglu_tail(h, row_weights, activation_clamp, quant_gran_k, use_ue8m0)
 
 
+def _epilogue_bad_inputs(bad, w) -> list[BadInput]:
+    """The SwiGLU epilogue's arguments, refused alike by both fused ops (``bad`` builds a call with changes; ``w`` is a
+    valid ``[8]`` FP32 ``row_weights``)."""
+    return [
+        bad(r"argument 'row_weights' size\(0\) \(M\): expected 8", "weights length", row_weights=w[:5]),
+        bad(r"argument 'row_weights' rank: expected 1-D", "weights rank", row_weights=w[:, None]),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0, got -1.0", "clamp", clamp=-1.0),
+        bad(r"argument 'activation_clamp' value: expected None or >= 0, got nan", "clamp nan", clamp=float("nan")),
+        bad(r"argument 'quant_gran_k' value: expected a non-negative integer, got -32", "gran", gran=-32),
+        bad(
+            r"argument 'out_dtype' value: expected None or torch.float8_e4m3fn \(quant_gran_k > 0\), "
+            r"got torch.bfloat16",
+            "fp8 out_dtype",
+            gran=32,
+            out_dtype=torch.bfloat16,
+        ),
+        bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
+    ]
+
+
 def swiglu_bad_inputs(device) -> list[BadInput]:
     a, b, ok, w = torch.randn(8, 16), torch.randn(3, 8, 16), _int32([2, 5, 8]), torch.rand(8)
     args = (a, b, ok, True, 1, None, None, 0, False, None)
@@ -595,19 +615,7 @@ def swiglu_bad_inputs(device) -> list[BadInput]:
             "weights dtype",
             row_weights=w.bfloat16(),
         ),
-        bad(r"argument 'row_weights' size\(0\) \(M\): expected 8", "weights length", row_weights=w[:5]),
-        bad(r"argument 'row_weights' rank: expected 1-D", "weights rank", row_weights=w[:, None]),
-        bad(r"argument 'activation_clamp' value: expected None or >= 0, got -1.0", "clamp", clamp=-1.0),
-        bad(r"argument 'activation_clamp' value: expected None or >= 0, got nan", "clamp nan", clamp=float("nan")),
-        bad(r"argument 'quant_gran_k' value: expected a non-negative integer, got -32", "gran", gran=-32),
-        bad(
-            r"argument 'out_dtype' value: expected None or torch.float8_e4m3fn \(quant_gran_k > 0\), "
-            r"got torch.bfloat16",
-            "fp8 out_dtype",
-            gran=32,
-            out_dtype=torch.bfloat16,
-        ),
-        bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
+        *_epilogue_bad_inputs(bad, w),
         bad(r"argument 'out_dtype' value: expected one of", "out_dtype", out_dtype=torch.int32),
     ]
 
@@ -696,17 +704,7 @@ def swiglu_fp8_bad_inputs(device) -> list[BadInput]:
             "weights dtype",
             row_weights=w.bfloat16(),
         ),
-        bad(r"argument 'row_weights' size\(0\) \(M\): expected 8", "weights length", row_weights=w[:5]),
-        bad(r"argument 'activation_clamp' value: expected None or >= 0, got -1.0", "clamp", clamp=-1.0),
-        bad(r"argument 'quant_gran_k' value: expected a non-negative integer, got -32", "gran", gran=-32),
-        bad(
-            r"argument 'out_dtype' value: expected None or torch.float8_e4m3fn \(quant_gran_k > 0\), "
-            r"got torch.bfloat16",
-            "fp8 out_dtype",
-            gran=32,
-            out_dtype=torch.bfloat16,
-        ),
-        bad(r"argument 'use_ue8m0' value: expected False when quant_gran_k=0", "ue8m0", ue8m0=True),
+        *_epilogue_bad_inputs(bad, w),
         bad(r"argument 'out_dtype' value: expected torch.bfloat16 or torch.float32", "out_dtype", out_dtype=torch.half),
     ]
 
