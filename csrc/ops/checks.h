@@ -3,7 +3,7 @@
 // and in the CUDA/NPU backends.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cmath>
 #include <cstdio>

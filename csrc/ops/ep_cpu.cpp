@@ -1,7 +1,8 @@
 // The ep family's CPU helper kernels. The ep ops themselves are Python (torch_ascend_moe/backends/portable/ep.py:
 // they call torch.distributed); these are the data-heavy steps those kernels call on CPU tensors, registered in
 // the private namespace ascend_moe_kernels (not graph ops: no fakes, no autograd; the ep ops around them have).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

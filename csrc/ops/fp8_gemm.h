@@ -1,7 +1,7 @@
 // The fp8_gemm family's pieces other families build on (fp8_linear quantizes, then runs these).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <optional>

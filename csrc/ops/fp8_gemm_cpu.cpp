@@ -4,7 +4,11 @@
 // Otherwise B (the weight, usually the larger operand) is dequantized panel by panel into FP32 and
 // multiplied with MKL's SGEMM; A is dequantized once when small, else per row panel too. No full FP32
 // copy of a large operand is made, and the product accumulates in FP32 with one final rounding.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -1,7 +1,7 @@
 // CPU kernels of the fp8_linear family: quantize high-precision inputs to FP8 E4M3 with the quant family's
 // casts (quant.h, bit for bit deep_gemm.utils'), then run the fp8_gemm family's scaled GEMM on them. The
 // quantized copies are transient; the caller keeps its BF16/FP32 tensors (the training master weights).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include <array>

@@ -1,7 +1,7 @@
 // The gemm family's 2-D worker, shared with the grouped family (one call per expert segment).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 

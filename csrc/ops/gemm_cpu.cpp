@@ -2,7 +2,10 @@
 //
 // All three reduce to one 2-D worker, `matmul_into`, that computes out = alpha * a @ b^T + c with
 // FP32 accumulation (FP64 for FP64 operands) and a single rounding into the output dtype.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -5,7 +5,10 @@
 // mantissa, round to nearest, ties away from zero: what the tensor-core kernel multiplies) so results
 // match the GPU kernel's numerics; FP64 inputs skip the rounding (gradcheck). With num_splits = S the
 // reduction is cut into 64-wide blocks and each split's partial sums go to d[s], sqr_sum[s].
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <string>

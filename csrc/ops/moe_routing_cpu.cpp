@@ -5,7 +5,12 @@
 // moe_permute: (token t, choice j) pairs go to their expert's segment in (t, j) order (a stable counting
 // sort); segments start at multiples of `alignment`; the output has the static capacity
 // T*k + (E-1)*(alignment-1) rows, padding rows are zero; topk_idx -1 drops a pair (row_map -1).
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -13,7 +13,13 @@
 // Operands: q [S, H, D], k [S_kv, D] in BF16/FP32/FP64 (no scales), or FP8 E4M3 / packed FP4 (uint8,
 // [.., D/2]) with FP32 or E8M0 scales [.., D / g] (one per 1 x g block; FP8 q may omit them = 1). FP8 and
 // FP4 accumulate in FP32; FP64 operands in FP64 (gradcheck).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -8,7 +8,9 @@
 // bit for bit: each step one IEEE operation in the compute type (FP32, FP64 for FP64 x; no contraction into FMAs,
 // see the pragma below), and the row sums, the column sums of the weight gradient and rsqrt are ATen's own CPU
 // kernels (called on chunk buffers), so their order is torch's.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

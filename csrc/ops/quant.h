@@ -8,7 +8,7 @@
 // only the rows and columns that exist, as zero padding would.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <utility>

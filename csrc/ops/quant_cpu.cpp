@@ -1,7 +1,10 @@
 // The quant family: schemas and CPU kernels of quantize_fp8, quantize_fp4 and dequantize, and the casts every
 // op that quantizes inside shares (quant.h). Bit-identical to torch_ascend_moe/quant/reference.py, DeepGEMM's
 // reference quantizers (specs/deepgemm_api.md §2.2, §12).
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/where.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

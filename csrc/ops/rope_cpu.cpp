@@ -4,7 +4,8 @@
 // subtract, one rounding to x's dtype, where the device-generic kernel (torch_ascend_moe/backends/portable/rope.py)
 // gathers the cache rows into a copy and makes several passes. The same operations in the same order: bit for bit
 // the portable kernel (no FMA contraction, see the pragma below).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -5,7 +5,10 @@
 // are read in place and converted to FP32 (FP64 for FP64) into a per-thread buffer, logits = q_i · Kᵀ and
 // out = softmax · V are two small SGEMMs on that buffer, the softmax in between in FP32. Memory: one token's
 // rows per thread; nothing of size [s_q, s_kv] or [s_q, topk, d] exists.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -9,7 +9,10 @@
 // is one IEEE operation in the compute type (FP32, FP64 for FP64 operands; this file is built without FMA
 // contraction, and the backward's fused multiply-add is std::fma, one rounding, where the portable kernel emulates
 // one), and exp(-a) is ATen's own CPU exp (called on a chunk buffer), so it is the function torch.exp is.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <torch/library.h>

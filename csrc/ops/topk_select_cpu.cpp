@@ -10,7 +10,9 @@
 // whole bucket is taken); a last pass in column order writes the selected columns. The row is read three
 // times and nothing of size V is sorted (torch.topk copies the row into (value, index) pairs and
 // partitions them). Rows are split over threads; a row's result never depends on the thread count.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
