@@ -493,7 +493,8 @@ def rank_checks(rank: int, world_size: int, store_path: str) -> None:
         ]
         assert torch.equal(out8.recv_x_scales, torch.stack(expected_sf) if expected_sf else sf[:0])
         _check_gradients(rank, world_size)
-        _check_compile(rank, world_size)
+        if world_size == 2:  # the compiled graph is the same program on more ranks: one cold compile per rank
+            _check_compile(rank, world_size)
         _check_low_latency(rank, world_size)
         _check_deep_ep_buffer(rank, world_size)
         # A bad expert id on one rank: every rank raises (nobody hangs).

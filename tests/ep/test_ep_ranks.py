@@ -1,7 +1,7 @@
 """The ep family on 2 and 4 gloo ranks in spawned processes (tests.distributed.ep_bodies.rank_checks): DeepEP's
 validation strategies (value-encoded sources, all_reduce count cross-checks, all_gather references, bitwise
 combine, -1 slots, uneven token counts, alignment 1 and 128, 0/1/2 biases, FP8 rows, static-capacity prefix
-equality), gradients against one process running every expert, compile fullgraph forward+backward, bad input
+equality), gradients against one process running every expert, compile fullgraph forward+backward (2 ranks), bad input
 on one rank raising on all, and the timeout path; each on both row transports (shared memory, gloo sockets)."""
 
 import pytest
