@@ -24,6 +24,7 @@ REWRITTEN = {
     "FP8 linear": 1,
     "RMSNorm + FP8 cast": 1,
     "indexer": 1,
+    "MoE layer FP8": 3,  # the per-token cast inlined, the FP8 experts' L1 + SwiGLU + requant, the combine + residual
     "MoE layer": 0,
     "dense MLP": 0,
     "expert MLP": 1,
@@ -32,6 +33,7 @@ REWRITTEN = {
     "combine": 1,
 }
 REWRITTEN_WITHOUT_BF16_DOT = {
+    "MoE layer FP8": 4,  # the router's mm too
     "dense MLP": 2,  # both linears
     "HF Mixtral block BF16 eager": 2,  # the router's mm, the L1 + SwiGLU
     "HF Mixtral block BF16": 3,  # the router's mm, two _grouped_mm

@@ -13,8 +13,9 @@ is the passes' cost on a stock model: ``grouped_mm.applies``), the same block wi
 whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped (the same choice as the block), a BF16 dense MLP
 (``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products: ``dense_gemm``), the experts' MLP
 written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to ``m_grouped_bf16_gemm_swiglu`` → L2; FP8
-inference experts likewise to ``m_grouped_fp8_gemm_swiglu``), and the compile time itself (each side compiled from
-scratch, FX graph cache off).
+inference experts likewise to ``m_grouped_fp8_gemm_swiglu``), a whole FP8 inference MoE layer written as steps
+(routing, permute, the FP8 experts, combine + residual: the cast inlined and two fusions), and the compile time
+itself (each side compiled from scratch, FX graph cache off).
 """
 
 from __future__ import annotations
@@ -162,6 +163,45 @@ def _fp8_expert_mlp(rows, hidden, inter, experts) -> Case:
 
     flops = 2 * rows * hidden * 3 * inter
     return Case(f"expert MLP FP8 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
+
+
+def _fp8_moe(tokens, hidden, inter, experts, topk) -> Case:
+    """A DeepSeek-V3-style FP8 inference MoE layer written as steps: router → ``moe_gating_topk`` → ``moe_permute`` →
+    per-token cast → L1 FP8 grouped GEMM → FP32 SwiGLU → per-token requant → L2 FP8 grouped GEMM → weighted combine
+    ``+ x``. The passes rewrite L1 → SwiGLU → requant to ``m_grouped_fp8_gemm_swiglu`` (``swiglu_epilogue``), the
+    combine + residual to one combine with ``x`` as its bias (``combine_residual``) and inline the first cast into
+    Inductor's code (``quantize_inline``): the whole layer, fusion only (and the router's GEMM, ``dense_gemm``, on a
+    CPU without BF16 dot products)."""
+
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(tokens, hidden, generator=g).bfloat16()
+        router = (torch.randn(experts, hidden, generator=g) / hidden**0.5).bfloat16()
+        w1 = [ops.quantize_fp8(torch.randn(2 * inter, hidden, generator=g) / 8, [128, 128]) for _ in range(experts)]
+        w2 = [ops.quantize_fp8(torch.randn(hidden, inter, generator=g) / 8, [128, 128]) for _ in range(experts)]
+        b1, sf1 = (torch.stack(t) for t in zip(*w1))
+        b2, sf2 = (torch.stack(t) for t in zip(*w2))
+
+        def moe_layer(x):
+            weights, idx = ops.moe_gating_topk(torch.nn.functional.linear(x, router).float(), topk)
+            rows, row_map, offs = ops.moe_permute(x, idx, experts)
+            a, sfa = ops.quantize_fp8(rows, [1, 128])
+            gate, up = ops.m_grouped_fp8_gemm(a, sfa, b1, sf1, offs).chunk(2, dim=-1)
+            act, act_sf = ops.quantize_fp8(torch.nn.functional.silu(gate.float()) * up.float(), [1, 128])
+            y = ops.m_grouped_fp8_gemm(act, act_sf, b2, sf2, offs)
+            return ops.moe_unpermute(y, row_map, weights) + x
+
+        ours, baseline = _both(moe_layer)
+        return (lambda: ours(x)), (lambda: baseline(x))
+
+    flops = 2 * tokens * hidden * (experts + 3 * topk * inter)
+    return Case(
+        f"MoE layer FP8 inference T{tokens} H{hidden} I{inter} E{experts} top-{topk}",
+        flops,
+        setup,
+        _WITHOUT,
+        memory=True,
+    )
 
 
 def _dense_mlp(tokens, hidden, grad: bool) -> Case:
@@ -328,6 +368,7 @@ def cases(quick: bool = False) -> list[Case]:
             _dense_mlp(16, 64, False),
             _expert_mlp(64, 64, 32, 4),
             _fp8_expert_mlp(64, 128, 128, 4),
+            _fp8_moe(64, 128, 128, 4, 2),
             _moe(64, 64, False, torch.bfloat16),
             _hf_block(32, 64, False),
             _hf_eager_block(32, 64, False, torch.float32),
@@ -348,6 +389,8 @@ def cases(quick: bool = False) -> list[Case]:
         _expert_mlp(4096, 1024, 1024, 8),
         _fp8_expert_mlp(4096, 1024, 1024, 8),
         _fp8_expert_mlp(64, 1024, 1024, 8),
+        _fp8_moe(2048, 1024, 1024, 8, 2),
+        _fp8_moe(32, 1024, 1024, 8, 2),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
         _hf_block(2048, 1024, False),
