@@ -138,6 +138,12 @@ def _expert_mlp(rows, hidden, inter, experts) -> Case:
     return Case(f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
 
 
+def _fp8_expert_weights(experts, n, k, g):
+    """Every expert's ``[n, k]`` weight cast 128x128 (DeepSeek-V3's recipe): ``(codes [E, n, k], scales)``."""
+    casts = [ops.quantize_fp8(torch.randn(n, k, generator=g) / 8, [128, 128]) for _ in range(experts)]
+    return tuple(torch.stack(t) for t in zip(*casts))
+
+
 def _fp8_expert_mlp(rows, hidden, inter, experts) -> Case:
     """FP8 inference experts (DeepSeek-V3's recipe: 1x128 activations, 128x128 weights) as unfused steps: L1 FP8
     grouped GEMM (BF16 out) → FP32 SwiGLU × routing weight → per-token FP8 requant → L2 FP8 grouped GEMM, the first
@@ -146,10 +152,8 @@ def _fp8_expert_mlp(rows, hidden, inter, experts) -> Case:
     def setup():
         g = torch.Generator().manual_seed(0)
         a, sfa = ops.quantize_fp8(torch.randn(rows, hidden, generator=g), [1, 128])
-        w1 = [ops.quantize_fp8(torch.randn(2 * inter, hidden, generator=g) / 8, [128, 128]) for _ in range(experts)]
-        w2 = [ops.quantize_fp8(torch.randn(hidden, inter, generator=g) / 8, [128, 128]) for _ in range(experts)]
-        b1, sf1 = (torch.stack(t) for t in zip(*w1))
-        b2, sf2 = (torch.stack(t) for t in zip(*w2))
+        b1, sf1 = _fp8_expert_weights(experts, 2 * inter, hidden, g)
+        b2, sf2 = _fp8_expert_weights(experts, hidden, inter, g)
         w = torch.rand(rows, generator=g)
         offs = torch.full((experts,), rows // experts).cumsum(0).int()
 
@@ -177,10 +181,8 @@ def _fp8_moe(tokens, hidden, inter, experts, topk) -> Case:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(tokens, hidden, generator=g).bfloat16()
         router = (torch.randn(experts, hidden, generator=g) / hidden**0.5).bfloat16()
-        w1 = [ops.quantize_fp8(torch.randn(2 * inter, hidden, generator=g) / 8, [128, 128]) for _ in range(experts)]
-        w2 = [ops.quantize_fp8(torch.randn(hidden, inter, generator=g) / 8, [128, 128]) for _ in range(experts)]
-        b1, sf1 = (torch.stack(t) for t in zip(*w1))
-        b2, sf2 = (torch.stack(t) for t in zip(*w2))
+        b1, sf1 = _fp8_expert_weights(experts, 2 * inter, hidden, g)
+        b2, sf2 = _fp8_expert_weights(experts, hidden, inter, g)
 
         def moe_layer(x):
             weights, idx = ops.moe_gating_topk(torch.nn.functional.linear(x, router).float(), topk)
