@@ -19,6 +19,7 @@ HOST_BOUND = {
     "m_grouped_fp8_gemm": "one block-scaled GEMM per expert segment",
     "m_grouped_fp8_gemm_masked": "one block-scaled GEMM per group up to masked_m",
     "m_grouped_fp8_linear": "one block-scaled GEMM per expert segment",
+    "m_grouped_fp8_quant_gemm": "one cast and block-scaled GEMM per expert segment",
     "k_grouped_fp8_gemm": "one block-scaled GEMM per group segment",
     "paged_mqa_logits_metadata": "DeepGEMM's schedule table: host integer bookkeeping by design",
 }

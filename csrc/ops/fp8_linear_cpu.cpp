@@ -9,13 +9,10 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
+#include "fp8_linear.h"
 #include "quant.h"
 
 namespace ascend_moe {
-namespace {
-
-constexpr const char* kQuantGemm = "ascend_moe::fp8_quant_gemm";
-constexpr const char* kLinear = "ascend_moe::fp8_linear";
 
 void check_high_precision(const char* op, const char* name, const at::Tensor& x, const char* layout) {
   check_rank(op, name, x, 2, layout);
@@ -23,17 +20,22 @@ void check_high_precision(const char* op, const char* name, const at::Tensor& x,
                "torch.bfloat16 or torch.float32", dtype_name(x.scalar_type()));
 }
 
-void check_block(const char* op, const char* arg, int64_t block, const at::Tensor& x) {
+void check_k_blocks(const char* op, const char* arg, int64_t block, const at::Tensor& x) {
   check_int_arg(op, arg, block, 1);
-  AM_CHECK_ARG(x.size(1) % block == 0, op, "x", "size(1) (K)", std::string("a multiple of ") + arg + "=" + std::to_string(block),
-               x.size(1));
+  AM_CHECK_ARG(x.size(1) % block == 0, op, "x", "size(1) (K)",
+               std::string("a multiple of ") + arg + "=" + std::to_string(block), x.size(1));
 }
+
+namespace {
+
+constexpr const char* kQuantGemm = "ascend_moe::fp8_quant_gemm";
+constexpr const char* kLinear = "ascend_moe::fp8_linear";
 
 at::Tensor fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
                               const std::optional<at::Tensor>& c, int64_t gran_k, at::IntArrayRef recipe_b,
                               bool use_ue8m0, double alpha, std::optional<at::ScalarType> out_dtype) {
   check_high_precision(kQuantGemm, "x", x, "[M, K]");
-  check_block(kQuantGemm, "gran_k", gran_k, x);
+  check_k_blocks(kQuantGemm, "gran_k", gran_k, x);
   check_fp8_operand(kQuantGemm, "b", "sfb", b, sfb, recipe_b, x, false);
   AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantGemm, "b", "K", std::to_string(x.size(1)) + " (x's K)",
                logical_k(b));
@@ -56,7 +58,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const s
   AM_CHECK_ARG(weight.device() == x.device(), kLinear, "weight", "device", x.device().str() + " (same as 'x')",
                weight.device().str());
   check_dim_size(kLinear, "weight", weight, 1, "K", x.size(1), "x.size(1)");
-  check_block(kLinear, "block", block, x);
+  check_k_blocks(kLinear, "block", block, x);
   const int64_t M = x.size(0), N = weight.size(0);
   if (bias.has_value()) {
     AM_CHECK_ARG(bias->dim() == 1 && bias->size(0) == N, kLinear, "bias", "shape",

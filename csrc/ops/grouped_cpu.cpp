@@ -27,6 +27,7 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
+#include "fp8_linear.h"
 #include "gemm.h"
 #include "quant.h"
 
@@ -39,6 +40,7 @@ constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
 constexpr const char* kMGroupedFp8 = "ascend_moe::m_grouped_fp8_gemm";
 constexpr const char* kMaskedFp8 = "ascend_moe::m_grouped_fp8_gemm_masked";
 constexpr const char* kLinearFp8 = "ascend_moe::m_grouped_fp8_linear";
+constexpr const char* kQuantFp8 = "ascend_moe::m_grouped_fp8_quant_gemm";
 constexpr const char* kKGroupedFp8 = "ascend_moe::k_grouped_fp8_gemm";
 
 struct Segment {
@@ -271,17 +273,13 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
 // (DeepSeek-V3's recipe), then the scaled segments; high-precision inputs, output in x's dtype.
 at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& layout, bool psum,
                                     int64_t alignment, int64_t block, bool use_ue8m0, bool fp8_backward) {
-  check_rank(kLinearFp8, "x", x, 2, "[M, K]");
-  AM_CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, kLinearFp8, "x", "dtype",
-               "torch.bfloat16 or torch.float32", dtype_name(x.scalar_type()));
+  check_high_precision(kLinearFp8, "x", x, "[M, K]");
   check_rank(kLinearFp8, "weight", weight, 3, "[G, N, K]");
   AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinearFp8, "weight", "dtype",
                dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
   check_same_device(kLinearFp8, "weight", weight, x);
   check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
-  check_int_arg(kLinearFp8, "block", block, 1);
-  AM_CHECK_ARG(x.size(1) % block == 0, kLinearFp8, "x", "size(1) (K)", "a multiple of block=" + std::to_string(block),
-               x.size(1));
+  check_k_blocks(kLinearFp8, "block", block, x);
   check_alignment(kLinearFp8, alignment);
   check_layout_tensor(kLinearFp8, layout, psum, psum ? weight.size(0) : x.size(0), x);
   const auto segments = layout_segments(kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
@@ -298,6 +296,35 @@ at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weigh
       at::Tensor rows = acc.narrow(0, s.begin, len);
       fp8_gemm_accumulate(rows, xq.narrow(0, s.begin, len), xs.narrow(0, s.begin, len), w.first, w.second, recipe_x,
                           recipe_w, 1.0);
+    }
+  });
+}
+
+// The per-token cast inside the grouped GEMM: each expert segment's rows cast 1 x gran_k (quantize_blocks, bit for
+// bit quantize_fp8's) right before its GEMM, so the FP8 copy in memory is one segment's, never all of x's, and rows
+// no expert owns (alignment padding, possibly uninitialized) are never read.
+at::Tensor m_grouped_fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
+                                        const at::Tensor& layout, bool psum, int64_t alignment, int64_t gran_k,
+                                        at::IntArrayRef recipe_b, bool use_ue8m0,
+                                        std::optional<at::ScalarType> out_dtype) {
+  check_high_precision(kQuantFp8, "x", x, "[M, K]");
+  check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
+  check_rank(kQuantFp8, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
+  check_fp8_operand(kQuantFp8, "b", "sfb", b, sfb, recipe_b, x, true);
+  AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantFp8, "b", "K", std::to_string(x.size(1)) + " (x's K)", logical_k(b));
+  check_alignment(kQuantFp8, alignment);
+  check_layout_tensor(kQuantFp8, layout, psum, psum ? b.size(0) : x.size(0), x);
+  const at::ScalarType out_t = check_scaled_out_dtype(kQuantFp8, std::nullopt, out_dtype, x.scalar_type());
+  const std::array<int64_t, 2> shape{x.size(0), b.size(1)};
+  const auto segments = layout_segments(kQuantFp8, layout, psum, alignment, x.size(0), b.size(0));
+  const std::array<int64_t, 2> recipe_a{1, gran_k};
+  return with_fp32_accumulator(shape, out_t, at::Tensor(), x.options(), [&](at::Tensor& acc) {
+    for (const Segment& s : segments) {
+      if (s.end == s.begin) continue;
+      const int64_t len = s.end - s.begin;
+      const auto [q, sf] = quantize_blocks(x.narrow(0, s.begin, len), 1, gran_k, use_ue8m0);
+      at::Tensor rows = acc.narrow(0, s.begin, len);
+      fp8_gemm_accumulate(rows, q, sf, b.select(0, s.group), sfb.select(0, s.group), recipe_a, recipe_b, 1.0);
     }
   });
 }
@@ -724,6 +751,14 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "int[2] recipe_a=[1, 128], int[2] recipe_b=[128, 128], ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});
 
+  // The per-token cast feeding m_grouped_fp8_gemm, inside the op (inference FP8 experts on BF16/FP32 tokens):
+  // x [M, K] cast 1 x gran_k (as quantize_fp8(x, [1, gran_k], use_ue8m0)), times the pre-quantized experts
+  // (b, sfb) as m_grouped_fp8_gemm's; output x's dtype by default (BF16 or FP32). Straight-through gradient for x.
+  m.def(
+      "m_grouped_fp8_quant_gemm(Tensor x, Tensor b, Tensor sfb, Tensor layout, bool psum=True, int alignment=1, "
+      "int gran_k=128, int[2] recipe_b=[128, 128], bool use_ue8m0=False, ScalarType? out_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+
   // FP8 experts for training: BF16/FP32 x [M, K] and weight [G, N, K] cast inside (x 1 x block per token,
   // weights block x block), straight-through gradients; fp8_backward picks an FP8 or input-precision dgrad.
   m.def(
@@ -748,6 +783,7 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("m_grouped_fp8_gemm_masked", &m_grouped_fp8_gemm_masked_cpu);
   m.impl("m_grouped_fp8_gemm_swiglu", &m_grouped_fp8_gemm_swiglu_cpu);
   m.impl("m_grouped_fp8_linear", &m_grouped_fp8_linear_cpu);
+  m.impl("m_grouped_fp8_quant_gemm", &m_grouped_fp8_quant_gemm_cpu);
   m.impl("k_grouped_fp8_gemm", &k_grouped_fp8_gemm_cpu);
 }
 

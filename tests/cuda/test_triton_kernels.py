@@ -241,7 +241,7 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
             if x.shape[0] >= 3:  # NaN/inf rows, and finite rows between them that must still match
                 x[0, 1], x[-1, -1] = float("nan"), float("inf")
             args = (x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype)
-            takes = cuda_linear._fuses(x, b, [1, gran_k], recipe_b)
+            takes = cuda_linear.casts_in_tile(x, b, [1, gran_k], recipe_b)
             with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
                 out = cuda_linear.fp8_quant_gemm(*args)
             q, sf = _quant.quantize(x, (1, gran_k), ue8m0, False)
@@ -252,6 +252,62 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
                 assert launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
             fused += takes
     assert fused, "no sample took the fused cast"
+
+
+def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
+    """``m_grouped_fp8_quant_gemm`` as one launch (the per-token cast in the grouped GEMM's tiles, psum and id layouts)
+    equals the Triton cast then the grouped Triton GEMM bit for bit, NaN/inf rows included; rows no expert owns
+    (NaN here) are never read; no host read while capturing; the steps serve the other recipes; bad inputs raise our
+    errors."""
+    from tests.grouped.specs import _quantize_experts
+    from torch_ascend_moe.backends.cuda import _quant
+    from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
+    from torch_ascend_moe.backends.cuda import quant as cuda_quant
+
+    routed = types.SimpleNamespace(
+        quantize_fp8=cuda_quant.quantize_fp8, m_grouped_fp8_gemm=grouped_kernels.m_grouped_fp8_gemm
+    )
+    monkeypatch.setattr(grouped_kernels, "OPS", routed)
+    spec = next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_quant_gemm")
+    fused = 0
+    for dtype in spec.dtypes:
+        for s in spec.sample_inputs("cpu", dtype):
+            x, b, sfb, layout, psum, alignment, gran_k, recipe_b, ue8m0, out_dtype = s.args
+            x = x.detach().clone()
+            owned = portable_grouped.m_grouped_fp8_quant_gemm(x, *s.args[1:]).ne(0).any(1)
+            x[~owned] = float("nan")  # rows no expert owns (or all-zero products): never read when unowned
+            if x.shape[0] >= 3:
+                x[0, 1], x[-1, -1] = float("nan"), float("inf")
+            args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, ue8m0, out_dtype)
+            takes = bool(x.shape[0]) and cuda_linear.casts_in_tile(x, b, [1, gran_k], recipe_b)
+            with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+                out = grouped_kernels.m_grouped_fp8_quant_gemm(*args)
+            q, sf = _quant.quantize(x, (1, gran_k), ue8m0, False)
+            want = grouped_kernels.m_grouped_fp8_gemm(
+                q, sf, b, sfb, layout, psum, alignment, [1, gran_k], recipe_b, out.dtype
+            )
+            where = f"m_grouped_fp8_quant_gemm[{s.name}, {dtype}]"
+            assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num()), where
+            if takes:
+                assert launch.call_count == 1 and launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
+                with capture.emulated(), no_host_reads():
+                    captured = grouped_kernels.m_grouped_fp8_quant_gemm(*args)
+                assert torch.equal(captured.nan_to_num(), out.nan_to_num()), where
+            fused += takes
+    assert fused, "no sample took the fused cast"
+    # gran_k 16: no K chunk of the Triton GEMM (>= 32) is one cast block, so the steps run (here both portable).
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 64, generator=g, dtype=torch.bfloat16)
+    b, sfb, recipe_b = _quantize_experts(torch.randn(2, 8, 64, generator=g), ("fp8-token", 1, 16, False))
+    layout = torch.tensor([2, 5], dtype=torch.int32)
+    with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
+        out = grouped_kernels.m_grouped_fp8_quant_gemm(x, b, sfb, layout, True, 1, 16, recipe_b, False, None)
+    q, sf = _quant.quantize(x, (1, 16), False, False)
+    want = portable_grouped.m_grouped_fp8_gemm(q, sf, b, sfb, layout, True, 1, [1, 16], recipe_b, torch.bfloat16)
+    assert not launch.called and torch.equal(out, want)
+    for bad in spec.bad_inputs("cpu"):
+        with pytest.raises(bad.error, match=bad.match):
+            grouped_kernels.m_grouped_fp8_quant_gemm(*bad.args)
 
 
 def _routed_grouped_linear(monkeypatch):

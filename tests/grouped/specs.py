@@ -418,6 +418,79 @@ def m_grouped_fp8_linear_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# (counts per group, alignment, psum, gran_k, expert weight format (tests.fp8_gemm.specs.quantize), use_ue8m0,
+#  out_dtype FP32 instead of x's)
+_QUANT_FP8_CASES = [
+    ([5, 0, 9, 3], 1, True, 128, ("fp8-block", 128, 128, False), False, False),
+    ([6, 2, 0, 7], 4, False, 128, ("fp8-token", 1, 128, True), True, True),
+    ([3, 4, 2], 8, True, 32, ("fp4", 1, 32, True), True, False),
+    ([0, 6], 1, True, 64, ("fp8-block", 128, 128, False), False, True),
+    ([0, 0], 1, True, 128, ("fp8-block", 128, 128, False), False, False),  # no tokens at all
+]
+_QUANT_FP8_CASES_SMALL = [
+    ([2, 0, 3], 1, True, 128, ("fp8-block", 128, 128, False), False, False),
+    ([1, 2], 2, False, 32, ("fp4", 1, 32, True), True, True),
+]
+
+
+def m_grouped_fp8_quant_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(28)
+    n, k = (8, 128) if small else (40, 256)
+    samples = []
+    for counts, alignment, psum, gran_k, fmt, ue8m0, fp32_out in _QUANT_FP8_CASES_SMALL if small else _QUANT_FP8_CASES:
+        layout, rows = psum_layout(counts, alignment) if psum else (ids_layout(counts, alignment), None)
+        rows = rows if psum else layout.numel()
+        x = torch.randn(rows, k, generator=g)
+        x[~_rows_of(layout, psum, alignment, rows, len(counts))] *= _POISON
+        b, sfb, recipe_b = _quantize_experts(torch.randn(len(counts), n, k, generator=g), fmt)
+        x = x.to(dtype).to(device).requires_grad_(requires_grad)
+        out_dtype = torch.float32 if fp32_out else None
+        label = (
+            f"{'psum' if psum else 'ids'} counts={counts} align={alignment} gran_k={gran_k} {fmt[0]}"
+            f"{' ue8m0' if ue8m0 else ''}{' ->fp32' if fp32_out else ''}"
+        )
+        args = (x, b.to(device), sfb.to(device), layout.to(device), psum, alignment, gran_k, recipe_b, ue8m0, out_dtype)
+        samples.append(SampleInput(args, label))
+    return samples
+
+
+def m_grouped_fp8_quant_reference(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    q, sf = quant.block_cast_to_fp8(x.detach(), (1, gran_k), use_ue8m0)
+    x_deq = dequantize(q, sf, (1, gran_k)).double()
+    out = torch.zeros(x.shape[0], b.shape[1], dtype=torch.float64)
+    for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, x.shape[0], b.shape[0]):
+        out[begin:end] = x_deq[begin:end] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+    return out
+
+
+def m_grouped_fp8_quant_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn(8, 256, generator=g, dtype=torch.bfloat16)
+    b, sfb, rb = _quantize_experts(torch.randn(3, 16, 256, generator=g), ("fp8-block", 128, 128, False))
+    ok = _int32([2, 5, 8])
+
+    def bad(match, name, data_dependent=False, **change):
+        args = dict(
+            x=x, b=b, sfb=sfb, layout=ok, psum=True, alignment=1, gran_k=128, recipe_b=rb, ue8m0=False, out_dtype=None
+        )
+        args.update(change)
+        return BadInput(tuple(args.values()), match, name, data_dependent=data_dependent)
+
+    return [
+        bad(r"argument 'x' dtype: expected torch.bfloat16 or torch.float32, got torch.float16", "x", x=x.half()),
+        bad(r"argument 'x' rank: expected 2-D", "x rank", x=x.unsqueeze(0)),
+        bad(r"argument 'x' size\(1\) \(K\): expected a multiple of gran_k=96", "gran_k", gran_k=96),
+        bad(r"argument 'gran_k' value: expected a positive integer", "gran_k 0", gran_k=0),
+        bad(r"argument 'b' rank: expected 3-D", "b rank", b=b[0], sfb=sfb[0]),
+        bad(r"argument 'sfb' shape: expected \[3, 1, 2\]", "sfb", sfb=sfb[:, :, :1]),
+        bad(r"argument 'b' K: expected 128 \(x's K\)", "b K", x=x[:, :128]),
+        bad(r"argument 'layout' size\(0\) \(groups\): expected 3", "layout", layout=ok[:2]),
+        bad(r"argument 'alignment' value: expected a positive integer", "alignment", alignment=0),
+        bad(r"layout\[1\] = 2 \(group start 5\)", "unsorted", True, layout=_int32([5, 2, 8])),
+        bad(r"argument 'out_dtype' value: expected torch.bfloat16 or torch.float32", "out_dtype", out_dtype=torch.half),
+    ]
+
+
 def k_grouped_quantize(x: torch.Tensor, layout: torch.Tensor, alignment: int, gran_k: int, use_ue8m0: bool):
     """FP8 data and per-channel scales of a k-grouped operand: each group's rows cast in gran_k x 1 blocks."""
     data = torch.full(x.shape, 448.0).to(torch.float8_e4m3fn)  # gap rows: values no group may read
@@ -773,6 +846,15 @@ SPECS = [
         m_grouped_fp8_linear_bad_inputs,
         portable.m_grouped_fp8_linear,
         gradcheck="the FP8 casts are piecewise constant; the straight-through gradients are tested in tests/grouped",
+    ),
+    OpSpec(
+        "m_grouped_fp8_quant_gemm",
+        m_grouped_fp8_quant_samples,
+        m_grouped_fp8_quant_reference,
+        m_grouped_fp8_quant_bad_inputs,
+        portable.m_grouped_fp8_quant_gemm,
+        gradcheck="x is cast to FP8 (piecewise constant); its straight-through gradient is tested in "
+        "tests/grouped/test_grouped_quant.py",
     ),
     OpSpec(
         "k_grouped_fp8_gemm",

@@ -21,7 +21,7 @@ ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" a
 MX_ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" in s.name]
 # Portable on Ascend, each with its reason in backends/npu/grouped.py (the swiglu op: its grouped GEMM still maps).
 PORTABLE_ONLY = {"k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu", "m_grouped_fp8_gemm_swiglu"}
-STEPS = {"m_grouped_fp8_linear"}  # its casts and grouped FP8 GEMM through the dispatcher
+STEPS = {"m_grouped_fp8_linear", "m_grouped_fp8_quant_gemm"}  # casts and grouped FP8 GEMM through the dispatcher
 
 
 @pytest.fixture(scope="module")
@@ -459,11 +459,13 @@ def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
     assert taken >= 2
 
 
-def test_m_grouped_fp8_linear_steps_reach_the_mx_form(ascend950, mx_calls, monkeypatch):
-    """``m_grouped_fp8_linear`` on Ascend: its steps routed to the Ascend adapters (as NPU tensors would be): UE8M0
-    casts reach npu_grouped_matmul's MX form in one call (every expert's weight cast at once) within the FP8
-    threshold of the portable kernel and of fp64, rows no expert owns zero; FP32 scales stay on the portable GEMM,
-    bit for bit the portable kernel; layout errors under this op's name."""
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_steps_reach_the_mx_form(name, ascend950, mx_calls, monkeypatch):
+    """``m_grouped_fp8_linear`` / ``m_grouped_fp8_quant_gemm`` on Ascend: their steps routed to the Ascend adapters (as
+    NPU tensors would be): UE8M0 casts (with power-of-two expert scales) reach npu_grouped_matmul's MX form in one
+    call (``m_grouped_fp8_linear``: every expert's weight cast at once) within the FP8 threshold of the portable
+    kernel and of fp64, rows no expert owns zero; FP32 scales stay on the portable GEMM, bit for bit the portable
+    kernel; layout errors under the op's name."""
     import types
 
     from tests.npu import quant_routing_refs
@@ -473,14 +475,14 @@ def test_m_grouped_fp8_linear_steps_reach_the_mx_form(ascend950, mx_calls, monke
     monkeypatch.setattr(npu_quant, "soc_version", lambda: 260)
     routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, m_grouped_fp8_gemm=adapters.m_grouped_fp8_gemm)
     monkeypatch.setattr(adapters, "OPS", routed)
-    spec = next(s for s in SPECS if s.name == "m_grouped_fp8_linear")
+    spec = next(s for s in SPECS if s.name == name)
     reached = 0
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype):
             before = len(mx_calls)
-            out = adapters.m_grouped_fp8_linear(*s.args)
+            out = getattr(adapters, name)(*s.args)
             ours = spec.portable(*s.args)
-            where = f"m_grouped_fp8_linear[{s.name}, {dtype}]"
+            where = f"{name}[{s.name}, {dtype}]"
             assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
             if len(mx_calls) > before:
                 assert len(mx_calls) == before + 1, where
@@ -493,4 +495,4 @@ def test_m_grouped_fp8_linear_steps_reach_the_mx_form(ascend950, mx_calls, monke
     assert reached, "no sample reached the MX form"
     for bad in spec.bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
-            adapters.m_grouped_fp8_linear(*bad.args)
+            getattr(adapters, name)(*bad.args)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
+from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.gemm import bf16_bmm
 from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm,
@@ -21,11 +22,12 @@ from torch_ascend_moe.ops.grouped import (
 )
 from torch_ascend_moe.quant import block_cast_to_fp8
 
-M, MASKED, K, LINEAR, SWIGLU, SWIGLU_FP8 = (
+M, MASKED, K, LINEAR, QUANT, SWIGLU, SWIGLU_FP8 = (
     "m_grouped_bf16_gemm",
     "m_grouped_bf16_gemm_masked",
     "k_grouped_bf16_gemm",
     "m_grouped_fp8_linear",
+    "m_grouped_fp8_quant_gemm",
     "m_grouped_bf16_gemm_swiglu",
     "m_grouped_fp8_gemm_swiglu",
 )
@@ -119,6 +121,31 @@ def _linear_backward(ctx, grad):
     if needs_grad(ctx, LINEAR, "weight"):
         grad_w = k_grouped_bf16_gemm(g, x, layout, weight.shape[0], out_dtype=weight.dtype, **kw)
     return gradients(LINEAR, x=grad_x, weight=grad_w)
+
+
+def _quant_setup(ctx, inputs, output):
+    args = arguments(QUANT, inputs)
+    ctx.save_for_backward(args.b, args.sfb, args.layout)
+    ctx.psum, ctx.alignment, ctx.recipe_b, ctx.x_dtype = args.psum, args.alignment, list(args.recipe_b), args.x.dtype
+
+
+def _quant_backward(ctx, grad):
+    """Straight-through (as ``fp8_quant_gemm``'s): dx[i] = dD[i] @ deq(b[g(i)]) exactly, in FP32 rounded once; rows
+    no expert owns get zeros (they do not reach the output)."""
+    b, sfb, layout = ctx.saved_tensors
+    for name in ("b", "sfb"):
+        if needs_grad(ctx, QUANT, name):
+            raise RuntimeError(
+                f"ascend_moe::{QUANT}: argument '{name}' requires grad, but the pre-quantized experts are not "
+                "differentiable; train high-precision experts with m_grouped_fp8_linear instead"
+            )
+    if grad is None or not needs_grad(ctx, QUANT, "x"):
+        return gradients(QUANT)
+    experts = dequantize(b, sfb, ctx.recipe_b).transpose(1, 2)  # [G, K, N]: D[i] = dD[i] @ deq(b[g])
+    grad_x = m_grouped_bf16_gemm(
+        grad.float(), experts, layout, psum=ctx.psum, alignment=ctx.alignment, out_dtype=torch.float32
+    )
+    return gradients(QUANT, x=grad_x.to(ctx.x_dtype))
 
 
 def _swiglu_setup(ctx, inputs, output):
@@ -221,5 +248,6 @@ autograd(M, _m_backward, _m_setup)
 autograd(MASKED, _masked_backward, _masked_setup)
 autograd(K, _k_backward, _k_setup)
 autograd(LINEAR, _linear_backward, _linear_setup)
+autograd(QUANT, _quant_backward, _quant_setup)
 autograd(SWIGLU, _swiglu_backward, _swiglu_setup)
 autograd(SWIGLU_FP8, _swiglu_fp8_backward, _swiglu_fp8_setup)

@@ -14,19 +14,21 @@ LINEAR = "ascend_moe::fp8_linear"
 HIGH_PRECISION = (torch.bfloat16, torch.float32)
 
 
-def _check_high_precision(op: str, name: str, x, layout: str) -> None:
+def check_high_precision(op: str, name: str, x, layout: str) -> None:
+    """A BF16/FP32 operand of ``layout``'s rank, the inputs these ops cast themselves."""
     ck.check_rank(op, name, x, 2, layout)
     ck.check_arg(x.dtype in HIGH_PRECISION, op, name, "dtype", "torch.bfloat16 or torch.float32", x.dtype)
 
 
-def _check_block(op: str, arg: str, block: int, x) -> None:
+def check_k_blocks(op: str, arg: str, block: int, x) -> None:
+    """``block`` (the argument ``arg``) is positive and divides ``x``'s K: the cast takes whole 1 x block groups."""
     ck.check_int_arg(op, arg, block, 1)
     ck.check_arg(x.shape[1] % block == 0, op, "x", "size(1) (K)", f"a multiple of {arg}={block}", lambda: x.shape[1])
 
 
 def fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
-    _check_high_precision(QUANT_GEMM, "x", x, "[M, K]")
-    _check_block(QUANT_GEMM, "gran_k", gran_k, x)
+    check_high_precision(QUANT_GEMM, "x", x, "[M, K]")
+    check_k_blocks(QUANT_GEMM, "gran_k", gran_k, x)
     check_operand("b", "sfb", b, sfb, recipe_b, x, QUANT_GEMM)
     ck.check_arg(
         logical_k(b) == x.shape[1],
@@ -43,14 +45,14 @@ def fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype) -> tuple
 
 
 def fp8_linear_signature(x, weight, bias, block) -> list:
-    _check_high_precision(LINEAR, "x", x, "[M, K]")
+    check_high_precision(LINEAR, "x", x, "[M, K]")
     ck.check_rank(LINEAR, "weight", weight, 2, "[N, K]")
     ck.check_arg(weight.dtype == x.dtype, LINEAR, "weight", "dtype", lambda: f"{x.dtype} (same as 'x')", weight.dtype)
     ck.check_arg(
         weight.device == x.device, LINEAR, "weight", "device", lambda: f"{x.device} (same as 'x')", weight.device
     )
     ck.check_dim_size(LINEAR, "weight", weight, 1, "K", x.shape[1], "x.size(1)")
-    _check_block(LINEAR, "block", block, x)
+    check_k_blocks(LINEAR, "block", block, x)
     n = weight.shape[0]
     if bias is not None:
         ck.check_arg(

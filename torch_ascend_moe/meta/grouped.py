@@ -11,7 +11,8 @@ import torch
 
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.meta.fp8_gemm import check_fp8_pairing, check_operand, check_scaled_out_dtype
+from torch_ascend_moe.meta.fp8_gemm import check_fp8_pairing, check_operand, check_scaled_out_dtype, logical_k
+from torch_ascend_moe.meta.fp8_linear import check_high_precision, check_k_blocks
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
 MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
@@ -19,6 +20,7 @@ K_GROUPED = "ascend_moe::k_grouped_bf16_gemm"
 M_GROUPED_FP8 = "ascend_moe::m_grouped_fp8_gemm"
 MASKED_FP8 = "ascend_moe::m_grouped_fp8_gemm_masked"
 LINEAR_FP8 = "ascend_moe::m_grouped_fp8_linear"
+QUANT_FP8 = "ascend_moe::m_grouped_fp8_quant_gemm"
 K_GROUPED_FP8 = "ascend_moe::k_grouped_fp8_gemm"
 SWIGLU = "ascend_moe::m_grouped_bf16_gemm_swiglu"
 SWIGLU_FP8 = "ascend_moe::m_grouped_fp8_gemm_swiglu"
@@ -257,19 +259,31 @@ def masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype
 
 def m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block) -> list:
     op = LINEAR_FP8
-    ck.check_rank(op, "x", x, 2, "[M, K]")
-    ck.check_arg(
-        x.dtype in (torch.bfloat16, torch.float32), op, "x", "dtype", "torch.bfloat16 or torch.float32", x.dtype
-    )
+    check_high_precision(op, "x", x, "[M, K]")
     ck.check_rank(op, "weight", weight, 3, "[G, N, K]")
     ck.check_arg(weight.dtype == x.dtype, op, "weight", "dtype", lambda: f"{x.dtype} (same as 'x')", weight.dtype)
     ck.check_same_device(op, "weight", weight, x)
     ck.check_dim_size(op, "weight", weight, 2, "K", x.shape[1], "x.size(1)")
-    ck.check_int_arg(op, "block", block, 1)
-    ck.check_arg(x.shape[1] % block == 0, op, "x", "size(1) (K)", f"a multiple of block={block}", lambda: x.shape[1])
+    check_k_blocks(op, "block", block, x)
     _check_alignment(op, alignment)
     check_layout_tensor(op, layout, psum, weight.shape[0] if psum else x.shape[0], x)
     return [x.shape[0], weight.shape[1]]
+
+
+def m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype):
+    """``m_grouped_fp8_gemm``'s output (shape, dtype) for ``x`` cast per token inside the op (as ``fp8_quant_gemm``:
+    BF16/FP32 ``x``, the output in ``x``'s dtype by default)."""
+    op = QUANT_FP8
+    check_high_precision(op, "x", x, "[M, K]")
+    check_k_blocks(op, "gran_k", gran_k, x)
+    ck.check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)")
+    check_operand("b", "sfb", b, sfb, recipe_b, x, op, True)
+    ck.check_arg(
+        logical_k(b) == x.shape[1], op, "b", "K", lambda: f"{ck._text(x.shape[1])} (x's K)", lambda: logical_k(b)
+    )
+    _check_alignment(op, alignment)
+    check_layout_tensor(op, layout, psum, b.shape[0] if psum else x.shape[0], x)
+    return [x.shape[0], b.shape[1]], check_scaled_out_dtype(op, None, out_dtype, x.dtype)
 
 
 def k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
@@ -334,6 +348,12 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_
 @fake
 def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     return x.new_empty(m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block))
+
+
+@fake
+def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
+    return x.new_empty(shape, dtype=dtype)
 
 
 @fake

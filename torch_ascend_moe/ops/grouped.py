@@ -20,6 +20,7 @@ _k_grouped = torch.ops.ascend_moe.k_grouped_bf16_gemm.default
 _m_grouped_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm.default
 _masked_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_masked.default
 _linear_fp8 = torch.ops.ascend_moe.m_grouped_fp8_linear.default
+_quant_fp8 = torch.ops.ascend_moe.m_grouped_fp8_quant_gemm.default
 _k_grouped_fp8 = torch.ops.ascend_moe.k_grouped_fp8_gemm.default
 _swiglu = torch.ops.ascend_moe.m_grouped_bf16_gemm_swiglu.default
 _swiglu_fp8 = torch.ops.ascend_moe.m_grouped_fp8_gemm_swiglu.default
@@ -167,6 +168,35 @@ def m_grouped_fp8_gemm_masked(
 ) -> torch.Tensor:
     """Scaled ``m_grouped_bf16_gemm_masked``: ``a[G, M_max, K]`` with ``sfa[G, M_max, K/gk]``."""
     return _masked_fp8(a, sfa, b, sfb, masked_m, list(recipe_a), list(recipe_b), out_dtype)
+
+
+@schema_defaults
+def m_grouped_fp8_quant_gemm(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    sfb: torch.Tensor,
+    layout: torch.Tensor,
+    *,
+    psum: bool = FROM_SCHEMA,
+    alignment: int = FROM_SCHEMA,
+    gran_k: int = FROM_SCHEMA,
+    recipe_b: Sequence[int] = FROM_SCHEMA,
+    use_ue8m0: bool = FROM_SCHEMA,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """FP8 inference experts on BF16/FP32 tokens: ``x [M, K]`` cast per token in 1 x ``gran_k`` groups inside the op
+    (``quantize_fp8(x, [1, gran_k], use_ue8m0)``'s codes and scales), times the pre-quantized expert weights
+    ``(b [G, N, K], sfb)`` as ``m_grouped_fp8_gemm``; output in ``x``'s dtype by default. No FP8 copy of ``x``
+    outlives the op. ``x`` gets the straight-through gradient (the exact ``grad @ deq(b[g])`` per row).
+
+    >>> from torch_ascend_moe.quant import per_block_cast_to_fp8
+    >>> pairs = [per_block_cast_to_fp8(torch.randn(8, 128), use_ue8m0=False) for _ in range(2)]
+    >>> b, sfb = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    >>> x = torch.randn(5, 128, dtype=torch.bfloat16)
+    >>> m_grouped_fp8_quant_gemm(x, b, sfb, torch.tensor([2, 5], dtype=torch.int32)).dtype  # rows 0-1: expert 0
+    torch.bfloat16
+    """
+    return _quant_fp8(x, b, sfb, layout, psum, alignment, gran_k, list(recipe_b), use_ue8m0, out_dtype)
 
 
 @schema_defaults

@@ -32,7 +32,7 @@ OPS = torch.ops.ascend_moe
 def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     shape, dtype = fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype)
     recipe_a = [1, gran_k]
-    if _fuses(x, b, recipe_a, recipe_b):
+    if casts_in_tile(x, b, recipe_a, recipe_b):
         out = torch.empty(shape, dtype=dtype, device=x.device)
         rows = x.new_full((1,), x.shape[0], dtype=torch.int64)
         tiles = _scaled_gemm.segment_tiles(torch.zeros_like(rows), rows, x.shape[0])
@@ -42,9 +42,9 @@ def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     return portable.fp8_quant_gemm_steps(OPS, x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype)
 
 
-def _fuses(x, b, recipe_a, recipe_b) -> bool:
-    """Whether one launch casts and multiplies: the Triton GEMM takes the recipes and its K chunk is the cast's
-    block (one scale per row and chunk)."""
+def casts_in_tile(x, b, recipe_a, recipe_b) -> bool:
+    """Whether one launch casts and multiplies (``fp8_quant_gemm``, ``m_grouped_fp8_quant_gemm``): the Triton GEMM
+    takes the recipes and its K chunk is the cast's block (one scale per row and chunk)."""
     if _scaled_gemm is None or not (x.numel() and b.numel()) or not _scaled_gemm.usable(x, recipe_a, recipe_b):
         return False
     return _scaled_gemm.block_k(recipe_a, recipe_b) == recipe_a[1]

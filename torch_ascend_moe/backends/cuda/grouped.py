@@ -30,6 +30,9 @@ CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no T
 * ``k_grouped_fp8_gemm`` (the experts' weight gradients): one launch of ``_k_grouped`` (a program per group and
   output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
   bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
+* ``m_grouped_fp8_quant_gemm``: one launch of ``_scaled_gemm`` with the per-token cast in the tile (as
+  ``fp8_quant_gemm``'s: the GEMM's K chunk is the cast's block; bit for bit the cast then the grouped GEMM, no FP8
+  copy of ``x``), the same device-built tile schedule; other recipes run its steps through the dispatcher.
 * ``m_grouped_fp8_linear``: its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts'
   and ``m_grouped_fp8_gemm``'s CUDA kernels, every expert's weight cast in one launch), so no host loop remains.
 * ``m_grouped_bf16_gemm_swiglu``: one launch of ``_swiglu`` (the L1 grouped GEMM with the SwiGLU(-quant) epilogue in
@@ -45,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import cuda_kernel
+from torch_ascend_moe.backends.cuda.fp8_linear import casts_in_tile
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
@@ -54,10 +58,12 @@ from torch_ascend_moe.meta.grouped import (
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    QUANT_FP8,
     SWIGLU,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
+    m_grouped_fp8_quant_signature,
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
@@ -203,6 +209,20 @@ OPS = torch.ops.ascend_moe
 @cuda_kernel(calls="quantize_fp8 -> m_grouped_fp8_gemm (triton: _scaled_gemm)")
 def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
+
+
+@cuda_kernel(calls="triton: _scaled_gemm with the cast in the tile | quantize_fp8 -> m_grouped_fp8_gemm")
+def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype)
+    shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
+    rows, groups, recipe_a = x.shape[0], b.shape[0], [1, gran_k]
+    if not (rows and groups and casts_in_tile(x, b, recipe_a, recipe_b)):
+        return portable.m_grouped_fp8_quant_gemm_steps(OPS, *args)
+    tiles, rows_map = _tile_schedule(QUANT_FP8, layout, psum, alignment, rows, groups)
+    out = torch.zeros(shape, dtype=dtype, device=x.device)
+    return _scaled_gemm.scaled_gemm(
+        x, None, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map, quantize_a_ue8m0=use_ue8m0
+    )
 
 
 if _k_grouped is not None:

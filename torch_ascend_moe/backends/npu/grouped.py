@@ -49,7 +49,11 @@ that usage (the first thing to check on hardware). The weight goes row-major ``[
 Portable, and why: before Ascend 950 (A2/A3 take no FP8 operands); FP4 operands (torch_npu's ``float4_e2m1fn_x2``
 nibble order is not documented against DeepGEMM's); scales that are not powers of two in E8M0's range (FP32
 scales in general, zero, NaN (code 255: the hardware's NaN handling is not documented)); ``gran_k`` not a multiple
-of 32 or K not a multiple of 32; while capturing (the scale check reads the host). ``m_grouped_fp8_linear`` runs
+of 32 or K not a multiple of 32; while capturing (the scale check reads the host). ``m_grouped_fp8_quant_gemm``
+(the per-token cast inside the grouped GEMM) runs its steps through the dispatcher (``quantize_fp8``'s adapter, then
+this module's ``m_grouped_fp8_gemm``: ``npu_dynamic_mx_quant`` and the MX form for UE8M0 1 x 32k casts on Ascend 950);
+it has no GE converter: in a graph the MX form takes ``float8_e8m0fnu`` scale tensors, and the cast's converter
+gives FP32 ones (so the compiler passes leave the cast and the GEMM apart there). ``m_grouped_fp8_linear`` runs
 its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts' adapters, then this module's
 ``m_grouped_fp8_gemm``, which takes the MX form for UE8M0 casts on Ascend 950); ``k_grouped_fp8_gemm`` (weight
 gradients: scale rows per group along the reduction, ``sum_g ceil(k_g / gran_k)`` of them) stays portable: MX
@@ -305,14 +309,21 @@ def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
     return y.masked_fill(~valid.unsqueeze(1), 0)
 
 
-# The ops m_grouped_fp8_linear's steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the
-# tests put the adapters themselves here, as the dispatcher would route NPU tensors to them, to run it on CPU.
+# The ops the steps of m_grouped_fp8_linear and m_grouped_fp8_quant_gemm call: the dispatcher (an NPU tensor reaches
+# each step's Ascend adapter); the tests put the adapters themselves here, as the dispatcher would route NPU tensors to
+# them, to run it on CPU.
 OPS = torch.ops.ascend_moe
 
 
 @npu_kernel(calls="npu_dynamic_mx_quant, npu_grouped_matmul")
 def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
     return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
+
+
+@npu_kernel(calls="npu_dynamic_mx_quant, npu_grouped_matmul")
+def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype)
+    return portable.m_grouped_fp8_quant_gemm_steps(OPS, *args)
 
 
 @npu_kernel(calls="npu_grouped_matmul")

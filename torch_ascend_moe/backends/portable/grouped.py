@@ -22,12 +22,14 @@ from torch_ascend_moe.meta.grouped import (
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    QUANT_FP8,
     SWIGLU,
     SWIGLU_FP8,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
     m_grouped_fp8_linear_signature,
+    m_grouped_fp8_quant_signature,
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
@@ -166,6 +168,27 @@ def m_grouped_fp8_linear_steps(ops, x, weight, layout, psum, alignment, block, u
     dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
     out = ops.m_grouped_fp8_gemm(xq, xs, wq, ws, layout, psum, alignment, [1, block], [block, block], dtype)
     return out.to(x.dtype)
+
+
+@portable_kernel
+def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
+    out = torch.zeros(shape, dtype=dtype, device=x.device)
+    for g, begin, end in layout_segments(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0]):
+        if end > begin:
+            q, sf = reference.quantize_fp8(x[begin:end], (1, gran_k), use_ue8m0, False)
+            out[begin:end] = fp8_gemm(q, sf, b[g], sfb[g], None, [1, gran_k], recipe_b, 1.0, dtype)
+    return out
+
+
+def m_grouped_fp8_quant_gemm_steps(ops, x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    """``quantize_fp8(x, [1, gran_k])`` then ``m_grouped_fp8_gemm``, through ``ops`` (a device's cast and grouped FP8
+    GEMM, no host loop). The layout's values are checked under this op's name first, except while capturing."""
+    _, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
+    if capture.host_readable(layout):
+        layout_segments(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0])  # our op's value errors
+    q, sf = ops.quantize_fp8(x, [1, gran_k], use_ue8m0, False)
+    return ops.m_grouped_fp8_gemm(q, sf, b, sfb, layout, psum, alignment, [1, gran_k], recipe_b, dtype)
 
 
 def check_k_fp8_scale_rows(segments, gran_k: int, sfa, sfb) -> None:
