@@ -22,6 +22,7 @@ from torch_ascend_moe.testing import calc_diff
 # The first matching prefix counts.
 REWRITTEN = {
     "FP8 linear": 1,
+    "FP8 experts": 1,
     "RMSNorm + FP8 cast": 1,
     "indexer": 1,
     "MoE layer FP8": 3,  # the per-token cast inlined, the FP8 experts' L1 + SwiGLU + requant, the combine + residual

@@ -133,6 +133,31 @@ def test_torchair_config_gets_the_rewrites_ge_mode_only_with_ge_converters(torch
     assert_same(gm(*args), _chain(*args))
 
 
+@pytest.mark.parametrize("mode", ["max-autotune", "npugraph_ex"])
+def test_torchair_takes_the_grouped_quant_gemm_in_npugraph_ex_only(torchair_config, mode):
+    """``m_grouped_fp8_quant_gemm`` has no GE converter: GE mode keeps the cast and the grouped GEMM apart (each has
+    one), ``npugraph_ex`` fuses them."""
+    from tests.grouped.specs import _quantize_experts
+
+    cfg, seen = torchair_config(), []
+    cfg.mode = mode
+    cfg.post_grad_custom_post_pass = lambda gm, inputs, c: seen.append(graph_text(gm.graph))
+    inductor_lowerings.npugraph_ex_passes(cfg)
+
+    def grouped(x, b, sfb, layout):
+        data, sf = ops.quantize_fp8(x, [1, 128], True)
+        return ops.m_grouped_fp8_gemm(data, sf, b, sfb, layout)
+
+    g = torch.Generator().manual_seed(1)
+    b, sfb, _ = _quantize_experts(torch.randn(2, 16, 256, generator=g), ("fp8-block", 128, 128, True))
+    args = (torch.randn(7, 256, generator=g), b, sfb, torch.tensor([3, 7], dtype=torch.int32))
+    gm = make_fx(grouped, tracing_mode="fake")(*args)
+    cfg.post_grad_custom_post_pass.value(gm, args, cfg)
+    assert ("m_grouped_fp8_quant_gemm" in seen[-1]) == (mode == "npugraph_ex"), seen[-1]
+    assert ("quantize_fp8" in seen[-1]) == (mode != "npugraph_ex"), seen[-1]
+    assert_same(gm(*args), grouped(*args))
+
+
 def test_backend_name_works_without_importing_the_passes():
     """``backend="ascend_moe"`` is a ``torch_dynamo_backends`` entry point: a fresh interpreter that only imported
     torch finds it, and ``import torch_ascend_moe`` does not import the passes (nor Inductor)."""

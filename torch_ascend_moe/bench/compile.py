@@ -1,7 +1,8 @@
 """Benchmark cases of the compiler passes (``python -m torch_ascend_moe bench compile``): the same function compiled
 by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``),
 timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
-``fp8_quant_gemm``), an RMSNorm followed by the per-token FP8 cast (``quantize_fp8`` inlined into Inductor's
+``fp8_quant_gemm``) and FP8 experts' (→ ``m_grouped_fp8_gemm``, rewritten to ``m_grouped_fp8_quant_gemm``), an
+RMSNorm followed by the per-token FP8 cast (``quantize_fp8`` inlined into Inductor's
 kernel), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
 peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
 demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
@@ -60,6 +61,36 @@ def _fp8_linear(m, n, k) -> Case:
 
     return Case(
         f"FP8 linear (cast + GEMM) {m}x{n}x{k}", 2 * m * n * k, setup, "Inductor without the passes", memory=True
+    )
+
+
+def _fp8_experts(rows, hidden, n, experts) -> Case:
+    """FP8 inference experts on BF16 tokens: the per-token cast → ``m_grouped_fp8_gemm``, rewritten to
+    ``m_grouped_fp8_quant_gemm`` (each expert segment cast right before its GEMM; no FP8 copy of every row). The
+    layout is DeepGEMM's contiguous one, each expert's rows padded to a multiple of 128: the padding is cast by the
+    unfused graph, never read by the fused op."""
+
+    def setup():
+        g = torch.Generator().manual_seed(0)
+        counts = [max(rows // experts - 41 * (e % 3), 1) for e in range(experts)]
+        ends, end = [], 0
+        for count in counts:
+            end = -(-end // 128) * 128 + count
+            ends.append(end)
+        offs = torch.tensor(ends, dtype=torch.int32)
+        x = torch.randn(-(-end // 128) * 128, hidden, generator=g).bfloat16()
+        b, sfb = _fp8_expert_weights(experts, n, hidden, g)
+
+        def experts_step(x, offs):
+            data, sf = ops.quantize_fp8(x, [1, 128])
+            return ops.m_grouped_fp8_gemm(data, sf, b, sfb, offs, alignment=128)
+
+        ours, baseline = _both(experts_step)
+        return (lambda: ours(x, offs)), (lambda: baseline(x, offs))
+
+    flops = 2 * rows * n * hidden
+    return Case(
+        f"FP8 experts (cast + grouped GEMM) M{rows} H{hidden} N{n} E{experts}", flops, setup, _WITHOUT, memory=True
     )
 
 
@@ -364,6 +395,7 @@ def cases(quick: bool = False) -> list[Case]:
     if quick:
         return [
             _fp8_linear(64, 256, 512),
+            _fp8_experts(64, 256, 128, 4),
             _norm_cast(64, 512),
             _indexer(32, 256, 4, 32, 16),
             _moe(64, 64, False),
@@ -381,6 +413,8 @@ def cases(quick: bool = False) -> list[Case]:
         ]
     return [
         _fp8_linear(2048, 4096, 4096),
+        _fp8_experts(4096, 2048, 2048, 8),
+        _fp8_experts(64, 2048, 2048, 8),
         _norm_cast(4096, 7168),
         _norm_cast(64, 7168),
         _indexer(1024, 8192, 16, 64, 512),

@@ -9,18 +9,18 @@ rounding to its output dtype that the unfused graph stores (Inductor keeps fused
 does for its own pointwise chains): one rounding instead of two, within the cast's own error.
 
 Only where Inductor generates the kernels (``DEVICES``: CPU and CUDA; on Ascend the op's adapter is CANN's
-``npu_dynamic_mx_quant``). Left alone: a cast feeding ``fp8_gemm`` (``quant_gemm`` fuses that pair into
-``fp8_quant_gemm``), the requant closing an expert MLP's SwiGLU (``swiglu_epilogue`` fuses it into the grouped
-GEMM), shapes that are not whole blocks (see ``plan``), packed UE8M0 scales (the packing checks scale values: a
-data-dependent step Inductor cannot trace), calls the op refuses (its own checks decide, so a rewritten graph never
-runs where the original raised).
+``npu_dynamic_mx_quant``). Left alone: a cast feeding ``fp8_gemm`` or ``m_grouped_fp8_gemm`` where ``quant_gemm``
+fuses the pair (into ``fp8_quant_gemm`` / ``m_grouped_fp8_quant_gemm``), the requant closing an expert MLP's SwiGLU
+(``swiglu_epilogue`` fuses it into the grouped GEMM), shapes that are not whole blocks (see ``plan``), packed UE8M0
+scales (the packing checks scale values: a data-dependent step Inductor cannot trace), calls the op refuses (its own
+checks decide, so a rewritten graph never runs where the original raised).
 """
 
 from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.inductor_lowerings import swiglu_epilogue
+from torch_ascend_moe.inductor_lowerings import quant_gemm, swiglu_epilogue
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
 from torch_ascend_moe.meta.quant import QUANTIZE_FP8, quantize_signature
 from torch_ascend_moe.quant import reference
@@ -36,7 +36,7 @@ def plan(cast: torch.fx.Node) -> Plan | None:
     fx = val(x)
     if fx is None or fx.device.type not in DEVICES or packed:
         return None
-    if any(user.target is _ops.fp8_gemm.default for out in cast.users for user in out.users):
+    if any(quant_gemm.takes(user) for out in cast.users for user in out.users):
         return None
     if swiglu_epilogue.plan_requant(cast) is not None:  # the requant of an expert MLP's SwiGLU: fused there
         return None
