@@ -32,6 +32,10 @@ void decode_quantized_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, 
 at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk, int64_t r0,
                            int64_t rows);
 
+// The same into `out` (contiguous FP32 [rows, K]: e.g. a run of rows of a larger buffer), rows r0..r0+rows-1.
+void dequantize_rows_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk,
+                          int64_t r0);
+
 // acc (FP32 [M, N]) += alpha * deq(a) @ deq(b)^T, a and b checked. Never dequantizes a large operand
 // whole: B goes panel by panel (or streams, for a few rows of A).
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,

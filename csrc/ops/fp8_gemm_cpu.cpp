@@ -201,10 +201,17 @@ void decode_quantized_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, 
 // FP32 [rows, K] = deq(x[r0 : r0 + rows]).
 at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk, int64_t r0,
                            int64_t rows) {
-  const int64_t K = logical_k(x);
+  at::Tensor out = at::empty({rows, logical_k(x)}, x.options().dtype(at::kFloat));
+  dequantize_rows_into(out, x, sf, gmn, gk, r0);
+  return out;
+}
+
+void dequantize_rows_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& sf, int64_t gmn, int64_t gk,
+                          int64_t r0) {
+  const int64_t K = logical_k(x), rows = out.size(0);
+  TORCH_INTERNAL_ASSERT(out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(1) == K);
   // Row-major bytes of the panel (a byte-level transpose for MN-major FP8, which is cheap).
   const at::Tensor bytes = x.narrow(0, r0, rows).view(at::kByte).contiguous();
-  at::Tensor out = at::empty({rows, K}, x.options().dtype(at::kFloat));
   const uint8_t* src = bytes.const_data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   const bool fp4 = is_fp4(x);
@@ -216,7 +223,6 @@ at::Tensor dequantize_rows(const at::Tensor& x, const at::Tensor& sf, int64_t gm
   const at::Tensor idx = at::arange(r0, r0 + rows, x.options().dtype(at::kLong)).div_(gmn, "floor");
   const at::Tensor scales = sf.to(at::kFloat).index_select(0, idx);  // [rows, K / gk]
   out.view({rows, K / gk, gk}).mul_(scales.unsqueeze(-1));
-  return out;
 }
 
 namespace {

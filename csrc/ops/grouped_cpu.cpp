@@ -682,14 +682,22 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_fp8_gemm_swiglu_cpu(
         epilogue(acc.to(at::kBFloat16), task.begin, task.j0, task.w);
         continue;
       }
-      // The tile's gate rows then its up rows of B, decoded to FP32 once: one GEMM per row block.
-      const at::Tensor bt = at::cat({dequantize_rows(bg, sg, gran_n, recipe_b[1], task.j0, task.w),
-                                     dequantize_rows(bg, sg, gran_n, recipe_b[1], I + task.j0, task.w)});
+      // The tile's gate rows then its up rows of B, decoded to FP32 once (each half in place): one GEMM per row
+      // block, its A rows and FP32 product in buffers the task reuses.
+      at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(at::kFloat));
+      for (const int64_t half : {int64_t{0}, int64_t{1}}) {
+        at::Tensor rows_of_half = bt.narrow(0, half * task.w, task.w);
+        dequantize_rows_into(rows_of_half, bg, sg, gran_n, recipe_b[1], half * I + task.j0);
+      }
+      const int64_t block = std::min(kSwigluRowBlock, len);
+      const at::Tensor a_buf = at::empty({block, K}, a.options().dtype(at::kFloat));
+      const at::Tensor h_buf = at::empty({block, 2 * task.w}, a.options().dtype(at::kFloat));
       for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
         const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
-        const at::Tensor a_deq = dequantize_rows(a, sfa, 1, recipe_a[1], r0, rows);
+        at::Tensor a_deq = a_buf.narrow(0, 0, rows), h = h_buf.narrow(0, 0, rows);
+        dequantize_rows_into(a_deq, a, sfa, 1, recipe_a[1], r0);
         // FP32 accumulation, then the one rounding of the L1 output to BF16.
-        epilogue(at::mm(a_deq, bt.t()).to(at::kBFloat16), r0, task.j0, task.w);
+        epilogue(at::mm_out(h, a_deq, bt.t()).to(at::kBFloat16), r0, task.j0, task.w);
       }
     }
   });

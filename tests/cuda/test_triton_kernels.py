@@ -271,7 +271,7 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
     spec = next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_quant_gemm")
     fused = 0
     for dtype in spec.dtypes:
-        for s in spec.sample_inputs("cpu", dtype):
+        for s in spec.sample_inputs("cpu", dtype, small=dtype != torch.bfloat16):  # every case once in BF16
             x, b, sfb, layout, psum, alignment, gran_k, recipe_b, ue8m0, out_dtype = s.args
             x = x.detach().clone()
             owned = portable_grouped.m_grouped_fp8_quant_gemm(x, *s.args[1:]).ne(0).any(1)
@@ -290,6 +290,7 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
             assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num()), where
             if takes:
                 assert launch.call_count == 1 and launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
+            if takes and not fused:  # one capture check: the schedule is built alike for every sample
                 with capture.emulated(), no_host_reads():
                     captured = grouped_kernels.m_grouped_fp8_quant_gemm(*args)
                 assert torch.equal(captured.nan_to_num(), out.nan_to_num()), where
@@ -342,7 +343,7 @@ def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm(monkeypatch):
                     scale = max(ours.abs().max().item(), 1e-30)
                     assert (out.double() - ours.double()).abs().max().item() <= tol * scale, where
                     assert not out[(ours == 0).all(1)].any(), where  # rows no expert owns
-                if launch.called:
+                if launch.called and not small:  # the capture check on the full samples (the schedule's cases)
                     with capture.emulated(), no_host_reads():
                         captured = grouped_kernels.m_grouped_fp8_linear(*s.args)
                     assert torch.equal(captured, out), where
