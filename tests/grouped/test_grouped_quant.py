@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fp8_gemm.specs import quantize
-from tests.grouped.specs import SPECS, _quantize_experts, ids_layout, psum_layout
+from tests.grouped.specs import SPECS, _quantize_experts, _rows_of, ids_layout, psum_layout
 from torch_ascend_moe._registry import with_defaults
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
@@ -36,13 +36,6 @@ def _same(out: torch.Tensor, want: torch.Tensor) -> bool:
     )
 
 
-def _owned(layout, psum, alignment, rows, groups) -> torch.Tensor:
-    owned = torch.zeros(rows, dtype=torch.bool)
-    for _, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, rows, groups):
-        owned[begin:end] = True
-    return owned
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_the_samples_equal_the_composition_bit_for_bit(dtype):
     for s in SPEC.sample_inputs("cpu", dtype):
@@ -57,8 +50,7 @@ def test_the_samples_equal_the_composition_bit_for_bit(dtype):
         assert _same(portable.m_grouped_fp8_quant_gemm_steps(ops, *args), want), s.name
         # The portable kernel: the reference cast (the same bits) and the portable per-segment GEMMs.
         q, sf = reference.quantize_fp8(x, (1, args[6]), args[8], False)
-        dtype_out = want.dtype
-        portable_want = portable.m_grouped_fp8_gemm(q, sf, *args[1:6], [1, args[6]], args[7], dtype_out)
+        portable_want = portable.m_grouped_fp8_gemm(q, sf, *args[1:6], [1, args[6]], args[7], want.dtype)
         assert _same(portable.m_grouped_fp8_quant_gemm(*args), portable_want), s.name
 
 
@@ -85,7 +77,7 @@ def test_random_calls_equal_the_composition(
     rows = rows if psum else layout.numel()
     scale = torch.logspace(-4, 4, rows).unsqueeze(1)  # rows spanning many binades
     x = (torch.randn(rows, k, generator=g) * scale).to(dtype)
-    owned = _owned(layout, psum, alignment, rows, len(counts))
+    owned = _rows_of(layout, psum, alignment, rows, len(counts))
     x[~owned] = float("nan")  # never read: a kernel that did would put NaN in the output
     if stride == "column-major":
         x = x.t().contiguous().t()
@@ -126,7 +118,7 @@ def test_straight_through_gradient_is_exact(dtype, psum):
     # One FP32 sum of N = 40 products (the worst case of its rounding), then one rounding to x's dtype.
     tol = 40 * torch.finfo(torch.float32).eps * bound + torch.finfo(dtype).eps * want.abs()
     assert ((x.grad.double() - want).abs() <= tol).all()
-    assert not x.grad[~_owned(layout, psum, alignment, rows, len(counts))].any()
+    assert not x.grad[~_rows_of(layout, psum, alignment, rows, len(counts))].any()
 
 
 def test_quantized_experts_refuse_gradients():

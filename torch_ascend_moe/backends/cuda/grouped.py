@@ -215,10 +215,10 @@ def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, f
 def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
     args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype)
     shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
-    rows, groups, recipe_a = x.shape[0], b.shape[0], [1, gran_k]
-    if not (rows and groups and casts_in_tile(x, b, recipe_a, recipe_b)):
+    recipe_a = [1, gran_k]
+    if not casts_in_tile(x, b, recipe_a, recipe_b):  # (also: no rows, no experts)
         return portable.m_grouped_fp8_quant_gemm_steps(OPS, *args)
-    tiles, rows_map = _tile_schedule(QUANT_FP8, layout, psum, alignment, rows, groups)
+    tiles, rows_map = _tile_schedule(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0])
     out = torch.zeros(shape, dtype=dtype, device=x.device)
     return _scaled_gemm.scaled_gemm(
         x, None, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map, quantize_a_ue8m0=use_ue8m0
