@@ -18,9 +18,11 @@ class Recorder(CustomGraphPass):
 
     def __init__(self) -> None:
         self.graphs: list[str] = []
+        self.outputs: list[list] = []  # each graph's output values (a forward's include what it keeps for backward)
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         self.graphs.append(graph_text(graph))
+        self.outputs.append([n.meta.get("val") for n in graph.output_node().all_input_nodes])
 
     def uuid(self):
         return None
@@ -55,6 +57,23 @@ def compiled(fn, *args, passes: bool, dynamic: bool = False):
             out = torch.compile(fn, fullgraph=True, dynamic=dynamic)(*args)
     torch._dynamo.reset()
     return out, recorder.graphs[-1]
+
+
+def compiled_training(fn, *args, passes: bool, recompute_l1: bool = False, dynamic: bool = False):
+    """``torch.compile(fn, fullgraph=True)`` run forward and backward (the loss: the sum of the squared outputs) on
+    fresh leaves of ``args``' tensors that require grad: ``(outputs, their gradients, recorder)``, the recorder holding
+    the forward graph and then the backward graph."""
+    torch._dynamo.reset()
+    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in args]
+    recorder = Recorder()
+    with config.patch(post_grad_custom_post_pass=recorder):
+        with inductor_lowerings.enabled(recompute_l1) if passes else contextlib.nullcontext():
+            out = torch.compile(fn, fullgraph=True, dynamic=dynamic)(*leaves)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            sum(o.float().square().sum() for o in outs if o.is_floating_point()).backward()
+    torch._dynamo.reset()
+    grads = [a.grad for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    return out, grads, recorder
 
 
 def assert_same(got, want) -> None:

@@ -91,14 +91,16 @@ def test_transformers_fallback_op(emulated_bf16, monkeypatch, dtype):
 
 def test_unmodified_transformers_moe_block_runs_our_grouped_gemm(emulated_bf16):
     """transformers' Mixtral block with ``grouped_mm`` experts, compiled as is after ``enable()``: its expert GEMMs
-    (gate-up and down) are ours, the output equals the uncompiled block's."""
+    are ours, the gate-up one with its SwiGLU fused (``swiglu_epilogue`` in the passes' second round); the output
+    equals the uncompiled block's."""
     from torch_ascend_moe.bench.moe import models
 
     block, _, x = models((24, 64, 2, 4), "grouped_mm", "cpu", torch.bfloat16)
     with torch.no_grad():
         got, graph = compiled(block, x, passes=True)
         want = block(x)
-    assert graph.count("m_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in graph, graph
+    assert graph.count("m_grouped_bf16_gemm(") == 1 and "_grouped_mm(" not in graph, graph
+    assert graph.count("m_grouped_bf16_gemm_swiglu(") == 1, graph
     got, want = (o[0] if isinstance(o, tuple) else o for o in (got, want))
     assert calc_diff(got, want) < 1e-4
 
@@ -120,12 +122,13 @@ def test_weight_gradient_form(emulated_bf16):
     assert calc_diff(got, _weight_gradient_form(*args)) < 1e-5
 
 
-@pytest.mark.parametrize("through", ["enable", "backend"])
+@pytest.mark.parametrize("through", ["enable", "backend", "recompute_l1"])
 def test_training_graphs_of_an_unmodified_transformers_block(emulated_bf16, through):
     """Forward and backward of transformers' Mixtral block compiled with the passes: the forward's expert GEMMs are
     ``m_grouped_bf16_gemm``, the backward's input gradients too and its weight gradients ``k_grouped_bf16_gemm``;
     the gradients match eager's. Through ``backend="ascend_moe"`` too, whose backward graph AOTAutograd compiles
-    lazily, after the backend returned (the passes must still be on for it)."""
+    lazily, after the backend returned (the passes must still be on for it). With ``recompute_l1`` the joint graph's
+    stock L1 (``_grouped_mm``) and its SwiGLU are tagged, the forward fuses them, the backward recomputes the L1."""
     from torch._inductor import config
 
     from tests.inductor_lowerings.graphs import Recorder
@@ -134,7 +137,9 @@ def test_training_graphs_of_an_unmodified_transformers_block(emulated_bf16, thro
     block, _, x = models((32, 64, 2, 4), "grouped_mm", "cpu", torch.bfloat16)
     recorder = Recorder()
     torch._dynamo.reset()
-    switch = inductor_lowerings.enabled() if through == "enable" else contextlib.nullcontext()
+    switch = contextlib.nullcontext()
+    if through != "backend":
+        switch = inductor_lowerings.enabled(recompute_l1=through == "recompute_l1")
     backend = inductor_lowerings.BACKEND if through == "backend" else "inductor"
     with config.patch(post_grad_custom_post_pass=recorder), switch:  # the backward's compile happens in the block
         xg = x.detach().requires_grad_()
@@ -142,8 +147,11 @@ def test_training_graphs_of_an_unmodified_transformers_block(emulated_bf16, thro
         (out[0] if isinstance(out, tuple) else out).float().square().sum().backward()
     torch._dynamo.reset()
     forward, backward = recorder.graphs[-2:]
-    assert forward.count("m_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in forward, forward
+    fused = through == "recompute_l1"
+    assert forward.count("m_grouped_bf16_gemm(") == 2 - fused and "_grouped_mm(" not in forward, forward
+    assert forward.count("m_grouped_bf16_gemm_swiglu(") == fused, forward
     assert backward.count("k_grouped_bf16_gemm(") == 2 and "_grouped_mm(" not in backward, backward
+    assert backward.count("m_grouped_bf16_gemm(") == 2 + fused, backward  # two input gradients (+ the L1 again)
     xe = x.detach().requires_grad_()
     eager = block(xe)
     (eager[0] if isinstance(eager, tuple) else eager).float().square().sum().backward()

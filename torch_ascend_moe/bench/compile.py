@@ -1,22 +1,22 @@
-"""Benchmark cases of the compiler passes (``python -m torch_ascend_moe bench compile``): the same function compiled
-by Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``),
-timed in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to
-``fp8_quant_gemm``) and FP8 experts' (→ ``m_grouped_fp8_gemm``, rewritten to ``m_grouped_fp8_quant_gemm``), an
-RMSNorm followed by the per-token FP8 cast (``quantize_fp8`` inlined into Inductor's
-kernel), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``, rewritten to ``mqa_logits_topk``:
-peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` → ``moe_unpermute(bias=r)``), the
-demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts`` calls the fused L1 + SwiGLU
-op itself in inference and training graphs keep the L1 output for the backward, so nothing matches there: the ratio
-is the passes' cost), transformers' Mixtral block with ``grouped_mm`` experts as shipped (its ``_grouped_mm`` calls
-become ours on a CPU without BF16 dot products, where ATen emulates BF16; kept where the CPU has them, and the ratio
-is the passes' cost on a stock model: ``grouped_mm.applies``), the same block with transformers' ``eager`` experts
-(compiled after ``enable()`` the per-expert loop is traced as one graph, against Dynamo's graph break per expert),
-whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped (the same choice as the block), a BF16 dense MLP
-(``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products: ``dense_gemm``), the experts' MLP
-written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to ``m_grouped_bf16_gemm_swiglu`` → L2; FP8
-inference experts likewise to ``m_grouped_fp8_gemm_swiglu``), a whole FP8 inference MoE layer written as steps
-(routing, permute, the FP8 experts, combine + residual: the cast inlined and two fusions), and the compile time
-itself (each side compiled from scratch, FX graph cache off).
+"""Benchmark cases of the compiler passes (``python -m torch_ascend_moe bench compile``): the same function compiled by
+Inductor with our post-grad rewrites (``torch.compile(backend="ascend_moe")``) and without them (``"inductor"``), timed
+in the same run: an FP8 linear's inference step (``quantize_fp8`` → ``fp8_gemm``, rewritten to ``fp8_quant_gemm``) and
+FP8 experts' (→ ``m_grouped_fp8_gemm``, rewritten to ``m_grouped_fp8_quant_gemm``), an RMSNorm followed by the per-token
+FP8 cast (``quantize_fp8`` inlined into Inductor's kernel), the sparse-attention indexer (``mqa_logits`` → ``mqa_topk``,
+rewritten to ``mqa_logits_topk``: peak memory too), a combine followed by a residual add (``moe_unpermute`` + ``r`` →
+``moe_unpermute(bias=r)``), the demo's MoE layer forward and forward+backward in FP32 and BF16 (``nn.GroupedExperts``
+calls the fused L1 + SwiGLU op itself in inference and training graphs keep the L1 output for the backward, so nothing
+matches there: the ratio is the passes' cost; in a stack of four with ``options={"recompute_l1": True}`` the forward
+fuses and the backward recomputes the L1 GEMM: time and peak memory of that trade), transformers' Mixtral block with
+``grouped_mm`` experts as shipped (its ``_grouped_mm`` calls become ours on a CPU without BF16 dot products, where ATen
+emulates BF16; kept where the CPU has them, and the ratio is the passes' cost on a stock model: ``grouped_mm.applies``),
+the same block with transformers' ``eager`` experts (compiled after ``enable()`` the per-expert loop is traced as one
+graph, against Dynamo's graph break per expert), whole tiny Qwen3-MoE and DeepSeek-V3 models as shipped (the same choice
+as the block), a BF16 dense MLP (``nn.Linear``'s GEMMs become ``bf16_gemm`` on a CPU without BF16 dot products:
+``dense_gemm``), the experts' MLP written as unfused steps (L1 grouped GEMM → SwiGLU → L2, rewritten to
+``m_grouped_bf16_gemm_swiglu`` → L2; FP8 inference experts likewise to ``m_grouped_fp8_gemm_swiglu``), a whole FP8
+inference MoE layer written as steps (routing, permute, the FP8 experts, combine + residual: the cast inlined and two
+fusions), and the compile time itself (each side compiled from scratch, FX graph cache off).
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ def _twin(fn):
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-def _both(fn, grad_of=None):
-    """(with the passes, without them) compiled versions of ``fn``."""
-    ours = torch.compile(fn, backend=inductor_lowerings.BACKEND, fullgraph=True)
+def _both(fn, options=None):
+    """(with the passes, without them) compiled versions of ``fn``; ``options`` for our backend
+    (``{"recompute_l1": True}``)."""
+    ours = torch.compile(fn, backend=inductor_lowerings.BACKEND, fullgraph=True, options=options)
     baseline = torch.compile(_twin(fn), backend="inductor", fullgraph=True)
     return ours, baseline
 
@@ -259,24 +260,30 @@ def _dense_mlp(tokens, hidden, grad: bool) -> Case:
     return Case(f"dense MLP BF16 {mode} T{tokens} H{hidden}", flops, setup, _WITHOUT, grad=grad)
 
 
-def _moe(tokens, hidden, grad: bool, dtype=torch.float32) -> Case:
+def _moe(tokens, hidden, grad: bool, dtype=torch.float32, layers: int = 1, recompute_l1: bool = False) -> Case:
+    """The demo's MoE layer (a stack of ``layers``: the memory a training step keeps grows with the layers, which is
+    what ``recompute_l1`` trades time for)."""
+
     def setup():
         from torch_ascend_moe.nn import MoE
 
         torch.manual_seed(0)
-        moe = MoE(hidden, hidden // 2, num_experts=8, topk=2, num_shared_experts=1).to(dtype)
+        block = [MoE(hidden, hidden // 2, num_experts=8, topk=2, num_shared_experts=1) for _ in range(layers)]
+        moe = torch.nn.Sequential(*block).to(dtype)
         x = torch.randn(tokens, hidden).to(dtype)
 
         def forward(x):
             return moe(x)
 
-        ours, baseline = _both(forward)
+        ours, baseline = _both(forward, {"recompute_l1": True} if recompute_l1 else None)
         return layer_call(ours, x, grad), layer_call(baseline, x, grad)
 
-    flops = tokens * (2 * hidden * 8 + 3 * 6 * hidden * hidden // 2) * (3 if grad else 1)
+    flops = layers * tokens * (2 * hidden * 8 + 3 * 6 * hidden * hidden // 2) * (3 if grad else 1)
     mode = "fwd+bwd" if grad else "fwd"
-    name = f"MoE layer {'BF16 ' if dtype == torch.bfloat16 else ''}{mode} T{tokens} H{hidden}"
-    return Case(name, flops, setup, _WITHOUT, grad=grad)
+    stack = f"{layers} MoE layers" if layers > 1 else "MoE layer"
+    name = f"{stack} {'BF16 ' if dtype == torch.bfloat16 else ''}{mode} T{tokens} H{hidden}"
+    name += ", L1 recomputed (recompute_l1)" if recompute_l1 else ""
+    return Case(name, flops, setup, _WITHOUT, grad=grad, memory=recompute_l1)
 
 
 def _hf_block(tokens, hidden, grad: bool) -> Case:
@@ -404,6 +411,7 @@ def cases(quick: bool = False) -> list[Case]:
             _fp8_expert_mlp(64, 128, 128, 4),
             _fp8_moe(64, 128, 128, 4, 2),
             _moe(64, 64, False, torch.bfloat16),
+            _moe(64, 64, True, torch.bfloat16, recompute_l1=True),
             _hf_block(32, 64, False),
             _hf_eager_block(32, 64, False, torch.float32),
             _hf_eager_block(32, 64, False, torch.bfloat16),
@@ -429,6 +437,7 @@ def cases(quick: bool = False) -> list[Case]:
         _fp8_moe(32, 1024, 1024, 8, 2),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
+        _moe(2048, 1024, True, torch.bfloat16, layers=4, recompute_l1=True),
         _hf_block(2048, 1024, False),
         _hf_block(2048, 1024, True),
         _hf_eager_block(2048, 1024, False, torch.float32),

@@ -11,6 +11,10 @@ the passes on for that model only). The passes run after Inductor's own post-gra
 ``post_grad_custom_post_pass``, which keeps working; the FX graph cache keys on our sources. Each rewrite is one
 module here, named after what it fuses; ``MATCHES`` counts the rewrites applied in this process.
 
+Training graphs keep the experts' L1 output for the backward, so its SwiGLU epilogue cannot fuse there;
+``enable(recompute_l1=True)`` (or the backend's ``options={"recompute_l1": True}``) adds a joint-graph pass that has
+AOTAutograd's partitioner recompute the L1 GEMM and its SwiGLU in the backward instead, and the forward fuses.
+
 ``enable()`` / ``enabled()`` also switch on one substitution at trace time, before any graph exists: transformers'
 ``eager`` experts (a per-expert loop Dynamo cannot put in one graph) are traced as a grouped implementation of the
 same experts (``torch_ascend_moe.hf.eager_experts_forward``). The backend name alone cannot do that (a backend
@@ -39,55 +43,93 @@ def _passes(user=None, allowed=None):
     return AscendMoEPasses(user, allowed)
 
 
-def _ours(p) -> bool:
-    return type(p).__name__ == "AscendMoEPasses" and type(p).__module__ == f"{__name__}._pass"
+def _joint_passes(user=None):
+    from torch_ascend_moe.inductor_lowerings._pass import AscendMoEJointPasses
+
+    return AscendMoEJointPasses(user)
 
 
-def enable() -> None:
+def _ours(p, kind: str = "AscendMoEPasses") -> bool:
+    return type(p).__name__ == kind and type(p).__module__ == f"{__name__}._pass"
+
+
+def enable(recompute_l1: bool = False) -> None:
     """Install the passes for every later ``torch.compile`` with Inductor in this process, and the eager-experts
-    substitution for every later trace (idempotent)."""
+    substitution for every later trace (idempotent).
+
+    ``recompute_l1=True`` also fuses the experts' L1 GEMM and SwiGLU in training graphs, by recomputing the L1 GEMM
+    in the backward (a joint-graph pass tags it for AOTAutograd's partitioner): the forward neither computes nor
+    keeps the ``[M, 2I]`` L1 output, and the backward runs one more grouped GEMM. A memory-for-time trade, off by
+    default; ``enable()`` without it turns it off again."""
     global SUBSTITUTE_EAGER_EXPERTS
     SUBSTITUTE_EAGER_EXPERTS = True
     current = config.post_grad_custom_post_pass
     if not _ours(current):
         config.post_grad_custom_post_pass = _passes(current)
+    joint = config.joint_custom_post_pass
+    if recompute_l1 and not _ours(joint, "AscendMoEJointPasses"):
+        config.joint_custom_post_pass = _joint_passes(joint)
+    elif not recompute_l1 and _ours(joint, "AscendMoEJointPasses"):
+        config.joint_custom_post_pass = joint.user
 
 
 def disable() -> None:
-    """Remove the passes, restoring the post-grad pass that was installed before ``enable()``."""
+    """Remove the passes, restoring the post-grad (and joint-graph) passes installed before ``enable()``."""
     global SUBSTITUTE_EAGER_EXPERTS
     SUBSTITUTE_EAGER_EXPERTS = False
     current = config.post_grad_custom_post_pass
     if _ours(current):
         config.post_grad_custom_post_pass = current.user
+    joint = config.joint_custom_post_pass
+    if _ours(joint, "AscendMoEJointPasses"):
+        config.joint_custom_post_pass = joint.user
 
 
 def is_enabled() -> bool:
     return _ours(config.post_grad_custom_post_pass)
 
 
+def recomputes_l1() -> bool:
+    """Whether ``enable(recompute_l1=True)`` is in force."""
+    return _ours(config.joint_custom_post_pass, "AscendMoEJointPasses")
+
+
 @contextlib.contextmanager
-def enabled():
+def enabled(recompute_l1: bool = False):
     """The passes on inside the block (for the compiles that happen in it), as they were after it."""
-    was = is_enabled()
-    enable()
+    was, joint = is_enabled(), config.joint_custom_post_pass
+    enable(recompute_l1)
     try:
         yield
     finally:
         if not was:
             disable()
+        config.joint_custom_post_pass = joint
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+def backend(
+    gm: torch.fx.GraphModule, example_inputs, *, mode: str | None = None, options: dict | None = None, **kwargs
+):
     """The ``"ascend_moe"`` torch.compile backend: Inductor with the passes on for this graph only (registered as a
     ``torch_dynamo_backends`` entry point, so the name works without importing this module first). The passes go in
     as ``compile_fx``'s config patch, which it also applies to the backward graph: AOTAutograd compiles that one
-    lazily, at the first backward, after this function has returned."""
+    lazily, at the first backward, after this function has returned.
+
+    ``torch.compile``'s ``mode`` and ``options`` mean what they mean for Inductor, and ``options={"recompute_l1":
+    True}`` is ``enable(recompute_l1=True)`` for this model only (``False``: off for it whatever ``enable`` said)."""
+    from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    current = config.post_grad_custom_post_pass
+    options = dict(options or {})
+    recompute_l1 = options.pop("recompute_l1", None)
+    current, joint = config.post_grad_custom_post_pass, config.joint_custom_post_pass
     passes = current if _ours(current) else _passes(current)
-    patches = {**(kwargs.pop("config_patches", None) or {}), "post_grad_custom_post_pass": passes}
+    patches = {**list_mode_options(mode or "default"), **options, **(kwargs.pop("config_patches", None) or {})}
+    patches["post_grad_custom_post_pass"] = passes
+    if recompute_l1 and not _ours(joint, "AscendMoEJointPasses"):
+        patches["joint_custom_post_pass"] = _joint_passes(joint)
+    elif recompute_l1 is False and _ours(joint, "AscendMoEJointPasses"):
+        patches["joint_custom_post_pass"] = joint.user
     return compile_fx(gm, example_inputs, config_patches=patches, **kwargs)
 
 
@@ -117,4 +159,14 @@ def npugraph_ex_passes(compiler_config, *, ge_mode: bool | None = None) -> None:
     compiler_config.post_grad_custom_post_pass = passes
 
 
-__all__ = ["BACKEND", "MATCHES", "backend", "disable", "enable", "enabled", "is_enabled", "npugraph_ex_passes"]
+__all__ = [
+    "BACKEND",
+    "MATCHES",
+    "backend",
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "npugraph_ex_passes",
+    "recomputes_l1",
+]

@@ -103,6 +103,39 @@ def rewrite(op, name: str):
     return register
 
 
+_JOINT: dict[str, Callable[[torch.fx.Graph, set], int]] = {}  # joint-graph passes, by rewrite name
+
+
+def joint_rewrite(name: str):
+    """Register ``tag(graph, forward) -> count`` as the joint-graph part of the rewrite ``name``: it runs on the joint
+    forward + backward graph before AOTAutograd partitions it (``forward`` is the set of nodes the forward outputs
+    need) and may only annotate nodes (``node.meta["recompute"]``), never change what the graph computes."""
+
+    def register(tag: Callable[[torch.fx.Graph, set], int]):
+        _JOINT[name] = tag
+        return tag
+
+    return register
+
+
+def forward_nodes(graph: torch.fx.Graph) -> set:
+    """The nodes of a joint graph that its forward outputs need: the ancestors of the outputs that do not depend on
+    a tangent (a joint graph returns the forward's outputs and then the gradients), and the output node itself."""
+    backward: set = set()
+    for node in graph.nodes:
+        tangent = node.op == "placeholder" and "tangents" in str(node.target)
+        if tangent or any(n in backward for n in node.all_input_nodes):
+            backward.add(node)
+    output = graph.output_node()
+    needed, stack = {output}, [n for n in output.all_input_nodes if n not in backward]
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    return needed
+
+
 _LATE: list[Callable[[], bool]] = []  # registrations waiting for their op to exist
 
 
@@ -148,6 +181,9 @@ def register_rewrites() -> None:
             importlib.import_module(f"{__package__}.{module.name}")
 
 
+_MAX_ROUNDS = 3  # rewrites feed each other at most two deep (grouped_mm -> swiglu_epilogue)
+
+
 class AscendMoEPasses(CustomGraphPass):
     """Our rewrites, then ``user`` (the post-grad pass that was installed before ours, if any); ``allowed(name)``
     says which fused ops may be introduced (TorchAir's GE mode: those with a GE converter).
@@ -165,18 +201,46 @@ class AscendMoEPasses(CustomGraphPass):
         _register_late()
         token = _ALLOWED.set(self.allowed)
         try:
-            PASS.apply(graph)
+            # Again while something changed: one rewrite can make another's pattern (a stock model's _grouped_mm
+            # becomes our grouped GEMM, whose SwiGLU epilogue then fuses); the matcher visits each node once per pass.
+            for _ in range(_MAX_ROUNDS):
+                if not PASS.apply(graph):
+                    break
         finally:
             _ALLOWED.reset(token)
         if self.user is not None:
             self.user(graph)
 
     def uuid(self):
-        ours = (
-            get_hash_for_files(tuple(_rewrite_modules())),
-            tuple(sorted((str(t), v) for t, v in cpu_gemm.NATIVE.items())),
-        )
-        if self.user is None:
-            return ours
-        theirs = self.user.uuid() if isinstance(self.user, CustomGraphPass) else None
-        return None if theirs is None else (ours, theirs)
+        return _uuid(self.user)
+
+
+class AscendMoEJointPasses(CustomGraphPass):
+    """The joint-graph parts of our rewrites (``joint_rewrite``), then ``user`` (the joint pass installed before
+    ours, if any); ``uuid()`` as ``AscendMoEPasses``'."""
+
+    def __init__(self, user=None) -> None:
+        self.user = user
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        register_rewrites()
+        _register_late()
+        forward = forward_nodes(graph)
+        for name, tag in _JOINT.items():
+            MATCHES[name] += tag(graph, forward)
+        if self.user is not None:
+            self.user(graph)
+
+    def uuid(self):
+        return _uuid(self.user)
+
+
+def _uuid(user):
+    ours = (
+        get_hash_for_files(tuple(_rewrite_modules())),
+        tuple(sorted((str(t), v) for t, v in cpu_gemm.NATIVE.items())),
+    )
+    if user is None:
+        return ours
+    theirs = user.uuid() if isinstance(user, CustomGraphPass) else None
+    return None if theirs is None else (ours, theirs)

@@ -65,10 +65,30 @@ def _plan(node: torch.fx.Node, a, b, offs, bias=None, out_dtype=None) -> Plan | 
     return None
 
 
-@rewrite(torch.ops.aten._grouped_mm.default, "grouped_mm")
-def plan_aten(node: torch.fx.Node) -> Plan | None:
+# The stock grouped GEMMs this rewrite takes -> the names of their (x, w, offs) arguments; transformers' fallback op is
+# added when it appears.
+STOCK: dict = {torch.ops.aten._grouped_mm.default: ("input", "mat2", "offs")}
+
+
+def _plan_stock(node: torch.fx.Node) -> Plan | None:
     args = call_args(node)
-    return _plan(node, args["input"], args["mat2"], args["offs"], args["bias"], args["out_dtype"])
+    x, w, offs = (args[k] for k in STOCK[node.target])
+    return _plan(node, x, w, offs, args.get("bias"), args.get("out_dtype"))
+
+
+def experts_gemm(node: torch.fx.Node) -> dict | None:
+    """For a stock grouped GEMM (``STOCK``) this rewrite turns into ``m_grouped_bf16_gemm`` (the experts' forward):
+    that op's arguments by name (``b`` the weight's node, untransposed; ``fakes``: the operands' fake values as the op
+    takes them), else None. ``swiglu_epilogue`` reads a joint graph's stock experts through it."""
+    decision = _plan_stock(node) if node.target in STOCK else None
+    if decision is None or decision.op is not _ops.m_grouped_bf16_gemm.default:
+        return None
+    a, b, offs = decision.inputs
+    fakes = {"a": val(a), "b": val(b).transpose(1, 2), "layout": val(offs)}
+    return {"a": a, "b": b, "layout": offs, "psum": True, "alignment": 1, "out_dtype": None, "fakes": fakes}
+
+
+rewrite(torch.ops.aten._grouped_mm.default, "grouped_mm")(_plan_stock)
 
 
 @late_rewrite
@@ -79,10 +99,6 @@ def register_transformers_fallback() -> bool:
     op = getattr(getattr(namespace, "grouped_mm_fallback", None), "default", None)
     if op is None:
         return False
-
-    @rewrite(op, "grouped_mm")
-    def plan_fallback(node: torch.fx.Node) -> Plan | None:
-        args = call_args(node)
-        return _plan(node, args["input"], args["weight"], args["offs"])
-
+    STOCK[op] = ("input", "weight", "offs")
+    rewrite(op, "grouped_mm")(_plan_stock)
     return True

@@ -20,6 +20,9 @@ SiLU is recognised as ``aten.silu``, ``x * sigmoid(x)`` and Inductor's decomposi
 alone: an L1 output, gate, up or any step used elsewhere too (the GEMM's output would be needed anyway), other
 activations, weights that are not one FP32 value per row, a clamp that differs between gate and up, a cast before the
 requant, a requant that is not ``[1, g]`` or packs its scales, and any call the fused op's own checks refuse.
+
+Training graphs save the L1 output for the backward, so nothing fuses there, unless ``enable(recompute_l1=True)``:
+then ``tag_for_recompute`` (a joint-graph pass) has the partitioner recompute the chain in the backward.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils.checkpoint import CheckpointPolicy
 
-from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
+from torch_ascend_moe.inductor_lowerings import grouped_mm
+from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, joint_rewrite, rewrite, val
 from torch_ascend_moe.meta.grouped import swiglu_fp8_signature, swiglu_signature
 
 _ops = torch.ops.ascend_moe
@@ -48,9 +53,10 @@ class _Match:
     up_clamp: float | None = None
     weights: torch.fx.Node | None = None
     nodes: set = field(default_factory=set)  # every node the fused op replaces (each must feed only the chain)
+    l1: tuple = _L1  # the GEMMs the chain may start with
 
     def copy(self) -> _Match:
-        return _Match(self.h, self.gate_clamp, self.up_clamp, self.weights, set(self.nodes))
+        return _Match(self.h, self.gate_clamp, self.up_clamp, self.weights, set(self.nodes), self.l1)
 
 
 def _call(node, *targets) -> bool:
@@ -86,7 +92,7 @@ def _half(node, index: int, m: _Match) -> bool:
         return False
     h, sizes = split.args[0], split.args[1]
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
-    if not _call(h, *_L1) or val(h) is None or dim not in (-1, 1):
+    if not _call(h, *m.l1) or val(h) is None or dim not in (-1, 1):
         return False
     if not _split_sizes_halve(sizes, val(h).shape[1]) or (m.h is not None and m.h is not h):
         return False
@@ -231,20 +237,25 @@ def _feeds_only_the_chain(m: _Match, end: torch.fx.Node) -> bool:
     return set(m.h.users) <= inside and all(set(n.users) <= inside for n in m.nodes)
 
 
-def _plan(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None) -> Plan | None:
-    m = _Match()
+def _chain(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None, l1: tuple = _L1):
+    """``(match, plan)`` for the chain ending at ``end`` whatever else uses its steps, or None: what the fused op would
+    replace (``match.h`` and ``match.nodes``, ``end`` excluded) and the call that would replace it, if the op's
+    checks take it. ``l1`` may add the stock grouped GEMMs (``grouped_mm.STOCK``: a joint graph's stock experts, which
+    ``grouped_mm`` turns into ours after the partition): their chains have no plan of their own (None)."""
+    m = _Match(l1=l1)
     if not _activation(act_node, m) or m.h is None:
         return None
     if quant is not None:  # the requant takes the FP32 epilogue itself: a cast in between would round first
         if _call(act_node, prims.convert_element_type.default) or val(act_node).dtype != torch.float32:
             return None
     m.nodes.discard(end)
-    if not _feeds_only_the_chain(m, end):
-        return None
     gran, ue8m0 = quant if quant is not None else (0, False)
     out_dtype = None if quant is not None else val(end).dtype
     fp8 = m.h.target is _ops.m_grouped_fp8_gemm.default
-    gemm = call_args(m.h)
+    stock = m.h.target in grouped_mm.STOCK
+    gemm = grouped_mm.experts_gemm(m.h) if stock else call_args(m.h)
+    if gemm is None:
+        return None
     # The fused ops' L1 output is rounded to a's dtype (BF16 for the scaled one).
     h_dtype = torch.bfloat16 if fp8 else val(gemm["a"]).dtype
     if gemm["out_dtype"] not in (None, h_dtype) or val(m.h).dtype != h_dtype:
@@ -259,8 +270,11 @@ def _plan(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None) -> Plan 
     epilogue = (m.gate_clamp, gran, ue8m0, out_dtype)
     op = _ops.m_grouped_fp8_gemm_swiglu.default if fp8 else _ops.m_grouped_bf16_gemm_swiglu.default
     signature = swiglu_fp8_signature if fp8 else swiglu_signature
-    if not accepts(signature, *(val(t) for t in tensors), *static, w_val, *epilogue):
+    fakes = [gemm["fakes"][k] for k in operands] if stock else [val(t) for t in tensors]
+    if not accepts(signature, *fakes, *static, w_val, *epilogue):
         return None
+    if stock:
+        return m, None
     weighted = m.weights is not None
 
     def fused(*inputs):
@@ -268,23 +282,71 @@ def _plan(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None) -> Plan 
         out, sf = op(*inputs[: len(tensors)], *static, row_weights, *epilogue)
         return (out, sf) if quant is not None else out
 
-    return Plan(fused, [*tensors, *([m.weights] if weighted else [])], op)
+    return m, Plan(fused, [*tensors, *([m.weights] if weighted else [])], op)
 
 
-@rewrite(aten.mul.Tensor, "swiglu_epilogue")
-def plan_product(end: torch.fx.Node) -> Plan | None:
-    return _plan(end, end, None)
+def _plan(end: torch.fx.Node, act_node, quant: tuple[int, bool] | None) -> Plan | None:
+    found = _chain(end, act_node, quant)
+    return found[1] if found is not None and _feeds_only_the_chain(found[0], end) else None
 
 
-@rewrite(prims.convert_element_type.default, "swiglu_epilogue")
-def plan_cast(end: torch.fx.Node) -> Plan | None:
-    return _plan(end, end.args[0], None) if _call(end.args[0], aten.mul.Tensor) else None
+def _product_end(end: torch.fx.Node):
+    return end, None
 
 
-@rewrite(_ops.quantize_fp8.default, "swiglu_epilogue")
-def plan_requant(end: torch.fx.Node) -> Plan | None:
+def _cast_end(end: torch.fx.Node):
+    return (end.args[0], None) if _call(end.args[0], aten.mul.Tensor) else None
+
+
+def _requant_end(end: torch.fx.Node):
     args = call_args(end)
     block = list(args["block"])
     if block[0] != 1 or args["use_packed_ue8m0"]:
         return None
-    return _plan(end, args["x"], (block[1], args["use_ue8m0"]))
+    return args["x"], (block[1], args["use_ue8m0"])
+
+
+# The calls a chain may end with -> (the node computing the activation, the requant's (g, UE8M0) or None), or None.
+_ENDS = {
+    aten.mul.Tensor: _product_end,
+    prims.convert_element_type.default: _cast_end,
+    _ops.quantize_fp8.default: _requant_end,
+}
+
+
+def _planner(read_end):
+    def plan(end: torch.fx.Node) -> Plan | None:
+        ends = read_end(end)
+        return None if ends is None else _plan(end, *ends)
+
+    return plan
+
+
+plan_product, plan_cast, plan_requant = (rewrite(op, "swiglu_epilogue")(_planner(e)) for op, e in _ENDS.items())
+
+
+@joint_rewrite("recompute_l1")
+def tag_for_recompute(graph: torch.fx.Graph, forward: set) -> int:  # -> how many chains it tagged
+    """Training graphs (``enable(recompute_l1=True)``): in the joint graph the backward reads the L1 output and the
+    SwiGLU's steps, so the forward must keep them and the rewrite above never applies. Tagging the L1 GEMM and the
+    chain's steps ``MUST_RECOMPUTE`` makes the partitioner recompute them in the backward from the L1's operands
+    (which the weight gradient keeps anyway); the forward graph is then the plain chain, which the post-grad rewrite
+    fuses: no ``[M, 2I]`` output computed or kept, one more L1 GEMM in the backward. A chain whose steps another
+    forward computation reads is left alone (the forward needs them anyway)."""
+    tagged = 0
+    for end in graph.nodes:
+        read_end = _ENDS.get(end.target) if end.op == "call_function" else None
+        ends = read_end(end) if read_end is not None else None
+        found = _chain(end, *ends, l1=(*_L1, *grouped_mm.STOCK)) if ends is not None else None
+        if found is None:
+            continue
+        m = found[0]
+        inside = m.nodes | {end}
+        outside = {u for n in (m.h, *m.nodes) for u in n.users if u not in inside}
+        if end not in forward or outside & forward:
+            continue
+        chain = (m.h, *m.nodes)
+        tagged += any(node.meta.get("recompute") != CheckpointPolicy.MUST_RECOMPUTE for node in chain)
+        for node in chain:
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    return tagged
