@@ -16,6 +16,12 @@ constexpr int64_t kStreamingMaxRows = 8;
 // is the fastest way to a BF16 result (FP32 accumulation, one rounding: the same contract as ours).
 bool native_bf16_dot();
 
+// Forces native_bf16_dot() (1 / 0; -1: the CPU decides again) for tests; returns the previous setting.
+int set_native_bf16_dot(int forced);
+
+// Whether MKL's BF16 x BF16 -> FP32 GEMM is linked (matmul_into's FP32 results of BF16 operands, natively).
+bool mkl_bf16_gemm_available();
+
 // Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
 // in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);

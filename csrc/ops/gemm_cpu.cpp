@@ -9,6 +9,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <climits>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -154,7 +156,15 @@ at::Tensor panel_to_float(const at::Tensor& panel) {
 
 // ATen's BF16 GEMM beats converting B to FP32 panels for MKL's SGEMM by 2-4x where the CPU has BF16 dot products
 // (issue 21, measured on an AVX512-BF16 EPYC); without them oneDNN emulates BF16 and the conversion path wins.
+namespace {
+// Tests force the native paths on a CPU without BF16 dot products (set_native_bf16_dot): they run there too, with
+// ATen's and MKL's emulation, so their choices and numerics are checked on every machine. -1: the CPU decides.
+std::atomic<int> native_override{-1};
+}  // namespace
+
 bool native_bf16_dot() {
+  const int forced = native_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced != 0;
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
   static const bool has = [] {
     __builtin_cpu_init();
@@ -165,6 +175,8 @@ bool native_bf16_dot() {
   return false;
 #endif
 }
+
+int set_native_bf16_dot(int forced) { return native_override.exchange(forced < 0 ? -1 : forced != 0); }
 
 namespace {
 
@@ -260,7 +272,57 @@ bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b) {
   return eb > 0 && ea + eb >= 128;
 }
 
+// MKL's BF16 x BF16 -> FP32 GEMM (LP64 CBLAS), which libtorch_cpu exports where PyTorch links MKL statically (the
+// x86 wheels); weak, so the extension loads without it and keeps the FP32-panel path. ATen has no BF16 -> FP32 GEMM
+// on CPU (its cpublas overload is not exported): on a CPU with BF16 dot products this is the fast way to the FP32
+// results of BF16 operands (the grouped weight gradient), with the same FP32 accumulation as the panel path.
+extern "C" __attribute__((weak)) void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k,
+                                                             float alpha, const void* a, int lda, const void* b,
+                                                             int ldb, float beta, float* c, int ldc);
+
+bool mkl_bf16_gemm_available() { return cblas_gemm_bf16bf16f32 != nullptr; }
+
 namespace {
+
+constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
+
+// (transposed?, leading dimension) of a 2-D operand for a row-major CBLAS call, or (false, 0) when neither
+// dimension has unit stride (or a dimension overflows CBLAS's 32-bit integers).
+std::pair<bool, int64_t> cblas_operand(const at::Tensor& t) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (r > INT_MAX || c > INT_MAX) return {false, 0};
+  // The other stride must step over a whole row (column): a broadcast (stride 0) or overlapping view is refused.
+  if ((t.stride(1) == 1 || c == 1) && (r == 1 || t.stride(0) >= c)) return {false, r == 1 ? c : t.stride(0)};
+  if ((t.stride(0) == 1 || r == 1) && (c == 1 || t.stride(1) >= r)) return {true, c == 1 ? r : t.stride(1)};
+  return {false, 0};
+}
+
+// out (FP32) = alpha * a @ b^T (+ c, FP32) through MKL's BF16 GEMM; false (nothing written) when it cannot take the
+// operands' layout.
+bool mkl_bf16_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                   double alpha) {
+  const auto [ta, lda] = cblas_operand(a);
+  const auto [tb_rows, ldb] = cblas_operand(b);  // b [N, K] row-major is B^T: the call's "Trans" case
+  const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
+  if (lda == 0 || ldb == 0 || out.stride(1) != 1 || out.stride(0) > INT_MAX || lda > INT_MAX || ldb > INT_MAX)
+    return false;
+  if (c.has_value() && !c->is_same(out)) out.copy_(*c);
+  cblas_gemm_bf16bf16f32(kCblasRowMajor, ta ? kCblasTrans : kCblasNoTrans, tb_rows ? kCblasNoTrans : kCblasTrans,
+                         static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), static_cast<float>(alpha),
+                         a.const_data_ptr(), static_cast<int>(lda), b.const_data_ptr(), static_cast<int>(ldb),
+                         c.has_value() ? 1.0f : 0.0f, out.mutable_data_ptr<float>(),
+                         static_cast<int>(std::max<int64_t>(out.stride(0), 1)));
+  return true;
+}
+
+// An FP32 result of BF16 operands (C absent or FP32) on a CPU with BF16 dot products, whose products stay normal
+// (the dot instructions flush subnormals, as in native_bf16_result), where MKL's BF16 GEMM is linked.
+bool native_fp32_result(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                        const std::optional<at::Tensor>& c) {
+  return a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kFloat &&
+         (!c.has_value() || c->scalar_type() == at::kFloat) && mkl_bf16_gemm_available() && native_bf16_dot() &&
+         bf16_products_normal(a, b);
+}
 
 // A BF16 result of BF16 operands (C absent or BF16) on a CPU where ATen's BF16 GEMM is the fast one, whose
 // products stay normal (oneDNN's BF16 dot products flush subnormals: the panel path keeps them exact).
@@ -300,6 +362,9 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
     streaming_matmul_into(out, a, b, c, alpha);
     return;
   }
+  // FP32 out of BF16 operands (the grouped weight gradient): MKL's BF16 GEMM where the CPU multiplies BF16 natively
+  // (FP32 accumulation with C, as the panel path below; another summation order).
+  if (in_t == at::kBFloat16 && native_fp32_result(a, b, out, c) && mkl_bf16_into(out, a, b, c, alpha)) return;
   if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1) {
     at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
     return;

@@ -8,10 +8,30 @@
 
 PyObject* ascend_moe_register_autograd(PyObject* self, PyObject* args);  // autograd_bridge.cpp
 
+namespace ascend_moe {
+int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
+bool mkl_bf16_gemm_available();
+}  // namespace ascend_moe
+
+static PyObject* ascend_moe_set_native_bf16_dot(PyObject*, PyObject* args) {
+  int forced = -1;
+  if (!PyArg_ParseTuple(args, "i", &forced)) return nullptr;
+  return PyLong_FromLong(ascend_moe::set_native_bf16_dot(forced));
+}
+
+static PyObject* ascend_moe_mkl_bf16_gemm(PyObject*, PyObject*) {
+  return PyBool_FromLong(ascend_moe::mkl_bf16_gemm_available());
+}
+
 static PyMethodDef ascend_moe_methods[] = {
     {"_register_autograd", ascend_moe_register_autograd, METH_VARARGS,
      "_register_autograd(name, impl): the C++ autograd kernel of ascend_moe::name, calling impl when a gradient "
      "is needed"},
+    {"_set_native_bf16_dot", ascend_moe_set_native_bf16_dot, METH_VARARGS,
+     "_set_native_bf16_dot(forced): the C++ kernels take their paths for CPUs with BF16 dot products (1), without "
+     "them (0), or as the CPU says (-1); returns the previous setting (tests)"},
+    {"_mkl_bf16_gemm", ascend_moe_mkl_bf16_gemm, METH_NOARGS,
+     "_mkl_bf16_gemm(): whether MKL's BF16 x BF16 -> FP32 GEMM is linked"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

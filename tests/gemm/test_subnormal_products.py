@@ -8,8 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torch_ascend_moe import _C
 from torch_ascend_moe.ops.gemm import bf16_bmm, bf16_gemm
-from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm
+from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm
+
+
+@pytest.fixture(autouse=True, params=["this CPU", "forced native"])
+def paths(request):
+    """Every test on the path this CPU takes, and on the paths of a CPU with BF16 dot products (ATen's BF16 GEMM for
+    BF16 results, MKL's BF16 GEMM for FP32 ones), forced: on a CPU without them both emulate BF16, so the choices and
+    the layouts handed to them are checked on every machine (the flushing itself only where the instructions are)."""
+    previous = _C._set_native_bf16_dot(1 if request.param == "forced native" else -1)
+    yield request.param
+    _C._set_native_bf16_dot(previous)
 
 
 def _exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -78,3 +89,58 @@ def test_inference_tensors_are_scanned_every_call():
         torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
         w.mul_(2e-39)
         torch.testing.assert_close(bf16_gemm(a, w), _exact(a, w), rtol=2**-7, atol=0)
+
+
+def _fp32_close(got: torch.Tensor, exact: torch.Tensor, k: int) -> None:
+    """FP32 accumulation of ``k`` exact products: within k * 2^-24 of the sum of magnitudes (any summation order)."""
+    assert got.dtype == torch.float32
+    finite = exact.isfinite()
+    bound = (k + 2) * 2**-24 * exact[finite].abs().max().clamp_min(1e-30) * 8
+    assert torch.equal(got.isnan(), exact.isnan())
+    assert torch.equal(got[~finite & ~exact.isnan()], exact[~finite & ~exact.isnan()].float())
+    assert ((got[finite].double() - exact[finite]).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("layout", ["a row-major", "a column-major", "b column-major", "b broadcast rows"])
+def test_fp32_results_of_bf16_operands(layout):
+    """FP32 outputs of BF16 GEMMs (MKL's BF16 GEMM on a CPU with BF16 dot products, FP32 panels elsewhere) in every
+    majorness CBLAS takes and one it does not (a broadcast operand), C joining the FP32 sum: FP64 within FP32's
+    accumulation error."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(40, 96, generator=g).bfloat16(), torch.randn(56, 96, generator=g).bfloat16()
+    if layout == "a column-major":
+        a = a.t().contiguous().t()
+    elif layout == "b column-major":
+        b = b.t().contiguous().t()
+    elif layout == "b broadcast rows":
+        b = b[:1].expand(56, 96)
+    c = torch.randn(40, 56, generator=g) * 10
+    exact = a.double() @ b.double().t()
+    _fp32_close(bf16_gemm(a, b, out_dtype=torch.float32), exact, 96)
+    _fp32_close(bf16_gemm(a, b, c, alpha=0.5), 0.5 * exact + c.double(), 96)
+
+
+def test_grouped_weight_gradient_fp32():
+    """k_grouped_bf16_gemm's FP32 output (transposed segments of A and B, C accumulated): FP64 within FP32's error,
+    NaN and inf where a segment holds them, empty experts zero (or C)."""
+    g = torch.Generator().manual_seed(4)
+    counts = [24, 0, 40, 8]
+    a, b = torch.randn(72, 48, generator=g).bfloat16(), torch.randn(72, 32, generator=g).bfloat16()
+    a[30, 5], b[70, 3] = float("nan"), float("inf")
+    offs = torch.tensor(counts, dtype=torch.int32).cumsum(0).int()
+    c = torch.randn(4, 48, 32, generator=g)
+    got = k_grouped_bf16_gemm(a, b, offs, 4, c=c)
+    begin, exact = 0, c.double().clone()
+    for e, end in enumerate(offs.tolist()):
+        exact[e] += a[begin:end].double().t() @ b[begin:end].double()
+        begin = end
+    _fp32_close(got, exact, 40)
+
+
+def test_mkl_bf16_gemm_is_linked_on_x86():
+    """PyTorch's x86 wheels link MKL statically and export its BF16 GEMM: the native FP32 path exists there."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("MKL is linked into PyTorch's x86 wheels only")
+    assert _C._mkl_bf16_gemm()
