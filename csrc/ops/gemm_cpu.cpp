@@ -364,7 +364,7 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
   }
   // FP32 out of BF16 operands (the grouped weight gradient): MKL's BF16 GEMM where the CPU multiplies BF16 natively
   // (FP32 accumulation with C, as the panel path below; another summation order).
-  if (in_t == at::kBFloat16 && native_fp32_result(a, b, out, c) && mkl_bf16_into(out, a, b, c, alpha)) return;
+  if (native_fp32_result(a, b, out, c) && mkl_bf16_into(out, a, b, c, alpha)) return;
   if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1) {
     at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
     return;

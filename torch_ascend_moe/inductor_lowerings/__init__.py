@@ -43,10 +43,17 @@ def _passes(user=None, allowed=None):
     return AscendMoEPasses(user, allowed)
 
 
-def _joint_passes(user=None):
-    from torch_ascend_moe.inductor_lowerings._pass import AscendMoEJointPasses
+def _joint(recompute_l1: bool | None, current):
+    """The joint-graph pass to install over ``current`` for ``recompute_l1`` (ours chaining the user's, the user's
+    alone, or ``current`` unchanged for None)."""
+    ours = _ours(current, "AscendMoEJointPasses")
+    if recompute_l1 and not ours:
+        from torch_ascend_moe.inductor_lowerings._pass import AscendMoEJointPasses
 
-    return AscendMoEJointPasses(user)
+        return AscendMoEJointPasses(current)
+    if recompute_l1 is False and ours:
+        return current.user
+    return current
 
 
 def _ours(p, kind: str = "AscendMoEPasses") -> bool:
@@ -66,11 +73,7 @@ def enable(recompute_l1: bool = False) -> None:
     current = config.post_grad_custom_post_pass
     if not _ours(current):
         config.post_grad_custom_post_pass = _passes(current)
-    joint = config.joint_custom_post_pass
-    if recompute_l1 and not _ours(joint, "AscendMoEJointPasses"):
-        config.joint_custom_post_pass = _joint_passes(joint)
-    elif not recompute_l1 and _ours(joint, "AscendMoEJointPasses"):
-        config.joint_custom_post_pass = joint.user
+    config.joint_custom_post_pass = _joint(recompute_l1, config.joint_custom_post_pass)
 
 
 def disable() -> None:
@@ -80,9 +83,7 @@ def disable() -> None:
     current = config.post_grad_custom_post_pass
     if _ours(current):
         config.post_grad_custom_post_pass = current.user
-    joint = config.joint_custom_post_pass
-    if _ours(joint, "AscendMoEJointPasses"):
-        config.joint_custom_post_pass = joint.user
+    config.joint_custom_post_pass = _joint(False, config.joint_custom_post_pass)
 
 
 def is_enabled() -> bool:
@@ -122,14 +123,11 @@ def backend(
 
     options = dict(options or {})
     recompute_l1 = options.pop("recompute_l1", None)
-    current, joint = config.post_grad_custom_post_pass, config.joint_custom_post_pass
+    current = config.post_grad_custom_post_pass
     passes = current if _ours(current) else _passes(current)
     patches = {**list_mode_options(mode or "default"), **options, **(kwargs.pop("config_patches", None) or {})}
     patches["post_grad_custom_post_pass"] = passes
-    if recompute_l1 and not _ours(joint, "AscendMoEJointPasses"):
-        patches["joint_custom_post_pass"] = _joint_passes(joint)
-    elif recompute_l1 is False and _ours(joint, "AscendMoEJointPasses"):
-        patches["joint_custom_post_pass"] = joint.user
+    patches["joint_custom_post_pass"] = _joint(recompute_l1, config.joint_custom_post_pass)
     return compile_fx(gm, example_inputs, config_patches=patches, **kwargs)
 
 
