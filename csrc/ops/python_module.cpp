@@ -7,6 +7,8 @@
 #define AM_STR(x) AM_STR2(x)
 
 PyObject* ascend_moe_register_autograd(PyObject* self, PyObject* args);  // autograd_bridge.cpp
+PyObject* ascend_moe_shm_publish(PyObject* self, PyObject* args);        // shared_flags.cpp
+PyObject* ascend_moe_shm_wait(PyObject* self, PyObject* args);
 
 namespace ascend_moe {
 int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
@@ -32,6 +34,11 @@ static PyMethodDef ascend_moe_methods[] = {
      "them (0), or as the CPU says (-1); returns the previous setting (tests)"},
     {"_mkl_bf16_gemm", ascend_moe_mkl_bf16_gemm, METH_NOARGS,
      "_mkl_bf16_gemm(): whether MKL's BF16 x BF16 -> FP32 GEMM is linked"},
+    {"_shm_publish", ascend_moe_shm_publish, METH_VARARGS,
+     "_shm_publish(address, value): store value at address (an int64 in shared memory) with release order"},
+    {"_shm_wait", ascend_moe_shm_wait, METH_VARARGS,
+     "_shm_wait(addresses, target, seconds): wait (without the GIL) until every int64 at addresses is >= target, "
+     "at most about seconds; returns -1 when they are, else the index of the first one that is not"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

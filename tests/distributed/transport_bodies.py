@@ -111,3 +111,61 @@ def transport_checks(rank: int, world: int, store_path: str, case: str) -> None:
         os._exit(1)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def control_checks(rank: int, world: int, store_path: str) -> None:
+    """The control blocks' small collectives (``shared_rows._Regions.all_gather``, ``exchange.all_reduce_max``)
+    give what gloo's give over many rounds (both header slots, rows of every length); then rank 1 stops taking
+    part: rank 0's barrier times out naming the rank, and once rank 1 has exited, says so at once."""
+    import time
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    from torch_ascend_moe.distributed import exchange, shared_rows
+
+    try:
+        group = dist.group.WORLD
+        regions = shared_rows.regions(OP, group, 30.0)
+        assert regions is not None and len(regions.control) == world
+        g = torch.Generator().manual_seed(7 + rank)
+        for i in range(40):
+            n = 1 + i % shared_rows.slot_words(world)
+            row = torch.randint(-(2**62), 2**62, (n,), dtype=torch.int64, generator=g)
+            want = [torch.empty_like(row) for _ in range(world)]
+            dist.all_gather(want, row)
+            got = regions.all_gather(OP, group, row, 30.0, "the test's all-gather")
+            assert torch.equal(got, torch.stack(want)), (i, got, want)
+            t = row[:3].clone()
+            ref = t.clone()
+            dist.all_reduce(ref, op=dist.ReduceOp.MAX)
+            exchange.all_reduce_max(OP, group, t, 30.0)
+            assert torch.equal(t, ref), (i, t, ref)
+        assert regions.barriers == 80, regions.barriers
+        dist.barrier()
+        if rank == 1:
+            time.sleep(2.5)  # misses rank 0's 1 s barrier, then exits without a word
+            os._exit(0)
+        start = time.monotonic()
+        try:
+            regions.barrier(OP, group, 1.0, "the test's barrier")
+            raise AssertionError("a barrier a rank missed passed")
+        except RuntimeError as e:
+            msg = str(e)
+        elapsed = time.monotonic() - start
+        assert 1.0 <= elapsed < 5, elapsed
+        want = f"{OP}: rank 0 of {world}: the test's barrier did not complete within 1 s (a rank never arrived"
+        assert msg.startswith(want) and msg.endswith("rank 1 has not arrived"), msg
+        time.sleep(3)  # rank 1 has exited now
+        start = time.monotonic()
+        try:
+            regions.barrier(OP, group, 100.0, "the test's barrier")
+            raise AssertionError("a barrier with an exited rank passed")
+        except RuntimeError as e:
+            msg = str(e)
+        assert time.monotonic() - start < 5, time.monotonic() - start
+        assert "before its 100 s timeout (a peer rank exited or crashed" in msg, msg
+        assert msg.endswith(f"rank 1's process {regions.pids[1]} has exited"), msg
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)  # the group is out of step now: no final barrier

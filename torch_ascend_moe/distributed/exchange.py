@@ -36,14 +36,22 @@ def wait(op: str, group, work, timeout_s: float, what: str, start: float | None 
     except RuntimeError as e:
         elapsed = time.monotonic() - start
         if elapsed < 0.9 * timeout_s:  # the transport failed before the deadline: not a timeout
-            raise RuntimeError(
-                f"{op}: rank {group.rank()} of {group.size()}: {what} failed after {elapsed:.3g} s, before its "
-                f"{timeout_s:g} s timeout (a peer rank exited or crashed, or its connection broke): {e}"
-            ) from e
-        raise RuntimeError(
-            f"{op}: rank {group.rank()} of {group.size()}: {what} did not complete within {timeout_s:g} s "
-            f"(a rank never arrived, or the ranks called different ops): {e}"
-        ) from e
+            raise failed_error(op, group, what, elapsed, timeout_s, e) from e
+        raise timeout_error(op, group, what, timeout_s, e) from e
+
+
+def failed_error(op: str, group, what: str, elapsed: float, timeout_s: float, detail) -> RuntimeError:
+    return RuntimeError(
+        f"{op}: rank {group.rank()} of {group.size()}: {what} failed after {elapsed:.3g} s, before its "
+        f"{timeout_s:g} s timeout (a peer rank exited or crashed, or its connection broke): {detail}"
+    )
+
+
+def timeout_error(op: str, group, what: str, timeout_s: float, detail) -> RuntimeError:
+    return RuntimeError(
+        f"{op}: rank {group.rank()} of {group.size()}: {what} did not complete within {timeout_s:g} s "
+        f"(a rank never arrived, or the ranks called different ops): {detail}"
+    )
 
 
 def all_to_all_rows(op, group, pairs, out_splits, in_splits, timeout_s, index=None, padded=False, send_rows=None):
@@ -159,8 +167,22 @@ def gather_rows(rows, index, begin: int, end: int, padded: bool, out=None) -> to
 
 
 def all_reduce_max(op, group, t, timeout_s, what: str = "the all-reduce") -> None:
+    """``t`` (int64, a few words) becomes its elementwise maximum over the ranks."""
+    regions = _control_of(op, group, timeout_s)
+    if regions is not None and t.device.type == "cpu" and t.numel() <= shared_rows.slot_words(group.size()):
+        t.copy_(regions.all_gather(op, group, t.reshape(-1), timeout_s, what).amax(0).view_as(t))
+        return
     work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group, async_op=True)
     wait(op, group, work, timeout_s, what)
+
+
+def _control_of(op: str, group, timeout_s: float):
+    """The group's shared-memory regions where its small collectives go through their control blocks (gloo
+    ranks of one host; see ``shared_rows``), else None. A collective on first use (the same call on every
+    rank)."""
+    if dist.get_backend(group) != "gloo" or capturing_current_stream():
+        return None
+    return shared_rows.regions(op, group, timeout_s)
 
 
 # Header words: op code, then the op's fields, error flags and per-rank counts, zero-padded to a length every
@@ -171,16 +193,20 @@ REJECTED = -1  # the op code of a rank whose own arguments failed their local ch
 
 
 def gather_header(op: str, group, device, code: int, words: list[int], extra, timeout_s) -> torch.Tensor:
-    length = 32 + 2 * group.size()
+    length = shared_rows.slot_words(group.size())
     row = torch.zeros(length, dtype=torch.int64)
     row[0] = code
     row[1 : 1 + len(words)] = torch.tensor(words, dtype=torch.int64)
     if extra is not None:
         row[1 + len(words) : 1 + len(words) + extra.numel()] = extra.to("cpu", torch.int64)
-    row = row.to(device)
-    gathered = [torch.empty_like(row) for _ in range(group.size())]
-    wait(op, group, dist.all_gather(gathered, row, group=group, async_op=True), timeout_s, "the header exchange")
-    table = torch.stack(gathered).cpu()
+    regions = _control_of(op, group, timeout_s)
+    if regions is not None:
+        table = regions.all_gather(op, group, row, timeout_s, "the header exchange")
+    else:
+        row = row.to(device)
+        gathered = [torch.empty_like(row) for _ in range(group.size())]
+        wait(op, group, dist.all_gather(gathered, row, group=group, async_op=True), timeout_s, "the header exchange")
+        table = torch.stack(gathered).cpu()
     codes = table[:, 0].tolist()
     rejected = [i for i, c in enumerate(codes) if c == REJECTED]
     if rejected:
