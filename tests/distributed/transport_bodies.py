@@ -113,6 +113,18 @@ def transport_checks(rank: int, world: int, store_path: str, case: str) -> None:
     dist.destroy_process_group()
 
 
+def _failed_barrier(regions, group, timeout_s: float) -> tuple[str, float]:
+    """The error of a barrier that must fail, and how long it took."""
+    import time
+
+    start = time.monotonic()
+    try:
+        regions.barrier(OP, group, timeout_s, "the test's barrier")
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+    raise AssertionError("a barrier a rank missed passed")
+
+
 def control_checks(rank: int, world: int, store_path: str) -> None:
     """The control blocks' small collectives (``shared_rows._Regions.all_gather``, ``exchange.all_reduce_max``)
     give what gloo's give over many rounds (both header slots, rows of every length); then rank 1 stops taking
@@ -145,24 +157,13 @@ def control_checks(rank: int, world: int, store_path: str) -> None:
         if rank == 1:
             time.sleep(2.5)  # misses rank 0's 1 s barrier, then exits without a word
             os._exit(0)
-        start = time.monotonic()
-        try:
-            regions.barrier(OP, group, 1.0, "the test's barrier")
-            raise AssertionError("a barrier a rank missed passed")
-        except RuntimeError as e:
-            msg = str(e)
-        elapsed = time.monotonic() - start
+        msg, elapsed = _failed_barrier(regions, group, 1.0)
         assert 1.0 <= elapsed < 5, elapsed
         want = f"{OP}: rank 0 of {world}: the test's barrier did not complete within 1 s (a rank never arrived"
         assert msg.startswith(want) and msg.endswith("rank 1 has not arrived"), msg
         time.sleep(3)  # rank 1 has exited now
-        start = time.monotonic()
-        try:
-            regions.barrier(OP, group, 100.0, "the test's barrier")
-            raise AssertionError("a barrier with an exited rank passed")
-        except RuntimeError as e:
-            msg = str(e)
-        assert time.monotonic() - start < 5, time.monotonic() - start
+        msg, elapsed = _failed_barrier(regions, group, 100.0)
+        assert elapsed < 5, elapsed
         assert "before its 100 s timeout (a peer rank exited or crashed" in msg, msg
         assert msg.endswith(f"rank 1's process {regions.pids[1]} has exited"), msg
     except BaseException:
