@@ -3,9 +3,12 @@
 // the private namespace ascend_moe_kernels (not graph ops: no fakes, no autograd; the ep ops around them have).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -143,6 +146,177 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
   return ep_combine_reduce_out_cpu(blocks, dest, num_tokens, bias_0, bias_1, visit, out);
 }
 
+
+// ---- dispatch: the send plan and the receive side's metadata, one pass each (CPU) ----
+//
+// The portable kernel (torch_ascend_moe/backends/portable/ep.py: _send_plan_portable, _unpack_portable) builds
+// the same results from ~40 small tensor ops; on a CPU their fixed cost is most of a small dispatch. Bit for bit
+// the same outputs (tested against each other).
+
+constexpr const char* kPlanOp = "ep_dispatch_plan";
+
+template <typename I>
+void sanitize_ids(const at::Tensor& topk_idx, int64_t num_experts, int64_t* out, int64_t& bad) {
+  const int64_t t = topk_idx.size(0), k = topk_idx.size(1);
+  const int64_t s0 = topk_idx.stride(0), s1 = topk_idx.stride(1);
+  const I* p = topk_idx.const_data_ptr<I>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t v = static_cast<int64_t>(p[i * s0 + j * s1]);
+      const bool ok = v >= -1 && v < num_experts;
+      bad += !ok;
+      out[i * k + j] = ok ? v : -1;
+    }
+  }
+}
+
+// Row-wise bytes of `src` ([T, C], any strides) at byte `at` of each `width`-byte row of `dst`.
+void put_rows(const at::Tensor& src, uint8_t* dst, int64_t width, int64_t at) {
+  const at::Tensor c = src.contiguous();
+  const int64_t n = c.size(0), bytes = c.size(1) * c.element_size();
+  const auto* p = static_cast<const uint8_t*>(c.const_data_ptr());
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width + at, p + i * bytes, bytes);
+}
+
+// (ids [T, K] int64: topk_idx with ids outside [-1, E) replaced by -1, counts [R + 1]: tokens with an id on rank
+// d, then the number of ids out of range, send_src: the token of each row sent, destination-major then
+// ascending token (static: [R * T], -1 where the token has no expert on that rank), meta [T, W] uint8: each
+// token's row of scales | ids | weights | zero padding to 8 bytes | token index + 1 as int64).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
+    const at::Tensor& topk_idx, int64_t num_experts, int64_t num_ranks, bool padded,
+    const c10::optional<at::Tensor>& x_scales, const c10::optional<at::Tensor>& topk_weights) {
+  check_rank(kPlanOp, "topk_idx", topk_idx, 2, "[T, K]");
+  check_int_arg(kPlanOp, "num_experts", num_experts, 1);
+  check_int_arg(kPlanOp, "num_ranks", num_ranks, 1);
+  AM_CHECK_ARG(num_experts % num_ranks == 0, kPlanOp, "num_experts", "value", "a multiple of num_ranks",
+               num_experts);
+  const int64_t t = topk_idx.size(0), k = topk_idx.size(1), per_rank = num_experts / num_ranks;
+  const auto long_opts = topk_idx.options().dtype(at::kLong);
+  at::Tensor ids = at::empty({t, k}, long_opts);
+  int64_t* id = ids.mutable_data_ptr<int64_t>();
+  int64_t bad = 0;
+  if (topk_idx.scalar_type() == at::kLong) {
+    sanitize_ids<int64_t>(topk_idx, num_experts, id, bad);
+  } else {
+    AM_CHECK_ARG(topk_idx.scalar_type() == at::kInt, kPlanOp, "topk_idx", "dtype", "torch.int64 or torch.int32",
+                 dtype_name(topk_idx.scalar_type()));
+    sanitize_ids<int32_t>(topk_idx, num_experts, id, bad);
+  }
+  // in_rank[d * T + i]: token i has an expert on rank d (a token goes to a rank once, however many of its ids).
+  std::vector<uint8_t> in_rank(num_ranks * t, 0);
+  at::Tensor counts = at::zeros({num_ranks + 1}, long_opts);
+  int64_t* c = counts.mutable_data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t v = id[i * k + j];
+      if (v < 0) continue;
+      uint8_t& seen = in_rank[(v / per_rank) * t + i];
+      c[v / per_rank] += !seen;
+      seen = 1;
+    }
+  }
+  c[num_ranks] = bad;
+  int64_t rows = 0;
+  for (int64_t d = 0; d < num_ranks; ++d) rows += c[d];
+  at::Tensor send_src = at::empty({padded ? num_ranks * t : rows}, long_opts);
+  int64_t* s = send_src.mutable_data_ptr<int64_t>();
+  for (int64_t d = 0, q = 0; d < num_ranks; ++d) {
+    for (int64_t i = 0; i < t; ++i) {
+      if (in_rank[d * t + i]) {
+        s[q++] = i;
+      } else if (padded) {
+        s[q++] = -1;
+      }
+    }
+  }
+  int64_t scale_bytes = 0;  // bytes per row, whatever T (0 rows still have a width)
+  if (x_scales.has_value()) {
+    check_rank(kPlanOp, "x_scales", *x_scales, 2, "[T, S]");
+    AM_CHECK_ARG(x_scales->size(0) == t, kPlanOp, "x_scales", "size(0)", t, x_scales->size(0));
+    scale_bytes = x_scales->size(1) * x_scales->element_size();
+  }
+  if (topk_weights.has_value()) {
+    AM_CHECK_ARG(topk_weights->sizes() == topk_idx.sizes(), kPlanOp, "topk_weights", "shape",
+                 shape_str(topk_idx.sizes()), shape_str(topk_weights->sizes()));
+  }
+  const int64_t weight_bytes = topk_weights.has_value() ? k * topk_weights->element_size() : 0;
+  const int64_t used = scale_bytes + k * 8 + weight_bytes, width = used + (8 - used % 8) % 8 + 8;
+  at::Tensor meta = at::empty({t, width}, topk_idx.options().dtype(at::kByte));
+  uint8_t* m = meta.mutable_data_ptr<uint8_t>();
+  if (scale_bytes) put_rows(*x_scales, m, width, 0);
+  put_rows(ids, m, width, scale_bytes);
+  if (weight_bytes) put_rows(*topk_weights, m, width, scale_bytes + k * 8);
+  for (int64_t i = 0; i < t; ++i) {
+    std::memset(m + i * width + used, 0, width - 8 - used);
+    const int64_t tag = i + 1;
+    std::memcpy(m + i * width + width - 8, &tag, 8);
+  }
+  return {ids, counts, send_src, meta};
+}
+
+constexpr const char* kUnpackOp = "ep_dispatch_unpack";
+
+// The receive side of a dispatch's metadata rows (meta [N, W], as ep_dispatch_plan packed them; a row whose tag is
+// 0 is padding): (scales [N, scale_bytes] uint8, recv_topk_idx [N, K]: the ids of this rank's experts as local
+// ids, else -1, weights [N, K * weight_size] uint8: the weights of those slots, zero bytes on the others,
+// per_expert [L] int32: slots per local expert rounded up to `alignment`, src [N]: each row's token index on its
+// source rank, -1 on padding).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispatch_unpack_cpu(
+    const at::Tensor& meta, int64_t scale_bytes, int64_t k, int64_t weight_size, int64_t first_expert,
+    int64_t local_experts, int64_t alignment) {
+  check_rank(kUnpackOp, "meta", meta, 2, "[N, W]");
+  AM_CHECK_ARG(meta.scalar_type() == at::kByte, kUnpackOp, "meta", "dtype", "torch.uint8",
+               dtype_name(meta.scalar_type()));
+  check_int_arg(kUnpackOp, "scale_bytes", scale_bytes, 0);
+  check_int_arg(kUnpackOp, "k", k, 0);
+  check_int_arg(kUnpackOp, "weight_size", weight_size, 0);
+  check_int_arg(kUnpackOp, "local_experts", local_experts, 1);
+  check_int_arg(kUnpackOp, "alignment", alignment, 1);
+  const int64_t used = scale_bytes + k * 8 + k * weight_size, width = used + (8 - used % 8) % 8 + 8;
+  AM_CHECK_ARG(meta.size(1) == width, kUnpackOp, "meta", "size(1)", width, meta.size(1));
+  const at::Tensor rows = meta.contiguous();
+  const uint8_t* m = rows.const_data_ptr<uint8_t>();
+  const int64_t n = rows.size(0);
+  const auto opts = meta.options();
+  at::Tensor scales = at::empty({n, scale_bytes}, opts);
+  at::Tensor ids = at::empty({n, k}, opts.dtype(at::kLong));
+  at::Tensor weights = at::empty({n, k * weight_size}, opts);
+  at::Tensor src = at::empty({n}, opts.dtype(at::kLong));
+  std::vector<int64_t> slots(local_experts, 0);
+  uint8_t* sp = scales.mutable_data_ptr<uint8_t>();
+  int64_t* ip = ids.mutable_data_ptr<int64_t>();
+  uint8_t* wp = weights.mutable_data_ptr<uint8_t>();
+  int64_t* srcp = src.mutable_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* row = m + i * width;
+    int64_t tag;
+    std::memcpy(&tag, row + width - 8, 8);
+    const bool valid = tag > 0;
+    srcp[i] = tag - 1;
+    std::memcpy(sp + i * scale_bytes, row, scale_bytes);
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t v;
+      std::memcpy(&v, row + scale_bytes + j * 8, 8);
+      const int64_t local = v - first_expert;
+      const bool mine = valid && v >= 0 && local >= 0 && local < local_experts;
+      ip[i * k + j] = mine ? local : -1;
+      slots[mine ? local : 0] += mine;
+      uint8_t* w = wp + (i * k + j) * weight_size;
+      if (mine) {
+        std::memcpy(w, row + scale_bytes + k * 8 + j * weight_size, weight_size);
+      } else {
+        std::memset(w, 0, weight_size);
+      }
+    }
+  }
+  at::Tensor per_expert = at::empty({local_experts}, opts.dtype(at::kInt));
+  int32_t* pe = per_expert.mutable_data_ptr<int32_t>();
+  for (int64_t e = 0; e < local_experts; ++e) {
+    pe[e] = static_cast<int32_t>((slots[e] + alignment - 1) / alignment * alignment);
+  }
+  return {scales, ids, weights, per_expert, src};
+}
+
 }  // namespace
 }  // namespace ascend_moe
 
@@ -223,9 +397,17 @@ TORCH_LIBRARY(ascend_moe_kernels, m) {
   m.def(
       "ep_combine_reduce.out(Tensor[] rows, Tensor dest, int num_tokens, Tensor? bias_0=None, Tensor? bias_1=None, "
       "Tensor? visit=None, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def(
+      "ep_dispatch_plan(Tensor topk_idx, int num_experts, int num_ranks, bool padded, Tensor? x_scales, "
+      "Tensor? topk_weights) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "ep_dispatch_unpack(Tensor meta, int scale_bytes, int k, int weight_size, int first_expert, "
+      "int local_experts, int alignment) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) {
   m.impl("ep_combine_reduce", &ascend_moe::ep_combine_reduce_cpu);
   m.impl("ep_combine_reduce.out", &ascend_moe::ep_combine_reduce_out_cpu);
+  m.impl("ep_dispatch_plan", &ascend_moe::ep_dispatch_plan_cpu);
+  m.impl("ep_dispatch_unpack", &ascend_moe::ep_dispatch_unpack_cpu);
 }

@@ -525,6 +525,14 @@ def upstream_style(local_rank: int, num_local_ranks: int, port: int) -> None:
             barrier_comm_profiling=True,
         )
         assert t > 0, t
+        # Upstream's names ("dispatch", "combine": its CUDA kernels'), which also name our ops' helper kernels.
+        recv_x, _, _, _, handle, _ = buffer.dispatch(x, **{k: v for k, v in args.items() if k != "x"})
+        for name, fn in (
+            ("dispatch", lambda: buffer.dispatch(x, **{k: v for k, v in args.items() if k != "x"})),
+            ("combine", lambda: buffer.combine(recv_x, handle)),
+        ):
+            t = bench_kineto(fn, name, num_tests=2, suppress_kineto_output=True)
+            assert t > 0, (name, t)
         dist.barrier()
     except BaseException:
         traceback.print_exc()

@@ -1,10 +1,14 @@
-"""The ep family's CPU helper kernel (ascend_moe_kernels::ep_combine_reduce) against the tensor-op path the
-CUDA / NPU backends take: bitwise equal, in the combine's fixed order."""
+"""The ep family's CPU helper kernels (ascend_moe_kernels::ep_combine_reduce, ep_dispatch_plan,
+ep_dispatch_unpack) against the tensor-op paths the CUDA / NPU backends take: bitwise equal (the combine in its
+fixed order)."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torch_ascend_moe.backends.portable import ep as kernels
+from torch_ascend_moe.distributed import exchange
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
@@ -145,7 +149,7 @@ def test_ops_take_any_strides():
 
 
 def test_large_outputs_reuse_only_unreferenced_memory():
-    """exchange.new_rows (the receive buffers and gathered rows of the ep kernels): a block of 32 MiB or more
+    """exchange.new_rows (the receive buffers and gathered rows of the ep kernels): a block of 256 KiB or more
     reuses an earlier block's memory only once no tensor or view references it; smaller blocks and fake tensors
     are plain new_empty."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -170,6 +174,79 @@ def test_large_outputs_reuse_only_unreferenced_memory():
     assert bool((view == 1).all())
     small = new_rows(like, 4, 8)
     assert small.shape == (4, 8) and small.untyped_storage().nbytes() == 64
+    kept = new_rows(like, 128, 1024)  # 256 KiB: reused too (glibc's heap trims its top: fresh pages again)
+    kept_ptr = kept.data_ptr()
+    del kept
+    assert new_rows(like, 128, 1024).data_ptr() == kept_ptr
     with FakeTensorMode() as mode:
         fake = new_rows(mode.from_tensor(like), rows, h)
     assert fake.shape == (rows, h)
+
+
+@st.composite
+def _routings(draw):
+    """A rank's dispatch arguments: ids with -1, duplicates and out-of-range values, any strides and index
+    dtype, optional scales (FP32 or packed int32, any width) and weights (with NaN and -0.0)."""
+    r = draw(st.integers(1, 4))
+    e = r * draw(st.integers(1, 5))
+    t, k = draw(st.integers(0, 24)), draw(st.integers(1, 6))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(-3, e + 3, (t, k), generator=g)
+    idx[torch.rand(t, k, generator=g) < 0.6] = torch.randint(0, e, (1,), generator=g).item() if e else 0
+    idx = idx.to(draw(st.sampled_from([torch.int64, torch.int32])))
+    if draw(st.booleans()):  # column-major
+        idx = idx.t().contiguous().t()
+    scales = None
+    if draw(st.booleans()):
+        cols = draw(st.integers(0, 5))
+        scales = torch.randn(t, cols, generator=g)
+        if draw(st.booleans()):
+            scales = scales.view(torch.int32)
+    weights = None
+    if draw(st.booleans()):
+        weights = torch.randn(t, k, generator=g).to(draw(st.sampled_from([torch.float32, torch.float64])))
+        if t:
+            weights[0, 0], weights[-1, -1] = float("nan"), -0.0
+        weights = weights.t().contiguous().t() if draw(st.booleans()) else weights
+    return idx, e, r, draw(st.booleans()), scales, weights, seed
+
+
+@settings(max_examples=200, deadline=None)
+@given(_routings())
+def test_dispatch_plan_and_unpack_match_portable_path(case):
+    """The CPU helper kernels of a dispatch's send plan and receive side (ep_dispatch_plan / ep_dispatch_unpack)
+    are bitwise the tensor-op path's (CUDA / NPU), on valid and bad ids, padded and compact plans."""
+    idx, e, r, padded, scales, weights, seed = case
+    ours = kernels._send_plan(idx, e, r, padded, scales, weights)
+    portable = kernels._send_plan_portable(idx, e, r, padded, scales, weights)
+    for a, b in zip(ours, portable):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    ids, bad, counts, send_src, meta = ours
+    assert int(bad) == int(((idx < -1) | (idx >= e)).sum())
+    for d in range(r):  # the plan against its definition: tokens with an expert on rank d, ascending
+        on_d = [i for i in range(idx.shape[0]) if any(0 <= v // (e // r) == d for v in ids[i].tolist() if v >= 0)]
+        rows = send_src.view(r, -1)[d] if padded else send_src[sum(counts[:d].tolist()) :][: len(on_d)]
+        assert [v for v in rows.tolist() if v >= 0] == on_d and int(counts[d]) == len(on_d)
+    # The receive side: rows from several sources (here this plan's rows, shuffled) and zeroed padding rows.
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.cat(
+        [meta[torch.randperm(meta.shape[0], generator=g)], torch.zeros(2, meta.shape[1], dtype=torch.uint8)]
+    )
+    scale_bytes = 0 if scales is None else exchange.row_bytes(scales)
+    weight_size = 0 if weights is None else weights.element_size()
+    local = e // r
+    for rank in range(r):
+        for alignment in (1, 3):
+            args = (rows, scale_bytes, idx.shape[1], weight_size, rank * local, local, alignment)
+            got, want = kernels._unpack(*args), kernels._unpack_portable(*args)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_dispatch_unpack_bad_width():
+    meta = torch.zeros(3, 24, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"ep_dispatch_unpack: argument 'meta' size\(1\): expected 32, got 24"):
+        torch.ops.ascend_moe_kernels.ep_dispatch_unpack(meta, 0, 2, 4, 0, 2, 1)
+    with pytest.raises(ValueError, match=r"ep_dispatch_plan: argument 'num_experts' value: expected a multiple of"):
+        torch.ops.ascend_moe_kernels.ep_dispatch_plan(torch.zeros(2, 1, dtype=torch.long), 3, 2, False, None, None)

@@ -10,6 +10,8 @@ import ctypes
 import dataclasses
 import importlib
 import pkgutil
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -115,8 +117,15 @@ def _glibc():
 
 
 def _fixed_seconds(fn: Callable[[], object], iterations: int) -> float:
+    """The median of ``iterations`` single calls (a fixed count, so every rank of a collective runs the same
+    calls): one stalled call on a noisy machine moves a block's mean, not the median."""
     fn()  # warm-up
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(iterations).median
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_case(case: Case, min_run_time: float = 0.3) -> Result:

@@ -82,7 +82,7 @@ def _dispatch_case(quick: bool, fp8: bool) -> Case:
         setup,
         "all_to_all_single of the same rows",
         bytes=lambda: state["bytes"],
-        iterations=3 if quick else 10,
+        iterations=3 if quick else 30,
     )
 
 
@@ -103,7 +103,7 @@ def _combine_case(quick: bool) -> Case:
         setup,
         "all_to_all_single of the same rows",
         bytes=lambda: state["bytes"],
-        iterations=3 if quick else 10,
+        iterations=3 if quick else 30,
     )
 
 
@@ -135,7 +135,7 @@ def _elastic_case(quick: bool, what: str) -> Case:
         setup,
         "all_to_all_single of the same rows",
         bytes=lambda: state["bytes"],
-        iterations=3 if quick else 10,
+        iterations=3 if quick else 30,
     )
 
 

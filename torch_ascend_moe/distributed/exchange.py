@@ -284,19 +284,22 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], width)
 
 
-# ---- large CPU outputs without fresh pages ----
+# ---- CPU outputs without fresh pages ----
 
-_REUSE_MIN_BYTES = 32 << 20  # glibc serves smaller blocks from its heap (pages reused); larger ones are new mappings
-_REUSE_KEEP = 2  # storages kept for reuse: their memory stays resident while unused
+# glibc maps blocks of 32 MiB or more fresh, and smaller ones come from a heap whose top it trims back to the kernel
+# once more than twice its (dynamic) mmap threshold lies free: a dispatch's 2 MB receive buffer was 244 page faults
+# per call at T=256 (435 at T=1024), more time than moving its rows.
+_REUSE_MIN_BYTES = 256 << 10
+_REUSE_KEEP = 4  # storages kept for reuse (a step's dispatch and combine outputs): resident while unused
 _kept: list[torch.UntypedStorage] = []
 _kept_lock = threading.Lock()
 
 
 def new_rows(like: torch.Tensor, rows: int, *shape: int) -> torch.Tensor:
-    """``like.new_empty(rows, *shape)``. On CPU a block of 32 MiB or more takes the memory of an earlier block
-    that no tensor references any more: a fresh block that large is a new mapping whose pages are faulted in and
-    zeroed on first touch, which costs more than filling them (35 ms for 48 MiB on the 2-core CI machine, 3x
-    the copy; the CUDA caching allocator avoids the same cost there)."""
+    """``like.new_empty(rows, *shape)``. On CPU a block of 256 KiB or more takes the memory of an earlier block
+    that no tensor references any more: a fresh block is pages faulted in and zeroed on first touch, which costs
+    more than filling them (35 ms for 48 MiB on the 2-core CI machine, 3x the copy; the CUDA caching allocator
+    avoids the same cost there)."""
     nbytes = like.element_size() * rows
     for d in shape:
         nbytes *= d

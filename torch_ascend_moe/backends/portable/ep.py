@@ -88,12 +88,12 @@ def ep_dispatch(args):
     t, h = args.x.shape
     k = args.topk_idx.shape[1]
     local_experts = args.num_experts // r
-    idx = args.topk_idx.long()
-    out_of_range = (idx < -1) | (idx >= args.num_experts)
-    idx = torch.where(out_of_range, -1, idx)  # the header exchange must still happen, so every rank can raise
-    _, _, _, in_rank = _layout(idx, args.num_experts, r)
     static = args.num_worst_tokens > 0
     capturing = capture.capturing(device)
+    # Bad ids travel as -1 (the header exchange must still happen, so every rank can raise).
+    _, bad, counts, send_src, meta_rows = _send_plan(
+        args.topk_idx, args.num_experts, r, static, args.x_scales, args.topk_weights
+    )
     bad_ids_message = (
         f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {args.num_experts}) on every "
         "rank, got ids out of range on rank(s) {ranks}"
@@ -111,7 +111,6 @@ def ep_dispatch(args):
         "num_worst_tokens": args.num_worst_tokens,
         "expert_alignment": args.expert_alignment,
     }
-    counts = in_rank.sum(0).long()
     if capturing and not static:
         raise ValueError(
             f"{op}: argument 'num_worst_tokens' value: expected a positive static row count while a CUDA graph is "
@@ -119,9 +118,9 @@ def ep_dispatch(args):
         )
     if capturing:
         # No header while a graph is captured (reading it is a host sync): bad ids trip a device-side assert.
-        torch._assert_async(~out_of_range.any(), bad_ids_message.format(ranks=[rank]))
+        torch._assert_async(bad == 0, bad_ids_message.format(ranks=[rank]))
     else:
-        errors = {"topk_idx": (bool(out_of_range.any()), bad_ids_message)}
+        errors = {"topk_idx": (bool(bad), bad_ids_message)}
         # A static dispatch sends every rank T slots, so its header carries T (ranks may differ, as DeepEP's).
         sent = torch.full((r,), t, dtype=torch.int64) if static else counts
         table = exchange.exchange_header(op, group, device, fields, sent, errors, args.timeout_s)
@@ -129,7 +128,6 @@ def ep_dispatch(args):
         # Every rank sends every other rank one slot per token (-1 = padding), so the send side needs no count.
         # The receive side takes each source's T from the header; while a graph is captured there is none, and
         # the splits are equal: every rank must then pass the same T (the graph's static shapes).
-        send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
         send_counts = torch.full((r,), t, dtype=torch.int64, device=device)
         if capturing:
             recv_counts = send_counts.clone()
@@ -140,27 +138,18 @@ def ep_dispatch(args):
             in_splits, out_splits = [t] * r, recv_counts.tolist()
             recv_rows = sum(out_splits)
     else:
-        pairs = in_rank.t().nonzero()  # (destination, token), destination-major then ascending token
-        send_src = pairs[:, 1].clone(memory_format=torch.contiguous_format)
         send_counts = counts
         recv_counts = table[:, rank].to(device).clone(memory_format=torch.contiguous_format)
         in_splits, out_splits = send_counts.tolist(), recv_counts.tolist()
         recv_rows = sum(out_splits)
     # Two all-to-alls: x rows alone (received straight into recv_x when compact: no repacking of the wide
-    # data), and one narrow row per token of metadata: scales | topk_idx | topk_weights | token index + 1.
-    parts = [] if args.x_scales is None else [exchange.as_bytes(args.x_scales)]
-    parts.append(exchange.as_bytes(idx))
-    if args.topk_weights is not None:
-        parts.append(exchange.as_bytes(args.topk_weights))
-    parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
-    parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
-    widths = [p.shape[1] for p in parts]
+    # data), and one narrow row per token of metadata (_send_plan's).
     recv_x = exchange.new_rows(args.x, recv_rows, h)
-    recv_meta = parts[0].new_empty(recv_rows, sum(widths))
+    recv_meta = meta_rows.new_empty(recv_rows, meta_rows.shape[1])
     exchange.all_to_all_rows(
         op,
         group,
-        [(recv_x, args.x), (recv_meta, exchange.join(parts))],
+        [(recv_x, args.x), (recv_meta, meta_rows)],
         out_splits,
         in_splits,
         args.timeout_s,
@@ -168,10 +157,9 @@ def ep_dispatch(args):
         padded=static,
         send_rows=None if capturing else table,
     )
-    tag = recv_meta[:, -8:].contiguous().view(torch.int64).view(-1)
-    valid = tag > 0
-    n_valid = valid.sum().view(1)
     if static:
+        valid = recv_meta[:, -8:].contiguous().view(torch.int64).view(-1) > 0  # the tag: 0 on padding rows
+        n_valid = valid.sum().view(1)
         if capturing:
             torch._assert_async(
                 (n_valid <= args.num_worst_tokens).all(),
@@ -195,42 +183,107 @@ def ep_dispatch(args):
         recv_meta = exchange.take_rows(recv_meta, recv_gather, True)
     else:
         recv_gather = torch.arange(recv_rows, device=device)
-    rows = exchange.split(recv_meta, widths)
+        n_valid = torch.full((1,), recv_rows, dtype=torch.int64, device=device)  # every compact row is valid
     n = recv_gather.shape[0]
-    i = 0
-    if args.x_scales is not None:
-        recv_scales = rows[i].view(args.x_scales.dtype).view(n, args.x_scales.shape[1])
-        i += 1
-    else:
-        recv_scales = args.x.new_empty(n, 0, dtype=_ABSENT)
-    src_idx = rows[i].view(torch.int64).view(n, k)
-    i += 1
-    row_valid = (recv_gather >= 0).unsqueeze(1)
-    local = src_idx - rank * local_experts
-    mine = row_valid & (src_idx >= 0) & (local >= 0) & (local < local_experts)
-    recv_topk_idx = torch.where(mine, local, -1)
-    if args.topk_weights is not None:
-        recv_w = rows[i].view(args.topk_weights.dtype).view(n, k)
-        recv_topk_weights = torch.where(mine, recv_w, 0)
-    else:
-        recv_topk_weights = args.x.new_empty(n, 0, dtype=_ABSENT)
-    per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
-    per_expert.index_add_(0, torch.where(mine, local, local_experts).reshape(-1), torch.ones_like(local).reshape(-1))
-    per_expert = (
-        (per_expert[:local_experts] + args.expert_alignment - 1) // args.expert_alignment * args.expert_alignment
+    scales, recv_topk_idx, weights, per_expert, src = _unpack(
+        recv_meta,
+        exchange.row_bytes(args.x_scales) if args.x_scales is not None else 0,
+        k,
+        args.topk_weights.element_size() if args.topk_weights is not None else 0,
+        rank * local_experts,
+        local_experts,
+        args.expert_alignment,
     )
+    absent = args.x.new_empty(n, 0, dtype=_ABSENT)
     return (
         recv_x,
-        recv_scales,
+        absent if args.x_scales is None else scales.view(args.x_scales.dtype).view(n, args.x_scales.shape[1]),
         recv_topk_idx,
-        recv_topk_weights,
-        per_expert.int(),
-        n_valid.to(torch.int64),
+        absent if args.topk_weights is None else weights.view(args.topk_weights.dtype).view(n, k),
+        per_expert,
+        n_valid,
         send_src,
         send_counts,
         recv_counts,
         recv_gather,
-        rows[-1].view(torch.int64).view(n) - 1,  # the tag is token index + 1, 0 on padding rows
+        src,
+    )
+
+
+def _native(device) -> bool:
+    """Whether the CPU helper kernels run: on CPU, except under the tests' emulated capture, which checks the
+    tensor-op path a captured CUDA / NPU graph takes."""
+    return device.type == "cpu" and not capture.capturing(device)
+
+
+def _send_plan(topk_idx, num_experts: int, r: int, padded: bool, x_scales, topk_weights):
+    """A dispatch's send side: ``(ids, bad, counts, send_src, meta)``. ``ids`` [T, K] int64: ``topk_idx`` with ids
+    outside ``[-1, E)`` as -1; ``bad`` [1]: how many there were; ``counts`` [R]: tokens with an expert on rank d;
+    ``send_src``: the token of each row sent, destination-major then ascending token (``padded``: ``[R * T]``, -1
+    where the token has no expert on that rank); ``meta`` [T, W] uint8: per token its scales | ids | weights
+    bytes, zero padding to a multiple of 8 bytes, then its index + 1 as int64 (the tag; 0 marks padding rows)."""
+    if _native(topk_idx.device):
+        ids, counts, send_src, meta = torch.ops.ascend_moe_kernels.ep_dispatch_plan(
+            topk_idx, num_experts, r, padded, x_scales, topk_weights
+        )
+        return ids, counts[r:], counts[:r], send_src, meta
+    return _send_plan_portable(topk_idx, num_experts, r, padded, x_scales, topk_weights)
+
+
+def _send_plan_portable(topk_idx, num_experts: int, r: int, padded: bool, x_scales, topk_weights):
+    """_send_plan with tensor ops (CUDA / NPU, capturable when ``padded``): bitwise the CPU kernel's results."""
+    t, device = topk_idx.shape[0], topk_idx.device
+    ids = topk_idx.long()
+    out_of_range = (ids < -1) | (ids >= num_experts)
+    ids = torch.where(out_of_range, -1, ids)
+    _, _, _, in_rank = _layout(ids, num_experts, r)
+    if padded:
+        send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
+    else:
+        pairs = in_rank.t().nonzero()  # (destination, token), destination-major then ascending token
+        send_src = pairs[:, 1].clone(memory_format=torch.contiguous_format)
+    parts = [] if x_scales is None else [exchange.as_bytes(x_scales)]
+    parts.append(exchange.as_bytes(ids))
+    if topk_weights is not None:
+        parts.append(exchange.as_bytes(topk_weights))
+    parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
+    parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
+    meta = torch.cat(parts, dim=1)
+    return ids, out_of_range.sum().view(1), in_rank.sum(0).long(), send_src, meta
+
+
+def _unpack(meta, scale_bytes: int, k: int, weight_size: int, first_expert: int, local_experts: int, alignment: int):
+    """A dispatch's receive side, from the metadata rows it received (``_send_plan``'s; tag 0: a padding row):
+    ``(scales, recv_topk_idx, weights, per_expert, src)``. ``scales`` [N, scale_bytes] uint8; ``recv_topk_idx``
+    [N, K]: ids of this rank's experts (``first_expert`` onwards) as local ids, else -1; ``weights`` [N, K *
+    weight_size] uint8: those slots' weights, zero on the others; ``per_expert`` [L] int32: slots per local expert
+    rounded up to ``alignment``; ``src`` [N]: each row's token index on its source rank, -1 on padding."""
+    if _native(meta.device):
+        return torch.ops.ascend_moe_kernels.ep_dispatch_unpack(
+            meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment
+        )
+    return _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment)
+
+
+def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment):
+    """_unpack with tensor ops (CUDA / NPU, no host syncs): bitwise the CPU kernel's results."""
+    n, device = meta.shape[0], meta.device
+    ids_at, weights_at = scale_bytes, scale_bytes + 8 * k
+    tag = meta[:, -8:].contiguous().view(torch.int64).view(n)
+    ids = meta[:, ids_at:weights_at].contiguous().view(torch.int64).view(n, k)
+    local = ids - first_expert
+    mine = (tag > 0).unsqueeze(1) & (ids >= 0) & (local >= 0) & (local < local_experts)
+    weights = meta[:, weights_at : weights_at + k * weight_size]
+    weights = torch.where(mine.repeat_interleave(weight_size, dim=1), weights, 0)  # bytes: +0.0 in any float
+    per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
+    per_expert.index_add_(0, torch.where(mine, local, local_experts).reshape(-1), torch.ones_like(local).reshape(-1))
+    per_expert = (per_expert[:local_experts] + alignment - 1) // alignment * alignment
+    return (
+        meta[:, :scale_bytes].clone(memory_format=torch.contiguous_format),
+        torch.where(mine, local, -1),
+        weights,
+        per_expert.int(),
+        tag - 1,
     )
 
 
@@ -360,7 +413,7 @@ def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes, visit=None):
     in ascending ``i`` (= ascending source rank), or in the order of the permutation ``visit``, accumulated in
     FP32 (FP64 for FP64 rows); at most ``passes`` rows per token. ``rows`` is the concatenation of ``blocks``."""
     if blocks[0].device.type == "cpu":
-        out = exchange.new_rows(blocks[0], num_tokens, *blocks[0].shape[1:])  # 32 MiB or more: reused pages
+        out = exchange.new_rows(blocks[0], num_tokens, *blocks[0].shape[1:])  # 256 KiB or more: reused pages
         return torch.ops.ascend_moe_kernels.ep_combine_reduce.out(
             blocks, dest, num_tokens, bias_0, bias_1, visit, out=out
         )
