@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <tuple>
 #include <utility>
@@ -317,6 +318,94 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispat
   return {scales, ids, weights, per_expert, src};
 }
 
+// ---- DeepEP V2's handle fields (deep_ep.ElasticBuffer.dispatch's epilogue), one pass (CPU) ----
+//
+// The portable twin is torch_ascend_moe/deep_ep/buffers/elastic.py::_handle_fields_portable (~25 tensor ops);
+// bitwise the same (tested against each other).
+
+constexpr const char* kHandleOp = "elastic_handle_fields";
+
+// recv_counts [R]: rows from each source; recv_gather [N]: each output row's receive-buffer row, -1 padding;
+// recv_src_idx [N]: its token on the source; recv_topk_idx [N, K]: local ids or -1; topk_idx [T, K]: this rank's
+// ids. Returns (psum_scaleup [su] int32: cumulative real rows per source scale-up index (ranks i::su), meta
+// [N, K + 2] int32: (source rank * num_max + token, source rank * K + first local lane, -1...) or -1 on padding,
+// unaligned [L] int32: slots per local expert, dst_slots [T, K] int32: each slot's row among those sent to its
+// rank (padded: the token index), -1 for empty slots).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> elastic_handle_fields_cpu(
+    const at::Tensor& recv_counts, const at::Tensor& recv_gather, const at::Tensor& recv_src_idx,
+    const at::Tensor& recv_topk_idx, const at::Tensor& topk_idx, int64_t num_max, int64_t num_scaleup_ranks,
+    int64_t local_experts, bool padded) {
+  check_rank(kHandleOp, "recv_topk_idx", recv_topk_idx, 2, "[N, K]");
+  check_rank(kHandleOp, "topk_idx", topk_idx, 2, "[T, K]");
+  check_int_arg(kHandleOp, "num_scaleup_ranks", num_scaleup_ranks, 1);
+  check_int_arg(kHandleOp, "local_experts", local_experts, 1);
+  const int64_t r = recv_counts.numel(), n = recv_gather.numel(), k = recv_topk_idx.size(1);
+  AM_CHECK_ARG(r % num_scaleup_ranks == 0, kHandleOp, "num_scaleup_ranks", "value", "a divisor of the ranks", r);
+  const at::Tensor counts = recv_counts.to(at::kLong).contiguous(), gather = recv_gather.to(at::kLong).contiguous();
+  const at::Tensor src_idx = recv_src_idx.to(at::kLong).contiguous();
+  const at::Tensor ids = recv_topk_idx.to(at::kLong).contiguous(), sent = topk_idx.to(at::kLong).contiguous();
+  const int64_t* cp = counts.const_data_ptr<int64_t>();
+  const int64_t* gp = gather.const_data_ptr<int64_t>();
+  const int64_t* sp = src_idx.const_data_ptr<int64_t>();
+  const int64_t* ip = ids.const_data_ptr<int64_t>();
+  std::vector<int64_t> ends(r);
+  for (int64_t s = 0, sum = 0; s < r; ++s) ends[s] = sum += cp[s];
+  const auto opts = recv_topk_idx.options().dtype(at::kInt);
+  at::Tensor meta = at::empty({n, k + 2}, opts);
+  int32_t* mp = meta.mutable_data_ptr<int32_t>();
+  std::vector<int64_t> per_source(r, 0), unaligned(local_experts, 0);
+  for (int64_t j = 0; j < n; ++j) {
+    int32_t* row = mp + j * (k + 2);
+    std::fill(row, row + k + 2, -1);
+    int64_t first_lane = -1;
+    for (int64_t l = 0; l < k; ++l) {
+      const int64_t e = ip[j * k + l];
+      if (e >= 0) {
+        if (first_lane < 0) first_lane = l;
+        if (e < local_experts) ++unaligned[e];
+      }
+    }
+    if (gp[j] < 0) continue;
+    // The source of receive-buffer row g: the first whose cumulative count exceeds g (the last for rows past
+    // the end, as searchsorted + clamp does).
+    const int64_t after = std::upper_bound(ends.begin(), ends.end(), gp[j]) - ends.begin();
+    const int64_t src = std::min<int64_t>(after, r - 1);
+    ++per_source[src];
+    row[0] = static_cast<int32_t>(src * num_max + sp[j]);
+    row[1] = static_cast<int32_t>(src * k + std::max<int64_t>(first_lane, 0));
+  }
+  at::Tensor psum = at::empty({num_scaleup_ranks}, opts);
+  int32_t* pp = psum.mutable_data_ptr<int32_t>();
+  for (int64_t i = 0, sum = 0; i < num_scaleup_ranks; ++i) {
+    for (int64_t s = i; s < r; s += num_scaleup_ranks) sum += per_source[s];
+    pp[i] = static_cast<int32_t>(sum);
+  }
+  at::Tensor unaligned_t = at::empty({local_experts}, opts);
+  for (int64_t e = 0; e < local_experts; ++e) unaligned_t.mutable_data_ptr<int32_t>()[e] = unaligned[e];
+  // dst_slots: per destination rank, a running count of the tokens going there (a token counts once).
+  const int64_t t = sent.size(0), tk = sent.size(1);
+  const int64_t* tp = sent.const_data_ptr<int64_t>();
+  at::Tensor slots = at::empty({t, tk}, opts);
+  int32_t* dp = slots.mutable_data_ptr<int32_t>();
+  std::vector<int64_t> seen(r, 0), mark(r, -1);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t l = 0; l < tk; ++l) {
+      const int64_t v = tp[i * tk + l];
+      const int64_t owner = v >= 0 ? v / local_experts : -1;
+      if (owner >= 0 && owner < r && mark[owner] != i) {
+        mark[owner] = i;
+        ++seen[owner];
+      }
+    }
+    for (int64_t l = 0; l < tk; ++l) {
+      const int64_t v = tp[i * tk + l];
+      const int64_t owner = v >= 0 ? v / local_experts : -1;
+      dp[i * tk + l] = owner >= 0 && owner < r ? static_cast<int32_t>(padded ? i : seen[owner] - 1) : -1;
+    }
+  }
+  return {psum, meta, unaligned_t, slots};
+}
+
 }  // namespace
 }  // namespace ascend_moe
 
@@ -403,6 +492,10 @@ TORCH_LIBRARY(ascend_moe_kernels, m) {
   m.def(
       "ep_dispatch_unpack(Tensor meta, int scale_bytes, int k, int weight_size, int first_expert, "
       "int local_experts, int alignment) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "elastic_handle_fields(Tensor recv_counts, Tensor recv_gather, Tensor recv_src_idx, Tensor recv_topk_idx, "
+      "Tensor topk_idx, int num_max, int num_scaleup_ranks, int local_experts, bool padded) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) {
@@ -410,4 +503,5 @@ TORCH_LIBRARY_IMPL(ascend_moe_kernels, CPU, m) {
   m.impl("ep_combine_reduce.out", &ascend_moe::ep_combine_reduce_out_cpu);
   m.impl("ep_dispatch_plan", &ascend_moe::ep_dispatch_plan_cpu);
   m.impl("ep_dispatch_unpack", &ascend_moe::ep_dispatch_unpack_cpu);
+  m.impl("elastic_handle_fields", &ascend_moe::elastic_handle_fields_cpu);
 }

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch_ascend_moe.deep_ep.utils import envs
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
 from torch_ascend_moe.deep_ep.utils.math import align
-from torch_ascend_moe.distributed import exchange
+from torch_ascend_moe.distributed import capture, exchange
 from torch_ascend_moe.ops.ep import (
     ep_combine,
     ep_copy_order,
@@ -503,29 +503,22 @@ class ElasticBuffer:
                 timeout_s=self.num_cpu_timeout_secs,
             )
         with _kernel("dispatch_copy_epilogue_impl"):
-            route, recv_idx, device = out.handle, out.recv_topk_idx, out.recv_x.device
+            route, recv_idx = out.handle, out.recv_topk_idx
             # After the op validated num_experts (the SM model divides by it).
             num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
             local = num_experts // r
-            # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
-            # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
-            ends = torch.cumsum(route.recv_counts, 0)
-            src_rank = torch.searchsorted(ends, route.recv_gather.clamp(min=0), right=True).clamp(max=r - 1)
-            real = route.recv_gather >= 0
-            src_rank = torch.where(real, src_rank, -1)
-            per_source = torch.zeros(r + 1, dtype=torch.int64, device=device)
-            per_source.index_add_(0, torch.where(real, src_rank, r), torch.ones_like(src_rank))
-            groups = per_source[:r].view(-1, self.num_scaleup_ranks).sum(0)  # source scale-up index i: ranks i::su
-            psum_scaleup = torch.cumsum(groups, 0).int()
+            psum_scaleup, meta, unaligned, dst_slots = _handle_fields(
+                route.recv_counts,
+                route.recv_gather,
+                out.recv_src_idx,
+                recv_idx,
+                topk_idx,
+                num_max,
+                self.num_scaleup_ranks,
+                local,
+                not do_cpu_sync,
+            )
             n = recv_idx.shape[0]
-            lanes = recv_idx >= 0
-            first_lane = torch.where(lanes.any(1), lanes.int().argmax(1), 0)
-            meta = torch.full((n, k + 2), -1, dtype=torch.int32, device=device)
-            meta[:, 0] = torch.where(real, src_rank * num_max + out.recv_src_idx, -1).int()
-            meta[:, 1] = torch.where(real, src_rank * k + first_lane, -1).int()
-            unaligned = torch.zeros(local + 1, dtype=torch.int64, device=device)
-            unaligned.index_add_(0, torch.where(lanes, recv_idx, local).view(-1), torch.ones_like(recv_idx).view(-1))
-            unaligned = unaligned[:local].int()
             aligned = out.num_recv_tokens_per_expert
             counts_list = aligned.tolist() if do_cpu_sync else []
             recv_x, recv_sf, recv_w = out.recv_x, out.recv_x_scales, out.recv_topk_weights
@@ -561,7 +554,7 @@ class ElasticBuffer:
             psum_expert,
             unaligned,
             meta,
-            self._dst_slots(topk_idx, local, not do_cpu_sync),
+            dst_slots,
             route=route,
             recv_topk_idx=recv_idx,
         )
@@ -575,17 +568,6 @@ class ElasticBuffer:
             handle,
             event,
         )
-
-    def _dst_slots(self, topk_idx, local, padded):
-        """Each slot's row among those sent to its rank: the token's rank in that destination's send list
-        (every token, padded, without a CPU sync; only the tokens going there otherwise)."""
-        idx = topk_idx.long()
-        t, r = idx.shape[0], self.num_ranks
-        owner = torch.where(idx >= 0, idx // local, r)
-        in_rank = torch.zeros(t, r + 1, dtype=torch.int64, device=idx.device).scatter_(1, owner, 1)[:, :r]
-        pos = torch.arange(t, device=idx.device).unsqueeze(1).expand(t, r) if padded else torch.cumsum(in_rank, 0) - 1
-        pos = torch.cat([pos, pos.new_full((t, 1), -1)], 1)
-        return pos.gather(1, owner).int()
 
     def _cached_dispatch(
         self,
@@ -1001,3 +983,49 @@ def _sf_layout(sf: torch.Tensor | None, col_major: bool) -> torch.Tensor | None:
 
 
 __all__ = ["EPHandle", "ElasticBuffer", "get_elastic_buffer_alignment"]
+
+
+def _handle_fields(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded):
+    """The dispatch handle's routing fields: ``(psum_scaleup [su] int32, meta [N, K + 2] int32, unaligned [L]
+    int32, dst_slots [T, K] int32)``. ``psum_scaleup``: cumulative real rows per source scale-up index (source
+    ranks ``i::su``); ``meta`` per output row: (source rank * ``num_max`` + its token there, source rank * K + its
+    first local lane, then -1s for the expanded rows), all -1 on padding rows; ``unaligned``: slots per local
+    expert; ``dst_slots``: each of this rank's slots' row among those sent to its rank (``padded``: every token
+    is sent, so its index), -1 for empty slots. One C++ pass on CPU."""
+    if recv_idx.device.type == "cpu" and not capture.capturing(recv_idx.device):
+        return torch.ops.ascend_moe_kernels.elastic_handle_fields(
+            recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
+        )
+    return _handle_fields_portable(
+        recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
+    )
+
+
+def _handle_fields_portable(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded):
+    """_handle_fields with tensor ops (CUDA / NPU, no host syncs): bitwise the CPU kernel's results."""
+    r, device = recv_counts.shape[0], recv_idx.device
+    n, k = recv_idx.shape
+    # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
+    # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
+    ends = torch.cumsum(recv_counts, 0)
+    src_rank = torch.searchsorted(ends, recv_gather.clamp(min=0), right=True).clamp(max=r - 1)
+    real = recv_gather >= 0
+    src_rank = torch.where(real, src_rank, -1)
+    per_source = torch.zeros(r + 1, dtype=torch.int64, device=device)
+    per_source.index_add_(0, torch.where(real, src_rank, r), torch.ones_like(src_rank))
+    groups = per_source[:r].view(-1, su).sum(0)  # source scale-up index i: ranks i::su
+    lanes = recv_idx >= 0
+    first_lane = torch.where(lanes.any(1), lanes.int().argmax(1), 0)
+    meta = torch.full((n, k + 2), -1, dtype=torch.int32, device=device)
+    meta[:, 0] = torch.where(real, src_rank * num_max + recv_src_idx, -1).int()
+    meta[:, 1] = torch.where(real, src_rank * k + first_lane, -1).int()
+    unaligned = torch.zeros(local + 1, dtype=torch.int64, device=device)
+    unaligned.index_add_(0, torch.where(lanes, recv_idx, local).view(-1), torch.ones_like(recv_idx).view(-1))
+    # dst_slots: a token's rank in its destination's send list.
+    idx = topk_idx.long()
+    t = idx.shape[0]
+    owner = torch.where(idx >= 0, idx // local, r)
+    in_rank = torch.zeros(t, r + 1, dtype=torch.int64, device=device).scatter_(1, owner, 1)[:, :r]
+    pos = torch.arange(t, device=device).unsqueeze(1).expand(t, r) if padded else torch.cumsum(in_rank, 0) - 1
+    pos = torch.cat([pos, pos.new_full((t, 1), -1)], 1)
+    return torch.cumsum(groups, 0).int(), meta, unaligned[:local].int(), pos.gather(1, owner).int()
