@@ -22,6 +22,13 @@ int set_native_bf16_dot(int forced);
 // Whether MKL's BF16 x BF16 -> FP32 GEMM is linked (matmul_into's FP32 results of BF16 operands, natively).
 bool mkl_bf16_gemm_available();
 
+// Whether the CPU executes AVX512-BF16 (the hardware, whatever set_native_bf16_dot forces), and out[M, N] (FP32,
+// unit column stride) = a[M, K] @ b[N, K]^T (+ c, FP32) of BF16 operands with its dot-product instruction
+// (gemm_dot_bf16.cpp); false (nothing written) where the CPU lacks it or alpha != 1.
+bool cpu_has_avx512_bf16();
+bool dot_bf16_fp32_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                        double alpha);
+
 // Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
 // in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);

@@ -316,12 +316,11 @@ bool mkl_bf16_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, co
 }
 
 // An FP32 result of BF16 operands (C absent or FP32) on a CPU with BF16 dot products, whose products stay normal
-// (the dot instructions flush subnormals, as in native_bf16_result), where MKL's BF16 GEMM is linked.
+// (the dot instructions flush subnormals, as in native_bf16_result).
 bool native_fp32_result(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
                         const std::optional<at::Tensor>& c) {
   return a.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kFloat &&
-         (!c.has_value() || c->scalar_type() == at::kFloat) && mkl_bf16_gemm_available() && native_bf16_dot() &&
-         bf16_products_normal(a, b);
+         (!c.has_value() || c->scalar_type() == at::kFloat) && native_bf16_dot() && bf16_products_normal(a, b);
 }
 
 // A BF16 result of BF16 operands (C absent or BF16) on a CPU where ATen's BF16 GEMM is the fast one, whose
@@ -362,9 +361,12 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
     streaming_matmul_into(out, a, b, c, alpha);
     return;
   }
-  // FP32 out of BF16 operands (the grouped weight gradient): MKL's BF16 GEMM where the CPU multiplies BF16 natively
-  // (FP32 accumulation with C, as the panel path below; another summation order).
-  if (native_fp32_result(a, b, out, c) && mkl_bf16_into(out, a, b, c, alpha)) return;
+  // FP32 out of BF16 operands (the grouped weight gradient) where the CPU multiplies BF16 natively: our VDPBF16PS
+  // kernel, else MKL's BF16 GEMM (forced native choices on other CPUs: MKL emulates) (FP32 accumulation with C, as
+  // the panel path below; another summation order).
+  if (native_fp32_result(a, b, out, c) &&
+      (dot_bf16_fp32_into(out, a, b, c, alpha) || (mkl_bf16_gemm_available() && mkl_bf16_into(out, a, b, c, alpha))))
+    return;
   if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1) {
     at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
     return;

@@ -191,15 +191,34 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   const at::ScalarType out_t = resolve_out_dtype(kKGrouped, a, c, out_dtype);
   const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
   check_accumulator(kKGrouped, c, a, shape);
-  // One accumulator for all segments of a group: a group split into several runs still rounds once.
+  const std::vector<Segment> segments = layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups);
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // A reduced-precision result without c where no group has two runs of rows (the psum layout's case): each group's
+  // GEMM writes its output directly, FP32 accumulation and one rounding inside the worker, as a loop of torch.mm
+  // would; no [G, M, N] FP32 accumulator (its fresh pages alone cost more than the GEMMs in bench grouped).
+  std::vector<int64_t> runs(num_groups, 0);
+  for (const Segment& s : segments) runs[s.group] += s.end > s.begin;
+  if (out_t != acc_t && !c.has_value() && std::all_of(runs.begin(), runs.end(), [](int64_t n) { return n <= 1; })) {
+    at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+    for (const Segment& s : segments) {
+      if (s.end == s.begin) continue;
+      at::Tensor out_g = out.select(0, s.group);
+      const int64_t len = s.end - s.begin;
+      matmul_into(out_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), std::nullopt, 1.0);
+    }
+    for (int64_t g = 0; g < num_groups; ++g) {
+      if (!runs[g]) out.select(0, g).zero_();
+    }
+    return out;
+  }
+  // One accumulator for all segments of a group: a group split into several runs still rounds once.
   // A contiguous copy of c: the output's layout is the fake's (row-major), whatever c's strides are.
   at::Tensor acc = c.has_value() ? c->to(acc_t, false, /*copy=*/true, at::MemoryFormat::Contiguous)
                                  : at::empty(shape, a.options().dtype(acc_t));
   // Without c a group's first segment writes its accumulator (no zero-fill pass) and later ones add to it;
   // groups without rows are zeroed.
   std::vector<char> started(num_groups, c.has_value() ? 1 : 0);
-  for (const Segment& s : layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups)) {
+  for (const Segment& s : segments) {
     if (s.end == s.begin) continue;
     at::Tensor acc_g = acc.select(0, s.group);
     const int64_t len = s.end - s.begin;

@@ -16,8 +16,9 @@ from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gem
 @pytest.fixture(autouse=True, params=["this CPU", "forced native"])
 def paths(request):
     """Every test on the path this CPU takes, and on the paths of a CPU with BF16 dot products (ATen's BF16 GEMM for
-    BF16 results, MKL's BF16 GEMM for FP32 ones), forced: on a CPU without them both emulate BF16, so the choices and
-    the layouts handed to them are checked on every machine (the flushing itself only where the instructions are)."""
+    BF16 results; for FP32 ones our AVX512-BF16 kernel where the CPU has the instruction, else MKL's BF16 GEMM),
+    forced: on a CPU without them ATen and MKL emulate BF16, so the choices and the layouts handed to them are checked
+    on every machine (the flushing itself only where the instructions are)."""
     previous = _C._set_native_bf16_dot(1 if request.param == "forced native" else -1)
     yield request.param
     _C._set_native_bf16_dot(previous)
@@ -103,7 +104,7 @@ def _fp32_close(got: torch.Tensor, exact: torch.Tensor, k: int) -> None:
 
 @pytest.mark.parametrize("layout", ["a row-major", "a column-major", "b column-major", "b broadcast rows"])
 def test_fp32_results_of_bf16_operands(layout):
-    """FP32 outputs of BF16 GEMMs (MKL's BF16 GEMM on a CPU with BF16 dot products, FP32 panels elsewhere) in every
+    """FP32 outputs of BF16 GEMMs (the native kernel on a CPU with BF16 dot products, FP32 panels elsewhere) in every
     majorness CBLAS takes and one it does not (a broadcast operand), C joining the FP32 sum: FP64 within FP32's
     accumulation error."""
     g = torch.Generator().manual_seed(3)
@@ -135,6 +136,24 @@ def test_grouped_weight_gradient_fp32():
         exact[e] += a[begin:end].double().t() @ b[begin:end].double()
         begin = end
     _fp32_close(got, exact, 40)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(13, 70, 1101), (16, 64, 512), (40, 33, 3), (1, 5, 2)])
+@pytest.mark.parametrize("majorness", ["row-major", "column-major"])
+def test_fp32_results_across_tiles_and_chunks(m, n, k, majorness):
+    """The FP32 results of BF16 operands on a CPU with AVX512-BF16 (our VDPBF16PS kernel: 8 x 32 tiles, the
+    reduction in chunks of 256 pairs, operands packed in pairs): edge tiles, an odd reduction length, several chunks,
+    C joining the sum, NaN / inf in an edge row and column, in both majornesses; FP64 within FP32's error."""
+    g = torch.Generator().manual_seed(m * n + k)
+    a, b = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+    if m > 1 and n > 1:
+        a[m - 1, k // 2], b[n - 1, 0] = float("inf"), float("nan")
+    if majorness == "column-major":
+        a, b = a.t().contiguous().t(), b.t().contiguous().t()
+    c = torch.randn(m, n, generator=g)
+    exact = a.double() @ b.double().t()
+    _fp32_close(bf16_gemm(a, b, out_dtype=torch.float32), exact, k)
+    _fp32_close(bf16_gemm(a, b, c), exact + c.double(), k)
 
 
 def test_mkl_bf16_gemm_is_linked_on_x86():

@@ -49,24 +49,31 @@ def _m_case(experts, tokens, n, k, baseline: str) -> Case:
     return Case(f"m_grouped E{experts} T{tokens} N{n} K{k}", 2 * tokens * n * k, setup, f"{name} bf16")
 
 
-def _k_case(experts, tokens, m, n) -> Case:
+def _k_case(experts, tokens, m, n, fp32: bool = False) -> Case:
+    """The weight gradient: BF16 out (the default), or FP32 (DeepGEMM's contract for the FP32 accumulator of a
+    training step) against a loop over FP32 upcasts, the FP32 result a CPU GEMM can give."""
+
     def setup():
         offs, rows = _psum(_skewed_counts(experts, tokens, experts * 3))
         dy, x = torch.randn(rows, m).bfloat16(), torch.randn(rows, n).bfloat16()
         ends = offs.tolist()
+        out_dtype = torch.float32 if fp32 else torch.bfloat16
 
         def loop():
-            out, start = torch.empty(experts, m, n, dtype=torch.bfloat16), 0
+            out, start = torch.empty(experts, m, n, dtype=out_dtype), 0
             for e, end in enumerate(ends):
-                out[e] = torch.mm(dy[start:end].T, x[start:end])
+                if fp32:
+                    out[e] = torch.mm(dy[start:end].T.float(), x[start:end].float())
+                else:
+                    out[e] = torch.mm(dy[start:end].T, x[start:end])
                 start = end
             return out
 
-        return (lambda: k_grouped_bf16_gemm(dy, x, offs, experts)), loop
+        return (lambda: k_grouped_bf16_gemm(dy, x, offs, experts, out_dtype=out_dtype)), loop
 
-    return Case(
-        f"k_grouped (wgrad) E{experts} T{tokens} M{m} N{n}", 2 * tokens * m * n, setup, "per-expert torch.mm loop bf16"
-    )
+    out = "FP32" if fp32 else "BF16"
+    baseline = "per-expert FP32 upcast + torch.mm loop" if fp32 else "per-expert torch.mm loop bf16"
+    return Case(f"k_grouped (wgrad) {out} out E{experts} T{tokens} M{m} N{n}", 2 * tokens * m * n, setup, baseline)
 
 
 def _permute_case(tokens, hidden, topk, experts) -> Case:
@@ -88,5 +95,6 @@ def cases(quick: bool = False) -> list[Case]:
         _m_case(64, 256, 1408, 2048, "loop"),
         _m_case(64, 256, 1408, 2048, "grouped_mm"),
         _k_case(16, 2048, 1408, 2048),
+        _k_case(16, 2048, 1408, 2048, fp32=True),
         _permute_case(4096, 2048, 8, 64),
     ]
