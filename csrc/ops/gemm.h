@@ -19,7 +19,8 @@ bool native_bf16_dot();
 // Forces native_bf16_dot() (1 / 0; -1: the CPU decides again) for tests; returns the previous setting.
 int set_native_bf16_dot(int forced);
 
-// Whether MKL's BF16 x BF16 -> FP32 GEMM is linked (matmul_into's FP32 results of BF16 operands, natively).
+// Whether MKL's BF16 x BF16 -> FP32 GEMM is linked (matmul_into's FP32 results of BF16 operands when the native
+// choice is forced on a CPU without AVX512-BF16).
 bool mkl_bf16_gemm_available();
 
 // Whether the CPU executes AVX512-BF16 (the hardware, whatever set_native_bf16_dot forces), and out[M, N] (FP32,

@@ -274,8 +274,9 @@ bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b) {
 
 // MKL's BF16 x BF16 -> FP32 GEMM (LP64 CBLAS), which libtorch_cpu exports where PyTorch links MKL statically (the
 // x86 wheels); weak, so the extension loads without it and keeps the FP32-panel path. ATen has no BF16 -> FP32 GEMM
-// on CPU (its cpublas overload is not exported): on a CPU with BF16 dot products this is the fast way to the FP32
-// results of BF16 operands (the grouped weight gradient), with the same FP32 accumulation as the panel path.
+// on CPU (its cpublas overload is not exported). FP32 results of BF16 operands take our AVX512-BF16 kernel where the
+// CPU has the instruction (gemm_dot_bf16.cpp: MKL took its generic code on an AVX512-BF16 AMD EPYC, slower than
+// the panels); MKL's is the native choice only where tests force it on other CPUs (MKL emulates BF16 there).
 extern "C" __attribute__((weak)) void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k,
                                                              float alpha, const void* a, int lda, const void* b,
                                                              int ldb, float beta, float* c, int ldc);

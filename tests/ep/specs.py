@@ -50,6 +50,9 @@ def dispatch_samples(device, dtype, requires_grad=False, small=False) -> list[Sa
         w = torch.rand(t, k, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
         w = w.to(device).requires_grad_(requires_grad)
         out.append(SampleInput((x, None, idx, w, e, name, align, worst, 60.0), f"T{t} H{h} K{k} E{e} worst{worst}"))
+    # Neither scales nor weights: both absent outputs are placeholders, which must not alias each other.
+    x = torch.randn(5, 8, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
+    out.append(SampleInput((x, None, random_routing(5, 2, 4, g).to(device), None, 4, name, 1, 0, 60.0), "no weights"))
     if dtype == torch.float32 and not requires_grad:
         x8 = torch.randn(5, 128, generator=g).to(torch.float8_e4m3fn).to(device)
         sf = torch.rand(5, 1, generator=g).to(device)
@@ -122,7 +125,7 @@ def combine_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
         res = torch.ops.ascend_moe.ep_dispatch(*s.args)
         g = torch.Generator().manual_seed(6)
         y = torch.randn(res[0].shape, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
-        rw = res[3].detach().clone().requires_grad_(requires_grad)
+        rw = None if w is None else res[3].detach().clone().requires_grad_(requires_grad)  # no weights: none back
         t, h = x.shape
         b0 = torch.randn(t, h, generator=g).to(dtype).to(device).requires_grad_(requires_grad) if worst else None
         out.append(SampleInput((y, rw, b0, None, *res[6:10], t, name, timeout), s.name + (" bias" if worst else "")))

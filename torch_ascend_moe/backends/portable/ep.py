@@ -194,12 +194,14 @@ def ep_dispatch(args):
         local_experts,
         args.expert_alignment,
     )
-    absent = args.x.new_empty(n, 0, dtype=_ABSENT)
     return (
         recv_x,
-        absent if args.x_scales is None else scales.view(args.x_scales.dtype).view(n, args.x_scales.shape[1]),
+        # A fresh placeholder for each absent output: a custom op's outputs may not alias one another.
+        _absent(args.x, n)
+        if args.x_scales is None
+        else scales.view(args.x_scales.dtype).view(n, args.x_scales.shape[1]),
         recv_topk_idx,
-        absent if args.topk_weights is None else weights.view(args.topk_weights.dtype).view(n, k),
+        _absent(args.x, n) if args.topk_weights is None else weights.view(args.topk_weights.dtype).view(n, k),
         per_expert,
         n_valid,
         send_src,
@@ -208,6 +210,10 @@ def ep_dispatch(args):
         recv_gather,
         src,
     )
+
+
+def _absent(like: torch.Tensor, n: int) -> torch.Tensor:
+    return like.new_empty(n, 0, dtype=_ABSENT)
 
 
 def _native(device) -> bool:
@@ -355,7 +361,7 @@ def ep_dispatch_cached(args):
         send_rows=route.send_rows,
     )
     received = [out if route.compact_recv else exchange.take_rows(out, args.recv_gather, True) for _, out in pairs]
-    recv_scales = received[1] if args.x_scales is not None else args.x.new_empty(n, 0, dtype=_ABSENT)
+    recv_scales = received[1] if args.x_scales is not None else _absent(args.x, n)
     return received[0], recv_scales
 
 
