@@ -179,11 +179,11 @@ void put_rows(const at::Tensor& src, uint8_t* dst, int64_t width, int64_t at) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * width + at, p + i * bytes, bytes);
 }
 
-// (ids [T, K] int64: topk_idx with ids outside [-1, E) replaced by -1, counts [R + 1]: tokens with an id on rank
-// d, then the number of ids out of range, send_src: the token of each row sent, destination-major then
-// ascending token (static: [R * T], -1 where the token has no expert on that rank), meta [T, W] uint8: each
-// token's row of scales | ids | weights | zero padding to 8 bytes | token index + 1 as int64).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
+// (counts [R + 1]: tokens with an id on rank d, then the number of ids out of range, send_src: the token of each
+// row sent, destination-major then ascending token (static: [R * T], -1 where the token has no expert on that
+// rank), meta [T, W] uint8: each token's row of scales | ids (those outside [-1, E) as -1, int64) | weights | zero
+// padding to 8 bytes | token index + 1 as int64).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
     const at::Tensor& topk_idx, int64_t num_experts, int64_t num_ranks, bool padded,
     const c10::optional<at::Tensor>& x_scales, const c10::optional<at::Tensor>& topk_weights) {
   check_rank(kPlanOp, "topk_idx", topk_idx, 2, "[T, K]");
@@ -252,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
     const int64_t tag = i + 1;
     std::memcpy(m + i * width + width - 8, &tag, 8);
   }
-  return {ids, counts, send_src, meta};
+  return {counts, send_src, meta};
 }
 
 constexpr const char* kUnpackOp = "ep_dispatch_unpack";
@@ -488,7 +488,7 @@ TORCH_LIBRARY(ascend_moe_kernels, m) {
       "Tensor? visit=None, *, Tensor(a!) out) -> Tensor(a!)");
   m.def(
       "ep_dispatch_plan(Tensor topk_idx, int num_experts, int num_ranks, bool padded, Tensor? x_scales, "
-      "Tensor? topk_weights) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? topk_weights) -> (Tensor, Tensor, Tensor)");
   m.def(
       "ep_dispatch_unpack(Tensor meta, int scale_bytes, int k, int weight_size, int first_expert, "
       "int local_experts, int alignment) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");

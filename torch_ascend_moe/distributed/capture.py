@@ -35,6 +35,12 @@ def host_readable(t: torch.Tensor) -> bool:
     return not isinstance(t, FakeTensor) and t.device.type != "meta" and not capturing(t.device)
 
 
+def host_kernels(device: torch.device) -> bool:
+    """Whether the ep family's CPU helper kernels (``ascend_moe_kernels``) take a step: on CPU, except under the
+    tests' emulated capture, which checks the tensor-op path a captured CUDA / NPU graph takes."""
+    return device.type == "cpu" and not capturing(device)
+
+
 @contextlib.contextmanager
 def emulated():
     """Every ``capturing`` check answers True inside the block."""

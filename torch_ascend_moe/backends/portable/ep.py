@@ -91,7 +91,7 @@ def ep_dispatch(args):
     static = args.num_worst_tokens > 0
     capturing = capture.capturing(device)
     # Bad ids travel as -1 (the header exchange must still happen, so every rank can raise).
-    _, bad, counts, send_src, meta_rows = _send_plan(
+    bad, counts, send_src, meta_rows = _send_plan(
         args.topk_idx, args.num_experts, r, static, args.x_scales, args.topk_weights
     )
     bad_ids_message = (
@@ -216,23 +216,17 @@ def _absent(like: torch.Tensor, n: int) -> torch.Tensor:
     return like.new_empty(n, 0, dtype=_ABSENT)
 
 
-def _native(device) -> bool:
-    """Whether the CPU helper kernels run: on CPU, except under the tests' emulated capture, which checks the
-    tensor-op path a captured CUDA / NPU graph takes."""
-    return device.type == "cpu" and not capture.capturing(device)
-
-
 def _send_plan(topk_idx, num_experts: int, r: int, padded: bool, x_scales, topk_weights):
-    """A dispatch's send side: ``(ids, bad, counts, send_src, meta)``. ``ids`` [T, K] int64: ``topk_idx`` with ids
-    outside ``[-1, E)`` as -1; ``bad`` [1]: how many there were; ``counts`` [R]: tokens with an expert on rank d;
-    ``send_src``: the token of each row sent, destination-major then ascending token (``padded``: ``[R * T]``, -1
-    where the token has no expert on that rank); ``meta`` [T, W] uint8: per token its scales | ids | weights
-    bytes, zero padding to a multiple of 8 bytes, then its index + 1 as int64 (the tag; 0 marks padding rows)."""
-    if _native(topk_idx.device):
-        ids, counts, send_src, meta = torch.ops.ascend_moe_kernels.ep_dispatch_plan(
+    """A dispatch's send side: ``(bad, counts, send_src, meta)``. ``bad`` [1]: how many ids lie outside
+    ``[-1, E)``; ``counts`` [R]: tokens with an expert on rank d; ``send_src``: the token of each row sent,
+    destination-major then ascending token (``padded``: ``[R * T]``, -1 where the token has no expert on that rank);
+    ``meta`` [T, W] uint8: per token its scales | ids (bad ones as -1, int64) | weights bytes, zero padding to a
+    multiple of 8 bytes, then its index + 1 as int64 (the tag; 0 marks padding rows)."""
+    if capture.host_kernels(topk_idx.device):
+        counts, send_src, meta = torch.ops.ascend_moe_kernels.ep_dispatch_plan(
             topk_idx, num_experts, r, padded, x_scales, topk_weights
         )
-        return ids, counts[r:], counts[:r], send_src, meta
+        return counts[r:], counts[:r], send_src, meta
     return _send_plan_portable(topk_idx, num_experts, r, padded, x_scales, topk_weights)
 
 
@@ -255,7 +249,7 @@ def _send_plan_portable(topk_idx, num_experts: int, r: int, padded: bool, x_scal
     parts = exchange.pad8(parts)  # the 8-byte tag keeps the width a multiple of 8
     parts.append(exchange.as_bytes(torch.arange(1, t + 1, device=device).view(t, 1)))
     meta = torch.cat(parts, dim=1)
-    return ids, out_of_range.sum().view(1), in_rank.sum(0).long(), send_src, meta
+    return out_of_range.sum().view(1), in_rank.sum(0).long(), send_src, meta
 
 
 def _unpack(meta, scale_bytes: int, k: int, weight_size: int, first_expert: int, local_experts: int, alignment: int):
@@ -264,7 +258,7 @@ def _unpack(meta, scale_bytes: int, k: int, weight_size: int, first_expert: int,
     [N, K]: ids of this rank's experts (``first_expert`` onwards) as local ids, else -1; ``weights`` [N, K *
     weight_size] uint8: those slots' weights, zero on the others; ``per_expert`` [L] int32: slots per local expert
     rounded up to ``alignment``; ``src`` [N]: each row's token index on its source rank, -1 on padding."""
-    if _native(meta.device):
+    if capture.host_kernels(meta.device):
         return torch.ops.ascend_moe_kernels.ep_dispatch_unpack(
             meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment
         )
@@ -418,7 +412,7 @@ def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes, visit=None):
     """``out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i] + ...)`` over the rows ``i`` with ``dest[i] == t``
     in ascending ``i`` (= ascending source rank), or in the order of the permutation ``visit``, accumulated in
     FP32 (FP64 for FP64 rows); at most ``passes`` rows per token. ``rows`` is the concatenation of ``blocks``."""
-    if blocks[0].device.type == "cpu":
+    if capture.host_kernels(blocks[0].device):
         out = exchange.new_rows(blocks[0], num_tokens, *blocks[0].shape[1:])  # 256 KiB or more: reused pages
         return torch.ops.ascend_moe_kernels.ep_combine_reduce.out(
             blocks, dest, num_tokens, bias_0, bias_1, visit, out=out

@@ -992,7 +992,7 @@ def _handle_fields(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, n
     first local lane, then -1s for the expanded rows), all -1 on padding rows; ``unaligned``: slots per local
     expert; ``dst_slots``: each of this rank's slots' row among those sent to its rank (``padded``: every token
     is sent, so its index), -1 for empty slots. One C++ pass on CPU."""
-    if recv_idx.device.type == "cpu" and not capture.capturing(recv_idx.device):
+    if capture.host_kernels(recv_idx.device):
         return torch.ops.ascend_moe_kernels.elastic_handle_fields(
             recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
         )
