@@ -120,19 +120,23 @@ def _scales(sf, d: int):
 @triton.jit
 def _load_rows(base, rows, row_mask, s_row, s_col, D, KIND: tl.constexpr, BD: tl.constexpr):
     """``[len(rows), BD]`` FP32 values (BF16 kept as BF16) of ``rows``, columns past D zero. FP4 is decoded."""
+    # One return per static branch, no statement after them (see _scaled_gemm._load_operand).
     if KIND == 3:  # packed FP4: byte j holds elements 2j (low nibble) and 2j + 1
         cols = tl.arange(0, BD // 2)
         mask = row_mask[:, None] & (cols[None, :] < D // 2)
         byte = tl.load(base + rows[:, None] * s_row + cols[None, :] * s_col, mask=mask, other=0)
         lo = decode_e2m1_to_e4m3(byte, False).to(tl.float32)
         hi = decode_e2m1_to_e4m3(byte, True).to(tl.float32)
-        return tl.reshape(tl.join(lo, hi), (rows.shape[0], BD))
-    cols = tl.arange(0, BD)
-    mask = row_mask[:, None] & (cols[None, :] < D)
-    x = tl.load(base + rows[:, None] * s_row + cols[None, :] * s_col, mask=mask, other=0.0)
-    if KIND == 0:
-        return x
-    return x.to(tl.float32)
+        values = tl.reshape(tl.join(lo, hi), (rows.shape[0], BD))
+    else:
+        cols = tl.arange(0, BD)
+        mask = row_mask[:, None] & (cols[None, :] < D)
+        x = tl.load(base + rows[:, None] * s_row + cols[None, :] * s_col, mask=mask, other=0.0)
+        if KIND == 0:
+            values = x
+        else:
+            values = x.to(tl.float32)
+    return values
 
 
 @triton.jit
@@ -327,10 +331,12 @@ def _paged_keys(
         word = word | (tl.load(scales + 1).to(tl.uint32) << 8)
         word = word | (tl.load(scales + 2).to(tl.uint32) << 16)
         word = word | (tl.load(scales + 3).to(tl.uint32) << 24)
-        return values * word.to(tl.float32, bitcast=True)[:, None]
-    d = tl.arange(0, BD)
-    codes = tl.load(scales[:, None] + (d // 32)[None, :], mask=d[None, :] < D, other=127)
-    return values * decode_ue8m0(codes)
+        values = values * word.to(tl.float32, bitcast=True)[:, None]
+    else:
+        d = tl.arange(0, BD)
+        codes = tl.load(scales[:, None] + (d // 32)[None, :], mask=d[None, :] < D, other=127)
+        values = values * decode_ue8m0(codes)
+    return values
 
 
 @triton.jit

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import launch, round_to_bf16, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import div_rn, launch, round_to_bf16, supported, tl, triton
 
 MAX_BLOCK_ELEMENTS = 1 << 14  # elements one program holds (128 x 128)
 
@@ -98,10 +98,10 @@ def cast_rows_e4m3(v, UE8M0: tl.constexpr):
     Zeros in ``v`` stand for masked elements (they never raise the amax)."""
     amax = tl.max(tl.abs(v), axis=1)
     has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
-    sf = tl.where(has_nan, float("nan"), tl.maximum(amax, 1e-4) / 448.0)
+    sf = tl.where(has_nan, float("nan"), div_rn(tl.maximum(amax, 1e-4), 448.0))
     if UE8M0:
         sf = _ceil_pow2(sf)
-    return _e4m3_codes(v * (1.0 / sf)[:, None]), sf
+    return _e4m3_codes(v * div_rn(1.0, sf)[:, None]), sf
 
 
 @triton.jit
@@ -134,30 +134,39 @@ def _quantize_kernel(
 ):
     rb, cb = tl.program_id(0), tl.program_id(1)
     r = rb * GR + tl.arange(0, BR)
-    c = cb * GC + tl.arange(0, BC)
-    inside = (tl.arange(0, BR) < GR)[:, None] & (tl.arange(0, BC) < GC)[None, :]
-    ok = inside & (r < M)[:, None] & (c < N)[None, :]
-    v = tl.load(x + r.to(tl.int64)[:, None] * s_xm + c[None, :] * s_xn, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
-    has_nan = tl.max(tl.max(tl.where(v != v, 1, 0), axis=1), axis=0) > 0
+    row_ok = (tl.arange(0, BR) < GR)[:, None] & (r < M)[:, None]
+    rows = r.to(tl.int64)[:, None] * s_xm
+    if FP4:
+        # The even and odd columns of the block as two [BR, BC / 2] tiles: byte j of a row packs columns 2j (low
+        # nibble) and 2j + 1.
+        j = tl.arange(0, BC // 2)
+        c = cb * GC + 2 * j
+        ok = row_ok & (2 * j < GC)[None, :] & (c < N)[None, :]
+        v = tl.load(x + rows + c[None, :] * s_xn, mask=ok, other=0.0).to(tl.float32)
+        ok2 = ok & (2 * j + 1 < GC)[None, :] & (c + 1 < N)[None, :]
+        v2 = tl.load(x + rows + (c + 1)[None, :] * s_xn, mask=ok2, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.max(tl.abs(v), axis=1), axis=0), tl.max(tl.max(tl.abs(v2), axis=1), axis=0))
+        has_nan = tl.max(tl.max(tl.where((v != v) | (v2 != v2), 1, 0), axis=1), axis=0) > 0
+    else:
+        c = cb * GC + tl.arange(0, BC)
+        ok = row_ok & (tl.arange(0, BC) < GC)[None, :] & (c < N)[None, :]
+        v = tl.load(x + rows + c[None, :] * s_xn, mask=ok, other=0.0).to(tl.float32)
+        v2 = v
+        amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
+        has_nan = tl.max(tl.max(tl.where(v != v, 1, 0), axis=1), axis=0) > 0
     fmt_max = 6.0 if FP4 else 448.0
-    sf = tl.maximum(amax, 1e-4) / fmt_max
+    sf = div_rn(tl.maximum(amax, 1e-4), fmt_max)
     sf = tl.where(has_nan, float("nan"), sf)
     if UE8M0:
         sf = _ceil_pow2(sf)
-    scaled = v * (1.0 / sf)
     tl.store(scales + rb * s_sm + cb, sf)
+    out = data + r.to(tl.int64)[:, None] * s_dm
     if FP4:
-        codes = _e2m1_codes(scaled)
-        pairs = tl.reshape(codes, (BR, BC // 2, 2))
-        lo, hi = tl.split(pairs)
-        byte = (lo | (hi << 4)).to(tl.uint8)
-        half = cb * (GC // 2) + tl.arange(0, BC // 2)
-        ok2 = (tl.arange(0, BR) < GR)[:, None] & (tl.arange(0, BC // 2) < GC // 2)[None, :]
-        ok2 = ok2 & (r < M)[:, None] & (half < N // 2)[None, :]
-        tl.store(data + r.to(tl.int64)[:, None] * s_dm + half[None, :], byte, mask=ok2)
+        inv = div_rn(1.0, sf)
+        byte = _e2m1_codes(v * inv) | (_e2m1_codes(v2 * inv) << 4)
+        tl.store(out + (cb * (GC // 2) + j)[None, :], byte.to(tl.uint8), mask=ok)
     else:
-        tl.store(data + r.to(tl.int64)[:, None] * s_dm + c[None, :], _e4m3_codes(scaled), mask=ok)
+        tl.store(out + c[None, :], _e4m3_codes(v * div_rn(1.0, sf)), mask=ok)
 
 
 DEQUANT_ROWS, DEQUANT_COLS = 32, 128  # elements one dequantize program covers

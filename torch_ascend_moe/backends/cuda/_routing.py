@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import launch, round_to_bf16, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import div_rn, launch, round_to_bf16, supported, tl, triton
 
 MAX_EXPERTS = 4096  # one program holds every expert of a token (gating) or every expert's count (permute)
 _MIN_CAPABILITY = (8, 0)  # integer atomics and scans; nothing FP8
@@ -225,7 +225,7 @@ def _gating(
         total += s
         key = tl.where(lanes == e, -1, key)
     if RENORMALIZE:
-        w = w / (total + 1e-20)
+        w = div_rn(w, total + 1e-20)
     if SCALED:
         w = w * scale
     tl.store(weights + t * TOPK + k_lanes, w, mask=k_lanes < TOPK)

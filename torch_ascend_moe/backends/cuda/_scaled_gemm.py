@@ -174,15 +174,19 @@ def tile_rows(rows_map, r0, r1, ROW_MAP: tl.constexpr, BM: tl.constexpr):
 @triton.jit
 def _load_operand(base, idx, mask, k0, s_row, s_col, FP4: tl.constexpr, BK: tl.constexpr):
     """``[len(idx), BK]`` FP8 values of rows ``idx``, columns ``[k0, k0 + BK)`` (FP4: decoded from packed bytes)."""
+    # One return after a static if/else: compiled Triton visits the statements after an early return in a
+    # constexpr branch too (its interpreter does not), so both returns would be typed.
     rows = idx.to(tl.int64)[:, None] * s_row
     if FP4:
         kb = k0 // 2 + tl.arange(0, BK // 2)
         byte = tl.load(base + rows + kb[None, :] * s_col, mask=mask[:, None], other=0)
         lo = decode_e2m1_to_e4m3(byte, False)
         hi = decode_e2m1_to_e4m3(byte, True)
-        return tl.reshape(tl.join(lo, hi), (idx.shape[0], BK))
-    kk = k0 + tl.arange(0, BK)
-    return tl.load(base + rows + kk[None, :] * s_col, mask=mask[:, None], other=0.0)
+        values = tl.reshape(tl.join(lo, hi), (idx.shape[0], BK))
+    else:
+        kk = k0 + tl.arange(0, BK)
+        values = tl.load(base + rows + kk[None, :] * s_col, mask=mask[:, None], other=0.0)
+    return values
 
 
 @triton.jit

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import INTERPRETED, launch, store_result, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import INTERPRETED, div_rn, launch, store_result, supported, tl, triton
 
 BLOCK_K = 32  # top-k positions per step
 BLOCK_D = 64  # d_qk columns per logits dot
@@ -183,7 +183,7 @@ def _prefill_kernel(
     if HAS_SINK:  # exp(L - shift) with L = logaddexp(lse, sink)
         denom = total + tl.exp(tl.load(sink + head * s_sh, mask=head_ok, other=0.0) - shift)
     # total == 0: no valid row, or all of its logits are -inf: every weight is 0 (also with a NaN sink)
-    o = tl.where(total[:, None] == 0, 0.0, acc / denom[:, None])
+    o = tl.where(total[:, None] == 0, 0.0, div_rn(acc, denom[:, None]))
     lonely = tl.sum(seen) == 0
     o_ptr = out + i * s_oi + head.to(tl.int64)[:, None] * s_oh + cols_v[None, :]
     store_result(o_ptr, o, head_ok[:, None] & (cols_v[None, :] < DV), OUT_BF16)

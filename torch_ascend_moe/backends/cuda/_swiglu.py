@@ -21,7 +21,16 @@ import torch
 
 from torch_ascend_moe.backends.cuda._quant import cast_rows_e4m3
 from torch_ascend_moe.backends.cuda._scaled_gemm import BLOCK_M, tile_of, tile_rows
-from torch_ascend_moe.backends.cuda._triton import INTERPRETED, bf16_value, launch, store_result, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import (
+    INTERPRETED,
+    bf16_value,
+    div_rn,
+    launch,
+    store_result,
+    supported,
+    tl,
+    triton,
+)
 
 BLOCK_N = 64
 BLOCK_K = 32
@@ -166,7 +175,7 @@ def _swiglu_kernel(
         if HAS_CLAMP:
             acc_g = tl.where(acc_g > clamp, clamp, acc_g)
             acc_u = tl.where(acc_u > clamp, clamp, tl.where(acc_u < -clamp, -clamp, acc_u))
-        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        act = div_rn(acc_g, 1.0 + tl.exp(-acc_g)) * acc_u
         if HAS_W:
             act = act * tl.load(w + row.to(tl.int64) * s_w, mask=m_mask, other=0.0)[:, None]
         mask2 = m_mask[:, None] & n_mask[None, :]

@@ -19,9 +19,20 @@ def interpreting(kernel) -> bool:
     return isinstance(kernel, InterpretedFunction)
 
 
+# Set to a list by tests/cuda/test_triton_compiles.py: each launch appends (kernel, grid, args, meta), so the
+# interpreted launches can be compiled for a GPU afterwards (the interpreter runs code the compiler rejects).
+RECORDED: list | None = None
+
+
 def launch(kernel, grid, *args, **meta) -> None:
     """``kernel[grid](*args, **meta)``: compiled for the GPU through ``torch.library.wrap_triton`` (visible to the
     compiler when traced), or run by the interpreter (CPU tensors, tests)."""
+    # No fused multiply-adds: ptxas contracts a separate multiply and add into one FMA (one rounding) unless Triton
+    # emits them as .rn instructions, and the C++ kernels (built without FMA contraction) round twice; the kernels
+    # that are bit for bit the C++ ones need that (found on an H200: moe_unpermute's weighted FP32 sums).
+    meta.setdefault("enable_fp_fusion", False)
+    if RECORDED is not None:
+        RECORDED.append((kernel, grid, args, meta))
     if interpreting(kernel):
         kernel[grid](*args, **meta)
         return
@@ -48,6 +59,14 @@ def _probe():
 
 
 INTERPRETED = interpreting(_probe)
+
+
+@triton.jit
+def div_rn(a, b):
+    """``a / b`` rounded to nearest, as IEEE (and the C++ kernels) divide: Triton's ``/`` on FP32 is the GPU's
+    approximate ``div.full.f32`` (up to 2 ulps; found on an H200 as one FP4 code past a cast's midpoint), which the
+    interpreter does not show."""
+    return tl.math.div_rn(a, b)
 
 
 @triton.jit
@@ -108,8 +127,10 @@ def decode_e2m1_to_e4m3(byte, HIGH: tl.constexpr):
 def load_scales(ptr, mask, UE8M0: tl.constexpr):
     """FP32 block scales at ``ptr`` (FP32, or UE8M0 codes); 1 where ``mask`` is off."""
     if UE8M0:
-        return tl.where(mask, decode_ue8m0(tl.load(ptr, mask=mask, other=127)), 1.0)
-    return tl.load(ptr, mask=mask, other=1.0).to(tl.float32)
+        scales = tl.where(mask, decode_ue8m0(tl.load(ptr, mask=mask, other=127)), 1.0)
+    else:
+        scales = tl.load(ptr, mask=mask, other=1.0).to(tl.float32)
+    return scales
 
 
 @triton.jit
