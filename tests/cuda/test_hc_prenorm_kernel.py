@@ -41,9 +41,9 @@ def _takes(s) -> bool:
     return a.dtype != torch.float64 and a.shape[0] > 0 and b.shape[0] > 0
 
 
-def _check(got, args, where):
+def _check(got, args, where, ulps=8):
     """Shape, dtype and strides of the op; NaN/inf where the C++ kernel has them; the rest within the fp64 threshold
-    and within 8 FP32 ulps (of the output's scale, per split) of the C++ kernel."""
+    and within ``ulps`` FP32 ulps (of the output's scale, per split) of the C++ kernel."""
     ours, ref = torch.ops.ascend_moe.hc_prenorm_gemm(*args), reference(*args)
     for g, o, r in zip(got, ours, ref, strict=True):
         assert (g.shape, g.dtype, g.stride()) == (o.shape, o.dtype, o.stride()), where
@@ -51,7 +51,7 @@ def _check(got, args, where):
         assert torch.equal(g.isnan(), o.isnan()) and torch.equal(g[inf], o[inf]), where
         if finite.any():
             assert calc_diff(g[finite], r[finite].to(g)) < THRESHOLDS[torch.float32], where
-            tol = 8 * torch.finfo(torch.float32).eps * o[finite].abs().max().item()
+            tol = ulps * torch.finfo(torch.float32).eps * o[finite].abs().max().item()
             assert (g[finite] - o[finite]).abs().max().item() <= tol, where
 
 
@@ -133,7 +133,9 @@ def test_opcheck_and_compile_through_an_opaque_op():
 def test_cuda_values():
     for dtype, s in _samples():
         got = tuple(x.cpu() for x in SPEC.op(*_on("cuda", s)))
-        _check(got, s.args, f"{s.name} {dtype}")
+        # Tensor cores add an MMA's products with truncation, not FP32's nearest rounding: a bias that grows with
+        # K (an H200, K = 1024: 22 ulps of the output's scale from the C++ kernel's sums).
+        _check(got, s.args, f"{s.name} {dtype}", ulps=max(8, s.args[0].shape[1] // 16))
 
 
 @GPU

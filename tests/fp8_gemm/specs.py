@@ -14,7 +14,7 @@ import torch
 
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_gemm as portable
-from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 # (name, a format, b format): format = (kind, gran_mn, gran_k, use_ue8m0)
 _FORMATS = [
@@ -266,9 +266,16 @@ SPECS = [
         fp8_gemm_bad_inputs,
         portable.fp8_gemm,
         gradcheck=_NO_GRADCHECK,
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
-        "fp8_bmm", fp8_bmm_samples, fp8_bmm_reference, fp8_bmm_bad_inputs, portable.fp8_bmm, gradcheck=_NO_GRADCHECK
+        "fp8_bmm",
+        fp8_bmm_samples,
+        fp8_bmm_reference,
+        fp8_bmm_bad_inputs,
+        portable.fp8_bmm,
+        gradcheck=_NO_GRADCHECK,
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "fp8_einsum",
@@ -277,5 +284,6 @@ SPECS = [
         fp8_einsum_bad_inputs,
         portable.fp8_einsum,
         gradcheck=_NO_GRADCHECK,
+        device_thresholds=FP8_TENSOR_CORES,
     ),
 ]

@@ -13,7 +13,7 @@ from tests.fp8_gemm.specs import quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_linear as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
-from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 # (M, N, K, gran_k, weight format (see tests.fp8_gemm.specs.quantize), use_ue8m0, with c, alpha)
 _QUANT_GEMM_CASES = [
@@ -133,6 +133,7 @@ SPECS = [
         fp8_quant_gemm_bad_inputs,
         portable.fp8_quant_gemm,
         gradcheck="x is cast to FP8 (piecewise constant); its straight-through gradient is tested in tests/fp8_linear",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "fp8_linear",
@@ -141,5 +142,6 @@ SPECS = [
         fp8_linear_bad_inputs,
         portable.fp8_linear,
         gradcheck="the FP8 casts are piecewise constant; the straight-through gradients are tested in tests/fp8_linear",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
 ]

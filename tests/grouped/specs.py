@@ -15,7 +15,7 @@ from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
-from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 _POISON = 1e4  # scale of the values placed in rows no group owns
 
@@ -820,6 +820,7 @@ SPECS = [
         m_grouped_fp8_bad_inputs,
         portable.m_grouped_fp8_gemm,
         gradcheck=_FP8_NO_GRADCHECK,
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "m_grouped_fp8_gemm_masked",
@@ -828,6 +829,7 @@ SPECS = [
         masked_fp8_bad_inputs,
         portable.m_grouped_fp8_gemm_masked,
         gradcheck=_FP8_NO_GRADCHECK,
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "m_grouped_fp8_gemm_swiglu",
@@ -838,6 +840,7 @@ SPECS = [
         dtypes=(torch.bfloat16,),
         gradcheck="quantized operands carry no gradient; row_weights' (FP32 only) is checked against autograd "
         "through the composition in tests/grouped/test_grouped_swiglu.py",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "m_grouped_fp8_linear",
@@ -846,6 +849,7 @@ SPECS = [
         m_grouped_fp8_linear_bad_inputs,
         portable.m_grouped_fp8_linear,
         gradcheck="the FP8 casts are piecewise constant; the straight-through gradients are tested in tests/grouped",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "m_grouped_fp8_quant_gemm",
@@ -855,6 +859,7 @@ SPECS = [
         portable.m_grouped_fp8_quant_gemm,
         gradcheck="x is cast to FP8 (piecewise constant); its straight-through gradient is tested in "
         "tests/grouped/test_grouped_quant.py",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
     OpSpec(
         "k_grouped_fp8_gemm",
@@ -863,5 +868,6 @@ SPECS = [
         k_grouped_fp8_bad_inputs,
         portable.k_grouped_fp8_gemm,
         gradcheck="only c is differentiable (the identity), and outputs are BF16/FP32, with no float64 path",
+        device_thresholds=FP8_TENSOR_CORES,
     ),
 ]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from torch_ascend_moe.backends.portable import mega_moe as portable
 from torch_ascend_moe.quant import cast_back_from_fp4, per_token_cast_to_fp4, per_token_cast_to_fp8
-from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
+from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 # (T, H, I, E, K, clamp, fp8, I_s: the fused shared experts' intermediate size, 0 = none)
 _CASES = [
@@ -218,6 +218,7 @@ SPECS = [
         gradcheck="BF16 by definition (it rounds to BF16 where upstream's kernel does); its gradients are checked "
         "against autograd through the unfused pipeline in tests/mega_moe",
         aoti="the kernel is Python (the unfused pipeline, optionally on torch.distributed)",
+        device_thresholds=FP8_TENSOR_CORES,
     )
 ]
 
