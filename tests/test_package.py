@@ -43,6 +43,18 @@ def test_import_is_cheap():
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ldd: Linux")
+def test_extension_uses_the_shared_cpp_runtime():
+    """``_C`` loads the process's libstdc++, not a static copy of its own (setup.py names it: the lent H200's compiler
+    links libstdc++ statically, and there every argument error of a C++ kernel crashed in the second copy's stream
+    code); and a number formats into an error message (with a second copy it came out empty)."""
+    assert (
+        "libstdc++.so" in subprocess.run(["ldd", torch_ascend_moe._C.__file__], capture_output=True, text=True).stdout
+    )
+    with pytest.raises(ValueError, match=r"expected 3 \(a.size\(1\)\), got 5"):
+        torch_ascend_moe.bf16_gemm(torch.randn(2, 3), torch.randn(4, 5))
+
+
 def test_every_op_is_registered_with_all_capabilities():
     assert cli.op_names() == OPS
     for name in OPS:
