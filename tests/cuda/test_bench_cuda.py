@@ -27,12 +27,13 @@ def on_cpu(monkeypatch):
         lambda m: m._gemm(8, 16, 128),
         lambda m: m._gemm_fp32_out(8, 16, 128),
         lambda m: m._fp8_gemm(8, 256, 256),
+        lambda m: m._fp8_gemm(8, 320, 256),  # N in a partial 128-row block, as the bench's 2112
         lambda m: m._grouped(2, 8, 256, 256),
         lambda m: m._grouped_fp8(2, 8, 256, 256),
         lambda m: m._mqa(8, 32, 4, 64),
         lambda m: m._moe(16, 64, 2, 4),
     ],
-    ids=["gemm", "gemm fp32 out", "fp8_gemm", "grouped", "grouped fp8", "mqa", "moe"],
+    ids=["gemm", "gemm fp32 out", "fp8_gemm", "fp8_gemm partial block", "grouped", "grouped fp8", "mqa", "moe"],
 )
 def test_each_case_times_two_equal_computations(on_cpu, case):
     ours, baseline = case(cases_module).setup()

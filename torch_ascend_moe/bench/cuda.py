@@ -32,12 +32,15 @@ def _fp8_1x128(x: torch.Tensor):
 
 
 def _fp8_128x128(w: torch.Tensor):
-    """(E4M3 data, FP32 scales [N/128, K/128]) per 128 x 128 block, DeepGEMM's weight cast."""
+    """(E4M3 data, FP32 scales [ceil(N/128), K/128]) per 128 x 128 block, DeepGEMM's weight cast (N = 2112, the
+    MLA down-projection's, ends in a partial block: zero rows pad it for the amax and are cut off)."""
     n, k = w.shape[-2:]
-    blocks = w.float().unflatten(-2, (n // 128, 128)).unflatten(-1, (k // 128, 128))  # [.., nb, 128, kb, 128]
+    nb = -(-n // 128)
+    padded = torch.nn.functional.pad(w.float(), (0, 0, 0, nb * 128 - n))
+    blocks = padded.unflatten(-2, (nb, 128)).unflatten(-1, (k // 128, 128))  # [.., nb, 128, kb, 128]
     scale = blocks.abs().amax((-3, -1)).clamp(min=1e-4) / 448.0
     data = (blocks / scale.unsqueeze(-1).unsqueeze(-3)).to(torch.float8_e4m3fn)
-    return data.flatten(-2).flatten(-3, -2), scale
+    return data.flatten(-2).flatten(-3, -2)[..., :n, :], scale
 
 
 def _gemm(m, n, k) -> Case:
