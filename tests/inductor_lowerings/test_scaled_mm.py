@@ -233,3 +233,80 @@ def test_scaled_mm_v2_near_misses_are_left_alone(monkeypatch):
     except Exception as e:  # ATen refusing the call is fine: it was not rewritten
         assert "swizzle" in str(e).lower() or "scal" in str(e).lower(), e
     assert inductor_lowerings.MATCHES["scaled_mm"] == before
+
+
+def _grouped_operands(seed=7):
+    g = torch.Generator().manual_seed(seed)
+    groups, offs = 3, torch.tensor([10, 10, 64], dtype=torch.int32)
+    a = torch.randn(M, K, generator=g).to(FP8)
+    b = torch.randn(groups, N, K, generator=g).to(FP8).transpose(1, 2)  # [G, K, N] column-major per group
+    sa, sb = torch.rand(M, generator=g) + 0.5, torch.rand(groups, N, generator=g) + 0.5
+    return a, b, sa, sb, offs
+
+
+def _grouped_v2(a, b, sa, sb, offs):
+    return torch.nn.functional.scaled_grouped_mm(a, b, sa, _S.RowWise, sb, _S.RowWise, offs=offs)
+
+
+def test_scaled_grouped_mm_v2_rowwise_runs_on_cpu_through_m_grouped_fp8_gemm():
+    """F.scaled_grouped_mm (aten._scaled_grouped_mm_v2: no Meta and no CPU kernel in torch 2.13): enable() gives it a
+    Meta kernel, so Dynamo traces it, and the rewrite runs it as m_grouped_fp8_gemm; the same values as the first
+    grouped form's rewrite (bit for bit) and within BF16's threshold of fp64."""
+    a, b, sa, sb, offs = _grouped_operands()
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    got, graph = compiled(_grouped_v2, a, b, sa, sb, offs, passes=True)
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before + 1, graph
+    assert_expected_inline(
+        graph,
+        """\
+unsqueeze_default = aten.unsqueeze(arg0_1, 1)
+permute_default = aten.permute(arg3_1, [0, 2, 1])
+unsqueeze_default_1 = aten.unsqueeze(arg1_1, 2)
+m_grouped_fp8_gemm_default = m_grouped_fp8_gemm(arg2_1, unsqueeze_default, permute_default, unsqueeze_default_1, arg4_1, True, 1, [1, 256], [1, 256], torch.bfloat16)""",
+    )
+    first_form, _ = compiled(_grouped, a, b, sa, sb, offs, passes=True)
+    assert torch.equal(got, first_form)
+    ref, begin = torch.zeros(M, N, dtype=torch.float64), 0
+    for e, end in enumerate(offs.tolist()):
+        ref[begin:end] = _reference(a[begin:end], b[e], sa[begin:end], sb[e], (1, K), (K, 1))
+        begin = end
+    assert got.dtype == torch.bfloat16 and calc_diff(got, ref) < THRESHOLDS[torch.bfloat16]
+
+
+def test_scaled_grouped_mm_v2_meta_kernel():
+    """The registered Meta kernel's shapes (torch's helper for the grouped GEMMs): 2-D x 3-D -> [M, N], 3-D x 3-D ->
+    [G, M, N], 2-D x 2-D (the K-grouped weight gradient) -> [G, M, N]; registered once, only where torch has none."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    inductor_lowerings.enable()
+    inductor_lowerings.disable()
+    name = "aten::_scaled_grouped_mm_v2"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
+    a, b, sa, sb, offs = _grouped_operands()
+    with FakeTensorMode() as mode:
+        fa, fb, fsa, fsb, fo = (mode.from_tensor(x) for x in (a, b, sa, sb, offs))
+        assert _grouped_v2(fa, fb, fsa, fsb, fo).shape == (M, N)
+        batched = torch.ops.aten._scaled_grouped_mm_v2(fb.transpose(1, 2), fb, [fsb], [1], [], [fsb], [1], [], None)
+        assert batched.shape == (3, N, N) and batched.dtype == torch.bfloat16
+        k_grouped = torch.ops.aten._scaled_grouped_mm_v2(fa.t(), fa, [fsa], [1], [], [fsa], [1], [], fo)
+        assert k_grouped.shape == (3, K, K)
+
+
+@pytest.mark.parametrize("near_miss", ["tensorwise", "swizzled", "contraction_dim"])
+def test_scaled_grouped_mm_v2_near_misses_are_left_alone(near_miss):
+    """Recipes, swizzles and contractions our grouped op does not share stay ATen's call (which has no CPU kernel: the
+    compiled graph fails when it runs, as it does without the passes)."""
+    a, b, sa, sb, offs = _grouped_operands(8)
+    kwargs = {"tensorwise": {}, "swizzled": {"swizzle_a": torch.nn.functional.SwizzleType.SWIZZLE_32_4_4}}.get(
+        near_miss, {"contraction_dim": (1, 1)}
+    )
+    recipe = _S.TensorWise if near_miss == "tensorwise" else _S.RowWise
+    scales = (sa[:1], sb[:1, :1].reshape(1)) if near_miss == "tensorwise" else (sa, sb)
+
+    def fn(a, b, sa, sb, offs):
+        return torch.nn.functional.scaled_grouped_mm(a, b, sa, recipe, sb, recipe, offs=offs, **kwargs)
+
+    before = inductor_lowerings.MATCHES["scaled_mm"]
+    with pytest.raises(Exception, match="_scaled_grouped_mm_v2"):
+        compiled(fn, a, b, *scales, offs, passes=True)
+    assert inductor_lowerings.MATCHES["scaled_mm"] == before

@@ -70,6 +70,9 @@ def enable(recompute_l1: bool = False) -> None:
     default; ``enable()`` without it turns it off again."""
     global SUBSTITUTE_EAGER_EXPERTS
     SUBSTITUTE_EAGER_EXPERTS = True
+    from torch_ascend_moe.inductor_lowerings.scaled_mm import register_fakes
+
+    register_fakes()  # trace time, like the substitution: torch ops that have no Meta kernel of their own
     current = config.post_grad_custom_post_pass
     if not _ours(current):
         config.post_grad_custom_post_pass = _passes(current)

@@ -15,8 +15,11 @@ op) every recipe is rewritten (``fp8_gemm`` maps the DeepSeek recipe to ``npu_qu
 and CUTLASS's kernels: left alone.
 
 ``torch.nn.functional.scaled_mm`` (``aten._scaled_mm_v2``: recipes as ``ScalingType`` codes, one scale tensor per
-operand, the blockwise scales K-block-major as torch's meta function lays them out) is rewritten the same way.
-``_scaled_grouped_mm_v2`` has no meta function in torch 2.13, so no graph holds it.
+operand, the blockwise scales K-block-major as torch's meta function lays them out) is rewritten the same way, and
+``torch.nn.functional.scaled_grouped_mm`` (``aten._scaled_grouped_mm_v2``) with RowWise scales as the first grouped
+form. torch 2.13 has no meta function for ``_scaled_grouped_mm_v2`` (and no CPU kernel), so Dynamo could not put it in
+a graph: ``inductor_lowerings.enable()`` registers one where torch has none (``register_fakes``: the output shape,
+from torch's own helper for the grouped GEMMs).
 
 Left alone: FP8 outputs (``out_dtype`` None or an FP8 type) and ``scale_result``, scales of any other shape (MX / NV
 block formats), swizzled scales, a non-default ``contraction_dim``, a bias whose dtype differs from the output's,
@@ -153,15 +156,31 @@ def plan_scaled_mm_v2(node: torch.fx.Node) -> Plan | None:
 @rewrite(torch.ops.aten._scaled_grouped_mm.default, "scaled_mm")
 def plan_scaled_grouped_mm(node: torch.fx.Node) -> Plan | None:
     args = call_args(node)
-    a, b, scale_a, scale_b, offs = (args[k] for k in ("input", "mat2", "scale_a", "scale_b", "offs"))
+    if args["scale_result"] is not None or args["bias"] is not None:
+        return None
+    return _grouped_plan(*(args[k] for k in ("input", "mat2", "scale_a", "scale_b", "offs", "out_dtype")))
+
+
+@rewrite(torch.ops.aten._scaled_grouped_mm_v2.default, "scaled_mm")
+def plan_scaled_grouped_mm_v2(node: torch.fx.Node) -> Plan | None:
+    """``torch.nn.functional.scaled_grouped_mm`` with one RowWise scale per operand, no swizzle, the default
+    contraction and no bias: ``_scaled_grouped_mm``'s rowwise form."""
+    args = call_args(node)
+    scales_a, scales_b = args["scale_a"], args["scale_b"]
+    if len(scales_a) != 1 or len(scales_b) != 1 or args["contraction_dim"] or args["bias"] is not None:
+        return None
+    if tuple(args["recipe_a"]) != (_ROWWISE,) or tuple(args["recipe_b"]) != (_ROWWISE,):
+        return None
+    if any(s != 0 for s in (*args["swizzle_a"], *args["swizzle_b"])):
+        return None
+    return _grouped_plan(args["input"], args["mat2"], scales_a[0], scales_b[0], args["offs"], args["out_dtype"])
+
+
+def _grouped_plan(a, b, scale_a, scale_b, offs, out) -> Plan | None:
+    """The ``m_grouped_fp8_gemm`` call of a rowwise-scaled grouped GEMM ``a [M, K]`` x ``b [G, K, N]`` with ``offs``
+    (``scale_a [M]``, ``scale_b [G, N]``), where the device has no kernel for it."""
     fa, fb, fsa, fsb, fo = (val(x) for x in (a, b, scale_a, scale_b, offs))
-    out = args["out_dtype"]
-    if (
-        None in (fa, fb, fsa, fsb, fo)
-        or out not in _OUT
-        or args["scale_result"] is not None
-        or args["bias"] is not None
-    ):
+    if None in (fa, fb, fsa, fsb, fo) or out not in _OUT:
         return None
     if fa.dim() != 2 or fb.dim() != 3 or NATIVE.get(fa.device.type, set()) is None:
         return None
@@ -184,3 +203,28 @@ def plan_scaled_grouped_mm(node: torch.fx.Node) -> Plan | None:
         )
 
     return Plan(m_grouped, [a, b, scale_a, scale_b, offs], _ops.m_grouped_fp8_gemm.default)
+
+
+def _scaled_grouped_mm_v2_meta(
+    mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, offs=None, bias=None, out_dtype=None,
+    contraction_dim=(), use_fast_accum=False,
+):  # fmt: skip
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3), lambda: "Multiplicands must be 2D or 3D")
+    torch._check(offs is not None or (mat_a.dim() == 3 and mat_b.dim() == 3), lambda: "Offsets tensor not provided")
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or torch.bfloat16)
+
+
+_FAKES = None
+
+
+def register_fakes() -> None:
+    """A Meta kernel for ``aten._scaled_grouped_mm_v2`` where torch has none (2.13): its output's shape and dtype, so
+    Dynamo can trace ``torch.nn.functional.scaled_grouped_mm`` into a graph this rewrite sees. Idempotent."""
+    global _FAKES
+    name = "aten::_scaled_grouped_mm_v2"
+    if _FAKES is not None or torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+        return
+    _FAKES = torch.library.Library("aten", "IMPL")  # kept alive: dropping it would unregister the kernel
+    _FAKES.impl("_scaled_grouped_mm_v2", _scaled_grouped_mm_v2_meta, "Meta")
