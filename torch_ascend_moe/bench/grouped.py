@@ -12,7 +12,7 @@ import torch
 from torch_ascend_moe.backends.portable import moe_routing as torch_routing
 from torch_ascend_moe.bench import Case
 from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm
-from torch_ascend_moe.ops.moe_routing import moe_permute
+from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
 
 def _psum(counts: list[int]) -> tuple[torch.Tensor, int]:
@@ -86,6 +86,21 @@ def _permute_case(tokens, hidden, topk, experts) -> Case:
     return Case(f"moe_permute T{tokens} H{hidden} k{topk} E{experts}", 0, setup, "torch sort + index copy")
 
 
+def _unpermute_case(tokens, hidden, topk, experts) -> Case:
+    """The combine: our C++ kernel against the same slot-order sums as torch ops compiled by Inductor (what a
+    decomposition of the op would run; bit for bit the same result)."""
+
+    def setup():
+        g = torch.Generator().manual_seed(2)
+        idx = torch.rand(tokens, experts, generator=g).topk(topk, dim=1).indices
+        y, row_map, _ = moe_permute(torch.randn(tokens, hidden, generator=g).bfloat16(), idx, experts)
+        w = torch.rand(tokens, topk, generator=g)
+        compiled = torch.compile(torch_routing.moe_unpermute.__wrapped__, dynamic=False)
+        return (lambda: moe_unpermute(y, row_map, w)), (lambda: compiled(y, row_map, w))
+
+    return Case(f"moe_unpermute T{tokens} H{hidden} k{topk} E{experts}", 0, setup, "torch ops, Inductor")
+
+
 def cases(quick: bool = False) -> list[Case]:
     if quick:
         return [_m_case(8, 128, 256, 256, "loop"), _k_case(8, 128, 128, 256), _permute_case(64, 256, 2, 8)]
@@ -97,4 +112,5 @@ def cases(quick: bool = False) -> list[Case]:
         _k_case(16, 2048, 1408, 2048),
         _k_case(16, 2048, 1408, 2048, fp32=True),
         _permute_case(4096, 2048, 8, 64),
+        _unpermute_case(4096, 2048, 8, 64),
     ]
