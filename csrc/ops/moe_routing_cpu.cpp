@@ -27,10 +27,6 @@
 #include "rows.h"
 #include "vector_clones.h"
 
-// moe_unpermute's w * row + acc rounds the product before the sum, as the portable and Triton kernels' separate ops:
-// the AVX2 clones have FMA instructions, which GCC would fuse them into (C++ contracts by default, -std=c++20 too).
-#pragma GCC optimize("fp-contract=off")
-
 namespace ascend_moe {
 namespace {
 
@@ -60,46 +56,6 @@ struct BiasRows {
   }
 };
 
-// acc[h] += w[j] * rows[j][h] for the routed slots j in order (a product, then a sum: two roundings each), for BF16
-// and FP32 rows: eight columns' partial sums stay in one vector register while every slot is added, so each element
-// is stored once, not once per slot; built for AVX2 and baseline x86-64 (vector_clones.h). Measured (T4096 k8 H2048
-// BF16, 2 threads, 2026-12-04): 17-19 ms slot by slot over a row buffer, 7.5 ms so (Inductor's code for the same
-// sums: 7.1 ms); wider blocks spill (32 columns: 21 ms).
-constexpr int64_t kSlotBlock = 8;  // columns (one AVX2 register) whose partial sums stay put while slots are added
-
-AM_VECTOR_CLONES void add_weighted_bf16(float* acc, const uint16_t* const* rows, const float* w, int64_t k, int64_t n) {
-  int64_t h0 = 0;
-  for (; h0 + kSlotBlock <= n; h0 += kSlotBlock) {
-    float a[kSlotBlock];
-    for (int64_t h = 0; h < kSlotBlock; ++h) a[h] = acc[h0 + h];
-    for (int64_t j = 0; j < k; ++j) {
-      const uint16_t* row = rows[j] + h0;
-      const float wj = w[j];
-      for (int64_t h = 0; h < kSlotBlock; ++h) a[h] += wj * float_of(static_cast<uint32_t>(row[h]) << 16);
-    }
-    for (int64_t h = 0; h < kSlotBlock; ++h) acc[h0 + h] = a[h];
-  }
-  for (int64_t j = 0; j < k; ++j) {
-    for (int64_t h = h0; h < n; ++h) acc[h] += w[j] * float_of(static_cast<uint32_t>(rows[j][h]) << 16);
-  }
-}
-AM_VECTOR_CLONES void add_weighted_f32(float* acc, const float* const* rows, const float* w, int64_t k, int64_t n) {
-  int64_t h0 = 0;
-  for (; h0 + kSlotBlock <= n; h0 += kSlotBlock) {
-    float a[kSlotBlock];
-    for (int64_t h = 0; h < kSlotBlock; ++h) a[h] = acc[h0 + h];
-    for (int64_t j = 0; j < k; ++j) {
-      const float* row = rows[j] + h0;
-      const float wj = w[j];
-      for (int64_t h = 0; h < kSlotBlock; ++h) a[h] += wj * row[h];
-    }
-    for (int64_t h = 0; h < kSlotBlock; ++h) acc[h0 + h] = a[h];
-  }
-  for (int64_t j = 0; j < k; ++j) {
-    for (int64_t h = h0; h < n; ++h) acc[h] += w[j] * rows[j][h];
-  }
-}
-
 template <typename T, typename Acc>
 void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* map, int64_t k, int64_t H,
                      int64_t t0, int64_t t1, const BiasRows<T, Acc>& bias, T* out) {
@@ -116,9 +72,9 @@ void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* 
     }
     Acc* a = acc.data();
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      add_weighted_bf16(a, reinterpret_cast<const uint16_t* const*>(rows.data()), weights.data(), routed, H);
+      add_rows_bf16(a, reinterpret_cast<const uint16_t* const*>(rows.data()), w ? weights.data() : nullptr, routed, H);
     } else if constexpr (std::is_same_v<T, float>) {
-      add_weighted_f32(a, rows.data(), weights.data(), routed, H);
+      add_rows_f32(a, rows.data(), w ? weights.data() : nullptr, routed, H);
     } else {
       for (int64_t j = 0; j < routed; ++j) {
         for (int64_t h = 0; h < H; ++h) a[h] += weights[j] * static_cast<Acc>(rows[j][h]);

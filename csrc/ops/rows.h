@@ -38,6 +38,11 @@ void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst);
 // FP32 -> BF16 bits, c10's round to nearest even (NaN -> 0x7FC0).
 void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst);
 
+// acc[h] += w[j] * rows[j][h] (acc[h] += rows[j][h] where w is null) for j = 0..k-1 in order, each product and sum
+// rounded (no FMA), for BF16 (bits) and FP32 rows: moe_unpermute's and the EP combine's slot-order sums.
+void add_rows_bf16(float* acc, const uint16_t* const* rows, const float* w, int64_t k, int64_t n);
+void add_rows_f32(float* acc, const float* const* rows, const float* w, int64_t k, int64_t n);
+
 // TileKernels' per-token E4M3 cast of one row of `cols` FP32 values in blocks of `block`: amax (NaN wins) floored
 // at `floor`, sf = amax / 448 (round_sf: rounded up to a power of two by adding the mantissa's all-ones, wrapping as
 // torch's int32 add), multiplier 448 / amax (1 / sf with round_sf; 0 where sf is 0), codes
