@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,41 +37,20 @@ void reduce_rows(const std::vector<const void*>& row, const std::vector<int64_t>
   for (const auto& b : {bias_0, bias_1}) {
     if (b.has_value()) biases.push_back(b->to(c10::CppTypeToScalarType<Acc>::value).contiguous());
   }
-  // BF16 and FP32 rows: the shared vector loop (rows.h), eight columns' sums in a register across all rows.
-  constexpr bool kVector = std::is_same_v<Acc, float> && (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, float>);
   at::parallel_for(0, tokens, 16, [&](int64_t lo, int64_t hi) {
     std::vector<Acc> acc(h);
     std::vector<const T*> rows;
     for (int64_t t = lo; t < hi; ++t) {
       std::fill(acc.begin(), acc.end(), Acc(0));
+      for (const auto& b : biases) {
+        const Acc* bp = b.const_data_ptr<Acc>() + t * h;
+        add_rows<Acc, Acc>(acc.data(), &bp, nullptr, 1, h);
+      }
       rows.clear();
       for (int64_t p = begin[t]; p < begin[t + 1]; ++p) rows.push_back(static_cast<const T*>(row[order[p]]));
-      if constexpr (kVector) {
-        for (const auto& b : biases) {
-          const float* bp = b.const_data_ptr<float>() + t * h;
-          add_rows_f32(acc.data(), &bp, nullptr, 1, h);
-        }
-        const int64_t n = static_cast<int64_t>(rows.size());
-        if constexpr (std::is_same_v<T, float>) {
-          add_rows_f32(acc.data(), rows.data(), nullptr, n, h);
-        } else {
-          add_rows_bf16(acc.data(), reinterpret_cast<const uint16_t* const*>(rows.data()), nullptr, n, h);
-        }
-      } else {
-        for (const auto& b : biases) {
-          const Acc* bp = b.const_data_ptr<Acc>() + t * h;
-          for (int64_t j = 0; j < h; ++j) acc[j] += bp[j];
-        }
-        for (const T* r : rows) {
-          for (int64_t j = 0; j < h; ++j) acc[j] += static_cast<Acc>(r[j]);
-        }
-      }
-      T* o = dst + t * h;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        float_row_to_bf16(acc.data(), h, reinterpret_cast<uint16_t*>(o));
-      } else {
-        for (int64_t j = 0; j < h; ++j) o[j] = static_cast<T>(acc[j]);
-      }
+      // The shared row-sum loop (rows.h): eight columns' sums in a register across all rows for BF16/FP32.
+      add_rows<T, Acc>(acc.data(), rows.data(), nullptr, static_cast<int64_t>(rows.size()), h);
+      store_row(acc.data(), h, dst + t * h);
     }
   });
 }

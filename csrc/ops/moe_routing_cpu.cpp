@@ -25,7 +25,6 @@
 
 #include "checks.h"
 #include "rows.h"
-#include "vector_clones.h"
 
 namespace ascend_moe {
 namespace {
@@ -67,25 +66,11 @@ void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* 
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = map[t * k + j];
       if (r < 0) continue;
-      weights[routed] = w ? w[t * k + j] : Acc(1);
+      if (w) weights[routed] = w[t * k + j];
       rows[routed++] = y + r * y_stride;
     }
-    Acc* a = acc.data();
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      add_rows_bf16(a, reinterpret_cast<const uint16_t* const*>(rows.data()), w ? weights.data() : nullptr, routed, H);
-    } else if constexpr (std::is_same_v<T, float>) {
-      add_rows_f32(a, rows.data(), w ? weights.data() : nullptr, routed, H);
-    } else {
-      for (int64_t j = 0; j < routed; ++j) {
-        for (int64_t h = 0; h < H; ++h) a[h] += weights[j] * static_cast<Acc>(rows[j][h]);
-      }
-    }
-    T* o = out + t * H;
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      float_row_to_bf16(acc.data(), H, reinterpret_cast<uint16_t*>(o));
-    } else {
-      for (int64_t h = 0; h < H; ++h) o[h] = static_cast<T>(acc[h]);
-    }
+    add_rows<T, Acc>(acc.data(), rows.data(), w ? weights.data() : nullptr, routed, H);
+    store_row(acc.data(), H, out + t * H);
   }
 }
 

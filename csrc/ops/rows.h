@@ -43,6 +43,31 @@ void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst);
 void add_rows_bf16(float* acc, const uint16_t* const* rows, const float* w, int64_t k, int64_t n);
 void add_rows_f32(float* acc, const float* const* rows, const float* w, int64_t k, int64_t n);
 
+// The same for any row type T and sum type Acc: the vector loops above for BF16 and FP32 rows into FP32 sums, a
+// plain loop otherwise (FP16 rows, FP64 sums).
+template <typename T, typename Acc>
+void add_rows(Acc* acc, const T* const* rows, const Acc* w, int64_t k, int64_t n) {
+  if constexpr (std::is_same_v<Acc, float> && std::is_same_v<T, c10::BFloat16>) {
+    add_rows_bf16(acc, reinterpret_cast<const uint16_t* const*>(rows), w, k, n);
+  } else if constexpr (std::is_same_v<Acc, float> && std::is_same_v<T, float>) {
+    add_rows_f32(acc, rows, w, k, n);
+  } else {
+    for (int64_t j = 0; j < k; ++j) {
+      for (int64_t h = 0; h < n; ++h) acc[h] += w ? w[j] * static_cast<Acc>(rows[j][h]) : static_cast<Acc>(rows[j][h]);
+    }
+  }
+}
+
+// n sums rounded to T (BF16 through the vector loop, c10's rounding).
+template <typename T, typename Acc>
+void store_row(const Acc* acc, int64_t n, T* out) {
+  if constexpr (std::is_same_v<Acc, float> && std::is_same_v<T, c10::BFloat16>) {
+    float_row_to_bf16(acc, n, reinterpret_cast<uint16_t*>(out));
+  } else {
+    for (int64_t h = 0; h < n; ++h) out[h] = static_cast<T>(acc[h]);
+  }
+}
+
 // TileKernels' per-token E4M3 cast of one row of `cols` FP32 values in blocks of `block`: amax (NaN wins) floored
 // at `floor`, sf = amax / 448 (round_sf: rounded up to a power of two by adding the mantissa's all-ones, wrapping as
 // torch's int32 add), multiplier 448 / amax (1 / sf with round_sf; 0 where sf is 0), codes

@@ -39,10 +39,12 @@ constexpr int64_t kRowBlock = 8;
 #define AM_F32(v) (v)
 #define AM_WEIGHTED(x) (w[j] * (x))
 #define AM_PLAIN(x) (x)
+namespace {
 AM_ADD_ROWS(add_weighted_bf16, uint16_t, AM_BF16, AM_WEIGHTED)
 AM_ADD_ROWS(add_plain_bf16, uint16_t, AM_BF16, AM_PLAIN)
 AM_ADD_ROWS(add_weighted_f32, float, AM_F32, AM_WEIGHTED)
 AM_ADD_ROWS(add_plain_f32, float, AM_F32, AM_PLAIN)
+}  // namespace
 #undef AM_ADD_ROWS
 #undef AM_BF16
 #undef AM_F32

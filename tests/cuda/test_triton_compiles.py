@@ -126,8 +126,7 @@ COMPILER = textwrap.dedent(
         try:
             kernel.warmup(*values, grid=grid, **meta)
         except Exception as e:
-            constexprs = {k: v for k, v in meta.items()}
-            failures.append(f"{module}.{name} {constexprs}: {type(e).__name__}: {e}")
+            failures.append(f"{module}.{name} {meta}: {type(e).__name__}: {e}")
     print(f"compiled {len(pickle.load(open(sys.argv[1], 'rb')))} launches, {len(failures)} failed")
     print("\\n\\n".join(failures))
     sys.exit(1 if failures else 0)
