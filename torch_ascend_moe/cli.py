@@ -191,9 +191,12 @@ def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
     table = Table(title=f"bench {args.family}: {threads} CPU threads, speedup = baseline time / ours")
     memory = any(r.ours_peak_mb is not None for r in results)
     bandwidth = any(r.ours_gbps is not None for r in results)
+    bounded = any(r.bound is not None for r in results)
     columns = ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup")
-    extra = (("ours peak MB", "baseline peak MB") if memory else ()) + (
-        ("ours GB/s", "baseline GB/s") if bandwidth else ()
+    extra = (
+        (("ours peak MB", "baseline peak MB") if memory else ())
+        + (("ours GB/s", "baseline GB/s") if bandwidth else ())
+        + (("baseline in GEMMs", "bound") if bounded else ())
     )
     for col in columns + extra:
         table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
@@ -206,6 +209,8 @@ def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
         cells += [f"{r.baseline_tflops:.4f}", f"{r.speedup:.2f}x"]
         cells += [mb(r.ours_peak_mb), mb(r.baseline_peak_mb)] if memory else []
         cells += [f"{r.ours_gbps:.2f}", f"{r.baseline_gbps:.2f}"] if bandwidth else []
+        if bounded:
+            cells += ["-", "-"] if r.bound is None else [f"{r.baseline_gemm_share:.0%}", f"{r.bound:.2f}x"]
         table.add_row(*cells)
     console.print(table)
     return [{**r.__dict__, "speedup": r.speedup, "threads": threads} for r in results]

@@ -8,7 +8,7 @@ import torch
 from torch._inductor.utils import fresh_cache
 
 from tests.inductor_lowerings.graphs import assert_same
-from torch_ascend_moe import inductor_lowerings
+from torch_ascend_moe import bench, inductor_lowerings
 from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.bench import compile as cases_module
 from torch_ascend_moe.testing import calc_diff
@@ -26,6 +26,7 @@ REWRITTEN = {
     "RMSNorm + FP8 cast": 1,
     "indexer": 1,
     "MoE layer FP8": 3,  # the per-token cast inlined, the FP8 experts' L1 + SwiGLU + requant, the combine + residual
+    "MoE layer BF16 inference": 2,  # the L1 + SwiGLU, the combine + residual
     # recompute_l1: the chain tagged in the joint graph, fused; and in the backward the permute's gradient (a combine)
     # plus the shared expert's input gradient folds into the combine (combine_residual), on every CPU
     "MoE layer BF16 fwd+bwd T64 H64, L1 recomputed": 3,
@@ -38,6 +39,7 @@ REWRITTEN = {
 }
 REWRITTEN_WITHOUT_BF16_DOT = {
     "MoE layer FP8": 4,  # the router's mm too
+    "MoE layer BF16 inference": 3,
     "dense MLP": 2,  # both linears
     "HF Mixtral block BF16 eager": 2,  # the router's mm, the L1 + SwiGLU
     "HF Mixtral block BF16": 4,  # the router's mm, two _grouped_mm, then the L1 (now ours) + SwiGLU
@@ -62,7 +64,7 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
         want = baseline()
     assert inductor_lowerings.MATCHES.total() - before == rewrites  # the baseline compiled without them
     expected = expected_rewrites(case.name)
-    if case.name.startswith("MoE layer BF16") and not cpu_gemm.native(torch.bfloat16):
+    if case.name.startswith("MoE layer BF16") and "inference" not in case.name and not cpu_gemm.native(torch.bfloat16):
         # Without BF16 dot products on this CPU the shared expert runs on our bf16_gemm (nn.moe._linear), and its sum
         # with the routed experts' combine folds into the combine (combine_residual); elsewhere it is nn.Linear's mm.
         # (Checked on both kinds of CPU, and here with backends.cpu_gemm.NATIVE patched either way.)
@@ -82,3 +84,17 @@ def test_sides_agree_and_only_ours_is_rewritten(case):
     else:
         assert_same(got, want)
     torch._dynamo.reset()
+
+
+def test_gemm_share_bounds_what_a_fusion_can_gain():
+    """The bound column: the share of a baseline's time in ATen's GEMMs (their own time) and Amdahl's bound on the
+    speedup of removing everything else."""
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    x = torch.randn(1 << 20)
+    assert bench.gemm_share(lambda: torch.mm(a, b)) > 0.5  # the profiler's own overhead is what is not the mm
+    assert bench.gemm_share(lambda: (x * 2).exp().sum()) == 0
+    mixed = bench.gemm_share(lambda: (torch.mm(a, b), (x * 2).exp().sum()))
+    assert 0 < mixed < 1
+    result = bench.Result("c", "b", 1.0, 2.0, 0.0, 0.0, baseline_gemm_share=0.75)
+    assert result.bound == pytest.approx(4 / 3)  # the GEMMs' 75 % stay
+    assert bench.Result("c", "b", 1.0, 2.0, 0.0, 0.0).bound is None

@@ -35,6 +35,9 @@ class Case:
     grad: bool = False  # the callables run a backward: time them with autograd enabled
     bytes: int | Callable[[], float] = 0  # bytes moved per call (communication; may be known after setup): GB/s
     iterations: int = 0  # a fixed count (collectives: every rank must run the same number), else adaptive
+    # also profile one baseline call: the share of its time in ATen's matrix multiplies, which bounds what any change
+    # outside them (a fusion) can gain: ``Result.bound``
+    bound: bool = False
 
 
 def layer_call(module: Callable, x: torch.Tensor, grad: bool) -> Callable[[], torch.Tensor]:
@@ -64,11 +67,19 @@ class Result:
     baseline_peak_mb: float | None = None
     ours_gbps: float | None = None
     baseline_gbps: float | None = None
+    baseline_gemm_share: float | None = None
 
     @property
     def speedup(self) -> float:
         """Baseline time over ours: above 1 means our op is faster."""
         return self.baseline_ms / self.ours_ms
+
+    @property
+    def bound(self) -> float | None:
+        """Amdahl's bound on the speedup of anything that leaves the baseline's GEMMs as they are: all its other work
+        removed at no cost leaves the GEMMs' time, ``GEMM share`` of the baseline's: ``1 / GEMM share``."""
+        share = self.baseline_gemm_share
+        return None if share is None else 1 / max(share, 1e-9)
 
 
 def _median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
@@ -109,6 +120,29 @@ def peak_memory_mb(fn: Callable[[], object]) -> float | None:
 _M_MMAP_THRESHOLD = -3
 
 
+# ATen's matrix multiplies (what oneDNN / the BLAS runs), by the profiler's event names: the GEMM work a fusion of the
+# steps around them keeps. Our own GEMM kernels (the FP8 ones; BF16 on CPUs without BF16 dot products) are not
+# counted, so the bound is loose there, never too tight.
+_ATEN_GEMMS = frozenset(
+    f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm", "mv", "addmv", "dot")
+)
+
+
+def gemm_share(fn: Callable[[], object], calls: int = 3) -> float:
+    """The share of ``fn``'s wall time spent in ATen's matrix multiplies (their own time, without what they call),
+    over ``calls`` profiled calls after a warm-up."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = time.perf_counter() - start
+    gemms = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in _ATEN_GEMMS) / 1e6
+    return min(gemms / wall, 1.0)
+
+
 def _glibc():
     try:
         return ctypes.CDLL("libc.so.6")
@@ -146,6 +180,7 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
         t_ours = min(t_ours, timing(ours))
         t_base = min(t_base, timing(base))
         peaks = (peak_memory_mb(ours), peak_memory_mb(base)) if case.memory else (None, None)
+        share = gemm_share(base) if case.bound else None
     moved = case.bytes() if callable(case.bytes) else case.bytes
     gbps = (moved / t_ours / 1e9, moved / t_base / 1e9) if moved else (None, None)
     return Result(
@@ -157,6 +192,7 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
         case.flops / t_base / 1e12,
         *peaks,
         *gbps,
+        share,
     )
 
 

@@ -167,7 +167,9 @@ def _expert_mlp(rows, hidden, inter, experts) -> Case:
         return layer_call(lambda a: ours(a, offs), a, False), layer_call(lambda a: baseline(a, offs), a, False)
 
     flops = 2 * rows * hidden * 3 * inter
-    return Case(f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
+    return Case(
+        f"expert MLP BF16 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True, bound=True
+    )
 
 
 def _fp8_expert_weights(experts, n, k, g):
@@ -201,40 +203,54 @@ def _fp8_expert_mlp(rows, hidden, inter, experts) -> Case:
     return Case(f"expert MLP FP8 M{rows} H{hidden} I{inter} E{experts}", flops, setup, _WITHOUT, memory=True)
 
 
-def _fp8_moe(tokens, hidden, inter, experts, topk) -> Case:
-    """A DeepSeek-V3-style FP8 inference MoE layer written as steps: router → ``moe_gating_topk`` → ``moe_permute`` →
-    per-token cast → L1 FP8 grouped GEMM → FP32 SwiGLU → per-token requant → L2 FP8 grouped GEMM → weighted combine
-    ``+ x``. The passes rewrite L1 → SwiGLU → requant to ``m_grouped_fp8_gemm_swiglu`` (``swiglu_epilogue``), the
-    combine + residual to one combine with ``x`` as its bias (``combine_residual``) and inline the first cast into
-    Inductor's code (``quantize_inline``): the whole layer, fusion only (and the router's GEMM, ``dense_gemm``, on a
-    CPU without BF16 dot products)."""
+def _moe_steps(tokens, hidden, inter, experts, topk, fp8: bool) -> Case:
+    """A DeepSeek-V3-style inference MoE layer written as steps: router → ``moe_gating_topk`` → ``moe_permute`` → L1
+    grouped GEMM → SwiGLU → L2 grouped GEMM → weighted combine ``+ x``; in FP8 (1x128 activations, 128x128 weights) a
+    per-token cast before L1 and an FP32 SwiGLU with a per-token requant before L2. The passes rewrite L1 → SwiGLU
+    (→ requant) to ``m_grouped_*_gemm_swiglu`` (``swiglu_epilogue``), the combine + residual to one combine with ``x``
+    as its bias (``combine_residual``) and inline the FP8 cast into Inductor's code (``quantize_inline``): the whole
+    layer, fusion only (and the router's GEMM, ``dense_gemm``, on a CPU without BF16 dot products). The bound column:
+    what removing everything but the baseline's ATen GEMMs could gain (the BF16 layer's GEMMs are ATen's)."""
 
     def setup():
         g = torch.Generator().manual_seed(0)
         x = torch.randn(tokens, hidden, generator=g).bfloat16()
         router = (torch.randn(experts, hidden, generator=g) / hidden**0.5).bfloat16()
-        b1, sf1 = _fp8_expert_weights(experts, 2 * inter, hidden, g)
-        b2, sf2 = _fp8_expert_weights(experts, hidden, inter, g)
+        if fp8:
+            b1, sf1 = _fp8_expert_weights(experts, 2 * inter, hidden, g)
+            b2, sf2 = _fp8_expert_weights(experts, hidden, inter, g)
+        else:
+            b1 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).bfloat16()
+            b2 = (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).bfloat16()
+
+        def experts_fp8(rows, offs):
+            a, sfa = ops.quantize_fp8(rows, [1, 128])
+            gate, up = ops.m_grouped_fp8_gemm(a, sfa, b1, sf1, offs).chunk(2, dim=-1)
+            act, act_sf = ops.quantize_fp8(torch.nn.functional.silu(gate.float()) * up.float(), [1, 128])
+            return ops.m_grouped_fp8_gemm(act, act_sf, b2, sf2, offs)
+
+        def experts_bf16(rows, offs):
+            gate, up = ops.m_grouped_bf16_gemm(rows, b1, offs).chunk(2, dim=-1)
+            return ops.m_grouped_bf16_gemm(torch.nn.functional.silu(gate) * up, b2, offs)
+
+        experts_mlp = experts_fp8 if fp8 else experts_bf16
 
         def moe_layer(x):
             weights, idx = ops.moe_gating_topk(torch.nn.functional.linear(x, router).float(), topk)
             rows, row_map, offs = ops.moe_permute(x, idx, experts)
-            a, sfa = ops.quantize_fp8(rows, [1, 128])
-            gate, up = ops.m_grouped_fp8_gemm(a, sfa, b1, sf1, offs).chunk(2, dim=-1)
-            act, act_sf = ops.quantize_fp8(torch.nn.functional.silu(gate.float()) * up.float(), [1, 128])
-            y = ops.m_grouped_fp8_gemm(act, act_sf, b2, sf2, offs)
-            return ops.moe_unpermute(y, row_map, weights) + x
+            return ops.moe_unpermute(experts_mlp(rows, offs), row_map, weights) + x
 
         ours, baseline = _both(moe_layer)
         return (lambda: ours(x)), (lambda: baseline(x))
 
     flops = 2 * tokens * hidden * (experts + 3 * topk * inter)
     return Case(
-        f"MoE layer FP8 inference T{tokens} H{hidden} I{inter} E{experts} top-{topk}",
+        f"MoE layer {'FP8' if fp8 else 'BF16'} inference T{tokens} H{hidden} I{inter} E{experts} top-{topk}",
         flops,
         setup,
         _WITHOUT,
         memory=True,
+        bound=True,
     )
 
 
@@ -409,7 +425,8 @@ def cases(quick: bool = False) -> list[Case]:
             _dense_mlp(16, 64, False),
             _expert_mlp(64, 64, 32, 4),
             _fp8_expert_mlp(64, 128, 128, 4),
-            _fp8_moe(64, 128, 128, 4, 2),
+            _moe_steps(64, 128, 128, 4, 2, fp8=True),
+            _moe_steps(64, 128, 128, 4, 2, fp8=False),
             _moe(64, 64, False, torch.bfloat16),
             _moe(64, 64, True, torch.bfloat16, recompute_l1=True),
             _hf_block(32, 64, False),
@@ -433,8 +450,10 @@ def cases(quick: bool = False) -> list[Case]:
         _expert_mlp(4096, 1024, 1024, 8),
         _fp8_expert_mlp(4096, 1024, 1024, 8),
         _fp8_expert_mlp(64, 1024, 1024, 8),
-        _fp8_moe(2048, 1024, 1024, 8, 2),
-        _fp8_moe(32, 1024, 1024, 8, 2),
+        _moe_steps(2048, 1024, 1024, 8, 2, fp8=True),
+        _moe_steps(32, 1024, 1024, 8, 2, fp8=True),
+        _moe_steps(2048, 1024, 1024, 8, 2, fp8=False),
+        _moe_steps(32, 1024, 1024, 8, 2, fp8=False),
         _moe(2048, 1024, False, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16),
         _moe(2048, 1024, True, torch.bfloat16, layers=4, recompute_l1=True),
