@@ -87,7 +87,7 @@ def test_invalid_topk_is_rejected_before_allocation(k, monkeypatch):
 
 
 def test_argument_validation():
-    x = torch.ones(2, 64)
+    x = torch.ones(2, 256)  # rows of 1024 bytes: upstream's input stride requirement
     with pytest.raises(ValueError, match="begin"):
         deep_select.topk(x, 4, begin=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="hint"):
@@ -109,11 +109,48 @@ def test_argument_validation():
         deep_select.topk(x, 4)
 
 
+def test_layout_checks_as_upstream():
+    """The layout DeepSelect's host code demands (its tests/test_memory_boundaries.py, README @ c799e83), refused with
+    its words as a RuntimeError; rows padded to the requirement and then sliced pass."""
+    for dtype in (torch.float32, torch.bfloat16):
+        stride = 1024 // dtype.itemsize
+        with pytest.raises(
+            RuntimeError,
+            match=rf"input.stride\(0\) \(currently 64 numbers\) must be a multiple of 1024 "
+            rf"Bytes \({stride} numbers\)",
+        ):
+            deep_select.topk(torch.ones(2, 64, dtype=dtype), 1)
+        width, row_stride = stride + 1, 2 * stride
+        x = torch.ones(row_stride + width, dtype=dtype).as_strided((2, width), (row_stride, 1))
+        with pytest.raises(RuntimeError, match="input backing storage must include the final row padded"):
+            deep_select.topk(x, 1)  # the last row's 128-byte padding lies outside the allocation
+        values, _ = deep_select.topk(torch.ones(2, row_stride, dtype=dtype)[:, :width], 1)
+        assert torch.equal(values, torch.ones_like(values))
+    x = torch.ones(2, 512)
+    with pytest.raises(RuntimeError, match=r"input.data_ptr\(\) must be 32-byte aligned"):
+        deep_select.topk(x[:, 1:257], 1)
+    with pytest.raises(RuntimeError, match="input's last dimension must be contiguous"):
+        deep_select.topk(torch.ones(256, 2).t(), 1)
+    backing = torch.empty(2, 16, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"output_index.data_ptr\(\) must be 32-byte aligned"):
+        deep_select.topk(x, 1, output_idx=backing[:, 1:2], indices_type=torch.int32)
+    with pytest.raises(
+        RuntimeError, match=r"output_index.stride\(0\) \(currently 4 numbers\) must be a multiple of 32"
+    ):
+        deep_select.topk(x, 1, output_idx=torch.empty(2, 4, dtype=torch.int32)[:, :1], indices_type=torch.int32)
+    # the smallest output upstream accepts: 36 bytes, rows 32 bytes apart
+    output = torch.empty(9, dtype=torch.int32).as_strided((2, 1), (8, 1))
+    _, indices = deep_select.topk(
+        torch.ones(2, 256), 1, end=torch.ones(2, dtype=torch.int32), output_idx=output, indices_type=torch.int32
+    )
+    assert indices is output and torch.equal(indices, torch.zeros_like(indices))
+
+
 def test_output_layout_and_caller_buffers():
     x = torch.arange(2048, dtype=torch.float32).repeat(2, 1)
     values, indices = deep_select.topk(x, 1)
     assert values.stride(0) * values.element_size() % 32 == 0 and indices.stride(0) * indices.element_size() % 32 == 0
-    values, indices = deep_select.topk(torch.ones(2, 64), 4096)  # k above the vocabulary is allowed
+    values, indices = deep_select.topk(torch.ones(2, 256), 4096)  # k above the vocabulary is allowed
     assert values.shape == indices.shape == (2, 4096)
     for dtype in (torch.int32, torch.int64):
         for k in (1, 3, 17, 1025):
@@ -128,7 +165,7 @@ def test_output_layout_and_caller_buffers():
                 expected = x[:, :end_value].topk(count).values.sort(dim=1).values
                 assert torch.equal(values[:, :count].sort(dim=1).values, expected)
     supplied = torch.empty(2, 4, dtype=torch.int64)
-    values, indices = deep_select.topk(torch.ones(2, 64), 4, return_value=False, output_idx=supplied)
+    values, indices = deep_select.topk(torch.ones(2, 256), 4, return_value=False, output_idx=supplied)
     assert values is None and indices is supplied
 
 

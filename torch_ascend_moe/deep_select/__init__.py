@@ -6,7 +6,11 @@ with ``import torch_ascend_moe.deep_select as deep_select`` (specs/tilekernels_d
   return_value=True, abort_when_nan_found=True)`` -> ``(values | None, indices)``, upstream's checks and output
   layout (rows padded to ``get_stride_requirement()[1]`` bytes; a given ``output_idx`` is filled and returned).
 - ``get_stride_requirement()`` -> ``(1024, 32)``: the CUDA build's (input, output) row-stride alignment in bytes.
-  The op reads any strides, so inputs laid out for the CUDA kernels (or not) both work.
+  The layout upstream's host code demands is checked here as it is there (``RuntimeError``, upstream's words): the
+  input's last dimension contiguous, its row stride a multiple of 1024 bytes, its data pointer 32-byte aligned and
+  its allocation covering the last row rounded up to 128 bytes (allocate padded rows, then slice, as DeepSelect's
+  tests do); a given ``output_idx``'s row stride a multiple of 32 bytes and its pointer 32-byte aligned. The op under
+  it (``torch.ops.ascend_moe.topk_select``) reads any strides.
 
 Semantics are upstream's: any valid top-k set (ours: ties to +0.0 over -0.0, then the lower column), ascending
 indices unless ``sorted`` (which satisfies ``sorted_index``), short rows' valid elements first then the fills
@@ -58,6 +62,35 @@ def _check_vector(name: str, t: torch.Tensor | None, rows: int) -> None:
     _require(t.dim() == 1 and t.shape[0] == rows, f"`{name}` must have shape ({rows},), got {tuple(t.shape)}")
 
 
+def _check_rows(name: str, t: torch.Tensor, requirement: int) -> None:
+    """Upstream's row-stride and pointer checks of a ``[b, n]`` tensor its kernels read or write by rows (TMA)."""
+    stride, size = t.stride(0), t.element_size()
+    _require(
+        stride * size % requirement == 0,
+        f"{name}.stride(0) (currently {stride} numbers) must be a multiple of {requirement} Bytes "
+        f"({requirement // size} numbers)",
+    )
+    if t.device.type != "meta":  # no addresses to align in a meta (or fake) tensor
+        _require(t.data_ptr() % 32 == 0, f"{name}.data_ptr() must be 32-byte aligned")
+
+
+def _check_input_layout(x: torch.Tensor) -> None:
+    rows, columns = x.shape
+    _require(columns <= 1 or x.stride(1) == 1, f"input's last dimension must be contiguous, got strides {x.stride()}")
+    _check_rows("input", x, _STRIDE_REQUIREMENT[0])
+    if rows == 0 or columns == 0 or x.device.type == "meta":
+        return
+    # The CUDA kernels' TMA descriptor rounds each row up to 128 bytes, the last row's padding included.
+    size = x.element_size()
+    last_row = (x.storage_offset() + (rows - 1) * x.stride(0)) * size
+    padded_row = -(-columns * size // 128) * 128
+    storage = x.untyped_storage().nbytes()
+    _require(
+        last_row <= storage and padded_row <= storage - last_row,
+        "input backing storage must include the final row padded to a multiple of 128 bytes",
+    )
+
+
 def _check_output(output_idx: torch.Tensor, rows: int, topk: int, indices_type: torch.dtype) -> None:
     if output_idx.dtype != indices_type:
         raise TypeError(f"deep_select.topk: output_idx dtype must be {indices_type}, got {output_idx.dtype}")
@@ -66,6 +99,7 @@ def _check_output(output_idx: torch.Tensor, rows: int, topk: int, indices_type: 
         f"output_idx must have shape ({rows}, {topk}), got {tuple(output_idx.shape)}",
     )
     _require(topk == 1 or output_idx.stride(1) == 1, "output_idx's last dimension must be contiguous")
+    _check_rows("output_index", output_idx, _STRIDE_REQUIREMENT[1])
     _require(rows <= 1 or output_idx.stride(0) >= topk, "output_index rows must not overlap")
 
 
@@ -108,6 +142,7 @@ def topk(
     _require(not (sorted and not return_value), "`return_value` must be enabled when `sorted_value` is True")
     _require(not (sorted and sorted_index), "`sorted_value` and `sorted_index` cannot be used at the same time")
     _require(not (sorted and input.dtype == torch.bfloat16), "`sorted_value` is only supported for float32 input")
+    _check_input_layout(input)
     rows = input.shape[0]
     _check_vector("end", end, rows)
     _check_vector("output_idx_offset", output_idx_offset, rows)

@@ -12,9 +12,15 @@ from torch_ascend_moe.quant import round_to_tf32
 
 @portable_kernel
 def hc_prenorm_gemm(a, b, num_splits):
+    return products(a, b, num_splits)
+
+
+def products(a, b, num_splits, tf32: bool = True):
+    """``(d, sqr_sum)`` with b rounded to TF32 (the op's numerics) or, ``tf32=False``, the plain FP32 product
+    (``deep_gemm.tf32_hc_prenorm_gemm`` on CPU, where torch's own GEMM has no TF32)."""
     acc = hc_prenorm_signature(a, b, num_splits)
     a_f = a.to(acc)
-    b_r = b if acc == torch.float64 else round_to_tf32(b)
+    b_r = round_to_tf32(b) if tf32 and acc != torch.float64 else b
     if num_splits is None:
         return a_f @ b_r.T, a_f.square().sum(-1)
     d = torch.zeros(num_splits, a.shape[0], b.shape[0], dtype=acc, device=a.device)
