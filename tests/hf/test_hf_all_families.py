@@ -132,6 +132,22 @@ def test_family_runs_our_experts_as_eager_does(family):
     assert _relative(grads["ascend_moe"], grads["eager"]) < 1e-4, family
 
 
+@pytest.mark.parametrize("family", sorted(REQUIRED))
+def test_family_compiles_with_our_experts(family):
+    """``torch.compile(model)`` of the stock model with our experts (transformers' own graph breaks allowed)."""
+    model, config = _tiny(family)
+    ids = torch.randint(0, min(config.vocab_size, 128), (2, 8), generator=torch.Generator().manual_seed(1))
+    model.set_experts_implementation("eager")
+    with torch.no_grad():
+        reference = _output(model(input_ids=ids))
+    model.set_experts_implementation("ascend_moe")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = _output(torch.compile(model)(input_ids=ids))
+    torch._dynamo.reset()
+    assert _relative(compiled, reference) < 1e-5, family
+
+
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
