@@ -184,3 +184,15 @@ def test_sampler_call_as_rtp_llm_makes_it():
     )
     picked = logits.gather(1, indices.long()).sort(dim=1, descending=True).values
     assert torch.equal(picked, logits.topk(512).values)
+
+
+def test_compiles_fullgraph():
+    """A compiled caller (a sampler inside a compiled model) traces the call whole: the layout checks on strides hold
+    while tracing, the address checks are skipped there (fake tensors have no addresses)."""
+    torch._dynamo.reset()
+    x = torch.randn(4, 256)
+    compiled = torch.compile(lambda x: deep_select.topk(x, 4, indices_type=torch.int32), fullgraph=True)
+    values, indices = compiled(x)
+    want_values, want_indices = deep_select.topk(x, 4, indices_type=torch.int32)
+    assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    torch._dynamo.reset()

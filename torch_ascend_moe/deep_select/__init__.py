@@ -70,15 +70,21 @@ def _check_rows(name: str, t: torch.Tensor, requirement: int) -> None:
         f"{name}.stride(0) (currently {stride} numbers) must be a multiple of {requirement} Bytes "
         f"({requirement // size} numbers)",
     )
-    if t.device.type != "meta":  # no addresses to align in a meta (or fake) tensor
+    if _addressed(t):
         _require(t.data_ptr() % 32 == 0, f"{name}.data_ptr() must be 32-byte aligned")
+
+
+def _addressed(t: torch.Tensor) -> bool:
+    """Whether ``t`` has real memory to check: not a meta tensor, and not traced by ``torch.compile`` (fake tensors
+    have no addresses; a compiled caller's checks are the ones on strides and shapes)."""
+    return t.device.type != "meta" and not torch.compiler.is_compiling()
 
 
 def _check_input_layout(x: torch.Tensor) -> None:
     rows, columns = x.shape
     _require(columns <= 1 or x.stride(1) == 1, f"input's last dimension must be contiguous, got strides {x.stride()}")
     _check_rows("input", x, _STRIDE_REQUIREMENT[0])
-    if rows == 0 or columns == 0 or x.device.type == "meta":
+    if rows == 0 or columns == 0 or not _addressed(x):
         return
     # The CUDA kernels' TMA descriptor rounds each row up to 128 bytes, the last row's padding included.
     size = x.element_size()
