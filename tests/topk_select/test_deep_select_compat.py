@@ -138,6 +138,12 @@ def test_layout_checks_as_upstream():
         RuntimeError, match=r"output_index.stride\(0\) \(currently 4 numbers\) must be a multiple of 32"
     ):
         deep_select.topk(x, 1, output_idx=torch.empty(2, 4, dtype=torch.int32)[:, :1], indices_type=torch.int32)
+    # One row has no other row to reach: any row stride (DeepSelect's interface test calls with a [1, 32] FP32 input).
+    values, _ = deep_select.topk(torch.arange(32.0)[None], 2, sorted=True)
+    assert values.tolist() == [[31.0, 30.0]]
+    # The interface's own checks come first: a wrong output_idx dtype is a TypeError even with a misaligned input.
+    with pytest.raises(TypeError, match="output_idx dtype"):
+        deep_select.topk(torch.ones(2, 64), 1, output_idx=torch.empty(2, 1, dtype=torch.int32))
     # the smallest output upstream accepts: 36 bytes, rows 32 bytes apart
     output = torch.empty(9, dtype=torch.int32).as_strided((2, 1), (8, 1))
     _, indices = deep_select.topk(

@@ -7,10 +7,11 @@ with ``import torch_ascend_moe.deep_select as deep_select`` (specs/tilekernels_d
   layout (rows padded to ``get_stride_requirement()[1]`` bytes; a given ``output_idx`` is filled and returned).
 - ``get_stride_requirement()`` -> ``(1024, 32)``: the CUDA build's (input, output) row-stride alignment in bytes.
   The layout upstream's host code demands is checked here as it is there (``RuntimeError``, upstream's words): the
-  input's last dimension contiguous, its row stride a multiple of 1024 bytes, its data pointer 32-byte aligned and
-  its allocation covering the last row rounded up to 128 bytes (allocate padded rows, then slice, as DeepSelect's
-  tests do); a given ``output_idx``'s row stride a multiple of 32 bytes and its pointer 32-byte aligned. The op under
-  it (``torch.ops.ascend_moe.topk_select``) reads any strides.
+  input's last dimension contiguous, its row stride a multiple of 1024 bytes (with two rows or more), its data
+  pointer 32-byte aligned and its allocation covering the last row rounded up to 128 bytes (allocate padded rows,
+  then slice, as DeepSelect's tests do); a given ``output_idx``'s row stride a multiple of 32 bytes and its pointer
+  32-byte aligned. Addresses are not checked while ``torch.compile`` traces. The op under it
+  (``torch.ops.ascend_moe.topk_select``) reads any strides.
 
 Semantics are upstream's: any valid top-k set (ours: ties to +0.0 over -0.0, then the lower column), ascending
 indices unless ``sorted`` (which satisfies ``sorted_index``), short rows' valid elements first then the fills
@@ -66,7 +67,7 @@ def _check_rows(name: str, t: torch.Tensor, requirement: int) -> None:
     """Upstream's row-stride and pointer checks of a ``[b, n]`` tensor its kernels read or write by rows (TMA)."""
     stride, size = t.stride(0), t.element_size()
     _require(
-        stride * size % requirement == 0,
+        t.shape[0] <= 1 or stride * size % requirement == 0,  # one row: no other row to reach (upstream checks anyway)
         f"{name}.stride(0) (currently {stride} numbers) must be a multiple of {requirement} Bytes "
         f"({requirement // size} numbers)",
     )
@@ -97,9 +98,13 @@ def _check_input_layout(x: torch.Tensor) -> None:
     )
 
 
-def _check_output(output_idx: torch.Tensor, rows: int, topk: int, indices_type: torch.dtype) -> None:
-    if output_idx.dtype != indices_type:
+def _check_output_dtype(output_idx: torch.Tensor | None, indices_type: torch.dtype) -> None:
+    """Upstream's interface checks this before anything reaches its backend (a ``TypeError``)."""
+    if output_idx is not None and output_idx.dtype != indices_type:
         raise TypeError(f"deep_select.topk: output_idx dtype must be {indices_type}, got {output_idx.dtype}")
+
+
+def _check_output(output_idx: torch.Tensor, rows: int, topk: int) -> None:
     _require(
         tuple(output_idx.shape) == (rows, topk),
         f"output_idx must have shape ({rows}, {topk}), got {tuple(output_idx.shape)}",
@@ -136,6 +141,7 @@ def topk(
     _require(isinstance(topk, int) and 0 < topk <= MAX_TOPK, f"topk must be in [1, {MAX_TOPK}], got {topk}")
     _require(begin is None, "`begin` is not supported now")
     _require(hint is None, "`hint` is not supported now")
+    _check_output_dtype(output_idx, indices_type)
     _require(
         indices_type in (torch.int32, torch.int64),
         f"indices_type must be torch.int32 or torch.int64, got {indices_type}",
@@ -153,7 +159,7 @@ def topk(
     _check_vector("end", end, rows)
     _check_vector("output_idx_offset", output_idx_offset, rows)
     if output_idx is not None:
-        _check_output(output_idx, rows, topk, indices_type)
+        _check_output(output_idx, rows, topk)
     values, indices = topk_select(
         input,
         topk,
