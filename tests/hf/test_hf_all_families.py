@@ -80,6 +80,11 @@ def _tiny(family: str):
             target.layer_types = (kinds * target.num_hidden_layers)[: target.num_hidden_layers]
         except AttributeError:  # derived from other fields (a property)
             pass
+    if getattr(target, "mlp_layer_types", None):  # dense first layers, then MoE ones: every tiny layer an MoE one
+        try:
+            target.mlp_layer_types = [target.mlp_layer_types[-1]] * target.num_hidden_layers
+        except AttributeError:
+            pass
     with torch.device("meta"):
         size = sum(p.numel() for p in cls(config).parameters())
     if size > MAX_PARAMETERS:
