@@ -109,3 +109,44 @@ def test_bad_inputs(data):
         deep_gemm.fp8_gemm_nt(
             (a8, quant.pack_ue8m0_to_int(sfa8)), (b8, quant.pack_ue8m0_to_int16(sfb8)), d, recipe=(1, 1, 32)
         )
+
+
+def _dequantized(data, sf, block, k):
+    """FP64 ``data * scale`` with ``block = (gran_mn, gran_k)`` scales, the last K block partial."""
+    scale = sf.double().repeat_interleave(block[0], 0)[: data.shape[0]].repeat_interleave(block[1], 1)[:, :k]
+    return data.double() * scale
+
+
+def test_partial_last_k_block_as_upstream():
+    """K not a multiple of the scale block (the dgrad of DeepSeek's 2112-wide projection: K = 2112 with 1x128 and
+    128x128 scales; DeepGEMM's own test_gemm runs it): upstream's kernels read a partial last block, and so do we
+    (the operands zero-padded to whole blocks, which changes no sum)."""
+    g = torch.Generator().manual_seed(2)
+    k = 320
+    x, w = torch.randn(M, k, generator=g), torch.randn(N, k, generator=g)
+    (a, sfa), (b, sfb) = quant.per_token_cast_to_fp8(x, False), quant.per_block_cast_to_fp8(w, False)
+    assert sfa.shape == (M, 3) and sfb.shape == (1, 3)
+    d = torch.empty(M, N)
+    deep_gemm.fp8_gemm_nt((a, sfa), (b, sfb), d)
+    expected = _dequantized(a, sfa, (1, 128), k) @ _dequantized(b, sfb, (128, 128), k).T
+    assert calc_diff(d, expected) < 1e-12
+    # MN-major operands through the layout aliases: the same result
+    d_tn = torch.empty(M, N)
+    deep_gemm.fp8_gemm_tn((a.t().contiguous(), sfa.t().contiguous()), (b.t().contiguous(), sfb.t().contiguous()), d_tn)
+    assert torch.equal(d_tn, d)
+    # FP8 x FP4 with different K blocks (1x128 and 1x32): K = 352 is whole for b, partial for a
+    k = 352
+    x, w = torch.randn(M, k, generator=g), torch.randn(N, k, generator=g)
+    a, sfa = quant.per_token_cast_to_fp8(x, True, gran_k=128)
+    b, sfb = quant.per_token_cast_to_fp4(w, True, gran_k=32)
+    d = torch.empty(M, N)
+    deep_gemm.fp8_fp4_gemm_nt((a, sfa), (b, sfb), d, recipe_a=(1, 128), recipe_b=(1, 32))
+    k_pad = 384  # the reference: the padded operands through the op itself
+    a_pad = torch.zeros(M, k_pad, dtype=a.dtype)
+    a_pad[:, :k] = a
+    b_pad = torch.zeros(N, k_pad // 2, dtype=torch.uint8)
+    b_pad[:, : k // 2] = b.view(torch.uint8)
+    sfa_pad = sfa.float()  # 3 blocks of 128 cover 384
+    sfb_pad = torch.cat([sfb.float(), torch.ones(N, 1)], 1)  # the 12th block of 32: padding only
+    wide = fp8_gemm(a_pad, sfa_pad, b_pad, sfb_pad, recipe_a=(1, 128), recipe_b=(1, 32), out_dtype=torch.float32)
+    assert torch.equal(d, wide)

@@ -17,6 +17,8 @@ and exact; SM100 would round them up to powers of two (a no-op for the UE8M0 sca
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from torch_ascend_moe import _checks as ck
@@ -60,6 +62,32 @@ def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, gran_k: int
         k = data.shape[-1] * (2 if data.dtype == torch.uint8 else 1)
         sf = scales_to_float(sf)[..., : -(-k // gran_k)]  # packed along K: unpacking may leave padding at the end
     return data, sf
+
+
+def _whole_k_blocks(a_data, sfa, b_data, sfb, gran_ka: int, gran_kb: int):
+    """Both operands with K zero-padded to whole scale blocks of either recipe, where K is not.
+
+    Upstream's kernels read a partial last K block (TMA fills past K with zeros and the block's scale applies to
+    its real values; e.g. the dgrad of DeepSeek's 2112-wide projection: K = 2112 with 1x128 scales); the op takes
+    whole blocks. Zeros add nothing to a block's sum, and the blocks only the padding fills get scale 1, so the
+    product is the same. A no-op when K is already whole (the usual case: no copy)."""
+    k = a_data.shape[-1] * (2 if a_data.dtype == torch.uint8 else 1)
+    if b_data.shape[-1] * (2 if b_data.dtype == torch.uint8 else 1) != k:
+        return a_data, sfa, b_data, sfb  # the op reports the mismatch
+    unit = math.lcm(gran_ka, gran_kb)
+    whole = k % gran_ka == 0 and k % gran_kb == 0
+    if whole or sfa.shape[-1] != -(-k // gran_ka) or sfb.shape[-1] != -(-k // gran_kb):
+        return a_data, sfa, b_data, sfb  # whole blocks, or scales the op will refuse with its own error
+    padded_k = -(-k // unit) * unit
+
+    def pad(data, sf, gran_k):
+        packed = 2 if data.dtype == torch.uint8 else 1  # FP4: two values per byte
+        wide = data.new_zeros(*data.shape[:-1], padded_k // packed)
+        wide[..., : data.shape[-1]] = data
+        extra = padded_k // gran_k - sf.shape[-1]
+        return wide, torch.cat([sf, sf.new_ones(*sf.shape[:-1], extra)], dim=-1) if extra else sf
+
+    return (*pad(a_data, sfa, gran_ka), *pad(b_data, sfb, gran_kb))
 
 
 def _check_packings(api: str, sfa: torch.Tensor, sfb: torch.Tensor) -> None:
@@ -108,6 +136,7 @@ def _scaled_gemm(api, a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     a_data, sfa = _logical(a_data, sfa, a_t, ra[1])
     b_data, sfb = _logical(b_data, sfb, b_t, rb[1])
+    a_data, sfa, b_data, sfb = _whole_k_blocks(a_data, sfa, b_data, sfb, ra[1], rb[1])
     shape = [a_data.shape[0], b_data.shape[0]]
     scale = resolve_alpha(api, alpha, epilogue, fp8_output=True)
     _write(
