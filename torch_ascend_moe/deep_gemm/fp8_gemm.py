@@ -24,7 +24,7 @@ import torch
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe.deep_gemm.epilogue import FP8Quantization, resolve_alpha, write_fp8_output
 from torch_ascend_moe.deep_gemm.gemm import _check_out
-from torch_ascend_moe.meta.fp8_gemm import einsum_plan
+from torch_ascend_moe.meta.fp8_gemm import einsum_plan, is_fp4, logical_k
 from torch_ascend_moe.ops.fp8_gemm import fp8_bmm as _fp8_bmm_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_einsum as _fp8_einsum_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op
@@ -59,8 +59,9 @@ def _logical(data: torch.Tensor, sf: torch.Tensor, transposed: bool, gran_k: int
             data = torch.stack([transpose_packed_fp4(x) for x in groups]).view(torch.uint8)
             data = data.view(*packed.shape[:-2], *data.shape[-2:])
     if sf.dtype in (torch.int32, torch.int16):
-        k = data.shape[-1] * (2 if data.dtype == torch.uint8 else 1)
-        sf = scales_to_float(sf)[..., : -(-k // gran_k)]  # packed along K: unpacking may leave padding at the end
+        sf = scales_to_float(sf)[
+            ..., : -(-logical_k(data) // gran_k)
+        ]  # packed along K: unpacking may leave padding at the end
     return data, sf
 
 
@@ -71,18 +72,15 @@ def _whole_k_blocks(a_data, sfa, b_data, sfb, gran_ka: int, gran_kb: int):
     its real values; e.g. the dgrad of DeepSeek's 2112-wide projection: K = 2112 with 1x128 scales); the op takes
     whole blocks. Zeros add nothing to a block's sum, and the blocks only the padding fills get scale 1, so the
     product is the same. A no-op when K is already whole (the usual case: no copy)."""
-    k = a_data.shape[-1] * (2 if a_data.dtype == torch.uint8 else 1)
-    if b_data.shape[-1] * (2 if b_data.dtype == torch.uint8 else 1) != k:
-        return a_data, sfa, b_data, sfb  # the op reports the mismatch
-    unit = math.lcm(gran_ka, gran_kb)
+    k = logical_k(a_data)
     whole = k % gran_ka == 0 and k % gran_kb == 0
-    if whole or sfa.shape[-1] != -(-k // gran_ka) or sfb.shape[-1] != -(-k // gran_kb):
-        return a_data, sfa, b_data, sfb  # whole blocks, or scales the op will refuse with its own error
+    if whole or logical_k(b_data) != k or sfa.shape[-1] != -(-k // gran_ka) or sfb.shape[-1] != -(-k // gran_kb):
+        return a_data, sfa, b_data, sfb  # whole blocks, or operands the op will refuse with its own error
+    unit = math.lcm(gran_ka, gran_kb)
     padded_k = -(-k // unit) * unit
 
     def pad(data, sf, gran_k):
-        packed = 2 if data.dtype == torch.uint8 else 1  # FP4: two values per byte
-        wide = data.new_zeros(*data.shape[:-1], padded_k // packed)
+        wide = data.new_zeros(*data.shape[:-1], padded_k // (2 if is_fp4(data) else 1))  # FP4: two values a byte
         wide[..., : data.shape[-1]] = data
         extra = padded_k // gran_k - sf.shape[-1]
         return wide, torch.cat([sf, sf.new_ones(*sf.shape[:-1], extra)], dim=-1) if extra else sf
