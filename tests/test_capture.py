@@ -11,15 +11,15 @@ import torch
 from tests._families import family_specs
 from tests.distributed.ep_bodies import emulated_capture
 
-# op -> why its portable kernel reads the host (a fused device kernel is what makes it capturable)
+# op -> why its portable kernel reads the host (a fused device kernel is what makes it capturable). The portable
+# kernels of m_grouped_fp8_linear / m_grouped_fp8_quant_gemm are their steps through the dispatcher: capturable
+# where the steps' kernels are (here the C++ ones; on CUDA the Triton cast and grouped GEMM).
 HOST_BOUND = {
     "m_grouped_bf16_gemm": "one GEMM per expert segment, segments read from the layout (CUDA: torch._grouped_mm)",
     "m_grouped_bf16_gemm_masked": "one GEMM per group up to masked_m (CUDA: torch._grouped_mm)",
     "k_grouped_bf16_gemm": "one GEMM per group segment (CUDA: torch._grouped_mm)",
     "m_grouped_fp8_gemm": "one block-scaled GEMM per expert segment",
     "m_grouped_fp8_gemm_masked": "one block-scaled GEMM per group up to masked_m",
-    "m_grouped_fp8_linear": "one block-scaled GEMM per expert segment",
-    "m_grouped_fp8_quant_gemm": "one cast and block-scaled GEMM per expert segment",
     "k_grouped_fp8_gemm": "one block-scaled GEMM per group segment",
     "paged_mqa_logits_metadata": "DeepGEMM's schedule table: host integer bookkeeping by design",
 }

@@ -105,7 +105,12 @@ def test_cli_info_json():
     assert info["build"]["torch"] == torch.__version__
     assert sorted(info["ops"]) == OPS
     assert all(info["ops"][n]["CPU"] and info["ops"][n]["autograd"] for n in OPS)
-    assert set(info["npu_kernels"]) <= set(OPS) and all(isinstance(v, str) for v in info["npu_kernels"].values())
+    chains = info["chains"]
+    assert sorted(chains) == OPS
+    for op, per_device in chains.items():  # every chain ends with the portable kernel; on CPU the C++ one leads
+        assert all(labels[-1] == "portable" for labels in per_device.values()), (op, per_device)
+        assert per_device["cpu"][0].startswith("cpp") or per_device["cpu"] == ["portable"], (op, per_device["cpu"])
+    assert chains["fp8_gemm"]["cuda"][:2] == ["deep_gemm.fp8_fp4_gemm_nt", "triton: _scaled_gemm"]
 
 
 def test_cli_info_table_and_bench(tmp_path):

@@ -17,6 +17,7 @@ from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas
 )
 from torch_ascend_moe import ops as _ops
 from torch_ascend_moe.backends import portable  # noqa: F401  (registers the device-generic kernels)
+from torch_ascend_moe.backends.chain import warmup
 from torch_ascend_moe.ops import *  # noqa: E402, F403  (every op's typed wrapper)
 
 __version__ = "0.1.0"
@@ -30,4 +31,4 @@ from torch_ascend_moe import _hf_hook  # noqa: E402
 # experts_implementation="ascend_moe" whatever the import order with transformers, without importing it here.
 _hf_hook.install()
 
-__all__ = ["NAMESPACE", "torch", *_ops.__all__]
+__all__ = ["NAMESPACE", "torch", "warmup", *_ops.__all__]

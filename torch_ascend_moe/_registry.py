@@ -189,30 +189,16 @@ def portable_kernel(name: str | Callable | None = None):
     >>> @portable_kernel
     ... def bf16_gemm(a, b, c, alpha, out_dtype): ...
     """
-    return _by_name(name, lambda fn, op: _PORTABLE.impl(op, fn, "CompositeExplicitAutograd"))
-
-
-# One library object for the device overrides (torch_npu adapters on PrivateUse1, ...).
-_DEVICE = torch.library.Library(NAMESPACE, "IMPL")
-# op -> the torch_npu op(s) its Ascend adapter calls (``info`` shows it; an op absent here runs its portable
-# kernel on an NPU).
-NPU_KERNELS: dict[str, str] = {}
-
-
-def npu_kernel(name: str | Callable | None = None, *, calls: str):
-    """Register an Ascend adapter for ``ascend_moe::<name>`` under ``PrivateUse1`` (the key torch_npu renames
-    "npu"); ``calls`` names the torch_npu op(s) it runs. It receives every schema argument, as a portable kernel.
-    Importing the module registers it; nothing reaches it without NPU tensors, so tests call it directly.
-
-    >>> @npu_kernel(calls="npu_grouped_matmul")
-    ... def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype): ...
-    """
 
     def register(kernel: Callable, op: str) -> None:
-        NPU_KERNELS[op] = calls
-        _DEVICE.impl(op, kernel, "PrivateUse1")
+        PORTABLE[op] = kernel
+        _PORTABLE.impl(op, kernel, "CompositeExplicitAutograd")
 
     return _by_name(name, register)
+
+
+# op -> its portable kernel (defaults filled): the last entry of every device's chain (``backends.chain``).
+PORTABLE: dict[str, Callable] = {}
 
 
 NPU_GE_CONVERTERS: dict[str, Callable] = {}
@@ -240,26 +226,6 @@ def npu_ge_converter(name: str, *, ir: str):
 
 
 NPU_GE_IR: dict[str, str] = {}
-
-
-CUDA_KERNELS: dict[str, str] = {}
-
-
-def cuda_kernel(name: str | Callable | None = None, *, calls: str):
-    """Register a CUDA kernel for ``ascend_moe::<name>`` under ``CUDA`` (it wins over the portable one there);
-    ``calls`` names what it runs (an ATen op, a Triton kernel). Like an Ascend adapter, it takes the cases its
-    kernel computes exactly and hands the rest to the portable kernel; on CPU tensors (tests) it runs the same
-    ATen ops' CPU kernels.
-
-    >>> @cuda_kernel(calls="torch._grouped_mm")
-    ... def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype): ...
-    """
-
-    def register(kernel: Callable, op: str) -> None:
-        CUDA_KERNELS[op] = calls
-        _DEVICE.impl(op, kernel, "CUDA")
-
-    return _by_name(name, register)
 
 
 def import_families(package: str, path) -> None:

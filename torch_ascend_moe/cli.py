@@ -14,6 +14,7 @@ from rich.table import Table
 
 import torch_ascend_moe
 from torch_ascend_moe import NAMESPACE, _registry, backends, bench
+from torch_ascend_moe.backends import chain
 
 _KERNEL_KEYS = {"CPU": "CPU", "CUDA": "CUDA", "NPU": "PrivateUse1"}
 
@@ -43,22 +44,11 @@ def capabilities(name: str) -> dict[str, bool]:
     return caps
 
 
-def npu_kernels() -> dict[str, str]:
-    """Which torch_npu op each ascend_moe op's Ascend adapter calls (the rest run their portable kernel on an
-    NPU). The adapter modules are imported to read it: they touch ``torch.ops.npu`` only when called."""
-    from torch_ascend_moe.backends import npu
-
-    npu.register()
-    return dict(_registry.NPU_KERNELS)
-
-
-def cuda_kernels() -> dict[str, str]:
-    """What each ascend_moe op's CUDA kernel runs (the rest run their portable kernel on a GPU); the modules are
-    imported to read it (registering on the CUDA key is harmless without a GPU)."""
-    from torch_ascend_moe.backends import cuda
-
-    cuda.register()
-    return dict(_registry.CUDA_KERNELS)
+def chains() -> dict[str, dict[str, list[str]]]:
+    """Every op's kernel chain per device (``backends.chain``), first choice first: what ``choose`` asks in
+    order. Every device's kernels are declared to read them (harmless on a machine without that device)."""
+    backends.register_all()
+    return {op: {d: [k.label for k in chain.chain(op, d)] for d in chain.devices()} for op in op_names()}
 
 
 def build_info() -> dict[str, object]:
@@ -99,6 +89,8 @@ def _installed(module: str) -> bool:
 
 
 def cmd_info(args, console: Console) -> int:
+    if args.explain:
+        return cmd_explain(args, console)
     if args.json:
         print(
             json.dumps(
@@ -106,7 +98,7 @@ def cmd_info(args, console: Console) -> int:
                     "build": build_info(),
                     "backends": backend_info(),
                     "ops": {n: capabilities(n) for n in op_names()},
-                    "npu_kernels": npu_kernels(),
+                    "chains": chains(),
                 },
                 indent=2,
                 default=str,
@@ -123,21 +115,34 @@ def cmd_info(args, console: Console) -> int:
     matrix.add_column("op")
     for col in columns:
         matrix.add_column(col, justify="center")
-    matrix.add_column("on CUDA")
-    matrix.add_column("on NPU")
+    matrix.add_column("CUDA chain")
+    matrix.add_column("NPU chain")
     matrix.add_column("GE graph")
-    on_cuda, on_npu = cuda_kernels(), npu_kernels()
+    every = chains()
     for name in names:
         caps = capabilities(name)
-        # An adapter takes the cases its torch_npu op computes exactly and hands the rest to the portable kernel.
-        # Calls into another library (FlashMLA's or DeepSelect's Ascend builds) are named with their package.
-        calls = on_npu.get(name, "")
-        npu_kernel = f"{calls if '.' in calls else 'torch_npu.' + calls} | portable" if calls else "portable"
         # TorchAir's GE mode: the Ascend IR op our converter builds, for the cases the adapter maps
         ge_ir = _registry.NPU_GE_IR.get(name, "-")
-        cuda_kernel = f"{on_cuda[name]} | portable" if name in on_cuda else "portable"
-        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), cuda_kernel, npu_kernel, ge_ir)
+        cuda_chain, npu_chain = (" > ".join(every[name][d]) for d in ("cuda", "npu"))
+        matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), cuda_chain, npu_chain, ge_ir)
     console.print(matrix)
+    return 0
+
+
+def cmd_explain(args, console: Console) -> int:
+    """``info --explain OP --device D [--args ...|--call FILE]``: the chain's answer for one call."""
+    from torch_ascend_moe.backends import explain as explaining
+
+    backends.register_all()
+    try:
+        if args.call:
+            call = explaining.load_call(args.call, args.device)
+        else:
+            call = explaining.parse_args(args.explain, args.args or "", args.device)
+    except ValueError as e:
+        print(f"info --explain: {e}")
+        return 2
+    print(explaining.report(call.op, args.device, call.args))  # plain text: no wrapping of long reasons
     return 0
 
 
@@ -231,6 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_arguments(d)
     info = sub.add_parser("info", help="versions, build, backends and the capability matrix of every op")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    info.add_argument(
+        "--explain", metavar="OP", help="say which kernel a call of OP takes, and why the earlier ones refused"
+    )
+    info.add_argument("--device", default="cuda", choices=chain.devices(), help="--explain: the device's chain")
+    info.add_argument(
+        "--args",
+        help="--explain: the call's arguments, space-separated: tensors as dtype[d0,d1,...] (e.g. "
+        "float8_e4m3fn[128,7168]), other values as Python literals (None, 1.0, [1,128]) or dtype names; trailing "
+        "defaults may be left out",
+    )
+    info.add_argument(
+        "--call", metavar="FILE", help="--explain: a call saved by torch_ascend_moe.backends.explain.save_call"
+    )
     b = sub.add_parser("bench", help="time a family's ops against PyTorch baselines measured in the same run")
     b.add_argument("family", choices=(*bench.FAMILIES, *bench.GROUPS))
     b.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")

@@ -12,13 +12,14 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.chains import cuda_chain as kernels
+from tests.chains import labels
 from tests.gemm.specs import SPECS
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults
-from torch_ascend_moe.backends.cuda import gemm as kernels
+from torch_ascend_moe._registry import with_defaults
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
-ADAPTED = [s for s in SPECS if CUDA_KERNELS.get(s.name, "").startswith("cuBLAS")]
+ADAPTED = [s for s in SPECS if any(label.startswith("aten: cuBLAS") for label in labels(s.name, "cuda"))]
 _BMM = torch.bmm
 
 

@@ -12,15 +12,16 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.chains import cuda_chain as kernels
+from tests.chains import has
 from tests.grouped.specs import SPECS
 from tests.npu.test_capture import no_host_reads
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults
-from torch_ascend_moe.backends.cuda import grouped as kernels
+from torch_ascend_moe._registry import with_defaults
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
-ADAPTED = [s for s in SPECS if CUDA_KERNELS.get(s.name) == "torch._grouped_mm"]
+ADAPTED = [s for s in SPECS if has(s.name, "cuda", "aten: torch._grouped_mm")]
 
 
 def _samples(spec):
@@ -44,7 +45,6 @@ def _fused(spec, dtype, s) -> bool:
 
 def test_registered():
     assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
-    assert all(CUDA_KERNELS[s.name] == "torch._grouped_mm" for s in ADAPTED)
 
 
 @pytest.mark.parametrize("spec", ADAPTED, ids=str)

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
+from tests.chains import cuda_chain as kernels  # noqa: E402
+from tests.chains import labels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.cuda.test_grouped_kernels import GPU, _on  # noqa: E402
 from tests.hc_prenorm.specs import SPECS, reference  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS  # noqa: E402
 from torch_ascend_moe.backends.cuda import _hc, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import hc_prenorm as kernels  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
@@ -56,7 +56,7 @@ def _check(got, args, where, ulps=8):
 
 
 def test_registered():
-    assert CUDA_KERNELS["hc_prenorm_gemm"] == "triton: _hc"
+    assert labels("hc_prenorm_gemm", "cuda") == ["triton: _hc", "portable"]
 
 
 @INTERPRETED

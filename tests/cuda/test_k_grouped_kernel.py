@@ -12,12 +12,13 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.chains import chosen, labels  # noqa: E402
+from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.grouped.specs import SPECS  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe._registry import with_defaults  # noqa: E402
 from torch_ascend_moe.backends.cuda import _k_grouped, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import grouped as kernels  # noqa: E402
 from torch_ascend_moe.backends.portable import grouped as portable  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
@@ -34,12 +35,12 @@ def _samples():
 
 
 def _takes(s) -> bool:
-    a, b, num_groups, gran_k = s.args[0], s.args[2], s.args[5], s.args[7]
-    return a.shape[0] > 0 and num_groups > 0 and a.shape[1] > 0 and b.shape[1] > 0 and _k_grouped.usable(a, gran_k)
+    return chosen("k_grouped_fp8_gemm", "cuda", *s.args) == "triton: _k_grouped"
 
 
 def test_registered():
-    assert CUDA_KERNELS["k_grouped_fp8_gemm"] == "triton: _k_grouped"
+    chain = labels("k_grouped_fp8_gemm", "cuda")
+    assert chain == ["deep_gemm.k_grouped_fp8_gemm_tn_contiguous (psum)", "triton: _k_grouped", "portable"]
 
 
 def test_values_vs_fp64_and_the_cpu_kernel():

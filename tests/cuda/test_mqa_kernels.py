@@ -13,12 +13,13 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.chains import chosen, labels  # noqa: E402
+from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.mqa_logits import specs as T  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe._registry import with_defaults  # noqa: E402
 from torch_ascend_moe.backends.cuda import _mqa, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import mqa_logits as kernels  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
@@ -51,7 +52,7 @@ def _masks_and_diff(out, ref):
 
 
 def test_registered():
-    assert CUDA_KERNELS["mqa_logits"] == "triton: _mqa"
+    assert labels("mqa_logits", "cuda") == ["triton: _mqa", "portable"]
 
 
 def _check_values(spec, launcher: str, samples, takes):
@@ -154,11 +155,7 @@ def _paged_samples():
 
 
 def _paged_takes(s) -> bool:
-    from torch_ascend_moe.meta import mqa_logits as meta
-
-    q, kv_cache, ascend = s.args[0], s.args[2], s.args[8]
-    fmt = meta.check_cache(kv_cache, meta.head_dim(q), ascend, q)
-    return q.dtype != torch.float64 and q.shape[0] * q.shape[1] > 0 and _mqa.paged_usable(q, fmt)
+    return chosen("paged_mqa_logits", "cuda", *s.args) == "triton: _mqa (paged)"
 
 
 def test_paged_values_vs_fp64_and_the_cpu_kernel():

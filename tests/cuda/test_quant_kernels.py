@@ -12,11 +12,11 @@ from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
+from tests.chains import cuda_chain as kernels  # noqa: E402
+from tests.chains import ops_running  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.quant.specs import SPECS  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS  # noqa: E402
 from torch_ascend_moe.backends.cuda import _quant, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import quant as kernels  # noqa: E402
 from torch_ascend_moe.backends.cuda._triton import tl, triton  # noqa: E402
 from torch_ascend_moe.testing import campaign  # noqa: E402
 
@@ -40,7 +40,7 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_registered():
-    assert {n for n, k in CUDA_KERNELS.items() if k == "triton: _quant"} == {s.name for s in KERNELS}
+    assert ops_running("cuda", "triton: _quant") == {s.name for s in KERNELS}
 
 
 @pytest.mark.parametrize("spec", KERNELS, ids=str)

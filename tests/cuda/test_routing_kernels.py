@@ -16,13 +16,13 @@ from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
+from tests.chains import cuda_chain as kernels  # noqa: E402
+from tests.chains import ops_running  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.cuda.test_grouped_kernels import GPU, _on  # noqa: E402
 from tests.moe_routing.specs import SPECS, random_topk  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS  # noqa: E402
 from torch_ascend_moe.backends.cuda import _routing, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import moe_routing as kernels  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.meta.moe_routing import permute_capacity  # noqa: E402
 from torch_ascend_moe.testing import campaign  # noqa: E402
@@ -57,7 +57,9 @@ def _assert_agrees(name, got, ours, where=""):
 
 
 def test_registered():
-    assert {n for n, k in CUDA_KERNELS.items() if "_routing" in k} == set(LAUNCHERS)
+    assert ops_running("cuda", "triton: _routing") | ops_running(
+        "cuda", "triton: ATen softmax / sigmoid, then _routing"
+    ) == set(LAUNCHERS)
 
 
 @INTERPRETED

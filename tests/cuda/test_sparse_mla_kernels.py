@@ -16,12 +16,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.chains import cuda_chain as kernels  # noqa: E402
+from tests.chains import labels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from tests.sparse_mla import specs as T  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS  # noqa: E402
 from torch_ascend_moe.backends.cuda import _sparse_mla, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import sparse_mla as kernels  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
@@ -47,7 +47,7 @@ def _takes(s) -> bool:
 
 
 def test_registered():
-    assert CUDA_KERNELS["sparse_mla_prefill"] == "triton: _sparse_mla"
+    assert labels("sparse_mla_prefill", "cuda") == ["triton: _sparse_mla", "portable"]
 
 
 def _ulps(dtype) -> int:

@@ -10,13 +10,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.chains import chosen, labels  # noqa: E402
+from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.grouped.specs import SPECS  # noqa: E402
 from tests.grouped.test_grouped_swiglu import _assert_close  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe._registry import with_defaults  # noqa: E402
 from torch_ascend_moe.backends.cuda import _swiglu, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import grouped as kernels  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
@@ -32,12 +33,11 @@ def _samples():
 
 
 def _takes(s) -> bool:
-    a, b = s.args[0], s.args[1]
-    return a.shape[0] > 0 and b.shape[0] > 0 and b.shape[1] > 0 and a.shape[1] > 0 and _swiglu.usable(a, s.args[7])
+    return chosen("m_grouped_bf16_gemm_swiglu", "cuda", *s.args) == "triton: _swiglu"
 
 
 def test_registered():
-    assert CUDA_KERNELS["m_grouped_bf16_gemm_swiglu"] == "triton: _swiglu"
+    assert labels("m_grouped_bf16_gemm_swiglu", "cuda") == ["triton: _swiglu", "portable"]
 
 
 def test_values_vs_fp64_and_the_cpu_kernel(monkeypatch):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
-import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -25,8 +24,7 @@ import torch
 
 pytest.importorskip("triton")
 
-import torch_ascend_moe.backends.cuda as cuda_backend  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS  # noqa: E402
+from tests.chains import cuda_chain, labels  # noqa: E402
 from torch_ascend_moe.backends.cuda import _triton  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -36,24 +34,14 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _families():
-    return [
-        importlib.import_module(f"{cuda_backend.__name__}.{m.name}")
-        for m in pkgutil.iter_modules(cuda_backend.__path__)
-        if not m.name.startswith("_")
-    ]
-
-
 def _specs():
-    """The contract specs of every op whose CUDA kernel is a Triton one (imported families register them)."""
-    families = _families()
+    """The contract specs of every op whose CUDA chain starts with a Triton kernel, each with that chain."""
     specs = []
     for path in sorted(ROOT.glob("tests/*/specs.py")):
         module = importlib.import_module(f"tests.{path.parent.name}.specs")
         for spec in getattr(module, "SPECS", []):
-            if CUDA_KERNELS.get(spec.name, "").startswith("triton"):
-                kernel = next(getattr(f, spec.name) for f in families if hasattr(f, spec.name))
-                specs.append((spec, kernel))
+            if labels(spec.name, "cuda")[0].startswith("triton"):
+                specs.append((spec, getattr(cuda_chain, spec.name)))
     return specs
 
 

@@ -8,7 +8,6 @@ tests run the compiled kernels through ``tests/cuda`` in ``tools/device_check.sh
 
 from __future__ import annotations
 
-import types
 from unittest import mock
 
 import pytest
@@ -16,14 +15,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.chains import cuda_chain, has  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.fp8_gemm.specs import SPECS as FP8_SPECS  # noqa: E402
 from tests.grouped.specs import SPECS as GROUPED_SPECS  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import CUDA_KERNELS, with_defaults  # noqa: E402
+from torch_ascend_moe._registry import with_defaults  # noqa: E402
+from torch_ascend_moe.backends import chain  # noqa: E402
 from torch_ascend_moe.backends.cuda import _scaled_gemm, _triton  # noqa: E402
-from torch_ascend_moe.backends.cuda import fp8_gemm as fp8_kernels  # noqa: E402
-from torch_ascend_moe.backends.cuda import grouped as grouped_kernels  # noqa: E402
 from torch_ascend_moe.backends.portable import fp8_gemm as portable_fp8  # noqa: E402
 from torch_ascend_moe.backends.portable import grouped as portable_grouped  # noqa: E402
 from torch_ascend_moe.distributed import capture  # noqa: E402
@@ -34,13 +33,13 @@ pytestmark = pytest.mark.skipif(
     not _triton.INTERPRETED, reason="Triton's interpreter is off in this process (a GPU compiles the kernels)"
 )
 
-KERNELS = {**vars(fp8_kernels), **vars(grouped_kernels)}
 PORTABLE = {**vars(portable_fp8), **vars(portable_grouped)}
-SPECS = [s for s in FP8_SPECS + GROUPED_SPECS if CUDA_KERNELS.get(s.name) == "triton: _scaled_gemm"]
+SPECS = [s for s in FP8_SPECS + GROUPED_SPECS if has(s.name, "cuda", "triton: _scaled_gemm")]
 
 
 def _kernel(spec):
-    return KERNELS[spec.name]
+    """The op's CUDA chain (the Triton kernel for the calls it takes)."""
+    return getattr(cuda_chain, spec.name)
 
 
 def _samples(spec):
@@ -193,25 +192,23 @@ def test_opcheck_and_compile_through_an_opaque_op(spec):
 
 
 @pytest.mark.parametrize("name", ["fp8_quant_gemm", "fp8_linear"])
-def test_fp8_linear_family_steps_reach_the_triton_gemm(name, monkeypatch):
-    """The fp8_linear family's CUDA kernels are their steps through the dispatcher (routed here to the CUDA kernels
-    themselves, as CUDA tensors would be): the cast bitwise the reference's, the GEMM the Triton kernel's, within a
-    few ulps of the portable kernel (the same FP32 sums in another order, one rounding)."""
+def test_fp8_linear_family_steps_reach_the_triton_gemm(name):
+    """The fp8_linear family on CUDA: the fused kernel where it takes the call, else the portable kernel's steps
+    through the dispatcher (CPU tensors routed to the CUDA chains here, as CUDA tensors would be): the cast bitwise
+    the reference's, the GEMM the Triton kernel's, within a few ulps of the C++ kernels (the same FP32 sums in
+    another order, one rounding)."""
 
     from tests.fp8_linear.specs import SPECS as LINEAR_SPECS
-    from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
-    from torch_ascend_moe.backends.portable import fp8_linear as portable_linear
-    from torch_ascend_moe.backends.portable import quant as portable_quant
 
-    routed = types.SimpleNamespace(quantize_fp8=portable_quant.quantize_fp8, fp8_gemm=fp8_kernels.fp8_gemm)
-    monkeypatch.setattr(cuda_linear, "OPS", routed)
     spec = next(s for s in LINEAR_SPECS if s.name == name)
+    op = getattr(torch.ops.ascend_moe, name)
     reached = 0
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype):
             with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
-                out = getattr(cuda_linear, name)(*s.args)
-            ours = getattr(portable_linear, name)(*s.args)
+                with chain.on_cpu("cuda"):
+                    out = op(*s.args)
+            ours = op(*s.args)
             where = f"{name}[{s.name}, {dtype}]"
             assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
             reached += launch.called
@@ -241,11 +238,11 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
             if x.shape[0] >= 3:  # NaN/inf rows, and finite rows between them that must still match
                 x[0, 1], x[-1, -1] = float("nan"), float("inf")
             args = (x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype)
-            takes = cuda_linear.casts_in_tile(x, b, [1, gran_k], recipe_b)
+            takes = cuda_linear.cast_in_tile_refusal(x, b, [1, gran_k], recipe_b) is None
             with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
-                out = cuda_linear.fp8_quant_gemm(*args)
+                out = cuda_chain.fp8_quant_gemm(*args)
             q, sf = _quant.quantize(x, (1, gran_k), ue8m0, False)
-            want = fp8_kernels.fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, out.dtype)
+            want = cuda_chain.fp8_gemm(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, out.dtype)
             where = f"fp8_quant_gemm[{s.name}, {dtype}]"
             assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num()), where
             if takes:
@@ -254,7 +251,7 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
     assert fused, "no sample took the fused cast"
 
 
-def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
+def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
     """``m_grouped_fp8_quant_gemm`` as one launch (the per-token cast in the grouped GEMM's tiles, psum and id layouts)
     equals the Triton cast then the grouped Triton GEMM bit for bit, NaN/inf rows included; rows no expert owns
     (NaN here) are never read; no host read while capturing; the steps serve the other recipes; bad inputs raise our
@@ -262,12 +259,7 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
     from tests.grouped.specs import _quantize_experts
     from torch_ascend_moe.backends.cuda import _quant
     from torch_ascend_moe.backends.cuda import fp8_linear as cuda_linear
-    from torch_ascend_moe.backends.cuda import quant as cuda_quant
 
-    routed = types.SimpleNamespace(
-        quantize_fp8=cuda_quant.quantize_fp8, m_grouped_fp8_gemm=grouped_kernels.m_grouped_fp8_gemm
-    )
-    monkeypatch.setattr(grouped_kernels, "OPS", routed)
     spec = next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_quant_gemm")
     fused = 0
     for dtype in spec.dtypes:
@@ -279,11 +271,12 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
             if x.shape[0] >= 3:
                 x[0, 1], x[-1, -1] = float("nan"), float("inf")
             args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, ue8m0, out_dtype)
-            takes = bool(x.shape[0]) and cuda_linear.casts_in_tile(x, b, [1, gran_k], recipe_b)
+            takes = bool(x.shape[0]) and cuda_linear.cast_in_tile_refusal(x, b, [1, gran_k], recipe_b) is None
             with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
-                out = grouped_kernels.m_grouped_fp8_quant_gemm(*args)
+                with chain.on_cpu("cuda"):
+                    out = torch.ops.ascend_moe.m_grouped_fp8_quant_gemm(*args)
             q, sf = _quant.quantize(x, (1, gran_k), ue8m0, False)
-            want = grouped_kernels.m_grouped_fp8_gemm(
+            want = cuda_chain.m_grouped_fp8_gemm(
                 q, sf, b, sfb, layout, psum, alignment, [1, gran_k], recipe_b, out.dtype
             )
             where = f"m_grouped_fp8_quant_gemm[{s.name}, {dtype}]"
@@ -292,49 +285,46 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit(monkeypatch):
                 assert launch.call_count == 1 and launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
             if takes and not fused:  # one capture check: the schedule is built alike for every sample
                 with capture.emulated(), no_host_reads():
-                    captured = grouped_kernels.m_grouped_fp8_quant_gemm(*args)
+                    captured = cuda_chain.m_grouped_fp8_quant_gemm(*args)
                 assert torch.equal(captured.nan_to_num(), out.nan_to_num()), where
             fused += takes
     assert fused, "no sample took the fused cast"
-    # gran_k 16: no K chunk of the Triton GEMM (>= 32) is one cast block, so the steps run (here both portable).
+    # gran_k 16: no K chunk of the Triton GEMM (>= 32) is one cast block, so the steps run (the Triton cast, then
+    # the portable grouped GEMM: the Triton one takes no gran_k 16 either).
     g = torch.Generator().manual_seed(4)
     x = torch.randn(5, 64, generator=g, dtype=torch.bfloat16)
     b, sfb, recipe_b = _quantize_experts(torch.randn(2, 8, 64, generator=g), ("fp8-token", 1, 16, False))
     layout = torch.tensor([2, 5], dtype=torch.int32)
     with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
-        out = grouped_kernels.m_grouped_fp8_quant_gemm(x, b, sfb, layout, True, 1, 16, recipe_b, False, None)
+        with chain.on_cpu("cuda"):
+            out = torch.ops.ascend_moe.m_grouped_fp8_quant_gemm(x, b, sfb, layout, True, 1, 16, recipe_b, False, None)
     q, sf = _quant.quantize(x, (1, 16), False, False)
     want = portable_grouped.m_grouped_fp8_gemm(q, sf, b, sfb, layout, True, 1, [1, 16], recipe_b, torch.bfloat16)
     assert not launch.called and torch.equal(out, want)
     for bad in spec.bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
-            grouped_kernels.m_grouped_fp8_quant_gemm(*bad.args)
+            cuda_chain.m_grouped_fp8_quant_gemm(*bad.args)
 
 
-def _routed_grouped_linear(monkeypatch):
-    """``m_grouped_fp8_linear``'s CUDA kernel with its steps routed to the CUDA kernels (as CUDA tensors would be)."""
-    from torch_ascend_moe.backends.cuda import quant as cuda_quant
-
-    routed = types.SimpleNamespace(
-        quantize_fp8=cuda_quant.quantize_fp8, m_grouped_fp8_gemm=grouped_kernels.m_grouped_fp8_gemm
-    )
-    monkeypatch.setattr(grouped_kernels, "OPS", routed)
-    return next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_linear")
+def _on_cuda(op: str, *args):
+    """``ascend_moe::op`` with every op of it on its CUDA chain (CPU tensors, as CUDA tensors would run)."""
+    with chain.on_cpu("cuda"):
+        return getattr(torch.ops.ascend_moe, op)(*args)
 
 
-def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm(monkeypatch):
+def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm():
     """``m_grouped_fp8_linear`` on CUDA is the per-token cast, one cast of every expert's weight (N padded to the
     block, so no tile straddles experts) and one launch of the grouped Triton GEMM: within an ulp of the portable
     kernel (a cast per expert, a GEMM per segment; the same FP32 sums in another order), padding rows zero, no
     host read while capturing, layout errors under this op's name."""
-    spec = _routed_grouped_linear(monkeypatch)
+    spec = next(s for s in GROUPED_SPECS if s.name == "m_grouped_fp8_linear")
     reached = 0
     for dtype in spec.dtypes:
         for small in (False, True):
             for s in spec.sample_inputs("cpu", dtype, small=small):
                 with mock.patch.object(_scaled_gemm, "scaled_gemm", wraps=_scaled_gemm.scaled_gemm) as launch:
-                    out = grouped_kernels.m_grouped_fp8_linear(*s.args)
-                ours = portable_grouped.m_grouped_fp8_linear(*s.args)
+                    out = _on_cuda("m_grouped_fp8_linear", *s.args)
+                ours = torch.ops.ascend_moe.m_grouped_fp8_linear(*s.args)  # the C++ kernel
                 where = f"m_grouped_fp8_linear[{s.name}, {dtype}]"
                 assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
                 reached += launch.call_count
@@ -345,12 +335,12 @@ def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm(monkeypatch):
                     assert not out[(ours == 0).all(1)].any(), where  # rows no expert owns
                 if launch.called and not small:  # the capture check on the full samples (the schedule's cases)
                     with capture.emulated(), no_host_reads():
-                        captured = grouped_kernels.m_grouped_fp8_linear(*s.args)
+                        captured = _on_cuda("m_grouped_fp8_linear", *s.args)
                     assert torch.equal(captured, out), where
     assert reached, "no sample reached the Triton GEMM"
     for bad in spec.bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
-            grouped_kernels.m_grouped_fp8_linear(*bad.args)
+            _on_cuda("m_grouped_fp8_linear", *bad.args)
 
 
 def test_m_grouped_fp8_linear_one_weight_cast_equals_one_per_expert():
@@ -362,19 +352,26 @@ def test_m_grouped_fp8_linear_one_weight_cast_equals_one_per_expert():
     calls = []
 
     def fp8_gemm_of(a, sfa, b, sfb, *rest):
-        calls.append((b, sfb))
+        calls.append((b.clone(), sfb.clone()))
         return torch.zeros(a.shape[0], b.shape[1])
 
-    ops = types.SimpleNamespace(quantize_fp8=reference.quantize_fp8, m_grouped_fp8_gemm=fp8_gemm_of)
-    for n, block, ue8m0 in ((40, 32, False), (72, 64, True), (128, 128, False)):
-        w = torch.randn(3, n, 128, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
-        w[1, 5, 7], w[2, -1, 0] = float("nan"), float("inf")
-        calls.clear()
-        layout = torch.tensor([1, 2, 3], dtype=torch.int32)
-        x = torch.randn(3, 128, generator=g)
-        portable_grouped.m_grouped_fp8_linear_steps(ops, x, w, layout, True, 1, block, ue8m0)
-        ((wq, ws),) = calls
-        for e in range(3):
-            q, sf = reference.quantize_fp8(w[e], (block, block), ue8m0, False)
-            for got, want in ((wq[e], q), (ws[e], sf)):  # bit patterns: NaN scales compare too
-                assert torch.equal(got.contiguous().view(torch.uint8), want.view(torch.uint8)), (n, block, e)
+    # The grouped GEMM the steps call, replaced on CPU for the test (the casts stay the C++ ones: the reference's
+    # bits), so the weights' cast reaches it as the steps made it.
+    lib = torch.library.Library("ascend_moe", "IMPL")
+    try:
+        with chain._quiet_override():
+            lib.impl("m_grouped_fp8_gemm", fp8_gemm_of, "CPU")
+        for n, block, ue8m0 in ((40, 32, False), (72, 64, True), (128, 128, False)):
+            w = torch.randn(3, n, 128, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
+            w[1, 5, 7], w[2, -1, 0] = float("nan"), float("inf")
+            calls.clear()
+            layout = torch.tensor([1, 2, 3], dtype=torch.int32)
+            x = torch.randn(3, 128, generator=g)
+            portable_grouped.m_grouped_fp8_linear(x, w, layout, True, 1, block, ue8m0)
+            ((wq, ws),) = calls
+            for e in range(3):
+                q, sf = reference.quantize_fp8(w[e], (block, block), ue8m0, False)
+                for got, want in ((wq[e], q), (ws[e], sf)):  # bit patterns: NaN scales compare too
+                    assert torch.equal(got.contiguous().view(torch.uint8), want.view(torch.uint8)), (n, block, e)
+    finally:
+        lib._destroy()

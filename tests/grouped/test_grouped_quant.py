@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.fp8_gemm.specs import quantize
 from tests.grouped.specs import SPECS, _quantize_experts, _rows_of, ids_layout, psum_layout
 from torch_ascend_moe._registry import with_defaults
+from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import M_GROUPED, layout_segments
@@ -46,12 +47,13 @@ def test_the_samples_equal_the_composition_bit_for_bit(dtype):
         args = (x, *args[1:])
         want = _composition(*args)
         assert _same(ops.m_grouped_fp8_quant_gemm(*args), want), s.name
-        # Through each device's steps (here the C++ cast and grouped GEMM, as the dispatcher routes CPU tensors).
-        assert _same(portable.m_grouped_fp8_quant_gemm_steps(ops, *args), want), s.name
-        # The portable kernel: the reference cast (the same bits) and the portable per-segment GEMMs.
+        # The portable kernel: its steps through the dispatcher (here the C++ cast and grouped GEMM).
+        assert _same(portable.m_grouped_fp8_quant_gemm(*args), want), s.name
+        # Every step portable: the reference cast (the same bits) and the portable per-segment GEMMs.
         q, sf = reference.quantize_fp8(x, (1, args[6]), args[8], False)
         portable_want = portable.m_grouped_fp8_gemm(q, sf, *args[1:6], [1, args[6]], args[7], want.dtype)
-        assert _same(portable.m_grouped_fp8_quant_gemm(*args), portable_want), s.name
+        with chain.on_cpu("cuda"), chain.disabled("triton"):
+            assert _same(ops.m_grouped_fp8_quant_gemm(*args), portable_want), s.name
 
 
 @settings(max_examples=40, deadline=None)

@@ -11,9 +11,10 @@ import types
 import pytest
 import torch
 
+from tests.chains import npu_chain
 from tests.topk_select.oracle import check_topk
 from torch_ascend_moe import topk_select
-from torch_ascend_moe.backends.npu import topk_select as adapter
+from torch_ascend_moe.backends import chain
 
 CALLS: list[dict] = []
 _ALIGNMENT = 64
@@ -48,14 +49,14 @@ def standin(monkeypatch):
     module.topk = _standin_topk
     monkeypatch.setitem(sys.modules, "deep_select", types.ModuleType("deep_select"))
     monkeypatch.setitem(sys.modules, "deep_select.deep_select_npu", module)
-    adapter.deep_select_backend.cache_clear()
+    chain.refresh()
     CALLS.clear()
     yield
-    adapter.deep_select_backend.cache_clear()
+    chain.refresh()
 
 
 def _call(x, k, end=None, offset=None, sorted=False, indices_dtype=None, abort=True):
-    return adapter.topk_select(x, k, end, offset, sorted, indices_dtype, -5, None, abort)
+    return npu_chain.topk_select(x, k, end, offset, sorted, indices_dtype, -5, None, abort)
 
 
 def test_indexer_calls_reach_the_build_and_give_a_valid_topk(standin):
@@ -101,6 +102,6 @@ def test_calls_outside_the_build_stay_portable(standin):
 
 
 def test_without_the_package_everything_is_portable():
-    adapter.deep_select_backend.cache_clear()
+    chain.refresh()
     x = torch.randn(2, 100).bfloat16()
     assert torch.equal(_call(x, 4)[1], topk_select(x, 4, idx_oob_fill_value=-5)[1])

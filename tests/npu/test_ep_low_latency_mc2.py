@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.chains import npu_chain
 from tests.ep.specs import init_single_rank_group
 from tests.npu import ep_mqa_hc_refs as refs
 from torch_ascend_moe.backends.npu import ep as npu_ep
@@ -227,7 +228,7 @@ def test_one_rank_pair_equals_the_portable_kernels(mc2, monkeypatch, soc, t, h, 
     idx = _ids(t, k, e, g, empty=0.2 if soc == A3 else 0.0)  # A2 masks tokens, not slots
     args = _args(x, idx, t_max, e, mc2)
     with _spy(torch.ops.npu.npu_moe_distribute_dispatch_v2) as call:
-        got = npu_ep.ep_low_latency_dispatch(*args)
+        got = npu_chain.ep_low_latency_dispatch(*args)
     assert call.called
     want = portable.ep_low_latency_dispatch(*args)
     for i, (a_, b_) in enumerate(zip(got[:5], want[:5], strict=True)):
@@ -239,7 +240,7 @@ def test_one_rank_pair_equals_the_portable_kernels(mc2, monkeypatch, soc, t, h, 
     w = torch.rand(t, k, generator=g)
     y = _expert_outputs(got[0], got[2], g)
     with _spy(torch.ops.npu.npu_moe_distribute_combine_v2) as call:
-        combined = npu_ep.ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, state))
+        combined = npu_chain.ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, state))
     assert call.called
     # The reference of combine_v2 sums the slots in order in FP32, as ours: bitwise here (CANN's order may differ).
     reference = portable.ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, None))
@@ -254,7 +255,7 @@ def test_one_rank_meta_through_torch_npu(mc2):
     x, idx = torch.randn(t, h).bfloat16(), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0], [0, 2], [1, -1]])
     with FakeTensorMode() as mode:
         fx, fidx = mode.from_tensor(x), mode.from_tensor(idx)
-        got = npu_ep.ep_low_latency_dispatch(*_args(fx, fidx, t_max, e, mc2))
+        got = npu_chain.ep_low_latency_dispatch(*_args(fx, fidx, t_max, e, mc2))
         ours = torch.ops.ascend_moe.ep_low_latency_dispatch(fx, fidx, t_max, e, mc2, use_fp8=False)
         for a_, b_ in zip(got[:5], ours[:5], strict=True):
             assert (a_.shape, a_.dtype) == (b_.shape, b_.dtype)
@@ -351,9 +352,9 @@ def test_dispatch_cases_that_stay_portable(mc2, monkeypatch, case):
     with mock.patch.object(torch.ops.npu.npu_moe_distribute_dispatch_v2, "default") as call:
         if case == "capturing":
             with capture.emulated():
-                got = npu_ep.ep_low_latency_dispatch(*args)
+                got = npu_chain.ep_low_latency_dispatch(*args)
         else:
-            got = npu_ep.ep_low_latency_dispatch(*args)
+            got = npu_chain.ep_low_latency_dispatch(*args)
     assert not call.called, case
     want = portable.ep_low_latency_dispatch(*args)
     for a_, b_ in zip(got, want, strict=True):
@@ -369,7 +370,7 @@ def test_combine_cases_that_stay_portable(mc2, monkeypatch, case):
     g = torch.Generator().manual_seed(4)
     t, h, k, e = 5, 16, 2, 4
     x, idx = torch.randn(t, h, generator=g).bfloat16(), _ids(t, k, e, g, empty=0.0)
-    dispatched = npu_ep.ep_low_latency_dispatch(*_args(x, idx, t, e, mc2))
+    dispatched = npu_chain.ep_low_latency_dispatch(*_args(x, idx, t, e, mc2))
     state = dispatched[5]
     assert state.numel()
     y, w = _expert_outputs(dispatched[0], dispatched[2], g), torch.rand(t, k, generator=g)
@@ -387,9 +388,9 @@ def test_combine_cases_that_stay_portable(mc2, monkeypatch, case):
     with mock.patch.object(torch.ops.npu.npu_moe_distribute_combine_v2, "default") as call:
         if case == "capturing":
             with capture.emulated():
-                got = npu_ep.ep_low_latency_combine(*args)
+                got = npu_chain.ep_low_latency_combine(*args)
         else:
-            got = npu_ep.ep_low_latency_combine(*args)
+            got = npu_chain.ep_low_latency_combine(*args)
     assert not call.called, case
     assert torch.equal(got, portable.ep_low_latency_combine(*args)), case
 
@@ -399,7 +400,7 @@ def test_a_bad_state_is_refused_by_name(mc2, bad):
     g = torch.Generator().manual_seed(5)
     t, h, k, e = 4, 16, 2, 4
     x, idx = torch.randn(t, h, generator=g).bfloat16(), _ids(t, k, e, g)
-    dispatched = npu_ep.ep_low_latency_dispatch(*_args(x, idx, t, e, mc2))
+    dispatched = npu_chain.ep_low_latency_dispatch(*_args(x, idx, t, e, mc2))
     state = dispatched[5].clone()
     if bad == "truncated":
         state = state[:-1]
@@ -409,7 +410,7 @@ def test_a_bad_state_is_refused_by_name(mc2, bad):
         state[3] = 10**6
     y, w = _expert_outputs(dispatched[0], dispatched[2], g), torch.rand(t, k, generator=g)
     with pytest.raises(ValueError, match=r"argument 'backend_state' value: expected the state ep_low_latency_disp"):
-        npu_ep.ep_low_latency_combine(*_combine_args(y, idx, w, dispatched, t, mc2, state))
+        npu_chain.ep_low_latency_combine(*_combine_args(y, idx, w, dispatched, t, mc2, state))
 
 
 def test_the_op_refuses_a_state_of_another_dtype(mc2):

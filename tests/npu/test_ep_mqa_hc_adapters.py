@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_ascend_moe  # noqa: F401  (the ascend_moe ops)
+from tests.chains import npu_chain
 from tests.ep.specs import init_single_rank_group
 from tests.mqa_logits import specs as T
 from tests.npu import ep_mqa_hc_refs as refs
@@ -227,7 +228,7 @@ def test_mqa_logits_topk_through_the_indexer(refs_on, lens_q, lens_k, causal, to
     ks, ke = npu_mqa.implied_ranges(s, cq, ck, s_kv, causal)
     assert npu_mqa.batches_of(ks.tolist(), ke.tolist()) == (cq.tolist(), ck.tolist(), causal)
     with _spy_indexer() as call:
-        values, indices = npu_mqa.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)
+        values, indices = npu_chain.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)
     assert call.call_count == 1
     ref_v, ref_i = mqa_topk(mqa_logits(q, k, w.float(), ks, ke), ks, ke, topk)
     assert torch.equal(indices, ref_i) and torch.equal(values, ref_v.to(torch.bfloat16))
@@ -302,9 +303,9 @@ def test_mqa_logits_topk_cases_that_stay_portable(refs_on, case):
     with mock.patch.object(torch.ops.npu.npu_lightning_indexer, "default") as call:
         if case == "capturing":
             with capture.emulated():
-                got = npu_mqa.mqa_logits_topk(*args)
+                got = npu_chain.mqa_logits_topk(*args)
         else:
-            got = npu_mqa.mqa_logits_topk(*args)
+            got = npu_chain.mqa_logits_topk(*args)
     assert not call.called, case
     want = portable_mqa.mqa_logits_topk(*args)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), case
@@ -315,7 +316,7 @@ def test_mqa_logits_topk_takes_fp32_weights_on_the_bf16_grid(refs_on):
     q, k, w = _mqa_inputs(6, 20, 4, 128, g)
     ks, ke = npu_mqa.implied_ranges(6, None, None, 20, False)
     with _spy_indexer() as call:
-        values, _ = npu_mqa.mqa_logits_topk(q, None, k, None, w.float(), ks, ke, 8, torch.bfloat16)
+        values, _ = npu_chain.mqa_logits_topk(q, None, k, None, w.float(), ks, ke, 8, torch.bfloat16)
     assert call.called and values.dtype == torch.bfloat16
 
 
@@ -324,7 +325,7 @@ def test_mqa_logits_topk_bad_input_is_ours(refs_on):
     q, k, w = _mqa_inputs(6, 20, 4, 128, g)
     ks, ke = npu_mqa.implied_ranges(6, None, None, 20, True)
     with pytest.raises(ValueError, match=r"mqa_logits_topk: argument 'ke' values: expected ke\[i\] <= S_kv=20"):
-        npu_mqa.mqa_logits_topk(q, None, k, None, w, ks, ke + 1, 8, None)
+        npu_chain.mqa_logits_topk(q, None, k, None, w, ks, ke + 1, 8, None)
 
 
 # ---- hc_prenorm ----

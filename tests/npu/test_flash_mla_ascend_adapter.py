@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 import torch
 
+from tests.chains import chosen, npu_chain
 from tests.sparse_mla.specs import decode_reference, make_indices, paged_scope, reference
 from torch_ascend_moe.backends.npu import sparse_mla as adapter
 from torch_ascend_moe.testing import calc_diff
@@ -77,7 +78,7 @@ def _prefill_args(h_q=64, d=512, topk=64, dtype=torch.bfloat16):
 
 def test_prefill_reaches_the_release_with_only_minus_one_invalid():
     args = _prefill_args()
-    out, max_logits, lse = adapter.sparse_mla_prefill(*args)
+    out, max_logits, lse = npu_chain.sparse_mla_prefill(*args)
     want = torch.ops.ascend_moe.sparse_mla_prefill(*args)
     assert [c[0] for c in CALLS] == ["prefill"]
     sent, idx = CALLS[0][1], args[2]
@@ -93,9 +94,9 @@ def test_prefill_reaches_the_release_with_only_minus_one_invalid():
     ids=["h_q 16", "d 576", "topk 50", "fp32"],
 )
 def test_prefill_outside_the_release_stays_portable(args):
-    with mock.patch.object(adapter.portable, "sparse_mla_prefill", wraps=adapter.portable.sparse_mla_prefill) as p:
-        adapter.sparse_mla_prefill(*args)
-    assert p.called and not CALLS
+    assert chosen("sparse_mla_prefill", "npu", *args) == "portable"
+    npu_chain.sparse_mla_prefill(*args)
+    assert not CALLS
 
 
 def _decode_args(size=528, extra=288, h_q=64, topk=64):
@@ -116,7 +117,7 @@ def _decode_args(size=528, extra=288, h_q=64, topk=64):
 @pytest.mark.parametrize("extra", [288, 528, None])
 def test_decode_reaches_the_release(extra):
     args = _decode_args(extra=extra)
-    out, lse = adapter.sparse_mla_decode(*args)
+    out, lse = npu_chain.sparse_mla_decode(*args)
     want_out, want_lse = torch.ops.ascend_moe.sparse_mla_decode(*args)
     assert [c[0] for c in CALLS] == ["decode"]
     assert lse.shape == want_lse.shape and lse.is_contiguous()
@@ -132,9 +133,9 @@ def test_decode_reaches_the_release(extra):
     ids=["V3.2 records", "V4 records", "FP4 main cache", "h_q 16", "topk 48"],
 )  # fmt: skip
 def test_decode_outside_the_release_stays_portable(args):
-    with mock.patch.object(adapter.portable, "sparse_mla_decode", wraps=adapter.portable.sparse_mla_decode) as p:
-        adapter.sparse_mla_decode(*args)
-    assert p.called and not CALLS
+    assert chosen("sparse_mla_decode", "npu", *args) == "portable"
+    npu_chain.sparse_mla_decode(*args)
+    assert not CALLS
 
 
 def test_a_build_with_another_signature_is_not_used():

@@ -1,24 +1,25 @@
-"""The fp8_linear family's Ascend adapters (backends/npu/fp8_linear.py): the portable kernels' steps through the
-dispatcher, here routed to the quant / fp8_gemm Ascend adapters themselves (as NPU tensors would be) with our CPU
-references of torch_npu's ops: values vs the portable kernel, and which samples reach npu_quant_matmul."""
+"""The fp8_linear family on Ascend (backends/npu/fp8_linear.py): no kernel of its own; the portable kernels' steps
+go through the dispatcher, here with CPU tensors on the NPU chains (``chain.on_cpu("npu")``, as NPU tensors would
+run) and our CPU references of torch_npu's ops: values vs the portable kernel, and which samples reach
+npu_quant_matmul."""
 
 from __future__ import annotations
 
-import types
 from unittest import mock
 
 import pytest
 import torch
 
+from tests.chains import labels
 from tests.fp8_linear.specs import SPECS
 from tests.npu import quant_routing_refs
+from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
-from torch_ascend_moe.backends.npu import fp8_linear as adapters
 from torch_ascend_moe.backends.npu import quant as npu_quant
 from torch_ascend_moe.testing import calc_diff, npu_wheel
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
-ADAPTED = [s for s in SPECS if hasattr(adapters, s.name)]
+ADAPTED = [s for s in SPECS if s.name in ("fp8_quant_gemm", "fp8_linear")]
 A3, ASCEND950 = 250, 260
 
 
@@ -28,13 +29,14 @@ def soc(request, npu_ops, monkeypatch):
     monkeypatch.setitem(npu_wheel.SOC, "version", request.param)
     for module in (npu_quant, npu_fp8_gemm):
         monkeypatch.setattr(module, "soc_version", lambda: request.param)
-    routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, fp8_gemm=npu_fp8_gemm.fp8_gemm)
-    monkeypatch.setattr(adapters, "OPS", routed)
     return request.param
 
 
-def test_both_ops_adapted():
+def test_both_ops_run_their_steps():
+    """No kernel of their own on Ascend: the portable kernel, whose steps reach the casts' and the GEMM's chains."""
     assert {s.name for s in ADAPTED} == {"fp8_quant_gemm", "fp8_linear"}
+    for spec in ADAPTED:
+        assert labels(spec.name, "npu") == ["portable"]
 
 
 @pytest.mark.parametrize("spec", ADAPTED, ids=str)
@@ -46,8 +48,10 @@ def test_values_and_mapping(spec, soc):
         for s in spec.sample_inputs("cpu", dtype):
             where = f"{spec.name}[{s.name}, {dtype}, soc {soc}]"
             with mock.patch.object(torch.ops.npu, "npu_quant_matmul", wraps=torch.ops.npu.npu_quant_matmul) as qmm:
-                out = getattr(adapters, spec.name)(*s.args)
-            ours = spec.portable(*s.args)
+                with chain.on_cpu("npu"):
+                    out = spec.op(*s.args)
+            with chain.on_cpu("npu"), chain.disabled("torch_npu"):  # every step its portable kernel
+                ours = spec.op(*s.args)
             assert out.shape == ours.shape and out.dtype == ours.dtype, where
             if qmm.called:
                 reached += 1

@@ -9,6 +9,7 @@ import importlib
 import pytest
 import torch
 
+from tests.chains import npu_chain
 from tests.grouped.specs import SPECS
 from tests.npu import ge_eval
 from tests.npu.test_grouped_adapters import _cases as _grouped_cases
@@ -124,7 +125,7 @@ def test_mx_grouped_ge_graphs_equal_the_adapters(dynamic, air, monkeypatch):
         assert sum(op.type == "GroupedMatmul" for op in graph.op) == 1, name
         with air.active():
             (out,) = ge_eval.evaluate(graph, _tensor_args(s))
-        eager = getattr(adapters, name)(*args)
+        eager = getattr(npu_chain, name)(*args)
         assert out.dtype == eager.dtype and torch.equal(out, eager), name
         taken += 1
     assert taken >= 2
@@ -237,20 +238,16 @@ def test_moe_unpermute_float64_has_no_graph(air):
 def test_fp8_quant_gemm_ge_graph_is_the_two_converters(soc, dynamic, air, monkeypatch):
     """fp8_quant_gemm's graph = DynamicMxQuant then QuantBatchMatmulV4 (Ascend 950, UE8M0 1x128 casts, 128x128
     weights), bitwise the eager composition of the two adapters; no graph on A3 or for other recipes."""
-    import types
-
     from tests.fp8_gemm.specs import quantize as fp8_quantize
     from tests.npu import quant_routing_refs
+    from torch_ascend_moe.backends import chain
     from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
-    from torch_ascend_moe.backends.npu import fp8_linear as npu_fp8_linear
     from torch_ascend_moe.backends.npu import quant as npu_quant
 
     quant_routing_refs.register()
     monkeypatch.setitem(npu_wheel.SOC, "version", soc)
     for module in (npu_quant, npu_fp8_gemm):
         monkeypatch.setattr(module, "soc_version", lambda: soc)
-    routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, fp8_gemm=npu_fp8_gemm.fp8_gemm)
-    monkeypatch.setattr(npu_fp8_linear, "OPS", routed)
     g = torch.Generator().manual_seed(44)
     for m, n, k in [(33, 129, 256), (5, 264, 384)]:
         x = torch.randn(m, k, generator=g).bfloat16()
@@ -271,7 +268,8 @@ def test_fp8_quant_gemm_ge_graph_is_the_two_converters(soc, dynamic, air, monkey
         ]
         with air.active():
             (out,) = ge_eval.evaluate(graph, [x, b, sfb])
-        eager = npu_fp8_linear.fp8_quant_gemm(*args)
+        with chain.on_cpu("npu"):  # the portable kernel's steps on the NPU chains, as NPU tensors
+            eager = torch.ops.ascend_moe.fp8_quant_gemm(*args)
         assert out.dtype == eager.dtype == torch.bfloat16 and torch.equal(out, eager), f"M{m}N{n}K{k}"
 
 

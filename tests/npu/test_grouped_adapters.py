@@ -11,17 +11,18 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.chains import labels, npu_chain
 from tests.grouped.specs import SPECS
-from torch_ascend_moe._registry import NPU_KERNELS, _schema, with_defaults
+from torch_ascend_moe._registry import _schema, with_defaults
 from torch_ascend_moe.backends.npu import grouped as adapters
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
-ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" not in s.name]
-MX_ADAPTED = [s for s in SPECS if NPU_KERNELS.get(s.name) == "npu_grouped_matmul" and "_fp8_" in s.name]
+ADAPTED = [s for s in SPECS if "torch_npu: npu_grouped_matmul" in labels(s.name, "npu")]
+MX_ADAPTED = [s for s in SPECS if "torch_npu: npu_grouped_matmul (MX)" in labels(s.name, "npu")]
 # Portable on Ascend, each with its reason in backends/npu/grouped.py (the swiglu op: its grouped GEMM still maps).
 PORTABLE_ONLY = {"k_grouped_fp8_gemm", "m_grouped_bf16_gemm_swiglu", "m_grouped_fp8_gemm_swiglu"}
-STEPS = {"m_grouped_fp8_linear", "m_grouped_fp8_quant_gemm"}  # casts and grouped FP8 GEMM through the dispatcher
+STEPS = {"m_grouped_fp8_linear", "m_grouped_fp8_quant_gemm"}  # portable: casts and grouped GEMM, dispatched
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,7 @@ def test_registered_adapters():
     assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
     assert {s.name for s in MX_ADAPTED} == {"m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked"}
     assert {s.name for s in SPECS} == {s.name for s in ADAPTED + MX_ADAPTED} | PORTABLE_ONLY | STEPS
-    assert all(NPU_KERNELS[name] == "npu_dynamic_mx_quant, npu_grouped_matmul" for name in STEPS)
-    assert not PORTABLE_ONLY & NPU_KERNELS.keys()
+    assert all(labels(name, "npu") == ["portable"] for name in STEPS | PORTABLE_ONLY)
 
 
 @pytest.mark.parametrize("spec", ADAPTED, ids=str)
@@ -89,7 +89,7 @@ def test_meta_matches_our_fake(spec, npu_ops, gmm_calls):
         with FakeTensorMode() as mode:
             args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in s.args)
             ours = spec.op(*args)
-            out = getattr(adapters, spec.name)(*args)
+            out = getattr(npu_chain, spec.name)(*args)
         where = f"{spec.name}[{s.name}, {dtype}]"
         assert out.shape == ours.shape, f"{where}: shape {list(out.shape)} != {list(ours.shape)}"
         assert out.dtype == ours.dtype, f"{where}: dtype {out.dtype} != {ours.dtype}"
@@ -104,7 +104,7 @@ def test_values_match_reference(spec, refs, gmm_calls):
     reference = with_defaults(spec.name, spec.reference)
     for dtype, s in _cases(spec) + _out_dtype_variants(spec):
         where = f"{spec.name}[{s.name}, {dtype}]"
-        out = getattr(adapters, spec.name)(*s.args)
+        out = getattr(npu_chain, spec.name)(*s.args)
         ours = spec.op(*s.args)
         ref = reference(*s.args)
         assert out.shape == ref.shape and out.dtype == ours.dtype, where
@@ -127,12 +127,12 @@ def test_strided_operands(refs, gmm_calls):
     layout = torch.tensor([4, 20], dtype=torch.int32)
     b = torch.randn(1, 6).expand(20, 6)  # stride 0 along S
     for a in (torch.randn(5, 20).T, torch.randn(20, 10)[:, ::2]):  # column-major; sliced columns
-        out = adapters.k_grouped_bf16_gemm(a, b, layout, 2, True, 4, None, None)
+        out = npu_chain.k_grouped_bf16_gemm(a, b, layout, 2, True, 4, None, None)
         ref = torch.ops.ascend_moe.k_grouped_bf16_gemm(a.contiguous(), b.contiguous(), layout, 2, True, 4)
         assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
     x, w = torch.randn(16, 12).T, torch.randn(2, 8, 16)[:, ::2]  # x column-major; w sliced along N
     m_layout = torch.tensor([4, 12], dtype=torch.int32)
-    out = adapters.m_grouped_bf16_gemm(x, w, m_layout, True, 1, None)
+    out = npu_chain.m_grouped_bf16_gemm(x, w, m_layout, True, 1, None)
     ref = torch.ops.ascend_moe.m_grouped_bf16_gemm(x.contiguous(), w.contiguous(), m_layout, True, 1)
     assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
     # A column-major accumulator: the output is still row-major (our op's fake), with and without rows.
@@ -140,7 +140,7 @@ def test_strided_operands(refs, gmm_calls):
     for a in (torch.randn(20, 5), torch.randn(0, 5)):
         rows = a.shape[0]
         ends = torch.tensor([min(4, rows), rows], dtype=torch.int32)
-        out = adapters.k_grouped_bf16_gemm(a, b[:rows], ends, 2, True, 4, c, None)
+        out = npu_chain.k_grouped_bf16_gemm(a, b[:rows], ends, 2, True, 4, c, None)
         ref = torch.ops.ascend_moe.k_grouped_bf16_gemm(a, b[:rows].contiguous(), ends, 2, True, 4, c)
         assert out.is_contiguous() and calc_diff(out, ref) < THRESHOLDS[torch.float32]
     assert gmm_calls == [2, 2, 0, 2]
@@ -150,7 +150,7 @@ def test_float64_runs_the_portable_kernel(refs, gmm_calls):
     for spec in ADAPTED:
         reference = with_defaults(spec.name, spec.reference)
         for s in spec.sample_inputs("cpu", torch.float64):
-            out = getattr(adapters, spec.name)(*s.args)
+            out = getattr(npu_chain, spec.name)(*s.args)
             assert out.dtype == torch.float64 and calc_diff(out, reference(*s.args)) < THRESHOLDS[torch.float64]
     assert not gmm_calls
 
@@ -163,7 +163,7 @@ def test_beyond_documented_limits_runs_the_portable_kernel(refs, gmm_calls, monk
     for spec in ADAPTED:
         reference = with_defaults(spec.name, spec.reference)
         for s in spec.sample_inputs("cpu", torch.float32):
-            out = getattr(adapters, spec.name)(*s.args)
+            out = getattr(npu_chain, spec.name)(*s.args)
             assert calc_diff(out, reference(*s.args)) < THRESHOLDS[torch.float32]
     assert not gmm_calls
 
@@ -182,7 +182,7 @@ def test_bad_inputs_raise_our_errors(spec, refs):
     and (checks that need no values) under FakeTensorMode."""
     for bad in spec.bad_inputs("cpu"):
         ours = _error(lambda bad=bad: spec.op(*bad.args))
-        theirs = _error(lambda bad=bad: getattr(adapters, spec.name)(*bad.args))
+        theirs = _error(lambda bad=bad: getattr(npu_chain, spec.name)(*bad.args))
         assert isinstance(ours, bad.error), (bad.name, ours)
         assert type(theirs) is type(ours) and str(theirs) == str(ours), (bad.name, theirs, ours)
         if bad.data_dependent:
@@ -190,7 +190,7 @@ def test_bad_inputs_raise_our_errors(spec, refs):
         with FakeTensorMode() as mode:
             args = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in bad.args)
             with pytest.raises(bad.error, match=bad.match):
-                getattr(adapters, spec.name)(*args)
+                getattr(npu_chain, spec.name)(*args)
 
 
 def test_padding_rows_never_leak(refs):
@@ -207,13 +207,13 @@ def test_padding_rows_never_leak(refs):
         x = a.clone()
         x[pad] = float("inf")
         x[pad.nonzero()[0]] = float("nan")
-        out = adapters.m_grouped_bf16_gemm(x, b, layout, psum_, 4, None)
+        out = npu_chain.m_grouped_bf16_gemm(x, b, layout, psum_, 4, None)
         ref = torch.ops.ascend_moe.m_grouped_bf16_gemm(a, b, layout, psum_, 4, None)
         assert torch.isfinite(out).all() and (out[pad] == 0).all()
         assert calc_diff(out, ref) < THRESHOLDS[torch.float32]
         x2, y2 = x[:, :4].clone(), a[:, :6].clone()
         y2[pad] = float("inf")
-        out = adapters.k_grouped_bf16_gemm(x2, y2, layout, 3, psum_, 4, None, None)
+        out = npu_chain.k_grouped_bf16_gemm(x2, y2, layout, 3, psum_, 4, None, None)
         ref = torch.ops.ascend_moe.k_grouped_bf16_gemm(a[:, :4], a[:, :6], layout, 3, psum_, 4, None, None)
         assert torch.isfinite(out).all() and calc_diff(out, ref) < THRESHOLDS[torch.float32]
     a3 = torch.randn(3, 4, 16)
@@ -221,7 +221,7 @@ def test_padding_rows_never_leak(refs):
     x3 = a3.clone()
     x3[1] = float("nan")
     x3[2, 2:] = float("inf")
-    out = adapters.m_grouped_bf16_gemm_masked(x3, b, masked_m, None)
+    out = npu_chain.m_grouped_bf16_gemm_masked(x3, b, masked_m, None)
     ref = torch.ops.ascend_moe.m_grouped_bf16_gemm_masked(a3, b, masked_m, None)
     assert torch.isfinite(out).all() and calc_diff(out, ref) < THRESHOLDS[torch.float32]
 
@@ -349,7 +349,7 @@ def test_mx_values(ascend950, mx_calls):
     specs = {s.name: s for s in MX_ADAPTED}
     for name, args in _mx_samples():
         before = len(mx_calls)
-        out = getattr(adapters, name)(*args)
+        out = getattr(npu_chain, name)(*args)
         assert len(mx_calls) == before + 1, name
         ours, ref = specs[name].op(*args), with_defaults(name, specs[name].reference)(*args)
         assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), name
@@ -359,7 +359,7 @@ def test_mx_values(ascend950, mx_calls):
     for spec in MX_ADAPTED:
         for dtype in spec.dtypes:
             for s in spec.sample_inputs("cpu", dtype):
-                out = getattr(adapters, spec.name)(*s.args)
+                out = getattr(npu_chain, spec.name)(*s.args)
                 ref = with_defaults(spec.name, spec.reference)(*s.args)
                 assert out.numel() == 0 or calc_diff(out, ref) < FP8_THRESHOLD, (spec.name, s.name)
 
@@ -424,9 +424,9 @@ def test_mx_cases_that_stay_portable(ascend950, monkeypatch, mx_calls, case):
     args = (a, sfa, b, sfb, torch.tensor([5, m], dtype=torch.int32), True, 1, ra, rb, torch.bfloat16)
     if case == "capturing":
         with capture.emulated():
-            out = adapters.m_grouped_fp8_gemm(*args)
+            out = npu_chain.m_grouped_fp8_gemm(*args)
     else:
-        out = adapters.m_grouped_fp8_gemm(*args)
+        out = npu_chain.m_grouped_fp8_gemm(*args)
     assert not mx_calls, case
     torch.testing.assert_close(out, portable.m_grouped_fp8_gemm(*args), rtol=0, atol=0, equal_nan=True)
 
@@ -435,7 +435,7 @@ def test_mx_cases_that_stay_portable(ascend950, monkeypatch, mx_calls, case):
 def test_mx_bad_inputs_raise_our_errors(spec, ascend950):
     for bad in spec.bad_inputs("cpu"):
         ours = _error(lambda bad=bad: spec.op(*bad.args))
-        theirs = _error(lambda bad=bad: getattr(adapters, spec.name)(*bad.args))
+        theirs = _error(lambda bad=bad: getattr(npu_chain, spec.name)(*bad.args))
         assert isinstance(ours, bad.error), (bad.name, ours)
         assert type(theirs) is type(ours) and str(theirs) == str(ours), (bad.name, theirs, ours)
 
@@ -448,12 +448,12 @@ def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
 
     taken = 0
     for name, args in _mx_samples():
-        eager = getattr(adapters, name)(*args)
+        eager = getattr(npu_chain, name)(*args)
         calls = len(mx_calls)
         if args[1].dtype != torch.float8_e8m0fnu:
             continue
         with capture.emulated(), no_host_reads():
-            captured = getattr(adapters, name)(*args)
+            captured = getattr(npu_chain, name)(*args)
         assert len(mx_calls) == calls + 1 and torch.equal(captured, eager), name
         taken += 1
     assert taken >= 2
@@ -461,27 +461,27 @@ def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
 
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_steps_reach_the_mx_form(name, ascend950, mx_calls, monkeypatch):
-    """``m_grouped_fp8_linear`` / ``m_grouped_fp8_quant_gemm`` on Ascend: their steps routed to the Ascend adapters (as
-    NPU tensors would be): UE8M0 casts (with power-of-two expert scales) reach npu_grouped_matmul's MX form in one
-    call (``m_grouped_fp8_linear``: every expert's weight cast at once) within the FP8 threshold of the portable
-    kernel and of fp64, rows no expert owns zero; FP32 scales stay on the portable GEMM, bit for bit the portable
-    kernel; layout errors under the op's name."""
-    import types
-
+    """``m_grouped_fp8_linear`` / ``m_grouped_fp8_quant_gemm`` on Ascend: their portable kernels' steps on the NPU
+    chains (CPU tensors through ``chain.on_cpu("npu")``, as NPU tensors would run): UE8M0 casts (with power-of-
+    two expert scales) reach npu_grouped_matmul's MX form in one call (``m_grouped_fp8_linear``: every expert's
+    weight cast at once) within the FP8 threshold of the portable kernel and of fp64, rows no expert owns zero;
+    FP32 scales stay on the portable GEMM, bit for bit the portable kernel; layout errors under the op's name."""
     from tests.npu import quant_routing_refs
+    from torch_ascend_moe.backends import chain
     from torch_ascend_moe.backends.npu import quant as npu_quant
 
     quant_routing_refs.register()
     monkeypatch.setattr(npu_quant, "soc_version", lambda: 260)
-    routed = types.SimpleNamespace(quantize_fp8=npu_quant.quantize_fp8, m_grouped_fp8_gemm=adapters.m_grouped_fp8_gemm)
-    monkeypatch.setattr(adapters, "OPS", routed)
     spec = next(s for s in SPECS if s.name == name)
+    op = getattr(torch.ops.ascend_moe, name)
     reached = 0
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype):
             before = len(mx_calls)
-            out = getattr(adapters, name)(*s.args)
-            ours = spec.portable(*s.args)
+            with chain.on_cpu("npu"):
+                out = op(*s.args)
+            with chain.on_cpu("npu"), chain.disabled("torch_npu"):  # every step its portable kernel
+                ours = op(*s.args)
             where = f"{name}[{s.name}, {dtype}]"
             assert (out.shape, out.dtype) == (ours.shape, ours.dtype), where
             if len(mx_calls) > before:
@@ -494,5 +494,5 @@ def test_steps_reach_the_mx_form(name, ascend950, mx_calls, monkeypatch):
                 assert torch.equal(out, ours), f"{where}: not bitwise the portable kernel's"
     assert reached, "no sample reached the MX form"
     for bad in spec.bad_inputs("cpu"):
-        with pytest.raises(bad.error, match=bad.match):
-            getattr(adapters, name)(*bad.args)
+        with pytest.raises(bad.error, match=bad.match), chain.on_cpu("npu"):
+            op(*bad.args)

@@ -37,15 +37,15 @@ def test_torch_meta_kernels_untouched(npu_ops):
 
 
 def test_every_adapter_calls_torch_npu_ops_that_exist(npu_ops):
-    """``info``'s "on NPU" column: each adapter's ``calls`` names torch_npu ops of the pinned wheel (or, not in
-    torch_npu, FlashMLA's Ascend release's ``flash_mla.*`` ops: tests/npu/test_flash_mla_ascend_adapter.py, and
-    DeepSelect's Ascend build ``deep_select.*``: tests/npu/test_deep_select_ascend_adapter.py)."""
-    from torch_ascend_moe import _registry
-    from torch_ascend_moe.backends import npu
+    """The NPU chains' torch_npu kernels (``info``'s NPU chain column): each names a torch_npu op of the pinned wheel
+    (FlashMLA's Ascend release's ``flash_mla.*`` ops and DeepSelect's Ascend build ``deep_select.*`` are their
+    libraries' kernels: tests/npu/test_flash_mla_ascend_adapter.py, tests/npu/test_deep_select_ascend_adapter.py)."""
+    from torch_ascend_moe.backends import chain, npu
 
     npu.register()
-    for op, calls in _registry.NPU_KERNELS.items():
-        for name in calls.replace(" ", "").split(","):
-            if name.startswith(("flash_mla.", "deep_select.")):
+    for op in chain.ops_with_kernels("npu"):
+        for k in chain.chain(op, "npu"):
+            if k.library != "torch_npu":
                 continue
+            name = k.calls.split(" ")[0]
             assert hasattr(torch.ops.npu, name) and name not in npu_ops.failed, f"{op}: torch_npu has no {name}"

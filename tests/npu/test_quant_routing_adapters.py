@@ -13,18 +13,19 @@ sets (A3: 250, Ascend 950: 260):
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.chains import npu_chain
 from tests.fp8_gemm.specs import SPECS as FP8_GEMM_SPECS
 from tests.fp8_gemm.specs import quantize as fp8_quantize
 from tests.moe_routing.specs import SPECS as ROUTING_SPECS
 from tests.npu import quant_routing_refs
 from tests.quant.specs import SPECS as QUANT_SPECS
 from tests.quant.specs import _high_precision
+from torch_ascend_moe._registry import with_defaults
+from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
 from torch_ascend_moe.backends.npu import moe_routing as npu_routing
 from torch_ascend_moe.backends.npu import quant as npu_quant
@@ -33,15 +34,8 @@ from torch_ascend_moe.testing import calc_diff, npu_wheel
 from torch_ascend_moe.testing.harness import THRESHOLDS, SampleInput
 
 SPECS = {s.name: s for s in (*QUANT_SPECS, *ROUTING_SPECS, *FP8_GEMM_SPECS)}
-# op -> the backend module holding its adapter (the adapter has the op's name there)
-ADAPTED = {
-    "quantize_fp8": npu_quant,
-    "quantize_blocks": npu_quant,
-    "moe_permute": npu_routing,
-    "moe_gating_topk": npu_routing,
-    "moe_unpermute": npu_routing,
-    "fp8_gemm": npu_fp8_gemm,
-}
+# The ops with a torch_npu adapter here.
+ADAPTED = ["quantize_fp8", "quantize_blocks", "moe_permute", "moe_gating_topk", "moe_unpermute", "fp8_gemm"]
 A3, ASCEND950 = 250, 260
 
 
@@ -197,11 +191,11 @@ def _cases():
 
 
 def _call(name, args):
-    """(outputs of the adapter, whether it went to the portable kernel)."""
-    module = ADAPTED[name]
-    with mock.patch.object(module.portable, name, wraps=getattr(module.portable, name)) as fallback:
-        out = getattr(module, name)(*args)
-    return out if isinstance(out, tuple) else (out,), fallback.called
+    """(outputs of the NPU chain, whether it chose the portable kernel)."""
+    full = with_defaults(name, lambda *a: a)(*args)
+    kernel = chain.choose(name, "npu", full)
+    out = kernel.run(*full)
+    return out if isinstance(out, tuple) else (out,), kernel.library == "portable"
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -254,11 +248,11 @@ def test_meta_matches_our_fake(soc, name, dtype):
             assert (out.shape, out.dtype, out.stride()) == (fake.shape, fake.dtype, fake.stride()), where
 
 
-@pytest.mark.parametrize("name", list(ADAPTED))
+@pytest.mark.parametrize("name", ADAPTED)
 def test_bad_inputs_raise_our_errors(soc, name):
     for bad in SPECS[name].bad_inputs("cpu"):
         with pytest.raises(bad.error, match=bad.match):
-            getattr(ADAPTED[name], name)(*bad.args)
+            getattr(npu_chain, name)(*bad.args)
 
 
 def test_npu_call_fails_like_torch_npu(soc):

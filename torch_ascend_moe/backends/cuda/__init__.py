@@ -1,12 +1,18 @@
-"""CUDA overrides: a family module here (``backends/cuda/<family>.py``) registers the kernels CUDA has beyond
-the portable ones (``_registry.cuda_kernel``; cuBLAS through ATen already serves the dense GEMMs with FP32
-accumulation): each takes the cases its kernel computes exactly, with no host sync while a CUDA graph is
-captured, and hands the rest to the portable kernel. ``info``'s "on CUDA" column lists them.
+"""CUDA kernels: a family module here (``backends/cuda/<family>.py``) declares the kernels CUDA has beyond the
+portable ones (``chain.kernel(device="cuda", ...)``: ATen/cuBLAS paths and our Triton kernels, each with the
+calls it takes, no host sync while a CUDA graph is captured); the chain hands every other call to the next kernel
+and, last, to the portable one. ``info`` prints the chains.
 
 Imported by ``torch_ascend_moe.backends.register_available`` when torch is built with CUDA.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib
+from types import ModuleType
+
+from torch_ascend_moe.backends.chain import TAKEN, Verdict, refuse
 
 
 def register() -> None:
@@ -14,3 +20,18 @@ def register() -> None:
     from torch_ascend_moe._registry import import_families
 
     import_families(__name__, __path__)
+
+
+def triton_module(name: str) -> ModuleType | None:
+    """``backends.cuda.<name>`` (a module of Triton kernels), or None where ``triton`` is not installed: its
+    kernels are then declared but not available (``triton_available``)."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError:
+        return None
+
+
+@functools.cache
+def triton_available() -> Verdict:
+    """Whether our Triton kernels can run at all: ``triton`` installed and importable."""
+    return TAKEN if triton_module("_triton") is not None else refuse("triton is not installed (or does not import)")

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import launch, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import device_refusal, launch, tl, triton
 from torch_ascend_moe.meta.hc_prenorm import BLOCK_K
 
 _BLOCK_M = 64
 
 
-def usable(a: torch.Tensor) -> bool:
-    return supported(a.device, (8, 0)) and a.dtype != torch.float64
+def refusal(a: torch.Tensor) -> str | None:
+    """Why the kernel does not take a call, or None (FP64: gradcheck's path, the portable kernel's FP64 sums)."""
+    if a.dtype == torch.float64:
+        return "FP64 operands (the kernel sums in FP32)"
+    return device_refusal(a.device, (8, 0))
 
 
 @triton.jit

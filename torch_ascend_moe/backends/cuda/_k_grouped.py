@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.cuda._triton import (
+    device_refusal,
     launch,
     load_scales,
     scale_product,
     store_result,
-    supported,
     tl,
     triton,
 )
@@ -29,10 +29,12 @@ BLOCK_N = 32
 MAX_BLOCK_K = 256
 
 
-def usable(a: torch.Tensor, gran_k: int) -> bool:
-    """A device the kernel runs on, and a ``gran_k`` one ``tl.dot`` takes (a power of two in [32, 256])."""
-    pow2 = gran_k & (gran_k - 1) == 0
-    return supported(a.device) and pow2 and 32 <= gran_k <= MAX_BLOCK_K
+def refusal(a: torch.Tensor, gran_k: int) -> str | None:
+    """Why the kernel does not take a call, or None: it needs a device it runs on and a ``gran_k`` one ``tl.dot``
+    takes (a power of two in [32, MAX_BLOCK_K])."""
+    if gran_k & (gran_k - 1) or not 32 <= gran_k <= MAX_BLOCK_K:
+        return f"gran_k {gran_k} is not a power of two in [32, {MAX_BLOCK_K}] (one tl.dot per scale block)"
+    return device_refusal(a.device)
 
 
 def k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k: int, out: torch.Tensor, c=None):
@@ -149,4 +151,4 @@ def _k_grouped_kernel(
     store_result(o_ptr, acc, mask, OUT_BF16)
 
 
-__all__ = ["k_grouped", "usable"]
+__all__ = ["k_grouped", "refusal"]

@@ -18,10 +18,10 @@ from torch_ascend_moe.backends.cuda._triton import (
     INTERPRETED,
     decode_e2m1_to_e4m3,
     decode_ue8m0,
+    device_refusal,
     launch,
     load_scales,
     store_result,
-    supported,
     tl,
     triton,
 )
@@ -30,9 +30,9 @@ BLOCK_N = 32
 ROWS = 64  # score rows (queries x padded heads) per program
 
 
-def usable(q: torch.Tensor) -> bool:
-    """A device the kernel runs on (FP8 loads need sm89+ there; the interpreter on CPU tensors)."""
-    return supported(q.device)
+def refusal(q: torch.Tensor) -> str | None:
+    """Why the kernel does not run here, or None: FP8 loads need sm89+ (the interpreter on CPU tensors)."""
+    return device_refusal(q.device)
 
 
 def heads_block(h: int) -> int:
@@ -293,12 +293,15 @@ def paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table,
     return out
 
 
-def paged_usable(q, fmt) -> bool:
-    """A device the kernel runs on, pages of a power-of-two token count (16 at least: one ``tl.dot``), D a power
-    of two."""
+def paged_refusal(q, fmt) -> str | None:
+    """Why the paged kernel does not take a call, or None: it needs a device it runs on, pages of a power-of-two
+    token count (16 at least: one ``tl.dot``) and D a power of two."""
     d = 2 * q.shape[3] if q.dtype == torch.uint8 else q.shape[3]
-    pow2 = lambda v: v & (v - 1) == 0  # noqa: E731
-    return supported(q.device) and fmt.block_kv >= 16 and pow2(fmt.block_kv) and pow2(d)
+    if fmt.block_kv < 16 or fmt.block_kv & (fmt.block_kv - 1):
+        return f"pages of {fmt.block_kv} tokens (the kernel needs a power of two of at least 16)"
+    if d & (d - 1):
+        return f"head dim {d} is not a power of two"
+    return device_refusal(q.device)
 
 
 @triton.jit
@@ -404,4 +407,4 @@ def _paged_kernel(
         store_result(ptr, logits, j < COLUMNS, OUT_BF16)
 
 
-__all__ = ["BLOCK_N", "heads_block", "mqa_logits", "paged_mqa_logits", "paged_usable", "usable"]
+__all__ = ["BLOCK_N", "heads_block", "mqa_logits", "paged_mqa_logits", "paged_refusal", "refusal"]

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import div_rn, launch, round_to_bf16, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import device_refusal, div_rn, launch, round_to_bf16, tl, triton
 
 MAX_BLOCK_ELEMENTS = 1 << 14  # elements one program holds (128 x 128)
 
 
-def usable(x: torch.Tensor, block) -> bool:
+def refusal(x: torch.Tensor, block) -> str | None:
+    """Why the cast kernel does not take a call, or None: one program holds one block."""
     gr, gc = block
-    return supported(x.device) and triton.next_power_of_2(gr) * triton.next_power_of_2(gc) <= MAX_BLOCK_ELEMENTS
+    if triton.next_power_of_2(gr) * triton.next_power_of_2(gc) > MAX_BLOCK_ELEMENTS:
+        return f"blocks of {gr} x {gc} exceed one program ({MAX_BLOCK_ELEMENTS} elements)"
+    return device_refusal(x.device)
 
 
 def quantize(x: torch.Tensor, block, use_ue8m0: bool, fp4: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,9 +175,9 @@ def _quantize_kernel(
 DEQUANT_ROWS, DEQUANT_COLS = 32, 128  # elements one dequantize program covers
 
 
-def dequantize_usable(data: torch.Tensor) -> bool:
+def dequantize_refusal(data: torch.Tensor) -> str | None:
     """No FP8 arithmetic in the dequantize kernel (integer decoding): any GPU from sm80."""
-    return supported(data.device, (8, 0))
+    return device_refusal(data.device, (8, 0))
 
 
 def dequantize(data: torch.Tensor, scale: torch.Tensor, block, out_dtype: torch.dtype) -> torch.Tensor:
@@ -265,4 +268,4 @@ def _dequantize_kernel(
         tl.store(at, y.to(out.dtype.element_ty), mask=ok)
 
 
-__all__ = ["cast_rows_e4m3", "dequantize", "dequantize_usable", "quantize", "usable"]
+__all__ = ["cast_rows_e4m3", "dequantize", "dequantize_refusal", "quantize", "refusal"]

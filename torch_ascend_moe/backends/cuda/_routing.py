@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import div_rn, launch, round_to_bf16, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import device_refusal, div_rn, launch, round_to_bf16, tl, triton
 
 MAX_EXPERTS = 4096  # one program holds every expert of a token (gating) or every expert's count (permute)
 _MIN_CAPABILITY = (8, 0)  # integer atomics and scans; nothing FP8
 
 
-def usable(t: torch.Tensor, experts: int) -> bool:
-    return supported(t.device, _MIN_CAPABILITY) and experts <= MAX_EXPERTS
+def refusal(t: torch.Tensor, experts: int) -> str | None:
+    """Why the routing kernels do not take a call, or None: one program holds a token's experts."""
+    if experts > MAX_EXPERTS:
+        return f"{experts} experts (one program holds at most {MAX_EXPERTS})"
+    return device_refusal(t.device, _MIN_CAPABILITY)
 
 
 # --- moe_permute -------------------------------------------------------------------------------------------------

@@ -23,11 +23,11 @@ import torch
 from torch_ascend_moe.backends.cuda._quant import cast_rows_e4m3
 from torch_ascend_moe.backends.cuda._triton import (
     decode_e2m1_to_e4m3,
+    device_refusal,
     launch,
     load_scales,
     scale_product,
     store_result,
-    supported,
     tl,
     triton,
 )
@@ -47,9 +47,12 @@ def block_k(recipe_a, recipe_b) -> int | None:
     return bk if bk >= 32 else None
 
 
-def usable(a: torch.Tensor, recipe_a, recipe_b) -> bool:
-    """Whether the kernel takes a call: a device it runs on and a K chunk both recipes allow."""
-    return supported(a.device) and block_k(recipe_a, recipe_b) is not None
+def refusal(a: torch.Tensor, recipe_a, recipe_b) -> str | None:
+    """Why the kernel does not take a call, or None: it needs a device it runs on and a K chunk both recipes
+    allow."""
+    if block_k(recipe_a, recipe_b) is None:
+        return f"gran_k {recipe_a[1]} and {recipe_b[1]} share no power-of-two K chunk of 32..{MAX_BLOCK_K}"
+    return device_refusal(a.device)
 
 
 def segment_tiles(begins: torch.Tensor, ends: torch.Tensor, rows: int) -> torch.Tensor:
@@ -287,4 +290,4 @@ def _scaled_gemm_kernel(
         store_result(o_ptr, result, mask2, OUT_BF16)
 
 
-__all__ = ["BLOCK_M", "block_k", "scaled_gemm", "segment_tiles", "tile_of", "tile_rows", "usable"]
+__all__ = ["BLOCK_M", "block_k", "scaled_gemm", "segment_tiles", "refusal", "tile_of", "tile_rows"]

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.cuda._triton import INTERPRETED, div_rn, launch, store_result, supported, tl, triton
+from torch_ascend_moe.backends.cuda._triton import INTERPRETED, device_refusal, div_rn, launch, store_result, tl, triton
 
 BLOCK_K = 32  # top-k positions per step
 BLOCK_D = 64  # d_qk columns per logits dot
 
 
-def usable(q: torch.Tensor) -> bool:
-    """A device the kernel runs on (BF16 dots need sm80+; the interpreter on CPU tensors)."""
-    return supported(q.device, (8, 0))
+def refusal(q: torch.Tensor) -> str | None:
+    """Why the kernel does not run here, or None (BF16 dots need sm80+; the interpreter on CPU tensors)."""
+    return device_refusal(q.device, (8, 0))
 
 
 def heads_block(h: int, bdv: int) -> int:
@@ -192,4 +192,4 @@ def _prefill_kernel(
     tl.store(lse + row, tl.where(lonely, float("inf"), shift + tl.log(total)), mask=head_ok)
 
 
-__all__ = ["BLOCK_D", "BLOCK_K", "heads_block", "sparse_mla_prefill", "usable"]
+__all__ = ["BLOCK_D", "BLOCK_K", "heads_block", "refusal", "sparse_mla_prefill"]

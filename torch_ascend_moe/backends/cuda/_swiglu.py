@@ -24,10 +24,10 @@ from torch_ascend_moe.backends.cuda._scaled_gemm import BLOCK_M, tile_of, tile_r
 from torch_ascend_moe.backends.cuda._triton import (
     INTERPRETED,
     bf16_value,
+    device_refusal,
     div_rn,
     launch,
     store_result,
-    supported,
     tl,
     triton,
 )
@@ -37,11 +37,14 @@ BLOCK_K = 32
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def usable(a: torch.Tensor, quant_gran_k: int) -> bool:
-    """Whether the kernel takes a call: a device it runs on, BF16/FP16/FP32 operands, and a quantization group that
-    is one tile's width (a power of two in [16, 128]) or none."""
-    gran_ok = quant_gran_k == 0 or (16 <= quant_gran_k <= 128 and quant_gran_k & (quant_gran_k - 1) == 0)
-    return supported(a.device, (8, 0)) and a.dtype in _DTYPES and gran_ok
+def refusal(a: torch.Tensor, quant_gran_k: int) -> str | None:
+    """Why the kernel does not take a call, or None: it needs a device it runs on, BF16/FP16/FP32 operands, and a
+    quantization group that is one tile's width (a power of two in [16, 128]) or none."""
+    if a.dtype not in _DTYPES:
+        return f"{a.dtype} operands (the kernel takes BF16, FP16, FP32)"
+    if quant_gran_k and not (16 <= quant_gran_k <= 128 and quant_gran_k & (quant_gran_k - 1) == 0):
+        return f"quant_gran_k {quant_gran_k} is not a power of two in [16, 128] (one tile's width)"
+    return device_refusal(a.device, (8, 0))
 
 
 def prefill(rows: int, inter: int, row_weights, quant_gran_k: int, use_ue8m0: bool, dtype, device):
@@ -189,4 +192,4 @@ def _swiglu_kernel(
             store_result(o_ptr, act, mask2, OUT_BF16)
 
 
-__all__ = ["BLOCK_M", "prefill", "swiglu_gemm", "usable"]
+__all__ = ["BLOCK_M", "prefill", "refusal", "swiglu_gemm"]

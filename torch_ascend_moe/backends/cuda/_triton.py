@@ -45,12 +45,21 @@ def launch(kernel, grid, *args, **meta) -> None:
     torch.library.wrap_triton(kernel)[grid](*args, **meta)
 
 
-def supported(device: torch.device, min_capability: tuple[int, int] = (8, 9)) -> bool:
-    """Whether our Triton kernels run on ``device``: a CUDA GPU of at least ``min_capability`` (FP8 ``tl.dot`` needs
-    sm89+), or CPU tensors when the kernels are interpreted (tests)."""
+def device_refusal(device: torch.device, min_capability: tuple[int, int] = (8, 9)) -> str | None:
+    """Why our Triton kernels do not run on ``device``, or None when they do: a CUDA GPU of at least
+    ``min_capability`` (FP8 ``tl.dot`` needs sm89+), or CPU tensors when the kernels are interpreted (tests)."""
     if device.type == "cpu":
-        return INTERPRETED
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= min_capability
+        return None if INTERPRETED else "CPU tensors: Triton runs them only interpreted (TRITON_INTERPRET=1)"
+    if device.type != "cuda":
+        return f"{device.type} tensors: Triton kernels run on CUDA"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < min_capability:
+        return f"needs sm{min_capability[0]}{min_capability[1]}+, this GPU is sm{capability[0]}{capability[1]}"
+    return None
+
+
+def supported(device: torch.device, min_capability: tuple[int, int] = (8, 9)) -> bool:
+    return device_refusal(device, min_capability) is None
 
 
 @triton.jit

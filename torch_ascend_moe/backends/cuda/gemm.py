@@ -8,20 +8,20 @@ as in the portable kernel; FP32/FP64 operands are the portable kernel's.
 
 from __future__ import annotations
 
-from torch_ascend_moe._registry import cuda_kernel
+from torch_ascend_moe.backends.chain import kernel
 from torch_ascend_moe.backends.portable import gemm as portable
 
 
-@cuda_kernel(calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
+@kernel(device="cuda", library="aten", calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
 def bf16_gemm(a, b, c, alpha, out_dtype):
     return portable.bf16_gemm(a, b, c, alpha, out_dtype, native_fp32_out=True)
 
 
-@cuda_kernel(calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
+@kernel(device="cuda", library="aten", calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
 def bf16_bmm(a, b, c, alpha, out_dtype):
     return portable.bf16_bmm(a, b, c, alpha, out_dtype, native_fp32_out=True)
 
 
-@cuda_kernel(calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
+@kernel(device="cuda", library="aten", calls="cuBLAS: bmm(out_dtype=float32) for FP32 results")
 def bf16_einsum(equation, a, b, c, alpha, out_dtype):
     return portable.bf16_einsum(equation, a, b, c, alpha, out_dtype, native_fp32_out=True)

@@ -22,19 +22,20 @@ once to BF16):
   layouts through a row map sorted by group (rows read and written in place), masked groups as ``[0,
   masked_m[g])`` of each batch.
 
-Portable, and why: for ``_grouped_mm``, GPUs before sm90 (not assumed to have the fused kernel), dtypes other
-than BF16 in and out (its meta accepts nothing else), rows or columns whose byte strides are not multiples of 16
-(its alignment rule: K and N multiples of 8 for BF16), empty operands; for the Triton kernel, what ``fp8_gemm``'s
-CUDA kernel leaves portable (before sm89, recipes without a common K chunk, no Triton).
+Refused (the chain's next kernel takes them), and why: for ``_grouped_mm``, GPUs before sm90 (not assumed to have
+the fused kernel), dtypes other than BF16 in and out (its meta accepts nothing else), rows or columns whose byte
+strides are not multiples of 16 (its alignment rule: K and N multiples of 8 for BF16), empty operands; for the
+Triton kernel, what ``fp8_gemm``'s CUDA kernel refuses (before sm89, recipes without a common K chunk, no Triton).
 
 * ``k_grouped_fp8_gemm`` (the experts' weight gradients): one launch of ``_k_grouped`` (a program per group and
   output tile walks the group's ``gran_k``-row blocks, each an FP8 dot scaled per column as DeepGEMM does; group
   bounds and scale rows read on the device); ``gran_k`` a power of two in [32, 256], else portable.
 * ``m_grouped_fp8_quant_gemm``: one launch of ``_scaled_gemm`` with the per-token cast in the tile (as
   ``fp8_quant_gemm``'s: the GEMM's K chunk is the cast's block; bit for bit the cast then the grouped GEMM, no FP8
-  copy of ``x``), the same device-built tile schedule; other recipes run its steps through the dispatcher.
-* ``m_grouped_fp8_linear``: its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts'
-  and ``m_grouped_fp8_gemm``'s CUDA kernels, every expert's weight cast in one launch), so no host loop remains.
+  copy of ``x``), the same device-built tile schedule; other recipes run the portable kernel: the cast and the
+  grouped GEMM through the dispatcher, each on its own CUDA chain.
+* ``m_grouped_fp8_linear``: no kernel here: the portable kernel's steps go through the dispatcher (the casts' and
+  ``m_grouped_fp8_gemm``'s CUDA chains, every expert's weight cast in one launch), so no host loop remains.
 * ``m_grouped_bf16_gemm_swiglu``: one launch of ``_swiglu`` (the L1 grouped GEMM with the SwiGLU(-quant) epilogue in
   registers, the same device-built tile schedule as the FP8 kernel), after a prefill of the rows no expert owns;
   portable (``_grouped_mm`` then elementwise ops) for FP64, an FP64 output, quantization groups that are not a power
@@ -47,8 +48,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import cuda_kernel
-from torch_ascend_moe.backends.cuda.fp8_linear import casts_in_tile
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.cuda import triton_available, triton_module
+from torch_ascend_moe.backends.cuda.fp8_linear import cast_in_tile_refusal
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
@@ -71,16 +73,11 @@ from torch_ascend_moe.meta.grouped import (
     swiglu_signature,
 )
 
-try:
-    from torch_ascend_moe.backends.cuda import _k_grouped, _scaled_gemm, _swiglu
-except ImportError:  # no triton: the portable kernels serve CUDA
-    _k_grouped = _scaled_gemm = _swiglu = None
+_scaled_gemm = triton_module("_scaled_gemm")
+_k_grouped = triton_module("_k_grouped")
+_swiglu = triton_module("_swiglu")
 
 _ALIGN = 8  # BF16 elements in 16 bytes: _grouped_mm's stride alignment
-
-
-def _aligned(*dims: int) -> bool:
-    return all(d % _ALIGN == 0 and d > 0 for d in dims)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -90,21 +87,51 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.storage_offset() * t.element_size() % 16 == 0 else t.clone()
 
 
-def _bf16(*tensors: torch.Tensor, dtype: torch.dtype) -> bool:
-    """BF16 operands and output, on a device whose ``_grouped_mm`` is the fused kernel: sm90+ (CUTLASS; older GPUs
-    are not assumed to have it) or CPU (torch's composite kernel, what the tests run)."""
-    device = tensors[0].device
+def _grouped_mm_refusal(a, b, *, dtype: torch.dtype, counts: tuple[int, ...], strided: tuple[int, ...]) -> str | None:
+    """Why ``torch._grouped_mm`` does not take a call, or None: BF16 operands and output, positive ``counts`` (rows,
+    groups), ``strided`` dims that are positive multiples of 8 (its 16-byte stride rule), on a device whose
+    ``_grouped_mm`` is the fused kernel: sm90+ (CUTLASS; older GPUs are not assumed to have it) or CPU (torch's
+    composite kernel, what the tests run)."""
+    if dtype != torch.bfloat16 or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+        return "not BF16 operands and output (its meta accepts nothing else)"
+    if not all(counts):
+        return "empty operands: nothing to launch"
+    if any(d <= 0 or d % _ALIGN for d in strided):
+        return f"K and N {list(strided)}: not positive multiples of {_ALIGN} (its 16-byte stride rule)"
+    device = a.device
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (9, 0):
-        return False
-    return dtype == torch.bfloat16 and all(t.dtype == torch.bfloat16 for t in tensors)
+        return "GPUs before sm90 are not assumed to have the fused kernel"
+    return None
 
 
-@cuda_kernel(calls="torch._grouped_mm")
+def _takes_m_grouped(a, b, layout, psum, alignment, out_dtype):
+    _, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
+    strided = (a.shape[1], b.shape[1])
+    return first_refusal(_grouped_mm_refusal(a, b, dtype=dtype, counts=(a.shape[0], b.shape[0]), strided=strided))
+
+
+def _takes_masked(a, b, masked_m, out_dtype):
+    _, dtype = masked_signature(a, b, masked_m, out_dtype)
+    groups, m_max, k = a.shape
+    return first_refusal(_grouped_mm_refusal(a, b, dtype=dtype, counts=(groups, m_max), strided=(k, b.shape[1])))
+
+
+def _takes_k_grouped(a, b, layout, num_groups, psum, alignment, c, out_dtype):
+    _, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    with_c = (
+        "c given: its FP32 sum before one rounding needs an FP32 output, which _grouped_mm lacks"
+        if c is not None
+        else None
+    )
+    strided = (a.shape[1], b.shape[1])
+    refusal = _grouped_mm_refusal(a, b, dtype=dtype, counts=(a.shape[0], num_groups), strided=strided)
+    return first_refusal(with_c, refusal)
+
+
+@kernel(device="cuda", library="aten", calls="torch._grouped_mm", takes=_takes_m_grouped)
 def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     _, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
-    if not (_bf16(a, b, dtype=dtype) and _aligned(a.shape[1], b.shape[1]) and rows and groups):
-        return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     if host_readable(layout):
         layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
     x, w = _rows(a), _rows(b).transpose(1, 2)  # row-major A, column-major [G, K, N] B
@@ -119,12 +146,9 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     return torch.where(valid.unsqueeze(1), y, 0)
 
 
-@cuda_kernel(calls="torch._grouped_mm")
+@kernel(device="cuda", library="aten", calls="torch._grouped_mm", takes=_takes_masked)
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
-    _, dtype = masked_signature(a, b, masked_m, out_dtype)
-    groups, m_max, k = a.shape
-    if not (_bf16(a, b, dtype=dtype) and _aligned(k, b.shape[1]) and groups and m_max):
-        return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
+    m_max = a.shape[1]
     if host_readable(masked_m):
         portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     y = torch._grouped_mm(_rows(a), _rows(b).transpose(1, 2))
@@ -132,13 +156,9 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     return torch.where(valid.unsqueeze(2), y, 0)
 
 
-@cuda_kernel(calls="torch._grouped_mm")
+@kernel(device="cuda", library="aten", calls="torch._grouped_mm", takes=_takes_k_grouped)
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
-    _, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
-    usable = _bf16(a, b, dtype=dtype) and c is None and _aligned(a.shape[1], b.shape[1]) and rows and num_groups
-    if not usable:
-        return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     if host_readable(layout):
         layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
     if psum:
@@ -175,90 +195,100 @@ def _tile_schedule(op: str, layout, psum: bool, alignment: int, rows: int, group
     return _scaled_gemm.segment_tiles(begins, ends, rows), rows_map
 
 
-if _scaled_gemm is not None:
-
-    @cuda_kernel(calls="triton: _scaled_gemm")
-    def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
-        shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
-        rows, groups = a.shape[0], b.shape[0]
-        if not (rows and groups and b.shape[1] and _scaled_gemm.usable(a, recipe_a, recipe_b)):
-            return portable.m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
-        tiles, rows_map = _tile_schedule(M_GROUPED_FP8, layout, psum, alignment, rows, groups)
-        out = torch.zeros(shape, dtype=dtype, device=a.device)
-        return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map)
-
-    @cuda_kernel(calls="triton: _scaled_gemm")
-    def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
-        shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
-        groups, m_max = a.shape[0], a.shape[1]
-        if not (groups and m_max and b.shape[1] and _scaled_gemm.usable(a, recipe_a, recipe_b)):
-            return portable.m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
-        if host_readable(masked_m):
-            portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
-        ends = masked_m.long().clamp(0, m_max)  # unvalidated while capturing: never past the batch
-        tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
-        out = torch.zeros(shape, dtype=dtype, device=a.device)
-        return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, a_batched=True)
+def _empty(*sizes: int) -> str | None:
+    return "empty operands: nothing to launch" if not all(sizes) else None
 
 
-# The ops the steps call: the dispatcher (a CUDA tensor reaches each step's CUDA kernel); the tests put the CUDA
-# kernels themselves here, as the dispatcher would route CUDA tensors to them, to run the composition on CPU.
-OPS = torch.ops.ascend_moe
+def _takes_m_grouped_fp8(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    return first_refusal(_empty(a.shape[0], b.shape[0], b.shape[1]), _scaled_gemm.refusal(a, recipe_a, recipe_b))
 
 
-@cuda_kernel(calls="quantize_fp8 -> m_grouped_fp8_gemm (triton: _scaled_gemm)")
-def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
-    return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
+def _takes_masked_fp8(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    return first_refusal(_empty(a.shape[0], a.shape[1], b.shape[1]), _scaled_gemm.refusal(a, recipe_a, recipe_b))
 
 
-@cuda_kernel(calls="triton: _scaled_gemm with the cast in the tile | quantize_fp8 -> m_grouped_fp8_gemm")
+@kernel(device="cuda", library="triton", calls="_scaled_gemm", takes=_takes_m_grouped_fp8, available=triton_available)
+def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    tiles, rows_map = _tile_schedule(M_GROUPED_FP8, layout, psum, alignment, a.shape[0], b.shape[0])
+    out = torch.zeros(shape, dtype=dtype, device=a.device)
+    return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map)
+
+
+@kernel(device="cuda", library="triton", calls="_scaled_gemm", takes=_takes_masked_fp8, available=triton_available)
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    groups, m_max = a.shape[0], a.shape[1]
+    if host_readable(masked_m):
+        portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+    ends = masked_m.long().clamp(0, m_max)  # unvalidated while capturing: never past the batch
+    tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
+    out = torch.zeros(shape, dtype=dtype, device=a.device)
+    return _scaled_gemm.scaled_gemm(a, sfa, b, sfb, recipe_a, recipe_b, out, tiles, a_batched=True)
+
+
+def _takes_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
+    m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
+    return first_refusal(cast_in_tile_refusal(x, b, [1, gran_k], recipe_b))
+
+
+@kernel(
+    device="cuda",
+    library="triton",
+    calls="_scaled_gemm with the cast in the tile",
+    takes=_takes_quant_gemm,
+    available=triton_available,
+)
 def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
-    args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype)
     shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
-    recipe_a = [1, gran_k]
-    if not casts_in_tile(x, b, recipe_a, recipe_b):  # (also: no rows, no experts)
-        return portable.m_grouped_fp8_quant_gemm_steps(OPS, *args)
     tiles, rows_map = _tile_schedule(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0])
     out = torch.zeros(shape, dtype=dtype, device=x.device)
     return _scaled_gemm.scaled_gemm(
-        x, None, b, sfb, recipe_a, recipe_b, out, tiles, rows_map=rows_map, quantize_a_ue8m0=use_ue8m0
+        x, None, b, sfb, [1, gran_k], recipe_b, out, tiles, rows_map=rows_map, quantize_a_ue8m0=use_ue8m0
     )
 
 
-if _k_grouped is not None:
-
-    @cuda_kernel(calls="triton: _k_grouped")
-    def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-        args = (a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-        shape, dtype = k_grouped_fp8_signature(*args)
-        rows = a.shape[0]
-        if not (rows and num_groups and a.shape[1] and b.shape[1] and _k_grouped.usable(a, gran_k)):
-            return portable.k_grouped_fp8_gemm(*args)
-        if host_readable(layout):  # our op's value errors
-            segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, rows, num_groups)
-            portable.check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
-        begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
-        blocks = ((ends - begins).clamp(min=0) + gran_k - 1) // gran_k
-        first_scale_row = torch.cumsum(blocks, 0) - blocks
-        out = torch.empty(shape, dtype=dtype, device=a.device)
-        return _k_grouped.k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k, out, c)
+def _takes_k_grouped_fp8(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    return first_refusal(_empty(a.shape[0], num_groups, a.shape[1], b.shape[1]), _k_grouped.refusal(a, gran_k))
 
 
-if _swiglu is not None:
+@kernel(device="cuda", library="triton", calls="_k_grouped", takes=_takes_k_grouped_fp8, available=triton_available)
+def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    args = (a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    shape, dtype = k_grouped_fp8_signature(*args)
+    rows = a.shape[0]
+    if host_readable(layout):  # our op's value errors
+        segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, rows, num_groups)
+        portable.check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
+    begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
+    blocks = ((ends - begins).clamp(min=0) + gran_k - 1) // gran_k
+    first_scale_row = torch.cumsum(blocks, 0) - blocks
+    out = torch.empty(shape, dtype=dtype, device=a.device)
+    return _k_grouped.k_grouped(a, sfa, b, sfb, begins, ends, first_scale_row, gran_k, out, c)
 
-    @cuda_kernel(calls="triton: _swiglu")
-    def m_grouped_bf16_gemm_swiglu(
+
+def _takes_swiglu(a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype):
+    shape, _, dtype = swiglu_signature(
         a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
-    ):
-        args = (a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype)
-        shape, _, dtype = swiglu_signature(*args)
-        rows, groups = a.shape[0], b.shape[0]
-        usable = _swiglu.usable(a, quant_gran_k) and dtype != torch.float64
-        if not (rows and groups and shape[1] and a.shape[1] and usable):
-            return portable.m_grouped_bf16_gemm_swiglu(*args)
-        tiles, rows_map = _tile_schedule(SWIGLU, layout, psum, alignment, rows, groups)
-        out, scales = _swiglu.prefill(rows, shape[1], row_weights, quant_gran_k, use_ue8m0, dtype, a.device)
-        _swiglu.swiglu_gemm(
-            a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out, scales, tiles, rows_map=rows_map
-        )
-        return out, scales
+    )
+    fp64 = "an FP64 output (the kernel sums in FP32)" if dtype == torch.float64 else None
+    empty = _empty(a.shape[0], b.shape[0], shape[1], a.shape[1])
+    return first_refusal(empty, fp64, _swiglu.refusal(a, quant_gran_k))
+
+
+@kernel(device="cuda", library="triton", calls="_swiglu", takes=_takes_swiglu, available=triton_available)
+def m_grouped_bf16_gemm_swiglu(
+    a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype
+):
+    args = (a, b, layout, psum, alignment, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype)
+    shape, _, dtype = swiglu_signature(*args)
+    rows, groups = a.shape[0], b.shape[0]
+    tiles, rows_map = _tile_schedule(SWIGLU, layout, psum, alignment, rows, groups)
+    out, scales = _swiglu.prefill(rows, shape[1], row_weights, quant_gran_k, use_ue8m0, dtype, a.device)
+    _swiglu.swiglu_gemm(
+        a, b, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out, scales, tiles, rows_map=rows_map
+    )
+    return out, scales

@@ -11,76 +11,91 @@ S_kv]`` at a time, never ``[S, S_kv]``), then the portable selection: bitwise ``
 through the block table, its FP8/FP4 token rows and their scales (FP32 per token, or UE8M0 per 32 elements, both
 layouts) read straight from the cache bytes, never gathered into a dequantized copy of every request's KV.
 
-Portable, and why: FP64 operands (gradcheck's path), empty operands, GPUs before sm89, builds without Triton, pages
-of fewer than 16 tokens or not a power of two; ``mqa_logits_backward``, ``paged_mqa_logits_metadata`` (integer
-bookkeeping on the host), ``mqa_topk`` (a sort: ATen's).
+Refused (the portable kernels take them), and why: FP64 operands (gradcheck's path), empty operands, GPUs before
+sm89, builds without Triton, pages of fewer than 16 tokens or not a power of two. No kernel here:
+``mqa_logits_backward``, ``paged_mqa_logits_metadata`` (integer bookkeeping on the host), ``mqa_topk`` (a sort:
+ATen's).
 """
 
 from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import cuda_kernel
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.cuda import triton_available, triton_module
 from torch_ascend_moe.backends.portable import mqa_logits as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta import mqa_logits as meta
 
-try:
-    from torch_ascend_moe.backends.cuda import _mqa
-except ImportError:  # no triton: the portable kernels serve CUDA
-    _mqa = None
+_mqa = triton_module("_mqa")
 
 
-if _mqa is not None:
+def _refusal(q, rows: int, columns: int) -> str | None:
+    if q.dtype == torch.float64:
+        return "FP64 operands (gradcheck's path; the kernel sums in FP32)"
+    if rows == 0 or columns == 0:
+        return "empty operands: nothing to launch"
+    return _mqa.refusal(q)
 
-    @cuda_kernel(calls="triton: _mqa")
-    def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-        sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
-        if q.dtype == torch.float64 or sh.S == 0 or sh.S_kv == 0 or not _mqa.usable(q):
-            return portable.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
-        if host_readable(ks):
-            meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
-        columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
-        out = torch.full((sh.S, columns), float("-inf"), dtype=sh.out_dtype, device=q.device)
-        return _mqa.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns, max_seqlen_k > 0, out)
 
-    @cuda_kernel(calls="triton: _mqa, then the portable selection")
-    def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
-        args = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
-        sh = meta.fused_signature(*args)
-        if q.dtype == torch.float64 or sh.S == 0 or sh.S_kv == 0 or not _mqa.usable(q):
-            return portable.mqa_logits_topk(*args)
+def _takes_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
+    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    return first_refusal(_refusal(q, sh.S, sh.S_kv))
 
-        def block_logits(rows):
-            out = torch.full((len(range(sh.S)[rows]), sh.S_kv), float("-inf"), dtype=sh.out_dtype, device=q.device)
-            q_rows, sf_rows = q[rows], None if q_sf is None else q_sf[rows]
-            return _mqa.mqa_logits(q_rows, sf_rows, k, k_sf, weights[rows], ks[rows], ke[rows], sh.S_kv, False, out)
 
-        return portable.mqa_logits_topk(*args, block_logits=block_logits)
+def _takes_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    return first_refusal(_refusal(q, sh.S, sh.S_kv))
 
-    @cuda_kernel(calls="triton: _mqa (paged)")
-    def paged_mqa_logits(
+
+def _takes_paged(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+):
+    _, fmt, _ = meta.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
-    ):
-        args = (
-            q,
-            q_sf,
-            kv_cache,
-            weights,
-            context_lens,
-            block_table,
-            max_context_len,
-            indices,
-            ascend_kv_layout,
-            logits_dtype,
-        )
-        _, fmt, out_dtype = meta.paged_signature(*args)
-        rows = q.shape[0] * q.shape[1]
-        if q.dtype == torch.float64 or rows == 0 or max_context_len == 0 or not _mqa.paged_usable(q, fmt):
-            return portable.paged_mqa_logits(*args)
-        if host_readable(context_lens):
-            meta.check_paged_values(
-                context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices
-            )
-        out = torch.full((rows, max_context_len), float("-inf"), dtype=out_dtype, device=q.device)
-        return _mqa.paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table, out)
+    )
+    why = _refusal(q, q.shape[0] * q.shape[1], max_context_len)
+    return first_refusal(why or _mqa.paged_refusal(q, fmt))
+
+
+@kernel(device="cuda", library="triton", calls="_mqa", takes=_takes_logits, available=triton_available)
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
+    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    if host_readable(ks):
+        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
+    columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
+    out = torch.full((sh.S, columns), float("-inf"), dtype=sh.out_dtype, device=q.device)
+    return _mqa.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns, max_seqlen_k > 0, out)
+
+
+@kernel(
+    device="cuda",
+    library="triton",
+    calls="_mqa, then the portable selection",
+    takes=_takes_topk,
+    available=triton_available,
+)
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    args = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    sh = meta.fused_signature(*args)
+
+    def block_logits(rows):
+        out = torch.full((len(range(sh.S)[rows]), sh.S_kv), float("-inf"), dtype=sh.out_dtype, device=q.device)
+        q_rows, sf_rows = q[rows], None if q_sf is None else q_sf[rows]
+        return _mqa.mqa_logits(q_rows, sf_rows, k, k_sf, weights[rows], ks[rows], ke[rows], sh.S_kv, False, out)
+
+    return portable.mqa_logits_topk(*args, block_logits=block_logits)
+
+
+@kernel(device="cuda", library="triton", calls="_mqa (paged)", takes=_takes_paged, available=triton_available)
+def paged_mqa_logits(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+):
+    _, fmt, out_dtype = meta.paged_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    )
+    if host_readable(context_lens):
+        meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+    rows = q.shape[0] * q.shape[1]
+    out = torch.full((rows, max_context_len), float("-inf"), dtype=out_dtype, device=q.device)
+    return _mqa.paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table, out)

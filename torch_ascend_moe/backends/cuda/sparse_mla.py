@@ -4,32 +4,33 @@ gathered block by block) instead of the portable kernel's chunks of gathered ``[
 ``[chunk, h_q, topk]`` logits. BF16, FP16 and FP32; sinks, ``topk_length``, any strides. No value is read on the
 host (the op has no value checks: invalid indices are left out, not rejected), so a CUDA graph captures it.
 
-Portable, and why: FP64 (gradcheck's path; the kernel accumulates in FP32), empty operands (nothing to launch; an
-empty kv or top-k is all lonely tokens), GPUs before sm80, builds without Triton. ``sparse_mla_decode`` stays
-portable: it dequantizes the selected records and calls the prefill op, so its attention runs here.
+Refused (the portable kernel takes them), and why: FP64 (gradcheck's path; the kernel accumulates in FP32), empty
+operands (nothing to launch; an empty kv or top-k is all lonely tokens), GPUs before sm80, builds without Triton.
+``sparse_mla_decode`` has no kernel here: its portable kernel dequantizes the selected records and calls the
+prefill op, so its attention runs here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import cuda_kernel
-from torch_ascend_moe.backends.portable import sparse_mla as portable
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.cuda import triton_available, triton_module
 from torch_ascend_moe.meta.sparse_mla import sparse_mla_prefill_signature
 
-try:
-    from torch_ascend_moe.backends.cuda import _sparse_mla
-except ImportError:  # no triton: the portable kernel serves CUDA
-    _sparse_mla = None
+_sparse_mla = triton_module("_sparse_mla")
 
 
-if _sparse_mla is not None:
+def _takes(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    empty = min(q.shape[0], q.shape[1], kv.shape[0], indices.shape[2]) == 0
+    return first_refusal(
+        "FP64 (the kernel accumulates in FP32)" if q.dtype == torch.float64 else None,
+        "empty operands: nothing to launch" if empty else None,
+        _sparse_mla.refusal(q),
+    )
 
-    @cuda_kernel(calls="triton: _sparse_mla")
-    def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
-        args = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
-        sparse_mla_prefill_signature(*args)
-        empty = min(q.shape[0], q.shape[1], kv.shape[0], indices.shape[2]) == 0
-        if q.dtype == torch.float64 or empty or not _sparse_mla.usable(q):
-            return portable.sparse_mla_prefill(*args)
-        return _sparse_mla.sparse_mla_prefill(*args)
+
+@kernel(device="cuda", library="triton", calls="_sparse_mla", takes=_takes, available=triton_available)
+def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    return _sparse_mla.sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)

@@ -63,8 +63,9 @@ from typing import NamedTuple
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import soc_version
 from torch_ascend_moe.backends.portable import ep as portable
 from torch_ascend_moe.distributed import capture, exchange
@@ -331,10 +332,35 @@ def _ll_dispatch_v2(call, x, expert_ids, active, name: str, ranks: int, rank: in
     )
 
 
-@npu_kernel(calls="npu_moe_distribute_dispatch_v2")
+_NO_MC2 = (
+    "not an MC2 call: Atlas A2/A3, BF16/FP16 rows without use_fp8 or slot_weights, K <= 16, H in the product's "
+    "range, not capturing"
+)
+
+
+def _takes_ll_dispatch(args):
+    local = not capture.capturing(args.x.device) and _ll_mc2_product(args, args.x.shape[1]) is not None
+    return first_refusal(None if local else _NO_MC2)
+
+
+def _takes_ll_combine(args):
+    local = capture.host_readable(args.topk_idx) and args.x.dtype in _MC2_DTYPES and mc2_product() is not None
+    return first_refusal(None if local else _NO_MC2)
+
+
+# What every rank shares decides locally (``takes``); what differs between ranks (T, empty slots, whether each
+# holds an MC2 state) is agreed on in the header the ops exchange anyway, so these two kernels still run the
+# portable transport when another rank cannot take MC2: a choice no rank can make alone.
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_moe_distribute_dispatch_v2",
+    available=has_op("npu_moe_distribute_dispatch_v2"),
+    takes=_takes_ll_dispatch,
+)
 def ep_low_latency_dispatch(args):
     t = args.topk_idx.shape[0]
-    product = None if capture.capturing(args.x.device) else _ll_mc2_product(args, args.x.shape[1])
+    product = _ll_mc2_product(args, args.x.shape[1])
     # Every rank's T and whether it has empty (-1) slots ride in the header the checks exchange anyway (none on
     # fake tensors: their shapes go through torch_npu's meta of the MC2 call).
     extra = None
@@ -398,16 +424,19 @@ def _state_pieces(state, rows: int):
     return row_map, ep_recv_counts, assist_info
 
 
-@npu_kernel(calls="npu_moe_distribute_combine_v2")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_moe_distribute_combine_v2",
+    available=has_op("npu_moe_distribute_combine_v2"),
+    takes=_takes_ll_combine,
+)
 def ep_low_latency_combine(args):
-    if capture.capturing(args.x.device) or not capture.host_readable(args.topk_idx):
-        group, r, _ = portable.ll_combine_checks(args)  # no header: MC2's state cannot be agreed on
-        return portable.ll_combine_transport(args, group, r)
     local, n, h = args.x.shape
     state = args.backend_state
     has_state = state is not None and state.numel() > 0
     pieces = _state_pieces(state, local * n) if has_state else None
-    product = mc2_product() if args.x.dtype in _MC2_DTYPES else None
+    product = mc2_product()
     empty = int((args.topk_idx < 0).any())
     extra = torch.tensor([int(has_state and product is not None), empty], dtype=torch.int64, device=args.x.device)
     # A bad state on one rank fails every rank (the others would wait in MC2's collective).

@@ -27,33 +27,47 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
-from torch_ascend_moe.backends.portable import fp8_gemm as portable
 from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature
 
 GROUP_SIZES = [1, 128, 128]  # npu_quant_matmul's [M, N, K] groups of the "G-B" mode
 MAX_INNER = 65535  # the op's limit on the last dims of x1 and x2
 
 
+def block_recipe_refusal(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype) -> str | None:
+    """Why ``npu_quant_matmul``'s G-B mode does not compute this ``fp8_gemm`` call, or None when it does."""
+    (m, k), n = a.shape, b.shape[0]
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        return "not FP8 x FP8"
+    if sfa.dtype != torch.float32 or sfb.dtype != torch.float32:
+        return "UE8M0 scales (the G-B mode takes FP32 ones)"
+    if list(recipe_a) != [1, 128] or list(recipe_b) != [128, 128]:
+        return "not the 1x128 x 128x128 recipe"
+    if not (0 < m and 0 < n <= MAX_INNER and 0 < k <= MAX_INNER):
+        return f"empty operands, or N or K above {MAX_INNER}"
+    if c is not None or alpha != 1.0 or dtype != torch.bfloat16:
+        return "c, alpha or an FP32 output (the op has a bias vector, no accumulator, no alpha; BF16 out)"
+    if soc_version() < ASCEND950:
+        return "not an Ascend 950 (no FP8 before it)"
+    return None
+
+
 def block_recipe(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype) -> bool:
     """Whether ``npu_quant_matmul``'s G-B mode computes this ``fp8_gemm`` call."""
-    fp8 = a.dtype == torch.float8_e4m3fn and b.dtype == torch.float8_e4m3fn
-    scales = sfa.dtype == torch.float32 and sfb.dtype == torch.float32
-    recipe = list(recipe_a) == [1, 128] and list(recipe_b) == [128, 128]
-    (m, k), n = a.shape, b.shape[0]
-    sizes = 0 < m and 0 < n <= MAX_INNER and 0 < k <= MAX_INNER
-    if not (fp8 and scales and recipe and sizes and c is None and alpha == 1.0 and dtype == torch.bfloat16):
-        return False
-    return soc_version() >= ASCEND950
+    return block_recipe_refusal(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype) is None
 
 
-@npu_kernel(calls="npu_quant_matmul")
+def _takes(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    _, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    return first_refusal(block_recipe_refusal(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype))
+
+
+@kernel(device="npu", library="torch_npu", calls="npu_quant_matmul", available=has_op("npu_quant_matmul"), takes=_takes)
 def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     _, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
-    if not block_recipe(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, dtype):
-        return portable.fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype)
     return torch.ops.npu.npu_quant_matmul(
         a, b.t(), sfb.t().contiguous(), pertoken_scale=sfa.contiguous(), output_dtype=dtype, group_sizes=GROUP_SIZES
     ).contiguous()

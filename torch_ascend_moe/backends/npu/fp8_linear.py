@@ -1,8 +1,9 @@
-"""Ascend adapters of the fp8_linear family: the portable kernels' steps through the dispatcher, so each step
-reaches its own Ascend adapter where one maps (``quantize_fp8``: ``npu_dynamic_mx_quant`` for 1 x c UE8M0 rows on
-Ascend 950; ``fp8_gemm``: ``npu_quant_matmul``'s G-B mode for the 1x128 x 128x128 FP32-scale recipe to BF16 on
-Ascend 950) and the portable kernel elsewhere. Bitwise the portable kernels: the quantizers are DeepGEMM's casts on
-every path, and the GEMM keeps one FP32 accumulation rounded once.
+"""The fp8_linear family on Ascend: no kernel of its own; the portable kernels are their steps through the
+dispatcher, so each step reaches its own Ascend chain where an adapter maps (``quantize_fp8``:
+``npu_dynamic_mx_quant`` for 1 x c UE8M0 rows on Ascend 950; ``fp8_gemm``: ``npu_quant_matmul``'s G-B mode for
+the 1x128 x 128x128 FP32-scale recipe to BF16 on Ascend 950) and the portable kernel elsewhere. Bitwise the
+portable kernels: the quantizers are DeepGEMM's casts on every path, and the GEMM keeps one FP32 accumulation
+rounded once.
 
 * ``fp8_quant_gemm``: ``quantize_fp8(x, [1, gran_k])`` then ``fp8_gemm``; DeepSeek-V3's recipe (``gran_k=128``,
   ``recipe_b=[128, 128]``, no ``c``, ``alpha=1``, BF16 out) is one ``npu_quant_matmul`` after the cast.
@@ -24,25 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
+from torch_ascend_moe._registry import npu_ge_converter
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
 from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.npu import quant as npu_quant
-from torch_ascend_moe.backends.portable import fp8_linear as portable
-
-# The ops the steps call: the dispatcher (an NPU tensor reaches each step's Ascend adapter); the tests put the
-# adapters themselves here, as the dispatcher would route NPU tensors to them, to run the composition on CPU.
-OPS = torch.ops.ascend_moe
-
-
-@npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
-def fp8_quant_gemm(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
-    return portable.fp8_quant_gemm_steps(OPS, x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype)
-
-
-@npu_kernel(calls="npu_dynamic_mx_quant, npu_quant_matmul")
-def fp8_linear(x, weight, bias, block, use_ue8m0, fp8_backward):
-    return portable.fp8_linear_steps(OPS, x, weight, bias, block, use_ue8m0, fp8_backward)
 
 
 @npu_ge_converter("fp8_quant_gemm", ir="DynamicMxQuant + QuantBatchMatmulV4")

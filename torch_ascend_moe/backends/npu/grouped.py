@@ -53,8 +53,8 @@ of 32 or K not a multiple of 32; while capturing (the scale check reads the host
 (the per-token cast inside the grouped GEMM) runs its steps through the dispatcher (``quantize_fp8``'s adapter, then
 this module's ``m_grouped_fp8_gemm``: ``npu_dynamic_mx_quant`` and the MX form for UE8M0 1 x 32k casts on Ascend 950);
 it has no GE converter: in a graph the MX form takes ``float8_e8m0fnu`` scale tensors, and the cast's converter
-gives FP32 ones (so the compiler passes leave the cast and the GEMM apart there). ``m_grouped_fp8_linear`` runs
-its steps through the dispatcher (``portable.m_grouped_fp8_linear_steps``: the casts' adapters, then this module's
+gives FP32 ones (so the compiler passes leave the cast and the GEMM apart there). ``m_grouped_fp8_linear`` has
+no kernel here: its portable kernel's steps go through the dispatcher (the casts' chains, then this module's
 ``m_grouped_fp8_gemm``, which takes the MX form for UE8M0 casts on Ascend 950); ``k_grouped_fp8_gemm`` (weight
 gradients: scale rows per group along the reduction, ``sum_g ceil(k_g / gran_k)`` of them) stays portable: MX
 blocks of the K-grouped form would have to restart at each group boundary, which torchao-npu's usage pads with
@@ -73,8 +73,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import first_refusal, kernel, planned
+from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
@@ -129,6 +130,30 @@ def _fits(groups: int, *inner: int) -> bool:
     return groups <= MAX_GROUPS and all(d < INNER_LIMIT for d in inner)
 
 
+def _limits_refusal(a, groups: int, *inner: int) -> str | None:
+    """Why ``npu_grouped_matmul`` does not take BF16/FP16/FP32 operands of these sizes, or None."""
+    if a.dtype == torch.float64:
+        return "FP64 operands: Ascend has no FP64 matmul"
+    if not _fits(groups, *inner):
+        return f"{groups} groups or a dimension of {list(inner)} beyond npu_grouped_matmul's documented limits"
+    return None
+
+
+def _takes_m_grouped(a, b, layout, psum, alignment, out_dtype):
+    m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
+    return first_refusal(_limits_refusal(a, b.shape[0], b.shape[1], b.shape[2]))
+
+
+def _takes_masked(a, b, masked_m, out_dtype):
+    masked_signature(a, b, masked_m, out_dtype)
+    return first_refusal(_limits_refusal(a, b.shape[0], b.shape[1], b.shape[2]))
+
+
+def _takes_k_grouped(a, b, layout, num_groups, psum, alignment, c, out_dtype):
+    k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
+    return first_refusal(_limits_refusal(a, num_groups, a.shape[1], b.shape[1]))
+
+
 def _weight_kn(b: torch.Tensor) -> torch.Tensor:
     """``[G, K, N]`` view of our ``[G, N, K]`` weights in a layout torch_npu takes (row-major or transposed)."""
     w = b.transpose(1, 2)
@@ -141,11 +166,15 @@ def _kernel_dtype(a: torch.Tensor, dtype: torch.dtype) -> torch.dtype | None:
     return None if dtype == a.dtype else torch.float32
 
 
-@npu_kernel(calls="npu_grouped_matmul")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_grouped_matmul",
+    available=has_op("npu_grouped_matmul"),
+    takes=_takes_m_grouped,
+)
 def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     shape, dtype = m_grouped_signature(a, b, layout, psum, alignment, out_dtype)
-    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
-        return portable.m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
     if host_readable(layout):
         layout_segments(M_GROUPED, layout, psum, alignment, rows, groups)  # our op's value errors
@@ -163,11 +192,15 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     return y.masked_fill(~valid.unsqueeze(1), 0).to(dtype)
 
 
-@npu_kernel(calls="npu_grouped_matmul")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_grouped_matmul",
+    available=has_op("npu_grouped_matmul"),
+    takes=_takes_masked,
+)
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
-    if a.dtype == torch.float64 or not _fits(b.shape[0], b.shape[1], b.shape[2]):
-        return portable.m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype)
     groups, m_max, k = a.shape
     if host_readable(masked_m):
         portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
@@ -179,11 +212,15 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     return y.view(shape).masked_fill(~valid.unsqueeze(2), 0).to(dtype)
 
 
-@npu_kernel(calls="npu_grouped_matmul")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_grouped_matmul",
+    available=has_op("npu_grouped_matmul"),
+    takes=_takes_k_grouped,
+)
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
     shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
-    if a.dtype == torch.float64 or not _fits(num_groups, a.shape[1], b.shape[1]):
-        return portable.k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
     if host_readable(layout):
         layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
@@ -242,16 +279,31 @@ def mx_pairs(codes: torch.Tensor) -> torch.Tensor:
     return codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2).contiguous()
 
 
+def _mx_refusal(a, b, recipe_a, recipe_b, dtype) -> str | None:
+    """Why MX does not take these dtypes and shapes (no values read, no SoC asked), or None."""
+    k = a.shape[-1]
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        return "not FP8 x FP8"
+    if recipe_a[1] % MX_BLOCK or recipe_b[1] % MX_BLOCK or k % MX_BLOCK or k == 0:
+        return f"K or gran_k not a multiple of the MX block ({MX_BLOCK})"
+    if dtype not in (torch.bfloat16, torch.float32):
+        return f"{dtype} output"
+    return None
+
+
 def _mx_fits(a, b, recipe_a, recipe_b, dtype) -> bool:
     """The conditions on dtypes and shapes MX has (no values read, no SoC asked)."""
-    k = a.shape[-1]
-    fp8 = a.dtype == torch.float8_e4m3fn and b.dtype == torch.float8_e4m3fn
-    blocks = recipe_a[1] % MX_BLOCK == 0 and recipe_b[1] % MX_BLOCK == 0 and k % MX_BLOCK == 0 and k > 0
-    return fp8 and blocks and dtype in (torch.bfloat16, torch.float32)
+    return _mx_refusal(a, b, recipe_a, recipe_b, dtype) is None
 
 
-def _mx_takes(a, b, recipe_a, recipe_b, dtype) -> bool:
-    return _mx_fits(a, b, recipe_a, recipe_b, dtype) and soc_version() >= ASCEND950
+def _mx_call_refusal(a, b, recipe_a, recipe_b, dtype, readable: bool, e8m0: bool) -> str | None:
+    """Why the MX form does not take a call before its values are read, or None."""
+    why = _mx_refusal(a, b, recipe_a, recipe_b, dtype)
+    if why is None and soc_version() < ASCEND950:
+        why = "not an Ascend 950 (no FP8 before it)"
+    if why is None and not (readable or e8m0):
+        why = "FP32 scales while capturing: their powers of two cannot be checked on the host"
+    return why
 
 
 def _e8m0_scales(sfa, sfb) -> bool:
@@ -279,18 +331,20 @@ def _mx_args(a2, sfa2, b, sfb, recipe_a, recipe_b, rows, check=True):
     return a2.contiguous(), b.transpose(1, 2).contiguous(), mx
 
 
-@npu_kernel(calls="npu_grouped_matmul")
-def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
-    shape, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
-    fallback = (a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+def _m_grouped_mx_plan(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    """(x, w, MX kwargs, cumulative ends, owned rows, row permutation or None) of a call the MX form computes, or
+    why not (a str). Our layout errors first; FP32 scales are checked to be powers of two on the host."""
+    _, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
     rows, groups = a.shape[0], b.shape[0]
     readable = host_readable(layout)
-    if not _mx_takes(a, b, recipe_a, recipe_b, dtype) or not (readable or _e8m0_scales(sfa, sfb)):
-        return portable.m_grouped_fp8_gemm(*fallback)
+    why = _mx_call_refusal(a, b, recipe_a, recipe_b, dtype, readable, _e8m0_scales(sfa, sfb))
+    if why:
+        return why
     if readable:
         layout_segments(M_GROUPED_FP8, layout, psum, alignment, rows, groups)  # our op's value errors
     if rows == 0 or groups == 0 or b.shape[1] == 0 or not _fits(groups, b.shape[1], a.shape[1]):
-        return portable.m_grouped_fp8_gemm(*fallback)
+        return "empty operands, or sizes beyond npu_grouped_matmul's limits"
+    perm = None
     if psum:
         cum, valid = portable.covering_psum_groups(layout, alignment, rows)
     else:
@@ -298,8 +352,22 @@ def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
         valid = layout >= 0
     operands = _mx_args(a, sfa, b, sfb, recipe_a, recipe_b, valid, check=readable)
     if operands is None:
-        return portable.m_grouped_fp8_gemm(*fallback)
-    x, w, mx = operands
+        return "a scale that is not a power of two in E8M0's range (MX scales are UE8M0)"
+    return (*operands, cum, valid, perm)
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_grouped_matmul (MX)",
+    available=has_op("npu_grouped_matmul"),
+    takes=planned(_m_grouped_mx_plan),
+)
+def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
+    _, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
+    x, w, mx, cum, valid, perm = _m_grouped_mx_plan(
+        a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype
+    )
     if psum:
         y = _gmm(x, w, cum, M_AXIS, dtype, **mx)
     else:
@@ -309,41 +377,37 @@ def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
     return y.masked_fill(~valid.unsqueeze(1), 0)
 
 
-# The ops the steps of m_grouped_fp8_linear and m_grouped_fp8_quant_gemm call: the dispatcher (an NPU tensor reaches
-# each step's Ascend adapter); the tests put the adapters themselves here, as the dispatcher would route NPU tensors to
-# them, to run it on CPU.
-OPS = torch.ops.ascend_moe
-
-
-@npu_kernel(calls="npu_dynamic_mx_quant, npu_grouped_matmul")
-def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
-    return portable.m_grouped_fp8_linear_steps(OPS, x, weight, layout, psum, alignment, block, use_ue8m0)
-
-
-@npu_kernel(calls="npu_dynamic_mx_quant, npu_grouped_matmul")
-def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
-    args = (x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype)
-    return portable.m_grouped_fp8_quant_gemm_steps(OPS, *args)
-
-
-@npu_kernel(calls="npu_grouped_matmul")
-def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
-    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
-    fallback = (a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+def _masked_mx_plan(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    """(x, w, MX kwargs, owned rows) of a masked call the MX form computes, or why not (a str)."""
+    _, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     groups, m_max, k = a.shape
     readable = host_readable(masked_m)
-    if not _mx_takes(a, b, recipe_a, recipe_b, dtype) or not (readable or _e8m0_scales(sfa, sfb)):
-        return portable.m_grouped_fp8_gemm_masked(*fallback)
+    why = _mx_call_refusal(a, b, recipe_a, recipe_b, dtype, readable, _e8m0_scales(sfa, sfb))
+    if why:
+        return why
     if readable:
         portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
     if groups * m_max == 0 or b.shape[1] == 0 or not _fits(groups, b.shape[1], k):
-        return portable.m_grouped_fp8_gemm_masked(*fallback)
+        return "empty operands, or sizes beyond npu_grouped_matmul's limits"
     valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)
     a2, sfa2 = a.reshape(groups * m_max, k), sfa.reshape(groups * m_max, -1)
     operands = _mx_args(a2, sfa2, b, sfb, recipe_a, recipe_b, valid.reshape(-1), check=readable)
     if operands is None:
-        return portable.m_grouped_fp8_gemm_masked(*fallback)
-    x, w, mx = operands
+        return "a scale that is not a power of two in E8M0's range (MX scales are UE8M0)"
+    return (*operands, valid)
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_grouped_matmul (MX)",
+    available=has_op("npu_grouped_matmul"),
+    takes=planned(_masked_mx_plan),
+)
+def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
+    shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    groups, m_max, _ = a.shape
+    x, w, mx, valid = _masked_mx_plan(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     cum = torch.arange(1, groups + 1, device=a.device) * m_max
     y = _gmm(x, w, cum, M_AXIS, dtype, **mx)
     return y.view(shape).masked_fill(~valid.unsqueeze(2), 0)

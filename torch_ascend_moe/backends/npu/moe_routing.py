@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
+from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import moe_routing as portable
 from torch_ascend_moe.distributed import capture
@@ -93,13 +94,27 @@ def _init_routing(call, x, ids, num_experts: int):
     )
 
 
-@npu_kernel(calls="npu_moe_init_routing_v2")
+def _takes_permute(x, topk_idx, num_experts, alignment):
+    permute_signature(x, topk_idx, num_experts, alignment)
+    many = num_experts >= MAX_EXPERTS
+    return first_refusal(
+        f"{x.dtype} rows (the routing ops take FP16/BF16/FP32)" if x.dtype not in _ROUTING_DTYPES else None,
+        f"{num_experts} experts (npu_moe_init_routing_v2 takes < {MAX_EXPERTS})" if many else None,
+        "empty operands: nothing to route" if topk_idx.numel() == 0 or x.shape[1] == 0 else None,
+    )
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_moe_init_routing_v2",
+    available=has_op("npu_moe_init_routing_v2"),
+    takes=_takes_permute,
+)
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     if capture.host_readable(topk_idx):
         portable.check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
-    if x.dtype not in _ROUTING_DTYPES or num_experts >= MAX_EXPERTS or topk_idx.numel() == 0 or x.shape[1] == 0:
-        return portable.moe_permute(x, topk_idx, num_experts, alignment)
     t, k = topk_idx.shape
     ids = torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32)
     expanded, row_idx, counts, _ = _init_routing(torch.ops.npu.npu_moe_init_routing_v2, x, ids, num_experts)
@@ -119,32 +134,48 @@ def moe_permute(x, topk_idx, num_experts, alignment):
     return out, row_map.to(torch.int32).view(t, k), ends.to(torch.int32)
 
 
-def gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize) -> dict | None:
-    """``npu_moe_gating_top_k``'s grouping arguments for a call it computes exactly, else None."""
+def gating_refusal(logits, topk, bias, score_func, num_groups, topk_groups, renormalize) -> str | None:
+    """Why ``npu_moe_gating_top_k`` does not compute a call exactly, or None when it does."""
     t, e = logits.shape
-    if logits.dtype not in _ROUTING_DTYPES or not renormalize or t == 0:
-        return None
+    if logits.dtype not in _ROUTING_DTYPES:
+        return f"{logits.dtype} logits (the op takes FP16/BF16/FP32)"
+    if not renormalize or t == 0:
+        return "no renormalization, or no tokens"
     grouped = 1 < num_groups and topk_groups < num_groups
     groups, kept = (num_groups, topk_groups) if grouped else (1, 1)
     size = e // groups
     if size <= 2 or e > MAX_GATING_EXPERTS or -(-size // 32) * 32 * groups > MAX_GATING_EXPERTS:
-        return None
+        return f"{e} experts in {groups} groups: outside the op's limits ({MAX_GATING_EXPERTS}, groups of 3+)"
     if topk > size * kept:
-        return None
-    mode = 1 if bias is not None else 0
-    if soc_version() >= ASCEND950 and (score_func != "sigmoid" or (grouped and mode == 0)):
-        return None
-    return {"k_group": kept, "group_count": groups, "group_select_mode": mode}
+        return f"top-{topk} of {kept} kept groups of {size}"
+    if soc_version() >= ASCEND950 and (score_func != "sigmoid" or (grouped and bias is None)):
+        return "on Ascend 950 the op takes sigmoid scores only, and a bias when grouped"
+    return None
 
 
-@npu_kernel(calls="npu_moe_gating_top_k")
-def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
+def gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize) -> dict | None:
+    """``npu_moe_gating_top_k``'s grouping arguments for a call it computes exactly, else None."""
+    if gating_refusal(logits, topk, bias, score_func, num_groups, topk_groups, renormalize):
+        return None
+    grouped = 1 < num_groups and topk_groups < num_groups
+    groups, kept = (num_groups, topk_groups) if grouped else (1, 1)
+    return {"k_group": kept, "group_count": groups, "group_select_mode": 1 if bias is not None else 0}
+
+
+def _takes_gating(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
+    return first_refusal(gating_refusal(logits, topk, bias, score_func, num_groups, topk_groups, renormalize))
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_moe_gating_top_k",
+    available=has_op("npu_moe_gating_top_k"),
+    takes=_takes_gating,
+)
+def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     plan = gating_plan(logits, topk, bias, score_func, num_groups, topk_groups, renormalize)
-    if plan is None:
-        return portable.moe_gating_topk(
-            logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor
-        )
     weights, idx, _ = torch.ops.npu.npu_moe_gating_top_k(
         logits.to(torch.float32),  # exact; the op computes (and returns) in its input's dtype, ours in FP32
         topk,
@@ -159,20 +190,37 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
     return weights.contiguous(), idx.to(torch.int64).contiguous()
 
 
-@npu_kernel(calls="npu_moe_finalize_routing")
-def moe_unpermute(y, row_map, topk_weights, bias):
+def _takes_unpermute(y, row_map, topk_weights, bias):
     unpermute_signature(y, row_map, topk_weights, bias)
+    t, k = row_map.shape
+    exact = y.dtype == torch.float32 and (topk_weights is None or topk_weights.dtype == torch.float32)
+    why = first_refusal(
+        None if exact else "not FP32 rows and weights (the op's sums round differently)",
+        # A bias would be finalize_routing's skip1, but the order in which CANN adds it is not documented.
+        "a bias (the order in which CANN adds it to the slots is not documented)" if bias is not None else None,
+        "y is not one row per slot" if y.shape[0] != t * k else None,
+        "empty operands" if row_map.numel() == 0 or y.shape[1] == 0 else None,
+    )
+    if not why.ok:
+        return why
     # Unknown -1 slots (during a graph capture) go to the portable kernel, which handles them without a host read;
     # under fake tensors (the shape checks) the op's path is traced.
     unrouted = capture.capturing(row_map.device)
     if capture.host_readable(row_map):
         portable.check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
         unrouted = bool((row_map < 0).any())
-    t, k = row_map.shape
-    exact = y.dtype == torch.float32 and (topk_weights is None or topk_weights.dtype == torch.float32)
-    # A bias would be finalize_routing's skip1, but the order in which CANN adds it to the slots is not documented.
-    if not exact or bias is not None or y.shape[0] != t * k or row_map.numel() == 0 or y.shape[1] == 0 or unrouted:
-        return portable.moe_unpermute(y, row_map, topk_weights, bias)
+    return first_refusal("unrouted (-1) slots, or unknown ones while capturing" if unrouted else None)
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_moe_finalize_routing",
+    available=has_op("npu_moe_finalize_routing"),
+    takes=_takes_unpermute,
+)
+def moe_unpermute(y, row_map, topk_weights, bias):
+    k = row_map.shape[1]
     return torch.ops.npu.npu_moe_finalize_routing(
         y, None, None, None, topk_weights, row_map.t().flatten(), None, drop_pad_mode=0, k=k
     )

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
-from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.backends.chain import kernel, planned
+from torch_ascend_moe.backends.npu import has_op
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import mqa_logits as meta
 
@@ -122,29 +122,42 @@ def _indexer_call(q, k, weights, cq, ck, topk: int, causal: bool):
     return values, torch.where(indices >= 0, indices.long() + start, -1).to(torch.int32)
 
 
-def _shapes_fit(q, k, weights, topk: int, out_dtype) -> bool:
-    """The conditions on dtypes and sizes (no values read)."""
+def _shapes_refusal(q, k, weights, topk: int, out_dtype) -> str | None:
+    """Why the indexer does not take a call by its dtypes and sizes (no values read), or None."""
     if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or out_dtype != torch.bfloat16:
-        return False
-    return q.shape[1] <= MAX_HEADS and q.shape[2] == HEAD_DIM and topk in SPARSE_COUNTS and q.shape[0] > 0
+        return "not BF16 q, k and logits"
+    if q.shape[1] > MAX_HEADS or q.shape[2] != HEAD_DIM or q.shape[0] == 0:
+        return f"heads above {MAX_HEADS}, a head dim other than {HEAD_DIM}, or no queries"
+    if topk not in SPARSE_COUNTS:
+        return f"top-{topk}: sparse_count takes 1..2048 or 3072..8192 in steps of 1024"
+    return None
 
 
-@npu_kernel(calls="npu_lightning_indexer")
-def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+def _batches(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    """The indexer's batches ``(cq, ck, causal)`` for a call it computes exactly, or the reason it does not (a str);
+    our range errors first. Reads ``ks``/``ke`` (and non-BF16 weights) on the host."""
     sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
-    fallback = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
-    if (
-        capture.capturing(q.device)
-        or not capture.host_readable(ks)
-        or not _shapes_fit(q, k, weights, topk, sh.out_dtype)
-    ):
-        return portable.mqa_logits_topk(*fallback)
+    if capture.capturing(q.device) or not capture.host_readable(ks):
+        return "the batches are read on the host: not while capturing, nor on fake tensors"
+    why = _shapes_refusal(q, k, weights, topk, sh.out_dtype)
+    if why:
+        return why
     meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)  # our errors before any kernel
-    exact_weights = weights.dtype == torch.bfloat16 or bool((weights.bfloat16().float() == weights).all())
-    found = batches_of(ks.tolist(), ke.tolist()) if exact_weights else None
-    if found is None:
-        return portable.mqa_logits_topk(*fallback)
-    cq, ck, causal = found
+    if weights.dtype != torch.bfloat16 and not bool((weights.bfloat16().float() == weights).all()):
+        return "weights not exactly BF16 values (the indexer takes BF16 weights)"
+    found = batches_of(ks.tolist(), ke.tolist())
+    return found if found is not None else "ks/ke are not the ranges of causal or full batches"
+
+
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_lightning_indexer",
+    available=has_op("npu_lightning_indexer"),
+    takes=planned(_batches),
+)
+def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
+    cq, ck, causal = _batches(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     return _indexer_call(q, k, weights, cq, ck, topk, causal)
 
 

@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter, npu_kernel
-from torch_ascend_moe.backends.npu import ge_graph
-from torch_ascend_moe.backends.portable import quant as portable
+from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.meta.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
 from torch_ascend_moe.quant.reference import AMAX_FLOOR
 
@@ -70,15 +70,38 @@ def soc_version() -> int:
     return get_soc_version()
 
 
-def mx_fp8_block(x: torch.Tensor, block, use_ue8m0: bool) -> int | None:
-    """The MX group size for a ``quantize_fp8`` call ``npu_dynamic_mx_quant`` computes exactly, else None."""
+def mx_fp8_refusal(x: torch.Tensor, block, use_ue8m0: bool) -> str | None:
+    """Why ``npu_dynamic_mx_quant`` does not compute a ``quantize_fp8`` call exactly, or None when it does."""
     m, n = x.shape
     cols = block[1]
-    if not use_ue8m0 or block[0] != 1 or cols % 32 or cols > 1024 or m == 0 or n == 0:
-        return None
+    if not use_ue8m0:
+        return "FP32 scales (the MX cast's scales are UE8M0 powers of two)"
+    if block[0] != 1 or cols % 32 or cols > 1024:
+        return f"blocks {list(block)}: the MX cast takes 1 x (a multiple of 32 up to 1024)"
+    if m == 0 or n == 0:
+        return "an empty tensor: nothing to cast"
     if x.dtype not in _MX_DTYPES or (x.dtype == torch.float32 and (cols != 32 or n < 32)):
-        return None
-    return cols if soc_version() >= ASCEND950 else None
+        return f"{x.dtype} input with blocks of {cols} (FP32 only in 32-wide blocks of a row of 32 or more)"
+    if soc_version() < ASCEND950:
+        return "not an Ascend 950 (no FP8 before it)"
+    return None
+
+
+def mx_fp8_block(x: torch.Tensor, block, use_ue8m0: bool) -> int | None:
+    """The MX group size for a ``quantize_fp8`` call ``npu_dynamic_mx_quant`` computes exactly, else None."""
+    return None if mx_fp8_refusal(x, block, use_ue8m0) else block[1]
+
+
+def _takes_fp8(x, block, use_ue8m0, use_packed_ue8m0):
+    quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
+    return first_refusal(mx_fp8_refusal(x, block, use_ue8m0))
+
+
+def _takes_blocks(x, fmt, block, round_sf, sf, amax_clamp):
+    quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp)
+    mapped = fmt == "e4m3" and round_sf and sf is None
+    why = None if mapped else "only e4m3 with round_sf and no given sf maps to the MX cast"
+    return first_refusal(why or mx_fp8_refusal(x, block, True))
 
 
 def mx_scales_to_ours(codes: torch.Tensor, groups: int, packed: bool) -> torch.Tensor:
@@ -107,24 +130,29 @@ def _mx_quant(call, x, group: int, floor: float = AMAX_FLOOR):
     )
 
 
-@npu_kernel(calls="npu_dynamic_mx_quant")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_dynamic_mx_quant",
+    available=has_op("npu_dynamic_mx_quant"),
+    takes=_takes_fp8,
+)
 def quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0):
-    quantize_signature(QUANTIZE_FP8, x, block, use_ue8m0, use_packed_ue8m0, fp4=False)
-    group = mx_fp8_block(x, block, use_ue8m0)
-    if group is None:
-        return portable.quantize_fp8(x, block, use_ue8m0, use_packed_ue8m0)
+    group = block[1]
     y, codes = _mx_quant(torch.ops.npu.npu_dynamic_mx_quant, x, group)
     groups = -(-x.shape[1] // group)
     return y.contiguous(), mx_scales_to_ours(codes, groups, use_packed_ue8m0)
 
 
-@npu_kernel(calls="npu_dynamic_mx_quant")
+@kernel(
+    device="npu",
+    library="torch_npu",
+    calls="npu_dynamic_mx_quant",
+    available=has_op("npu_dynamic_mx_quant"),
+    takes=_takes_blocks,
+)
 def quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp):
-    quantize_blocks_signature(x, fmt, block, round_sf, sf, amax_clamp)
-    mapped = fmt == "e4m3" and round_sf and sf is None
-    group = mx_fp8_block(x, block, True) if mapped else None
-    if group is None:
-        return portable.quantize_blocks(x, fmt, block, round_sf, sf, amax_clamp)
+    group = block[1]
     floor = BLOCK_FORMATS["e4m3"][1] if amax_clamp is None else amax_clamp
     y, codes = _mx_quant(torch.ops.npu.npu_dynamic_mx_quant, x, group, floor)
     scales = mx_scales_to_ours(codes, -(-x.shape[1] // group), False)

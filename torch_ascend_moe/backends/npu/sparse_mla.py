@@ -40,8 +40,7 @@ import importlib
 
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
-from torch_ascend_moe.backends.portable import sparse_mla as portable
+from torch_ascend_moe.backends.chain import TAKEN, first_refusal, kernel, on_refresh, refuse
 from torch_ascend_moe.meta import sparse_mla as meta
 
 HEADS, DIM, TOPK_BLOCK = 64, 512, 64
@@ -53,6 +52,11 @@ _ARITY = {"sparse_prefill_fwd": 7, "sparse_decode_fwd": 13}  # the release's sig
 _IMPORTED = []
 
 
+@on_refresh
+def _forget() -> None:
+    _IMPORTED.clear()
+
+
 def _import_release() -> None:
     """Import the ``flash_mla`` package once (its import loads the extension that registers the ops); absent or
     unloadable, the ops are simply not there."""
@@ -62,6 +66,20 @@ def _import_release() -> None:
             importlib.import_module("flash_mla")
         except (ImportError, OSError):
             pass
+
+
+def _release_has(name: str):
+    def available():
+        there = flash_mla_op(name) is not None
+        return (
+            TAKEN
+            if there
+            else refuse(
+                f"FlashMLA's Ascend release is not loaded (no torch.ops.flash_mla.{name} with the release's signature)"
+            )
+        )
+
+    return available
 
 
 def flash_mla_op(name: str):
@@ -104,13 +122,23 @@ def prefill_fits(q, kv, indices, d_v, attn_sink, topk_length) -> bool:
     )
 
 
-@npu_kernel(calls="flash_mla.sparse_prefill_fwd")
+_NOT_V41 = "not a DeepSeek-V4.1 call the release takes (BF16, d 512, 64 heads, top-k in 64s, contiguous rows)"
+
+
+def _takes_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    meta.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    return first_refusal(None if prefill_fits(q, kv, indices, d_v, attn_sink, topk_length) else _NOT_V41)
+
+
+@kernel(
+    device="npu",
+    library="flash_mla",
+    calls="flash_mla.sparse_prefill_fwd",
+    takes=_takes_prefill,
+    available=_release_has("sparse_prefill_fwd"),
+)
 def sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
-    args = (q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
-    meta.sparse_mla_prefill_signature(*args)
     op = flash_mla_op("sparse_prefill_fwd")
-    if op is None or not prefill_fits(q, kv, indices, d_v, attn_sink, topk_length):
-        return portable.sparse_mla_prefill(*args)
     out, max_logits, lse = op(q, kv, _only_minus_one(indices, kv.shape[0]), sm_scale, d_v, attn_sink, topk_length)
     return out, max_logits, lse
 
@@ -128,15 +156,26 @@ def decode_fits(q, k_cache, indices, d_v, extra_k_cache, extra_indices) -> bool:
     )
 
 
-@npu_kernel(calls="flash_mla.sparse_decode_fwd")
-def sparse_mla_decode(
+def _takes_decode(
     q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length
 ):
     args = (q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length)
     meta.sparse_mla_decode_signature(*args)
+    fits = decode_fits(q, k_cache, indices, d_v, extra_k_cache, extra_indices)
+    return first_refusal(None if fits else _NOT_V41 + " or not V4.1's 528-byte records")
+
+
+@kernel(
+    device="npu",
+    library="flash_mla",
+    calls="flash_mla.sparse_decode_fwd",
+    takes=_takes_decode,
+    available=_release_has("sparse_decode_fwd"),
+)
+def sparse_mla_decode(
+    q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length
+):
     op = flash_mla_op("sparse_decode_fwd")
-    if op is None or not decode_fits(q, k_cache, indices, d_v, extra_k_cache, extra_indices):
-        return portable.sparse_mla_decode(*args)
     contiguous = [None if t is None else t.contiguous() for t in (topk_length, attn_sink, extra_topk_length)]
     topk_length, attn_sink, extra_topk_length = contiguous
     if extra_k_cache is not None:

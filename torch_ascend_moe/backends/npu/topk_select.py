@@ -23,13 +23,11 @@ with the build's signature and restrictions, breaking ties at random; not run on
 
 from __future__ import annotations
 
-import functools
-import importlib
-
 import torch
 
-from torch_ascend_moe._registry import npu_kernel
+from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.portable import topk_select as portable
+from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.meta import topk_select as meta
 
 MAX_TOPK = 4096
@@ -37,13 +35,8 @@ MAX_COLUMNS = 2 * 1024 * 1024 - 1
 _OUTPUT_ALIGNMENT = 32  # bytes: the build's output row-stride requirement (DeepSelect's interface rounds to it)
 
 
-@functools.cache
-def deep_select_backend():
-    """DeepSelect's Ascend extension module where it is installed and loads, else None."""
-    try:
-        return importlib.import_module("deep_select.deep_select_npu")
-    except (ImportError, OSError):
-        return None
+# DeepSelect's Ascend extension module.
+DEEP_SELECT_NPU = Library("deep_select.deep_select_npu")
 
 
 def fits(input, topk, sorted) -> bool:
@@ -61,13 +54,23 @@ def _aligned_rows(x: torch.Tensor, alignment: int) -> torch.Tensor:
     return padded[:, : x.shape[1]].copy_(x)
 
 
-@npu_kernel(calls="deep_select.deep_select_npu.topk")
+def _takes(args):
+    meta.topk_select_signature(args)
+    fits_ = fits(args.input, args.topk, args.sorted)
+    return first_refusal(None if fits_ else f"not BF16 unsorted top-k of at most {MAX_TOPK} from 1..{MAX_COLUMNS}")
+
+
+@kernel(
+    device="npu",
+    library="deep_select",
+    calls="deep_select.deep_select_npu.topk",
+    takes=_takes,
+    available=DEEP_SELECT_NPU.available,
+)
 def topk_select(args):
     idx_dtype = meta.topk_select_signature(args)
     x, topk, end = args.input, args.topk, args.end
-    backend = deep_select_backend()
-    if backend is None or not fits(x, topk, args.sorted):
-        return portable.topk_select(*vars(args).values())
+    backend = DEEP_SELECT_NPU.module()
     n = portable.row_lengths(x, end)
     nan_row = portable.nan_rows(x, n, args.abort_when_nan_found)
     b, V = x.shape

@@ -1,8 +1,9 @@
 """Device-generic grouped GEMMs: one portable ``bf16_gemm`` per expert segment.
 
 The loop is over segments read from the layout on the host (a device sync on accelerators); a device's
-fused grouped kernel (``torch._grouped_mm`` on CUDA, ``npu_grouped_matmul`` on Ascend) overrides these
-where one exists.
+fused grouped kernel (``torch._grouped_mm`` on CUDA, ``npu_grouped_matmul`` on Ascend, DeepGEMM's) comes first in
+its chain where one exists. ``m_grouped_fp8_linear`` / ``m_grouped_fp8_quant_gemm`` are their casts and grouped
+GEMM through the dispatcher (each step reaches the device's own chain; no host loop).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from torch_ascend_moe.meta.grouped import (
     swiglu_signature,
 )
 from torch_ascend_moe.quant import reference
+
+ops = torch.ops.ascend_moe
 
 
 def psum_segments(layout: torch.Tensor, alignment: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,21 +140,8 @@ def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype)
 
 @portable_kernel
 def m_grouped_fp8_linear(x, weight, layout, psum, alignment, block, use_ue8m0, fp8_backward):
-    shape = m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block)
-    xq, xs = reference.quantize_fp8(x, (1, block), use_ue8m0, False)
-    out = torch.zeros(shape, dtype=torch.float32, device=x.device)
-    for g, begin, end in layout_segments(LINEAR_FP8, layout, psum, alignment, x.shape[0], weight.shape[0]):
-        if end > begin:
-            wq, ws = reference.quantize_fp8(weight[g], (block, block), use_ue8m0, False)
-            out[begin:end] = fp8_gemm(
-                xq[begin:end], xs[begin:end], wq, ws, None, [1, block], [block, block], 1.0, torch.float32
-            )
-    return out.to(x.dtype)
-
-
-def m_grouped_fp8_linear_steps(ops, x, weight, layout, psum, alignment, block, use_ue8m0):
-    """``m_grouped_fp8_linear``'s forward as op calls through ``ops`` (a device's casts and grouped FP8 GEMM, no host
-    loop): ``x`` cast per token, every expert's weight in one cast (``[G, N, K]`` as ``[G * N', K]`` with ``N``
+    """The forward as op calls through the dispatcher (each device's casts and grouped FP8 GEMM, no host loop):
+    ``x`` cast per token, every expert's weight in one cast (``[G, N, K]`` as ``[G * N', K]`` with ``N``
     zero-padded to ``N'``, a multiple of ``block``, so no tile straddles two experts: zero rows change no tile's
     amax, the same codes and scales as one cast per expert), then ``m_grouped_fp8_gemm``. BF16 ``x`` asks the GEMM
     for BF16 directly (the FP32 sum rounded once: the same bits as FP32 then ``.to``). The layout's values are checked
@@ -172,18 +162,9 @@ def m_grouped_fp8_linear_steps(ops, x, weight, layout, psum, alignment, block, u
 
 @portable_kernel
 def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
-    shape, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
-    out = torch.zeros(shape, dtype=dtype, device=x.device)
-    for g, begin, end in layout_segments(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0]):
-        if end > begin:
-            q, sf = reference.quantize_fp8(x[begin:end], (1, gran_k), use_ue8m0, False)
-            out[begin:end] = fp8_gemm(q, sf, b[g], sfb[g], None, [1, gran_k], recipe_b, 1.0, dtype)
-    return out
-
-
-def m_grouped_fp8_quant_gemm_steps(ops, x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
-    """``quantize_fp8(x, [1, gran_k])`` then ``m_grouped_fp8_gemm``, through ``ops`` (a device's cast and grouped FP8
-    GEMM, no host loop). The layout's values are checked under this op's name first, except while capturing."""
+    """``quantize_fp8(x, [1, gran_k])`` then ``m_grouped_fp8_gemm``, through the dispatcher (each device's cast and
+    grouped FP8 GEMM, no host loop). The layout's values are checked under this op's name first, except while
+    capturing."""
     _, dtype = m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype)
     if capture.host_readable(layout):
         layout_segments(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0])  # our op's value errors

@@ -1,0 +1,475 @@
+"""DeepGEMM behind our ops (backends/upstream/deep_gemm), checked against the stand-in ``deep_gemm`` package
+(tests/standins/deep_gemm: upstream's signatures, host checks and "panics", its reference math) as DeepGEMM 2.6.1 on
+SM90 and SM100 and as DeepGEMM-Ascend 0.1.0, with CPU tensors on the device's chain:
+
+* every family sample and the DeepGEMM-shaped ones below go through the chain: a call that reaches the library
+  raises nothing there (no host check, no panic: what the real kernel would refuse never reaches it), is within the
+  op's threshold of the fp64 reference and of our C++ kernel, and has our fake's shape, dtype and strides; a call that
+  does not reach it is bitwise what the chain gives with the library disabled;
+* enough calls reach it (the shapes DeepSeek models use), and each chain's reasons are right;
+* what is passed (FP32 scales on SM90, packed FP4 as int8, ``c`` as ``d``, psum layouts);
+* bad inputs get our op's words and never reach the library; disabling it restores the other kernels bit for bit;
+* a compiled graph and an exported program hold our op and still reach the library at run time;
+* mutation: a backend that passed the scales of the wrong rows is caught by the same checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from unittest import mock
+
+import pytest
+import torch
+
+from tests.chains import labels
+from tests.fp8_gemm.specs import SPECS as FP8_SPECS
+from tests.fp8_gemm.specs import quantize
+from tests.gemm.specs import SPECS as GEMM_SPECS
+from tests.grouped.specs import SPECS as GROUPED_SPECS
+from tests.grouped.specs import _quantize_experts, k_grouped_quantize, psum_layout
+from tests.upstream.standin import installed
+from torch_ascend_moe._registry import with_defaults
+from torch_ascend_moe.backends import chain
+from torch_ascend_moe.backends.upstream.deep_gemm import fp8_gemm as dg_fp8_gemm
+from torch_ascend_moe.testing import calc_diff
+from torch_ascend_moe.testing.harness import SampleInput
+
+LIBRARIES = {"SM90": ("cuda", {"flavor": "cuda", "arch": 9}), "SM100": ("cuda", {"flavor": "cuda", "arch": 10})}
+LIBRARIES["Ascend"] = ("npu", {"flavor": "ascend"})
+SPECS = {s.name: s for s in (*FP8_SPECS, *GEMM_SPECS, *GROUPED_SPECS)}
+SERVED = {
+    "cuda": [
+        "fp8_gemm",
+        "bf16_gemm",
+        "m_grouped_fp8_gemm",
+        "m_grouped_bf16_gemm",
+        "m_grouped_fp8_gemm_masked",
+        "m_grouped_bf16_gemm_masked",
+        "k_grouped_fp8_gemm",
+        "k_grouped_bf16_gemm",
+    ],
+    "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm"],
+}
+CASES = [(lib, op) for lib, (device, _) in LIBRARIES.items() for op in SERVED[device]]
+E8M0 = torch.float8_e8m0fnu
+
+
+def _e8m0(*scales):
+    return tuple(s.to(E8M0) for s in scales)
+
+
+# ---- DeepGEMM-shaped samples (the family samples seldom are: psum alignments of 128/256, gran_k 32, ...) ----------
+
+
+def _fp8_gemm_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(11)
+    out = []
+    if lib == "SM90":
+        for m, n, k in [(1, 264, 256), (37, 128, 384), (128, 64, 128)]:
+            a, sfa, ra = quantize(torch.randn(m, k, generator=g), ("fp8-token", 1, 128, False))
+            b, sfb, rb = quantize(torch.randn(n, k, generator=g), ("fp8-block", 128, 128, False))
+            out.append(SampleInput((a, sfa, b, sfb, None, ra, rb, 1.0, torch.bfloat16), f"1D2D M{m}N{n}K{k}"))
+            b1, sfb1, rb1 = quantize(torch.randn(n, k, generator=g), ("fp8-token", 1, 128, False))
+            c = torch.randn(m, n, generator=g)
+            out.append(SampleInput((a, sfa, b1, sfb1, c, ra, rb1, 1.0, torch.float32), f"1D1D +c M{m}N{n}K{k}"))
+            out.append(SampleInput((a, sfa, b1, sfb1, None, ra, rb1, 1.0, torch.float32), f"1D1D M{m}N{n}K{k}"))
+        # near misses: N % 8, c with 1D2D, alpha, an MN-major A
+        a, sfa, ra = quantize(torch.randn(16, 256, generator=g), ("fp8-token", 1, 128, False))
+        b, sfb, rb = quantize(torch.randn(36, 256, generator=g), ("fp8-block", 128, 128, False))
+        out.append(SampleInput((a, sfa, b, sfb, None, ra, rb, 1.0, torch.bfloat16), "miss: N 36"))
+        b, sfb, rb = quantize(torch.randn(64, 256, generator=g), ("fp8-block", 128, 128, False))
+        c = torch.randn(16, 64, generator=g).bfloat16()
+        out.append(SampleInput((a, sfa, b, sfb, c, ra, rb, 1.0, torch.bfloat16), "miss: 1D2D with c"))
+        out.append(SampleInput((a, sfa, b, sfb, None, ra, rb, 0.5, torch.bfloat16), "miss: alpha"))
+        out.append(SampleInput((a.t().contiguous().t(), sfa, b, sfb, None, ra, rb, 1.0, None), "miss: MN-major A"))
+        return out
+    gk = 128 if lib == "SM100" else 32
+    fmts = [("fp8-token", 1, gk, True), ("fp8-block", gk, gk, True), ("fp4", 1, 32, True)]
+    for (m, n, k), (fa, fb), with_c, alpha in zip(
+        [(1, 264, 256), (37, 128, 256), (64, 64, 512), (5, 16, 256)],
+        [(fmts[0], fmts[1]), (fmts[0], fmts[0]), (fmts[2], fmts[2]), (fmts[0], fmts[2])],
+        [False, True, False, True],
+        [1.0, 1.0, 1.0, 0.5 if lib == "Ascend" else 1.0],
+    ):
+        a, sfa, ra = quantize(torch.randn(m, k, generator=g), fa)
+        b, sfb, rb = quantize(torch.randn(n, k, generator=g), fb)
+        sfa, sfb = _e8m0(sfa, sfb)
+        c = torch.randn(m, n, generator=g).to(dtype) if with_c else None
+        out.append(SampleInput((a, sfa, b, sfb, c, ra, rb, alpha, dtype), f"M{m}N{n}K{k} {fa[0]} x {fb[0]}"))
+    a, sfa, ra = quantize(torch.randn(8, 256, generator=g), fmts[0])
+    b, sfb, rb = quantize(torch.randn(16, 256, generator=g), fmts[0])
+    out.append(SampleInput((a, sfa, b, sfb, None, ra, rb, 1.0, dtype), "miss: FP32 scales"))
+    return out
+
+
+def _bf16_gemm_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(12)
+    out = []
+    shapes = [(1, 64, 128, False, False), (33, 136, 256, True, True), (64, 64, 64, False, True)]
+    for m, n, k, mn_major, with_c in shapes:
+        a = torch.randn(m, k, generator=g).bfloat16()
+        b = torch.randn(n, k, generator=g).bfloat16()
+        if mn_major:
+            b = b.t().contiguous().t()
+        c = torch.randn(m, n, generator=g).to(dtype) if with_c else None
+        alpha = 0.75 if lib == "Ascend" and with_c else 1.0
+        out.append(SampleInput((a, b, c, alpha, dtype), f"M{m}N{n}K{k}{' bT' if mn_major else ''}"))
+    a = torch.randn(8, 64, generator=g).bfloat16()
+    out.append(SampleInput((a, torch.randn(12, 64, generator=g).bfloat16(), None, 1.0, dtype), "miss: N 12 (TMA)"))
+    out.append(SampleInput((a.half(), a.half(), None, 1.0, None), "miss: FP16"))
+    return out
+
+
+def _alignment(lib: str) -> int:
+    return 128 if lib != "Ascend" else 256
+
+
+def _m_grouped_fp8_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(13)
+    alignment = _alignment(lib)
+    gk = 32 if lib == "Ascend" else 128
+    out_dtype = torch.bfloat16 if lib != "Ascend" else dtype
+    out = []
+    fmts = [(("fp8-token", 1, gk, lib != "SM90"), ("fp8-block", gk, gk, lib != "SM90"))]
+    if lib != "SM90":
+        fmts.append((("fp8-token", 1, gk, True), ("fp4", 1, 32, True)))
+    for counts, (fa, fb) in itertools.product([[5, 0, 130, 3], [0, 200]], fmts):
+        layout, rows = psum_layout(counts, alignment)
+        x = torch.randn(rows, 256, generator=g)
+        a, sfa, ra = quantize(x, fa)
+        b, sfb, rb = _quantize_experts(torch.randn(len(counts), 64, 256, generator=g), fb)
+        if lib != "SM90":
+            sfa, sfb = _e8m0(sfa, sfb)
+        args = (a, sfa, b, sfb, layout, True, alignment, ra, rb, out_dtype)
+        out.append(SampleInput(args, f"psum {counts} {fa[0]} x {fb[0]}"))
+    a, sfa, b, sfb, layout, *_ = out[0].args
+    out.append(SampleInput((a, sfa, b, sfb, layout, True, 1, out[0].args[7], out[0].args[8], out_dtype), "miss: 1"))
+    return out
+
+
+def _m_grouped_bf16_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(14)
+    alignment = _alignment(lib)
+    out = []
+    for counts in ([5, 0, 130, 3], [0, 200]):
+        layout, rows = psum_layout(counts, alignment)
+        a = torch.randn(rows, 128, generator=g).bfloat16()
+        b = torch.randn(len(counts), 64, 128, generator=g).bfloat16()
+        out_dtype = torch.bfloat16 if lib != "Ascend" else dtype
+        out.append(SampleInput((a, b, layout, True, alignment, out_dtype), f"psum {counts}"))
+    return out
+
+
+def _masked_fp8_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(15)
+    gk, ue8m0 = (128, lib == "SM100")
+    a, sfa, ra = _quantize_experts(torch.randn(3, 40, 256, generator=g), ("fp8-token", 1, gk, ue8m0))
+    b, sfb, rb = _quantize_experts(torch.randn(3, 64, 256, generator=g), ("fp8-block", 128, gk, ue8m0))
+    if ue8m0:
+        sfa, sfb = _e8m0(sfa, sfb)
+    masked = torch.tensor([40, 0, 17], dtype=torch.int32)
+    return [SampleInput((a, sfa, b, sfb, masked, ra, rb, torch.bfloat16), "masked [40, 0, 17]")]
+
+
+def _masked_bf16_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(16)
+    a = torch.randn(3, 40, 128, generator=g).bfloat16()
+    b = torch.randn(3, 64, 128, generator=g).bfloat16()
+    masked = torch.tensor([3, 40, 0], dtype=torch.int32)
+    return [SampleInput((a, b, masked, torch.bfloat16), "masked [3, 40, 0]")]
+
+
+def _k_grouped_fp8_samples(lib: str, dtype) -> list[SampleInput]:
+    """psum layouts at the library's alignment with an empty group and a ragged one, gran_k 128 and 32, E8M0 scales
+    (SM100), ``c`` or not; and FP32 scales (a miss on SM100)."""
+    g = torch.Generator().manual_seed(17)
+    out = []
+    for counts, gran_k, with_c in [([130, 0, 40], 128, False), ([64, 200], 32, True)]:
+        layout, rows = psum_layout(counts, 128)
+        a, sfa = k_grouped_quantize(torch.randn(rows, 64, generator=g), layout, 128, gran_k, True)
+        b, sfb = k_grouped_quantize(torch.randn(rows, 32, generator=g), layout, 128, gran_k, True)
+        c = (10 * torch.randn(len(counts), 64, 32, generator=g)).to(dtype) if with_c else None
+        (sfa8,), (sfb8,) = _e8m0(sfa), _e8m0(sfb)
+        args = (a, sfa8, b, sfb8, layout, len(counts), 128, gran_k, c, dtype)
+        out.append(SampleInput(args, f"psum {counts} gran_k {gran_k}{' +c' if with_c else ''}"))
+        out.append(SampleInput((a, sfa, b, sfb, layout, len(counts), 128, gran_k, c, dtype), "miss: FP32 scales"))
+    return out
+
+
+def _k_grouped_bf16_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(18)
+    out = []
+    for counts, with_c in [([130, 0, 40], False), ([64, 200], True)]:
+        layout, rows = psum_layout(counts, 128)
+        a = torch.randn(rows, 64, generator=g).bfloat16()
+        b = torch.randn(rows, 32, generator=g).bfloat16()
+        c = torch.randn(len(counts), 64, 32, generator=g) if with_c else None
+        out_dtype = torch.float32 if with_c else dtype
+        out.append(SampleInput((a, b, layout, len(counts), True, 128, c, out_dtype), f"psum {counts}"))
+    return out
+
+
+EXTRA = {
+    "fp8_gemm": _fp8_gemm_samples,
+    "bf16_gemm": _bf16_gemm_samples,
+    "m_grouped_fp8_gemm": _m_grouped_fp8_samples,
+    "m_grouped_bf16_gemm": _m_grouped_bf16_samples,
+    "m_grouped_fp8_gemm_masked": _masked_fp8_samples,
+    "m_grouped_bf16_gemm_masked": _masked_bf16_samples,
+    "k_grouped_fp8_gemm": _k_grouped_fp8_samples,
+    "k_grouped_bf16_gemm": _k_grouped_bf16_samples,
+}
+# How many calls must reach the library per (library, op); SM90's k-grouped kernels need the groups' sizes on the host
+# (ks_cpu), a host read our op does not make, so none reaches them.
+MIN_REACHED = 2
+NOT_SERVED = {("SM90", "k_grouped_fp8_gemm"), ("SM90", "k_grouped_bf16_gemm")}
+
+
+def _samples(lib: str, op: str) -> list[SampleInput]:
+    spec = SPECS[op]
+    out = []
+    for dtype in spec.dtypes:
+        out += spec.sample_inputs("cpu", dtype) + spec.sample_inputs("cpu", dtype, small=True)
+        out += EXTRA[op](lib, dtype)
+    return out
+
+
+# ---- checks ------------------------------------------------------------------------------------------------------
+
+
+def _kernel_calls(library) -> list:
+    """The library's GEMM calls in its log (its getters, asked by our chains, left out)."""
+    return [c for c in library._standin.CALLS if not c[0].startswith("get_")]
+
+
+def _outputs(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.dtype == y.dtype and torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
+
+
+_BMM = torch.bmm
+
+
+def _bmm_on_cpu(a, b, *, out_dtype=None):
+    """cuBLAS's ``bmm(out_dtype=float32)`` (the CUDA chain's next kernel for BF16 GEMMs; no CPU kernel in torch) as
+    the exact computation it stands for: BF16 products, FP32 sums."""
+    return _BMM(a, b) if out_dtype is None else _BMM(a.float(), b.float())
+
+
+def _check(lib: str, op: str, device: str, library, samples) -> tuple[list[str], int]:
+    """(problems, how many samples reached the library) of ``samples`` on ``device``'s chain (on Ascend the torch_npu
+    adapters switched off: the library's refusals go to the portable kernels, which run on CPU tensors)."""
+    with mock.patch.object(torch, "bmm", _bmm_on_cpu), chain.disabled("torch_npu"):
+        return _check_samples(lib, op, device, library, samples)
+
+
+def _check_samples(lib: str, op: str, device: str, library, samples) -> tuple[list[str], int]:
+    spec = SPECS[op]
+    problems, reached = [], 0
+    for s in samples:
+        full = with_defaults(op, lambda *a: a)(*s.args)
+        where = f"{lib} {op}[{s.name}]"
+        before = len(_kernel_calls(library))
+        try:
+            got = _outputs(chain.run(op, device, *full))
+        except library._standin.Panic as e:
+            problems.append(f"{where}: a call the real kernel would panic on reached it: {e}")
+            continue
+        except RuntimeError as e:
+            if "DeepGEMM stand-in" in str(e):
+                problems.append(f"{where}: a call the library refuses reached it: {e}")
+                continue
+            raise
+        if len(_kernel_calls(library)) == before:
+            with chain.disabled("deep_gemm"):
+                want = _outputs(chain.run(op, device, *full))
+            if not all(_same(x, y) for x, y in zip(got, want, strict=True)):
+                problems.append(f"{where}: not bitwise the chain without the library")
+            continue
+        reached += 1
+        ours = _outputs(getattr(torch.ops.ascend_moe, op)(*full))  # the C++ kernel
+        ref = _outputs(with_defaults(op, spec.reference)(*full))
+        for i, (x, o, r) in enumerate(zip(got, ours, ref, strict=True)):
+            if (x.shape, x.dtype, x.stride()) != (o.shape, o.dtype, o.stride()):
+                problems.append(f"{where} output {i}: {x.shape, x.dtype, x.stride()} != {o.shape, o.dtype, o.stride()}")
+            elif x.numel():
+                bound = spec.threshold("cpu", x.dtype)  # the stand-in sums in fp64: the CPU's bounds
+                if (r == 0).any() and (x[r == 0] != 0).any():
+                    problems.append(f"{where} output {i}: rows the op defines as zero are not")
+                for what, want in (("fp64", r), ("C++ kernel", o)):
+                    diff = calc_diff(x, want)
+                    if not diff < bound:
+                        problems.append(f"{where} output {i}: calc_diff vs {what} {diff:.3g} >= {bound}")
+    return problems, reached
+
+
+@pytest.mark.parametrize(("lib", "op"), CASES, ids=[f"{lib}-{op}" for lib, op in CASES])
+def test_calls_the_library_takes_compute_the_op(lib, op):
+    device, config = LIBRARIES[lib]
+    with installed("deep_gemm", **config) as library:
+        problems, reached = _check(lib, op, device, library, _samples(lib, op))
+    assert not problems, "\n".join(problems[:8])
+    if (lib, op) in NOT_SERVED:
+        assert reached == 0, f"{lib} {op}: {reached} samples reached DeepGEMM"
+    else:
+        assert reached >= MIN_REACHED, f"{lib} {op}: only {reached} samples reached DeepGEMM"
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+@chain.disabled("torch_npu")  # its adapters ask torch_npu for the SoC: not here
+def test_deep_gemm_comes_first_and_is_missing_here(device):
+    for op in SERVED[device]:
+        assert labels(op, device)[0].startswith("deep_gemm."), (op, labels(op, device))
+        s = SPECS[op].sample_inputs("cpu", torch.bfloat16)[0]
+        first = chain.explain(op, device, *s.args)[0]
+        assert first.status == "not available" and "deep_gemm is not installed" in first.reason, first
+
+
+def test_the_other_build_is_not_used():
+    """DeepGEMM-Ascend on a CUDA chain (and the CUDA build on an NPU chain) is not available, with the reason."""
+    s = SPECS["bf16_gemm"].sample_inputs("cpu", torch.bfloat16)[0]
+    with installed("deep_gemm", flavor="ascend"):
+        first = chain.explain("bf16_gemm", "cuda", *s.args)[0]
+        assert first.status == "not available" and "DeepGEMM-Ascend" in first.reason
+    with installed("deep_gemm", flavor="cuda", arch=9):
+        first = chain.explain("bf16_gemm", "npu", *s.args)[0]
+        assert first.status == "not available" and "not DeepGEMM-Ascend" in first.reason
+
+
+def test_our_compat_package_is_never_taken_for_the_library(monkeypatch):
+    """Code that aliases ``torch_ascend_moe.deep_gemm`` as ``deep_gemm`` (upstream's tests run that way) must not make
+    our ops call themselves."""
+    import sys
+
+    import torch_ascend_moe.deep_gemm as ours
+
+    monkeypatch.setitem(sys.modules, "deep_gemm", ours)
+    chain.refresh()
+    try:
+        s = SPECS["bf16_gemm"].sample_inputs("cpu", torch.bfloat16)[0]
+        first = chain.explain("bf16_gemm", "cuda", *s.args)[0]
+        assert first.status == "not available" and "own compat package" in first.reason
+    finally:
+        chain.refresh()
+
+
+def test_reasons_name_what_the_library_lacks():
+    with installed("deep_gemm", flavor="cuda", arch=9):
+        cases = {s.name: s for s in _fp8_gemm_samples("SM90", torch.bfloat16)}
+        for name, reason in [
+            ("miss: N 36", "N not a multiple of 16 bytes of output (TMA)"),
+            ("miss: 1D2D with c", "BF16 without c"),
+            ("miss: alpha", "alpha"),
+            ("miss: MN-major A", "MN-major"),
+        ]:
+            step = chain.explain("fp8_gemm", "cuda", *cases[name].args)[0]
+            assert step.status == "refused" and reason in step.reason, (name, step)
+    with installed("deep_gemm", flavor="cuda", arch=10):
+        s = {s.name: s for s in _fp8_gemm_samples("SM100", torch.bfloat16)}["miss: FP32 scales"]
+        step = chain.explain("fp8_gemm", "cuda", *s.args)[0]
+        assert step.status == "refused" and "powers of two" in step.reason
+    with installed("deep_gemm", flavor="cuda", arch=9):
+        s = _m_grouped_fp8_samples("SM90", torch.bfloat16)[-1]
+        step = chain.explain("m_grouped_fp8_gemm", "cuda", *s.args)[0]
+        assert step.status == "refused" and "aligned to 128" in step.reason
+
+
+def test_what_is_passed():
+    """SM90 gets FP32 scales kept FP32 and ``c`` as ``d`` for the 1D1D kernel; SM100 packed FP4 as int8 and UE8M0
+    scales widened to FP32 for its cast; grouped calls a contiguous int32 psum layout."""
+    sm90 = {s.name: s for s in _fp8_gemm_samples("SM90", torch.bfloat16)}
+    with installed("deep_gemm", flavor="cuda", arch=9) as dg:
+        chain.run("fp8_gemm", "cuda", *sm90["1D1D +c M1N264K256"].args)
+        name, call = dg._standin.CALLS[-1]
+        assert name == "fp8_fp4_gemm_nt" and call["disable_ue8m0_cast"] is True
+        (_, sfa), d, c = call["a"], call["d"], call["c"]
+        assert sfa[0] == torch.float32 and c[3] == d[3] and d[2] == (264, 1)
+    sm100 = {s.name: s for s in _fp8_gemm_samples("SM100", torch.bfloat16)}
+    with installed("deep_gemm", flavor="cuda", arch=10) as dg:
+        chain.run("fp8_gemm", "cuda", *sm100["M64N64K512 fp4 x fp4"].args)
+        _, call = dg._standin.CALLS[-1]
+        assert call["a"][0][0] == torch.int8 and call["a"][1][0] == torch.float32
+        assert call["disable_ue8m0_cast"] is False
+        chain.run("m_grouped_fp8_gemm", "cuda", *_m_grouped_fp8_samples("SM100", torch.bfloat16)[0].args)
+        name, call = dg._standin.CALLS[-1]
+        layout = call["grouped_layout"]
+        assert name == "m_grouped_fp8_fp4_gemm_nt_contiguous" and call["use_psum_layout"] is True
+        assert layout[0] == torch.int32 and layout[2] == (1,)
+
+
+@pytest.mark.parametrize("lib", list(LIBRARIES))
+def test_bad_inputs_never_reach_the_library(lib):
+    device, config = LIBRARIES[lib]
+    with installed("deep_gemm", **config) as dg, chain.disabled("torch_npu"):
+        for op in SERVED[device]:
+            for bad in SPECS[op].bad_inputs("cpu"):
+                with pytest.raises(bad.error, match=bad.match):
+                    chain.run(op, device, *bad.args)
+            assert not _kernel_calls(dg), (op, _kernel_calls(dg))
+
+
+def test_disabling_restores_the_other_kernels_bit_for_bit(monkeypatch):
+    samples = _fp8_gemm_samples("SM90", torch.bfloat16)
+    without = [chain.run("fp8_gemm", "cuda", *s.args) for s in samples]
+    with installed("deep_gemm", flavor="cuda", arch=9) as dg:
+        for how in ("context", "environment"):
+            with contextlib.ExitStack() as stack:
+                if how == "context":
+                    stack.enter_context(chain.disabled("deep_gemm"))
+                else:
+                    monkeypatch.setenv(chain.ENV, "fp8_gemm:deep_gemm")
+                got = [chain.run("fp8_gemm", "cuda", *s.args) for s in samples]
+            monkeypatch.delenv(chain.ENV, raising=False)
+            assert all(torch.equal(x, y) for x, y in zip(got, without, strict=True)), how
+        assert not _kernel_calls(dg)
+
+
+def test_compiled_and_exported_programs_hold_our_op_and_reach_the_library(tmp_path):
+    s = {s.name: s for s in _fp8_gemm_samples("SM90", torch.bfloat16)}["1D2D M37N128K384"]
+    a, sfa, b, sfb, c, ra, rb, alpha, dtype = s.args
+
+    class Layer(torch.nn.Module):
+        def forward(self, a, sfa, b, sfb):
+            return torch.ops.ascend_moe.fp8_gemm(a, sfa, b, sfb, None, ra, rb, 1.0, dtype) * 2
+
+    eager = Layer()(a, sfa, b, sfb)
+    program = torch.export.export(Layer(), (a, sfa, b, sfb))
+    assert any(n.target is torch.ops.ascend_moe.fp8_gemm.default for n in program.graph.nodes)
+    path = tmp_path / "layer.pt2"
+    torch.export.save(program, path)
+    loaded = torch.export.load(path)
+    with installed("deep_gemm", flavor="cuda", arch=9) as dg, chain.on_cpu("cuda"):
+        torch._dynamo.reset()
+        compiled = torch.compile(Layer(), fullgraph=True, backend="aot_eager")(a, sfa, b, sfb)
+        reached_compiled = len(_kernel_calls(dg))
+        exported = loaded.module()(a, sfa, b, sfb)
+        reached_exported = len(_kernel_calls(dg)) - reached_compiled
+    assert reached_compiled >= 1 and reached_exported == 1
+    for out in (compiled, exported):
+        assert calc_diff(out, eager) < 1e-5
+
+
+_MUTATIONS = {
+    # the scales of the wrong rows: values off
+    "scales of reversed rows": ("scales_as_fp32", lambda real: lambda sf: real(sf).flip(0).contiguous(), "calc_diff"),
+    # A handed over transposed (an MN-major view): SM90's FP8 kernels refuse it
+    "a transposed operand": ("as_library_fp4", lambda real: lambda t: real(t).t().contiguous().t(), "refuses"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(_MUTATIONS))
+def test_a_wrong_handover_is_caught(mutation):
+    """Mutation check: a backend that handed the library the wrong scale rows, or an operand in another layout,
+    fails the checks of the samples that reach it."""
+    name, wrap, symptom = _MUTATIONS[mutation]
+    samples = [s for s in _fp8_gemm_samples("SM90", torch.bfloat16) if s.name.startswith("1D")]
+    with installed("deep_gemm", flavor="cuda", arch=9) as dg:
+        problems, _ = _check("SM90", "fp8_gemm", "cuda", dg, samples)
+        assert not problems, problems
+        with mock.patch.object(dg_fp8_gemm, name, wrap(getattr(dg_fp8_gemm, name))):
+            problems, _ = _check("SM90", "fp8_gemm", "cuda", dg, samples)
+    assert problems and all(symptom in p for p in problems), problems
