@@ -56,7 +56,7 @@ def _check(got, args, where, ulps=8):
 
 
 def test_registered():
-    assert labels("hc_prenorm_gemm", "cuda") == ["triton: _hc", "portable"]
+    assert labels("hc_prenorm_gemm", "cuda") == ["deep_gemm.tf32_hc_prenorm_gemm", "triton: _hc", "portable"]
 
 
 @INTERPRETED

@@ -52,7 +52,7 @@ def _masks_and_diff(out, ref):
 
 
 def test_registered():
-    assert labels("mqa_logits", "cuda") == ["triton: _mqa", "portable"]
+    assert labels("mqa_logits", "cuda") == ["deep_gemm.fp8_fp4_mqa_logits", "triton: _mqa", "portable"]
 
 
 def _check_values(spec, launcher: str, samples, takes):

@@ -28,6 +28,8 @@ from tests.fp8_gemm.specs import quantize
 from tests.gemm.specs import SPECS as GEMM_SPECS
 from tests.grouped.specs import SPECS as GROUPED_SPECS
 from tests.grouped.specs import _quantize_experts, k_grouped_quantize, psum_layout
+from tests.hc_prenorm.specs import SPECS as HC_SPECS
+from tests.mqa_logits import specs as mqa
 from tests.upstream.standin import installed
 from torch_ascend_moe._registry import with_defaults
 from torch_ascend_moe.backends import chain
@@ -37,7 +39,7 @@ from torch_ascend_moe.testing.harness import SampleInput
 
 LIBRARIES = {"SM90": ("cuda", {"flavor": "cuda", "arch": 9}), "SM100": ("cuda", {"flavor": "cuda", "arch": 10})}
 LIBRARIES["Ascend"] = ("npu", {"flavor": "ascend"})
-SPECS = {s.name: s for s in (*FP8_SPECS, *GEMM_SPECS, *GROUPED_SPECS)}
+SPECS = {s.name: s for s in (*FP8_SPECS, *GEMM_SPECS, *GROUPED_SPECS, *HC_SPECS, *mqa.SPECS)}
 SERVED = {
     "cuda": [
         "fp8_gemm",
@@ -48,6 +50,10 @@ SERVED = {
         "m_grouped_bf16_gemm_masked",
         "k_grouped_fp8_gemm",
         "k_grouped_bf16_gemm",
+        "hc_prenorm_gemm",
+        "bf16_einsum",
+        "mqa_logits",
+        "paged_mqa_logits",
     ],
     "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm"],
 }
@@ -210,6 +216,92 @@ def _k_grouped_bf16_samples(lib: str, dtype) -> list[SampleInput]:
     return out
 
 
+def _hc_prenorm_samples(lib: str, dtype) -> list[SampleInput]:
+    """DeepSeek's mHC shapes scaled down (N 24, K a few 64-blocks, splits or not; N 64 on SM100) and near misses."""
+    g = torch.Generator().manual_seed(19)
+    out = []
+    for m, n, k, splits in [(13, 24, 1024, None), (37, 24, 512, 4), (5, 64, 256, 2), (8, 20, 256, None)]:
+        a = torch.randn(m, k, generator=g).bfloat16()
+        b = torch.randn(n, k, generator=g) / 32
+        out.append(SampleInput((a, b, splits), f"M{m}N{n}K{k} splits={splits}"))
+    out.append(SampleInput((torch.randn(4, 256, generator=g), torch.randn(24, 256, generator=g), None), "miss: FP32"))
+    return out
+
+
+def _einsum_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(20)
+
+    def bf16(*shape):
+        return torch.randn(*shape, generator=g).bfloat16()
+
+    return [
+        SampleInput(("bhr,hdr->bhd", bf16(4, 8, 128), bf16(8, 64, 128), None, 1.0, None), "bhr,hdr->bhd"),
+        SampleInput(("bhd,hdr->bhr", bf16(3, 8, 64), bf16(8, 64, 128), None, 1.0, None), "bhd,hdr->bhr"),
+        SampleInput(("bmk,bnk->mn", bf16(3, 64, 64), bf16(3, 128, 64), None, 1.0, None), "bmk,bnk->mn BF16"),
+        SampleInput(
+            ("bmk,bnk->mn", bf16(2, 64, 128), bf16(2, 64, 128), torch.randn(64, 64, generator=g), 1.0, None),
+            "bmk,bnk->mn FP32 +c",
+        ),
+        SampleInput(("bmk,bnk->mn", bf16(2, 32, 64), bf16(2, 64, 64), None, 1.0, None), "miss: M 32"),
+        SampleInput(("bhd,bhr->hdr", bf16(4, 8, 64), bf16(4, 8, 32), None, 1.0, None), "miss: bhd,bhr->hdr"),
+    ]
+
+
+def _mqa_logits_samples(lib: str, dtype) -> list[SampleInput]:
+    """The indexer's shapes scaled down: FP8 q and per-token-scaled FP8 k (FP32 and E8M0 scales), heads 32/64 (and
+    16 on SM100), FP4 on SM100, DeepGEMM's causal and context-parallel ranges, full and compressed, FP32 and BF16
+    logits; near misses (BF16 weights, scaled FP8 q, 8 heads on SM90)."""
+    g = torch.Generator().manual_seed(21)
+    out = []
+    cases = [(32, 64, 96, "causal", "fp8", False, torch.float32), (16, 128, 64, "cp", "fp8", True, torch.bfloat16)]
+    if lib == "SM100":
+        cases += [(16, 64, 80, "causal", "fp4", True, torch.float32), (8, 128, 40, "random", "fp8", False, None)]
+    for heads, d, s_kv, kind, fmt, compressed, logits_dtype in cases:
+        s = 12
+        ks, ke = mqa._ranges(kind, s, s_kv, g, dense=False)
+        q_hp, k_hp = torch.randn(s, heads, d, generator=g), torch.randn(s_kv, d, generator=g)
+        if fmt == "fp8":
+            (q, q_sf), (k, k_sf) = (q_hp.to(torch.float8_e4m3fn), None), mqa.quantize(k_hp, "fp8-row")
+            k_sf = k_sf.to(E8M0) if kind == "cp" else k_sf  # UE8M0 scales too (rounded up: exact powers of two)
+        else:
+            (q, q_sf), (k, k_sf) = mqa.quantize(q_hp, "fp4"), mqa.quantize(k_hp, "fp4")
+            (q_sf,), (k_sf,) = _e8m0(q_sf), _e8m0(k_sf)
+        w = torch.rand(s, heads, generator=g) / heads**0.5
+        max_seqlen = int((ke - ks).max()) if compressed else 0
+        args = (q, q_sf, k, k_sf, w, ks, ke, max_seqlen, logits_dtype)
+        out.append(SampleInput(args, f"H{heads} D{d} {kind} {fmt} compressed={compressed} {logits_dtype}"))
+    q, _, k, k_sf, w, ks, ke, *_ = out[0].args
+    out.append(SampleInput((q, None, k, k_sf, w.bfloat16(), ks, ke, 0, None), "miss: BF16 weights"))
+    return out
+
+
+def _paged_samples(lib: str, dtype) -> list[SampleInput]:
+    """Decode shapes: DeepGEMM's cache layout in 64-token pages at permuted physical blocks, FP8 q (SM100: FP4 too),
+    next_n 1 and 2, each request's last token the longest; near misses (a longer earlier token, BF16 weights)."""
+    g = torch.Generator().manual_seed(22)
+    out = []
+    cases = [(3, 2, 32, 64, "fp8"), (2, 1, 64, 128, "fp8")] + ([(2, 1, 16, 64, "fp4")] if lib == "SM100" else [])
+    for b, next_n, heads, d, fmt in cases:
+        lengths = [int(torch.randint(64, 200, (1,), generator=g)) for _ in range(b)]
+        cache = mqa.build_paged_cache([torch.randn(n, d, generator=g) for n in lengths], 64, fmt, False, g)
+        context = torch.stack(
+            [torch.cat([torch.randint(0, n + 1, (next_n - 1,), generator=g), torch.tensor([n])]) for n in lengths]
+        ).to(torch.int32)
+        q_hp = torch.randn(b, next_n, heads, d, generator=g)
+        q, q_sf = mqa.quantize(q_hp, fmt)
+        if fmt == "fp4":
+            (q_sf,) = _e8m0(q_sf)
+        w = torch.rand(b * next_n, heads, generator=g) / heads**0.5
+        mqa._PAGED_VALUES[mqa._cache_key(cache.cache)] = [cache.values[r // next_n] for r in range(b * next_n)]
+        args = (q, q_sf, cache.cache, w, context, cache.block_table, max(lengths) + 5, None, False, None)
+        out.append(SampleInput(args, f"B{b} next_n{next_n} H{heads} D{d} {fmt}"))
+    q, q_sf, cache, w, context, table, max_len, *_ = out[0].args
+    longer = context.clone()
+    longer[0, 0] = longer[0, 1] + 1
+    out.append(SampleInput((q, q_sf, cache, w, longer, table, max_len + 1, None, False, None), "miss: order"))
+    return out
+
+
 EXTRA = {
     "fp8_gemm": _fp8_gemm_samples,
     "bf16_gemm": _bf16_gemm_samples,
@@ -219,6 +311,10 @@ EXTRA = {
     "m_grouped_bf16_gemm_masked": _masked_bf16_samples,
     "k_grouped_fp8_gemm": _k_grouped_fp8_samples,
     "k_grouped_bf16_gemm": _k_grouped_bf16_samples,
+    "hc_prenorm_gemm": _hc_prenorm_samples,
+    "bf16_einsum": _einsum_samples,
+    "mqa_logits": _mqa_logits_samples,
+    "paged_mqa_logits": _paged_samples,
 }
 # How many calls must reach the library per (library, op); SM90's k-grouped kernels need the groups' sizes on the host
 # (ks_cpu), a host read our op does not make, so none reaches them.
@@ -301,9 +397,13 @@ def _check_samples(lib: str, op: str, device: str, library, samples) -> tuple[li
                 if (r == 0).any() and (x[r == 0] != 0).any():
                     problems.append(f"{where} output {i}: rows the op defines as zero are not")
                 for what, want in (("fp64", r), ("C++ kernel", o)):
-                    diff = calc_diff(x, want)
-                    if not diff < bound:
-                        problems.append(f"{where} output {i}: calc_diff vs {what} {diff:.3g} >= {bound}")
+                    finite = torch.isfinite(want)  # -inf (masked logits) exactly where the reference has them
+                    same = torch.equal(torch.isfinite(x), finite) and torch.equal(
+                        x[~finite].double(), want[~finite].double()
+                    )
+                    diff = calc_diff(x[finite], want[finite]) if finite.any() else 0.0
+                    if not same or not diff < bound:
+                        problems.append(f"{where} output {i}: vs {what}: non-finite equal {same}, calc_diff {diff:.3g}")
     return problems, reached
 
 

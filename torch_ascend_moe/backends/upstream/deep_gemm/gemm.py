@@ -1,7 +1,7 @@
 """``bf16_gemm`` on DeepGEMM's ``bf16_gemm_nt`` (CUDA: SM90 and SM100) and DeepGEMM-Ascend's (deepgemm_api.md §3.2,
 §16.2): BF16 operands of any majors, BF16 or FP32 out with FP32 accumulation rounded once, ``c`` accumulated in place
 (passed as ``d``). CUDA takes ``alpha`` 1 only; Ascend passes it through. FP16, FP32 and FP64 operands stay on the
-chain's next kernels (the library is BF16 only).
+chain's next kernels (the library is BF16 only). ``bf16_einsum`` on the CUDA build's ``einsum`` (§7).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     real_refusal,
     tma_refusal,
 )
-from torch_ascend_moe.meta.gemm import gemm_signature
+from torch_ascend_moe.meta.gemm import einsum_signature, gemm_signature
 
 
 def _refusal(a, b, c, dtype) -> str | None:
@@ -65,4 +65,54 @@ def bf16_gemm_ascend(a, b, c, alpha, out_dtype):
     shape, dtype = gemm_signature(a, b, c, out_dtype)
     d = accumulator(shape, dtype, c, a.device)
     ASCEND.module().bf16_gemm_nt(a, b, d, c=None if c is None else d, alpha=alpha)
+    return d
+
+
+_BATCHED = ("bhr,hdr->bhd", "bhd,hdr->bhr")  # DeepGEMM's BF16 batched einsums (CUDA)
+
+
+def _takes_einsum(equation, a, b, c, alpha, out_dtype):
+    """DeepGEMM 2.6.1 ``csrc/apis/einsum.hpp`` 23-133: ``bmk,bnk->mn`` (contiguous, M, N and K multiples of 64; BF16
+    out without ``c``, or FP32 out accumulated in place) and the two batched forms (BF16 in and out, no ``c``, unit
+    last strides); ``alpha`` 1."""
+    shape, dtype = einsum_signature(equation, a, b, c, out_dtype)
+    why = None if a.dtype == torch.bfloat16 else f"{a.dtype} operands (the library's einsum is BF16)"
+    why = why or ("alpha != 1 (the CUDA build takes no alpha)" if alpha != 1.0 else None)
+    why = why or ("empty operands: nothing to hand the library" if not (a.numel() and b.numel()) else None)
+    why = why or cuda_refusal() or real_refusal(a, b, c)
+    if why:
+        return first_refusal(why)
+    if equation == "bmk,bnk->mn":
+        (m, k), n = a.shape[1:], b.shape[1]
+        if m % 64 or n % 64 or k % 64:
+            return first_refusal(f"M, N, K = {m}, {n}, {k}: bmk,bnk->mn takes multiples of 64")
+        if not (a.is_contiguous() and b.is_contiguous()):
+            return first_refusal("a or b not contiguous (bmk,bnk->mn)")
+        if dtype == torch.bfloat16 and c is not None:
+            return first_refusal("a BF16 result with c (bmk,bnk->mn accumulates in place in FP32 only)")
+        return first_refusal(tma_refusal(a=a, b=b))
+    if equation not in _BATCHED:
+        return first_refusal(f"'{equation}' (the CUDA build has BF16 {', '.join(_BATCHED)} and bmk,bnk->mn)")
+    if dtype != torch.bfloat16 or c is not None:
+        return first_refusal(f"{equation} gives BF16 without c only")
+    if a.stride(2) != 1 or b.stride(2) != 1:
+        return first_refusal("operands whose last dim is not contiguous")
+    out_row = "the output's rows not 16-byte aligned (TMA)" if (shape[2] * 2) % 16 else None
+    return first_refusal(out_row or tma_refusal(a=a, b=b))
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.einsum",
+    takes=_takes_einsum,
+    available=CUDA.available,
+)
+def bf16_einsum(equation, a, b, c, alpha, out_dtype):
+    shape, dtype = einsum_signature(equation, a, b, c, out_dtype)
+    fp32_accumulate = equation == "bmk,bnk->mn" and dtype == torch.float32
+    d = accumulator(shape, dtype, c, a.device)
+    if fp32_accumulate and c is None:
+        d.zero_()
+    CUDA.module().einsum(equation, a, b, d, c=d if fp32_accumulate else None)
     return d

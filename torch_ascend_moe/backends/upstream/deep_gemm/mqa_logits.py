@@ -1,0 +1,212 @@
+"""``mqa_logits`` (the sparse-attention indexer's ragged logits) on DeepGEMM's ``fp8_fp4_mqa_logits`` (deepgemm_api.md
+§8.1; DeepGEMM 2.6.1 ``csrc/apis/attention.hpp`` and its SM90/SM100 kernels), and ``paged_mqa_logits`` (decode) on
+``fp8_fp4_paged_mqa_logits`` with the schedule of ``get_paged_mqa_logits_metadata`` made per call (below).
+
+What it takes: FP8 ``q`` without scales and FP8 ``k`` with one scale per token (our ``k_sf`` of ``[S_kv, 1]``, FP32
+or UE8M0 widened exactly), or on SM100 packed FP4 ``q`` and ``k`` with UE8M0 scales per 32 of the head dim (packed
+four to an int32, a short row padded with 1.0 as upstream's casts do); heads 32 or 64 (SM90) / 8, 16, 32, 64
+(SM100); head dim 32, 64, 128 (FP4: 64, 128); contiguous ``q``, ``k`` and ``weights``; FP32 weights (BF16 weights go
+through a BF16 multiply-add in the kernel: looser than our op's bound), FP32 or BF16 logits.
+
+Full logits ask the library to clean the positions outside ``[ks, ke)`` to -inf (ours); compressed logits leave
+the columns past ``ke - ks`` unspecified upstream, so they are set to -inf here. The library returns rows padded to
+1024 bytes: our op's logits are row-major, so they are copied out (the one extra pass over the output; a padded
+logits layout of our own would save it). ``ks`` / ``ke`` go as int32; while a graph is captured (no host check of
+their values) they are clamped on the device into ``0 <= ks <= ke <= S_kv`` (and within ``max_seqlen_k``) so no
+row is read or written past the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.upstream.deep_gemm import (
+    CUDA,
+    SM90,
+    as_library_fp4,
+    cuda_arch,
+    cuda_refusal,
+    real_refusal,
+    tma_refusal,
+)
+from torch_ascend_moe.distributed.capture import host_readable
+from torch_ascend_moe.meta import mqa_logits as meta
+
+_FP8 = torch.float8_e4m3fn
+_UE8M0_ONE = 127  # the code of 1.0: what a short row of packed scales is padded with
+
+
+def _refusal(q, q_sf, k, k_sf, weights, sh) -> str | None:
+    if not meta.is_quantized(q):
+        return f"{q.dtype} q (the library's logits are FP8 or FP4)"
+    if not (sh.S and sh.S_kv):
+        return "empty operands: nothing to hand the library"
+    why = cuda_refusal() or real_refusal(q, q_sf, k, k_sf, weights)
+    if why:
+        return why
+    sm90 = cuda_arch() == SM90
+    heads = (32, 64) if sm90 else (8, 16, 32, 64)
+    if sh.H not in heads:
+        return f"{sh.H} heads (the kernel takes {heads})"
+    if q.dtype == _FP8:
+        if q_sf is not None:
+            return "a scaled FP8 q (the FP8 kernel takes q without scales)"
+        if k_sf is None or sh.gk != sh.D:
+            return "k without one scale per token (the FP8 kernel's KV scales)"
+        if sh.D not in (32, 64, 128):
+            return f"head dim {sh.D} (FP8: 32, 64 or 128)"
+    else:
+        if sm90:
+            return "packed FP4 on SM90 (FP4 kernels are SM100's)"
+        if sh.D not in (64, 128) or sh.gq != 32 or sh.gk != 32:
+            return "FP4 q and k need UE8M0 scales per 32 of a head dim of 64 or 128"
+        if q_sf.dtype != torch.float8_e8m0fnu or k_sf.dtype != torch.float8_e8m0fnu:
+            return "FP32 scales of FP4 operands (the kernel reads packed UE8M0)"
+    if weights.dtype != torch.float32:
+        return "BF16 weights (the kernel's BF16 multiply-add is looser than our op's bound)"
+    if not (q.is_contiguous() and k.is_contiguous() and weights.is_contiguous()):
+        return "q, k or weights not contiguous"
+    return tma_refusal(q=q, k=k, weights=weights)
+
+
+def _takes(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
+    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    return first_refusal(_refusal(q, q_sf, k, k_sf, weights, sh))
+
+
+def packed_ue8m0(sf: torch.Tensor) -> torch.Tensor:
+    """``float8_e8m0fnu [..., G]`` -> int32 ``[...]``: four codes per word, the first in the low byte, a short row
+    padded with 1.0 (DeepGEMM's packing of per-32 scales of a head dim of 64 or 128, ``G`` <= 4)."""
+    codes = sf.view(torch.uint8)
+    pad = 4 - codes.shape[-1]
+    if pad:
+        codes = torch.cat([codes, codes.new_full((*codes.shape[:-1], pad), _UE8M0_ONE)], -1)
+    return codes.contiguous().view(torch.int32).squeeze(-1)
+
+
+def _ranges(ks, ke, s_kv: int, max_seqlen_k: int):
+    """int32 ``ks`` / ``ke`` within ``0 <= ks <= ke <= S_kv`` (``ke - ks <= max_seqlen_k`` when compressed): the
+    identity on ranges our checks accept."""
+    ks = ks.long().clamp(0, s_kv)
+    ke = torch.maximum(ke.long().clamp(max=s_kv), ks)
+    if max_seqlen_k > 0:
+        ke = torch.minimum(ke, ks + max_seqlen_k)
+    return ks.int().contiguous(), ke.int().contiguous()
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_fp4_mqa_logits",
+    takes=_takes,
+    available=CUDA.available,
+)
+def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
+    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    if host_readable(ks):
+        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)  # our op's value errors
+    ks32, ke32 = _ranges(ks, ke, sh.S_kv, max_seqlen_k)
+    if q.dtype == _FP8:
+        q_pair, kv = (q, None), (k, k_sf.float().reshape(-1).contiguous())
+    else:
+        q_pair, kv = (as_library_fp4(q), packed_ue8m0(q_sf)), (as_library_fp4(k), packed_ue8m0(k_sf))
+    compressed = max_seqlen_k > 0
+    logits = CUDA.module().fp8_fp4_mqa_logits(
+        q_pair,
+        kv,
+        weights,
+        ks32,
+        ke32,
+        clean_logits=not compressed,
+        max_seqlen_k=max_seqlen_k,
+        logits_dtype=sh.out_dtype,
+    )
+    if compressed:  # the columns past each row's range are unspecified upstream: -inf in our op
+        width = torch.arange(max_seqlen_k, device=q.device)
+        logits = torch.where(width.unsqueeze(0) < (ke32 - ks32).unsqueeze(1), logits, float("-inf"))
+    return logits.contiguous()
+
+
+def _paged_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, indices, ascend, fmt, max_len):
+    """What ``fp8_fp4_paged_mqa_logits`` takes (deepgemm_api.md §8.2; ``attention.hpp`` 253-398): DeepGEMM's own
+    cache layout (``[blocks, block_kv, 1, D + 4]`` FP8 with FP32 token scales, or SM100 ``D/2 + 4`` FP4 with packed
+    UE8M0), pages of 64 tokens (SM100: 32 or 64), FP8 q without scales (SM100 FP4 with UE8M0 per-32 scales), next_n
+    1 or 2 on SM90, FP32 weights, no ``indices`` (their runs' shared block-table rows are a host read to check).
+    The kernel schedules a request's KV up to its last query token's length: every other token's must not exceed it
+    (a host read, so not while capturing)."""
+    b, next_n, heads = q.shape[0], q.shape[1], q.shape[2]
+    if not meta.is_quantized(q):
+        return f"{q.dtype} q (the library's logits are FP8 or FP4)"
+    if ascend or indices is not None:
+        return "the Ascend cache layout or varlen indices (not mapped to the CUDA kernel)"
+    if not (b and max_len):
+        return "empty operands: nothing to hand the library"
+    why = cuda_refusal() or real_refusal(q, q_sf, kv_cache, weights, context_lens, block_table)
+    if why:
+        return why
+    sm90 = cuda_arch() == SM90
+    if heads not in ((32, 64) if sm90 else (8, 16, 32, 64)):
+        return f"{heads} heads"
+    if fmt.block_kv not in ((64,) if sm90 else (32, 64)) or (sm90 and next_n > 2):
+        return f"pages of {fmt.block_kv} tokens or next_n {next_n} (SM90: 64 and 1-2; SM100: 32 or 64)"
+    if q.dtype == _FP8:
+        if q_sf is not None or fmt.fp4 or not fmt.fp32_scale or meta.head_dim(q) not in (32, 64, 128):
+            return "FP8 q needs no scales, an FP8 cache with FP32 token scales and a head dim of 32, 64 or 128"
+    elif sm90 or not fmt.fp4 or q_sf is None or q_sf.dtype != torch.float8_e8m0fnu or meta.head_dim(q) not in (64, 128):
+        return "FP4 (SM100): an FP4 cache, UE8M0 q scales per 32 of a head dim of 64 or 128"
+    if weights.dtype != torch.float32 or not (q.is_contiguous() and weights.is_contiguous()):
+        return "BF16 or non-contiguous weights, or a non-contiguous q"
+    if kv_cache.stride(0) % 16 or block_table.stride(1) != 1 or not context_lens.is_contiguous():
+        return "a cache block stride not a multiple of 16 bytes, or strided lengths / block table"
+    if not host_readable(context_lens):
+        return "the lengths' order is a host read: not while capturing"
+    if not bool((context_lens <= context_lens[:, -1:]).all()):
+        return "a query token with a longer context than its request's last token (the kernel's schedule)"
+    return None
+
+
+def _takes_paged(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+):
+    _, fmt, _ = meta.paged_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    )
+    why = _paged_refusal(
+        q, q_sf, kv_cache, weights, context_lens, block_table, indices, ascend_kv_layout, fmt, max_context_len
+    )
+    return first_refusal(why)
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_fp4_paged_mqa_logits",
+    takes=_takes_paged,
+    available=CUDA.available,
+)
+def paged_mqa_logits(
+    q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+):
+    _, fmt, out_dtype = meta.paged_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
+    )
+    meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+    dg = CUDA.module()
+    schedule = dg.get_paged_mqa_logits_metadata(context_lens, fmt.block_kv, dg.get_num_sms())
+    q_pair = (q, None) if q.dtype == _FP8 else (as_library_fp4(q), packed_ue8m0(q_sf))
+    logits = dg.fp8_fp4_paged_mqa_logits(
+        q_pair,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        schedule,
+        max_context_len,
+        clean_logits=False,
+        logits_dtype=out_dtype,
+    )
+    # Columns at or past each query token's length are unspecified upstream: -inf in our op.
+    lens = context_lens.reshape(-1, 1)
+    visible = torch.arange(max_context_len, device=q.device).unsqueeze(0) < lens
+    return torch.where(visible, logits, float("-inf")).contiguous()
