@@ -1,4 +1,5 @@
-"""The sparse_mla adapters onto FlashMLA's Ascend 950 release (backends/npu/sparse_mla.py). No Ascend here: a
+"""The sparse_mla kernels of FlashMLA's G3 release (backends/upstream/flash_mla.py), on the Ascend chain and on the
+CUDA one (SM100). No Ascend or SM100 GPU here: a
 stand-in ``flash_mla`` library on the CPU has the release's op signatures (its ``sparse_prefill.cpp`` /
 ``sparse_decode.cpp`` @ 136b361) and checks (BF16, d 512, h_q 64, V4.1 records, FP4 only as the extra cache; and,
 as its decode kernel reads any positive index, no index but -1 may be invalid), and computes upstream's reference
@@ -13,9 +14,10 @@ from unittest import mock
 import pytest
 import torch
 
-from tests.chains import chosen, npu_chain
+from tests.chains import chosen
 from tests.sparse_mla.specs import decode_reference, make_indices, paged_scope, reference
-from torch_ascend_moe.backends.npu import sparse_mla as adapter
+from torch_ascend_moe.backends import chain
+from torch_ascend_moe.backends.upstream import flash_mla as adapter
 from torch_ascend_moe.testing import calc_diff
 
 _LIB = torch.library.Library("flash_mla", "FRAGMENT")
@@ -23,7 +25,7 @@ CALLS: list[tuple] = []
 
 
 def _prefill_standin(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
-    assert q.dtype == torch.bfloat16 and q.shape[2] == 512 and d_v == 512 and q.shape[1] == 64
+    assert q.dtype == torch.bfloat16 and q.shape[2] == 512 and d_v == 512 and q.shape[1] in (64, 128)
     assert ((indices >= -1) & (indices < kv.shape[0])).all(), "an invalid index other than -1 reached the kernel"
     CALLS.append(("prefill", indices.clone()))
     out, max_logits, lse = reference(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
@@ -33,7 +35,7 @@ def _prefill_standin(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
 def _decode_standin(
     q, kv, indices, topk_length, attn_sink, meta, splits, extra_kv, extra_idx, extra_len, d_v, scale, inv
 ):
-    assert q.dtype == torch.bfloat16 and q.shape[3] == 512 and d_v == 512 and q.shape[2] == 64
+    assert q.dtype == torch.bfloat16 and q.shape[3] == 512 and d_v == 512 and q.shape[2] in (64, 128)
     assert kv.shape[3] == 528, "the fp4 KV cache is only supported as extra_kv"
     assert meta is None and splits is None and not inv
     for cache, idx in ((kv, indices), (extra_kv, extra_idx)):
@@ -65,6 +67,16 @@ def _fresh_calls():
     CALLS.clear()
 
 
+@pytest.fixture(params=["npu", "cuda"])
+def device(request, monkeypatch):
+    """The chain the adapters sit in: Ascend's, or CUDA's on an SM100 GPU (what ``sm_major`` would answer there);
+    our Triton prefill switched off, so a refused call reaches the portable kernel on both."""
+    if request.param == "cuda":
+        monkeypatch.setattr(adapter, "sm_major", lambda t: adapter.SM100)
+    with chain.disabled("triton"):
+        yield request.param
+
+
 def _prefill_args(h_q=64, d=512, topk=64, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(h_q + d + topk)
     s_q, s_kv = 6, 90
@@ -76,9 +88,13 @@ def _prefill_args(h_q=64, d=512, topk=64, dtype=torch.bfloat16):
     return q, kv, make_indices(s_q, s_kv, topk, g), 0.5, d, sink, lengths
 
 
-def test_prefill_reaches_the_release_with_only_minus_one_invalid():
-    args = _prefill_args()
-    out, max_logits, lse = npu_chain.sparse_mla_prefill(*args)
+@pytest.mark.parametrize("heads", [64, 128])
+def test_prefill_reaches_the_release_with_only_minus_one_invalid(device, heads):
+    args = _prefill_args(h_q=heads)
+    if device == "npu" and heads == 128:  # the Ascend kernels declare HEAD_64 only
+        assert chosen("sparse_mla_prefill", device, *args) == "portable"
+        return
+    out, max_logits, lse = chain.run("sparse_mla_prefill", device, *args)
     want = torch.ops.ascend_moe.sparse_mla_prefill(*args)
     assert [c[0] for c in CALLS] == ["prefill"]
     sent, idx = CALLS[0][1], args[2]
@@ -93,9 +109,9 @@ def test_prefill_reaches_the_release_with_only_minus_one_invalid():
     [_prefill_args(h_q=16), _prefill_args(d=576), _prefill_args(topk=50), _prefill_args(dtype=torch.float32)],
     ids=["h_q 16", "d 576", "topk 50", "fp32"],
 )
-def test_prefill_outside_the_release_stays_portable(args):
-    assert chosen("sparse_mla_prefill", "npu", *args) == "portable"
-    npu_chain.sparse_mla_prefill(*args)
+def test_prefill_outside_the_release_stays_portable(device, args):
+    assert chosen("sparse_mla_prefill", device, *args) == "portable"
+    chain.run("sparse_mla_prefill", device, *args)
     assert not CALLS
 
 
@@ -115,9 +131,9 @@ def _decode_args(size=528, extra=288, h_q=64, topk=64):
 
 
 @pytest.mark.parametrize("extra", [288, 528, None])
-def test_decode_reaches_the_release(extra):
+def test_decode_reaches_the_release(device, extra):
     args = _decode_args(extra=extra)
-    out, lse = npu_chain.sparse_mla_decode(*args)
+    out, lse = chain.run("sparse_mla_decode", device, *args)
     want_out, want_lse = torch.ops.ascend_moe.sparse_mla_decode(*args)
     assert [c[0] for c in CALLS] == ["decode"]
     assert lse.shape == want_lse.shape and lse.is_contiguous()
@@ -132,9 +148,9 @@ def test_decode_reaches_the_release(extra):
      _decode_args(h_q=16), _decode_args(topk=48)],
     ids=["V3.2 records", "V4 records", "FP4 main cache", "h_q 16", "topk 48"],
 )  # fmt: skip
-def test_decode_outside_the_release_stays_portable(args):
-    assert chosen("sparse_mla_decode", "npu", *args) == "portable"
-    npu_chain.sparse_mla_decode(*args)
+def test_decode_outside_the_release_stays_portable(device, args):
+    assert chosen("sparse_mla_decode", device, *args) == "portable"
+    chain.run("sparse_mla_decode", device, *args)
     assert not CALLS
 
 
@@ -142,3 +158,12 @@ def test_a_build_with_another_signature_is_not_used():
     with mock.patch.dict(adapter._ARITY, {"sparse_prefill_fwd": 8}):
         assert adapter.flash_mla_op("sparse_prefill_fwd") is None
     assert adapter.flash_mla_op("sparse_prefill_fwd") is not None
+
+
+def test_cuda_takes_sm100_only(monkeypatch):
+    """The release's CUDA kernels are SM100f's: an SM90 GPU's call goes on to our Triton prefill."""
+    monkeypatch.setattr(adapter, "sm_major", lambda t: 9)
+    args = _prefill_args()
+    step = chain.explain("sparse_mla_prefill", "cuda", *args)[0]
+    assert step.kernel.library == "flash_mla" and step.status == "refused"
+    assert chosen("sparse_mla_prefill", "cuda", *args) == "triton: _sparse_mla"

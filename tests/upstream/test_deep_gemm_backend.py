@@ -55,7 +55,7 @@ SERVED = {
         "mqa_logits",
         "paged_mqa_logits",
     ],
-    "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm"],
+    "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm", "fp8_bmm", "bf16_bmm"],
 }
 CASES = [(lib, op) for lib, (device, _) in LIBRARIES.items() for op in SERVED[device]]
 E8M0 = torch.float8_e8m0fnu
@@ -302,6 +302,30 @@ def _paged_samples(lib: str, dtype) -> list[SampleInput]:
     return out
 
 
+def _fp8_bmm_samples(lib: str, dtype) -> list[SampleInput]:
+    """DeepGEMM-Ascend's batched FP8 GEMM: 1x32 / 32x32 UE8M0 recipes, alpha and c."""
+    g = torch.Generator().manual_seed(23)
+    out = []
+    for batch, m, n, k, fb, with_c, alpha in [(3, 17, 64, 128, ("fp8-block", 32, 32, True), False, 1.0)] + [
+        (2, 5, 32, 256, ("fp8-token", 1, 32, True), True, 0.5)
+    ]:
+        parts_a = [quantize(torch.randn(m, k, generator=g), ("fp8-token", 1, 32, True)) for _ in range(batch)]
+        parts_b = [quantize(torch.randn(n, k, generator=g), fb) for _ in range(batch)]
+        a, sfa = torch.stack([p[0] for p in parts_a]), torch.stack([p[1] for p in parts_a]).to(E8M0)
+        b, sfb = torch.stack([p[0] for p in parts_b]), torch.stack([p[1] for p in parts_b]).to(E8M0)
+        c = torch.randn(batch, m, n, generator=g).to(dtype) if with_c else None
+        args = (a, sfa, b, sfb, c, parts_a[0][2], parts_b[0][2], alpha, dtype)
+        out.append(SampleInput(args, f"B{batch} M{m}N{n}K{k} {fb[0]}{' +c' if with_c else ''} alpha={alpha}"))
+    return out
+
+
+def _bf16_bmm_samples(lib: str, dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(24)
+    a, b = torch.randn(3, 9, 64, generator=g).bfloat16(), torch.randn(3, 32, 64, generator=g).bfloat16()
+    c = torch.randn(3, 9, 32, generator=g).to(dtype)
+    return [SampleInput((a, b, None, 1.0, dtype), "B3 M9 N32 K64"), SampleInput((a, b, c, 0.75, None), "+c alpha")]
+
+
 EXTRA = {
     "fp8_gemm": _fp8_gemm_samples,
     "bf16_gemm": _bf16_gemm_samples,
@@ -315,6 +339,8 @@ EXTRA = {
     "bf16_einsum": _einsum_samples,
     "mqa_logits": _mqa_logits_samples,
     "paged_mqa_logits": _paged_samples,
+    "fp8_bmm": _fp8_bmm_samples,
+    "bf16_bmm": _bf16_bmm_samples,
 }
 # How many calls must reach the library per (library, op); SM90's k-grouped kernels need the groups' sizes on the host
 # (ks_cpu), a host read our op does not make, so none reaches them.

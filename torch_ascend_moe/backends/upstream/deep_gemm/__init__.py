@@ -125,6 +125,15 @@ def accumulator(shape, dtype: torch.dtype, c: torch.Tensor | None, device) -> to
     return c.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
 
 
+def alpha_epilogue(library, alpha: float):
+    """DeepGEMM-Ascend's ``epilogue.Alpha(alpha)`` for the GEMMs that take their alpha only that way (bmm), or None
+    for 1."""
+    if alpha == 1.0:
+        return None
+    epilogue = getattr(library, "epilogue", None) or importlib.import_module(f"{library.__name__}.epilogue")
+    return epilogue.Alpha(alpha)
+
+
 def as_library_fp4(t: torch.Tensor) -> torch.Tensor:
     """Packed FP4 as DeepGEMM's ``kPackedFP4`` (int8, two E2M1 codes per byte, low nibble first: our uint8's bytes)."""
     return t.view(torch.int8) if t.dtype == torch.uint8 else t

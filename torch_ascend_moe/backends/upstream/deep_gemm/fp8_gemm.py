@@ -27,6 +27,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     CUDA,
     SM90,
     accumulator,
+    alpha_epilogue,
     as_library_fp4,
     cuda_arch,
     cuda_refusal,
@@ -35,7 +36,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     scales_as_fp32,
     tma_refusal,
 )
-from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature, is_fp4, logical_k
+from torch_ascend_moe.meta.fp8_gemm import fp8_bmm_signature, fp8_gemm_signature, is_fp4, logical_k
 
 _FP8 = torch.float8_e4m3fn
 
@@ -152,5 +153,38 @@ def fp8_gemm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
         recipe_a=tuple(recipe_a),
         recipe_b=tuple(recipe_b),
         alpha=alpha,
+    )
+    return d
+
+
+def _takes_bmm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    _, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    if not a.shape[0]:
+        return first_refusal("an empty batch: nothing to hand the library")
+    if a.dtype != _FP8 or b.dtype != _FP8:
+        return first_refusal("packed FP4 (DeepGEMM-Ascend's bmm is FP8 x FP8)")
+    first = ascend_refusal_of(a[0], sfa[0], b[0], sfb[0], None, recipe_a, recipe_b, dtype)  # each batch's rules
+    return first_refusal(first or tma_refusal(a=a, b=b))
+
+
+@kernel(
+    "fp8_bmm",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_bmm (Ascend)",
+    takes=_takes_bmm_ascend,
+    available=ASCEND.available,
+)
+def fp8_bmm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    d = accumulator(shape, dtype, c, a.device)
+    dg = ASCEND.module()
+    dg.fp8_bmm(
+        (a, scales_as_fp32(sfa)),
+        (b, scales_as_fp32(sfb)),
+        d,
+        c=None if c is None else d,
+        recipe=(recipe_a[0], recipe_b[0], recipe_a[1]),
+        epilogue=alpha_epilogue(dg, alpha),
     )
     return d

@@ -13,11 +13,12 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     ASCEND,
     CUDA,
     accumulator,
+    alpha_epilogue,
     cuda_refusal,
     real_refusal,
     tma_refusal,
 )
-from torch_ascend_moe.meta.gemm import einsum_signature, gemm_signature
+from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
 
 
 def _refusal(a, b, c, dtype) -> str | None:
@@ -115,4 +116,27 @@ def bf16_einsum(equation, a, b, c, alpha, out_dtype):
     if fp32_accumulate and c is None:
         d.zero_()
     CUDA.module().einsum(equation, a, b, d, c=d if fp32_accumulate else None)
+    return d
+
+
+def _takes_bmm_ascend(a, b, c, alpha, out_dtype):
+    _, dtype = bmm_signature(a, b, c, out_dtype)
+    if not a.shape[0]:
+        return first_refusal("an empty batch: nothing to hand the library")
+    return first_refusal(_refusal(a[0], b[0], c, dtype) or tma_refusal(a=a, b=b))  # each batch's rules, then strides
+
+
+@kernel(
+    "bf16_bmm",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.bf16_bmm (Ascend)",
+    takes=_takes_bmm_ascend,
+    available=ASCEND.available,
+)
+def bf16_bmm_ascend(a, b, c, alpha, out_dtype):
+    shape, dtype = bmm_signature(a, b, c, out_dtype)
+    d = accumulator(shape, dtype, c, a.device)
+    dg = ASCEND.module()
+    dg.bf16_bmm(a, b, d, c=None if c is None else d, epilogue=alpha_epilogue(dg, alpha))
     return d
