@@ -5,35 +5,20 @@ a ``repeat_interleave`` dequantizer), independent of the stand-in's code. Inputs
 """
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-STANDINS = Path(__file__).resolve().parents[1] / "standins"
+from tests.upstream.standin import installed
+
 FP8, I8, BF16, F32, I32, I16 = torch.float8_e4m3fn, torch.int8, torch.bfloat16, torch.float32, torch.int32, torch.int16
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
 
-def _drop_modules():
-    for name in [m for m in sys.modules if m == "deep_gemm" or m.startswith("deep_gemm.")]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def dg():
-    sys.path.insert(0, str(STANDINS))
-    _drop_modules()
-    import deep_gemm
-
-    deep_gemm._standin.configure("cuda", 9)
-    deep_gemm._standin.reset()
-    try:
-        yield deep_gemm
-    finally:
-        _drop_modules()
-        sys.path.remove(str(STANDINS))
+    with installed("deep_gemm", flavor="cuda", arch=9) as module:
+        yield module
 
 
 def use(dg, flavor, arch=9):

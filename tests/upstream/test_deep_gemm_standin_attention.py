@@ -7,18 +7,15 @@ random non-zero inputs; each function has a failing host check, the panics of th
 and a mutation check (shifted or transposed scales change the result).
 """
 
-import sys
-
 import pytest
 import torch
 
+from tests.upstream.standin import installed
 from tests.upstream.test_deep_gemm_standin import (
     BF16,
     F32,
     I16,
     I32,
-    STANDINS,
-    _drop_modules,
     calc_diff,
     exps,
     fp4_codes,
@@ -39,17 +36,8 @@ NEG_INF = float("-inf")
 
 @pytest.fixture
 def dg():
-    sys.path.insert(0, str(STANDINS))
-    _drop_modules()
-    import deep_gemm
-
-    deep_gemm._standin.configure("cuda", 9)
-    deep_gemm._standin.reset()
-    try:
-        yield deep_gemm
-    finally:
-        _drop_modules()
-        sys.path.remove(str(STANDINS))
+    with installed("deep_gemm", flavor="cuda", arch=9) as module:
+        yield module
 
 
 # ---------------------------------------------------------------------------------------------------------------------
