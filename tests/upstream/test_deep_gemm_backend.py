@@ -24,7 +24,7 @@ import torch
 
 from tests.chains import labels
 from tests.fp8_gemm.specs import SPECS as FP8_SPECS
-from tests.fp8_gemm.specs import quantize
+from tests.fp8_gemm.specs import quantize, quantize_einsum_operand
 from tests.gemm.specs import SPECS as GEMM_SPECS
 from tests.grouped.specs import SPECS as GROUPED_SPECS
 from tests.grouped.specs import _quantize_experts, k_grouped_quantize, psum_layout
@@ -54,6 +54,7 @@ SERVED = {
         "bf16_einsum",
         "mqa_logits",
         "paged_mqa_logits",
+        "fp8_einsum",
     ],
     "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm", "fp8_bmm", "bf16_bmm"],
 }
@@ -326,6 +327,29 @@ def _bf16_bmm_samples(lib: str, dtype) -> list[SampleInput]:
     return [SampleInput((a, b, None, 1.0, dtype), "B3 M9 N32 K64"), SampleInput((a, b, c, 0.75, None), "+c alpha")]
 
 
+def _fp8_einsum_samples(lib: str, dtype) -> list[SampleInput]:
+    """DeepGEMM's FP8 einsums: bhr,hdr->bhd (1x128 x 128x128, SM90's one), and on SM100 bhd,hdr->bhr and the
+    per-channel bhd,bhr->hdr accumulated in FP32, with UE8M0 scales."""
+    g = torch.Generator().manual_seed(25)
+    ue8m0 = lib != "SM90"
+    cases = [("bhr,hdr->bhd", [1, 128], [128, 128], {"b": 5, "h": 3, "r": 256, "d": 64}, torch.bfloat16, False)]
+    if lib == "SM100":
+        cases += [
+            ("bhd,hdr->bhr", [1, 128], [128, 128], {"b": 4, "h": 2, "d": 256, "r": 64}, torch.bfloat16, False),
+            ("bhd,bhr->hdr", [1, 128], [1, 128], {"b": 256, "h": 2, "d": 24, "r": 40}, torch.float32, True),
+        ]
+    out = []
+    for eq, recipe_a, recipe_b, sizes, out_dtype, with_c in cases:
+        sa, sb, so = eq[0:3], eq[4:7], eq[9:]
+        a, sfa = quantize_einsum_operand(torch.randn([sizes[c] for c in sa], generator=g), sa, so, recipe_a, ue8m0)
+        b, sfb = quantize_einsum_operand(torch.randn([sizes[c] for c in sb], generator=g), sb, so, recipe_b, ue8m0)
+        if ue8m0:
+            sfa, sfb = _e8m0(sfa, sfb)
+        c = torch.randn([sizes[x] for x in so], generator=g).to(out_dtype) if with_c else None
+        out.append(SampleInput((eq, a, sfa, b, sfb, c, recipe_a, recipe_b, 1.0, out_dtype), f"{eq} {sizes}"))
+    return out
+
+
 EXTRA = {
     "fp8_gemm": _fp8_gemm_samples,
     "bf16_gemm": _bf16_gemm_samples,
@@ -341,6 +365,7 @@ EXTRA = {
     "paged_mqa_logits": _paged_samples,
     "fp8_bmm": _fp8_bmm_samples,
     "bf16_bmm": _bf16_bmm_samples,
+    "fp8_einsum": _fp8_einsum_samples,
 }
 # How many calls must reach the library per (library, op); SM90's k-grouped kernels need the groups' sizes on the host
 # (ks_cpu), a host read our op does not make, so none reaches them.

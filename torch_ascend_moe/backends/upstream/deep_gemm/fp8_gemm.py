@@ -36,7 +36,14 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     scales_as_fp32,
     tma_refusal,
 )
-from torch_ascend_moe.meta.fp8_gemm import fp8_bmm_signature, fp8_gemm_signature, is_fp4, logical_k
+from torch_ascend_moe.meta.fp8_gemm import (
+    einsum_plan,
+    fp8_bmm_signature,
+    fp8_einsum_signature,
+    fp8_gemm_signature,
+    is_fp4,
+    logical_k,
+)
 
 _FP8 = torch.float8_e4m3fn
 
@@ -186,5 +193,68 @@ def fp8_bmm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
         c=None if c is None else d,
         recipe=(recipe_a[0], recipe_b[0], recipe_a[1]),
         epilogue=alpha_epilogue(dg, alpha),
+    )
+    return d
+
+
+# DeepGEMM's FP8 einsums (2.6.1 ``csrc/apis/einsum.hpp`` 137-212): a batched FP8 GEMM over permuted views; SM90 has
+# the first only, with the 1D2D kernel's rules.
+_EINSUM_ARCH = {"bhr,hdr->bhd": (9, 10), "bhd,hdr->bhr": (10,), "bhd,bhr->hdr": (10,)}
+
+
+def _takes_einsum_cuda(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    why = "alpha != 1 (the CUDA build takes no alpha)" if alpha != 1.0 else None
+    why = why or ("empty operands: nothing to hand the library" if not (a.numel() and b.numel()) else None)
+    why = why or cuda_refusal() or real_refusal(a, sfa, b, sfb, c)
+    if why:
+        return first_refusal(why)
+    arch = cuda_arch()
+    if arch not in _EINSUM_ARCH[equation]:
+        return first_refusal(
+            f"'{equation}' on SM{arch}x (its kernels: SM{', SM'.join(map(str, _EINSUM_ARCH[equation]))})"
+        )
+    _, _, _, perm_a, perm_b, _ = einsum_plan(equation)
+    va, vb = a.permute(perm_a), b.permute(perm_b)
+    if (va.stride(-1) != 1 and va.stride(-2) != 1) or (vb.stride(-1) != 1 and vb.stride(-2) != 1):
+        return first_refusal("an operand with no unit stride in its GEMM view")
+    if recipe_a[1] != recipe_b[1]:
+        return first_refusal("the operands' gran_k differ (one recipe upstream)")
+    if arch == SM90:
+        if list(recipe_a) != [1, 128] or list(recipe_b) != [128, 128] or c is not None or dtype != torch.bfloat16:
+            return first_refusal("SM90: 1x128 x 128x128 to BF16 without c only (the 1D2D kernel)")
+        if va.stride(-1) != 1 or vb.stride(-1) != 1 or vb.shape[1] % 8:
+            return first_refusal("SM90: K-major views and N a multiple of 8 (the 1D2D kernel)")
+    else:
+        why = scale_refusal(sfa, sfb, library_keeps_fp32=False)
+        if why or recipe_a[1] not in (32, 128) or recipe_a[0] != 1:
+            return first_refusal(why or f"recipes {list(recipe_a)} x {list(recipe_b)}: SM100 takes 1 x 32/128 for a")
+        if equation == "bhd,bhr->hdr" and dtype != torch.float32:
+            return first_refusal("bhd,bhr->hdr gives FP32 only (it accumulates in place)")
+    if (shape[-1] * dtype.itemsize) % 16:
+        return first_refusal("the output's rows not 16-byte aligned (TMA)")
+    return first_refusal(tma_refusal(a=va, b=vb))
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_einsum",
+    takes=_takes_einsum_cuda,
+    available=CUDA.available,
+)
+def fp8_einsum(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    accumulate = equation == "bhd,bhr->hdr"
+    d = accumulator(shape, dtype, c, a.device)
+    if accumulate and c is None:
+        d.zero_()
+    CUDA.module().fp8_einsum(
+        equation,
+        (a, scales_as_fp32(sfa)),
+        (b, scales_as_fp32(sfb)),
+        d,
+        c=d if accumulate or c is not None else None,
+        recipe=(recipe_a[0], recipe_b[0], recipe_a[1]),
     )
     return d
