@@ -58,10 +58,6 @@ def device_refusal(device: torch.device, min_capability: tuple[int, int] = (8, 9
     return None
 
 
-def supported(device: torch.device, min_capability: tuple[int, int] = (8, 9)) -> bool:
-    return device_refusal(device, min_capability) is None
-
-
 @triton.jit
 def _probe():
     pass
@@ -161,11 +157,11 @@ __all__ = [
     "bf16_value",
     "decode_e2m1_to_e4m3",
     "decode_ue8m0",
+    "device_refusal",
     "interpreting",
     "launch",
     "round_to_bf16",
     "store_result",
-    "supported",
     "tl",
     "triton",
 ]
