@@ -144,6 +144,27 @@ def test_no_device_kernel_falls_back_by_itself():
     assert not found, found
 
 
+def test_a_planned_kernel_makes_its_plan_once_per_call():
+    """``planned``: the body gets the plan its ``takes`` made for the same argument objects (host reads are not
+    repeated), a fresh one for other objects, each plan once; a refused call leaves no plan behind."""
+    made = []
+
+    def plan(x, n):
+        made.append(n)
+        return "too small" if n < 0 else [x, n]
+
+    takes = chain.planned(plan)
+    x, other = torch.ones(2), torch.ones(2)
+    assert takes(x, 3).ok
+    first = takes.result(x, 3)
+    assert first[0] is x and made == [3]
+    assert takes.result(x, 3) is not first and made == [3, 3]  # handed out once
+    assert takes(x, 4).ok and takes.result(other, 4)[0] is other and made == [3, 3, 4, 4]
+    assert takes(x, -1) == chain.refuse("too small")
+    with pytest.raises(RuntimeError, match=r"plan: the kernel ran on a call it refuses \(too small\)"):
+        takes.result(x, -1)
+
+
 def test_every_library_has_a_tier_and_every_kernel_a_known_library():
     assert set(chain.LIBRARIES.values()) <= set(chain.TIERS)
     backends.register_all()

@@ -227,9 +227,10 @@ def test_mqa_logits_topk_through_the_indexer(refs_on, lens_q, lens_k, causal, to
     ck = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()])
     ks, ke = npu_mqa.implied_ranges(s, cq, ck, s_kv, causal)
     assert npu_mqa.batches_of(ks.tolist(), ke.tolist()) == (cq.tolist(), ck.tolist(), causal)
-    with _spy_indexer() as call:
+    with _spy_indexer() as call, mock.patch.object(npu_mqa._BATCHES, "plan", wraps=npu_mqa._batches) as plan:
         values, indices = npu_chain.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)
     assert call.call_count == 1
+    assert plan.call_count == 1  # ks/ke read on the host once: the body runs the plan its takes made
     ref_v, ref_i = mqa_topk(mqa_logits(q, k, w.float(), ks, ke), ks, ke, topk)
     assert torch.equal(indices, ref_i) and torch.equal(values, ref_v.to(torch.bfloat16))
     ours_v, _ = torch.ops.ascend_moe.mqa_logits_topk(q, None, k, None, w, ks, ke, topk, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from unittest import mock
 
 import pytest
 import torch
@@ -349,8 +350,10 @@ def test_mx_values(ascend950, mx_calls):
     specs = {s.name: s for s in MX_ADAPTED}
     for name, args in _mx_samples():
         before = len(mx_calls)
-        out = getattr(npu_chain, name)(*args)
+        with mock.patch.object(adapters, "_mx_args", wraps=adapters._mx_args) as operands:
+            out = getattr(npu_chain, name)(*args)
         assert len(mx_calls) == before + 1, name
+        assert operands.call_count == 1, f"{name}: the MX operands (scale checks, copies) made more than once"
         ours, ref = specs[name].op(*args), with_defaults(name, specs[name].reference)(*args)
         assert (out.shape, out.dtype, out.stride()) == (ours.shape, ours.dtype, ours.stride()), name
         assert (out[ref == 0] == 0).all(), f"{name}: rows no group owns are not zeros"

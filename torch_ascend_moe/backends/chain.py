@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -71,15 +72,33 @@ def takes_all(*args, **kwargs) -> Verdict:
     return TAKEN
 
 
-def planned(plan: Callable[..., object]) -> Callable[..., Verdict]:
-    """A ``takes`` from a function that returns a kernel's plan for a call, or a ``str`` saying why it has none (for
-    kernels whose decision costs what their body needs again: the body calls ``plan`` itself)."""
+class planned:
+    """A ``takes`` from a function that returns a kernel's plan for a call, or a ``str`` saying why it has none: for
+    kernels whose decision costs what their body needs again (host reads, operand copies). The body gets the plan
+    with ``.result(*call)``: the one ``takes`` made just before for the same argument objects (``choose`` asks
+    ``takes`` right before running the body), else a fresh one. Kept per thread and handed out once; the next
+    ``takes`` replaces it."""
 
-    def takes(*call):
-        result = plan(*call)
-        return refuse(result) if isinstance(result, str) else TAKEN
+    def __init__(self, plan: Callable[..., object]):
+        self.plan = plan
+        self._last = threading.local()
 
-    return takes
+    def __call__(self, *call) -> Verdict:
+        self._last.made = None
+        result = self.plan(*call)
+        if isinstance(result, str):
+            return refuse(result)
+        self._last.made = (call, result)
+        return TAKEN
+
+    def result(self, *call):
+        made, self._last.made = getattr(self._last, "made", None), None
+        if made is not None and len(made[0]) == len(call) and all(x is y for x, y in zip(made[0], call)):
+            return made[1]
+        result = self.plan(*call)
+        if isinstance(result, str):
+            raise RuntimeError(f"{self.plan.__name__}: the kernel ran on a call it refuses ({result})")
+        return result
 
 
 def first_refusal(*reasons: str | None) -> Verdict:

@@ -356,16 +356,19 @@ def _m_grouped_mx_plan(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
     return (*operands, cum, valid, perm)
 
 
+_M_GROUPED_MX = planned(_m_grouped_mx_plan)
+
+
 @kernel(
     device="npu",
     library="torch_npu",
     calls="npu_grouped_matmul (MX)",
     available=has_op("npu_grouped_matmul"),
-    takes=planned(_m_grouped_mx_plan),
+    takes=_M_GROUPED_MX,
 )
 def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
     _, dtype = m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype)
-    x, w, mx, cum, valid, perm = _m_grouped_mx_plan(
+    x, w, mx, cum, valid, perm = _M_GROUPED_MX.result(
         a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype
     )
     if psum:
@@ -397,17 +400,20 @@ def _masked_mx_plan(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     return (*operands, valid)
 
 
+_MASKED_MX = planned(_masked_mx_plan)
+
+
 @kernel(
     device="npu",
     library="torch_npu",
     calls="npu_grouped_matmul (MX)",
     available=has_op("npu_grouped_matmul"),
-    takes=planned(_masked_mx_plan),
+    takes=_MASKED_MX,
 )
 def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     groups, m_max, _ = a.shape
-    x, w, mx, valid = _masked_mx_plan(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
+    x, w, mx, valid = _MASKED_MX.result(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     cum = torch.arange(1, groups + 1, device=a.device) * m_max
     y = _gmm(x, w, cum, M_AXIS, dtype, **mx)
     return y.view(shape).masked_fill(~valid.unsqueeze(2), 0)

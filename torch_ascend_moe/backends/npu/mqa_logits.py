@@ -149,15 +149,18 @@ def _batches(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
     return found if found is not None else "ks/ke are not the ranges of causal or full batches"
 
 
+_BATCHES = planned(_batches)
+
+
 @kernel(
     device="npu",
     library="torch_npu",
     calls="npu_lightning_indexer",
     available=has_op("npu_lightning_indexer"),
-    takes=planned(_batches),
+    takes=_BATCHES,
 )
 def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
-    cq, ck, causal = _batches(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    cq, ck, causal = _BATCHES.result(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     return _indexer_call(q, k, weights, cq, ck, topk, causal)
 
 
