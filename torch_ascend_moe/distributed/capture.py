@@ -26,13 +26,18 @@ def capturing(device: torch.device) -> bool:
     return device.type == "npu" and torch.npu.is_current_stream_capturing()
 
 
-def host_readable(t: torch.Tensor) -> bool:
-    """Whether a kernel may read ``t``'s values on the host (its op's value checks, a data-dependent choice):
-    not for fake or meta tensors (shape checks trace kernels on them; our fakes skip the same checks) nor while a
-    device graph is captured on its device, where a host read breaks the capture."""
+def has_data(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds values at all: not a fake or meta tensor (shape checks trace kernels on them)."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return not isinstance(t, FakeTensor) and t.device.type != "meta" and not capturing(t.device)
+    return not isinstance(t, FakeTensor) and t.device.type != "meta"
+
+
+def host_readable(t: torch.Tensor) -> bool:
+    """Whether a kernel may read ``t``'s values on the host (its op's value checks, a data-dependent choice):
+    not for tensors without data (our fakes skip the same checks) nor while a device graph is captured on its
+    device, where a host read breaks the capture."""
+    return has_data(t) and not capturing(t.device)
 
 
 def host_kernels(device: torch.device) -> bool:

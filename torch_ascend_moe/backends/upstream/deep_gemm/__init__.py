@@ -33,6 +33,7 @@ import torch
 
 from torch_ascend_moe.backends.chain import on_refresh
 from torch_ascend_moe.backends.upstream import Library
+from torch_ascend_moe.distributed.capture import has_data
 
 _ASCEND_MARKS = ("aclnn_bf16_gemm_nt", "set_npu_arch")
 
@@ -83,12 +84,9 @@ def cuda_refusal() -> str | None:
 
 def real_refusal(*tensors) -> str | None:
     """Fake or meta tensors have no data to hand a library (our fakes serve tracing)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    for t in tensors:
-        if t is not None and (isinstance(t, FakeTensor) or t.device.type == "meta"):
-            return "fake or meta tensors (the library runs on data; our fake serves tracing)"
-    return None
+    if all(t is None or has_data(t) for t in tensors):
+        return None
+    return "fake or meta tensors (the library runs on data; our fake serves tracing)"
 
 
 def tma_refusal(**tensors) -> str | None:
