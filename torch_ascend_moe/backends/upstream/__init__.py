@@ -1,6 +1,7 @@
 """DeepSeek's own kernels as the first entry of our ops' chains, one module per library named after it:
 ``deep_gemm`` (DeepGEMM on CUDA, DeepGEMM-Ascend on Ascend: one module name, told apart by version and
-attributes), and the Ascend adapters of FlashMLA and DeepSelect beside their families (``backends/npu``).
+attributes) and ``flash_mla`` (FlashMLA's G3 release on SM100 and Ascend); DeepSelect's Ascend build sits beside its
+family's NPU adapters (``backends/npu/topk_select.py``).
 
 The libraries are pybind modules with out-parameters (DeepGEMM) or their own dispatcher ops (FlashMLA): our op
 stays the dispatcher-visible unit with our schema, fake, autograd and compiler passes; inside its device kernel the
