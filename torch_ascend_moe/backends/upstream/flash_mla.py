@@ -72,14 +72,10 @@ def _import_release() -> None:
 
 def _release_has(name: str):
     def available():
-        there = flash_mla_op(name) is not None
-        return (
-            TAKEN
-            if there
-            else refuse(
-                f"FlashMLA's G3 release is not loaded (no torch.ops.flash_mla.{name} with the release's signature)"
-            )
-        )
+        if flash_mla_op(name) is not None:
+            return TAKEN
+        signature = f"no torch.ops.flash_mla.{name} with the release's signature"
+        return refuse(f"FlashMLA's G3 release is not loaded ({signature})")
 
     return available
 
@@ -146,8 +142,7 @@ def _takes_prefill(device: str):
 
 def _prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
     op = flash_mla_op("sparse_prefill_fwd")
-    out, max_logits, lse = op(q, kv, _only_minus_one(indices, kv.shape[0]), sm_scale, d_v, attn_sink, topk_length)
-    return out, max_logits, lse
+    return op(q, kv, _only_minus_one(indices, kv.shape[0]), sm_scale, d_v, attn_sink, topk_length)  # out, max, lse
 
 
 for _device in ("cuda", "npu"):
