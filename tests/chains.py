@@ -30,4 +30,4 @@ npu_chain = chain.runners("npu")
 
 def chosen(op: str, device: str, *args) -> str:
     """The label of the kernel ``op(*args)`` runs on ``device`` (schema defaults filled)."""
-    return chain.choose(op, device, _registry.with_defaults(op, lambda *a: a)(*args)).label
+    return chain.choose(op, device, _registry.full_call(op, *args)).label

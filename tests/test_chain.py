@@ -31,7 +31,7 @@ def test_every_chain_is_ordered_by_tier_and_ends_with_the_portable_kernel():
 
 def test_disabling_skips_a_library_or_one_ops_kernel(monkeypatch):
     s = FP8.sample_inputs("cpu", torch.bfloat16)[1]
-    args = _registry.with_defaults("fp8_gemm", lambda *a: a)(*s.args)
+    args = _registry.full_call("fp8_gemm", *s.args)
     assert chain.choose("fp8_gemm", "cuda", args).library == "triton"
     with chain.disabled("triton"):
         assert chain.choose("fp8_gemm", "cuda", args).library == "portable"
@@ -45,7 +45,7 @@ def test_disabling_skips_a_library_or_one_ops_kernel(monkeypatch):
 
 def _bmm_args():
     s = next(s for s in FP8_SPECS if s.name == "fp8_bmm").sample_inputs("cpu", torch.bfloat16)[1]
-    return _registry.with_defaults("fp8_bmm", lambda *a: a)(*s.args)
+    return _registry.full_call("fp8_bmm", *s.args)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_explain_says_why_each_kernel_refused():
 
 def test_explain_reports_the_ops_own_error_for_a_bad_call():
     bad = FP8.bad_inputs("cpu")[0]
-    text = explain.report("fp8_gemm", "cuda", _registry.with_defaults("fp8_gemm", lambda *a: a)(*bad.args))
+    text = explain.report("fp8_gemm", "cuda", _registry.full_call("fp8_gemm", *bad.args))
     assert "the op refuses the call: ascend_moe::fp8_gemm: argument" in text
 
 

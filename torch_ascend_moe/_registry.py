@@ -67,6 +67,11 @@ def with_defaults(name: str, fn: Callable) -> Callable:
     return call
 
 
+def full_call(name: str, *args, **kwargs) -> tuple:
+    """Every schema argument of a call of ``ascend_moe::name``, defaults filled (what its kernels receive)."""
+    return with_defaults(name, lambda *a: a)(*args, **kwargs)
+
+
 def fake(name: str | Callable | None = None):
     """Register the fake (meta) kernel of ``ascend_moe::<name>`` (default: the function's name); it receives
     every schema argument (``with_defaults``)."""

@@ -20,7 +20,7 @@ from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.fp8_gemm.specs import SPECS as FP8_SPECS  # noqa: E402
 from tests.grouped.specs import SPECS as GROUPED_SPECS  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
-from torch_ascend_moe._registry import with_defaults  # noqa: E402
+from torch_ascend_moe._registry import full_call, with_defaults  # noqa: E402
 from torch_ascend_moe.backends import chain  # noqa: E402
 from torch_ascend_moe.backends.cuda import _scaled_gemm, _triton  # noqa: E402
 from torch_ascend_moe.backends.portable import fp8_gemm as portable_fp8  # noqa: E402
@@ -54,7 +54,7 @@ def _samples(spec):
 def _recipes(spec, s):
     """(recipe_a, recipe_b) of a sample, by schema name."""
     names = [a.name for a in spec.op._schema.arguments]
-    args = with_defaults(spec.name, lambda *a: a)(*s.args)
+    args = full_call(spec.name, *s.args)
     return args[names.index("recipe_a")], args[names.index("recipe_b")]
 
 
@@ -231,7 +231,7 @@ def test_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
     fused = 0
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype):
-            x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype = with_defaults(spec.name, lambda *a: a)(*s.args)
+            x, b, sfb, c, gran_k, recipe_b, ue8m0, alpha, out_dtype = full_call(spec.name, *s.args)
             if not x.numel() or not b.numel():
                 continue
             x = x.detach().clone()

@@ -24,7 +24,7 @@ from tests.moe_routing.specs import SPECS as ROUTING_SPECS
 from tests.npu import quant_routing_refs
 from tests.quant.specs import SPECS as QUANT_SPECS
 from tests.quant.specs import _high_precision
-from torch_ascend_moe._registry import with_defaults
+from torch_ascend_moe._registry import full_call
 from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
 from torch_ascend_moe.backends.npu import moe_routing as npu_routing
@@ -192,7 +192,7 @@ def _cases():
 
 def _call(name, args):
     """(outputs of the NPU chain, whether it chose the portable kernel)."""
-    full = with_defaults(name, lambda *a: a)(*args)
+    full = full_call(name, *args)
     kernel = chain.choose(name, "npu", full)
     out = kernel.run(*full)
     return out if isinstance(out, tuple) else (out,), kernel.library == "portable"

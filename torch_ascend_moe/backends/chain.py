@@ -318,7 +318,7 @@ def explain(op: str, device: str, *args, **kwargs) -> list[Step]:
     >>> for step in explain("fp8_gemm", "cuda", a, sfa, b, sfb):
     ...     print(step.kernel.label, step.status, step.reason)
     """
-    full = _registry.with_defaults(op, lambda *a: a)(*args, **kwargs)
+    full = _registry.full_call(op, *args, **kwargs)
     names = disabled_names()
     steps, chosen = [], False
     for k in chain(op, device):

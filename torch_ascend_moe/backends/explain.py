@@ -76,7 +76,7 @@ def parse_args(op: str, text: str, device: str = "cuda") -> Call:
     here = _device_here(device)
     args = tuple(parse_value(part, here) for part in text.split())
     try:
-        return Call(op, _registry.with_defaults(op, lambda *a: a)(*args))
+        return Call(op, _registry.full_call(op, *args))
     except TypeError as e:
         raise ValueError(str(e)) from e
 
@@ -84,7 +84,7 @@ def parse_args(op: str, text: str, device: str = "cuda") -> Call:
 def save_call(path: str, op: str, *args, **kwargs) -> None:
     """Save a call of ``ascend_moe::op`` (its tensors on the CPU, shapes, strides and dtypes kept) for ``info
     --explain OP --call path`` on another machine."""
-    full = _registry.with_defaults(op, lambda *a: a)(*args, **kwargs)
+    full = _registry.full_call(op, *args, **kwargs)
     cpu = tuple(a.detach().cpu() if isinstance(a, torch.Tensor) else a for a in full)
     torch.save({"op": op, "args": cpu}, path)
 
