@@ -55,7 +55,6 @@ from torch_ascend_moe.backends.portable import grouped as portable
 from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
-    K_GROUPED_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
@@ -257,12 +256,10 @@ def _takes_k_grouped_fp8(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, 
 
 @kernel(device="cuda", library="triton", calls="_k_grouped", takes=_takes_k_grouped_fp8, available=triton_available)
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-    args = (a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-    shape, dtype = k_grouped_fp8_signature(*args)
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     rows = a.shape[0]
-    if host_readable(layout):  # our op's value errors
-        segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, rows, num_groups)
-        portable.check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
+    if host_readable(layout):
+        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
     begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
     blocks = ((ends - begins).clamp(min=0) + gran_k - 1) // gran_k
     first_scale_row = torch.cumsum(blocks, 0) - blocks

@@ -172,9 +172,10 @@ def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_
     return ops.m_grouped_fp8_gemm(q, sf, b, sfb, layout, psum, alignment, [1, gran_k], recipe_b, dtype)
 
 
-def check_k_fp8_scale_rows(segments, gran_k: int, sfa, sfb) -> None:
-    """``k_grouped_fp8_gemm``'s scale tensors hold one row per ``gran_k`` rows of each group (the layout's values
-    decide how many: checked on the host)."""
+def k_fp8_segments(a, sfa, sfb, layout, num_groups: int, alignment: int, gran_k: int) -> list:
+    """``k_grouped_fp8_gemm``'s groups ``(g, begin, end)`` after our op's value checks: the layout's, then that the
+    scale tensors hold one row per ``gran_k`` rows of each group (the layout's values decide how many: a host read)."""
+    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
     rows = sum(-(-(end - begin) // gran_k) for _, begin, end in segments)
     for name, sf in (("sfa", sfa), ("sfb", sfb)):
         if sf.shape[0] != rows:
@@ -182,13 +183,13 @@ def check_k_fp8_scale_rows(segments, gran_k: int, sfa, sfb) -> None:
                 f"{K_GROUPED_FP8}: argument '{name}' size(0): expected {rows} (sum over groups of ceil(k_g / gran_k)), "
                 f"got {sf.shape[0]}"
             )
+    return segments
 
 
 @portable_kernel
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
-    check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
+    segments = k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)
     acc = (
         c.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
         if c is not None

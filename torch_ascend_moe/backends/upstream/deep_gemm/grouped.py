@@ -42,7 +42,6 @@ from torch_ascend_moe.distributed.capture import host_readable
 from torch_ascend_moe.meta.fp8_gemm import logical_k
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
-    K_GROUPED_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
@@ -357,12 +356,10 @@ def _takes_k_grouped_fp8(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, 
     available=CUDA.available,
 )
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-    args = (a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-    shape, dtype = k_grouped_fp8_signature(*args)
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     rows = a.shape[0]
-    if host_readable(layout):  # our op's value errors
-        segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, rows, num_groups)
-        portable.check_k_fp8_scale_rows(segments, gran_k, sfa, sfb)
+    if host_readable(layout):
+        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
     d = _k_grouped_accumulator(shape, dtype, c, a.device)
     CUDA.module().k_grouped_fp8_gemm_tn_contiguous(
         (a, scales_as_fp32(sfa)),
