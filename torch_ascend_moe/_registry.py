@@ -18,6 +18,22 @@ import torch
 
 NAMESPACE = "ascend_moe"
 
+# The device whose kernel chains CPU tensors run inside ``backends.chain.on_cpu(device)`` (None elsewhere): a fake
+# whose shapes depend on the device's kernels (a transport's routing state) answers for that device then, so the
+# CPU emulation of a device traces as the device would.
+_CPU_STANDS_FOR: list[str | None] = [None]
+
+
+def device_kind(device: torch.device) -> str:
+    """``device``'s type as the kernel chains see it ("cpu", "cuda", "npu"), CPU tensors under ``chain.on_cpu``
+    counted as the device they stand for."""
+    if device.type == "cpu" and _CPU_STANDS_FOR[0] is not None:
+        return _CPU_STANDS_FOR[0]
+    if device.type == torch._C._get_privateuse1_backend_name():
+        return "npu"
+    return device.type
+
+
 # One library object for every portable kernel (it must stay alive for the registrations to stay).
 _PORTABLE = torch.library.Library(NAMESPACE, "IMPL")
 

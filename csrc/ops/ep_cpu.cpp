@@ -425,17 +425,20 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // One row per (token, destination rank), received source-rank-major then by ascending source token.
   // Returns (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert, num_recv,
   // the handle: send_src, send_counts, recv_counts, recv_gather, and recv_src_idx: each row's token index on
-  // its source rank, -1 for padding; DeepEP's recv_src_idx / V2's global token id). num_worst_tokens > 0: that many rows
-  // (static shapes, padding rows zero / -1); 0: exactly the received rows (a data-dependent size).
+  // its source rank, -1 for padding; DeepEP's recv_src_idx / V2's global token id), then backend_state: 1-D int32,
+  // the routing state of the transport that moved the rows (DeepEP's handle, which our handle cannot rebuild: its
+  // send_head is written inside DeepEP's kernel), empty when our own transport moved them; the cached dispatch and
+  // the combine take it back. num_worst_tokens > 0: that many rows (static shapes, padding rows zero / -1); 0:
+  // exactly the received rows (a data-dependent size).
   m.def(
       "ep_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_experts, "
       "str group_name, int expert_alignment=1, int num_worst_tokens=0, float timeout_s=300.0) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // Replays a dispatch's routing (its handle) with new rows: (recv_x, recv_x_scales).
   m.def(
       "ep_dispatch_cached(Tensor x, Tensor? x_scales, Tensor send_src, Tensor send_counts, Tensor recv_counts, "
-      "Tensor recv_gather, str group_name, float timeout_s=300.0) -> (Tensor, Tensor)",
+      "Tensor recv_gather, str group_name, float timeout_s=300.0, Tensor? backend_state=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // combined[t] = round(bias_0[t] + bias_1[t] + sum over the ranks t went to, ascending, of x_r[row of t]) in FP32;
   // unweighted, as DeepEP's normal combine. copy_order [T, R] (optional): sum token t's copy from rank r in
@@ -444,7 +447,7 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def(
       "ep_combine(Tensor x, Tensor? topk_weights, Tensor? bias_0, Tensor? bias_1, Tensor send_src, "
       "Tensor send_counts, Tensor recv_counts, Tensor recv_gather, int num_tokens, str group_name, "
-      "float timeout_s=300.0, Tensor? copy_order=None) -> (Tensor, Tensor)",
+      "float timeout_s=300.0, Tensor? copy_order=None, Tensor? backend_state=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // DeepEP V2's GEMM-ready expanded layout (do_expand), purely local: one row per (received row, local expert
   // it selected), grouped by local expert; expert e's block starts where block e - 1 ends, aligned up to
@@ -458,7 +461,8 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "int expert_alignment=1, int num_rows=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
   // Low-latency mode: one message per (token, valid slot) into fixed [L, R * T_max, H] per-local-expert buffers,
-  // rows [0, recv_count[i]) valid, source-rank-major then ascending token. Optional FP8 cast per 128 channels
+  // rows [0, recv_count[i]) valid (ours: source-rank-major then ascending token; DeepEP's kernels: arrival order,
+  // src_info / layout_range say where each row came from), the rest unspecified. Optional FP8 cast per 128 channels
   // (DeepEP's: round_scale = power-of-two scales, use_ue8m0 = their exponent bytes packed 4 per int32);
   // slot_weights scales each (token, slot) message (the combine's backward). Returns (recv_x, recv_x_scales,
   // recv_count [L], src_info [L, R * T_max], layout_range [L, R]: (begin << 32) | count per source,

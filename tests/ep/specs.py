@@ -113,6 +113,7 @@ def dispatch_reference(
         torch.tensor([sent]),
         gather,
         torch.tensor(tokens + [-1] * (n - len(tokens)), dtype=torch.int64),  # recv_src_idx
+        torch.empty(0, dtype=torch.int32),  # backend_state: one rank, so our transport (DeepEP needs 2 to 8)
     )
 
 
@@ -132,6 +133,8 @@ def combine_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
         if worst:
             order = torch.randint(0, 3, (t, 1), generator=g).to(device)
             out.append(SampleInput((y, rw, None, b0, *res[6:10], t, name, timeout, order), s.name + " copy_order"))
+            state = res[11]  # the dispatch's backend_state (ours: empty) handed back
+            out.append(SampleInput((y, rw, b0, None, *res[6:10], t, name, timeout, None, state), s.name + " state"))
     return out
 
 
@@ -148,6 +151,7 @@ def combine_reference(
     group_name,
     timeout_s,
     copy_order,
+    backend_state=None,
 ):
     """One rank: a token has one copy, so ``copy_order`` cannot change the sum (tests/distributed checks it)."""
     h = x.shape[1]
@@ -287,10 +291,14 @@ def cached_samples(device, dtype, requires_grad=False, small=False) -> list[Samp
         else:
             new = torch.randn(x.shape, generator=g).to(dtype).to(device).requires_grad_(requires_grad)
         out.append(SampleInput((new, sf, *res[6:10], s.args[5], 60.0), s.name))
+        if s.args[7]:  # static: the dispatch's backend_state (ours: empty) handed back too
+            out.append(SampleInput((new, sf, *res[6:10], s.args[5], 60.0, res[11]), s.name + " state"))
     return out
 
 
-def cached_reference(x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s):
+def cached_reference(
+    x, x_scales, send_src, send_counts, recv_counts, recv_gather, group_name, timeout_s, backend_state=None
+):
     src, gather = send_src.cpu(), recv_gather.cpu()
     n = gather.shape[0]
     rows = [int(src[r]) if r >= 0 else -1 for r in gather.tolist()]

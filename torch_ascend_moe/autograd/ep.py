@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
+from torch_ascend_moe.backends.portable.ep import ll_row_sources
 
 _combine = torch.ops.ascend_moe.ep_combine.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
@@ -25,11 +26,11 @@ def _dispatch_setup(ctx, inputs, output):
     ctx.num_tokens, ctx.hidden, ctx.x_dtype = args.x.shape[0], args.x.shape[1], args.x.dtype
     ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
     ctx.mark_non_differentiable(output[1], output[2], *output[4:])
-    ctx.save_for_backward(output[2], *output[6:10])
+    ctx.save_for_backward(output[2], *output[6:10], output[11])
 
 
 def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
-    recv_topk_idx, send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
+    recv_topk_idx, send_src, send_counts, recv_counts, recv_gather, state = ctx.saved_tensors
     need_x = needs_grad(ctx, "ep_dispatch", "x") and ctx.x_dtype != torch.float8_e4m3fn
     need_w = needs_grad(ctx, "ep_dispatch", "topk_weights") and ctx.w_dtype is not None
     if not (need_x or need_w):
@@ -53,6 +54,8 @@ def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
         ctx.num_tokens,
         ctx.group_name,
         ctx.timeout_s,
+        None,
+        state,
     )
     return gradients("ep_dispatch", x=dx if need_x else None, topk_weights=dw if need_w else None)
 
@@ -62,11 +65,11 @@ def _cached_setup(ctx, inputs, output):
     ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
     ctx.num_tokens, ctx.x_dtype = args.x.shape[0], args.x.dtype
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather)
+    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather, args.backend_state)
 
 
 def _cached_backward(ctx, grad_x, grad_scales):
-    send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
+    send_src, send_counts, recv_counts, recv_gather, state = ctx.saved_tensors
     if not needs_grad(ctx, "ep_dispatch_cached", "x") or grad_x is None or ctx.x_dtype == torch.float8_e4m3fn:
         return gradients("ep_dispatch_cached")
     dx, _ = _combine(
@@ -81,6 +84,8 @@ def _cached_backward(ctx, grad_x, grad_scales):
         ctx.num_tokens,
         ctx.group_name,
         ctx.timeout_s,
+        None,
+        state,
     )
     return gradients("ep_dispatch_cached", x=dx)
 
@@ -89,12 +94,12 @@ def _combine_setup(ctx, inputs, output):
     args = arguments("ep_combine", inputs)
     ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
     ctx.has_bias = (args.bias_0 is not None, args.bias_1 is not None)
-    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather)
+    ctx.save_for_backward(args.send_src, args.send_counts, args.recv_counts, args.recv_gather, args.backend_state)
 
 
 def _combine_backward(ctx, grad_out, grad_w):
-    send_src, send_counts, recv_counts, recv_gather = ctx.saved_tensors
-    handle = (send_src, send_counts, recv_counts, recv_gather, ctx.group_name, ctx.timeout_s)
+    send_src, send_counts, recv_counts, recv_gather, state = ctx.saved_tensors
+    handle = (send_src, send_counts, recv_counts, recv_gather, ctx.group_name, ctx.timeout_s, state)
     dx = dw = None
     if needs_grad(ctx, "ep_combine", "x") and grad_out is not None:
         dx, _ = _cached(grad_out, None, *handle)
@@ -172,6 +177,27 @@ def _ll_dispatch_backward(ctx, grad_x, *unused):
     return gradients("ep_low_latency_dispatch", x=dx)
 
 
+def _into_layout(rows, rows_src, rows_range, src_info, layout_range, t_max: int) -> torch.Tensor:
+    """``rows`` (a low-latency layout described by ``rows_src`` / ``rows_range``) moved into the layout of
+    ``src_info`` / ``layout_range``: each (source rank, token) row of an expert to where the forward had it, zero
+    elsewhere. The backward's fresh dispatch need not order rows as the forward's did (DeepEP's kernels place them in
+    arrival order); no host read."""
+    local, n, h = rows.shape
+    spare = torch.iinfo(torch.int64).max
+
+    def keys(src, ranges):
+        source, inside = ll_row_sources(ranges, n)
+        ok = inside & (src >= 0)
+        return torch.where(ok, source * t_max + src.long(), spare), ok
+
+    wanted, ok = keys(src_info, layout_range)
+    have, _ = keys(rows_src, rows_range)
+    sorted_have, order = torch.sort(have, dim=1)
+    at = order.gather(1, torch.searchsorted(sorted_have, wanted).clamp(max=n - 1))
+    moved = rows.gather(1, at.unsqueeze(-1).expand(local, n, h))
+    return torch.where(ok.unsqueeze(-1), moved, 0)
+
+
 def _ll_combine_setup(ctx, inputs, output):
     args = arguments("ep_low_latency_combine", inputs)
     ctx.t_max, ctx.group_name, ctx.timeout_s = args.num_max_dispatch_tokens_per_rank, args.group_name, args.timeout_s
@@ -186,7 +212,7 @@ def _ll_combine_backward(ctx, grad_out):
     state = maybe_state[0] if ctx.has_state else None
     dx = dw = None
     if needs_grad(ctx, "ep_low_latency_combine", "x"):
-        dx = _ll_dispatch(
+        back = _ll_dispatch(
             grad_out.to(x.dtype),
             topk_idx,
             ctx.t_max,
@@ -197,7 +223,8 @@ def _ll_combine_backward(ctx, grad_out):
             False,
             topk_weights,
             ctx.timeout_s,
-        )[0]
+        )
+        dx = _into_layout(back[0], back[3], back[4], src_info, layout_range, ctx.t_max)
     if needs_grad(ctx, "ep_low_latency_combine", "topk_weights"):
         columns = []
         for k in range(topk_idx.shape[1]):

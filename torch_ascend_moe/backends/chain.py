@@ -360,7 +360,8 @@ def warmup(fn: Callable, *args, **kwargs) -> list[Kernel]:
 
     DeepGEMM and DeepGEMM-Ascend compile each kernel on its first call (JIT: seconds, and a host sync), which a CUDA
     graph or aclgraph capture must not see: call this with the shapes the capture will use, then capture. Triton
-    kernels compile on first launch too. Gradients are not tracked; the device is synchronized afterwards.
+    kernels compile on first launch too, and DeepEP builds its buffers (a collective) on the first call that needs
+    them. Gradients are not tracked; the device is synchronized afterwards.
 
     >>> kernels = torch_ascend_moe.warmup(model, tokens)
     >>> graph = torch.cuda.CUDAGraph()  # then capture model(tokens) as usual
@@ -393,13 +394,16 @@ def on_cpu(device: str) -> Iterator[None]:
     exercises the CUDA chains (Triton interpreted) and the NPU chains (torch_npu's ops emulated) through the
     dispatcher, in eager, compiled and exported code."""
     lib = torch.library.Library(_registry.NAMESPACE, "IMPL")
+    saved = _registry._CPU_STANDS_FOR[0]
     try:
         with _quiet_override():
             for op in sorted(set(ops_with_kernels(device)) | set(_registry.PORTABLE)):
                 _has_cpp_kernel(op)
                 lib.impl(op, runner(op, device), "CPU")
+        _registry._CPU_STANDS_FOR[0] = device
         yield
     finally:
+        _registry._CPU_STANDS_FOR[0] = saved
         lib._destroy()
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import _checks as ck
-from torch_ascend_moe._registry import fake
+from torch_ascend_moe._registry import device_kind, fake
 from torch_ascend_moe.distributed.groups import resolve_group
 
 LAYOUT = "ascend_moe::ep_dispatch_layout"
@@ -138,7 +138,21 @@ def cached_signature(a):
     check_rows(op, a.x, a.x_scales)
     check_handle(op, a.send_src, a.send_counts, a.recv_counts, a.recv_gather, r)
     ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
+    check_backend_state(op, a.backend_state)
     return r
+
+
+def check_backend_state(op: str, state) -> None:
+    """A dispatch's ``backend_state`` handed back (None: the handle has none)."""
+    if state is not None:
+        ck.check_arg(
+            state.dim() == 1 and state.dtype == torch.int32,
+            op,
+            "backend_state",
+            "layout",
+            "a 1-D torch.int32 tensor (the dispatch's backend_state)",
+            lambda: f"{state.dim()}-D {state.dtype}",
+        )
 
 
 def combine_signature(a):
@@ -195,6 +209,7 @@ def combine_signature(a):
             lambda: ck.shape_str([a.num_tokens, r]) + " (num_tokens, ranks)",
             lambda: ck.shape_str(a.copy_order.shape),
         )
+    check_backend_state(op, a.backend_state)
     return r
 
 
@@ -244,6 +259,12 @@ def ep_dispatch(args):
         args.x.new_empty([r], dtype=i64),
         args.x.new_empty([n], dtype=i64),
         args.x.new_empty([n], dtype=i64),
+        # The transport's own routing state (DeepEP's handle; empty for ours): its size is the chosen kernel's
+        # business, so unbacked where a kernel may keep one.
+        args.x.new_empty(
+            [torch.library.get_ctx().new_dynamic_size(min=0) if dispatch_keeps_state(args.x.device) else 0],
+            dtype=torch.int32,
+        ),
     )
 
 
@@ -417,22 +438,21 @@ def ll_combine_signature(a):
         lambda: f"{ck.shape_str(a.src_info.shape)} and {ck.shape_str(a.layout_range.shape)}",
     )
     ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
-    if a.backend_state is not None:
-        ck.check_arg(
-            a.backend_state.dim() == 1 and a.backend_state.dtype == torch.int32,
-            op,
-            "backend_state",
-            "layout",
-            "a 1-D torch.int32 tensor (the dispatch's backend_state)",
-            lambda: f"{a.backend_state.dim()}-D {a.backend_state.dtype}",
-        )
+    check_backend_state(op, a.backend_state)
     return r
 
 
 def keeps_backend_state(device: torch.device) -> bool:
-    """Whether a low-latency dispatch on ``device`` may return a non-empty ``backend_state``: only Ascend's
-    (PrivateUse1) kernel does (MC2's routing state, backends/npu/ep.py); everywhere else it is empty."""
-    return device.type == torch._C._get_privateuse1_backend_name()
+    """Whether a low-latency dispatch on ``device`` may return a non-empty ``backend_state``: only Ascend's kernel
+    does (MC2's routing state, backends/npu/ep.py); everywhere else it is empty."""
+    return device_kind(device) == "npu"
+
+
+def dispatch_keeps_state(device: torch.device) -> bool:
+    """Whether ``ep_dispatch`` on ``device`` may return a non-empty ``backend_state``: on CUDA, where DeepEP's kernels
+    may move the rows (its handle, backends/upstream/deep_ep.py); our transport keeps none (empty), so a CPU or NPU
+    dispatch keeps its static shapes."""
+    return device_kind(device) == "cuda"
 
 
 @fake

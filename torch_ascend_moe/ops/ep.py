@@ -24,6 +24,9 @@ class EPHandle(NamedTuple):
     recv_gather: torch.Tensor  # [N] receive-buffer row of each output row (-1: padding)
     num_tokens: int
     group_name: str
+    # The transport's own routing state (DeepEP's handle where DeepEP moved the rows; empty for ours), handed back
+    # to the cached dispatch and the combine.
+    backend_state: torch.Tensor | None = None
 
 
 class EPDispatchOutput(NamedTuple):
@@ -71,7 +74,7 @@ def ep_dispatch(
     out = _dispatch(
         x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
     )
-    handle = EPHandle(*out[6:10], x.shape[0], name)
+    handle = EPHandle(*out[6:10], x.shape[0], name, out[11])
     return EPDispatchOutput(
         out[0],
         out[1] if x_scales is not None else None,
@@ -89,7 +92,7 @@ def ep_dispatch_cached(
     x: torch.Tensor, handle: EPHandle, x_scales: torch.Tensor | None = None, timeout_s: float = FROM_SCHEMA
 ):
     """Replay ``handle``'s routing with new rows: ``(recv_x, recv_x_scales or None)``."""
-    recv_x, recv_scales = _cached(x, x_scales, *handle[:4], handle.group_name, timeout_s)
+    recv_x, recv_scales = _cached(x, x_scales, *handle[:4], handle.group_name, timeout_s, handle.backend_state)
     return recv_x, (recv_scales if x_scales is not None else None)
 
 
@@ -117,6 +120,7 @@ def ep_combine(
         handle.group_name,
         timeout_s,
         copy_order,
+        handle.backend_state,
     )
     return combined, (weights if topk_weights is not None else None)
 
@@ -230,7 +234,9 @@ def ep_low_latency_dispatch(
     timeout_s: float = FROM_SCHEMA,
 ):
     """DeepEP's low-latency dispatch: one message per (token, expert) into ``[L, R * T_max, H]`` per-expert
-    buffers (rows ``[0, recv_count[i])`` valid, source-rank-major then ascending token; static shapes).
+    buffers (rows ``[0, recv_count[i])`` valid, the rest unspecified; static shapes). Our transport orders an
+    expert's rows source-rank-major then by ascending token; DeepEP's kernels (CUDA, where installed) in arrival
+    order, as upstream: ``handle.src_info`` / ``layout_range`` say where each row came from, whatever the order.
     Returns ``(recv_x or (fp8, scales), recv_count [L], handle)``; differentiable when not FP8."""
     name = group_name_of(group)
     recv_x, scales, count, src_info, layout_range, state = _ll_dispatch(

@@ -33,6 +33,11 @@ from torch_ascend_moe.meta import ep as meta
 # floating output, so it never looks differentiable.
 _ABSENT = torch.int32
 
+# The transport a header names (every rank must move rows the same way: a rank where DeepEP is installed and one
+# where it is not raise on both instead of waiting in different collectives).
+OURS, DEEP_EP = 0, 1
+_TRANSPORT = "the transport (0: torch.distributed, 1: DeepEP)"
+
 
 @portable_kernel("ep_dispatch_layout")
 def layout(topk_idx, num_experts, num_ranks, ranks_per_node):
@@ -94,23 +99,8 @@ def ep_dispatch(args):
     bad, counts, send_src, meta_rows = _send_plan(
         args.topk_idx, args.num_experts, r, static, args.x_scales, args.topk_weights
     )
-    bad_ids_message = (
-        f"{op}: argument 'topk_idx' values: expected expert ids in [-1, {args.num_experts}) on every "
-        "rank, got ids out of range on rank(s) {ranks}"
-    )
-    fields = {
-        "x's row bytes": args.x.shape[1] * args.x.element_size(),
-        "x's dtype": exchange.dtype_code(args.x.dtype),
-        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
-        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
-        "topk_idx's K": k,
-        "num_experts": args.num_experts,
-        "topk_weights (given, dtype)": -1
-        if args.topk_weights is None
-        else exchange.dtype_code(args.topk_weights.dtype),
-        "num_worst_tokens": args.num_worst_tokens,
-        "expert_alignment": args.expert_alignment,
-    }
+    bad_ids_message = bad_ids(args)
+    fields = dispatch_fields(args, OURS)
     if capturing and not static:
         raise ValueError(
             f"{op}: argument 'num_worst_tokens' value: expected a positive static row count while a CUDA graph is "
@@ -170,10 +160,7 @@ def ep_dispatch(args):
             overflow = (n_valid > args.num_worst_tokens).to(torch.int64)
             exchange.all_reduce_max(op, group, overflow, args.timeout_s)
             if bool(overflow):
-                raise ValueError(
-                    f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, "
-                    f"got {args.num_worst_tokens} (rank {rank} receives {int(n_valid)}; rows are never dropped)"
-                )
+                raise ValueError(static_overflow(op, args.num_worst_tokens, rank, int(n_valid)))
         order = torch.sort((~valid).to(torch.int8), stable=True).indices
         width = min(args.num_worst_tokens, recv_rows)
         pos = torch.arange(args.num_worst_tokens, device=device)
@@ -197,11 +184,11 @@ def ep_dispatch(args):
     return (
         recv_x,
         # A fresh placeholder for each absent output: a custom op's outputs may not alias one another.
-        _absent(args.x, n)
+        absent(args.x, n)
         if args.x_scales is None
         else scales.view(args.x_scales.dtype).view(n, args.x_scales.shape[1]),
         recv_topk_idx,
-        _absent(args.x, n) if args.topk_weights is None else weights.view(args.topk_weights.dtype).view(n, k),
+        absent(args.x, n) if args.topk_weights is None else weights.view(args.topk_weights.dtype).view(n, k),
         per_expert,
         n_valid,
         send_src,
@@ -209,10 +196,74 @@ def ep_dispatch(args):
         recv_counts,
         recv_gather,
         src,
+        no_backend_state(device),
     )
 
 
-def _absent(like: torch.Tensor, n: int) -> torch.Tensor:
+def dispatch_fields(args, transport: int) -> dict:
+    """What every rank's ``ep_dispatch`` must agree on (the header's fields)."""
+    return {
+        _TRANSPORT: transport,
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
+        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
+        "topk_idx's K": args.topk_idx.shape[1],
+        "num_experts": args.num_experts,
+        "topk_weights (given, dtype)": -1
+        if args.topk_weights is None
+        else exchange.dtype_code(args.topk_weights.dtype),
+        "num_worst_tokens": args.num_worst_tokens,
+        "expert_alignment": args.expert_alignment,
+    }
+
+
+def cached_fields(args, transport: int) -> dict:
+    return {
+        _TRANSPORT: transport,
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
+        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
+    }
+
+
+def combine_fields(args, transport: int) -> dict:
+    return {
+        _TRANSPORT: transport,
+        "x's row bytes": args.x.shape[1] * args.x.element_size(),
+        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "topk_weights (K, dtype)": -1
+        if args.topk_weights is None
+        else args.topk_weights.shape[1] * 1000 + args.topk_weights.element_size(),
+    }
+
+
+def bad_ids(args) -> str:
+    """The error for expert ids out of range on some ranks (``{ranks}``: which)."""
+    return (
+        f"{meta.DISPATCH}: argument 'topk_idx' values: expected expert ids in [-1, {args.num_experts}) on every "
+        "rank, got ids out of range on rank(s) {ranks}"
+    )
+
+
+def static_overflow(op: str, num_worst_tokens: int, rank: int, received) -> str:
+    return (
+        f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, got "
+        f"{num_worst_tokens} (rank {rank} receives {received}; rows are never dropped)"
+    )
+
+
+def per_local_expert(local_ids: torch.Tensor, mine: torch.Tensor, local_experts: int, alignment: int) -> torch.Tensor:
+    """Slots per local expert (``mine``: the slot is this rank's), rounded up to ``alignment``: int32 [L], no
+    host sync (a spare slot takes the others)."""
+    per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=local_ids.device)
+    where = torch.where(mine, local_ids, local_experts).reshape(-1)
+    per_expert.index_add_(0, where, torch.ones_like(where))
+    return ((per_expert[:local_experts] + alignment - 1) // alignment * alignment).int()
+
+
+def absent(like: torch.Tensor, n: int) -> torch.Tensor:
     return like.new_empty(n, 0, dtype=_ABSENT)
 
 
@@ -267,7 +318,7 @@ def _unpack(meta, scale_bytes: int, k: int, weight_size: int, first_expert: int,
 
 def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment):
     """_unpack with tensor ops (CUDA / NPU, no host syncs): bitwise the CPU kernel's results."""
-    n, device = meta.shape[0], meta.device
+    n = meta.shape[0]
     ids_at, weights_at = scale_bytes, scale_bytes + 8 * k
     tag = meta[:, -8:].contiguous().view(torch.int64).view(n)
     ids = meta[:, ids_at:weights_at].contiguous().view(torch.int64).view(n, k)
@@ -275,14 +326,12 @@ def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_expe
     mine = (tag > 0).unsqueeze(1) & (ids >= 0) & (local >= 0) & (local < local_experts)
     weights = meta[:, weights_at : weights_at + k * weight_size]
     weights = torch.where(mine.repeat_interleave(weight_size, dim=1), weights, 0)  # bytes: +0.0 in any float
-    per_expert = torch.zeros(local_experts + 1, dtype=torch.int64, device=device)  # a spare slot: no syncs
-    per_expert.index_add_(0, torch.where(mine, local, local_experts).reshape(-1), torch.ones_like(local).reshape(-1))
-    per_expert = (per_expert[:local_experts] + alignment - 1) // alignment * alignment
+    per_expert = per_local_expert(local, mine, local_experts, alignment)
     return (
         meta[:, :scale_bytes].clone(memory_format=torch.contiguous_format),
         torch.where(mine, local, -1),
         weights,
-        per_expert.int(),
+        per_expert,
         tag - 1,
     )
 
@@ -299,7 +348,7 @@ class _Route(NamedTuple):
     send_rows: torch.Tensor | None  # [R, R]: rows rank s sends rank d in the dispatch direction (None: capturing)
 
 
-def _route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s) -> _Route:
+def handle_route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s) -> _Route:
     """Check a dispatch handle on every rank (its counts must pair up: rank s sends rank d what d expects from s)
     and return its route. While a CUDA graph is captured nothing is read on the host: only a static handle
     (equal splits, every rank the same T) can be replayed then, and nothing is checked."""
@@ -330,13 +379,8 @@ def ep_dispatch_cached(args):
     _checked(op, args, meta.cached_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
-    fields = {
-        "x's row bytes": args.x.shape[1] * args.x.element_size(),
-        "x's dtype": exchange.dtype_code(args.x.dtype),
-        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
-        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
-    }
-    route = _route(
+    fields = cached_fields(args, OURS)
+    route = handle_route(
         op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
     )
     n = args.recv_gather.shape[0]
@@ -355,7 +399,7 @@ def ep_dispatch_cached(args):
         send_rows=route.send_rows,
     )
     received = [out if route.compact_recv else exchange.take_rows(out, args.recv_gather, True) for _, out in pairs]
-    recv_scales = received[1] if args.x_scales is not None else _absent(args.x, n)
+    recv_scales = received[1] if args.x_scales is not None else absent(args.x, n)
     return received[0], recv_scales
 
 
@@ -365,15 +409,9 @@ def ep_combine(args):
     _checked(op, args, meta.combine_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
-    fields = {
-        "x's row bytes": args.x.shape[1] * args.x.element_size(),
-        "x's dtype": exchange.dtype_code(args.x.dtype),
-        "topk_weights (K, dtype)": -1
-        if args.topk_weights is None
-        else args.topk_weights.shape[1] * 1000 + args.topk_weights.element_size(),
-    }
+    fields = combine_fields(args, OURS)
     # The reverse route: what this rank received it now sends back.
-    route = _route(
+    route = handle_route(
         op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
     )
     # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
@@ -519,16 +557,23 @@ def ep_expand(args):
 
 def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     """DeepEP's per-128-channel FP8 cast: (E4M3 [T, H], scales). ``scale = 448 / amax`` (amax floored at 1e-4),
-    stored ``scale_inv = amax / 448``; ``round_scale`` makes ``scale_inv`` a power of two (rounded up) and
+    stored ``scale_inv = amax * (1 / 448)``; ``round_scale`` makes ``scale_inv`` a power of two (rounded up) and
     ``scale = 1 / scale_inv``; ``use_ue8m0`` stores its exponent byte, 4 per int32."""
     t, h = x.shape
     groups = x.float().reshape(t, h // meta.LL_BLOCK, meta.LL_BLOCK)  # any strides
     amax = groups.abs().amax(-1).clamp(min=1e-4)
+    # DeepEP's FP32 arithmetic exactly (csrc/kernels/legacy/utils.cuh, calculate_fp8_scales): scale_inv is amax
+    # times the FP32 constant 1/448 (not amax / 448: an ulp apart), scale a true division (torch's ``448 / t`` is a
+    # reciprocal times 448: a code apart on some values), round_scale's power of two from the bits
+    # (fast_log2_ceil / fast_pow2: exact, where log2 on the device is not).
+    prod = amax * torch.tensor(1 / 448.0, dtype=torch.float32)
     if round_scale:
-        scale_inv = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-        scale = 1.0 / scale_inv
+        bits = prod.view(torch.int32)
+        exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).int()
+        scale = ((127 - exp) << 23).view(torch.float32)
+        scale_inv = ((exp + 127) << 23).view(torch.float32)
     else:
-        scale, scale_inv = 448.0 / amax, amax / 448.0
+        scale, scale_inv = torch.full_like(amax, 448.0) / amax, prod
     data = (groups * scale.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, h)
     if use_ue8m0:
         codes = ((scale_inv.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
@@ -536,7 +581,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     return data, scale_inv
 
 
-def ll_dispatch_checks(args, extra: torch.Tensor | None = None):
+def ll_dispatch_checks(args, extra: torch.Tensor | None = None, transport: int = OURS):
     """The low-latency dispatch's checks, the same on every backend: signature, ids, and the header every rank
     exchanges (shapes and options agree; a bad id on any rank fails every rank); skipped while capturing (device
     asserts instead). Returns ``(group, ranks, ids with out-of-range ones as -1, the ranks' ``extra`` ints or
@@ -561,6 +606,7 @@ def ll_dispatch_checks(args, extra: torch.Tensor | None = None):
         "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}"
     )
     fields = {
+        _TRANSPORT: transport,
         "x's row bytes": h * args.x.element_size(),
         "x's dtype": exchange.dtype_code(args.x.dtype),
         "num_max_dispatch_tokens_per_rank": t_max,
@@ -646,13 +692,29 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     return recv_x, recv_scales, count, src_info, layout_range, no_backend_state(device)
 
 
+def ll_row_sources(layout_range: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(source [L, n], inside [L, n])``: the source rank of each row of a low-latency layout, and whether the row
+    lies in a source's segment at all. Segments may come in any order (ours are source-major; DeepEP's are in
+    arrival order), so a row's source is the segment with the last begin at or before it; no host read."""
+    begins, counts = layout_range >> 32, layout_range & 0xFFFFFFFF
+    local, r = layout_range.shape
+    # An empty segment may share its begin with the next one: order empty ones first among equal begins.
+    sorted_keys, order = torch.sort(begins * 2 + (counts > 0), dim=1)
+    j = torch.arange(n, device=layout_range.device).expand(local, n).contiguous()
+    at = (torch.searchsorted(sorted_keys.contiguous(), j * 2 + 1, right=True) - 1).clamp(min=0)
+    source = order.gather(1, at)
+    inside = (j >= begins.gather(1, source)) & (j < (begins + counts).gather(1, source))
+    return source, inside
+
+
 def _equal_splits(r: int, rows: int) -> torch.Tensor:
     """The [R, R] split table of the low-latency buffers: every rank sends every rank ``rows`` rows."""
     return torch.full((r, r), rows, dtype=torch.int64)
 
 
 def no_backend_state(device) -> torch.Tensor:
-    """The low-latency dispatch's ``backend_state`` of a transport that keeps none: empty int32."""
+    """The ``backend_state`` of a transport that keeps none (ours: the handle's tensors say everything): empty
+    int32. Our cached dispatch and combine ignore a state handed back."""
     return torch.empty(0, dtype=torch.int32, device=device)
 
 
@@ -662,7 +724,7 @@ def ep_low_latency_dispatch(args):
     return ll_transport(args, group, r, idx)
 
 
-def ll_combine_checks(args, extra: torch.Tensor | None = None, errors: dict | None = None):
+def ll_combine_checks(args, extra: torch.Tensor | None = None, errors: dict | None = None, transport: int = OURS):
     """The low-latency combine's checks, the same on every backend: signature and the header every rank exchanges
     (shapes and options agree; ``errors`` raised on every rank if any rank flags one), skipped while capturing.
     Returns ``(group, ranks, the ranks' ``extra`` ints or None)``."""
@@ -671,6 +733,7 @@ def ll_combine_checks(args, extra: torch.Tensor | None = None, errors: dict | No
     group = resolve_group(op, args.group_name)
     local, _, h = args.x.shape
     fields = {
+        _TRANSPORT: transport,
         "x's row bytes": h * args.x.element_size(),
         "x's dtype": exchange.dtype_code(args.x.dtype),
         "num_max_dispatch_tokens_per_rank": args.num_max_dispatch_tokens_per_rank,
@@ -696,11 +759,8 @@ def ll_combine_transport(args, group, r: int):
     device = args.x.device
     local, n, h = args.x.shape
     # Each valid row goes back to its source rank, at [source, local expert, token].
-    counts = args.layout_range & 0xFFFFFFFF
-    ends = torch.cumsum(counts, dim=1)  # [L, R] inclusive
-    j = torch.arange(n, device=device).expand(local, n)
-    source = torch.searchsorted(ends.contiguous(), j.contiguous(), right=True)  # [L, n]
-    ok = args.src_info >= 0
+    source, inside = ll_row_sources(args.layout_range, n)
+    ok = (args.src_info >= 0) & inside
     expert = torch.arange(local, device=device).unsqueeze(1).expand(local, n)
     dest = (source * local + expert) * t_max + args.src_info.long().clamp(min=0)
     spare = r * local * t_max  # rows without a message land in a spare last row: no boolean indexing
