@@ -1,9 +1,10 @@
 """DeepSeek's own kernels as the first entry of our ops' chains, one module per library named after it:
 ``deep_gemm`` (DeepGEMM on CUDA, DeepGEMM-Ascend on Ascend: one module name, told apart by version and
-attributes) and ``flash_mla`` (FlashMLA's G3 release on SM100 and Ascend); DeepSelect's Ascend build sits beside its
-family's NPU adapters (``backends/npu/topk_select.py``).
+attributes), ``deep_ep`` (DeepEP's V1 ``Buffer`` on CUDA: normal and low-latency modes), ``flash_mla`` (FlashMLA's G3
+release on SM100 and Ascend) and ``deep_select`` (DeepSelect's CUDA and Ascend extensions).
 
-The libraries are pybind modules with out-parameters (DeepGEMM) or their own dispatcher ops (FlashMLA): our op
+The libraries are pybind modules with out-parameters (DeepGEMM, DeepSelect), Python objects holding communication
+buffers (DeepEP) or their own dispatcher ops (FlashMLA): our op
 stays the dispatcher-visible unit with our schema, fake, autograd and compiler passes; inside its device kernel the
 chain (``backends.chain``) picks the library's function where it is installed and takes the call (our validation
 first, so it never sees a call we would refuse, nor one it would "panic" on), allocates the output and passes it as

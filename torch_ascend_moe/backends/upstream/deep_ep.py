@@ -1,0 +1,529 @@
+"""DeepEP's own kernels behind the ep family on CUDA: the normal (high-throughput) dispatch, cached dispatch and
+combine of its V1 ``deep_ep.Buffer`` (deepseek-ai/DeepEP; specs/deepep_api.md §2-§5), the chain's first entry
+where the library is installed; our transport (``backends/portable/ep.py``, NCCL) otherwise.
+
+The op stays ours (schema, fake, autograd, compiler passes); only the data movement is DeepEP's. What that means:
+
+* **The same header first.** Every rank still exchanges our fixed-length header before any row moves (the op's
+  validation on every rank with one verdict, a mismatch between ranks raising on all of them, the deadline), now
+  naming the transport: a rank where DeepEP is installed and one where it is not raise on both instead of waiting
+  in different collectives. ``takes`` reads only what every rank shares (the group's size, H, dtypes, K, E, the
+  options), never a rank's own token count, so the ranks choose alike. The header also carries every rank's send
+  counts, so a static dispatch whose ``num_worst_tokens`` is too small raises on every rank before DeepEP writes a
+  row (its kernel would write past the buffer). Cost: one small all-gather per call, as our transport pays.
+* **Our handle, exactly, plus DeepEP's.** The dispatch returns the handle our transport would (``send_src``,
+  ``send_counts``, ``recv_counts``, ``recv_gather``: built from DeepEP's layout and the header, bitwise the
+  portable ones), so any later call DeepEP does not take (FP32 gradients, ``copy_order``) runs our transport on the
+  same routing; and DeepEP's own handle in ``backend_state``: its combine needs ``send_head``, which DeepEP's
+  dispatch kernel writes and which cannot be rebuilt from ours. Receive order is DeepEP V1's, source-rank-major then
+  ascending source token: ours. Rows past ``num_recv`` (static dispatch), which DeepEP leaves uninitialized, are
+  zeroed as our op defines them.
+* **A buffer per process group**, built collectively on the first call that needs it (every rank makes that call),
+  sized from DeepEP's own hints (``Config.get_nvl_buffer_size_hint`` / ``get_rdma_buffer_size_hint`` for the
+  dispatch and combine configs, ``hidden_bytes = H * max(element size, 2)`` as DeepEP's README sizes it) and
+  rebuilt, larger, when a call needs more. ``chain.refresh()`` drops them.
+* **Combine** is DeepEP's: biases first, then each rank's copy in ascending rank, FP32, one BF16 rounding (ours,
+  bitwise), weights summed.
+
+Taken: 2, 4 or 8 ranks (DeepEP's intranode kernels; its internode handle is not packed here yet), rows whose width
+is a multiple of 16 bytes, FP32 / int32 scales, FP32 weights, BF16 combine rows and biases, not while a CUDA graph
+is captured (the header is a host read; DeepEP's compact dispatch waits on the host too), not with
+``torch.use_deterministic_algorithms`` filling uninitialized memory (DeepEP asserts it off).
+
+``backend_state`` (1-D int32) is DeepEP's intranode handle, flattened: ``rank_prefix_matrix [R, R]``,
+``channel_prefix_matrix [R, C]``, ``recv_channel_prefix_matrix [R, C]``, ``recv_src_idx [N]``, ``is_token_in_rank
+[T, R]`` (0/1), ``send_head [T, R]``. Its length gives ``C`` from what the combine already knows (``R``, ``T``,
+``N``): unpacking reads nothing on the host.
+
+Verified how: ``tests/upstream/test_deep_ep_backend.py`` on 2 and 4 gloo ranks with a stand-in ``deep_ep`` written
+from DeepEP's sources (``tests/standins/deep_ep``). Not run on GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from torch_ascend_moe.backends.chain import first_refusal, kernel, on_refresh, refuse
+from torch_ascend_moe.backends.portable import ep as ours
+from torch_ascend_moe.backends.upstream import Library
+from torch_ascend_moe.distributed import capture, exchange
+from torch_ascend_moe.distributed.groups import resolve_group
+from torch_ascend_moe.meta import ep as meta
+
+
+def _v1_build(module) -> str | None:
+    if not hasattr(module, "Buffer"):
+        return "deep_ep has no Buffer (DeepEP's V1 API): an ElasticBuffer-only build"
+    return None
+
+
+DEEP_EP = Library("deep_ep", accept=_v1_build)
+
+INTRANODE_RANKS = (2, 4, 8)  # DeepEP's intranode kernels are instantiated for these
+MAX_LOCAL_EXPERTS = 1024  # its notify kernels' limit on E / R
+MAX_TOPK = MAX_SCALES = 128  # what its buffer size hints assume
+
+
+# ---- buffers ----
+
+
+class _Held(NamedTuple):
+    buffer: object
+    sizes: tuple[int, ...]  # what it was built for (bytes, queue pairs): a call needing no more reuses it
+
+
+# One buffer per (process group, mode): normal-mode and low-latency buffers apart, as vLLM and SGLang keep them (a
+# low-latency buffer used for normal kernels would need cleaning first).
+_BUFFERS: dict[tuple[str, str], _Held] = {}
+
+
+@on_refresh
+def _drop_buffers() -> None:
+    _BUFFERS.clear()
+
+
+def _held(key: tuple[str, str], sizes: tuple[int, ...]):
+    held = _BUFFERS.get(key)
+    return held.buffer if held is not None and all(h >= s for h, s in zip(held.sizes, sizes)) else None
+
+
+def _buffer(key: tuple[str, str], sizes: tuple[int, ...], build):
+    """The buffer held for ``key`` if it is big enough for ``sizes``, else ``build(sizes)`` (grown to at least the
+    old one's sizes: never shrink, the smaller calls fit too); building is collective, and every rank reaches this
+    call alike."""
+    buffer = _held(key, sizes)
+    if buffer is not None:
+        return buffer
+    old = _BUFFERS.pop(key, None)
+    if old is not None:
+        sizes = tuple(max(a, b) for a, b in zip(sizes, old.sizes))
+        del old  # DeepEP frees a buffer when its last reference goes (explicitly_destroy=False)
+    buffer = build(sizes)
+    _BUFFERS[key] = _Held(buffer, sizes)
+    return buffer
+
+
+def normal_buffer(group_name: str, group, hidden_bytes: int):
+    """The group's normal-mode ``deep_ep.Buffer``, big enough for rows of ``hidden_bytes`` (DeepEP's hints for its
+    dispatch and combine configs)."""
+    lib = DEEP_EP.module()
+    r = group.size()
+    configs = (lib.Buffer.get_dispatch_config(r), lib.Buffer.get_combine_config(r))
+    nvl = max(c.get_nvl_buffer_size_hint(hidden_bytes, r) for c in configs)
+    rdma = max(c.get_rdma_buffer_size_hint(hidden_bytes, r) for c in configs)
+    return _buffer((group_name, "normal"), (nvl, rdma), lambda sizes: lib.Buffer(group, *sizes))
+
+
+def _hidden_bytes(x: torch.Tensor) -> int:
+    return x.shape[1] * max(x.element_size(), 2)
+
+
+# ---- backend_state: DeepEP's intranode handle, flattened ----
+
+
+def pack(handle) -> torch.Tensor:
+    rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, in_rank, send_head = handle
+    parts = (rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, in_rank, send_head)
+    return torch.cat([p.reshape(-1).to(torch.int32) for p in parts])
+
+
+def _bad_state(op: str, r: int, t: int, n: int, got) -> ValueError:
+    return ValueError(
+        f"{op}: argument 'backend_state' value: expected DeepEP's handle of the dispatch this handle comes from "
+        f"(R={r}, T={t}, N={n}: R*R + 2*R*C + N + 2*T*R int32 entries for some channel count C >= 1), got {got} "
+        "entries"
+    )
+
+
+def unpack(op: str, state: torch.Tensor, r: int, t: int, n: int) -> tuple:
+    """DeepEP's handle from a ``backend_state`` (``t`` tokens dispatched, ``n`` rows received); ``send_head`` is a
+    copy (DeepEP's combine rewrites it in place; the state is our op's input, never written)."""
+    fixed = r * r + n + 2 * t * r
+    rest = state.numel() - fixed
+    if rest < 2 * r or rest % (2 * r):
+        raise _bad_state(op, r, t, n, state.numel())
+    c = rest // (2 * r)
+    sizes = [r * r, r * c, r * c, n, t * r, t * r]
+    rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, in_rank, send_head = state.split(sizes)
+    return (
+        rank_prefix.view(r, r),
+        channel_prefix.view(r, c),
+        recv_channel_prefix.view(r, c),
+        recv_src_idx,
+        in_rank.view(t, r).bool(),
+        send_head.view(t, r).clone(),
+    )
+
+
+# ---- what DeepEP takes ----
+
+
+def _shared_refusal(x: torch.Tensor, r: int, *tensors) -> str | None:
+    """Refusals every normal-mode call shares (all of them rank-independent)."""
+    if not all(t is None or capture.has_data(t) for t in (x, *tensors)):
+        return "fake or meta tensors (the library runs on data; our fake serves tracing)"
+    if r not in INTRANODE_RANKS:
+        return f"{r} ranks: DeepEP's intranode kernels take 2, 4 or 8 (its internode handle is not wired here)"
+    if capture.capturing(x.device):
+        return "a CUDA graph is being captured (the header every rank exchanges first is a host read)"
+    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
+        return "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+    if (x.shape[1] * x.element_size()) % 16:
+        return f"rows of {x.shape[1] * x.element_size()} bytes (DeepEP moves rows of 16-byte multiples)"
+    return None
+
+
+def _valid(signature, args) -> int | None:
+    """The world size when our check passes, else None (the kernel then chosen raises the op's error on every
+    rank: a ``takes`` must not raise, or the other ranks would wait for this one's header)."""
+    try:
+        return signature(args)
+    except ValueError:
+        return None
+
+
+_INVALID = "arguments our check refuses (the kernel chosen raises the op's error, on every rank)"
+
+
+def _takes_dispatch(args):
+    r = _valid(meta.dispatch_signature, args)
+    if r is None:
+        return refuse(_INVALID)
+    return first_refusal(
+        _shared_refusal(args.x, r, args.x_scales, args.topk_idx, args.topk_weights),
+        None
+        if args.x_scales is None or args.x_scales.shape[1] <= MAX_SCALES
+        else f"{args.x_scales.shape[1]} scales per row (DeepEP's buffers assume at most {MAX_SCALES})",
+        None if args.topk_idx.shape[1] <= MAX_TOPK else f"top-{args.topk_idx.shape[1]} (DeepEP assumes <= {MAX_TOPK})",
+        None
+        if args.topk_weights is None or args.topk_weights.dtype == torch.float32
+        else f"{args.topk_weights.dtype} weights (DeepEP moves FP32 ones)",
+        None
+        if args.num_experts // r <= MAX_LOCAL_EXPERTS
+        else f"{args.num_experts // r} experts per rank (DeepEP takes at most {MAX_LOCAL_EXPERTS})",
+    )
+
+
+def _takes_state(state) -> str | None:
+    if state is None or state.numel() == 0:
+        return "the dispatch did not go through DeepEP (no DeepEP handle in backend_state)"
+    return None
+
+
+def _takes_cached(args):
+    r = _valid(meta.cached_signature, args)
+    if r is None:
+        return refuse(_INVALID)
+    return first_refusal(
+        _takes_state(args.backend_state),
+        _shared_refusal(args.x, r, args.x_scales, args.backend_state),
+        None
+        if args.x_scales is None or args.x_scales.shape[1] <= MAX_SCALES
+        else f"{args.x_scales.shape[1]} scales per row (DeepEP's buffers assume at most {MAX_SCALES})",
+    )
+
+
+def _takes_combine(args):
+    r = _valid(meta.combine_signature, args)
+    if r is None:
+        return refuse(_INVALID)
+    biases = [b for b in (args.bias_0, args.bias_1) if b is not None]
+    return first_refusal(
+        _takes_state(args.backend_state),
+        _shared_refusal(args.x, r, args.topk_weights, args.backend_state, *biases),
+        None if args.x.dtype == torch.bfloat16 else f"{args.x.dtype} rows (DeepEP's combine is built for BF16)",
+        None if all(b.dtype == torch.bfloat16 for b in biases) else "biases not BF16 (DeepEP adds BF16 biases)",
+        None
+        if args.topk_weights is None or args.topk_weights.dtype == torch.float32
+        else f"{args.topk_weights.dtype} weights (DeepEP sums FP32 ones)",
+        None if args.copy_order is None else "copy_order (DeepEP adds a token's copies in ascending rank)",
+    )
+
+
+# ---- kernels ----
+
+
+def _zero_padding(rows: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """Rows where ``pad`` [N] holds zeroed in place (any dtype: as bytes), no host read."""
+    if rows.numel():
+        rows.view(torch.uint8).view(rows.shape[0], -1).masked_fill_(pad.unsqueeze(1), 0)
+    return rows
+
+
+@kernel(
+    device="cuda",
+    library="deep_ep",
+    calls="deep_ep.Buffer.get_dispatch_layout + dispatch",
+    takes=_takes_dispatch,
+    available=DEEP_EP.available,
+)
+def ep_dispatch(args):
+    op = meta.DISPATCH
+    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: meta.dispatch_signature(args))
+    group = resolve_group(op, args.group_name)
+    rank, device = group.rank(), args.x.device
+    t, k = args.topk_idx.shape
+    static = args.num_worst_tokens > 0
+    idx = args.topk_idx.long()
+    bad = (idx < -1) | (idx >= args.num_experts)
+    ids = torch.where(bad, -1, idx)  # a bad id never reaches DeepEP's layout kernel (the header raises first)
+    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
+    per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, args.num_experts)
+    counts = per_rank.long()
+    # Every rank's send counts and T: receive counts, a too-small num_worst_tokens, and the static handle's T's.
+    extra = torch.cat([counts.cpu(), torch.full((r,), t, dtype=torch.int64)])
+    errors = {"topk_idx": (bool(bad.any()), ours.bad_ids(args))}
+    table = exchange.exchange_header(
+        op, group, device, ours.dispatch_fields(args, ours.DEEP_EP), extra, errors, args.timeout_s
+    )
+    received = table[:, :r].sum(0)  # rows each rank receives
+    if static and bool((received > args.num_worst_tokens).any()):
+        worst = int(received.argmax())
+        raise ValueError(ours.static_overflow(op, args.num_worst_tokens, worst, int(received[worst])))
+    weights = args.topk_weights if args.topk_weights is not None else torch.zeros(t, k, device=device)
+    payload = args.x.contiguous() if args.x_scales is None else (args.x.contiguous(), args.x_scales)
+    recv, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
+        payload,
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_rdma,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=ids,
+        topk_weights=weights,
+        expert_alignment=args.expert_alignment,
+        num_worst_tokens=args.num_worst_tokens,
+    )
+    recv_x, recv_scales = recv if args.x_scales is not None else (recv, None)
+    n, n_real = recv_x.shape[0], int(received[rank])
+    from_me = table[:, rank].to(device)  # rows each source sends this rank, source-major in the receive order
+    src = handle[3].long()
+    if static:
+        # Our static handle: every rank sends every rank a slot per token; a received row's slot in the receive
+        # buffer is its source's offset (the T's before it) plus its token.
+        send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
+        send_counts = torch.full((r,), t, dtype=torch.int64, device=device)
+        recv_counts = table[:, r].to(device).clone()
+        rows = torch.arange(n, device=device)
+        source = torch.searchsorted(torch.cumsum(from_me, 0), rows, right=True).clamp(max=r - 1)
+        slot_start = torch.cumsum(recv_counts, 0) - recv_counts
+        pad = rows >= n_real
+        recv_gather = torch.where(pad, -1, slot_start[source] + src)
+        src = torch.where(pad, -1, src)
+        for rows_ in (recv_x, recv_scales, recv_w):
+            if rows_ is not None:
+                _zero_padding(rows_, pad)
+        recv_idx.masked_fill_(pad.unsqueeze(1), -1)
+    else:
+        send_src = in_rank.t().nonzero()[:, 1].contiguous()  # destination-major, ascending token
+        send_counts, recv_counts = counts, from_me.clone()
+        recv_gather = torch.arange(n, device=device)
+    local = args.num_experts // r
+    return (
+        recv_x,
+        ours.absent(args.x, n) if recv_scales is None else recv_scales,
+        recv_idx,
+        ours.absent(args.x, n) if args.topk_weights is None else recv_w,
+        ours.per_local_expert(recv_idx, recv_idx >= 0, local, args.expert_alignment),
+        torch.full((1,), n_real, dtype=torch.int64, device=device),
+        send_src,
+        send_counts,
+        recv_counts,
+        recv_gather,
+        src,
+        pack(handle),
+    )
+
+
+def _replay(op: str, signature, fields, args):
+    """The checks before replaying a DeepEP dispatch (cached dispatch, combine): our op's on every rank, then the
+    handles checked to pair up across ranks, as for our transport (a mismatch raises on every rank, where DeepEP would
+    wait). Returns ``(R, group)``."""
+    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
+    group = resolve_group(op, args.group_name)
+    ours.handle_route(
+        op,
+        group,
+        args.x.device,
+        args.send_src,
+        args.send_counts,
+        args.recv_counts,
+        args.recv_gather,
+        fields(args, ours.DEEP_EP),
+        args.timeout_s,
+    )
+    return r, group
+
+
+@kernel(
+    device="cuda",
+    library="deep_ep",
+    calls="deep_ep.Buffer.dispatch(handle=)",
+    takes=_takes_cached,
+    available=DEEP_EP.available,
+)
+def ep_dispatch_cached(args):
+    op = meta.CACHED
+    r, group = _replay(op, meta.cached_signature, ours.cached_fields, args)
+    n = args.recv_gather.shape[0]
+    handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
+    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
+    payload = args.x.contiguous() if args.x_scales is None else (args.x.contiguous(), args.x_scales)
+    recv, *_ = buffer.dispatch(payload, handle=handle)
+    recv_x, recv_scales = recv if args.x_scales is not None else (recv, None)
+    pad = args.recv_gather < 0
+    _zero_padding(recv_x, pad)
+    if recv_scales is None:
+        return recv_x, ours.absent(args.x, n)
+    return recv_x, _zero_padding(recv_scales, pad)
+
+
+@kernel(
+    device="cuda", library="deep_ep", calls="deep_ep.Buffer.combine", takes=_takes_combine, available=DEEP_EP.available
+)
+def ep_combine(args):
+    op = meta.COMBINE
+    r, group = _replay(op, meta.combine_signature, ours.combine_fields, args)
+    handle = unpack(op, args.backend_state, r, args.num_tokens, args.x.shape[0])
+    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
+    biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
+    weights = None if args.topk_weights is None else args.topk_weights.contiguous()
+    combined, combined_w, _ = buffer.combine(
+        args.x.contiguous(), handle, topk_weights=weights, bias=biases if len(biases) == 2 else (biases or (None,))[0]
+    )
+    if weights is None:
+        return combined, ours.absent(args.x, args.num_tokens)
+    return combined, combined_w
+
+
+# ---- low-latency mode ----
+#
+# DeepEP's low-latency kernels (one message per (token, expert) into [L, R * T_max, H] buffers over NVSHMEM) serve
+# ep_low_latency_dispatch / _combine. Their handle is ours field for field (src_info, layout_range, T_max, H, E), so
+# no backend_state: our transport's combine can take DeepEP's dispatch and the other way round. Rows arrive in
+# arrival order (DeepEP: segments and rows by atomic counters), which the op allows: src_info / layout_range say where
+# each row came from, our combine and the backward read them whatever the order. Rows past recv_count are left as
+# DeepEP leaves them (the op leaves them unspecified; zeroing them would cost a pass over the whole buffer).
+
+LL_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)  # the hidden sizes its kernels are instantiated for
+LL_MAX_TOPK = 11
+LL_MAX_TOKENS = 511  # NVSHMEM's default QP depth (1024) holds 2 * (T_max + 1) messages
+
+
+def _ll_sizes(group_size: int, t_max: int, hidden: int, num_experts: int) -> tuple[int, int]:
+    """A low-latency buffer's RDMA bytes (DeepEP's hint) and queue pairs per rank (one per local expert)."""
+    lib = DEEP_EP.module()
+    return lib.Buffer.get_low_latency_rdma_size_hint(t_max, hidden, group_size, num_experts), num_experts // group_size
+
+
+def low_latency_buffer(group_name: str, group, t_max: int, hidden: int, num_experts: int):
+    """The group's low-latency ``deep_ep.Buffer``; never built while a graph is captured (``takes``)."""
+    lib = DEEP_EP.module()
+    return _buffer(
+        (group_name, "low latency"),
+        _ll_sizes(group.size(), t_max, hidden, num_experts),
+        lambda sizes: lib.Buffer(group, 0, sizes[0], low_latency_mode=True, num_qps_per_rank=sizes[1]),
+    )
+
+
+def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: int, num_experts: int, k: int):
+    if not capture.has_data(x):
+        return "fake or meta tensors (the library runs on data; our fake serves tracing)"
+    if r < 2:
+        return "a single rank (nothing to exchange)"
+    if x.dtype != torch.bfloat16:
+        return f"{x.dtype} rows (DeepEP's low-latency kernels move BF16)"
+    if hidden not in LL_HIDDEN:
+        return f"H = {hidden} (DeepEP's low-latency kernels are built for {', '.join(map(str, LL_HIDDEN))})"
+    if k > LL_MAX_TOPK:
+        return f"top-{k} (DeepEP's low-latency kernels take at most {LL_MAX_TOPK})"
+    if t_max > LL_MAX_TOKENS:
+        return f"num_max_dispatch_tokens_per_rank {t_max} (NVSHMEM's default queue depth holds {LL_MAX_TOKENS})"
+    if (r * t_max) % 4:
+        return f"R * num_max_dispatch_tokens_per_rank = {r * t_max}, not a multiple of 4 (DeepEP asserts it)"
+    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
+        return "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+    if (
+        capture.capturing(x.device)
+        and _held((group_name, "low latency"), _ll_sizes(r, t_max, hidden, num_experts)) is None
+    ):
+        return (
+            "no DeepEP buffer for these sizes yet, and building one while a graph is captured is collective (warm up)"
+        )
+    return None
+
+
+def _takes_ll_dispatch(args):
+    r = _valid(meta.ll_dispatch_signature, args)
+    if r is None:
+        return refuse(_INVALID)
+    t_max, hidden = args.num_max_dispatch_tokens_per_rank, args.x.shape[1]
+    return first_refusal(
+        _ll_refusal(args.x, r, args.group_name, t_max, hidden, args.num_experts, args.topk_idx.shape[1]),
+        None if args.slot_weights is None else "slot_weights (DeepEP's dispatch scales no messages)",
+    )
+
+
+def _takes_ll_combine(args):
+    r = _valid(meta.ll_combine_signature, args)
+    if r is None:
+        return refuse(_INVALID)
+    local, _, hidden = args.x.shape
+    k = args.topk_idx.shape[1]
+    t_max = args.num_max_dispatch_tokens_per_rank
+    return first_refusal(
+        None
+        if args.backend_state is None or args.backend_state.numel() == 0
+        else "a dispatch whose transport keeps a state (MC2's)",
+        _ll_refusal(args.x, r, args.group_name, t_max, hidden, local * r, k),
+        None if args.topk_weights.dtype == torch.float32 else f"{args.topk_weights.dtype} weights (DeepEP's are FP32)",
+    )
+
+
+@kernel(
+    device="cuda",
+    library="deep_ep",
+    calls="deep_ep.Buffer.low_latency_dispatch",
+    takes=_takes_ll_dispatch,
+    available=DEEP_EP.available,
+)
+def ep_low_latency_dispatch(args):
+    group, r, ids, _ = ours.ll_dispatch_checks(args, transport=ours.DEEP_EP)
+    t_max, (_, hidden) = args.num_max_dispatch_tokens_per_rank, args.x.shape
+    buffer = low_latency_buffer(args.group_name, group, t_max, hidden, args.num_experts)
+    recv, count, handle, _, _ = buffer.low_latency_dispatch(
+        args.x.contiguous(),
+        ids,
+        t_max,
+        args.num_experts,
+        use_fp8=args.use_fp8,
+        round_scale=args.round_scale,
+        use_ue8m0=args.use_ue8m0,
+    )
+    recv_x, scales = recv if args.use_fp8 else (recv, None)
+    local, n = recv_x.shape[:2]
+    # DeepEP hands its scales as a transposed view (for TMA): ours are row-major.
+    scales = ours.absent(args.x, local * n).view(local, n, 0) if scales is None else scales.contiguous()
+    inside = torch.arange(n, device=recv_x.device) < count.unsqueeze(1)
+    src_info = torch.where(inside, handle[0], -1)  # DeepEP leaves the rest unwritten; ours marks them -1
+    return recv_x, scales, count, src_info, handle[1], ours.no_backend_state(recv_x.device)
+
+
+@kernel(
+    device="cuda",
+    library="deep_ep",
+    calls="deep_ep.Buffer.low_latency_combine",
+    takes=_takes_ll_combine,
+    available=DEEP_EP.available,
+)
+def ep_low_latency_combine(args):
+    group, r, _ = ours.ll_combine_checks(args, transport=ours.DEEP_EP)
+    local, _, hidden = args.x.shape
+    t_max = args.num_max_dispatch_tokens_per_rank
+    buffer = low_latency_buffer(args.group_name, group, t_max, hidden, local * r)
+    handle = (args.src_info, args.layout_range, t_max, hidden, local * r)
+    combined, _, _ = buffer.low_latency_combine(
+        args.x.contiguous(), args.topk_idx.long(), args.topk_weights.contiguous(), handle
+    )
+    return combined
