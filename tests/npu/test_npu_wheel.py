@@ -39,7 +39,7 @@ def test_torch_meta_kernels_untouched(npu_ops):
 def test_every_adapter_calls_torch_npu_ops_that_exist(npu_ops):
     """The NPU chains' torch_npu kernels (``info``'s NPU chain column): each names a torch_npu op of the pinned wheel
     (FlashMLA's Ascend release's ``flash_mla.*`` ops and DeepSelect's Ascend build ``deep_select.*`` are their
-    libraries' kernels: tests/npu/test_flash_mla_ascend_adapter.py, tests/npu/test_deep_select_ascend_adapter.py)."""
+    libraries' kernels: tests/npu/test_flash_mla_ascend_adapter.py, tests/upstream/test_deep_select_backend.py)."""
     from torch_ascend_moe.backends import chain, npu
 
     npu.register()
