@@ -79,7 +79,9 @@ def test_registered_adapters():
     assert {s.name for s in ADAPTED} == {"m_grouped_bf16_gemm", "m_grouped_bf16_gemm_masked", "k_grouped_bf16_gemm"}
     assert {s.name for s in MX_ADAPTED} == {"m_grouped_fp8_gemm", "m_grouped_fp8_gemm_masked"}
     assert {s.name for s in SPECS} == {s.name for s in ADAPTED + MX_ADAPTED} | PORTABLE_ONLY | STEPS
-    assert all(labels(name, "npu") == ["portable"] for name in STEPS | PORTABLE_ONLY)
+    # No torch_npu adapter for these (DeepGEMM-Ascend's k-grouped FP8 GEMM, an upstream library, may come first)
+    vendor = [[x for x in labels(name, "npu") if not x.startswith("deep_gemm.")] for name in STEPS | PORTABLE_ONLY]
+    assert all(chain_ == ["portable"] for chain_ in vendor), vendor
 
 
 @pytest.mark.parametrize("spec", ADAPTED, ids=str)

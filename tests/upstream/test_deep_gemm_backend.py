@@ -56,7 +56,18 @@ SERVED = {
         "paged_mqa_logits",
         "fp8_einsum",
     ],
-    "npu": ["fp8_gemm", "bf16_gemm", "m_grouped_fp8_gemm", "m_grouped_bf16_gemm", "fp8_bmm", "bf16_bmm"],
+    "npu": [
+        "fp8_gemm",
+        "bf16_gemm",
+        "m_grouped_fp8_gemm",
+        "m_grouped_bf16_gemm",
+        "k_grouped_fp8_gemm",
+        "k_grouped_bf16_gemm",
+        "fp8_bmm",
+        "bf16_bmm",
+        "fp8_einsum",
+        "bf16_einsum",
+    ],
 }
 CASES = [(lib, op) for lib, (device, _) in LIBRARIES.items() for op in SERVED[device]]
 E8M0 = torch.float8_e8m0fnu
@@ -188,32 +199,34 @@ def _masked_bf16_samples(lib: str, dtype) -> list[SampleInput]:
 
 
 def _k_grouped_fp8_samples(lib: str, dtype) -> list[SampleInput]:
-    """psum layouts at the library's alignment with an empty group and a ragged one, gran_k 128 and 32, E8M0 scales
-    (SM100), ``c`` or not; and FP32 scales (a miss on SM100)."""
+    """psum layouts at the library's alignment with an empty group and a ragged one, gran_k 128 and 32 (Ascend: remapped
+    to its 32-row blocks by absolute position), E8M0 scales, ``c`` or not; and FP32 scales (a miss)."""
     g = torch.Generator().manual_seed(17)
+    align = 256 if lib == "Ascend" else 128
     out = []
-    for counts, gran_k, with_c in [([130, 0, 40], 128, False), ([64, 200], 32, True)]:
-        layout, rows = psum_layout(counts, 128)
-        a, sfa = k_grouped_quantize(torch.randn(rows, 64, generator=g), layout, 128, gran_k, True)
-        b, sfb = k_grouped_quantize(torch.randn(rows, 32, generator=g), layout, 128, gran_k, True)
+    for counts, gran_k, with_c in [([130, 0, 40], 128, False), ([64, 200], 32, True), ([300, 45, 0, 70], 64, True)]:
+        layout, rows = psum_layout(counts, align)
+        a, sfa = k_grouped_quantize(torch.randn(rows, 64, generator=g), layout, align, gran_k, True)
+        b, sfb = k_grouped_quantize(torch.randn(rows, 32, generator=g), layout, align, gran_k, True)
         c = (10 * torch.randn(len(counts), 64, 32, generator=g)).to(dtype) if with_c else None
         (sfa8,), (sfb8,) = _e8m0(sfa), _e8m0(sfb)
-        args = (a, sfa8, b, sfb8, layout, len(counts), 128, gran_k, c, dtype)
+        args = (a, sfa8, b, sfb8, layout, len(counts), align, gran_k, c, dtype)
         out.append(SampleInput(args, f"psum {counts} gran_k {gran_k}{' +c' if with_c else ''}"))
-        out.append(SampleInput((a, sfa, b, sfb, layout, len(counts), 128, gran_k, c, dtype), "miss: FP32 scales"))
+        out.append(SampleInput((a, sfa, b, sfb, layout, len(counts), align, gran_k, c, dtype), "miss: FP32 scales"))
     return out
 
 
 def _k_grouped_bf16_samples(lib: str, dtype) -> list[SampleInput]:
     g = torch.Generator().manual_seed(18)
+    align = 256 if lib == "Ascend" else 128
     out = []
     for counts, with_c in [([130, 0, 40], False), ([64, 200], True)]:
-        layout, rows = psum_layout(counts, 128)
+        layout, rows = psum_layout(counts, align)
         a = torch.randn(rows, 64, generator=g).bfloat16()
         b = torch.randn(rows, 32, generator=g).bfloat16()
         c = torch.randn(len(counts), 64, 32, generator=g) if with_c else None
         out_dtype = torch.float32 if with_c else dtype
-        out.append(SampleInput((a, b, layout, len(counts), True, 128, c, out_dtype), f"psum {counts}"))
+        out.append(SampleInput((a, b, layout, len(counts), True, align, c, out_dtype), f"psum {counts}"))
     return out
 
 
@@ -244,7 +257,11 @@ def _einsum_samples(lib: str, dtype) -> list[SampleInput]:
             "bmk,bnk->mn FP32 +c",
         ),
         SampleInput(("bmk,bnk->mn", bf16(2, 32, 64), bf16(2, 64, 64), None, 1.0, None), "miss: M 32"),
-        SampleInput(("bhd,bhr->hdr", bf16(4, 8, 64), bf16(4, 8, 32), None, 1.0, None), "miss: bhd,bhr->hdr"),
+        SampleInput(("bhd,bhr->hdr", bf16(4, 8, 64), bf16(4, 8, 32), None, 1.0, None), "bhd,bhr->hdr"),
+        SampleInput(
+            ("bhr,hdr->bhd", bf16(4, 8, 128), bf16(8, 64, 128), torch.randn(4, 8, 64, generator=g), 0.5, None),
+            "bhr,hdr->bhd FP32 +c alpha 0.5",
+        ),
     ]
 
 
@@ -337,6 +354,12 @@ def _fp8_einsum_samples(lib: str, dtype) -> list[SampleInput]:
         cases += [
             ("bhd,hdr->bhr", [1, 128], [128, 128], {"b": 4, "h": 2, "d": 256, "r": 64}, torch.bfloat16, False),
             ("bhd,bhr->hdr", [1, 128], [1, 128], {"b": 256, "h": 2, "d": 24, "r": 40}, torch.float32, True),
+        ]
+    if lib == "Ascend":  # gran_k 32 (its only one), any power-of-two gran_mn, c and alpha
+        cases = [
+            ("bhr,hdr->bhd", [1, 32], [32, 32], {"b": 5, "h": 3, "r": 96, "d": 64}, torch.bfloat16, False),
+            ("bhd,hdr->bhr", [1, 32], [1, 32], {"b": 4, "h": 2, "d": 64, "r": 32}, torch.float32, True),
+            ("bhd,bhr->hdr", [1, 32], [1, 32], {"b": 64, "h": 2, "d": 24, "r": 40}, torch.float32, True),
         ]
     out = []
     for eq, recipe_a, recipe_b, sizes, out_dtype, with_c in cases:

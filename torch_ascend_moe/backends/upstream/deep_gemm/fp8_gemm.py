@@ -258,3 +258,41 @@ def fp8_einsum(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype
         recipe=(recipe_a[0], recipe_b[0], recipe_a[1]),
     )
     return d
+
+
+def _takes_einsum_ascend(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    """DeepGEMM-Ascend's ``fp8_einsum`` (``csrc/apis/einsum.hpp``): its ``fp8_bmm`` on the three equations' permuted
+    views and scales (FP8 x FP8, UE8M0 gran_k 32, ``alpha`` as its Alpha epilogue, ``c`` accumulated in place)."""
+    _, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    if not (a.numel() and b.numel()):
+        return first_refusal("empty operands: nothing to hand the library")
+    if a.dtype != _FP8 or b.dtype != _FP8:
+        return first_refusal("packed FP4 (DeepGEMM-Ascend's einsum is FP8 x FP8)")
+    _, _, _, perm_a, perm_b, _ = einsum_plan(equation)
+    va, vb, sva, svb = a.permute(perm_a), b.permute(perm_b), sfa.permute(perm_a), sfb.permute(perm_b)
+    first = ascend_refusal_of(va[0], sva[0], vb[0], svb[0], None, recipe_a, recipe_b, dtype)  # each batch's rules
+    return first_refusal(first or tma_refusal(a=va, b=vb))
+
+
+@kernel(
+    "fp8_einsum",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_einsum (Ascend)",
+    takes=_takes_einsum_ascend,
+    available=ASCEND.available,
+)
+def fp8_einsum_ascend(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
+    shape, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
+    d = accumulator(shape, dtype, c, a.device)
+    dg = ASCEND.module()
+    dg.fp8_einsum(
+        equation,
+        (a, scales_as_fp32(sfa)),
+        (b, scales_as_fp32(sfb)),
+        d,
+        c=None if c is None else d,
+        recipe=(recipe_a[0], recipe_b[0], recipe_a[1]),
+        epilogue=alpha_epilogue(dg, alpha),
+    )
+    return d

@@ -18,6 +18,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     real_refusal,
     tma_refusal,
 )
+from torch_ascend_moe.meta.fp8_gemm import einsum_plan
 from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
 
 
@@ -139,4 +140,38 @@ def bf16_bmm_ascend(a, b, c, alpha, out_dtype):
     d = accumulator(shape, dtype, c, a.device)
     dg = ASCEND.module()
     dg.bf16_bmm(a, b, d, c=None if c is None else d, epilogue=alpha_epilogue(dg, alpha))
+    return d
+
+
+_ASCEND_EINSUM = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")  # DeepGEMM-Ascend's ``einsum`` (its bf16_bmm)
+
+
+def _takes_einsum_ascend(equation, a, b, c, alpha, out_dtype):
+    """DeepGEMM-Ascend's ``einsum`` (``csrc/apis/einsum.hpp``): its ``bf16_bmm`` on the three batched equations'
+    permuted views, BF16 or FP32 out, ``alpha`` as its Alpha epilogue, ``c`` accumulated in place."""
+    _, dtype = einsum_signature(equation, a, b, c, out_dtype)
+    if equation not in _ASCEND_EINSUM:
+        return first_refusal(f"'{equation}' (DeepGEMM-Ascend's einsum has {', '.join(_ASCEND_EINSUM)})")
+    if a.dtype != torch.bfloat16:
+        return first_refusal(f"{a.dtype} operands (the library's einsum is BF16)")
+    if not (a.numel() and b.numel()):
+        return first_refusal("empty operands: nothing to hand the library")
+    _, _, _, perm_a, perm_b, _ = einsum_plan(equation)
+    va, vb = a.permute(perm_a), b.permute(perm_b)
+    return first_refusal(_refusal(va[0], vb[0], c, dtype) or tma_refusal(a=va, b=vb))  # each batch's rules
+
+
+@kernel(
+    "bf16_einsum",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.einsum (Ascend)",
+    takes=_takes_einsum_ascend,
+    available=ASCEND.available,
+)
+def bf16_einsum_ascend(equation, a, b, c, alpha, out_dtype):
+    shape, dtype = einsum_signature(equation, a, b, c, out_dtype)
+    d = accumulator(shape, dtype, c, a.device)
+    dg = ASCEND.module()
+    dg.einsum(equation, a, b, d, c=None if c is None else d, epilogue=alpha_epilogue(dg, alpha))
     return d

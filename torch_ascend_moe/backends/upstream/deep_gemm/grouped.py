@@ -11,7 +11,9 @@
   ``k_grouped_*_gemm_tn_contiguous(..., ks_cpu=None, use_psum_layout=True)``: our ``[S, M]`` / ``[S, N]`` operands are
   its "tn" form and our scale rows (``ceil(k_g / gran_k)`` per group, one after another) its per-group layout;
   ``c`` (or zeros) is its mandatory accumulator, passed as ``d``. Not SM90 (its kernels need the groups' sizes on the
-  host) nor Ascend here (its scales are laid out per absolute K block: a remap not written yet).
+  host). DeepGEMM-Ascend takes the same forms (alignment 256) with its scales laid out per absolute 32-row block of
+  K (``[ceil(S / 32), M]``): our per-group rows are remapped on the device (any ``gran_k`` a multiple of 32: each
+  block takes its ``gran_k`` block's scale, exactly), not while a graph is captured.
 
 Scales and recipes as ``fp8_gemm``'s (SM90: FP8, K-major, 1x128 x 128x128 with FP32 scales; SM100 and Ascend: UE8M0
 scales). Rows our op defines as zero (psum gaps and the rows after the last group; masked rows at or past
@@ -311,22 +313,28 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     return _masked_result(d, counts)
 
 
-def _k_grouped_refusal(a, b, layout, num_groups: int, psum: bool, alignment: int, dtype) -> str | None:
-    """What the k-grouped kernels take on CUDA (DeepGEMM 2.6.1 ``gemm.hpp`` 303-345, 575-605): SM100 only (SM90's
-    need the groups' sizes on the host, ``ks_cpu``, and K-major per-group blocks), psum layouts at the library's
-    alignment, contiguous ``[S, M]`` / ``[S, N]`` operands (MN-major, the "tn" form), BF16 or FP32 out."""
+def _k_grouped_refusal(library, cuda: bool, a, b, layout, num_groups: int, psum: bool, alignment: int, dtype):
+    """What the k-grouped kernels take (DeepGEMM 2.6.1 ``gemm.hpp`` 303-345, 575-605; DeepGEMM-Ascend ``gemm.hpp``):
+    CUDA SM100 only (SM90's need the groups' sizes on the host, ``ks_cpu``, and K-major per-group blocks), psum layouts
+    at the library's alignment, contiguous ``[S, M]`` / ``[S, N]`` operands (MN-major, the "tn" form), BF16 or FP32
+    out. Ascend: not while a graph is captured (its scheduler takes a group ending before its aligned start as a huge
+    unsigned K and reads past A/B, so our layout check, a host read, must run first)."""
     if not (a.shape[0] and a.shape[1] and b.shape[1] and num_groups):
         return "empty operands: nothing to hand the library"
-    why = cuda_refusal()
-    if why:
-        return why
-    if cuda_arch() == SM90:
-        return "SM90's k-grouped kernels need the groups' sizes on the host (ks_cpu): a host read"
+    if cuda:
+        why = cuda_refusal()
+        if why:
+            return why
+        if cuda_arch() == SM90:
+            return "SM90's k-grouped kernels need the groups' sizes on the host (ks_cpu): a host read"
+    elif not host_readable(layout):
+        return "a graph is being captured (the layout must be checked on the host before the library reads it)"
     if dtype not in (torch.bfloat16, torch.float32):
         return f"{dtype} output (BF16 or FP32)"
     if not (a.is_contiguous() and b.is_contiguous()):
         return "a or b not contiguous (the tn kernels read [S, M] and [S, N] row-major)"
-    return _alignment_refusal(CUDA, psum, alignment) or real_refusal(a, b) or tma_refusal(a=a, b=b)
+    why = _alignment_refusal(library, psum, alignment) or real_refusal(a, b)
+    return why or (tma_refusal(a=a, b=b) if cuda else None)
 
 
 def _k_grouped_accumulator(shape, dtype, c, device) -> torch.Tensor:
@@ -336,64 +344,131 @@ def _k_grouped_accumulator(shape, dtype, c, device) -> torch.Tensor:
     return c.to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
 
 
-def _takes_k_grouped_fp8(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-    _, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
-    why = _k_grouped_refusal(a, b, layout, num_groups, True, alignment, dtype)
-    if why is None and gran_k not in (32, 128):
+def _takes_k_grouped_fp8(library, cuda: bool, args) -> str | None:
+    a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype = args
+    _, dtype = k_grouped_fp8_signature(*args)
+    why = _k_grouped_refusal(library, cuda, a, b, layout, num_groups, True, alignment, dtype)
+    if why is None and cuda and gran_k not in (32, 128):
         why = f"gran_k {gran_k}: SM100 takes 32 or 128"
-    if why is None and (num_groups > 128 or a.shape[1] % 4 or b.shape[1] % 4):
+    if why is None and cuda and (num_groups > 128 or a.shape[1] % 4 or b.shape[1] % 4):
         why = "more than 128 groups, or M or N not a multiple of 4 (its packed-scale layout)"
-    if why is None and not (sfa.is_contiguous() and sfb.is_contiguous()):
+    if why is None and cuda and not (sfa.is_contiguous() and sfb.is_contiguous()):
         why = "scales not contiguous (its scale packing reads them row-major)"
-    return first_refusal(why or scale_refusal(sfa, sfb, library_keeps_fp32=False))
+    if why is None and not cuda and (gran_k % 32 or a.dtype != _FP8 or b.dtype != _FP8):
+        why = "not FP8 E4M3 with gran_k a multiple of 32 (DeepGEMM-Ascend's k-grouped scale blocks are 32 rows)"
+    return why or scale_refusal(sfa, sfb, library_keeps_fp32=False)
+
+
+def _takes_k_grouped_fp8_cuda(*call):
+    return first_refusal(_takes_k_grouped_fp8(CUDA, True, call))
+
+
+def _takes_k_grouped_fp8_ascend(*call):
+    return first_refusal(_takes_k_grouped_fp8(ASCEND, False, call))
+
+
+def _absolute_k_blocks(sf, layout, alignment: int, gran_k: int, rows: int) -> torch.Tensor:
+    """Our k-grouped scale rows (``ceil(k_g / gran_k)`` per group, one group after another) as DeepGEMM-Ascend lays
+    them out: FP32 ``[ceil(rows / 32), cols]``, one row per 32 rows of A / B by absolute position (a group starts
+    aligned to 256, so no block straddles two), each holding its ``gran_k`` block's scale; blocks between groups,
+    which the library never reads, 1.0. On the device, no host read."""
+    ends = layout.long()
+    starts = torch.cat([ends.new_zeros(1), (ends[:-1] + alignment - 1) // alignment * alignment])
+    blocks = ((ends - starts).clamp(min=0) + gran_k - 1) // gran_k
+    first = torch.cumsum(blocks, 0) - blocks
+    at = torch.arange(-(-rows // 32), device=sf.device) * 32
+    group = torch.searchsorted(ends, at, right=True).clamp(max=ends.shape[0] - 1)
+    inside = (at >= starts[group]) & (at < ends[group])
+    row = (first[group] + (at - starts[group]) // gran_k).clamp(0, max(sf.shape[0] - 1, 0))
+    picked = scales_as_fp32(sf)[row] if sf.shape[0] else sf.new_ones(at.shape[0], sf.shape[1], dtype=torch.float32)
+    return torch.where(inside.unsqueeze(1), picked, 1.0)
+
+
+def _k_grouped_fp8(library, cuda: bool, a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    rows = a.shape[0]
+    if host_readable(layout):
+        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
+    d = _k_grouped_accumulator(shape, dtype, c, a.device)
+    if cuda:
+        sfa, sfb, recipe = scales_as_fp32(sfa), scales_as_fp32(sfb), (1, 1, gran_k)
+    else:
+        sfa, sfb = (_absolute_k_blocks(sf, layout, alignment, gran_k, rows) for sf in (sfa, sfb))
+        recipe = (1, 1, 32)
+    library.module().k_grouped_fp8_gemm_tn_contiguous(
+        (a, sfa), (b, sfb), d, None, _psum_layout(layout, rows), c=d, recipe=recipe, use_psum_layout=True
+    )
+    return d
 
 
 @kernel(
     device="cuda",
     library="deep_gemm",
     calls="deep_gemm.k_grouped_fp8_gemm_tn_contiguous (psum)",
-    takes=_takes_k_grouped_fp8,
+    takes=_takes_k_grouped_fp8_cuda,
     available=CUDA.available,
 )
 def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
-    shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+    return _k_grouped_fp8(CUDA, True, a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+
+
+@kernel(
+    "k_grouped_fp8_gemm",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.k_grouped_fp8_gemm_tn_contiguous (Ascend, psum)",
+    takes=_takes_k_grouped_fp8_ascend,
+    available=ASCEND.available,
+)
+def k_grouped_fp8_gemm_ascend(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype):
+    return _k_grouped_fp8(ASCEND, False, a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
+
+
+def _takes_k_grouped_bf16(library, cuda: bool, args) -> str | None:
+    a, b, layout, num_groups, psum, alignment, c, out_dtype = args
+    _, dtype = k_grouped_signature(*args)
+    why = None if a.dtype == torch.bfloat16 else f"{a.dtype} operands (the library's grouped GEMMs are BF16 or FP8)"
+    return why or _k_grouped_refusal(library, cuda, a, b, layout, num_groups, psum, alignment, dtype)
+
+
+def _takes_k_grouped_bf16_cuda(*call):
+    return first_refusal(_takes_k_grouped_bf16(CUDA, True, call))
+
+
+def _takes_k_grouped_bf16_ascend(*call):
+    return first_refusal(_takes_k_grouped_bf16(ASCEND, False, call))
+
+
+def _k_grouped_bf16(library, a, b, layout, num_groups, psum, alignment, c, out_dtype):
+    shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
     rows = a.shape[0]
     if host_readable(layout):
-        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
+        layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
     d = _k_grouped_accumulator(shape, dtype, c, a.device)
-    CUDA.module().k_grouped_fp8_gemm_tn_contiguous(
-        (a, scales_as_fp32(sfa)),
-        (b, scales_as_fp32(sfb)),
-        d,
-        None,
-        _psum_layout(layout, rows),
-        c=d,
-        recipe=(1, 1, gran_k),
-        use_psum_layout=True,
+    library.module().k_grouped_bf16_gemm_tn_contiguous(
+        a, b, d, None, _psum_layout(layout, rows), c=d, use_psum_layout=True
     )
     return d
-
-
-def _takes_k_grouped_bf16(a, b, layout, num_groups, psum, alignment, c, out_dtype):
-    _, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
-    why = None if a.dtype == torch.bfloat16 else f"{a.dtype} operands (the library's grouped GEMMs are BF16 or FP8)"
-    return first_refusal(why or _k_grouped_refusal(a, b, layout, num_groups, psum, alignment, dtype))
 
 
 @kernel(
     device="cuda",
     library="deep_gemm",
     calls="deep_gemm.k_grouped_bf16_gemm_tn_contiguous (psum)",
-    takes=_takes_k_grouped_bf16,
+    takes=_takes_k_grouped_bf16_cuda,
     available=CUDA.available,
 )
 def k_grouped_bf16_gemm(a, b, layout, num_groups, psum, alignment, c, out_dtype):
-    shape, dtype = k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype)
-    rows = a.shape[0]
-    if host_readable(layout):
-        layout_segments(K_GROUPED, layout, psum, alignment, rows, num_groups)  # our op's value errors
-    d = _k_grouped_accumulator(shape, dtype, c, a.device)
-    CUDA.module().k_grouped_bf16_gemm_tn_contiguous(
-        a, b, d, None, _psum_layout(layout, rows), c=d, use_psum_layout=True
-    )
-    return d
+    return _k_grouped_bf16(CUDA, a, b, layout, num_groups, psum, alignment, c, out_dtype)
+
+
+@kernel(
+    "k_grouped_bf16_gemm",
+    device="npu",
+    library="deep_gemm",
+    calls="deep_gemm.k_grouped_bf16_gemm_tn_contiguous (Ascend, psum)",
+    takes=_takes_k_grouped_bf16_ascend,
+    available=ASCEND.available,
+)
+def k_grouped_bf16_gemm_ascend(a, b, layout, num_groups, psum, alignment, c, out_dtype):
+    return _k_grouped_bf16(ASCEND, a, b, layout, num_groups, psum, alignment, c, out_dtype)
