@@ -208,10 +208,20 @@ def compiled(rank, r):
 def refusals(rank, r):
     """Reasons, and the calls DeepEP never sees: bad input (the op's own error on every rank), a mismatched
     transport, a corrupt backend_state."""
-    lib = _install()
+    lib = _install()  # no DeepEP buffer yet: building one is collective
     e = 2 * r
     x, idx, w = _inputs(rank, r, 6, e, seed=11)
     with chain.on_cpu("cuda"):
+        # Rank 0's arguments fail our check (its chain refuses DeepEP and raises); the others chose DeepEP: they must
+        # meet rank 0 in the header, before anything collective of DeepEP's, and raise too.
+        try:
+            ep_dispatch(x, idx, w[:, :2] if rank == 0 else w, num_experts=e)
+        except ValueError as err:
+            want = "argument 'topk_weights'" if rank == 0 else "rejected their arguments"
+            assert want in str(err), err
+        else:
+            raise AssertionError("a rank's bad arguments did not raise on every rank")
+        assert "Buffer.__init__" not in _calls(lib), _calls(lib)
         name = group_name_of()
         steps = chain.explain("ep_dispatch", "cuda", x, None, idx, w, e, name)
         assert [s.status for s in steps] == ["chosen", "not asked"], steps

@@ -50,11 +50,12 @@ def layout(topk_idx, num_experts, num_ranks, ranks_per_node):
                 f"{meta.LAYOUT}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), got "
                 f"{int(topk_idx[bad][0])}"
             )
-    return _layout(topk_idx.long(), num_experts, num_ranks, ranks_per_node)
+    return layout_of(topk_idx.long(), num_experts, num_ranks, ranks_per_node)
 
 
-def _layout(idx, num_experts, num_ranks, ranks_per_node=8):
-    """layout of valid ids, without host syncs (scatters with a spare slot, no boolean indexing): capturable."""
+def layout_of(idx, num_experts, num_ranks, ranks_per_node=8):
+    """layout of valid ids, without host syncs (scatters with a spare slot, no boolean indexing): capturable.
+    ``(num_tokens_per_rank, num_tokens_per_node, num_tokens_per_expert, is_token_in_rank)``, int32 counts."""
     t = idx.shape[0]
     valid = idx >= 0
     per_expert = torch.zeros(num_experts + 1, dtype=torch.int64, device=idx.device)
@@ -287,7 +288,7 @@ def _send_plan_portable(topk_idx, num_experts: int, r: int, padded: bool, x_scal
     ids = topk_idx.long()
     out_of_range = (ids < -1) | (ids >= num_experts)
     ids = torch.where(out_of_range, -1, ids)
-    _, _, _, in_rank = _layout(ids, num_experts, r)
+    _, _, _, in_rank = layout_of(ids, num_experts, r)
     if padded:
         send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
     else:

@@ -255,7 +255,7 @@ def _zero_padding(rows: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
 @kernel(
     device="cuda",
     library="deep_ep",
-    calls="deep_ep.Buffer.get_dispatch_layout + dispatch",
+    calls="deep_ep.Buffer.dispatch",
     takes=_takes_dispatch,
     available=DEEP_EP.available,
 )
@@ -268,9 +268,11 @@ def ep_dispatch(args):
     static = args.num_worst_tokens > 0
     idx = args.topk_idx.long()
     bad = (idx < -1) | (idx >= args.num_experts)
-    ids = torch.where(bad, -1, idx)  # a bad id never reaches DeepEP's layout kernel (the header raises first)
-    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
-    per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(ids, args.num_experts)
+    ids = torch.where(bad, -1, idx)  # a bad id never reaches DeepEP (the header raises first)
+    # DeepEP's get_dispatch_layout, computed by our own (same definitions, device ops): the header must come before
+    # anything collective of DeepEP's (building its buffer), so that a rank rejecting its arguments, or one on another
+    # transport, makes every rank raise instead of leaving the others in DeepEP's collective.
+    per_rank, per_node, per_expert, in_rank = ours.layout_of(ids, args.num_experts, r)
     counts = per_rank.long()
     # Every rank's send counts and T: receive counts, a too-small num_worst_tokens, and the static handle's T's.
     extra = torch.cat([counts.cpu(), torch.full((r,), t, dtype=torch.int64)])
@@ -282,12 +284,13 @@ def ep_dispatch(args):
     if static and bool((received > args.num_worst_tokens).any()):
         worst = int(received.argmax())
         raise ValueError(ours.static_overflow(op, args.num_worst_tokens, worst, int(received[worst])))
+    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
     weights = args.topk_weights if args.topk_weights is not None else torch.zeros(t, k, device=device)
     payload = args.x.contiguous() if args.x_scales is None else (args.x.contiguous(), args.x_scales)
     recv, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
         payload,
         num_tokens_per_rank=per_rank,
-        num_tokens_per_rdma_rank=per_rdma,
+        num_tokens_per_rdma_rank=per_node if r > INTRANODE_RANKS[-1] else None,
         is_token_in_rank=in_rank,
         num_tokens_per_expert=per_expert,
         topk_idx=ids,
