@@ -7,6 +7,8 @@ import importlib
 import pkgutil
 import sys
 
+import pytest
+
 import torch_ascend_moe.tile_kernels as tk
 
 NAMES = {
@@ -53,17 +55,32 @@ def test_public_names():
     assert callable(tk.set_num_sms) and tk.mhc is not None
 
 
-def test_importable_under_upstreams_name(monkeypatch):
+@pytest.fixture
+def as_upstream(monkeypatch):
+    """``tk`` importable as ``tile_kernels`` within the test, and as before afterwards: importing ``tile_kernels.x``
+    makes a second module and sets ``tk.x`` to it, so a later test patching ``tk.x`` (``tk.config.is_ascend``) would
+    patch the copy while our code reads the original."""
+    saved, before = dict(vars(tk)), set(sys.modules)
     monkeypatch.setitem(sys.modules, "tile_kernels", tk)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("tile_kernels."):
+            del sys.modules[name]
+    for key in set(vars(tk)) - set(saved):
+        delattr(tk, key)
+    for key, value in saved.items():
+        setattr(tk, key, value)
+
+
+def test_importable_under_upstreams_name(as_upstream):
     for info in pkgutil.walk_packages(tk.__path__, "tile_kernels."):
         importlib.import_module(info.name.replace("tile_kernels.", tk.__name__ + ".", 1))
     from tile_kernels.modeling.mhc.ops.post import mhc_post  # noqa: F401  (a submodule path upstream's tests use)
     from tile_kernels.torch.mhc import mhc_post_ref  # noqa: F401
 
 
-def test_settings_are_shared_by_every_copy_of_config(monkeypatch):
+def test_settings_are_shared_by_every_copy_of_config(as_upstream):
     """Importing under upstream's name may create a second ``config`` module; both read the same settings."""
-    monkeypatch.setitem(sys.modules, "tile_kernels", tk)
     copy = importlib.import_module("tile_kernels.config")
     try:
         copy.set_token_alignment(64)
