@@ -1,9 +1,11 @@
 """DeepSeek's own kernels as the first entry of our ops' chains, one module per library named after it:
 ``deep_gemm`` (DeepGEMM on CUDA, DeepGEMM-Ascend on Ascend: one module name, told apart by version and
 attributes), ``deep_ep`` (DeepEP's V1 ``Buffer`` on CUDA: normal and low-latency modes), ``flash_mla`` (FlashMLA's G3
-release on SM100 and Ascend) and ``deep_select`` (DeepSelect's CUDA and Ascend extensions).
+release on SM100 and Ascend), ``deep_select`` (DeepSelect's CUDA and Ascend extensions) and ``tile_kernels``
+(TileKernels on CUDA: a package with one module per family, the casts, fused SwiGLU, RMSNorm and RoPE).
 
-The libraries are pybind modules with out-parameters (DeepGEMM, DeepSelect), Python objects holding communication
+The libraries are pybind modules with out-parameters (DeepGEMM, DeepSelect), Python kernel functions that allocate
+their outputs or rotate in place, which we run on a copy (TileKernels), Python objects holding communication
 buffers (DeepEP) or their own dispatcher ops (FlashMLA): our op
 stays the dispatcher-visible unit with our schema, fake, autograd and compiler passes; inside its device kernel the
 chain (``backends.chain``) picks the library's function where it is installed and takes the call (our validation
