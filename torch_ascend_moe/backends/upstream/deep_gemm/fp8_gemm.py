@@ -164,14 +164,19 @@ def fp8_gemm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     return d
 
 
+def _batched_ascend_refusal(a, sfa, b, sfb, recipe_a, recipe_b, dtype, what: str) -> str | None:
+    """DeepGEMM-Ascend's FP8 batched GEMM (``fp8_bmm``, also under its einsums) on ``[batch, mn, k]`` operand views:
+    FP8 x FP8, each batch by ``fp8_gemm``'s rules, then the batched strides."""
+    if a.dtype != _FP8 or b.dtype != _FP8:
+        return f"packed FP4 (DeepGEMM-Ascend's {what} is FP8 x FP8)"
+    return ascend_refusal_of(a[0], sfa[0], b[0], sfb[0], None, recipe_a, recipe_b, dtype) or tma_refusal(a=a, b=b)
+
+
 def _takes_bmm_ascend(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     _, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     if not a.shape[0]:
         return first_refusal("an empty batch: nothing to hand the library")
-    if a.dtype != _FP8 or b.dtype != _FP8:
-        return first_refusal("packed FP4 (DeepGEMM-Ascend's bmm is FP8 x FP8)")
-    first = ascend_refusal_of(a[0], sfa[0], b[0], sfb[0], None, recipe_a, recipe_b, dtype)  # each batch's rules
-    return first_refusal(first or tma_refusal(a=a, b=b))
+    return first_refusal(_batched_ascend_refusal(a, sfa, b, sfb, recipe_a, recipe_b, dtype, "bmm"))
 
 
 @kernel(
@@ -266,12 +271,9 @@ def _takes_einsum_ascend(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, alpha,
     _, dtype = fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     if not (a.numel() and b.numel()):
         return first_refusal("empty operands: nothing to hand the library")
-    if a.dtype != _FP8 or b.dtype != _FP8:
-        return first_refusal("packed FP4 (DeepGEMM-Ascend's einsum is FP8 x FP8)")
     _, _, _, perm_a, perm_b, _ = einsum_plan(equation)
-    va, vb, sva, svb = a.permute(perm_a), b.permute(perm_b), sfa.permute(perm_a), sfb.permute(perm_b)
-    first = ascend_refusal_of(va[0], sva[0], vb[0], svb[0], None, recipe_a, recipe_b, dtype)  # each batch's rules
-    return first_refusal(first or tma_refusal(a=va, b=vb))
+    views = a.permute(perm_a), sfa.permute(perm_a), b.permute(perm_b), sfb.permute(perm_b)
+    return first_refusal(_batched_ascend_refusal(*views, recipe_a, recipe_b, dtype, "einsum"))
 
 
 @kernel(
