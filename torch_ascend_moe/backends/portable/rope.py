@@ -1,7 +1,8 @@
 """Device-generic rope family: the cache rows gathered per token, then per pair two rounded products and one add or
-subtract in FP32 (TileKernels' reference's operations), rounded once to x's dtype; no host read but the row check. On
-the CPU the C++ kernel (csrc/ops/rope_cpu.cpp) computes the same operations with the cache rows read in place, bit
-for bit these."""
+subtract in FP32 (TileKernels' PyTorch reference's operations; its CUDA kernel fuses one product into the add,
+``fma(x1, cos, -(x2 * sin))``, an ulp apart on some lanes: backends/upstream/tile_kernels/rope.py), rounded once to
+x's dtype; no host read but the row check. On the CPU the C++ kernel (csrc/ops/rope_cpu.cpp) computes the same
+operations with the cache rows read in place, bit for bit these."""
 
 from __future__ import annotations
 
