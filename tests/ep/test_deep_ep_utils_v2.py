@@ -306,3 +306,17 @@ def test_weak_lru_caches_and_does_not_keep_self_alive():
     del a
     gc.collect()
     assert ref() is None, "weak_lru kept self alive"
+
+
+def test_megatron_import_form(monkeypatch):
+    """Megatron-LM's ``from deep_ep.utils import EventHandle, EventOverlap`` (DeepEP V1's module) finds both names, the
+    package's own classes (its DeepEP dispatcher takes DeepEP for missing when the import fails)."""
+    import sys
+
+    import torch_ascend_moe.deep_ep as ours
+
+    monkeypatch.setitem(sys.modules, "deep_ep", ours)
+    monkeypatch.setitem(sys.modules, "deep_ep.utils", ours.utils)
+    from deep_ep.utils import EventHandle, EventOverlap
+
+    assert EventHandle is ours.EventHandle and EventOverlap is ours.EventOverlap
