@@ -135,3 +135,30 @@ def test_the_other_build_and_no_package_are_not_taken():
     x = torch.randn(2, 100).bfloat16()
     for flavor in CHAINS:
         assert torch.equal(_call(flavor, x, 4)[1], topk_select(x, 4, idx_oob_fill_value=-5)[1])
+
+
+def test_every_contract_sample_it_takes_is_a_valid_topk(build):
+    """The op contract's samples (quarter-rounded values: many ties, -0.0 beside +0.0; ends, offsets, sorted, int32)
+    through the build's chain: every one the build takes (at least two per dtype it serves) gives a valid top-k by
+    DeepSelect's contract with our fills, offsets and order; the rest are bitwise the chain without it."""
+    from tests.topk_select.specs import samples
+
+    flavor, standin = build
+    reached = {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for s in samples("cpu", dtype) + samples("cpu", dtype, small=True):
+            x, k, end, offset, sorted_, index_dtype, idx_fill, value_fill, abort = s.args
+            before = len(standin.CALLS)
+            values, indices = CHAINS[flavor].topk_select(*s.args)
+            if len(standin.CALLS) == before:
+                with chain.disabled("deep_select"):
+                    want = CHAINS[flavor].topk_select(*s.args)
+                assert torch.equal(values, want[0]) and torch.equal(indices, want[1]), s.name
+                continue
+            reached[dtype] = reached.get(dtype, 0) + 1
+            fill = torch.tensor(value_fill, dtype=torch.float64).to(x.dtype).item()
+            check_topk(x, k, values, indices, end=end, offset=offset, idx_fill=idx_fill, value_fill=fill,
+                       sorted_values=sorted_, sorted_index=not sorted_)  # fmt: skip
+            assert indices.dtype == (index_dtype or torch.int64), s.name
+    served = (torch.bfloat16, torch.float32) if flavor == "cuda" else (torch.bfloat16,)
+    assert all(reached.get(d, 0) >= 2 for d in served) and set(reached) <= set(served), reached
