@@ -229,6 +229,7 @@ def refusals(rank, r):
             "rows of 6 bytes": (x[:, :3], None, idx, w, e, name),
             "torch.float64 weights": (x, None, idx, w.double(), e, name),
             "arguments our check refuses": (x, None, idx, w[:, :2], e, name),
+            "top-33 (DeepEP traps above 32)": (x, None, idx.new_zeros(6, 33), None, e, name),
         }
         for reason, call in reasons.items():
             steps = chain.explain("ep_dispatch", "cuda", *call)

@@ -63,7 +63,8 @@ DEEP_EP = Library("deep_ep", accept=_v1_build)
 
 INTRANODE_RANKS = (2, 4, 8)  # DeepEP's intranode kernels are instantiated for these
 MAX_LOCAL_EXPERTS = 1024  # its notify kernels' limit on E / R
-MAX_TOPK = MAX_SCALES = 128  # what its buffer size hints assume
+MAX_SCALES = 128  # what its buffer size hints assume
+MAX_TOPK = 32  # intranode.cu's device asserts (dispatch and combine): num_topk <= 32
 
 
 # ---- buffers ----
@@ -196,7 +197,7 @@ def _takes_dispatch(args):
         None
         if args.x_scales is None or args.x_scales.shape[1] <= MAX_SCALES
         else f"{args.x_scales.shape[1]} scales per row (DeepEP's buffers assume at most {MAX_SCALES})",
-        None if args.topk_idx.shape[1] <= MAX_TOPK else f"top-{args.topk_idx.shape[1]} (DeepEP assumes <= {MAX_TOPK})",
+        None if args.topk_idx.shape[1] <= MAX_TOPK else f"top-{args.topk_idx.shape[1]} (DeepEP traps above {MAX_TOPK})",
         None
         if args.topk_weights is None or args.topk_weights.dtype == torch.float32
         else f"{args.topk_weights.dtype} weights (DeepEP moves FP32 ones)",
@@ -238,6 +239,9 @@ def _takes_combine(args):
         None
         if args.topk_weights is None or args.topk_weights.dtype == torch.float32
         else f"{args.topk_weights.dtype} weights (DeepEP sums FP32 ones)",
+        None
+        if args.topk_weights is None or args.topk_weights.shape[1] <= MAX_TOPK
+        else f"top-{args.topk_weights.shape[1]} weights (DeepEP traps above {MAX_TOPK})",
         None if args.copy_order is None else "copy_order (DeepEP adds a token's copies in ascending rank)",
     )
 
@@ -430,6 +434,23 @@ def low_latency_buffer(group_name: str, group, t_max: int, hidden: int, num_expe
     )
 
 
+def _ll_warp_refusal(device: torch.device, num_experts: int, hidden: int) -> str | None:
+    """DeepEP's low-latency kernels give each SM ``ceil(E / SMs)`` warp groups of ``32 // groups`` warps and trap
+    (``internode_ll.cu`` device asserts) outside ``1 < warps per group``, ``groups < 15``, and the combine's decode
+    warps fitting: refused before. Only on a GPU (the SM count is the device's; a CPU emulation's stand-in checks its
+    own)."""
+    if device.type != "cuda":
+        return None
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    groups = -(-num_experts // sms)
+    per_group = 32 // groups
+    unroll = 4 if hidden % 1024 == 0 else 2
+    decode_warps = -(-(hidden // 8) // (32 * unroll)) * (32 * unroll) // 64
+    if per_group <= 1 or groups >= 15 or groups * per_group // (decode_warps + 1) <= 0:
+        return f"{num_experts} experts on {sms} SMs ({groups} warp groups per SM): DeepEP's low-latency kernels trap"
+    return None
+
+
 def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: int, num_experts: int, k: int):
     if not capture.has_data(x):
         return "fake or meta tensors (the library runs on data; our fake serves tracing)"
@@ -447,6 +468,9 @@ def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: in
         return f"R * num_max_dispatch_tokens_per_rank = {r * t_max}, not a multiple of 4 (DeepEP asserts it)"
     if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
         return "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+    why = _ll_warp_refusal(x.device, num_experts, hidden)
+    if why:
+        return why
     if (
         capture.capturing(x.device)
         and _held((group_name, "low latency"), _ll_sizes(r, t_max, hidden, num_experts)) is None
