@@ -368,4 +368,31 @@ def mutations(rank, r):
     lib._standin.reset()
 
 
-CHECKS = {f.__name__: f for f in (dispatch_combine, gradients, compiled, refusals, low_latency, mutations)}
+def moe_layer(rank, r):
+    """``nn.MoE`` expert-parallel over the group with DeepEP under it (compact and static dispatch, expanded or not):
+    output and gradients bitwise the same layer with DeepEP disabled, DeepEP reached."""
+    from torch_ascend_moe.nn import MoE
+
+    lib = _install()
+    config = dict(num_shared_experts=1, score_func="sigmoid", num_groups=2, topk_groups=1)
+    for static, expand in ((None, False), (8, True)):
+        torch.manual_seed(0)
+        layer = MoE(64, 32, 4 * r, 2, dtype=torch.bfloat16, ep_group=torch.distributed.group.WORLD,
+                    ep_static_tokens=static, ep_expand=expand, ep_alignment=4 if expand else 1, **config)  # fmt: skip
+        t = 8 if static else 3 + 2 * rank
+        x = torch.randn(t, 64, generator=torch.Generator().manual_seed(10 + rank)).bfloat16()
+        results = []
+        for disable in ((), ("deep_ep",)):
+            lib._standin.reset()
+            layer.zero_grad()
+            xi = x.clone().requires_grad_()
+            with chain.on_cpu("cuda"), chain.disabled(*disable):
+                y = layer(xi)
+                (y.float() * 3).sum().backward()
+            reached = "Buffer.dispatch" in _calls(lib)
+            assert reached == (not disable), (static, expand, _calls(lib))
+            results.append((y.detach(), xi.grad, layer.experts.gate_up_proj.grad.clone()))
+        _same(results[0], results[1], f"MoE static={static} expand={expand}")
+
+
+CHECKS = {f.__name__: f for f in (dispatch_combine, gradients, compiled, refusals, low_latency, mutations, moe_layer)}
