@@ -202,13 +202,9 @@ def ep_dispatch(args):
 
 
 def dispatch_fields(args, transport: int) -> dict:
-    """What every rank's ``ep_dispatch`` must agree on (the header's fields)."""
+    """What every rank's ``ep_dispatch`` must agree on (the header's fields): its rows', then its routing's."""
     return {
-        _TRANSPORT: transport,
-        "x's row bytes": args.x.shape[1] * args.x.element_size(),
-        "x's dtype": exchange.dtype_code(args.x.dtype),
-        "x_scales' columns": -1 if args.x_scales is None else args.x_scales.shape[1],
-        "x_scales' dtype": -1 if args.x_scales is None else exchange.dtype_code(args.x_scales.dtype),
+        **cached_fields(args, transport),
         "topk_idx's K": args.topk_idx.shape[1],
         "num_experts": args.num_experts,
         "topk_weights (given, dtype)": -1
@@ -220,6 +216,7 @@ def dispatch_fields(args, transport: int) -> dict:
 
 
 def cached_fields(args, transport: int) -> dict:
+    """What every rank's ``ep_dispatch_cached`` must agree on: the transport and its rows' shapes and dtypes."""
     return {
         _TRANSPORT: transport,
         "x's row bytes": args.x.shape[1] * args.x.element_size(),

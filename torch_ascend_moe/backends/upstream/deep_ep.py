@@ -161,6 +161,14 @@ def unpack(op: str, state: torch.Tensor, r: int, t: int, n: int) -> tuple:
 # ---- what DeepEP takes ----
 
 
+_FILLS = "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+
+
+def _fills_uninitialized() -> bool:
+    """DeepEP's ``check_torch_deterministic``: the fill kernel would race with its communication stream."""
+    return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+
+
 def _shared_refusal(x: torch.Tensor, r: int, *tensors) -> str | None:
     """Refusals every normal-mode call shares (all of them rank-independent)."""
     if not all(t is None or capture.has_data(t) for t in (x, *tensors)):
@@ -169,8 +177,8 @@ def _shared_refusal(x: torch.Tensor, r: int, *tensors) -> str | None:
         return f"{r} ranks: DeepEP's intranode kernels take 2, 4 or 8 (its internode handle is not wired here)"
     if capture.capturing(x.device):
         return "a CUDA graph is being captured (the header every rank exchanges first is a host read)"
-    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
-        return "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+    if _fills_uninitialized():
+        return _FILLS
     if (x.shape[1] * x.element_size()) % 16:
         return f"rows of {x.shape[1] * x.element_size()} bytes (DeepEP moves rows of 16-byte multiples)"
     return None
@@ -466,8 +474,8 @@ def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: in
         return f"num_max_dispatch_tokens_per_rank {t_max} (NVSHMEM's default queue depth holds {LL_MAX_TOKENS})"
     if (r * t_max) % 4:
         return f"R * num_max_dispatch_tokens_per_rank = {r * t_max}, not a multiple of 4 (DeepEP asserts it)"
-    if torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory:
-        return "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
+    if _fills_uninitialized():
+        return _FILLS
     why = _ll_warp_refusal(x.device, num_experts, hidden)
     if why:
         return why
