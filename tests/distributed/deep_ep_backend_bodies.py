@@ -1,5 +1,6 @@
-"""The ep ops through DeepEP (``backends/upstream/deep_ep.py``) with the stand-in ``deep_ep`` (``tests/standins``)
-installed, on each rank of spawned gloo processes, the CUDA chains run on CPU tensors (``chain.on_cpu("cuda")``).
+"""The ep ops through DeepEP's V1 ``Buffer`` (``backends/upstream/deep_ep/legacy.py``) with the stand-in ``deep_ep``
+(``tests/standins``) installed, on each rank of spawned gloo processes, the CUDA chains run on CPU tensors
+(``chain.on_cpu("cuda")``).
 
 Every check compares against the same call with ``deep_ep`` disabled (our transport), bitwise: the backend only
 moves rows, so nothing may differ but ``backend_state`` (DeepEP's handle; empty for ours)."""
@@ -224,7 +225,7 @@ def refusals(rank, r):
         assert "Buffer.__init__" not in _calls(lib), _calls(lib)
         name = group_name_of()
         steps = chain.explain("ep_dispatch", "cuda", x, None, idx, w, e, name)
-        assert [s.status for s in steps] == ["chosen", "not asked"], steps
+        assert [s.status for s in steps] == ["chosen", "not asked", "not asked"], steps
         reasons = {
             "rows of 6 bytes": (x[:, :3], None, idx, w, e, name),
             "torch.float64 weights": (x, None, idx, w.double(), e, name),
@@ -340,7 +341,7 @@ def low_latency(rank, r):
 def mutations(rank, r):
     """The stand-in's checks catch a backend that hands DeepEP a wrong handle: prefix matrices swapped, send_head
     shifted (each a wrong answer or the stand-in's error), and a static handle's receive slots misplaced."""
-    from torch_ascend_moe.backends.upstream import deep_ep as backend
+    from torch_ascend_moe.backends.upstream.deep_ep import legacy as backend
 
     lib = _install()
     e = 2 * r

@@ -1,8 +1,8 @@
-"""The ep ops through DeepEP's kernels (``backends/upstream/deep_ep.py``) on 2 and 4 gloo ranks, with the stand-in
-``deep_ep`` (``tests/standins/deep_ep``, written from DeepEP's sources) installed in every rank: what reaches it,
-bitwise equality with our transport (rows, handle, combine with 0/1/2 biases, cached dispatch, FP8 rows, static
-capacity), gradients, a compiled graph, reasons and refusals, and a rank without DeepEP raising on every rank
-(tests.distributed.deep_ep_backend_bodies)."""
+"""The ep ops through DeepEP's V1 kernels (``backends/upstream/deep_ep/legacy.py``) on 2 and 4 gloo ranks, with the
+stand-in ``deep_ep`` (``tests/standins/deep_ep``, written from DeepEP's sources) installed in every rank: what
+reaches it, bitwise equality with our transport (rows, handle, combine with 0/1/2 biases, cached dispatch, FP8
+rows, static capacity), gradients, a compiled graph, reasons and refusals, and a rank without DeepEP raising on
+every rank (tests.distributed.deep_ep_backend_bodies)."""
 
 import pytest
 import torch.multiprocessing as mp

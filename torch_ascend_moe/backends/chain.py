@@ -39,10 +39,13 @@ from torch_ascend_moe import _registry
 ENV = "TORCH_ASCEND_MOE_DISABLE"
 DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1"}
 TIERS = ("upstream", "vendor", "ours", "portable")
-# The switchable names: each library's tier.
+# The switchable names: each library's tier. A dotted name is a part of a library with kernels of its own for the
+# same ops (DeepEP's V1 ``Buffer`` and V2 ``ElasticBuffer``): switched off by its own name or the library's.
 LIBRARIES = {
     "deep_gemm": "upstream",
     "deep_ep": "upstream",
+    "deep_ep.legacy": "upstream",
+    "deep_ep.elastic": "upstream",
     "flash_mla": "upstream",
     "tile_kernels": "upstream",
     "deep_select": "upstream",
@@ -126,7 +129,8 @@ class Kernel:
 
     @property
     def label(self) -> str:
-        return self.calls if self.calls.startswith(self.library) else f"{self.library}: {self.calls}"
+        root = self.library.partition(".")[0]
+        return self.calls if self.calls.startswith(root) else f"{self.library}: {self.calls}"
 
 
 _DECLARED: dict[tuple[str, str], list[Kernel]] = {}
@@ -251,7 +255,8 @@ def disabled_names() -> frozenset[str]:
 
 def is_disabled(k: Kernel, names: frozenset[str] | None = None) -> bool:
     names = disabled_names() if names is None else names
-    return k.library in names or f"{k.op}:{k.library}" in names
+    whole = k.library.partition(".")[0]
+    return any(lib in names or f"{k.op}:{lib}" in names for lib in {k.library, whole})
 
 
 @contextlib.contextmanager

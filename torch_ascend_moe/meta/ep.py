@@ -450,7 +450,7 @@ def keeps_backend_state(device: torch.device) -> bool:
 
 def dispatch_keeps_state(device: torch.device) -> bool:
     """Whether ``ep_dispatch`` on ``device`` may return a non-empty ``backend_state``: on CUDA, where DeepEP's kernels
-    may move the rows (its handle, backends/upstream/deep_ep.py); our transport keeps none (empty), so a CPU or NPU
+    may move the rows (its handle, backends/upstream/deep_ep/); our transport keeps none (empty), so a CPU or NPU
     dispatch keeps its static shapes."""
     return device_kind(device) == "cuda"
 

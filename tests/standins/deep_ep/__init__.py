@@ -1,8 +1,8 @@
-"""CPU stand-in for ``deep_ep`` (deepseek-ai/DeepEP): behaves like the real library's V1 API (``deep_ep.Buffer``) at
-its Python boundary, on CPU tensors across the ranks of a gloo process group (one process per rank), so code that
-*calls* DeepEP can be tested without a GPU. Tests put ``tests/standins`` on ``sys.path`` and ``import deep_ep``
-(``tests.upstream.standin.installed("deep_ep", **config)``); ``deep_ep._standin.configure(...)`` is a fresh library
-load (see ``_standin``).
+"""CPU stand-in for ``deep_ep`` (deepseek-ai/DeepEP): behaves like the real library's V1 API (``deep_ep.Buffer``) and
+V2 API (``deep_ep.ElasticBuffer`` / ``EPHandle``) at its Python boundary, on CPU tensors across the ranks of a gloo
+process group (one process per rank), so code that *calls* DeepEP can be tested without a GPU. Tests put
+``tests/standins`` on ``sys.path`` and ``import deep_ep`` (``tests.upstream.standin.installed("deep_ep", **config)``);
+``deep_ep._standin.configure(...)`` is a fresh library load (see ``_standin``).
 
 Written from
 ------------
@@ -11,8 +11,13 @@ deepseek-ai/DeepEP @ ``dd758caf451848bd150e1046af3d0a73e5fff38d`` (2026-07-14, `
 tables), ``deep_ep/utils/{event,envs}.py``, ``csrc/legacy/{buffer,config}.hpp`` (host checks, allocation, buffer-size
 checks, the low-latency buffer layout), ``csrc/kernels/legacy/{layout,intranode,internode_ll}.cu``,
 ``csrc/kernels/legacy/{launch,utils,compiled}.cuh``, ``csrc/utils/event.hpp``,
-``deep_ep/include/deep_ep/common/exception.cuh`` and ``tests/legacy/test_{intranode,low_latency}.py``; the facts
-are summarized in ``shared/specs/deepep_api.md`` §2-§6. File:line references in messages point into that snapshot.
+``deep_ep/include/deep_ep/common/exception.cuh`` and ``tests/legacy/test_{intranode,low_latency}.py``; for V2
+``deep_ep/buffers/elastic.py``, ``deep_ep/utils/{envs,semantic,refs}.py``, ``csrc/elastic/{buffer,utils}.hpp``,
+``csrc/kernels/elastic/{dispatch,combine}.hpp``, ``csrc/kernels/backend/nccl.cu``,
+``deep_ep/include/deep_ep/common/{layout,compiled,ptx}.cuh``,
+``deep_ep/include/deep_ep/impls/{dispatch,dispatch_copy_epilogue,combine,combine_reduce_epilogue,combine_utils}.cuh``
+and ``tests/elastic/test_ep.py``; the facts are summarized in ``shared/specs/deepep_api.md`` §2-§6, §2.4, §4.5,
+§4.6, §5.4, §8.4, §9.4. File:line references in messages point into that snapshot.
 
 What it imitates
 ----------------
@@ -47,6 +52,34 @@ What it imitates
   and ``packed_recv_layout_range = (begin << 32) | count`` consistent with it, combine weighted in slot order with an
   FP32 fused multiply-add (nvcc contracts ``accum += x * w``) and one bf16 rounding; shrink-mode mask buffer
   (``enable_shrink``) honoured by the low-latency kernels.
+* V2 (``_elastic*.py``): ``ElasticBuffer(group, num_bytes=None, num_cpu_bytes=0, num_max_tokens_per_rank=0,
+  hidden=0, num_topk=0, use_fp8_dispatch=False, deterministic=False, allow_hybrid_mode=True,
+  allow_multiple_reduction=True, prefer_overlap_with_compute=True, sl_idx=3, num_allocated_qps=0,
+  num_cpu_timeout_secs=300, num_gpu_timeout_secs=100, explicitly_destroy=False)``: collective construction (an
+  ``all_gather_object`` standing for NCCL's symmetric-window registration, ranks asking for different windows are a
+  ``Panic``, then a barrier as upstream's ``group.barrier()``), upstream's attributes (``group``, ``rank_idx``,
+  ``num_ranks``, ``num_bytes``, ``num_max_tokens_per_rank``, ``deterministic``, ``allow_hybrid_mode``,
+  ``allow_multiple_reduction``, ``prefer_overlap_with_compute``, ``num_allocated_qps`` (0 -> 17 direct, 129 hybrid:
+  no fast RDMA atomics without ``ibstat``), ``explicitly_destroy``, ``runtime``, ``num_scaleout_ranks`` /
+  ``num_scaleup_ranks`` / ``scaleout_rank_idx`` / ``scaleup_rank_idx``, ``num_rdma_ranks`` / ``num_nvlink_ranks``),
+  ``get_buffer_size_hint`` and the constructor's sizing (``calculate_buffer_size`` and the dispatch / combine size
+  functions of buffer.hpp, hybrid branch included), the engram / PP / AGRS size hints, ``destroy``, ``barrier``,
+  ``capture``, ``get_theoretical_num_sms`` (upstream's bandwidth model over ``configure(nvlink_gbs=, rdma_gbs=)``) /
+  ``get_theoretical_num_qps``; ``get_physical_domain_size(group)`` / ``get_logical_domain_size(group,
+  allow_hybrid_mode=True)``: one node of ``R`` NVLink peers unless ``configure(num_nvlink_ranks=)``.
+* V2 ``dispatch`` / cached ``dispatch`` / ``combine`` in direct mode, expanded layout included: receive order grouped
+  by source rank, arrival order inside a group (a seeded shuffle of the senders' slot assignment,
+  ``configure(elastic_shuffle_seed=)``; ``deterministic=True`` runs upstream's ``EPHandle.deterministic_sort``); every
+  ``EPHandle`` field as the kernels write it (``dst_buffer_slot_idx`` at the highest lane per destination rank,
+  ``recv_src_metadata = (src_rank * num_max + t, src_rank * K + highest local lane, expanded rows | unwritten)``,
+  inclusive ``psum_num_recv_tokens_per_scaleup_rank``, aligned ``psum_num_recv_tokens_per_expert`` / list, unaligned
+  counts); FP8 ``(x, sf)`` with any number of 4-byte SF packs read through their strides, TMA-aligned column-major
+  ``recv_sf``; weights copied unmasked; ``do_cpu_sync=False`` (worst-case rows, the count only in
+  ``psum_num_recv_tokens_per_scaleup_rank[-1]``, the rest uninitialized); ``cumulative_local_expert_recv_stats``;
+  ``do_handle_copy``; cached dispatch places rows with the handle's ``dst_buffer_slot_idx`` / psum (a mutated handle
+  shows); combine routes rows with ``recv_src_metadata`` only, sums ``fp32(0) + bias_0 + bias_1`` then each
+  destination rank's row at its highest lane in lane order, one bf16 rounding (bitwise ``refs.combine``), weights from
+  the slot's owner. ``configure(platform="ascend")``: the DeepEP-Ascend V2 port's refusals (``_elastic``).
 * Host checks: ``RuntimeError("DeepEP stand-in: Assertion exception (<file>:<line>): <condition>")`` in upstream's
   order (upstream raises ``RuntimeError("Assertion exception (<file>:<line>): <condition>")``); the Python asserts
   of ``legacy.py`` raise ``AssertionError`` with upstream's message. What the device would trap on, hang on, or turn
@@ -78,10 +111,22 @@ Divergences / simplifications (also in the report of the session that wrote it)
   order heads are a Panic only when the queue holds more rows than ``num_max_nvl_chunked_recv_tokens``; otherwise
   the slot ``h`` reads row ``h`` of its queue (a wrong but well-defined result).
 * Not modelled (``NotImplementedError``): internode (more than 8 ranks) dispatch/combine, ``use_logfmt=True``,
-  ``get_comm_stream``, ``get_local_buffer_tensor``, the V2 names (``ElasticBuffer``, ``EPHandle``,
-  ``get_physical_domain_size``, ``get_logical_domain_size``: they exist so detection by name sees upstream 2.1.0).
+  ``get_comm_stream``, ``get_local_buffer_tensor``; V2 hybrid kernels (more than one scale-out rank, only with
+  ``configure(num_nvlink_ranks=)``) and the experimental Engram / PP / AGRS methods.
   Streams and events are no-ops; ``async_finish`` returns an event whose wait does nothing; wait-cost statistics
   add 0. ``allow_nvlink_for_low_latency_mode`` changes nothing; low-latency timeouts auto-mask only in shrink mode.
+* V2 divergences: ``ElasticBuffer(None)`` raises an exception that is both upstream's ``AttributeError`` (from
+  ``group.rank()``) and a ``NotImplementedError``; ``get_comm_stream()`` returns ``None``; ``nccl_comm_handle`` is a
+  placeholder; ``check_nvlink_connections`` is skipped. ``recv_src_metadata[:, 2:]`` of a non-expanded dispatch is
+  never written upstream (``torch::empty``) and reads ``0x7F7F7F7F`` here. A receive slot (dispatch) or combine slot
+  nobody wrote in this call is a ``Panic`` (upstream reads stale buffer contents), so is a slot two different rows
+  were written to (upstream: timing); a cached expanded dispatch skips negative slots as upstream does. The
+  expanded rows of one expert are assigned in a seeded shuffled order of the received rows (upstream: the
+  ``atomicAdd`` order of its warps). A non-cached ``do_cpu_sync=True`` dispatch while a graph is captured (CUDA / NPU
+  capture or the project's ``distributed.capture.emulated()``) raises upstream's "Dispatch CPU wait" timeout at
+  once instead of after ``num_cpu_timeout_secs``. Device-side traps named in messages: dispatch_copy_epilogue.cuh:74
+  / :107, combine.cuh:69; an expert id ``>= num_experts``, a slot outside the sender's region, rows past a tensor's
+  end are ``Panic`` too. The Ascend flavour's refusal words are the stand-in's (the port's source is not readable).
 * Call log: ``deep_ep._standin.CALLS`` (``reset()`` clears it).
 """
 
@@ -89,37 +134,16 @@ from __future__ import annotations
 
 import torch
 
-from . import _standin
+from . import _standin as _standin
 from ._buffer import Buffer
 from ._config import Config
+from ._elastic import ElasticBuffer, EPHandle, get_logical_domain_size, get_physical_domain_size
 from ._event import EventHandle, EventOverlap
 
 __version__ = "2.1.0"
 
 #: ``deep_ep.topk_idx_t``: the build's top-k index type (``EP_NUM_TOPK_IDX_BITS = 64`` by default).
 topk_idx_t = torch.int64
-
-
-class ElasticBuffer:
-    """``deep_ep.ElasticBuffer`` (V2) exists upstream; the stand-in does not model it."""
-
-    def __init__(self, *args, **kwargs):
-        _standin.not_implemented("ElasticBuffer", "DeepEP V2 (elastic); use the V1 deep_ep.Buffer")
-
-
-class EPHandle:
-    """``deep_ep.EPHandle`` (V2) exists upstream; the stand-in does not model it."""
-
-    def __init__(self, *args, **kwargs):
-        _standin.not_implemented("EPHandle", "DeepEP V2 (elastic)")
-
-
-def get_physical_domain_size(group):
-    _standin.not_implemented("get_physical_domain_size", "DeepEP V2 (elastic)")
-
-
-def get_logical_domain_size(group, allow_hybrid_mode: bool = True):
-    _standin.not_implemented("get_logical_domain_size", "DeepEP V2 (elastic)")
 
 
 __all__ = [

@@ -8,6 +8,12 @@ This module is *not* part of DeepEP's API. It holds:
   order), ``num_device_sms`` is the SM count of the imitated GPU (H800: 132; it sizes the low-latency kernels' warp
   groups, whose host/device checks depend on it), ``strict_handle`` turns on the one check the real library does not
   make (``StrictHandleError``, below);
+* the V2 (``ElasticBuffer``) knobs of ``configure``: ``elastic_shuffle_seed=0`` (the arrival order of a V2 dispatch
+  inside each source group, a seeded shuffle of the senders' buffer-slot assignment; ``None``: source token order),
+  ``platform="cuda"`` (``"ascend"``: behave as the DeepEP-Ascend V2 port, see ``_elastic``), ``nvlink_gbs=191.2464``
+  / ``rdma_gbs=50.0`` (what upstream's ``get_nvlink_gbs`` / ``get_rdma_gbs`` would read from ``nvidia-smi`` /
+  ``ibstat``: H800, 8 NVLink links x 26.562 GB/s x 0.9, and a 400 Gb/s NIC), ``num_nvlink_ranks=None`` (the NVLink
+  domain size; ``None``: every rank of the group is an NVLink peer, i.e. one node);
 * ``CALLS`` / ``reset()``: the call log. Every public ``deep_ep`` function/method appends
   ``(name, {arg_name: description})`` *before* any check runs; a tensor is described as
   ``(dtype, tuple(shape), tuple(stride), data_ptr)``, tuples/lists element-wise, anything else as-is;
@@ -34,7 +40,7 @@ import struct
 
 import torch
 
-__all__ = ["CALLS", "Panic", "StrictHandleError", "configure", "reset"]
+__all__ = ["CALLS", "AscendUnsupported", "Panic", "StrictHandleError", "configure", "reset"]
 
 PREFIX = "DeepEP stand-in: "
 
@@ -47,6 +53,12 @@ class Panic(RuntimeError):
     garbage."""
 
 
+class AscendUnsupported(NotImplementedError):
+    """``configure(platform="ascend")``: a V2 feature the DeepEP-Ascend V2 port does not support (the words are the
+    stand-in's: the port's source could not be read, only its capability table; see ``_elastic``). A
+    ``NotImplementedError``, hence a ``RuntimeError``."""
+
+
 class StrictHandleError(Panic):
     """A handle the real library would use without noticing that it is inconsistent (see module docstring)."""
 
@@ -55,11 +67,27 @@ class _State:
     def __init__(self):
         self.load()
 
-    def load(self, num_sms=20, ll_shuffle_seed=0, num_device_sms=132, strict_handle=True):
+    def load(
+        self,
+        num_sms=20,
+        ll_shuffle_seed=0,
+        num_device_sms=132,
+        strict_handle=True,
+        elastic_shuffle_seed=0,
+        platform="cuda",
+        nvlink_gbs=191.2464,
+        rdma_gbs=50.0,
+        num_nvlink_ranks=None,
+    ):
         self.num_sms = num_sms
         self.ll_shuffle_seed = ll_shuffle_seed
         self.num_device_sms = num_device_sms
         self.strict_handle = strict_handle
+        self.elastic_shuffle_seed = elastic_shuffle_seed
+        self.platform = platform
+        self.nvlink_gbs = nvlink_gbs
+        self.rdma_gbs = rdma_gbs
+        self.num_nvlink_ranks = num_nvlink_ranks
 
 
 STATE = _State()
@@ -67,7 +95,17 @@ STATE = _State()
 _BUFFER_CLASSES: list = []
 
 
-def configure(num_sms: int = 20, ll_shuffle_seed: int | None = 0, num_device_sms: int = 132, strict_handle=True):
+def configure(
+    num_sms: int = 20,
+    ll_shuffle_seed: int | None = 0,
+    num_device_sms: int = 132,
+    strict_handle=True,
+    elastic_shuffle_seed: int | None = 0,
+    platform: str = "cuda",
+    nvlink_gbs: float = 191.2464,
+    rdma_gbs: float = 50.0,
+    num_nvlink_ranks: int | None = None,
+):
     """A fresh library load (see module docstring). The call log is kept (``reset()`` clears it)."""
     if not isinstance(num_sms, int) or num_sms < 0 or num_sms % 2:
         raise ValueError(f"{PREFIX}configure: num_sms must be an even non-negative int, got {num_sms!r}")
@@ -75,7 +113,25 @@ def configure(num_sms: int = 20, ll_shuffle_seed: int | None = 0, num_device_sms
         raise ValueError(f"{PREFIX}configure: ll_shuffle_seed must be an int or None, got {ll_shuffle_seed!r}")
     if not isinstance(num_device_sms, int) or num_device_sms < 2:
         raise ValueError(f"{PREFIX}configure: num_device_sms must be an int >= 2, got {num_device_sms!r}")
-    STATE.load(num_sms, ll_shuffle_seed, num_device_sms, bool(strict_handle))
+    if elastic_shuffle_seed is not None and not isinstance(elastic_shuffle_seed, int):
+        raise ValueError(
+            f"{PREFIX}configure: elastic_shuffle_seed must be an int or None, got {elastic_shuffle_seed!r}"
+        )
+    if platform not in ("cuda", "ascend"):
+        raise ValueError(f"{PREFIX}configure: platform must be 'cuda' or 'ascend', got {platform!r}")
+    if num_nvlink_ranks is not None and (not isinstance(num_nvlink_ranks, int) or num_nvlink_ranks < 1):
+        raise ValueError(f"{PREFIX}configure: num_nvlink_ranks must be an int >= 1 or None, got {num_nvlink_ranks!r}")
+    STATE.load(
+        num_sms,
+        ll_shuffle_seed,
+        num_device_sms,
+        bool(strict_handle),
+        elastic_shuffle_seed,
+        platform,
+        float(nvlink_gbs),
+        float(rdma_gbs),
+        num_nvlink_ranks,
+    )
     for cls in _BUFFER_CLASSES:
         cls.num_sms = num_sms
 
@@ -95,6 +151,12 @@ INTRANODE_CU = "csrc/kernels/legacy/intranode.cu"
 INTERNODE_LL_CU = "csrc/kernels/legacy/internode_ll.cu"
 LAUNCH_CUH = "csrc/kernels/legacy/launch.cuh"
 LEGACY_PY = "deep_ep/buffers/legacy.py"
+ELASTIC_HPP = "csrc/elastic/buffer.hpp"
+ELASTIC_UTILS_HPP = "csrc/elastic/utils.hpp"
+ELASTIC_PY = "deep_ep/buffers/elastic.py"
+LAYOUT_CUH = "deep_ep/include/deep_ep/common/layout.cuh"
+NCCL_CU = "csrc/kernels/backend/nccl.cu"
+ELASTIC_DISPATCH_HPP = "csrc/kernels/elastic/dispatch.hpp"
 
 
 def fail(where: str, cond: str):

@@ -35,8 +35,8 @@ _ABSENT = torch.int32
 
 # The transport a header names (every rank must move rows the same way: a rank where DeepEP is installed and one
 # where it is not raise on both instead of waiting in different collectives).
-OURS, DEEP_EP = 0, 1
-_TRANSPORT = "the transport (0: torch.distributed, 1: DeepEP)"
+OURS, DEEP_EP, DEEP_EP_V2 = 0, 1, 2
+_TRANSPORT = "the transport (0: torch.distributed, 1: DeepEP's Buffer, 2: DeepEP's ElasticBuffer)"
 
 
 @portable_kernel("ep_dispatch_layout")

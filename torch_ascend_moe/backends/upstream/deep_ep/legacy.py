@@ -1,6 +1,7 @@
-"""DeepEP's own kernels behind the ep family on CUDA: the normal (high-throughput) dispatch, cached dispatch and
-combine of its V1 ``deep_ep.Buffer`` (deepseek-ai/DeepEP; specs/deepep_api.md §2-§5), the chain's first entry
-where the library is installed; our transport (``backends/portable/ep.py``, NCCL) otherwise.
+"""DeepEP's V1 ``deep_ep.Buffer`` behind the ep family on CUDA: the normal (high-throughput) dispatch, cached
+dispatch and combine (deepseek-ai/DeepEP; specs/deepep_api.md §2-§5) and the low-latency pair, the chain's first
+entry where the library is installed; V2's ``ElasticBuffer`` (``elastic``) for what V1 refuses, our transport
+(``backends/portable/ep.py``, NCCL) otherwise. Switched off alone as ``deep_ep.legacy``.
 
 The op stays ours (schema, fake, autograd, compiler passes); only the data movement is DeepEP's. What that means:
 
@@ -41,15 +42,13 @@ from DeepEP's sources (``tests/standins/deep_ep``). Not run on GPUs.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from torch_ascend_moe.backends.chain import first_refusal, kernel, on_refresh, refuse
+from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable import ep as ours
 from torch_ascend_moe.backends.upstream import Library
-from torch_ascend_moe.distributed import capture, exchange
-from torch_ascend_moe.distributed.groups import resolve_group
+from torch_ascend_moe.backends.upstream import deep_ep as shared
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import ep as meta
 
 
@@ -70,42 +69,6 @@ MAX_TOPK = 32  # intranode.cu's device asserts (dispatch and combine): num_topk 
 # ---- buffers ----
 
 
-class _Held(NamedTuple):
-    buffer: object
-    sizes: tuple[int, ...]  # what it was built for (bytes, queue pairs): a call needing no more reuses it
-
-
-# One buffer per (process group, mode): normal-mode and low-latency buffers apart, as vLLM and SGLang keep them (a
-# low-latency buffer used for normal kernels would need cleaning first).
-_BUFFERS: dict[tuple[str, str], _Held] = {}
-
-
-@on_refresh
-def _drop_buffers() -> None:
-    _BUFFERS.clear()
-
-
-def _held(key: tuple[str, str], sizes: tuple[int, ...]):
-    held = _BUFFERS.get(key)
-    return held.buffer if held is not None and all(h >= s for h, s in zip(held.sizes, sizes)) else None
-
-
-def _buffer(key: tuple[str, str], sizes: tuple[int, ...], build):
-    """The buffer held for ``key`` if it is big enough for ``sizes``, else ``build(sizes)`` (grown to at least the
-    old one's sizes: never shrink, the smaller calls fit too); building is collective, and every rank reaches this
-    call alike."""
-    buffer = _held(key, sizes)
-    if buffer is not None:
-        return buffer
-    old = _BUFFERS.pop(key, None)
-    if old is not None:
-        sizes = tuple(max(a, b) for a, b in zip(sizes, old.sizes))
-        del old  # DeepEP frees a buffer when its last reference goes (explicitly_destroy=False)
-    buffer = build(sizes)
-    _BUFFERS[key] = _Held(buffer, sizes)
-    return buffer
-
-
 def normal_buffer(group_name: str, group, hidden_bytes: int):
     """The group's normal-mode ``deep_ep.Buffer``, big enough for rows of ``hidden_bytes`` (DeepEP's hints for its
     dispatch and combine configs)."""
@@ -114,7 +77,7 @@ def normal_buffer(group_name: str, group, hidden_bytes: int):
     configs = (lib.Buffer.get_dispatch_config(r), lib.Buffer.get_combine_config(r))
     nvl = max(c.get_nvl_buffer_size_hint(hidden_bytes, r) for c in configs)
     rdma = max(c.get_rdma_buffer_size_hint(hidden_bytes, r) for c in configs)
-    return _buffer((group_name, "normal"), (nvl, rdma), lambda sizes: lib.Buffer(group, *sizes))
+    return shared.buffer((group_name, "normal"), (nvl, rdma), lambda sizes: lib.Buffer(group, *sizes))
 
 
 def _hidden_bytes(x: torch.Tensor) -> int:
@@ -141,11 +104,9 @@ def _bad_state(op: str, r: int, t: int, n: int, got) -> ValueError:
 def unpack(op: str, state: torch.Tensor, r: int, t: int, n: int) -> tuple:
     """DeepEP's handle from a ``backend_state`` (``t`` tokens dispatched, ``n`` rows received); ``send_head`` is a
     copy (DeepEP's combine rewrites it in place; the state is our op's input, never written)."""
-    fixed = r * r + n + 2 * t * r
-    rest = state.numel() - fixed
-    if rest < 2 * r or rest % (2 * r):
+    c = shared.v1_channels(state.numel(), r, t, n)
+    if c is None:
         raise _bad_state(op, r, t, n, state.numel())
-    c = rest // (2 * r)
     sizes = [r * r, r * c, r * c, n, t * r, t * r]
     rank_prefix, channel_prefix, recv_channel_prefix, recv_src_idx, in_rank, send_head = state.split(sizes)
     return (
@@ -161,45 +122,25 @@ def unpack(op: str, state: torch.Tensor, r: int, t: int, n: int) -> tuple:
 # ---- what DeepEP takes ----
 
 
-_FILLS = "torch.use_deterministic_algorithms fills uninitialized memory (DeepEP asserts it is off)"
-
-
-def _fills_uninitialized() -> bool:
-    """DeepEP's ``check_torch_deterministic``: the fill kernel would race with its communication stream."""
-    return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
-
-
 def _shared_refusal(x: torch.Tensor, r: int, *tensors) -> str | None:
     """Refusals every normal-mode call shares (all of them rank-independent)."""
-    if not all(t is None or capture.has_data(t) for t in (x, *tensors)):
+    if not shared.has_data(x, *tensors):
         return "fake or meta tensors (the library runs on data; our fake serves tracing)"
     if r not in INTRANODE_RANKS:
         return f"{r} ranks: DeepEP's intranode kernels take 2, 4 or 8 (its internode handle is not wired here)"
     if capture.capturing(x.device):
         return "a CUDA graph is being captured (the header every rank exchanges first is a host read)"
-    if _fills_uninitialized():
-        return _FILLS
+    if shared.fills_uninitialized():
+        return shared.FILLS
     if (x.shape[1] * x.element_size()) % 16:
         return f"rows of {x.shape[1] * x.element_size()} bytes (DeepEP moves rows of 16-byte multiples)"
     return None
 
 
-def _valid(signature, args) -> int | None:
-    """The world size when our check passes, else None (the kernel then chosen raises the op's error on every
-    rank: a ``takes`` must not raise, or the other ranks would wait for this one's header)."""
-    try:
-        return signature(args)
-    except ValueError:
-        return None
-
-
-_INVALID = "arguments our check refuses (the kernel chosen raises the op's error, on every rank)"
-
-
 def _takes_dispatch(args):
-    r = _valid(meta.dispatch_signature, args)
+    r = shared.valid(meta.dispatch_signature, args)
     if r is None:
-        return refuse(_INVALID)
+        return refuse(shared.INVALID)
     return first_refusal(
         _shared_refusal(args.x, r, args.x_scales, args.topk_idx, args.topk_weights),
         None
@@ -215,18 +156,12 @@ def _takes_dispatch(args):
     )
 
 
-def _takes_state(state) -> str | None:
-    if state is None or state.numel() == 0:
-        return "the dispatch did not go through DeepEP (no DeepEP handle in backend_state)"
-    return None
-
-
 def _takes_cached(args):
-    r = _valid(meta.cached_signature, args)
+    r = shared.valid(meta.cached_signature, args)
     if r is None:
-        return refuse(_INVALID)
+        return refuse(shared.INVALID)
     return first_refusal(
-        _takes_state(args.backend_state),
+        shared.state_refusal(args.backend_state, r, args.x.shape[0], args.recv_gather.shape[0], "V1"),
         _shared_refusal(args.x, r, args.x_scales, args.backend_state),
         None
         if args.x_scales is None or args.x_scales.shape[1] <= MAX_SCALES
@@ -235,12 +170,12 @@ def _takes_cached(args):
 
 
 def _takes_combine(args):
-    r = _valid(meta.combine_signature, args)
+    r = shared.valid(meta.combine_signature, args)
     if r is None:
-        return refuse(_INVALID)
+        return refuse(shared.INVALID)
     biases = [b for b in (args.bias_0, args.bias_1) if b is not None]
     return first_refusal(
-        _takes_state(args.backend_state),
+        shared.state_refusal(args.backend_state, r, args.num_tokens, args.x.shape[0], "V1"),
         _shared_refusal(args.x, r, args.topk_weights, args.backend_state, *biases),
         None if args.x.dtype == torch.bfloat16 else f"{args.x.dtype} rows (DeepEP's combine is built for BF16)",
         None if all(b.dtype == torch.bfloat16 for b in biases) else "biases not BF16 (DeepEP adds BF16 biases)",
@@ -257,130 +192,44 @@ def _takes_combine(args):
 # ---- kernels ----
 
 
-def _zero_padding(rows: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    """Rows where ``pad`` [N] holds zeroed in place (any dtype: as bytes), no host read."""
-    if rows.numel():
-        rows.view(torch.uint8).view(rows.shape[0], -1).masked_fill_(pad.unsqueeze(1), 0)
-    return rows
-
-
 @kernel(
     device="cuda",
-    library="deep_ep",
+    library="deep_ep.legacy",
     calls="deep_ep.Buffer.dispatch",
     takes=_takes_dispatch,
     available=DEEP_EP.available,
 )
 def ep_dispatch(args):
-    op = meta.DISPATCH
-    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: meta.dispatch_signature(args))
-    group = resolve_group(op, args.group_name)
-    rank, device = group.rank(), args.x.device
+    head = shared.dispatch_header(args, ours.DEEP_EP)
     t, k = args.topk_idx.shape
-    static = args.num_worst_tokens > 0
-    idx = args.topk_idx.long()
-    bad = (idx < -1) | (idx >= args.num_experts)
-    ids = torch.where(bad, -1, idx)  # a bad id never reaches DeepEP (the header raises first)
-    # DeepEP's get_dispatch_layout, computed by our own (same definitions, device ops): the header must come before
-    # anything collective of DeepEP's (building its buffer), so that a rank rejecting its arguments, or one on another
-    # transport, makes every rank raise instead of leaving the others in DeepEP's collective.
-    per_rank, per_node, per_expert, in_rank = ours.layout_of(ids, args.num_experts, r)
-    counts = per_rank.long()
-    # Every rank's send counts and T: receive counts, a too-small num_worst_tokens, and the static handle's T's.
-    extra = torch.cat([counts.cpu(), torch.full((r,), t, dtype=torch.int64)])
-    errors = {"topk_idx": (bool(bad.any()), ours.bad_ids(args))}
-    table = exchange.exchange_header(
-        op, group, device, ours.dispatch_fields(args, ours.DEEP_EP), extra, errors, args.timeout_s
-    )
-    received = table[:, :r].sum(0)  # rows each rank receives
-    if static and bool((received > args.num_worst_tokens).any()):
-        worst = int(received.argmax())
-        raise ValueError(ours.static_overflow(op, args.num_worst_tokens, worst, int(received[worst])))
-    buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
-    weights = args.topk_weights if args.topk_weights is not None else torch.zeros(t, k, device=device)
+    buffer = normal_buffer(args.group_name, head.group, _hidden_bytes(args.x))
+    weights = args.topk_weights if args.topk_weights is not None else torch.zeros(t, k, device=args.x.device)
     payload = args.x.contiguous() if args.x_scales is None else (args.x.contiguous(), args.x_scales)
     recv, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
         payload,
-        num_tokens_per_rank=per_rank,
-        num_tokens_per_rdma_rank=per_node if r > INTRANODE_RANKS[-1] else None,
-        is_token_in_rank=in_rank,
-        num_tokens_per_expert=per_expert,
-        topk_idx=ids,
+        num_tokens_per_rank=head.per_rank,
+        num_tokens_per_rdma_rank=head.per_node if head.r > INTRANODE_RANKS[-1] else None,
+        is_token_in_rank=head.in_rank,
+        num_tokens_per_expert=head.per_expert,
+        topk_idx=head.ids,
         topk_weights=weights,
         expert_alignment=args.expert_alignment,
         num_worst_tokens=args.num_worst_tokens,
     )
     recv_x, recv_scales = recv if args.x_scales is not None else (recv, None)
-    n, n_real = recv_x.shape[0], int(received[rank])
-    from_me = table[:, rank].to(device)  # rows each source sends this rank, source-major in the receive order
-    src = handle[3].long()
-    if static:
-        # Our static handle: every rank sends every rank a slot per token; a received row's slot in the receive
-        # buffer is its source's offset (the T's before it) plus its token.
-        send_src = torch.where(in_rank.t(), torch.arange(t, device=device), -1).reshape(-1)
-        send_counts = torch.full((r,), t, dtype=torch.int64, device=device)
-        recv_counts = table[:, r].to(device).clone()
-        rows = torch.arange(n, device=device)
-        source = torch.searchsorted(torch.cumsum(from_me, 0), rows, right=True).clamp(max=r - 1)
-        slot_start = torch.cumsum(recv_counts, 0) - recv_counts
-        pad = rows >= n_real
-        recv_gather = torch.where(pad, -1, slot_start[source] + src)
-        src = torch.where(pad, -1, src)
-        for rows_ in (recv_x, recv_scales, recv_w):
-            if rows_ is not None:
-                _zero_padding(rows_, pad)
-        recv_idx.masked_fill_(pad.unsqueeze(1), -1)
-    else:
-        send_src = in_rank.t().nonzero()[:, 1].contiguous()  # destination-major, ascending token
-        send_counts, recv_counts = counts, from_me.clone()
-        recv_gather = torch.arange(n, device=device)
-    local = args.num_experts // r
-    return (
-        recv_x,
-        ours.absent(args.x, n) if recv_scales is None else recv_scales,
-        recv_idx,
-        ours.absent(args.x, n) if args.topk_weights is None else recv_w,
-        ours.per_local_expert(recv_idx, recv_idx >= 0, local, args.expert_alignment),
-        torch.full((1,), n_real, dtype=torch.int64, device=device),
-        send_src,
-        send_counts,
-        recv_counts,
-        recv_gather,
-        src,
-        pack(handle),
-    )
-
-
-def _replay(op: str, signature, fields, args):
-    """The checks before replaying a DeepEP dispatch (cached dispatch, combine): our op's on every rank, then the
-    handles checked to pair up across ranks, as for our transport (a mismatch raises on every rank, where DeepEP would
-    wait). Returns ``(R, group)``."""
-    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
-    group = resolve_group(op, args.group_name)
-    ours.handle_route(
-        op,
-        group,
-        args.x.device,
-        args.send_src,
-        args.send_counts,
-        args.recv_counts,
-        args.recv_gather,
-        fields(args, ours.DEEP_EP),
-        args.timeout_s,
-    )
-    return r, group
+    return shared.dispatch_outputs(args, head, recv_x, recv_scales, recv_idx, recv_w, handle[3], pack(handle))
 
 
 @kernel(
     device="cuda",
-    library="deep_ep",
+    library="deep_ep.legacy",
     calls="deep_ep.Buffer.dispatch(handle=)",
     takes=_takes_cached,
     available=DEEP_EP.available,
 )
 def ep_dispatch_cached(args):
     op = meta.CACHED
-    r, group = _replay(op, meta.cached_signature, ours.cached_fields, args)
+    r, group = shared.replay(op, meta.cached_signature, ours.cached_fields, args, ours.DEEP_EP)
     n = args.recv_gather.shape[0]
     handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
@@ -388,18 +237,22 @@ def ep_dispatch_cached(args):
     recv, *_ = buffer.dispatch(payload, handle=handle)
     recv_x, recv_scales = recv if args.x_scales is not None else (recv, None)
     pad = args.recv_gather < 0
-    _zero_padding(recv_x, pad)
+    shared.zero_padding(recv_x, pad)
     if recv_scales is None:
         return recv_x, ours.absent(args.x, n)
-    return recv_x, _zero_padding(recv_scales, pad)
+    return recv_x, shared.zero_padding(recv_scales, pad)
 
 
 @kernel(
-    device="cuda", library="deep_ep", calls="deep_ep.Buffer.combine", takes=_takes_combine, available=DEEP_EP.available
+    device="cuda",
+    library="deep_ep.legacy",
+    calls="deep_ep.Buffer.combine",
+    takes=_takes_combine,
+    available=DEEP_EP.available,
 )
 def ep_combine(args):
     op = meta.COMBINE
-    r, group = _replay(op, meta.combine_signature, ours.combine_fields, args)
+    r, group = shared.replay(op, meta.combine_signature, ours.combine_fields, args, ours.DEEP_EP)
     handle = unpack(op, args.backend_state, r, args.num_tokens, args.x.shape[0])
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
     biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
@@ -435,7 +288,7 @@ def _ll_sizes(group_size: int, t_max: int, hidden: int, num_experts: int) -> tup
 def low_latency_buffer(group_name: str, group, t_max: int, hidden: int, num_experts: int):
     """The group's low-latency ``deep_ep.Buffer``; never built while a graph is captured (``takes``)."""
     lib = DEEP_EP.module()
-    return _buffer(
+    return shared.buffer(
         (group_name, "low latency"),
         _ll_sizes(group.size(), t_max, hidden, num_experts),
         lambda sizes: lib.Buffer(group, 0, sizes[0], low_latency_mode=True, num_qps_per_rank=sizes[1]),
@@ -474,14 +327,14 @@ def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: in
         return f"num_max_dispatch_tokens_per_rank {t_max} (NVSHMEM's default queue depth holds {LL_MAX_TOKENS})"
     if (r * t_max) % 4:
         return f"R * num_max_dispatch_tokens_per_rank = {r * t_max}, not a multiple of 4 (DeepEP asserts it)"
-    if _fills_uninitialized():
-        return _FILLS
+    if shared.fills_uninitialized():
+        return shared.FILLS
     why = _ll_warp_refusal(x.device, num_experts, hidden)
     if why:
         return why
     if (
         capture.capturing(x.device)
-        and _held((group_name, "low latency"), _ll_sizes(r, t_max, hidden, num_experts)) is None
+        and shared.held((group_name, "low latency"), _ll_sizes(r, t_max, hidden, num_experts)) is None
     ):
         return (
             "no DeepEP buffer for these sizes yet, and building one while a graph is captured is collective (warm up)"
@@ -490,9 +343,9 @@ def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: in
 
 
 def _takes_ll_dispatch(args):
-    r = _valid(meta.ll_dispatch_signature, args)
+    r = shared.valid(meta.ll_dispatch_signature, args)
     if r is None:
-        return refuse(_INVALID)
+        return refuse(shared.INVALID)
     t_max, hidden = args.num_max_dispatch_tokens_per_rank, args.x.shape[1]
     return first_refusal(
         _ll_refusal(args.x, r, args.group_name, t_max, hidden, args.num_experts, args.topk_idx.shape[1]),
@@ -501,9 +354,9 @@ def _takes_ll_dispatch(args):
 
 
 def _takes_ll_combine(args):
-    r = _valid(meta.ll_combine_signature, args)
+    r = shared.valid(meta.ll_combine_signature, args)
     if r is None:
-        return refuse(_INVALID)
+        return refuse(shared.INVALID)
     local, _, hidden = args.x.shape
     k = args.topk_idx.shape[1]
     t_max = args.num_max_dispatch_tokens_per_rank
@@ -518,7 +371,7 @@ def _takes_ll_combine(args):
 
 @kernel(
     device="cuda",
-    library="deep_ep",
+    library="deep_ep.legacy",
     calls="deep_ep.Buffer.low_latency_dispatch",
     takes=_takes_ll_dispatch,
     available=DEEP_EP.available,
@@ -547,7 +400,7 @@ def ep_low_latency_dispatch(args):
 
 @kernel(
     device="cuda",
-    library="deep_ep",
+    library="deep_ep.legacy",
     calls="deep_ep.Buffer.low_latency_combine",
     takes=_takes_ll_combine,
     available=DEEP_EP.available,
