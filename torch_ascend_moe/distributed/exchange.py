@@ -13,6 +13,7 @@ import datetime
 import itertools
 import threading
 import time
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,6 @@ import torch.distributed as dist
 from torch_ascend_moe.distributed import capture, shared_rows
 from torch_ascend_moe.distributed.capture import capturing, capturing_current_stream
 from torch_ascend_moe.distributed.groups import resolve_group
-from torch_ascend_moe.meta import ep as meta
 
 
 def wait(op: str, group, work, timeout_s: float, what: str, start: float | None = None) -> None:
@@ -188,8 +188,21 @@ def _control_of(op: str, group, timeout_s: float):
 # Header words: op code, then the op's fields, error flags and per-rank counts, zero-padded to a length every
 # rank knows without asking (fields and flags < 32, counts <= 2 per rank), so one all_gather carries it even
 # when the ranks called different ops.
-OPS = (meta.DISPATCH, meta.CACHED, meta.COMBINE, meta.LL_DISPATCH, meta.LL_COMBINE)
 REJECTED = -1  # the op code of a rank whose own arguments failed their local check
+
+
+def op_code(op: str) -> int:
+    """A header's op code: a checksum of the op's name, the same in every process, so any op can exchange a header
+    without a list of them kept here."""
+    return zlib.crc32(op.encode()) & 0x7FFFFFFF
+
+
+def _op_names(codes: list[int]) -> list[str]:
+    """The ops behind header codes (any ``ascend_moe`` op), for the error that names them."""
+    from torch_ascend_moe._registry import NAMESPACE, op_names
+
+    known = {op_code(f"{NAMESPACE}::{name}"): f"{NAMESPACE}::{name}" for name in op_names()}
+    return [known.get(c, f"op code {c}") for c in codes]
 
 
 def gather_header(op: str, group, device, code: int, words: list[int], extra, timeout_s) -> torch.Tensor:
@@ -215,7 +228,7 @@ def gather_header(op: str, group, device, code: int, words: list[int], extra, ti
             "argument); no rows were exchanged"
         )
     if len(set(codes)) > 1:
-        raise ValueError(f"{op}: the ranks called different ops: {[OPS[c] for c in codes]} (rank i's at position i)")
+        raise ValueError(f"{op}: the ranks called different ops: {_op_names(codes)} (rank i's at position i)")
     return table[:, 1:]
 
 
@@ -256,7 +269,7 @@ def exchange_header(op: str, group, device, fields: dict, extra: torch.Tensor | 
     disagreement or failure."""
     names = list(fields)
     words = [int(fields[n]) for n in names] + [int(errors[n][0]) for n in errors]
-    table = gather_header(op, group, device, OPS.index(op), words, extra, timeout_s)
+    table = gather_header(op, group, device, op_code(op), words, extra, timeout_s)
     for j, name in enumerate(names):
         column = table[:, j].tolist()
         if len(set(column)) > 1:

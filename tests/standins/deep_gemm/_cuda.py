@@ -1669,18 +1669,14 @@ def _exports():
     # deep_gemm/utils/layout.py aliases (star-exported at top level)
     ex["get_m_alignment_for_contiguous_layout"] = ex["get_mk_alignment_for_contiguous_layout"]
     ex["get_k_alignment_for_contiguous_layout"] = ex["get_mk_alignment_for_contiguous_layout"]
-    # Exported by upstream, not modelled here (einsum, MQA logits and HC prenorm: _cuda_extra.EXPORTS)
+    # Exported by upstream, not modelled here (einsum, MQA logits and HC prenorm: _cuda_extra.EXPORTS; Mega MoE:
+    # _cuda_mega.EXPORTS)
     stubs = {
         "cublaslt_gemm_nt": "a, b, d, c=None",
         "cublaslt_gemm_nn": "a, b, d, c=None",
         "cublaslt_gemm_tn": "a, b, d, c=None",
         "cublaslt_gemm_tt": "a, b, d, c=None",
         "fp8_gemm_nt_skip_head_mid": "a, b, d, head_splits, recipe=None, compiled_dims='nk', disable_ue8m0_cast=False",
-        "SymmBuffer": "...",
-        "get_symm_buffer_for_mega_moe": "...",
-        "transform_weights_for_mega_moe": "...",
-        "fp8_fp4_mega_moe": "...",
-        "bf16_mega_moe": "...",
     }
     for name, params in stubs.items():
         ex[name] = not_implemented(name, params)
