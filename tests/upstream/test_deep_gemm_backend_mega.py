@@ -7,7 +7,10 @@ their transformed layout) as DeepGEMM 2.6.1 on SM100, CPU tensors on the CUDA ch
 * what it refuses (SM90, shared experts, scales not powers of two, H not a multiple of 128 in FP8) and why;
 * weights transformed once per version (an in-place update transforms again); bad ids get our words and never
   reach it; a compiled graph still reaches it;
-* mutation: a backend that hands it untransformed weights is caught.
+* mutation: a backend that hands it untransformed weights is caught;
+* DeepGEMM-Ascend's (1 and 2 gloo ranks, the NPU chain): FP8 x FP4 with 0, 1 and 2 fused shared experts within the
+  bound of the chain without it, its refusals (BF16, no group, I below 512, 3 shared experts), bad ids on one rank,
+  untransformed weights caught.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tests.upstream.standin import installed
 from torch_ascend_moe._registry import arguments, full_call
 from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.upstream.deep_gemm import mega_moe as backend  # declares the kernel
+from torch_ascend_moe.distributed.groups import group_name_of
 from torch_ascend_moe.ops.mega_moe import mega_moe
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 from torch_ascend_moe.testing import calc_diff
@@ -206,3 +210,93 @@ def _spawned(rank, world_size, store):
 
 def test_expert_parallel_on_two_ranks(tmp_path):
     mp.spawn(_spawned, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+
+
+# ---- DeepGEMM-Ascend (its Mega MoE needs an HCCL group: spawned gloo ranks) ----
+
+ASCEND = {"flavor": "ascend"}
+
+
+def _ascend_call(seed: int, rank: int, r: int, shared: int, t=6, h=512, inter=512, k=2, clamp=None):
+    """An FP8 x FP4 call for rank ``rank`` of ``r`` (2 experts each), ``shared`` fused shared experts of I."""
+    call = _call(seed, True, t=t + rank, h=h, inter=inter, e=2 * r, k=k, clamp=clamp, rank=rank)
+    for name in ("l1_weights", "l1_sf", "l2_weights", "l2_sf"):
+        call[name] = call[name][2 * rank : 2 * rank + 2].contiguous()
+    if shared:
+        g = torch.Generator().manual_seed(seed + 100)
+        sl1 = torch.randn(2 * shared * inter, h, generator=g) * h**-0.5
+        sl2 = torch.randn(h, shared * inter, generator=g) * (shared * inter) ** -0.5
+        (q1, f1), (q2, f2) = (per_token_cast_to_fp8(m, use_ue8m0=True, gran_k=32) for m in (sl1, sl2))
+        call.update(shared_l1_weights=q1, shared_l1_sf=f1, shared_l2_weights=q2, shared_l2_sf=f2)
+    return call
+
+
+def _untransformed_ascend(lib, args):
+    from torch_ascend_moe.backends.upstream.deep_gemm.mega_moe import ue8m0_pairs
+
+    pair = lambda w, sf: None if w is None else (w, ue8m0_pairs(sf))  # noqa: E731
+    routed = (pair(args.l1_weights.view(torch.int8), args.l1_sf), pair(args.l2_weights.view(torch.int8), args.l2_sf))
+    return routed, (pair(args.shared_l1_weights, args.shared_l1_sf), pair(args.shared_l2_weights, args.shared_l2_sf))
+
+
+def _ascend_ranks(rank, r):
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    with installed("deep_gemm", **ASCEND) as lib, chain.on_cpu("npu"):
+        for case, (shared, clamp) in enumerate(((0, None), (1, 0.75), (2, None))):
+            call = _ascend_call(20 + case, rank, r, shared, clamp=clamp)
+            lib._standin.reset()
+            y, counts = mega_moe(**call, group=world)
+            assert "fp8_fp4_mega_moe" in _calls(lib), _calls(lib)
+            with chain.disabled("deep_gemm"):
+                y_ours, counts_ours = mega_moe(**call, group=world)
+            assert calc_diff(y, y_ours) < BOUND, (shared, calc_diff(y, y_ours))
+            assert torch.equal(counts, counts_ours), (counts, counts_ours)
+        call = _ascend_call(30, rank, r, 1)
+        reasons = {
+            "FP8 x FP4 only": dict(_call(30, False, e=2 * r), group=world),
+            "no process group": call,
+            "I at least 512": dict(_ascend_call(31, rank, r, 0, inter=256), group=world),
+            "1 or 2 of I": dict(_ascend_call(32, rank, r, 3), group=world),
+        }
+        for reason, kwargs in reasons.items():
+            kwargs = dict(kwargs)
+            group = kwargs.pop("group", None)
+            if group is not None:
+                kwargs["group_name"] = group_name_of(group)
+            steps = chain.explain("mega_moe", "npu", **kwargs)
+            assert steps[0].status == "refused" and reason in steps[0].reason, (reason, steps)
+        # mutation: weights handed over untransformed
+        right = mega_moe(**call, group=world)[0]
+        real = backend._transformed_ascend
+        backend._transformed_ascend = _untransformed_ascend
+        try:
+            caught = calc_diff(mega_moe(**call, group=world)[0], right) > BOUND
+        except RuntimeError:
+            caught = True
+        finally:
+            backend._transformed_ascend = real
+        flags = [torch.zeros(1) for _ in range(r)]
+        dist.all_gather(flags, torch.tensor([float(caught)]))
+        assert any(bool(f) for f in flags), "untransformed weights not caught"
+        bad = _ascend_call(33, rank, r, 0)
+        if rank == r - 1:
+            bad["topk_idx"][0, 0] = 2 * r + 1
+        lib._standin.reset()
+        try:
+            mega_moe(**bad, group=world)
+        except ValueError as err:
+            assert "expected expert ids in [-1" in str(err) and f"rank(s) [{r - 1}]" in str(err), err
+        else:
+            raise AssertionError("bad ids did not raise on every rank")
+        assert "fp8_fp4_mega_moe" not in _calls(lib), _calls(lib)
+
+
+def _ascend_spawned(rank, world_size, store):
+    run_named({"ascend": _ascend_ranks}, rank, world_size, store, "ascend", timeout_s=60)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ascend_on_ranks(world_size, tmp_path):
+    mp.spawn(_ascend_spawned, args=(world_size, str(tmp_path / "store")), nprocs=world_size, join=True)

@@ -21,10 +21,12 @@ Flavors
 Attributes follow the flavor (module ``__getattr__``): names only one library exports are absent in the other (so
 ``hasattr`` detection works), e.g. the masked GEMMs raise ``AttributeError("... is not implemented in this backend")``
 on "ascend", and ``aclnn_*``, ``fp8_bmm``, ``bf16_bmm``, ``set_npu_arch``, ``epilogue`` ... exist only there.
-Exported names the stand-in does not model (cuBLASLt, ``fp8_gemm_nt_skip_head_mid``, the Ascend Mega MoE, ACLNN,
-locality) exist and raise ``NotImplementedError``. The CUDA Mega MoE (``SymmBuffer``,
-``get_symm_buffer_for_mega_moe``, ``transform_weights_for_mega_moe``, ``fp8_fp4_mega_moe``, ``bf16_mega_moe``: SM100
-only, collective on a gloo group or a one-rank group) lives in ``_cuda_mega.py``. The MQA-logits family
+Exported names the stand-in does not model (cuBLASLt, ``fp8_gemm_nt_skip_head_mid``, ACLNN, locality) exist and raise
+``NotImplementedError``. The CUDA Mega MoE (``SymmBuffer``, ``get_symm_buffer_for_mega_moe``,
+``transform_weights_for_mega_moe``, ``fp8_fp4_mega_moe``, ``bf16_mega_moe``: SM100 only, collective on a gloo group or
+a one-rank group) lives in ``_cuda_mega.py``; the Ascend one (``deep_gemm.mega`` with ``BLOCK_N``, ``SymmBuffer``,
+``transform_weights_for_mega_moe``, ``fp8_fp4_mega_moe``: FP4 routed and fused FP8 shared experts, read from the fork
+Afloat16/DeepGEMM-Ascend @ 8491bbb) in ``_ascend_mega.py``. The MQA-logits family
 (``fp8_fp4_mqa_logits``, ``get_paged_mqa_logits_metadata``, ``fp8_fp4_paged_mqa_logits``, the CUDA legacy
 ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits``), ``tf32_hc_prenorm_gemm``, ``einsum`` and ``fp8_einsum`` live in
 ``_cuda_extra.py`` / ``_ascend_extra.py`` (shared numerics and the bit-exact schedule-metadata replays in
@@ -55,11 +57,12 @@ Semantics
 
 from __future__ import annotations
 
-from . import _ascend, _ascend_extra, _cuda, _cuda_extra, _cuda_mega, _standin, testing  # noqa: F401
+from . import _ascend, _ascend_extra, _ascend_mega, _cuda, _cuda_extra, _cuda_mega, _standin, testing  # noqa: F401
 
 _cuda.EXPORTS.update(_cuda_extra.EXPORTS)
 _cuda.EXPORTS.update(_cuda_mega.EXPORTS)
 _ascend.EXPORTS.update(_ascend_extra.EXPORTS)
+_ascend.EXPORTS.update(_ascend_mega.EXPORTS)
 
 _VERSIONS = {"cuda": "2.6.1", "ascend": "0.1.0"}
 

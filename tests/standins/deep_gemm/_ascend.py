@@ -1046,10 +1046,8 @@ def _exports():
         stubs[f"aclnn_bf16_gemm_{suffix}"] = "ACLNN reference GEMM"
         stubs[f"cublaslt_gemm_{suffix}"] = "cuBLASLt alias backed by ACLNN"
     # einsum, fp8_einsum, MQA logits and tf32_hc_prenorm_gemm: _ascend_extra.EXPORTS
+    # Mega MoE (SymmBuffer, transform_weights_for_mega_moe, fp8_fp4_mega_moe, deep_gemm.mega): _ascend_mega.EXPORTS
     for name in (
-        "SymmBuffer",
-        "transform_weights_for_mega_moe",
-        "fp8_fp4_mega_moe",
         "get_num_locality_domains",
         "is_localization_available",
         "localize",
