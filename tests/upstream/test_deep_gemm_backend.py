@@ -317,6 +317,21 @@ def _paged_samples(lib: str, dtype) -> list[SampleInput]:
     longer = context.clone()
     longer[0, 0] = longer[0, 1] + 1
     out.append(SampleInput((q, q_sf, cache, w, longer, table, max_len + 1, None, False, None), "miss: order"))
+    if lib == "SM100":  # varlen: one query token per row, a request a run of equal indices (its table rows equal)
+        lengths, runs = [150, 90, 70], [3, 1, 2]
+        cache = mqa.build_paged_cache([torch.randn(n, 64, generator=g) for n in lengths], 64, "fp8", False, g)
+        rows = torch.tensor([r for r, n in enumerate(runs) for _ in range(n)])
+        lens = torch.cat([length - n + 1 + torch.arange(n) for length, n in zip(lengths, runs)]).to(torch.int32)
+        q, q_sf = mqa.quantize(torch.randn(len(rows), 1, 32, 64, generator=g), "fp8")
+        w = torch.rand(len(rows), 32, generator=g) / 32**0.5
+        mqa._PAGED_VALUES[mqa._cache_key(cache.cache)] = [cache.values[r] for r in rows.tolist()]
+        table, indices = cache.block_table[rows], rows.to(torch.int32)
+        args = (q, q_sf, cache.cache, w, lens.view(-1, 1), table, max(lengths) + 5, indices, False, None)
+        out.append(SampleInput(args, f"varlen B{len(rows)} runs {runs} H32 D64 fp8"))
+        later_shorter = lens.clone()
+        later_shorter[2] = later_shorter[0] - 1  # the run's last token shorter than its first: the kernel's schedule
+        miss = (*args[:4], later_shorter.view(-1, 1), *args[5:])
+        out.append(SampleInput(miss, "miss: varlen order"))
     return out
 
 

@@ -132,20 +132,23 @@ def _paged_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, indice
     """What ``fp8_fp4_paged_mqa_logits`` takes (deepgemm_api.md §8.2; ``attention.hpp`` 253-398): DeepGEMM's own
     cache layout (``[blocks, block_kv, 1, D + 4]`` FP8 with FP32 token scales, or SM100 ``D/2 + 4`` FP4 with packed
     UE8M0), pages of 64 tokens (SM100: 32 or 64), FP8 q without scales (SM100 FP4 with UE8M0 per-32 scales), next_n
-    1 or 2 on SM90, FP32 weights, no ``indices`` (their runs' shared block-table rows are a host read to check).
-    The kernel schedules a request's KV up to its last query token's length: every other token's must not exceed it
-    (a host read, so not while capturing)."""
+    1 or 2 on SM90, FP32 weights; varlen ``indices`` on SM100 with one query token per row (a request is a run of
+    equal ids; our check has made its block-table rows equal). The kernel schedules a request's KV up to its last
+    query token's length (varlen: the run's last row): every other token's must not exceed it (a host read, so not
+    while capturing)."""
     b, next_n, heads = q.shape[0], q.shape[1], q.shape[2]
     if not meta.is_quantized(q):
         return f"{q.dtype} q (the library's logits are FP8 or FP4)"
-    if ascend or indices is not None:
-        return "the Ascend cache layout or varlen indices (not mapped to the CUDA kernel)"
+    if ascend:
+        return "the Ascend cache layout (not mapped to the CUDA kernel)"
     if not (b and max_len):
         return "empty operands: nothing to hand the library"
     why = cuda_refusal() or real_refusal(q, q_sf, kv_cache, weights, context_lens, block_table)
     if why:
         return why
     sm90 = cuda_arch() == SM90
+    if indices is not None and (sm90 or next_n != 1):
+        return "varlen indices on SM90 or with next_n > 1 (the kernel's varlen mode: SM100, one query token per row)"
     if heads not in ((32, 64) if sm90 else (8, 16, 32, 64)):
         return f"{heads} heads"
     if fmt.block_kv not in ((64,) if sm90 else (32, 64)) or (sm90 and next_n > 2):
@@ -161,9 +164,20 @@ def _paged_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, indice
         return "a cache block stride not a multiple of 16 bytes, or strided lengths / block table"
     if not host_readable(context_lens):
         return "the lengths' order is a host read: not while capturing"
-    if not bool((context_lens <= context_lens[:, -1:]).all()):
+    if not bool((context_lens <= _last_of_request(context_lens, indices)).all()):
         return "a query token with a longer context than its request's last token (the kernel's schedule)"
     return None
+
+
+def _last_of_request(context_lens: torch.Tensor, indices: torch.Tensor | None) -> torch.Tensor:
+    """Each query token's request's last token's length: the row's last entry, or (varlen) the length of the last
+    row of its run of equal ``indices``."""
+    if indices is None:
+        return context_lens[:, -1:]
+    rows = indices.shape[0]
+    ends = torch.nonzero(torch.cat([indices[1:] != indices[:-1], indices.new_ones(1, dtype=torch.bool)])).flatten()
+    last = ends[torch.searchsorted(ends, torch.arange(rows, device=indices.device))]
+    return context_lens[last]
 
 
 def _takes_paged(
@@ -193,7 +207,7 @@ def paged_mqa_logits(
     )
     meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
     dg = CUDA.module()
-    schedule = dg.get_paged_mqa_logits_metadata(context_lens, fmt.block_kv, dg.get_num_sms())
+    schedule = dg.get_paged_mqa_logits_metadata(context_lens, fmt.block_kv, dg.get_num_sms(), indices)
     q_pair = (q, None) if q.dtype == _FP8 else (as_library_fp4(q), packed_ue8m0(q_sf))
     logits = dg.fp8_fp4_paged_mqa_logits(
         q_pair,
@@ -205,6 +219,7 @@ def paged_mqa_logits(
         max_context_len,
         clean_logits=False,
         logits_dtype=out_dtype,
+        indices=indices,
     )
     # Columns at or past each query token's length are unspecified upstream: -inf in our op.
     lens = context_lens.reshape(-1, 1)
