@@ -38,10 +38,13 @@ SM100 GPU.
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
 
 from torch_ascend_moe.backends.chain import TAKEN, first_refusal, kernel, on_refresh, refuse
+from torch_ascend_moe.backends.upstream import Library
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import sparse_mla as meta
 
 HEADS = {"npu": (64,), "cuda": (64, 128)}
@@ -110,9 +113,15 @@ def _fits(device: str, q, d_v: int, topks: tuple[int, ...], prefill: bool) -> bo
     return q.dtype == torch.bfloat16 and q.shape[-1] == DIM and d_v == DIM and heads in HEADS[device] and blocks
 
 
-def _only_minus_one(indices: torch.Tensor, limit: int) -> torch.Tensor:
-    """Every index ours leaves out (``< 0`` or ``>= limit``) as -1, the only invalid value the kernels know."""
-    return torch.where((indices < 0) | (indices >= limit), -1, indices)
+def _only_minus_one(indices: torch.Tensor, limit: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Every index ours leaves out (``< 0``, ``>= limit``, or (``lengths``: ``[s_q]`` / ``[b]`` per row) at a top-k
+    position at or past its row's length) as -1, the only invalid value the kernels know. Upstream documents that a
+    valid index past ``topk_length`` pointing at a NaN row may poison its output: ours never reads one."""
+    out = (indices < 0) | (indices >= limit)
+    if lengths is not None:
+        position = torch.arange(indices.shape[-1], device=indices.device)
+        out = out | (position >= lengths.reshape(-1, *[1] * (indices.dim() - 1)))
+    return torch.where(out, -1, indices)
 
 
 def prefill_fits(device: str, q, kv, indices, d_v, attn_sink, topk_length) -> bool:
@@ -142,7 +151,8 @@ def _takes_prefill(device: str):
 
 def _prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
     op = flash_mla_op("sparse_prefill_fwd")
-    return op(q, kv, _only_minus_one(indices, kv.shape[0]), sm_scale, d_v, attn_sink, topk_length)  # out, max, lse
+    indices = _only_minus_one(indices, kv.shape[0], topk_length)
+    return op(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)  # out, max, lse
 
 
 for _device in ("cuda", "npu"):
@@ -154,6 +164,77 @@ for _device in ("cuda", "npu"):
         takes=_takes_prefill(_device),
         available=_release_has("sparse_prefill_fwd"),
     )(_prefill)
+
+
+# ---- FlashMLA before G3 (G2 @ 9241ae3: pybind ``flash_mla.cuda`` behind ``flash_mla.flash_mla_sparse_fwd``) ----
+#
+# The release most Hopper installs have: its sparse prefill runs on SM90a and SM100f (G3 dropped SM90), with the
+# semantics G3 kept (natural-log lse, lonely rows out 0 / lse +inf / max -inf, invalid = < 0 or >= s_kv), d_qk 576
+# (V3.2) or 512 (V4), 64 or 128 heads. G1 (base-2 lse, lonely -inf) is told by its missing ``attn_sink`` and not
+# used. Its kernels' top-k blocks: SM90 128 (``sm90/prefill/sparse/phase1.cuh``); SM100 64 with 64 heads, 128 with 128
+# heads unless its "small top-k" kernel serves (top-k <= 1280, d_qk 512: 64). Its decode reads V3.2's and V4's
+# records, which our decode op does not take: not mapped.
+
+_G2_DIMS, _G2_HEADS, _INT32_MAX = (512, 576), (64, 128), 2**31 - 1
+
+
+def _g2_build(module) -> str | None:
+    fn = getattr(module, "flash_mla_sparse_fwd", None)
+    if fn is None:
+        return "flash_mla has no flash_mla_sparse_fwd (a FlashMLA before its sparse release)"
+    if flash_mla_op("sparse_prefill_fwd") is not None:
+        return "FlashMLA's G3 release is loaded (its ops serve SM100; it has no SM90 kernels)"
+    if "attn_sink" not in inspect.signature(fn).parameters:
+        return "FlashMLA G1 (base-2 lse, lonely rows -inf): not mapped"
+    return None
+
+
+G2 = Library("flash_mla", accept=_g2_build)
+
+
+def _g2_topk_block(arch: int, heads: int, d_qk: int, topk: int) -> int:
+    if arch == 9 or (heads == 128 and not (topk <= 1280 and d_qk == 512)):
+        return 128
+    return TOPK_BLOCK
+
+
+def g2_prefill_refusal(q, kv, indices, d_v) -> str | None:
+    """Why FlashMLA G2's sparse prefill does not take this (checked) call, or None."""
+    if not all(capture.has_data(t) for t in (q, kv, indices)):
+        return "fake or meta tensors (the library runs on data; our fake serves tracing)"
+    arch = sm_major(q)
+    if arch not in (9, SM100):
+        return f"SM{arch}x: FlashMLA G2's sparse prefill is SM90a's and SM100f's"
+    (s_q, heads, d_qk), topk = q.shape, indices.shape[2]
+    if q.dtype != torch.bfloat16 or d_qk not in _G2_DIMS or d_v != DIM or heads not in _G2_HEADS:
+        return f"{q.dtype} q, d_qk {d_qk}, d_v {d_v}, {heads} heads (G2: BF16, d_qk 512 or 576, d_v 512, 64/128 heads)"
+    block = _g2_topk_block(arch, heads, d_qk, topk)
+    if not (s_q and kv.shape[0] and topk) or topk % block:
+        return f"top-{topk} over {kv.shape[0]} rows (G2's kernel on SM{arch}x takes non-empty top-k in {block}s)"
+    if not _last_dim_contiguous(q, kv, indices) or any(
+        abs(x) > _INT32_MAX for t in (q, kv, indices) for x in t.stride()
+    ):
+        return "a last dim not contiguous, or strides past int32 (G2 passes them as int)"
+    return None
+
+
+def _takes_g2_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    meta.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    return first_refusal(g2_prefill_refusal(q, kv, indices, d_v))
+
+
+@kernel(
+    "sparse_mla_prefill",
+    device="cuda",
+    library="flash_mla",
+    calls="flash_mla.flash_mla_sparse_fwd (G2: flash_mla.cuda)",
+    takes=_takes_g2_prefill,
+    available=G2.available,
+)
+def _g2_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
+    indices = _only_minus_one(indices, kv.shape[0], topk_length)
+    attn_sink, topk_length = (None if t is None else t.contiguous() for t in (attn_sink, topk_length))
+    return tuple(G2.module().flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink, topk_length))
 
 
 def decode_fits(device: str, q, k_cache, indices, d_v, extra_k_cache, extra_indices) -> bool:
