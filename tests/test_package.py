@@ -116,6 +116,9 @@ def test_cli_info_json():
 def test_cli_info_table_and_bench(tmp_path):
     table = _python("-m", "torch_ascend_moe", "info")
     assert table.returncode == 0 and "bf16_gemm" in table.stdout and "autograd" in table.stdout
+    # piped (not a terminal): every op name whole, so that `info | grep NAME` finds each
+    cells = {line.split("│")[1].strip() for line in table.stdout.splitlines() if line.count("│") > 2}
+    assert set(OPS) <= cells, sorted(set(OPS) - cells)
     out = tmp_path / "bench.json"
     bench = _python("-m", "torch_ascend_moe", "bench", "gemm", "--quick", "--min-run-time", "0.02", "--json", str(out))
     assert bench.returncode == 0, bench.stderr

@@ -112,7 +112,8 @@ def cmd_info(args, console: Console) -> int:
     names = op_names()
     matrix = Table(title=f"torch.ops.{NAMESPACE}: {len(names)} ops (live registrations)")
     columns = list(capabilities(names[0])) if names else []
-    matrix.add_column("op")
+    # Every name whole, terminal or pipe (``info | grep m_grouped_fp8_quant_gemm`` must find it); the chains wrap.
+    matrix.add_column("op", no_wrap=True, min_width=max(map(len, names), default=2))
     for col in columns:
         matrix.add_column(col, justify="center")
     matrix.add_column("CUDA chain")

@@ -4,6 +4,7 @@ reduction against autograd, ``main_grad`` accumulation, fp64 gradcheck of the ga
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torch_ascend_moe.tile_kernels as tile_kernels
@@ -91,3 +92,55 @@ def test_gate_gradcheck():
     w = (wh[:2, :8] * we[:2, :8]).detach().requires_grad_()
     args = [t.detach().requires_grad_() for t in (x, k, v)] + [w]
     assert torch.autograd.gradcheck(lambda *a: engram.engram_gate(*a, 1e-4, 1e-6)[0], args)
+
+
+def _hash_args():
+    ids = torch.randint(0, 1000, (5, 3), dtype=torch.int32)
+    mult = torch.randint(1, 2**20, (2, 3), dtype=torch.int64)
+    vocab = torch.randint(10, 100, (2, 2, 4), dtype=torch.int32)
+    return ids, mult, vocab, tile_kernels.torch.engram.make_offsets(vocab)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda a: (a[0].float(), *a[1:]), r"argument 'ngram_token_ids' dtype: expected torch.int32 or torch.int64"),
+        (lambda a: (a[0], a[1], -a[2], a[3]), r"argument 'vocab_sizes' values: expected table sizes > 0"),
+        (
+            lambda a: (*a[:3], torch.full_like(a[3], 2**31 - 60)),
+            r"argument 'offsets' values: expected offset \+ table size - 1",
+        ),
+        (lambda a: (*a[:3], a[3] - 10**6), r"argument 'offsets' values: expected >= 0"),
+        (lambda a: (a[0], a[1][:, :2], *a[2:]), r"argument 'multipliers' shape: expected \[2, 3\]"),
+        (lambda a: (a[0][:, :1], *a[1:]), r"argument 'ngram_token_ids' size\(1\) \(n\): expected at least 2"),
+    ],
+    ids=["float ids", "negative vocab", "offset wraps int32", "negative offset", "multipliers", "unigram"],
+)
+def test_hash_bad_input_names_the_argument(change, match):
+    with pytest.raises(ValueError, match="engram_hash: " + match):
+        engram.engram_hash(*change(_hash_args()))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(eps=-1e-6), r"argument 'eps' value: expected > 0, got -1e-06"),
+        (dict(eps=0.0), r"argument 'eps' value: expected > 0"),
+        (dict(clamp_value=float("inf")), r"argument 'clamp_value' value: expected a finite number >= 0"),
+        (dict(v=torch.randn(7, 32)), r"argument 'v' shape: expected \[7, 64\]"),
+        (dict(weight_fused=torch.randn(4, 64).to("meta")), r"argument 'weight_fused' device"),
+    ],
+    ids=["negative eps", "zero eps", "inf clamp", "v shape", "meta weight"],
+)
+def test_gate_bad_input_names_the_argument(change, match):
+    g = torch.Generator().manual_seed(1)
+    args = dict(
+        hidden_states=torch.randn(7, 4, 64, generator=g),
+        k=torch.randn(7, 4, 64, generator=g),
+        v=torch.randn(7, 64, generator=g),
+        weight_fused=torch.randn(4, 64, generator=g),
+        clamp_value=1e-6,
+        eps=1e-6,
+    )
+    with pytest.raises(ValueError, match="engram_gate: " + match):
+        engram.engram_gate(**{**args, **change})

@@ -298,6 +298,9 @@ def expand_signature(a) -> None:
     )
     ck.check_dim_size(op, "topk_idx", a.topk_idx, 0, "N", a.x.shape[0], "x.size(0)")
     check_topk_weights(op, a.topk_weights, a.topk_idx)
+    for name, t in (("x_scales", a.x_scales), ("topk_idx", a.topk_idx), ("topk_weights", a.topk_weights)):
+        if t is not None:  # a meta tensor beside a real x would give uninitialized outputs
+            ck.check_arg(t.device == a.x.device, op, name, "device", lambda: f"{a.x.device} (same as 'x')", t.device)
     ck.check_int_arg(op, "num_local_experts", a.num_local_experts, 1)
     ck.check_int_arg(op, "expert_alignment", a.expert_alignment, 1)
     ck.check_int_arg(op, "num_rows", a.num_rows, 0)
