@@ -143,10 +143,18 @@ def test_k_grouped_packing(gran_k, use_psum):
         offset_in, offset_out = offset_in + r, offset_out + ceil_div(r, 4)
 
 
-def test_alignment_helpers():
+def test_alignment_helpers(monkeypatch):
+    from torch_ascend_moe.deep_gemm import runtime
+
     assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 128
+    # upstream's rule by architecture: the legacy 128 off SM100 (here: no GPU), SM100's covering block on SM100
+    assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout() == 128
+    assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(24) == 128
+    monkeypatch.setattr(runtime, "_arch_major", lambda: 10)
     assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout() == 224
     assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(24) == 32
     assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(230) == 224
+    monkeypatch.setattr(runtime, "_arch_major", lambda: 9)
+    assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout(24) == 128
     with pytest.raises(ValueError, match="argument 'alignment'"):
         deep_gemm.set_mk_alignment_for_contiguous_layout(0)

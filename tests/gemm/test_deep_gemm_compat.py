@@ -200,8 +200,13 @@ def test_runtime_config_and_helpers():
     assert deep_gemm.get_num_sms() == 1
     deep_gemm.set_num_sms(0)
     assert deep_gemm.get_num_sms() >= 1
-    with pytest.raises(ValueError, match="num_sms"):
-        deep_gemm.set_num_sms(10**6)
+    # upstream's rule, 0 <= num_sms <= the GPU's SMs: without a GPU nothing bounds it from above (SGLang passes the
+    # GPU's count), and the value is kept
+    deep_gemm.set_num_sms(132)
+    assert deep_gemm.get_num_sms() == 132
+    deep_gemm.set_num_sms(0)
+    with pytest.raises(ValueError, match=r"argument 'num_sms' value: expected >= 0, got -1"):
+        deep_gemm.set_num_sms(-1)
     deep_gemm.set_tc_util(0)
     assert deep_gemm.get_tc_util() == 100
     deep_gemm.set_tc_util(75)

@@ -112,7 +112,8 @@ def test_bench_kineto_times_our_op_in_seconds():
         num_tests=2,
         suppress_kineto_output=True,
     )
-    assert isinstance(both, tuple) and both[0] > 0 and both[1] == 0
+    # a name matching nothing (upstream's kernel names on a CPU) times the whole call: upstream's tests divide by it
+    assert isinstance(both, tuple) and both[0] > 0 and 0 < both[1] < 1
 
 
 def test_bench_kineto_skips_under_nvidia_tools(monkeypatch):

@@ -28,11 +28,15 @@ def _device_sms() -> int:
 
 
 def set_num_sms(num_sms: int) -> None:
-    """Cap the SMs kernels may use (0 = all); must lie in ``[0, device SMs]``."""
-    limit = _device_sms()
-    if not 0 <= int(num_sms) <= limit:
-        raise ValueError(f"deep_gemm.set_num_sms: argument 'num_sms' value: expected 0..{limit}, got {num_sms}")
-    _state["num_sms"] = int(num_sms)
+    """Cap the SMs kernels may use (0 = all): upstream's rule, ``0 <= num_sms <= the GPU's SMs``
+    (``device_runtime.hpp``). Without a GPU there is no SM count to bound it by: any value ``>= 0`` is kept (serving
+    code sizes it for the GPU it expects, e.g. SGLang's 132), and returned by ``get_num_sms``."""
+    n = int(num_sms)
+    limit = _device_sms() if torch.cuda.is_available() else None
+    if n < 0 or (limit is not None and n > limit):
+        expected = f"0..{limit}" if limit is not None else ">= 0"
+        raise ValueError(f"deep_gemm.set_num_sms: argument 'num_sms' value: expected {expected}, got {num_sms}")
+    _state["num_sms"] = n
 
 
 def get_num_sms() -> int:
@@ -92,8 +96,19 @@ def get_mk_alignment_for_contiguous_layout() -> int:
     return int(_state.get("mk_alignment", 128))
 
 
+LEGACY_MK_ALIGNMENT = 128  # upstream's kLegacyMKAlignmentForContiguousLayout
+
+
+def _arch_major() -> int:
+    """The CUDA compute-capability major (0 without a GPU), as upstream's ``device_runtime->get_arch_major()``."""
+    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+
+
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
-    """SM100's smallest block (from 224 down in steps of 32) still covering ``expected_m`` rows."""
+    """Upstream's rule (``heuristics/runtime.hpp``): off SM100 (SM90, or no GPU) the legacy 128; on SM100 its
+    smallest block (from 224 down in steps of 32) still covering ``expected_m`` rows."""
+    if _arch_major() != 10:
+        return LEGACY_MK_ALIGNMENT
     block = 224
     while expected_m is not None and block > 32 and block - 32 >= expected_m:
         block -= 32
