@@ -121,6 +121,41 @@ def test_fp8_einsum_fp8_output_pair():
     assert calc_diff(out, torch.einsum("bhr,hdr->bhd", x.double(), w.double())) < 2e-3
 
 
+@pytest.mark.parametrize("b", [4, 7])
+def test_fp8_einsum_fp8_output_flat_scales_28(b):
+    """DeepGEMM 2.8's CUDA form: ``d = (e4m3 [b, h, d], int32 sfd [b, ceil(h*d/128)])`` with MN-major strides
+    ``(1, align(b, 4))``: bitwise "BF16 D, then per_token_cast_to_fp8(D.view(b, h*d), use_ue8m0=True, gran_k=32,
+    use_packed_ue8m0=True)", and ``cast_back_from_fp8`` within upstream's 2e-3 of the BF16 result."""
+    g = torch.Generator().manual_seed(6)
+    h, r, dim = 2, 256, 128
+    x, w = torch.randn(b, h, r, generator=g), torch.randn(h, dim, r, generator=g)
+    a = quantize_einsum_operand(x, "bhr", "bhd", (1, 128), False)
+    bq = quantize_einsum_operand(w, "hdr", "bhd", (128, 128), False)
+    d_bf16 = torch.empty(b, h, dim, dtype=torch.bfloat16)
+    deep_gemm.fp8_einsum("bhr,hdr->bhd", a, bq, d_bf16)
+    d = torch.empty(b, h, dim, dtype=torch.float8_e4m3fn)
+    sfd = torch.empty_strided((b, h * dim // 128), (1, -(-b // 4) * 4), dtype=torch.int32)
+    deep_gemm.fp8_einsum("bhr,hdr->bhd", a, bq, (d, sfd))
+    want_q, want_sf = quant.per_token_cast_to_fp8(d_bf16.view(b, h * dim), True, 32, True)
+    assert torch.equal(d.view(torch.uint8).view(b, -1), want_q.view(torch.uint8)) and torch.equal(sfd, want_sf)
+    back = deep_gemm.utils.math.cast_back_from_fp8(d.view(b, h * dim), sfd, gran_k=32, use_packed_ue8m0=True)
+    assert calc_diff(back, d_bf16.view(b, -1).float()) < 2e-3
+    with pytest.raises(ValueError, match=rf"argument 'sfd' shape: expected \[{b}, 2\]"):
+        deep_gemm.fp8_einsum("bhr,hdr->bhd", a, bq, (d, torch.empty(b, 3, dtype=torch.int32)))
+    with pytest.raises(ValueError, match=r"argument 'expr' value: expected 'bhr,hdr->bhd' with a 2-D sfd"):
+        deep_gemm.fp8_einsum("bhd,hdr->bhr", a, bq, (d, sfd))
+
+
+def test_cast_back_from_fp8_28():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 256, generator=g)
+    for gran, packed in ((128, False), (32, True), (32, False)):
+        q, sf = quant.per_token_cast_to_fp8(x, packed or gran == 32, gran, packed)
+        back = deep_gemm.utils.math.cast_back_from_fp8(q, sf, gran_k=gran, use_packed_ue8m0=packed)
+        scales = quant.unpack_ue8m0_from_int(sf) if packed else sf
+        assert torch.equal(back, q.float() * scales.repeat_interleave(gran, dim=-1)[:, :256])
+
+
 def test_fp8_einsum_compiles():
     g = torch.Generator().manual_seed(5)
     a = quantize_einsum_operand(torch.randn(4, 2, 128, generator=g), "bhr", "bhd", (1, 128), False)
@@ -132,3 +167,10 @@ def test_fp8_einsum_compiles():
         return d
 
     torch.testing.assert_close(torch.compile(fn, fullgraph=True)(*a, *b), fn(*a, *b), rtol=0, atol=0)
+
+
+def test_fp4_names_of_28_are_the_fp8_fp4_functions():
+    assert deep_gemm.fp4_gemm_nt is deep_gemm.fp8_fp4_gemm_nt
+    assert deep_gemm.m_grouped_fp4_gemm_nt_contiguous is deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous
+    assert deep_gemm.m_grouped_fp4_gemm_nt_masked is deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked
+    assert {"fp4_gemm_nt", "m_grouped_fp4_gemm_nt_contiguous", "m_grouped_fp4_gemm_nt_masked"} <= set(deep_gemm.__all__)

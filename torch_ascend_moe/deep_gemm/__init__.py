@@ -84,6 +84,11 @@ from torch_ascend_moe.deep_gemm.utils import *  # noqa: F403  (upstream's star e
 
 __version__ = "2.6.1+ascend_moe"
 
+# DeepGEMM 2.8's FP4 names (``register_apis`` in its ``csrc/apis/gemm.hpp``): the same functions as the FP8/FP4 ones.
+fp4_gemm_nt = fp8_fp4_gemm_nt
+m_grouped_fp4_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp4_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+
 # utils.__all__: upstream's math, layout and dist helpers, star-exported above.
 __all__ = utils.__all__ + [
     "aclnn_bf16_gemm_nn",
@@ -105,6 +110,7 @@ __all__ = utils.__all__ + [
     "fp8_bmm",
     "fp8_einsum",
     "fp8_fp4_gemm_nn",
+    "fp4_gemm_nt",
     "fp8_fp4_gemm_nt",
     "fp8_fp4_gemm_tn",
     "fp8_fp4_gemm_tt",
@@ -131,6 +137,8 @@ __all__ = utils.__all__ + [
     "m_grouped_bf16_gemm_nt_contiguous",
     "m_grouped_bf16_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp4_gemm_nt_contiguous",
+    "m_grouped_fp4_gemm_nt_masked",
     "m_grouped_fp8_fp4_gemm_nt_contiguous",
     "m_grouped_fp8_fp4_gemm_nt_masked",
     "m_grouped_fp8_gemm_nn_contiguous",

@@ -28,7 +28,7 @@ from torch_ascend_moe.meta.fp8_gemm import einsum_plan, is_fp4, logical_k
 from torch_ascend_moe.ops.fp8_gemm import fp8_bmm as _fp8_bmm_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_einsum as _fp8_einsum_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op
-from torch_ascend_moe.quant import scales_to_float, transpose_packed_fp4
+from torch_ascend_moe.quant import pack_ue8m0_to_int, per_token_cast_to_fp8, scales_to_float, transpose_packed_fp4
 
 _FP4_DTYPES = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
 
@@ -204,10 +204,14 @@ def fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)) -> None:
     a_data, sfa = _pair(api, "a", a)
     b_data, sfb = _pair(api, "b", b)
     ra, rb = _recipes_3(api, recipe)
-    epilogue = None
+    epilogue = flat_sfd = None
     if isinstance(d, (tuple, list)):
         d, sfd = _pair(api, "d", d)
-        epilogue = FP8Quantization(sfd)
+        # DeepGEMM 2.8 (CUDA) passes 2-D scales of the flattened rows; DeepGEMM-Ascend per-row ones (its epilogue).
+        if sfd.dim() == 2 and d.dim() == 3:
+            flat_sfd = sfd
+        else:
+            epilogue = FP8Quantization(sfd)
     ck.check_arg(
         expr in _EINSUM_EXPRS, api, "expr", "value", "one of " + ", ".join(map(repr, _EINSUM_EXPRS)), repr(expr)
     )
@@ -219,14 +223,36 @@ def fp8_einsum(expr, a, b, d, c=None, recipe=(1, 128, 128)) -> None:
     if sb[-1] == k_letter:
         b_data, sfb = _logical(b_data, sfb, False, rb[1])
     shape = [a_data.shape[sa.index(x)] if x in sa else b_data.shape[sb.index(x)] for x in so]
-    _write(
-        api,
-        d,
-        c,
-        shape,
-        epilogue,
-        lambda dtype: _fp8_einsum_op(expr, a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, out_dtype=dtype),
+
+    def compute(dtype):
+        return _fp8_einsum_op(expr, a_data, sfa, b_data, sfb, c, recipe_a=ra, recipe_b=rb, out_dtype=dtype)
+
+    if flat_sfd is not None:
+        _write_flat_fp8(api, expr, d, flat_sfd, c, shape, compute)
+        return
+    _write(api, d, c, shape, epilogue, compute)
+
+
+def _write_flat_fp8(api, expr, d, sfd, c, shape, compute) -> None:
+    """DeepGEMM 2.8's FP8 output of ``'bhr,hdr->bhd'`` (``csrc/apis/einsum.hpp``): ``D`` rounded to BF16, then
+    ``per_token_cast_to_fp8`` of its ``[b, h*d]`` rows with UE8M0 scales per 32, packed four to an int32 in
+    ``sfd [b, ceil(h*d/128)]`` (written through its strides: upstream's are MN-major, ``(1, align(b, 4))``)."""
+    ck.check_arg(expr == "bhr,hdr->bhd", api, "expr", "value", "'bhr,hdr->bhd' with a 2-D sfd", repr(expr))
+    ck.check_arg(c is None, api, "c", "value", "None with an FP8 d", "a tensor")
+    ck.check_arg(d.dtype == torch.float8_e4m3fn, api, "d", "dtype", "torch.float8_e4m3fn (FP8 output)", d.dtype)
+    ck.check_arg(
+        list(d.shape) == list(shape), api, "d", "shape", lambda: ck.shape_str(shape), lambda: ck.shape_str(d.shape)
     )
+    b, h, dim = shape
+    ck.check_arg(dim % 128 == 0, api, "d", "size(2) (d)", "a multiple of 128 with FP8 output", dim)
+    want = [b, -(-h * dim // 128)]
+    ck.check_arg(sfd.dtype == torch.int32, api, "sfd", "dtype", "torch.int32 (packed UE8M0)", sfd.dtype)
+    ck.check_arg(list(sfd.shape) == want, api, "sfd", "shape", want, list(sfd.shape))
+    if not d.numel():
+        return
+    q, sf = per_token_cast_to_fp8(compute(torch.bfloat16).reshape(b, h * dim), use_ue8m0=True, gran_k=32)
+    d.copy_(q.view(d.shape))
+    sfd.copy_(pack_ue8m0_to_int(sf))
 
 
 _EINSUM_EXPRS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")

@@ -10,6 +10,7 @@ tested against bit for bit. The encodings are plain torch functions (Dynamo trac
 from torch_ascend_moe.quant.casts import (
     block_cast_to_fp8,
     cast_back_from_fp4,
+    cast_back_from_fp8,
     dequantize_fp8,
     per_block_cast_to_fp8,
     per_channel_cast_to_fp8,
@@ -43,6 +44,7 @@ __all__ = [
     "FP4_MAX",
     "FP8_MAX",
     "cast_back_from_fp4",
+    "cast_back_from_fp8",
     "ceil_to_ue8m0",
     "decode_e2m1",
     "dequantize_fp8",

@@ -19,7 +19,7 @@ import torch
 
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe.ops.quant import dequantize, quantize_fp4, quantize_fp8
-from torch_ascend_moe.quant.encodings import pack_e2m1, unpack_e2m1
+from torch_ascend_moe.quant.encodings import pack_e2m1, unpack_e2m1, unpack_ue8m0_from_int
 
 
 def _check_2d(api: str, x: torch.Tensor) -> None:
@@ -139,6 +139,22 @@ def cast_back_from_fp4(
     rows = packed.reshape(-1, packed.shape[-1]).view(torch.uint8)
     out = dequantize(rows, scales.reshape(-1, scales.shape[-1]), (1, gran_k))
     return out.view(*packed.shape[:-1], n)
+
+
+def cast_back_from_fp8(
+    x_fp8: torch.Tensor, sf: torch.Tensor, gran_k: int = 128, use_packed_ue8m0: bool = False
+) -> torch.Tensor:
+    """Dequantize ``per_token_cast_to_fp8``'s output (E4M3 ``[..., n]``) to FP32: ``out[m, j] = float(x[m, j]) ·
+    sf[m, j // gran_k]``; ``sf`` is FP32 ``[..., ceil(n/gran_k)]`` or, with ``use_packed_ue8m0``, packed int32 (DeepGEMM
+    2.8's ``deep_gemm.utils.math.cast_back_from_fp8``)."""
+    api = "cast_back_from_fp8"
+    ck.check_arg(x_fp8.dtype == torch.float8_e4m3fn, api, "x_fp8", "dtype", torch.float8_e4m3fn, x_fp8.dtype)
+    if use_packed_ue8m0:
+        ck.check_arg(sf.dtype == torch.int32, api, "sf", "dtype", torch.int32, sf.dtype)
+    n = x_fp8.shape[-1]
+    scales = unpack_ue8m0_from_int(sf) if use_packed_ue8m0 else sf
+    out = dequantize_fp8(x_fp8.reshape(-1, n), scales.reshape(-1, scales.shape[-1]), 1, gran_k)
+    return out.view(*x_fp8.shape[:-1], n)
 
 
 def transpose_packed_fp4(a: torch.Tensor) -> torch.Tensor:

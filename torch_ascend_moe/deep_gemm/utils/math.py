@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch_ascend_moe.quant import (  # re-exported with upstream's names and signatures
     cast_back_from_fp4,
+    cast_back_from_fp8,
     ceil_to_ue8m0,
     pack_ue8m0_to_int,
     per_block_cast_to_fp8,
@@ -19,6 +20,7 @@ from torch_ascend_moe.quant import (  # re-exported with upstream's names and si
 __all__ = [
     "align",
     "cast_back_from_fp4",
+    "cast_back_from_fp8",
     "ceil_div",
     "ceil_to_ue8m0",
     "get_tma_aligned_size",
