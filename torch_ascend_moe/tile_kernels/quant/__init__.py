@@ -28,6 +28,7 @@ __all__ = [
     "norm_backward",
     "norm_forward",
     "norm_forward_and_per_token_cast",
+    "rmsnorm_forward_and_per_token_cast",
     "swiglu_backward",
     "swiglu_backward_and_per_token_cast",
     "swiglu_forward",
@@ -281,6 +282,7 @@ from torch_ascend_moe.tile_kernels.quant.norm import (  # noqa: E402
     norm_backward,
     norm_forward,
     norm_forward_and_per_token_cast,
+    rmsnorm_forward_and_per_token_cast,
 )
 from torch_ascend_moe.tile_kernels.quant.swiglu import (  # noqa: E402
     swiglu_backward,

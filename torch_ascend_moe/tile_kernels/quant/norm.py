@@ -13,7 +13,7 @@ import torch
 from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward, rms_norm_quant
 from torch_ascend_moe.tile_kernels.quant import _layout
 
-__all__ = ["norm_backward", "norm_forward", "norm_forward_and_per_token_cast"]
+__all__ = ["norm_backward", "norm_forward", "norm_forward_and_per_token_cast", "rmsnorm_forward_and_per_token_cast"]
 
 
 def _check_forward(x, weight, residual, hidden_multiple: int = 16) -> None:
@@ -100,3 +100,24 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight, rstd: torch.T
         return x_grad, w_grad.to(weight.dtype)
     weight_grad.copy_((weight_grad.float() + w_grad).to(weight_grad.dtype))
     return x_grad, weight_grad
+
+
+def rmsnorm_forward_and_per_token_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str,
+                                       num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
+                                       round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
+    """``(out_e4m3 [T, H], out_sf)``: TileKernels' fused RMSNorm and per-token cast (9375f83,
+    ``quant/rmsnorm_forward_and_per_token_cast_kernel.py``): the normalized row **kept in FP32** (``float(x)`` times
+    ``rstd = rsqrt(Σ float(x)²/H + eps)`` times ``float(w)``, never rounded to x's dtype), cast in ``1 ×
+    num_per_channels`` blocks (128 or the whole row) exactly as ``per_token_cast`` casts, scale layouts and flags
+    included. Not ``norm_forward_and_per_token_cast``, which casts the x-dtype-rounded output in blocks of 32. The
+    product's FP32 order may differ from the kernel's by an ulp (its own test allows a few FP8 codes apart)."""
+    from torch_ascend_moe.tile_kernels.quant import per_token_cast
+
+    assert x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float32) and x.is_contiguous()
+    hidden = x.shape[1]
+    assert weight.shape == (hidden,) and weight.dtype == x.dtype and weight.is_contiguous()
+    assert hidden % 128 == 0 and fmt == "e4m3" and num_per_channels in (128, hidden)
+    assert not use_tma_aligned_col_major_sf or num_per_channels == 128
+    normalized, _, _ = rms_norm(x.float(), weight.float(), eps)
+    return per_token_cast(normalized, fmt, num_per_channels, use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+                          round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0)  # fmt: skip
