@@ -72,6 +72,19 @@ def test_ascend_form_positional_max_seqlen_int16_scales():
     _close(out, ref, 1e-5)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_positional_max_seqlen_k_28_form(compressed):
+    """vLLM 0.33 calls ``fp8_fp4_mqa_logits(q, kv, weights, ks, ke, max_seqlen_k)`` (DeepGEMM 2.8's order) with CUDA's
+    scales: FP32 logits, the same as the keyword form (it was read as DeepGEMM-Ascend's and returned BF16)."""
+    q, k, w, ks, ke = _ragged()
+    q8 = q.to(torch.float8_e4m3fn)
+    k8, sf = quant.per_custom_dims_cast_to_fp8(k, (0,), False)
+    width = int((ke - ks).max()) if compressed else 0
+    out = deep_gemm.fp8_fp4_mqa_logits((q8, None), (k8, sf), w, ks, ke, width)
+    want = deep_gemm.fp8_fp4_mqa_logits((q8, None), (k8, sf), w, ks, ke, clean_logits=width == 0, max_seqlen_k=width)
+    assert out.dtype == torch.float32 and torch.equal(out, want)
+
+
 def test_upstream_limits_and_modes():
     q, k, w, ks, ke = _ragged(h=12)
     k8, sf = quant.per_custom_dims_cast_to_fp8(k, (0,), False)

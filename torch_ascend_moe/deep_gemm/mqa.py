@@ -75,14 +75,21 @@ def fp8_fp4_mqa_logits(
     max_seqlen_k: int = 0,
     logits_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Ragged MQA logits: ``[S, S_kv]``, or ``[S, max_seqlen_k]`` compressed (column t = KV ``ks[i] + t``)."""
+    """Ragged MQA logits: ``[S, S_kv]``, or ``[S, max_seqlen_k]`` compressed (column t = KV ``ks[i] + t``).
+
+    Call forms: DeepGEMM 2.6's sixth positional argument is ``clean_logits`` (a bool); DeepGEMM 2.8's and
+    DeepGEMM-Ascend's is ``max_seqlen_k`` (an int, as vLLM 0.33 passes it): told apart by its type. Which of the
+    two int forms is told by the scales: DeepGEMM-Ascend's are int16 UE8M0 pairs (its logits BF16, compressed only);
+    otherwise the CUDA semantics (FP32 logits unless ``logits_dtype`` says BF16, full logits cleaned)."""
     api = "deep_gemm.fp8_fp4_mqa_logits"
-    if not isinstance(clean_logits, bool):  # DeepGEMM-Ascend: (q, kv, weights, ks, ke, max_seqlen_k)
-        clean_logits, max_seqlen_k, logits_dtype = False, int(clean_logits), torch.bfloat16
+    if not isinstance(clean_logits, bool):  # (q, kv, weights, ks, ke, max_seqlen_k): 2.8 / DeepGEMM-Ascend
+        max_seqlen_k = int(clean_logits)
+        clean_logits = max_seqlen_k == 0
     q_data, q_sf = _split_q(api, q)
     k_data, kv_sf = kv
     ascend = _ascend_call(q_sf, kv_sf)
     if ascend:
+        clean_logits = False
         ck.check_arg(q_sf is not None, api, "q", "value", "(q, sf_q): DeepGEMM-Ascend needs Q scales", "no scales")
         ck.check_arg(max_seqlen_k > 0, api, "max_seqlen_k", "value", "> 0 (Ascend: compressed logits only)", 0)
         ck.check_arg(weights.dtype == torch.bfloat16, api, "weights", "dtype", "torch.bfloat16 (Ascend)", weights.dtype)
