@@ -47,7 +47,12 @@ def _takes(s) -> bool:
 
 
 def test_registered():
-    assert labels("sparse_mla_prefill", "cuda") == ["flash_mla.sparse_prefill_fwd", "triton: _sparse_mla", "portable"]
+    assert labels("sparse_mla_prefill", "cuda") == [
+        "flash_mla.sparse_prefill_fwd",
+        "flash_mla.flash_mla_sparse_fwd (G2: flash_mla.cuda)",
+        "triton: _sparse_mla",
+        "portable",
+    ]
 
 
 def _ulps(dtype) -> int:
