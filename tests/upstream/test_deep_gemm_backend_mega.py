@@ -30,6 +30,8 @@ from torch_ascend_moe.ops.mega_moe import mega_moe
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 from torch_ascend_moe.testing import calc_diff
 
+# The CUDA chain on CPU tensors: our Triton kernels are switched off wherever the chain runs (interpreted on a CPU
+# they would only slow the comparison down; what is checked is DeepGEMM against the chain without it).
 BOUND = 1e-5  # the op's BF16 threshold (tests/mega_moe/specs.py)
 SM100 = {"flavor": "cuda", "arch": 10}
 
@@ -68,7 +70,7 @@ CASES = [(fp8, clamp) for fp8 in (False, True) for clamp in (None, 1.0)]
 @pytest.mark.parametrize("fp8,clamp", CASES)
 def test_reaches_deep_gemm_locally(fp8, clamp):
     call = _call(3, fp8, clamp=clamp)
-    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"):
+    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
         steps = chain.explain("mega_moe", "cuda", **call)
         assert steps[0].kernel.library == "deep_gemm" and steps[0].status == "chosen", steps
         y, counts = mega_moe(**call)
@@ -96,7 +98,7 @@ def test_refusals():
         "SM9x": ({"flavor": "cuda", "arch": 9}, bf16),
     }
     for reason, (config, call) in reasons.items():
-        with installed("deep_gemm", **config) as lib, chain.on_cpu("cuda"):
+        with installed("deep_gemm", **config) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
             steps = chain.explain("mega_moe", "cuda", **call)
             assert steps[0].status == "refused" and reason in steps[0].reason, (reason, steps)
             y, _ = mega_moe(**call)  # our pipeline instead, never the library
@@ -107,7 +109,7 @@ def test_refusals():
 
 def test_weights_transformed_once_per_version():
     call = _call(5, True)
-    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"):
+    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
         first = mega_moe(**call)[0]
         again = mega_moe(**dict(call, topk_weights=call["topk_weights"] * 0.5))[0]
         assert _calls(lib).count("transform_weights_for_mega_moe") == 1, _calls(lib)
@@ -122,7 +124,7 @@ def test_weights_transformed_once_per_version():
 def test_bad_ids_never_reach_it():
     call = _call(6, False)
     call["topk_idx"][0, 0] = 9
-    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"):
+    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
         with pytest.raises(ValueError, match=r"argument 'topk_idx' values: expected expert ids in \[-1, 4\), got 9"):
             mega_moe(**call)
         assert not any("mega_moe" in c for c in _calls(lib)), _calls(lib)
@@ -135,7 +137,7 @@ def test_compiled_graph_reaches_it():
         return mega_moe(x, idx, w, l1, l2)[0] * 2
 
     args = (call["x"], call["topk_idx"], call["topk_weights"], call["l1_weights"], call["l2_weights"])
-    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"):
+    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
         got = torch.compile(step, fullgraph=True, backend="aot_eager")(*args)
         assert "bf16_mega_moe" in _calls(lib), _calls(lib)
         assert calc_diff(got, step(*args)) < 1e-12
@@ -144,7 +146,7 @@ def test_compiled_graph_reaches_it():
 def test_mutation_untransformed_weights_caught(monkeypatch):
     for fp8 in (False, True):
         call = _call(8, fp8)
-        with installed("deep_gemm", **SM100), chain.on_cpu("cuda"):
+        with installed("deep_gemm", **SM100), chain.on_cpu("cuda"), chain.disabled("triton"):
             right = mega_moe(**call)[0]
             monkeypatch.setattr(backend, "_transformed", _untransformed)
             try:
@@ -174,7 +176,7 @@ def _ep(rank, r):
     from tests.upstream.standin import STANDINS  # noqa: F401  (the spawned process imports the stand-in itself)
 
     e = 4 * r
-    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"):
+    with installed("deep_gemm", **SM100) as lib, chain.on_cpu("cuda"), chain.disabled("triton"):
         for fp8 in (False, True):
             call = _call(9, fp8, t=6 + 3 * rank, e=e, rank=rank)
             # every rank holds its own experts: the slice of the full set the seed made
