@@ -86,8 +86,11 @@ def test_reaches_deep_gemm_locally(fp8, clamp):
 
 def test_refusals():
     bf16, fp8 = _call(4, False), _call(4, True)
+    g = torch.Generator().manual_seed(29)
     shared = dict(
-        bf16, shared_l1_weights=torch.randn(64, 512).bfloat16(), shared_l2_weights=torch.randn(512, 32).bfloat16()
+        bf16,
+        shared_l1_weights=torch.randn(64, 512, generator=g).bfloat16(),
+        shared_l2_weights=torch.randn(512, 32, generator=g).bfloat16(),
     )
     odd_scale = dict(fp8, x_sf=fp8["x_sf"] * 1.5)
     narrow = _call(4, True, h=256, inter=512)
@@ -104,7 +107,8 @@ def test_refusals():
             y, _ = mega_moe(**call)  # our pipeline instead, never the library
             assert not any("mega_moe" in c for c in _calls(lib)), (reason, _calls(lib))
             with chain.disabled("deep_gemm"):
-                assert torch.equal(y, mega_moe(**call)[0]), reason
+                # Not bitwise: the pipeline's own GEMMs (the shared experts') may still run DeepGEMM's bf16_gemm_nt.
+                assert calc_diff(y, mega_moe(**call)[0]) < BOUND, reason
 
 
 def test_weights_transformed_once_per_version():
