@@ -17,7 +17,9 @@
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/max.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/Parallel.h>
@@ -44,6 +46,8 @@ constexpr const char* kPaged = "ascend_moe::paged_mqa_logits";
 constexpr const char* kMetadata = "ascend_moe::paged_mqa_logits_metadata";
 constexpr const char* kTopk = "ascend_moe::mqa_topk";
 constexpr const char* kFused = "ascend_moe::mqa_logits_topk";
+constexpr const char* kSparse = "ascend_moe::sparse_mqa_logits";
+constexpr const char* kPagedSparse = "ascend_moe::paged_sparse_mqa_logits";
 constexpr int64_t kTileRows = 256;  // (query, head) rows per score block
 constexpr int64_t kChunk = 512;     // KV tokens per score block
 constexpr int64_t kScheduleSplit = 256;  // KV tokens per unit of the paged schedule (upstream's split)
@@ -218,6 +222,42 @@ AM_VECTOR_CLONES void reduce_heads(const T* s, int64_t ld, const T* w, int64_t H
   }
 }
 
+// BF16 logits are scored shape-independently ("exact" scoring): q . k in FP64 (exact for FP8/FP4 values with
+// power-of-two scales and for BF16 values, so no summation order changes it), rounded once to FP32, then the head
+// sum in a fixed order. An SGEMM's sum order follows the matrix shapes (MKL's small-N kernels differ in the last bit), so
+// without this a logit's bits would depend on the tile, the chunk and the op that computed it: with it the dense,
+// paged and sparse ops give the same bits at the same position, as DeepGEMM's sparse indexer does against its
+// dense one (its test compares them bitwise). FP32 logits keep the SGEMM path.
+// Scores near FP32's limit (|q| * |k| * D reaching it: hostile data) keep the SGEMM, whose overflows to inf and NaN
+// are every other kernel's (an FP64 sum would stay finite where FP32's is inf); NaN operands take it too.
+at::Tensor score_block(const at::Tensor& qd, const at::Tensor& keys, bool exact) {
+  if (!exact || qd.scalar_type() == at::kDouble || keys.size(0) == 0 || qd.size(0) == 0) return at::mm(qd, keys.t());
+  const double bound = qd.abs().max().item<double>() * keys.abs().max().item<double>() * static_cast<double>(qd.size(1));
+  if (!(bound < static_cast<double>(std::numeric_limits<float>::max()))) return at::mm(qd, keys.t());
+  return at::mm(qd.to(at::kDouble), keys.to(at::kDouble).t());
+}
+
+// The head sum stays in T (FP32), one fused multiply-add per head in head order: a fixed order whatever the shapes.
+template <typename T>
+void reduce_heads_exact(const double* s, int64_t ld, const T* w, int64_t H, int64_t n, T* out) {
+  for (int64_t c = 0; c < n; ++c) {
+    T acc = T(0);
+    for (int64_t h = 0; h < H; ++h) acc = std::fma(w[h], std::max(static_cast<T>(s[h * ld + c]), T(0)), acc);
+    out[c] = acc;
+  }
+}
+
+// reduce_heads over columns [c0, c0 + n) of rows [r0, r0 + H) of a score block from score_block.
+template <typename T>
+void reduce_scores(const at::Tensor& s, int64_t r0, int64_t c0, const T* w, int64_t H, int64_t n, T* out) {
+  const int64_t ld = s.size(1);
+  if (s.scalar_type() == c10::CppTypeToScalarType<T>::value) {
+    reduce_heads<T>(s.const_data_ptr<T>() + r0 * ld + c0, ld, w, H, n, out);
+  } else {
+    reduce_heads_exact<T>(s.const_data_ptr<double>() + r0 * ld + c0, ld, w, H, n, out);
+  }
+}
+
 // Backward of reduce_heads in place: dw[h] += sum_c g[c] * relu(s[h, c]); s[h, c] becomes g[c] * w[h] * [s > 0].
 template <typename T>
 // Only columns [lo, hi) are the query's logits: the others of the block contribute nothing, not even a NaN score
@@ -262,7 +302,7 @@ std::pair<int64_t, int64_t> tile_span(const std::vector<int64_t>& ks, const std:
 template <typename T, typename Store>
 void tile_logits(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
                  const T* wp, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H, int64_t t,
-                 std::vector<T>& row, Store&& store) {
+                 bool exact, std::vector<T>& row, Store&& store) {
   const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
   const int64_t S = static_cast<int64_t>(ks.size()), qt = queries_per_tile(H);
   const int64_t i0 = t * qt, i1 = std::min(S, i0 + qt);
@@ -271,12 +311,11 @@ void tile_logits(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, in
   const at::Tensor qd = dequantize(q2, qsf2, gq, i0 * H, (i1 - i0) * H, acc);
   for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
     const int64_t jc = std::min(kChunk, hi - j0);
-    const at::Tensor s = at::mm(qd, kd.narrow(0, j0, jc).t());  // [(i1 - i0) * H, jc]
-    const T* sp = s.const_data_ptr<T>();
+    const at::Tensor s = score_block(qd, kd.narrow(0, j0, jc), exact);  // [(i1 - i0) * H, jc]
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t a = std::max(ks[i], j0), b = std::min(ke[i], j0 + jc);
       if (a >= b) continue;
-      reduce_heads<T>(sp + (i - i0) * H * jc + (a - j0), jc, wp + i * H, H, b - a, row.data());
+      reduce_scores<T>(s, (i - i0) * H, a - j0, wp + i * H, H, b - a, row.data());
       store(i, a, row.data(), b - a);
     }
   }
@@ -285,14 +324,14 @@ void tile_logits(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, in
 template <typename T>
 void mqa_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& kd,
                  const at::Tensor& w, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t H,
-                 bool compressed, at::Tensor& out) {
+                 bool compressed, bool exact, at::Tensor& out) {
   const int64_t S = static_cast<int64_t>(ks.size()), ncols = out.size(1), qt = queries_per_tile(H);
   const at::Tensor wf = w.to(c10::CppTypeToScalarType<T>::value).contiguous();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, (S + qt - 1) / qt, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> row(kChunk);
     for (int64_t t = t0; t < t1; ++t) {
-      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, row,
+      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, exact, row,
                      [&](int64_t i, int64_t a, const T* values, int64_t n) {
                        std::memcpy(op + i * ncols + (compressed ? a - ks[i] : a), values, sizeof(T) * n);
                      });
@@ -311,9 +350,10 @@ at::Tensor mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& 
   at::Tensor out = at::full({sh.S, ncols}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
   const at::Tensor kd = dequantize(rows_of(k), rows_of(k_sf), sh.gk, 0, sh.S_kv, acc);
   if (acc == at::kDouble) {
-    mqa_forward<double>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, out);
+    mqa_forward<double>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, false, out);
   } else {
-    mqa_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, out);
+    const bool exact = sh.out_t == at::kBFloat16;
+    mqa_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, max_seqlen_k > 0, exact, out);
   }
   return out.scalar_type() == sh.out_t ? out : out.to(sh.out_t);
 }
@@ -414,35 +454,35 @@ struct CacheFormat {
   bool fp4, fp32_scale;
 };
 
-CacheFormat check_cache(const at::Tensor& cache, int64_t D, bool ascend, const at::Tensor& q) {
-  check_rank(kPaged, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)");
-  AM_CHECK_ARG(cache.scalar_type() == at::kByte, kPaged, "kv_cache", "dtype", "torch.uint8",
+CacheFormat check_cache(const char* op, const at::Tensor& cache, int64_t D, bool ascend, const at::Tensor& q) {
+  check_rank(op, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)");
+  AM_CHECK_ARG(cache.scalar_type() == at::kByte, op, "kv_cache", "dtype", "torch.uint8",
                dtype_name(cache.scalar_type()));
-  AM_CHECK_ARG(cache.device() == q.device(), kPaged, "kv_cache", "device", q.device().str() + " (same as 'q')",
+  AM_CHECK_ARG(cache.device() == q.device(), op, "kv_cache", "device", q.device().str() + " (same as 'q')",
                cache.device().str());
   const int64_t row = cache.size(3);
   const int64_t sf_bytes = ascend ? D / 32 : 4;
   const bool fp8 = row == D + sf_bytes, fp4 = row == D / 2 + sf_bytes;
   const bool d_ok = ascend ? D % 64 == 0 : (D % 2 == 0 && (fp8 || D % 32 == 0) && (fp8 || D <= 128));
-  AM_CHECK_ARG(d_ok && (fp8 || fp4), kPaged, "kv_cache", "size(3) (bytes per token)",
+  AM_CHECK_ARG(d_ok && (fp8 || fp4), op, "kv_cache", "size(3) (bytes per token)",
                std::string(ascend ? "D + D/32 (FP8) or D/2 + D/32 (FP4) with D % 64 == 0"
                                   : "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)") +
                    " for D=" + std::to_string(D),
                row);
-  AM_CHECK_ARG(cache.size(2) == 1, kPaged, "kv_cache", "size(2) (KV heads)", 1, cache.size(2));
-  AM_CHECK_ARG(cache.stride(3) == 1 && cache.stride(1) == row, kPaged, "kv_cache", "strides (1, 3)",
+  AM_CHECK_ARG(cache.size(2) == 1, op, "kv_cache", "size(2) (KV heads)", 1, cache.size(2));
+  AM_CHECK_ARG(cache.stride(3) == 1 && cache.stride(1) == row, op, "kv_cache", "strides (1, 3)",
                "(" + std::to_string(row) + ", 1): token rows packed in each block",
                "(" + std::to_string(cache.stride(1)) + ", " + std::to_string(cache.stride(3)) + ")");
   const int64_t block_kv = cache.size(1);
-  AM_CHECK_ARG(cache.size(0) <= 1 || cache.stride(0) >= block_kv * row, kPaged, "kv_cache", "stride(0)",
+  AM_CHECK_ARG(cache.size(0) <= 1 || cache.stride(0) >= block_kv * row, op, "kv_cache", "stride(0)",
                "at least block_kv * bytes per token = " + std::to_string(block_kv * row), cache.stride(0));
   return {block_kv, fp8 ? D : D / 2, sf_bytes, cache.stride(0), !fp8, !ascend && fp8};
 }
 
-// deq of tokens [0, n) of one physical block into dst [n, D] (FP32).
-void dequantize_block(const uint8_t* block, const CacheFormat& f, int64_t D, int64_t n, float* dst) {
-  decode_quantized_rows(block, n, f.data_bytes, D, f.fp4, dst);
-  const uint8_t* sf = block + f.block_kv * f.data_bytes;
+// deq of tokens [first, first + n) of one physical block into dst [n, D] (FP32).
+void dequantize_block(const uint8_t* block, const CacheFormat& f, int64_t D, int64_t n, float* dst, int64_t first = 0) {
+  decode_quantized_rows(block + first * f.data_bytes, n, f.data_bytes, D, f.fp4, dst);
+  const uint8_t* sf = block + f.block_kv * f.data_bytes + first * f.sf_bytes;
   for (int64_t t = 0; t < n; ++t) {
     float* r = dst + t * D;
     if (f.fp32_scale) {
@@ -463,7 +503,7 @@ template <typename T>
 void paged_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& cache,
                    const CacheFormat& f, const at::Tensor& w, const std::vector<int64_t>& lens,
                    const std::vector<int64_t>& table, int64_t max_blocks, int64_t B, int64_t next_n, int64_t H,
-                   int64_t D, at::Tensor& out) {
+                   int64_t D, bool exact, at::Tensor& out) {
   const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
   const int64_t ncols = out.size(1), chunk_blocks = std::max<int64_t>(1, kChunk / f.block_kv);
   const at::Tensor wf = w.to(acc).contiguous();
@@ -487,17 +527,30 @@ void paged_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, 
           dequantize_block(base + phys * f.block_stride, f, D, std::min(f.block_kv, jc - p * f.block_kv),
                            kf.data_ptr<float>() + p * f.block_kv * D);
         }
-        const at::Tensor s = at::mm(qd, kf.to(acc).t());  // [next_n * H, jc]
-        const T* sp = s.const_data_ptr<T>();
+        const at::Tensor s = score_block(qd, kf.to(acc), exact);  // [next_n * H, jc]
         for (int64_t t = 0; t < next_n; ++t) {
           const int64_t r = b * next_n + t, n = std::min(std::min(lens[r], ncols) - j0, jc);
           if (n <= 0) continue;
-          reduce_heads<T>(sp + t * H * jc, jc, wp + r * H, H, n, row.data());
+          reduce_scores<T>(s, t * H, 0, wp + r * H, H, n, row.data());
           std::memcpy(op + r * ncols + j0, row.data(), sizeof(T) * n);
         }
       }
     }
   });
+}
+
+// context_lens [B, next_n] and block_table [B, max_blocks], int32.
+void check_tables(const char* op, const at::Tensor& context_lens, const at::Tensor& block_table, int64_t B,
+                  int64_t next_n) {
+  check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
+  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, op, "context_lens", "dtype", "torch.int32",
+               dtype_name(context_lens.scalar_type()));
+  AM_CHECK_ARG(context_lens.size(0) == B && context_lens.size(1) == next_n, op, "context_lens", "shape",
+               shape_str({B, next_n}) + " (B, next_n of q)", shape_str(context_lens.sizes()));
+  check_rank(op, "block_table", block_table, 2, "[B, max_blocks]");
+  AM_CHECK_ARG(block_table.scalar_type() == at::kInt, op, "block_table", "dtype", "torch.int32",
+               dtype_name(block_table.scalar_type()));
+  check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)");
 }
 
 // Every length >= 0. Both paged_mqa_logits and its schedule metadata run this first, so one set of lengths
@@ -520,17 +573,9 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
   const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
   AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, kPaged, "q", "shape", "next_n > 0, H > 0, D > 0",
                shape_str(q.sizes()));
-  const CacheFormat f = check_cache(kv_cache, D, ascend_kv_layout, q);
+  const CacheFormat f = check_cache(kPaged, kv_cache, D, ascend_kv_layout, q);
   const at::ScalarType out_t = check_weights(kPaged, weights, q, B * next_n, H, "B * next_n", logits_dtype);
-  check_rank(kPaged, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
-  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, kPaged, "context_lens", "dtype", "torch.int32",
-               dtype_name(context_lens.scalar_type()));
-  AM_CHECK_ARG(context_lens.size(0) == B && context_lens.size(1) == next_n, kPaged, "context_lens", "shape",
-               shape_str({B, next_n}) + " (B, next_n of q)", shape_str(context_lens.sizes()));
-  check_rank(kPaged, "block_table", block_table, 2, "[B, max_blocks]");
-  AM_CHECK_ARG(block_table.scalar_type() == at::kInt, kPaged, "block_table", "dtype", "torch.int32",
-               dtype_name(block_table.scalar_type()));
-  check_dim_size(kPaged, "block_table", block_table, 0, "B", B, "q.size(0)");
+  check_tables(kPaged, context_lens, block_table, B, next_n);
   check_int_arg(kPaged, "max_context_len", max_context_len, 0);
   if (indices.has_value()) {
     AM_CHECK_ARG(next_n == 1, kPaged, "indices", "value", "None unless next_n == 1 (varlen: one query per row)",
@@ -572,10 +617,10 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
       at::full({B * next_n, max_context_len}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
   if (acc == at::kDouble) {
     paged_forward<double>(rows_of(q), rows_of(q_sf), gq, kv_cache, f, weights, lens, table, max_blocks, B, next_n, H, D,
-                          out);
+                          false, out);
   } else {
     paged_forward<float>(rows_of(q), rows_of(q_sf), gq, kv_cache, f, weights, lens, table, max_blocks, B, next_n, H, D,
-                         out);
+                         out_t == at::kBFloat16, out);
   }
   return out.scalar_type() == out_t ? out : out.to(out_t);
 }
@@ -726,7 +771,7 @@ void mqa_topk_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf
       const auto [lo, hi] = tile_span(ks, ke, i0, i1);
       const int64_t span = hi > lo ? hi - lo : 0;
       buf.resize((i1 - i0) * span);
-      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, row,
+      tile_logits<T>(q2, qsf2, gq, kd, wf.const_data_ptr<T>(), ks, ke, H, t, bf16_logits, row,
                      [&](int64_t i, int64_t a, const T* values, int64_t n) {
                        std::memcpy(buf.data() + (i - i0) * span + (a - lo), values, sizeof(T) * n);
                      });
@@ -767,6 +812,186 @@ std::tuple<at::Tensor, at::Tensor> mqa_logits_topk_cpu(const at::Tensor& q, cons
     mqa_topk_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, kd, weights, ksv, kev, sh.H, topk, bf16, val, idx);
   }
   return {val.scalar_type() == sh.out_t ? val : val.to(sh.out_t), idx};
+}
+
+// ---- sparse: DeepSeek V4.1's hierarchical indexer scores only candidate KV blocks (specs/upstream_2609.md §1) ----
+//
+// Row r has n_r = min(num_blocks, ceil(len_r / SBK)) valid slots (len_r: its KV range's length); column s * SBK + o of
+// a valid slot s scores KV token start(block_indices[r, s]) + o where that token lies in the row's range, and every
+// other column is exactly -inf (DeepGEMM leaves them unwritten). The slots past n_r are never read (callers pad them
+// with anything: repeats, INT32_MAX). Scores are the dense ops' (score_block, reduce_scores), so a sparse logit has
+// the bits of the dense logit of the same token.
+
+// block_indices [rows, num_blocks] int32 next to q; returns num_blocks.
+int64_t check_sparse_indices(const char* op, const at::Tensor& bi, int64_t rows, const char* rows_what,
+                             const char* rows_source, int64_t sbk, const at::Tensor& q) {
+  check_rank(op, "block_indices", bi, 2, "[rows, num_blocks] (candidate KV blocks per query row)");
+  AM_CHECK_ARG(bi.scalar_type() == at::kInt, op, "block_indices", "dtype", "torch.int32",
+               dtype_name(bi.scalar_type()));
+  AM_CHECK_ARG(bi.device() == q.device(), op, "block_indices", "device", q.device().str() + " (same as 'q')",
+               bi.device().str());
+  check_dim_size(op, "block_indices", bi, 0, rows_what, rows, rows_source);
+  check_int_arg(op, "sparse_block_kv", sbk, 1);
+  const int64_t nb = bi.size(1);
+  AM_CHECK_ARG(nb <= kMaxIntArg / sbk, op, "sparse_block_kv", "value",
+               "num_blocks * sparse_block_kv <= 2147483647 (the output's columns)",
+               std::to_string(sbk) + " with num_blocks=" + std::to_string(nb));
+  return nb;
+}
+
+// Row r's valid slots: strictly increasing block ids, each block [id * SBK + shift, + SBK) overlapping [lo, hi).
+int64_t check_sparse_row(const char* op, const std::vector<int64_t>& idx, int64_t nb, int64_t sbk, int64_t r,
+                         int64_t lo, int64_t hi, int64_t shift) {
+  const int64_t n = std::min(nb, (hi - lo + sbk - 1) / sbk);
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t id = idx[r * nb + s], a = id * sbk + shift;
+    const std::string at_rs =
+        "block_indices[" + std::to_string(r) + ", " + std::to_string(s) + "]=" + std::to_string(id);
+    AM_CHECK_ARG(a < hi && a + sbk > lo, op, "block_indices", "values",
+                 "blocks overlapping the row's KV range in its valid slots",
+                 at_rs + " (tokens [" + std::to_string(a) + ", " + std::to_string(a + sbk) + ")), range [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + ")");
+    AM_CHECK_ARG(s == 0 || id > idx[r * nb + s - 1], op, "block_indices", "values",
+                 "strictly increasing block ids in the row's valid slots",
+                 at_rs + " after " + std::to_string(idx[r * nb + s - 1]));
+  }
+  return n;
+}
+
+// The rows' logits; keys(r, tokens) returns the dequantized keys [n, D] (acc dtype) of row r's tokens.
+template <typename T, typename Keys>
+void sparse_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, int64_t gq, const at::Tensor& w,
+                    const std::vector<int64_t>& idx, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi,
+                    const std::vector<int64_t>& shift, int64_t nb, int64_t sbk, int64_t H, bool exact, Keys&& keys,
+                    at::Tensor& out) {
+  const at::ScalarType acc = c10::CppTypeToScalarType<T>::value;
+  const int64_t rows = static_cast<int64_t>(lo.size()), ncols = out.size(1);
+  const at::Tensor wf = w.to(acc).contiguous();
+  const T* wp = wf.const_data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> tokens, cols;
+    std::vector<T> row;
+    for (int64_t r = r0; r < r1; ++r) {
+      tokens.clear();
+      cols.clear();
+      const int64_t n = std::min(nb, (hi[r] - lo[r] + sbk - 1) / sbk);
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t a = idx[r * nb + s] * sbk + shift[r];
+        for (int64_t o = std::max<int64_t>(0, lo[r] - a); o < std::min(sbk, hi[r] - a); ++o) {
+          tokens.push_back(a + o);
+          cols.push_back(s * sbk + o);
+        }
+      }
+      if (tokens.empty()) continue;
+      const int64_t m = static_cast<int64_t>(tokens.size());
+      const at::Tensor qd = dequantize(q2, qsf2, gq, r * H, H, acc);
+      const at::Tensor s = score_block(qd, keys(r, tokens), exact);  // [H, m]
+      row.resize(m);
+      reduce_scores<T>(s, 0, 0, wp + r * H, H, m, row.data());
+      for (int64_t c = 0; c < m; ++c) op[r * ncols + cols[c]] = row[c];
+    }
+  });
+}
+
+at::Tensor sparse_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
+                                 const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
+                                 const at::Tensor& ke, const at::Tensor& block_indices, int64_t sparse_block_kv,
+                                 bool unaligned_ks, std::optional<at::ScalarType> logits_dtype) {
+  const Shapes sh = check_mqa(kSparse, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype);
+  const int64_t sbk = sparse_block_kv;
+  const int64_t nb = check_sparse_indices(kSparse, block_indices, sh.S, "S", "q.size(0)", sbk, q);
+  const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke), idx = to_vector(block_indices);
+  check_ranges(kSparse, ksv, kev, sh.S_kv, 0);
+  std::vector<int64_t> shift(sh.S, 0);
+  for (int64_t i = 0; i < sh.S; ++i) {
+    if (unaligned_ks) {
+      shift[i] = ksv[i] % sbk;
+    } else {
+      AM_CHECK_ARG(kev[i] == ksv[i] || ksv[i] % sbk == 0, kSparse, "ks", "values",
+                   "multiples of sparse_block_kv=" + std::to_string(sbk) +
+                       " for non-empty ranges (aligned blocks; unaligned_ks=True otherwise)",
+                   "ks[" + std::to_string(i) + "]=" + std::to_string(ksv[i]));
+    }
+    check_sparse_row(kSparse, idx, nb, sbk, i, ksv[i], kev[i], shift[i]);
+  }
+  const at::ScalarType acc = acc_dtype(q);
+  at::Tensor out = at::full({sh.S, nb * sbk}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+  const at::Tensor kd = dequantize(rows_of(k), rows_of(k_sf), sh.gk, 0, sh.S_kv, acc);
+  auto keys = [&](int64_t, const std::vector<int64_t>& tokens) {
+    const at::Tensor ids = at::tensor(at::IntArrayRef(tokens), at::TensorOptions().dtype(at::kLong));
+    return kd.index_select(0, ids);
+  };
+  if (acc == at::kDouble) {
+    sparse_forward<double>(rows_of(q), rows_of(q_sf), sh.gq, weights, idx, ksv, kev, shift, nb, sbk, sh.H, false, keys,
+                           out);
+  } else {
+    sparse_forward<float>(rows_of(q), rows_of(q_sf), sh.gq, weights, idx, ksv, kev, shift, nb, sbk, sh.H,
+                          sh.out_t == at::kBFloat16, keys, out);
+  }
+  return out.scalar_type() == sh.out_t ? out : out.to(sh.out_t);
+}
+
+at::Tensor paged_sparse_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf,
+                                       const at::Tensor& kv_cache, const at::Tensor& weights,
+                                       const at::Tensor& context_lens, const at::Tensor& block_table,
+                                       const at::Tensor& block_indices, int64_t sparse_block_kv, bool ascend_kv_layout,
+                                       std::optional<at::ScalarType> logits_dtype) {
+  const char* op = kPagedSparse;
+  const int64_t gq =
+      check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q);
+  const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
+  AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", shape_str(q.sizes()));
+  const CacheFormat f = check_cache(op, kv_cache, D, ascend_kv_layout, q);
+  const at::ScalarType out_t = check_weights(op, weights, q, B * next_n, H, "B * next_n", logits_dtype);
+  check_tables(op, context_lens, block_table, B, next_n);
+  const int64_t sbk = sparse_block_kv, rows = B * next_n;
+  const int64_t nb = check_sparse_indices(op, block_indices, rows, "B * next_n", "q.size(0) * q.size(1)", sbk, q);
+  AM_CHECK_ARG(f.block_kv % sbk == 0, op, "sparse_block_kv", "value",
+               "a divisor of the cache's block_kv=" + std::to_string(f.block_kv), sbk);
+  const std::vector<int64_t> lens = to_vector(context_lens), table = to_vector(block_table);
+  const std::vector<int64_t> idx = to_vector(block_indices);
+  const int64_t max_blocks = block_table.size(1), num_blocks = kv_cache.size(0);
+  check_context_lens_values(op, lens, next_n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t L = lens[r], b = r / next_n;
+    AM_CHECK_ARG(L <= max_blocks * f.block_kv, op, "context_lens", "values",
+                 "context_lens[b, t] <= block_table.size(1) * block_kv=" + std::to_string(max_blocks * f.block_kv),
+                 "context_lens[" + std::to_string(b) + ", " + std::to_string(r % next_n) + "]=" + std::to_string(L));
+    const int64_t n = check_sparse_row(op, idx, nb, sbk, r, 0, L, 0);
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t p = idx[r * nb + s] * sbk / f.block_kv, id = table[b * max_blocks + p];
+      AM_CHECK_ARG(id >= 0 && id < num_blocks, op, "block_table", "values",
+                   "physical block ids in [0, num_blocks=" + std::to_string(num_blocks) + ")",
+                   "block_table[" + std::to_string(b) + ", " + std::to_string(p) + "]=" + std::to_string(id));
+    }
+  }
+  const at::ScalarType acc = acc_dtype(q);
+  at::Tensor out = at::full({rows, nb * sbk}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+  const uint8_t* base = kv_cache.const_data_ptr<uint8_t>();
+  auto keys = [&](int64_t r, const std::vector<int64_t>& tokens) {
+    // Runs of consecutive tokens inside one cache block are dequantized together (dequantize_block: the dense
+    // kernel's own decoding, so the values are the same floats).
+    at::Tensor kf = at::empty({static_cast<int64_t>(tokens.size()), D}, at::kFloat);
+    const int64_t b = r / next_n;
+    for (size_t c = 0; c < tokens.size();) {
+      size_t e = c + 1;
+      while (e < tokens.size() && tokens[e] == tokens[e - 1] + 1 && tokens[e] % f.block_kv != 0) ++e;
+      const int64_t t = tokens[c], phys = table[b * max_blocks + t / f.block_kv];
+      dequantize_block(base + phys * f.block_stride, f, D, static_cast<int64_t>(e - c), kf.data_ptr<float>() + c * D,
+                       t % f.block_kv);
+      c = e;
+    }
+    return kf.to(acc);
+  };
+  const std::vector<int64_t> lo(rows, 0), shift(rows, 0);
+  if (acc == at::kDouble) {
+    sparse_forward<double>(rows_of(q), rows_of(q_sf), gq, weights, idx, lo, lens, shift, nb, sbk, H, false, keys, out);
+  } else {
+    sparse_forward<float>(rows_of(q), rows_of(q_sf), gq, weights, idx, lo, lens, shift, nb, sbk, H,
+                          out_t == at::kBFloat16, keys, out);
+  }
+  return out.scalar_type() == out_t ? out : out.to(out_t);
 }
 
 }  // namespace
@@ -810,6 +1035,20 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
       "mqa_logits_topk(Tensor q, Tensor? q_sf, Tensor k, Tensor? k_sf, Tensor weights, Tensor ks, Tensor ke, "
       "int topk, ScalarType? logits_dtype=None) -> (Tensor, Tensor)",
       {at::Tag::pt2_compliant_tag});
+  // DeepSeek V4.1's sparse indexer (DeepGEMM 2.8's fp8_fp4_sparse_mqa_logits): [S, num_blocks * sparse_block_kv],
+  // column s * SBK + o scoring KV token block_indices[i, s] * SBK + o (+ ks[i] % SBK with unaligned_ks) inside
+  // [ks[i], ke[i]) for the first min(num_blocks, ceil((ke[i] - ks[i]) / SBK)) slots; exactly -inf elsewhere.
+  m.def(
+      "sparse_mqa_logits(Tensor q, Tensor? q_sf, Tensor k, Tensor? k_sf, Tensor weights, Tensor ks, Tensor ke, "
+      "Tensor block_indices, int sparse_block_kv, bool unaligned_ks=False, ScalarType? logits_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
+  // The same over a paged cache (fp8_fp4_paged_sparse_mqa_logits): row b * next_n + t, logical block ids of request
+  // b's context (its first context_lens[b, t] tokens), [B * next_n, num_blocks * sparse_block_kv].
+  m.def(
+      "paged_sparse_mqa_logits(Tensor q, Tensor? q_sf, Tensor kv_cache, Tensor weights, Tensor context_lens, "
+      "Tensor block_table, Tensor block_indices, int sparse_block_kv, bool ascend_kv_layout=False, "
+      "ScalarType? logits_dtype=None) -> Tensor",
+      {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
@@ -819,6 +1058,8 @@ TORCH_LIBRARY_IMPL(ascend_moe, CPU, m) {
   m.impl("paged_mqa_logits_metadata", &paged_mqa_logits_metadata_cpu);
   m.impl("mqa_topk", &mqa_topk_cpu);
   m.impl("mqa_logits_topk", &mqa_logits_topk_cpu);
+  m.impl("sparse_mqa_logits", &sparse_mqa_logits_cpu);
+  m.impl("paged_sparse_mqa_logits", &paged_sparse_mqa_logits_cpu);
 }
 
 }  // namespace ascend_moe

@@ -725,6 +725,230 @@ def fused_bad_inputs(device) -> list[BadInput]:
     ]
 
 
+# ---- sparse_mqa_logits / paged_sparse_mqa_logits ----
+
+
+def candidate_blocks(lo: int, hi: int, sbk: int, nb: int, shift: int, g: torch.Generator, pad: int) -> list[int]:
+    """A query's candidate blocks as DeepGEMM's test picks them: every block of ``[lo, hi)`` when they fit, else
+    ``nb`` random ones, sorted; the slots past them hold ``pad`` (never read)."""
+    first = (lo - shift) // sbk
+    blocks = list(range(first, -(-(hi - shift) // sbk))) if hi > lo else []
+    if len(blocks) > nb:
+        blocks = sorted(blocks[j] for j in torch.randperm(len(blocks), generator=g)[:nb].tolist())
+    return blocks + [pad] * (nb - len(blocks))
+
+
+def _sbk_dividing(n: int) -> int:
+    """The largest of 4, 3, 2, 1 dividing ``n``: float64 samples select every token (no -inf columns)."""
+    return next(b for b in (4, 3, 2, 1) if n % b == 0)
+
+
+def sparse_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    """``mqa_logits``' samples with candidate blocks: aligned blocks where every ``ks`` is 0, unaligned otherwise;
+    at most 3 blocks a query (some queries keep fewer than their range has), padding INT32_MAX or repeats."""
+    g = torch.Generator().manual_seed(80)
+    out = []
+    for n, sample in enumerate(mqa_logits_samples(device, dtype, requires_grad, small)):
+        q, q_sf, k, k_sf, w, ks, ke, _, logits_dtype = sample.args
+        s_kv = k.shape[0]
+        if dtype == torch.float64:
+            sbk = _sbk_dividing(s_kv)
+            nb, unaligned = max(1, s_kv // sbk), False
+        else:
+            sbk, nb = (4, 3) if n % 2 else (8, 2)
+            unaligned = bool(ks.any())
+        pad = 2**31 - 1 if n % 2 else None
+        rows = []
+        for a, b in zip(ks.tolist(), ke.tolist()):
+            shift = a % sbk if unaligned else 0
+            row = candidate_blocks(a, b, sbk, nb, shift, g, 0)
+            valid = min(nb, -(-(b - a) // sbk))
+            fill = pad if pad is not None else (row[valid - 1] if valid else 0)
+            rows.append(row[:valid] + [fill] * (nb - valid))
+        bi = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), nb).to(device)
+        args = (q, q_sf, k, k_sf, w, ks, ke, bi, sbk, unaligned, logits_dtype)
+        out.append(SampleInput(args, f"{sample.name} SBK{sbk} NB{nb}{' unaligned' if unaligned else ''}"))
+    return out
+
+
+def _gather_reference(dense: torch.Tensor, lo, hi, shift, block_indices, sbk: int) -> torch.Tensor:
+    """A sparse reference from a dense one (columns = tokens): gathered at each valid column, -inf elsewhere."""
+    token, valid = portable.sparse_columns(lo, hi, shift, block_indices.cpu(), sbk)
+    cols = torch.where(valid, token, 0).clamp(0, max(dense.shape[1] - 1, 0))
+    gathered = dense.gather(1, cols) if dense.shape[1] else torch.zeros(token.shape, dtype=torch.float64)
+    return torch.where(valid, gathered, float("-inf"))
+
+
+def sparse_reference(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
+    dense = reference_logits(dequantized(q, q_sf), dequantized(k, k_sf), weights, ks, ke, k.shape[0], False)
+    shift = portable.sparse_shift(ks, sparse_block_kv, unaligned_ks)
+    return _gather_reference(dense, ks, ke, shift, block_indices, sparse_block_kv)
+
+
+def sparse_bad_inputs(device) -> list[BadInput]:
+    q, k, w = torch.randn(3, 4, 32), torch.randn(40, 32), torch.rand(3, 4)
+    ks = torch.tensor([0, 8, 16], dtype=torch.int32)
+    ke = torch.tensor([20, 40, 17], dtype=torch.int32)
+    bi = torch.tensor([[0, 2], [1, 4], [2, 9]], dtype=torch.int32)
+
+    def call(**kw):
+        args = dict(
+            q=q,
+            q_sf=None,
+            k=k,
+            k_sf=None,
+            weights=w,
+            ks=ks,
+            ke=ke,
+            block_indices=bi,
+            sparse_block_kv=8,
+            unaligned_ks=False,
+            logits_dtype=None,
+        )
+        return tuple((args | kw).values())
+
+    return [
+        BadInput(
+            call(block_indices=torch.tensor([[2, 0], [1, 4], [2, 9]], dtype=torch.int32)),
+            r"sparse_mqa_logits: argument 'block_indices' values: expected strictly increasing block ids in the "
+            r"row's valid slots, got block_indices\[0, 1\]=0 after 2",
+            "not increasing",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(block_indices=torch.tensor([[0, 2], [0, 4], [2, 9]], dtype=torch.int32)),
+            r"argument 'block_indices' values: expected blocks overlapping the row's KV range in its valid slots, "
+            r"got block_indices\[1, 0\]=0 \(tokens \[0, 8\)\), range \[8, 40\)",
+            "block outside the range",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(ks=torch.tensor([0, 8, 13], dtype=torch.int32)),
+            r"argument 'ks' values: expected multiples of sparse_block_kv=8 for non-empty ranges",
+            "unaligned ks",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(ke=torch.tensor([20, 41, 17], dtype=torch.int32)),
+            r"sparse_mqa_logits: argument 'ke' values: expected ke\[i\] <= S_kv=40",
+            "ke > S_kv",
+            data_dependent=True,
+        ),
+        BadInput(call(block_indices=bi.long()), r"argument 'block_indices' dtype: expected torch.int32", "dtype"),
+        BadInput(
+            call(block_indices=bi[:2]),
+            r"argument 'block_indices' size\(0\) \(S\): expected 3 \(q.size\(0\)\), got 2",
+            "rows",
+        ),
+        BadInput(call(sparse_block_kv=0), r"argument 'sparse_block_kv' value: expected a positive integer", "SBK 0"),
+        BadInput(
+            call(weights=torch.rand(3, 5)), r"sparse_mqa_logits: argument 'weights' shape: expected \[3, 4\]", "w"
+        ),
+    ]
+
+
+def paged_sparse_samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
+    """``paged_mqa_logits``' samples (next_n > 1, varlen runs, both layouts) with candidate logical blocks."""
+    g = torch.Generator().manual_seed(81)
+    out = []
+    for n, sample in enumerate(_paged_samples_registered(device, dtype, requires_grad, small)):
+        q, q_sf, cache, w, lens, table, _, _, ascend, logits_dtype = sample.args
+        block_kv = cache.shape[1]
+        flat = lens.flatten().tolist()
+        if dtype == torch.float64:
+            sbk, nb = 1, max(flat)
+        else:
+            sbk, nb = (block_kv // 2, 3) if n % 2 else (block_kv // 4, 4)
+        rows = [candidate_blocks(0, L, sbk, nb, 0, g, 2**31 - 1) for L in flat]
+        bi = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), nb).to(device)
+        args = (q, q_sf, cache, w, lens, table, bi, sbk, ascend, logits_dtype)
+        out.append(SampleInput(args, f"{sample.name} SBK{sbk} NB{nb}"))
+    return out
+
+
+def paged_sparse_reference(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    block_indices,
+    sparse_block_kv,
+    ascend_kv_layout,
+    logits_dtype,
+):
+    lens = context_lens.flatten()
+    span = max(int(lens.max()) if lens.numel() else 0, 1)
+    dense = paged_reference(q, q_sf, kv_cache, weights, context_lens, block_table, span, None, ascend_kv_layout, None)
+    zero = torch.zeros_like(lens, dtype=torch.long)
+    return _gather_reference(dense, zero, lens, zero, block_indices, sparse_block_kv)
+
+
+def paged_sparse_bad_inputs(device) -> list[BadInput]:
+    g = torch.Generator().manual_seed(82)
+    cache = build_paged_cache([torch.randn(20, 64, generator=g), torch.randn(9, 64, generator=g)], 16, "fp8", False, g)
+    q = torch.randn(2, 1, 4, 64).to(torch.float8_e4m3fn)
+    w = torch.rand(2, 4)
+    lens = torch.tensor([[20], [9]], dtype=torch.int32)
+    bi = torch.tensor([[0, 2], [1, 2]], dtype=torch.int32)
+
+    def call(**kw):
+        args = dict(
+            q=q,
+            q_sf=None,
+            kv_cache=cache.cache,
+            weights=w,
+            context_lens=lens,
+            block_table=cache.block_table,
+            block_indices=bi,
+            sparse_block_kv=8,
+            ascend_kv_layout=False,
+            logits_dtype=None,
+        )
+        return tuple((args | kw).values())
+
+    bad_table = cache.block_table.clone()
+    bad_table[0, 1] = 99
+    return [
+        BadInput(
+            call(block_table=bad_table),
+            r"paged_sparse_mqa_logits: argument 'block_table' values: expected physical block ids in "
+            r"\[0, num_blocks=5\), got block_table\[0, 1\]=99",
+            "block id out of range",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(block_indices=torch.tensor([[0, 2], [1, 3]], dtype=torch.int32)),
+            r"argument 'block_indices' values: expected blocks overlapping the row's KV range in its valid slots, "
+            r"got block_indices\[1, 1\]=3 \(tokens \[24, 32\)\), range \[0, 9\)",
+            "block past the context",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(context_lens=torch.tensor([[20], [60]], dtype=torch.int32)),
+            r"argument 'context_lens' values: expected context_lens\[b, t\] <= block_table.size\(1\) \* block_kv=",
+            "length past the table",
+            data_dependent=True,
+        ),
+        BadInput(
+            call(sparse_block_kv=5),
+            r"paged_sparse_mqa_logits: argument 'sparse_block_kv' value: expected a divisor of the cache's block_kv=16",
+            "SBK not dividing block_kv",
+        ),
+        BadInput(
+            call(block_indices=bi[:1]),
+            r"argument 'block_indices' size\(0\) \(B \* next_n\): expected 2 \(q.size\(0\) \* q.size\(1\)\)",
+            "rows",
+        ),
+        BadInput(
+            call(ascend_kv_layout=True),
+            r"paged_sparse_mqa_logits: argument 'kv_cache' size\(3\) \(bytes per token\): expected D \+ D/32",
+            "layout mismatch",
+        ),
+    ]
+
+
 SPECS = [
     OpSpec("mqa_logits", mqa_logits_samples, mqa_logits_reference, mqa_logits_bad_inputs, portable.mqa_logits),
     OpSpec(
@@ -747,4 +971,12 @@ SPECS = [
     ),
     OpSpec("mqa_topk", topk_samples, topk_reference, topk_bad_inputs, portable.mqa_topk),
     OpSpec("mqa_logits_topk", fused_samples, fused_reference, fused_bad_inputs, portable.mqa_logits_topk),
+    OpSpec("sparse_mqa_logits", sparse_samples, sparse_reference, sparse_bad_inputs, portable.sparse_mqa_logits),
+    OpSpec(
+        "paged_sparse_mqa_logits",
+        paged_sparse_samples,
+        paged_sparse_reference,
+        paged_sparse_bad_inputs,
+        portable.paged_sparse_mqa_logits,
+    ),
 ]

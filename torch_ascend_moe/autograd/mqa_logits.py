@@ -150,3 +150,69 @@ non_differentiable("mqa_logits_backward")
 autograd(PAGED, _paged_backward, _paged_setup)
 non_differentiable("paged_mqa_logits_metadata")
 autograd(TOPK, _topk_backward, _topk_setup)
+
+
+# ---- sparse: the dense formula on each row's gathered keys (recomputed per block of rows, never [S, S_kv]) ----
+
+SPARSE, PAGED_SPARSE = "sparse_mqa_logits", "paged_sparse_mqa_logits"
+
+
+def _sparse_setup(ctx, inputs, output):
+    args = arguments(SPARSE, inputs)
+    ctx.q_float, ctx.k_float = not meta.is_quantized(args.q), not meta.is_quantized(args.k)
+    ctx.dtypes = (args.q.dtype, args.k.dtype, args.weights.dtype)
+    ctx.sbk, ctx.unaligned = args.sparse_block_kv, args.unaligned_ks
+    ctx.save_for_backward(args.q, args.q_sf, args.k, args.k_sf, args.weights, args.ks, args.ke, args.block_indices)
+
+
+def _sparse_backward(ctx, grad):
+    q, q_sf, k, k_sf, weights, ks, ke, block_indices = ctx.saved_tensors
+    need_q = needs_grad(ctx, SPARSE, "q") and ctx.q_float
+    need_k = needs_grad(ctx, SPARSE, "k") and ctx.k_float
+    need_w = needs_grad(ctx, SPARSE, "weights")
+    if not (need_q or need_k or need_w):
+        return gradients(SPARSE)
+    acc = meta.acc_dtype(q)
+    qd, kd = portable.dequantize(q.detach(), q_sf, acc), portable.dequantize(k.detach(), k_sf, acc)
+    shift = portable.sparse_shift(ks, ctx.sbk, ctx.unaligned)
+    token, valid = portable.sparse_columns(ks, ke, shift, block_indices, ctx.sbk)
+    dq, dk, dw = portable.sparse_backward(grad, qd, kd, token, valid, weights.detach(), acc, need_k)
+    q_t, k_t, w_t = ctx.dtypes
+    return gradients(
+        SPARSE,
+        q=dq.to(q_t) if need_q else None,
+        k=dk.to(k_t) if need_k else None,
+        weights=dw.to(w_t) if need_w else None,
+    )
+
+
+def _paged_sparse_setup(ctx, inputs, output):
+    args = arguments(PAGED_SPARSE, inputs)
+    q = args.q
+    ctx.q_float = not meta.is_quantized(q)
+    ctx.dtypes = (q.dtype, args.weights.dtype)
+    ctx.fmt = meta.check_cache(args.kv_cache, meta.head_dim(q), args.ascend_kv_layout, q, meta.PAGED_SPARSE)
+    ctx.sbk = args.sparse_block_kv
+    ctx.save_for_backward(
+        q, args.q_sf, args.kv_cache, args.weights, args.context_lens, args.block_table, args.block_indices
+    )
+
+
+def _paged_sparse_backward(ctx, grad):
+    q, q_sf, kv_cache, weights, context_lens, block_table, block_indices = ctx.saved_tensors
+    need_q, need_w = needs_grad(ctx, PAGED_SPARSE, "q") and ctx.q_float, needs_grad(ctx, PAGED_SPARSE, "weights")
+    if not (need_q or need_w):
+        return gradients(PAGED_SPARSE)
+    acc = meta.acc_dtype(q)
+    qd, kd, token, valid = portable.paged_sparse_operands(
+        q.detach(), q_sf, kv_cache, ctx.fmt, context_lens, block_table, block_indices, ctx.sbk, acc
+    )
+    dq, _, dw = portable.sparse_backward(grad, qd, kd, token, valid, weights.detach(), acc, False)
+    q_t, w_t = ctx.dtypes
+    return gradients(
+        PAGED_SPARSE, q=dq.reshape(q.shape).to(q_t) if need_q else None, weights=dw.to(w_t) if need_w else None
+    )
+
+
+autograd(SPARSE, _sparse_backward, _sparse_setup)
+autograd(PAGED_SPARSE, _paged_sparse_backward, _paged_sparse_setup)

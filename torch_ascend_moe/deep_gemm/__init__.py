@@ -66,6 +66,7 @@ from torch_ascend_moe.deep_gemm.mqa import (
     fp8_fp4_paged_mqa_logits,
     fp8_mqa_logits,
     fp8_paged_mqa_logits,
+    get_mqa_logits_metadata,
     get_paged_mqa_logits_metadata,
 )
 from torch_ascend_moe.deep_gemm.runtime import (
@@ -79,6 +80,12 @@ from torch_ascend_moe.deep_gemm.runtime import (
     set_pdl,
     set_tc_util,
     use_deterministic_algorithms,
+)
+from torch_ascend_moe.deep_gemm.sparse_mqa import (
+    fp8_fp4_paged_sparse_mqa_logits,
+    fp8_fp4_sparse_mqa_logits,
+    get_paged_sparse_mqa_logits_metadata,
+    get_sparse_mqa_logits_metadata,
 )
 from torch_ascend_moe.deep_gemm.utils import *  # noqa: F403  (upstream's star export)
 
@@ -127,6 +134,11 @@ __all__ = utils.__all__ + [
     "get_deterministic_algorithms",
     "get_num_sms",
     "get_paged_mqa_logits_metadata",
+    "get_mqa_logits_metadata",
+    "get_sparse_mqa_logits_metadata",
+    "get_paged_sparse_mqa_logits_metadata",
+    "fp8_fp4_sparse_mqa_logits",
+    "fp8_fp4_paged_sparse_mqa_logits",
     "get_pdl",
     "get_tc_util",
     "k_grouped_bf16_gemm_tn_contiguous",

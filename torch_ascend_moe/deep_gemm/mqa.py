@@ -61,6 +61,10 @@ def _split_q(api: str, q) -> tuple[torch.Tensor, torch.Tensor | None]:
     return q, None
 
 
+def _int32_scales(sf) -> bool:
+    return sf is not None and sf.dtype == torch.int32
+
+
 def _ascend_call(q_sf, kv_sf) -> bool:
     return (q_sf is not None and q_sf.dtype == torch.int16) or (kv_sf is not None and kv_sf.dtype == torch.int16)
 
@@ -74,14 +78,19 @@ def fp8_fp4_mqa_logits(
     clean_logits: bool | int = True,
     max_seqlen_k: int = 0,
     logits_dtype: torch.dtype = torch.float32,
+    schedule_meta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ragged MQA logits: ``[S, S_kv]``, or ``[S, max_seqlen_k]`` compressed (column t = KV ``ks[i] + t``).
 
     Call forms: DeepGEMM 2.6's sixth positional argument is ``clean_logits`` (a bool); DeepGEMM 2.8's and
     DeepGEMM-Ascend's is ``max_seqlen_k`` (an int, as vLLM 0.33 passes it): told apart by its type. Which of the
     two int forms is told by the scales: DeepGEMM-Ascend's are int16 UE8M0 pairs (its logits BF16, compressed only);
-    otherwise the CUDA semantics (FP32 logits unless ``logits_dtype`` says BF16, full logits cleaned)."""
+    otherwise the CUDA semantics (FP32 logits unless ``logits_dtype`` says BF16, full logits cleaned).
+    ``schedule_meta`` (2.8, from ``get_mqa_logits_metadata``) only schedules upstream's kernel: the result is the
+    same with or without it (upstream's test requires it bitwise), so it is checked and not needed."""
     api = "deep_gemm.fp8_fp4_mqa_logits"
+    if schedule_meta is not None:
+        _check_schedule(api, schedule_meta)
     if not isinstance(clean_logits, bool):  # (q, kv, weights, ks, ke, max_seqlen_k): 2.8 / DeepGEMM-Ascend
         max_seqlen_k = int(clean_logits)
         clean_logits = max_seqlen_k == 0
@@ -155,6 +164,20 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv, num_sms=
     return paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices)
 
 
+def get_mqa_logits_metadata(
+    cu_seq_len_k_start: torch.Tensor, cu_seq_len_k_end: torch.Tensor, num_kv_tokens: int, num_heads: int
+) -> torch.Tensor:
+    """DeepGEMM 2.8's ragged schedule for ``fp8_fp4_mqa_logits(..., schedule_meta=)``: int32 ``[num_sms + 1, 2]``,
+    each SM's (query, 256-token KV split) start with the work (the queries' clamped range lengths) split evenly,
+    as ``get_paged_mqa_logits_metadata`` splits a decode batch. Our kernels do not need it."""
+    api = "deep_gemm.get_mqa_logits_metadata"
+    ck.check_int_arg(api, "num_kv_tokens", num_kv_tokens, 0)
+    ck.check_int_arg(api, "num_heads", num_heads, 1)
+    ks = cu_seq_len_k_start.clamp(max=num_kv_tokens)
+    lengths = (cu_seq_len_k_end.clamp(max=num_kv_tokens) - ks).clamp(min=0)
+    return paged_mqa_logits_metadata(lengths.to(torch.int32).reshape(-1, 1), 64, get_num_sms())
+
+
 def _check_schedule(api: str, schedule_meta: torch.Tensor) -> None:
     ck.check_arg(
         schedule_meta.dim() == 2 and schedule_meta.shape[1] == 2 and schedule_meta.dtype == torch.int32,
@@ -218,7 +241,9 @@ def fp8_fp4_paged_mqa_logits(
         max_context_len,
         q_sf=_scales(q_sf, lead, d),
         indices=indices,
-        ascend_kv_layout=use_ascend_kv_layout,
+        # MXFP8 (E4M3 q with int32 UE8M0 scales, DeepGEMM 2.8): 4 UE8M0 bytes per token of 128 values, which is the
+        # Ascend page layout byte for byte.
+        ascend_kv_layout=use_ascend_kv_layout or (q_data.dtype == torch.float8_e4m3fn and _int32_scales(q_sf)),
         logits_dtype=logits_dtype,
     )
 

@@ -40,3 +40,16 @@ def mqa_logits_topk(q_shape, q_sf_shape, k_shape, *args, out_shape=None, **kwarg
     # The logits it selects from: every (query, head, KV) score, as mqa_logits with full columns.
     S, H, _ = q_shape
     return S * H * k_shape[0] * (2 * k_shape[-1] + 2)
+
+
+@flop_formula
+def sparse_mqa_logits(q_shape, q_sf_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+    # Every (query, head, candidate column) score, as mqa_logits over num_blocks * sparse_block_kv columns.
+    S, H, _ = q_shape
+    return S * H * out_shape[1] * (2 * k_shape[-1] + 2)
+
+
+@flop_formula
+def paged_sparse_mqa_logits(q_shape, q_sf_shape, cache_shape, *args, out_shape=None, **kwargs) -> int:
+    B, next_n, H, d = q_shape
+    return B * next_n * H * out_shape[1] * (2 * d + 2)

@@ -22,6 +22,8 @@ PAGED = "ascend_moe::paged_mqa_logits"
 METADATA = "ascend_moe::paged_mqa_logits_metadata"
 TOPK = "ascend_moe::mqa_topk"
 FUSED = "ascend_moe::mqa_logits_topk"
+SPARSE = "ascend_moe::sparse_mqa_logits"
+PAGED_SPARSE = "ascend_moe::paged_sparse_mqa_logits"
 FLOAT_OPERANDS = (torch.bfloat16, torch.float32, torch.float64)
 QUANTIZED = (torch.float8_e4m3fn, torch.uint8)
 SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
@@ -224,9 +226,8 @@ class CacheFormat:
     fp32_scale: bool
 
 
-def check_cache(cache, d, ascend: bool, q) -> CacheFormat:
+def check_cache(cache, d, ascend: bool, q, op: str = PAGED) -> CacheFormat:
     """The cache's byte layout: per block, ``block_kv`` token rows of data, then ``block_kv`` scale rows."""
-    op = PAGED
     ck.check_rank(op, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)")
     ck.check_arg(cache.dtype == torch.uint8, op, "kv_cache", "dtype", "torch.uint8", cache.dtype)
     _same_device(op, "kv_cache", cache, q)
@@ -278,19 +279,7 @@ def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_c
     )
     fmt = check_cache(kv_cache, D, ascend, q)
     out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype)
-    ck.check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)")
-    ck.check_arg(context_lens.dtype == torch.int32, op, "context_lens", "dtype", "torch.int32", context_lens.dtype)
-    ck.check_arg(
-        context_lens.shape[0] == B and context_lens.shape[1] == next_n,
-        op,
-        "context_lens",
-        "shape",
-        lambda: f"{ck.shape_str([B, next_n])} (B, next_n of q)",
-        lambda: ck.shape_str(context_lens.shape),
-    )
-    ck.check_rank(op, "block_table", block_table, 2, "[B, max_blocks]")
-    ck.check_arg(block_table.dtype == torch.int32, op, "block_table", "dtype", "torch.int32", block_table.dtype)
-    ck.check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)")
+    check_tables(op, context_lens, block_table, B, next_n)
     ck.check_int_arg(op, "max_context_len", max_context_len, 0)
     if indices is not None:
         ck.check_arg(
@@ -305,6 +294,23 @@ def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_c
         ck.check_arg(indices.dtype == torch.int32, op, "indices", "dtype", "torch.int32", indices.dtype)
         ck.check_dim_size(op, "indices", indices, 0, "B", B, "q.size(0)")
     return gq, fmt, out
+
+
+def check_tables(op: str, context_lens, block_table, B, next_n) -> None:
+    """``context_lens [B, next_n]`` and ``block_table [B, max_blocks]``, int32."""
+    ck.check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)")
+    ck.check_arg(context_lens.dtype == torch.int32, op, "context_lens", "dtype", "torch.int32", context_lens.dtype)
+    ck.check_arg(
+        context_lens.shape[0] == B and context_lens.shape[1] == next_n,
+        op,
+        "context_lens",
+        "shape",
+        lambda: f"{ck.shape_str([B, next_n])} (B, next_n of q)",
+        lambda: ck.shape_str(context_lens.shape),
+    )
+    ck.check_rank(op, "block_table", block_table, 2, "[B, max_blocks]")
+    ck.check_arg(block_table.dtype == torch.int32, op, "block_table", "dtype", "torch.int32", block_table.dtype)
+    ck.check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)")
 
 
 def check_context_lens_values(op: str, lens: list) -> None:
@@ -436,3 +442,167 @@ def fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype) -> Mq
 def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
     sh = fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     return q.new_empty([sh.S, topk], dtype=sh.out_dtype), q.new_empty([sh.S, topk], dtype=torch.int32)
+
+
+# ---- sparse (DeepSeek V4.1's hierarchical indexer: candidate KV blocks; csrc/ops/mqa_logits_cpu.cpp's twin) ----
+
+
+def check_sparse_indices(op: str, bi, rows, rows_what: str, rows_source: str, sbk: int, q):
+    """``block_indices [rows, num_blocks]`` int32 next to ``q``; returns ``num_blocks``."""
+    ck.check_rank(op, "block_indices", bi, 2, "[rows, num_blocks] (candidate KV blocks per query row)")
+    ck.check_arg(bi.dtype == torch.int32, op, "block_indices", "dtype", "torch.int32", bi.dtype)
+    _same_device(op, "block_indices", bi, q)
+    ck.check_dim_size(op, "block_indices", bi, 0, rows_what, rows, rows_source)
+    ck.check_int_arg(op, "sparse_block_kv", sbk, 1)
+    nb = bi.shape[1]
+    ck.check_arg(
+        nb <= ck.MAX_INT_ARG // sbk,
+        op,
+        "sparse_block_kv",
+        "value",
+        "num_blocks * sparse_block_kv <= 2147483647 (the output's columns)",
+        lambda: f"{sbk} with num_blocks={ck._text(nb)}",
+    )
+    return nb
+
+
+def sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype):
+    """``sparse_mqa_logits``' checks; returns ``(shapes, num_blocks)``."""
+    sh = mqa_signature(SPARSE, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype)
+    nb = check_sparse_indices(SPARSE, block_indices, sh.S, "S", "q.size(0)", sparse_block_kv, q)
+    return sh, nb
+
+
+def sparse_slots(length: int, nb: int, sbk: int) -> int:
+    """A row's valid slots: ``min(num_blocks, ceil(length / SBK))``."""
+    return min(nb, -(-length // sbk))
+
+
+def check_sparse_row(op: str, idx: list, sbk: int, r: int, lo: int, hi: int, shift: int) -> int:
+    """Row ``r``'s valid slots: strictly increasing ids, each block ``[id * SBK + shift, + SBK)`` overlapping
+    ``[lo, hi)``; returns their number."""
+    n = sparse_slots(hi - lo, len(idx), sbk)
+    for s in range(n):
+        a = idx[s] * sbk + shift
+        at_rs = f"block_indices[{r}, {s}]={idx[s]}"
+        ck.check_arg(
+            a < hi and a + sbk > lo,
+            op,
+            "block_indices",
+            "values",
+            "blocks overlapping the row's KV range in its valid slots",
+            f"{at_rs} (tokens [{a}, {a + sbk})), range [{lo}, {hi})",
+        )
+        ck.check_arg(
+            s == 0 or idx[s] > idx[s - 1],
+            op,
+            "block_indices",
+            "values",
+            "strictly increasing block ids in the row's valid slots",
+            f"{at_rs} after {idx[s - 1] if s else None}",
+        )
+    return n
+
+
+def check_sparse_values(ks, ke, block_indices, sbk: int, unaligned: bool, s_kv: int) -> None:
+    check_range_values(SPARSE, ks, ke, s_kv, 0)
+    for i, (a, b, row) in enumerate(zip(ks.tolist(), ke.tolist(), block_indices.tolist())):
+        if not unaligned:
+            ck.check_arg(
+                b == a or a % sbk == 0,
+                SPARSE,
+                "ks",
+                "values",
+                f"multiples of sparse_block_kv={sbk} for non-empty ranges "
+                "(aligned blocks; unaligned_ks=True otherwise)",
+                f"ks[{i}]={a}",
+            )
+        check_sparse_row(SPARSE, row, sbk, i, a, b, a % sbk if unaligned else 0)
+
+
+def paged_sparse_signature(
+    q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend, dtype
+):
+    """``paged_sparse_mqa_logits``' checks; returns ``(gq, cache format, logits dtype, num_blocks)``."""
+    op = PAGED_SPARSE
+    gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q)
+    B, next_n, H, D = q.shape[0], q.shape[1], q.shape[2], head_dim(q)
+    ck.check_arg(
+        next_n > 0 and H > 0 and D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", lambda: ck.shape_str(q.shape)
+    )
+    fmt = check_cache(kv_cache, D, ascend, q, op)
+    out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype)
+    check_tables(op, context_lens, block_table, B, next_n)
+    nb = check_sparse_indices(op, block_indices, B * next_n, "B * next_n", "q.size(0) * q.size(1)", sparse_block_kv, q)
+    ck.check_arg(
+        fmt.block_kv % sparse_block_kv == 0,
+        op,
+        "sparse_block_kv",
+        "value",
+        lambda: f"a divisor of the cache's block_kv={ck._text(fmt.block_kv)}",
+        sparse_block_kv,
+    )
+    return gq, fmt, out, nb
+
+
+def check_paged_sparse_values(context_lens, block_table, block_indices, sbk: int, block_kv: int, num_blocks: int):
+    op = PAGED_SPARSE
+    lens, table, idx = context_lens.tolist(), block_table.tolist(), block_indices.tolist()
+    check_context_lens_values(op, lens)
+    max_blocks = block_table.shape[1]
+    next_n = context_lens.shape[1]
+    for b, row in enumerate(lens):
+        for t, n in enumerate(row):
+            ck.check_arg(
+                n <= max_blocks * block_kv,
+                op,
+                "context_lens",
+                "values",
+                f"context_lens[b, t] <= block_table.size(1) * block_kv={max_blocks * block_kv}",
+                f"context_lens[{b}, {t}]={n}",
+            )
+            r = b * next_n + t
+            for s in range(check_sparse_row(op, idx[r], sbk, r, 0, n, 0)):
+                p = idx[r][s] * sbk // block_kv
+                ck.check_arg(
+                    0 <= table[b][p] < num_blocks,
+                    op,
+                    "block_table",
+                    "values",
+                    f"physical block ids in [0, num_blocks={num_blocks})",
+                    f"block_table[{b}, {p}]={table[b][p]}",
+                )
+
+
+@fake
+def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
+    sh, nb = sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    return q.new_empty([sh.S, nb * sparse_block_kv], dtype=sh.out_dtype)
+
+
+@fake
+def paged_sparse_mqa_logits(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    block_indices,
+    sparse_block_kv,
+    ascend_kv_layout,
+    logits_dtype,
+):
+    _, _, out, nb = paged_sparse_signature(
+        q,
+        q_sf,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        block_indices,
+        sparse_block_kv,
+        ascend_kv_layout,
+        logits_dtype,
+    )
+    return q.new_empty([q.shape[0] * q.shape[1], nb * sparse_block_kv], dtype=out)

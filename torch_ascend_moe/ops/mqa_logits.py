@@ -11,6 +11,8 @@ _paged = torch.ops.ascend_moe.paged_mqa_logits.default
 _metadata = torch.ops.ascend_moe.paged_mqa_logits_metadata.default
 _topk = torch.ops.ascend_moe.mqa_topk.default
 _fused = torch.ops.ascend_moe.mqa_logits_topk.default
+_sparse = torch.ops.ascend_moe.sparse_mqa_logits.default
+_paged_sparse = torch.ops.ascend_moe.paged_sparse_mqa_logits.default
 
 
 @schema_defaults
@@ -120,3 +122,71 @@ def mqa_logits_topk(
     (torch.Size([4, 2]), torch.int32)
     """
     return _fused(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+
+
+@schema_defaults
+def sparse_mqa_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    weights: torch.Tensor,
+    ks: torch.Tensor,
+    ke: torch.Tensor,
+    block_indices: torch.Tensor,
+    sparse_block_kv: int,
+    *,
+    q_sf: torch.Tensor | None = None,
+    k_sf: torch.Tensor | None = None,
+    unaligned_ks: bool = FROM_SCHEMA,
+    logits_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The indexer's logits on candidate KV blocks only (DeepSeek V4.1's hierarchical sparse indexer, DeepGEMM 2.8's
+    ``fp8_fp4_sparse_mqa_logits``): ``[S, num_blocks * sparse_block_kv]``.
+
+    ``block_indices [S, num_blocks]`` int32 holds each query's candidate blocks of ``sparse_block_kv`` (SBK) KV
+    tokens: block ``b`` is tokens ``[b * SBK, b * SBK + SBK)`` (shifted by ``ks[i] % SBK`` with ``unaligned_ks``;
+    otherwise a non-empty range must start at a multiple of SBK). Only the first ``min(num_blocks, ceil((ke[i] -
+    ks[i]) / SBK))`` slots are read: strictly increasing ids of blocks overlapping ``[ks[i], ke[i])``; the rest is
+    padding (any value). Column ``s * SBK + o`` is ``mqa_logits``' logit of token ``start(s) + o`` when it lies in
+    ``[ks[i], ke[i])``, exactly -inf otherwise. BF16 logits have the dense op's bits at the same token.
+    Operands, dtypes and gradients as ``mqa_logits``.
+
+    >>> q, k = torch.randn(2, 4, 32), torch.randn(64, 32)
+    >>> ks, ke = torch.tensor([0, 16], dtype=torch.int32), torch.tensor([40, 64], dtype=torch.int32)
+    >>> blocks = torch.tensor([[1, 4], [2, 7]], dtype=torch.int32)
+    >>> sparse_mqa_logits(q, k, torch.rand(2, 4), ks, ke, blocks, 8).shape
+    torch.Size([2, 16])
+    """
+    return _sparse(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype)
+
+
+@schema_defaults
+def paged_sparse_mqa_logits(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    block_indices: torch.Tensor,
+    sparse_block_kv: int,
+    *,
+    q_sf: torch.Tensor | None = None,
+    ascend_kv_layout: bool = FROM_SCHEMA,
+    logits_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``sparse_mqa_logits`` over ``paged_mqa_logits``' cache (DeepGEMM 2.8's ``fp8_fp4_paged_sparse_mqa_logits``):
+    ``[B * next_n, num_blocks * sparse_block_kv]``. Row ``b * next_n + t`` scores candidate blocks of request ``b``'s
+    first ``context_lens[b, t]`` tokens (logical token positions; ``sparse_block_kv`` divides the cache's
+    ``block_kv``), ``block_indices [B * next_n, num_blocks]``. Cache layouts, ``q`` and gradients as
+    ``paged_mqa_logits``."""
+    return _paged_sparse(
+        q,
+        q_sf,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        block_indices,
+        sparse_block_kv,
+        ascend_kv_layout,
+        logits_dtype,
+    )

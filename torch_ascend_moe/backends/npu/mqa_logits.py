@@ -34,6 +34,9 @@ the weights, as ours), one key head, top-k by value, -1 / -inf padding. The adap
   ``npu_lightning_indexer_grad`` is for its own training recipe, not this formula's full gradient); it runs its
   portable kernel. ``paged_mqa_logits_metadata`` is DeepGEMM's scheduling table (per-SM block ranges for the paged
   kernel): integer bookkeeping, no CANN op, and the indexer schedules itself.
+* ``sparse_mqa_logits`` / ``paged_sparse_mqa_logits`` (DeepSeek V4.1's candidate-block indexer, DeepGEMM 2.8) have
+  no CANN op in the torch_npu 2.13 wheel, and DeepGEMM-Ascend has no sparse indexer API (specs/upstream_2609.md
+  §1): portable (a gather of the candidate tokens, then ACLNN matmuls).
 """
 
 from __future__ import annotations

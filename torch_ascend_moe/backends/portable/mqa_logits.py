@@ -226,3 +226,140 @@ def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype, *, bl
         rows = slice(i0, i0 + chunk)
         values[rows], indices[rows] = _topk_of(block_logits(rows), ks[rows], ke[rows], topk, False)
     return values, indices
+
+
+# ---- sparse: candidate KV blocks (DeepSeek V4.1's hierarchical indexer) ----
+
+
+def sparse_columns(lo, hi, shift, block_indices, sbk: int):
+    """(KV token of each output column ``[R, num_blocks * SBK]`` (int64), mask of the valid columns): column
+    ``s * SBK + o`` is token ``block_indices[r, s] * SBK + shift[r] + o``, valid in the first
+    ``min(num_blocks, ceil((hi - lo) / SBK))`` slots when inside ``[lo, hi)``. Padding ids are never trusted. Callers
+    index with ``where(valid, token, 0)`` (valid tokens are in range)."""
+    R, nb = block_indices.shape
+    cols = torch.arange(nb * sbk, device=block_indices.device)
+    slot, offset = cols // sbk, cols % sbk
+    lo, hi = lo.long().unsqueeze(1), hi.long().unsqueeze(1)
+    n = torch.minimum((hi - lo + sbk - 1).div(sbk, rounding_mode="floor"), torch.full_like(hi, nb))
+    # repeat_interleave, not block_indices[:, cols // sbk]: torch 2.13's Inductor emits C++ that does not compile
+    # for that gather's bounds check with a dynamic num_blocks (CPU, vectorized int64 compare).
+    token = block_indices.long().repeat_interleave(sbk, dim=1) * sbk + offset + shift.long().unsqueeze(1)
+    valid = (slot < n) & (token >= lo) & (token < hi)
+    return token, valid
+
+
+def sparse_keys(kd, token, valid):
+    """The keys of the columns ``[R, C, D]`` from ``kd [N, D]`` (zero at invalid columns: their bytes may be anything,
+    and a backward must not multiply a NaN by a zero gradient)."""
+    if kd.shape[0] == 0:
+        return kd.new_zeros(*token.shape, kd.shape[1])
+    keys = kd[torch.where(valid, token, 0)]
+    return torch.where(valid.unsqueeze(-1), keys, 0)
+
+
+def sparse_from_keys(qd, kd, token, valid, weights, acc):
+    """Sparse logits ``[R, C]`` in ``acc``: the dense formula on the gathered keys, -inf at invalid columns;
+    ``chunk`` rows at a time."""
+    R, H = qd.shape[0], qd.shape[1]
+    C = token.shape[1]
+    out = torch.full((R, C), float("-inf"), dtype=acc, device=qd.device)
+    if R == 0 or C == 0:
+        return out
+    w = weights.to(acc)
+    chunk = max(1, _SCORE_ELEMENTS // max(1, H * C))
+    for i0 in range(0, R, chunk):
+        sl = slice(i0, i0 + chunk)
+        keys = sparse_keys(kd, token[sl], valid[sl])
+        scores = torch.einsum("ihd,icd->ihc", qd[sl], keys).relu_()
+        out[sl] = torch.where(valid[sl], torch.einsum("ihc,ih->ic", scores, w[sl]), out[sl])
+    return out
+
+
+def sparse_backward(grad, qd, kd, token, valid, weights, acc, need_k: bool):
+    """(dq [R, H, D], dk [N, D] or None, dw [R, H]) of ``sparse_from_keys`` w.r.t. the dequantized operands."""
+    w = weights.to(acc)
+    g = torch.where(valid, grad.to(acc), 0)
+    dq, dw = torch.zeros_like(qd), torch.zeros_like(w)
+    dk = torch.zeros_like(kd) if need_k else None
+    R, H, C = qd.shape[0], qd.shape[1], token.shape[1]
+    chunk = max(1, _SCORE_ELEMENTS // max(1, H * C))
+    for i0 in range(0, R if C else 0, chunk):
+        sl = slice(i0, i0 + chunk)
+        keys = sparse_keys(kd, token[sl], valid[sl])
+        scores = torch.einsum("ihd,icd->ihc", qd[sl], keys)
+        live = valid[sl].unsqueeze(1)
+        dw[sl] = torch.einsum("ic,ihc->ih", g[sl], torch.where(live, scores.relu(), 0))
+        p = torch.where(live & (scores > 0), g[sl].unsqueeze(1) * w[sl].unsqueeze(-1), 0)
+        dq[sl] = torch.einsum("ihc,icd->ihd", p, keys)
+        if need_k and kd.shape[0]:
+            per_key = torch.einsum("ihc,ihd->icd", p, qd[sl]).reshape(-1, kd.shape[1])
+            tokens = torch.where(valid[sl], token[sl], 0).reshape(-1)
+            dk.index_add_(0, tokens, per_key)
+    return dq, dk, dw
+
+
+def sparse_shift(ks, sbk: int, unaligned: bool):
+    return ks.long() % sbk if unaligned else torch.zeros_like(ks, dtype=torch.long)
+
+
+@portable_kernel
+def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
+    sh, _ = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    if capture.host_readable(ks):
+        meta.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
+    acc = meta.acc_dtype(q)
+    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    shift = sparse_shift(ks, sparse_block_kv, unaligned_ks)
+    token, valid = sparse_columns(ks, ke, shift, block_indices, sparse_block_kv)
+    return sparse_from_keys(qd, kd, token, valid, weights, acc).to(sh.out_dtype)
+
+
+def paged_sparse_operands(q, q_sf, kv_cache, fmt, context_lens, block_table, block_indices, sbk: int, acc):
+    """(qd [R, H, D], every request's keys flattened [B * span, D], column tokens into them, valid mask)."""
+    B, next_n, H = q.shape[0], q.shape[1], q.shape[2]
+    d = meta.head_dim(q)
+    kd = paged_kv(kv_cache, fmt, block_table, d, acc)  # [B, span, D]
+    span = kd.shape[1]
+    lens = context_lens.reshape(-1)
+    zero = torch.zeros_like(lens, dtype=torch.long)
+    token, valid = sparse_columns(zero, lens, zero, block_indices, sbk)
+    valid = valid & (token < span)
+    base = (torch.arange(B, device=q.device) * span).repeat_interleave(next_n).unsqueeze(1)
+    qd = dequantize(q, q_sf, acc).reshape(B * next_n, H, d)
+    return qd, kd.reshape(-1, d), torch.where(valid, token, 0) + base, valid
+
+
+@portable_kernel
+def paged_sparse_mqa_logits(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    block_indices,
+    sparse_block_kv,
+    ascend_kv_layout,
+    logits_dtype,
+):
+    _, fmt, out, _ = meta.paged_sparse_signature(
+        q,
+        q_sf,
+        kv_cache,
+        weights,
+        context_lens,
+        block_table,
+        block_indices,
+        sparse_block_kv,
+        ascend_kv_layout,
+        logits_dtype,
+    )
+    if capture.host_readable(context_lens):
+        meta.check_paged_sparse_values(
+            context_lens, block_table, block_indices, sparse_block_kv, fmt.block_kv, kv_cache.shape[0]
+        )
+    acc = meta.acc_dtype(q)
+    qd, kd, token, valid = paged_sparse_operands(
+        q, q_sf, kv_cache, fmt, context_lens, block_table, block_indices, sparse_block_kv, acc
+    )
+    return sparse_from_keys(qd, kd, token, valid, weights, acc).to(out)
