@@ -12,7 +12,7 @@ import torch
 
 from torch_ascend_moe import quant
 from torch_ascend_moe.bench import Case
-from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk, paged_mqa_logits
+from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk, paged_mqa_logits, sparse_mqa_logits
 
 
 def _causal_ranges(s: int, s_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +157,42 @@ def _paged_case(b, ctx, h, d, block_kv) -> Case:
     )
 
 
+def _sparse_case(s, s_kv, h, d, sbk, nb) -> Case:
+    """DeepSeek V4.1's second-level indexer: ``sparse_mqa_logits`` on ``nb`` candidate blocks per query against the
+    dense op over the whole range, gathered at the same tokens (what a caller without the sparse op computes; the
+    values are bitwise equal)."""
+
+    def setup():
+        g = torch.Generator().manual_seed(11)
+        q = torch.randn(s, h, d, generator=g).to(torch.float8_e4m3fn)
+        k8, k_sf = _fp8_rows(torch.randn(s_kv, d, generator=g))
+        w = torch.rand(s, h, generator=g)
+        ks, ke = _causal_ranges(s, s_kv)
+        rows = []
+        for b in ke.tolist():
+            blocks = -(-b // sbk)
+            picked = torch.randperm(blocks, generator=g)[: min(nb, blocks)].sort().values.tolist()
+            rows.append(picked + [picked[-1] if picked else 0] * (nb - len(picked)))
+        bi = torch.tensor(rows, dtype=torch.int32)
+        cols = (bi.long().repeat_interleave(sbk, dim=1) * sbk + torch.arange(sbk).repeat(nb)).clamp(max=s_kv - 1)
+
+        def dense_then_gather():
+            return mqa_logits(q, k8, w, ks, ke, k_sf=k_sf, logits_dtype=torch.bfloat16).gather(1, cols)
+
+        def ours():
+            return sparse_mqa_logits(q, k8, w, ks, ke, bi, sbk, k_sf=k_sf, logits_dtype=torch.bfloat16)
+
+        return ours, dense_then_gather
+
+    return Case(
+        f"sparse_mqa_logits fp8 S{s} S_kv{s_kv} H{h} D{d} SBK{sbk} NB{nb}",
+        s * h * nb * sbk * (2 * d + 2),
+        setup,
+        "mqa_logits (dense, BF16) + gather",
+        memory=True,
+    )
+
+
 def cases(quick: bool = False) -> list[Case]:
     if quick:
         return [
@@ -164,6 +200,7 @@ def cases(quick: bool = False) -> list[Case]:
             _backward_case(32, 128, 8, 32),
             _topk_case(64, 512, 16, 64, 32),
             _paged_case(4, 256, 16, 64, 64),
+            _sparse_case(32, 1024, 16, 64, 8, 16),
         ]
     return [
         _prefill_case(512, 4096, 64, 128, "fp8"),
@@ -171,4 +208,5 @@ def cases(quick: bool = False) -> list[Case]:
         _backward_case(256, 2048, 64, 128),
         _topk_case(1024, 16384, 64, 128, 2048),
         _paged_case(32, 4096, 64, 128, 64),
+        _sparse_case(256, 16384, 32, 128, 16, 128),
     ]
