@@ -23,11 +23,13 @@ _CASES = [
     (8, 4, 256, 2, 8, "softmax", {"mask": True}),
     (8, 8, 256, 0, 8, "sigmoid", {"image": True, "clamp": False}),
     (0, 0, 16, 0, 6, "sqrtsoftplus", {"no_bias": True, "clamp": False}),
+    (0, 0, 64, 2, 6, "identity", {"mask": True, "clamp": False}),  # DeepGEMM 2.8's Mega Gate scoring
 ]
 _CASES_SMALL = [
     (4, 2, 16, 0, 3, "sigmoid", {}),
     (0, 0, 12, 2, 4, "softmax", {"mask": True}),
     (0, 0, 8, 0, 3, "sqrtsoftplus", {"fix": True}),
+    (0, 0, 8, 1, 2, "identity", {"clamp": False}),
 ]
 EXTRA_EXPERTS = 32
 
@@ -72,6 +74,8 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
 def _score(x: float, scoring: str) -> float:
     if scoring == "sigmoid":
         return 1 / (1 + math.exp(-x))
+    if scoring == "identity":
+        return x
     return math.sqrt(x if x > 20 else math.log1p(math.exp(x)))
 
 
@@ -155,8 +159,8 @@ def bad_inputs(device) -> list[BadInput]:
             call(num_groups=3, num_topk_groups=2), r"argument 'num_groups' value: expected a divisor of E=16", "E % G"
         ),
         BadInput(
-            call(scoring_func="identity"),
-            r"argument 'scoring_func' value: expected 'sigmoid', 'sqrtsoftplus'",
+            call(scoring_func="tanh"),
+            r"argument 'scoring_func' value: expected 'sigmoid', 'sqrtsoftplus', 'softmax' or 'identity'",
             "scoring",
         ),
         BadInput(

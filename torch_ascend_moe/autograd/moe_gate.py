@@ -41,6 +41,8 @@ def _backward(ctx, grad_weights, grad_idx, grad_unmapped, grad_scores):
         grad_logits = grad_u * u * (1 - u)
     elif ctx.scoring == "sqrtsoftplus":
         grad_logits = torch.where(u > 0, grad_u * -torch.expm1(-u * u) / (2 * u), 0)
+    elif ctx.scoring == "identity":
+        grad_logits = grad_u
     else:
         grad_logits = u * (grad_u - (grad_u * u).sum(-1, keepdim=True))
     return gradients("moe_topk_gate", logits=grad_logits)

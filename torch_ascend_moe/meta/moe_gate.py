@@ -10,7 +10,7 @@ from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::moe_topk_gate"
-SCORING = ("sigmoid", "sqrtsoftplus", "softmax")
+SCORING = ("sigmoid", "sqrtsoftplus", "softmax", "identity")  # identity: DeepGEMM 2.8's Mega Gate
 GROUP_SUM_TOPK = 2  # a group's score: the sum of its two best ranking scores (DeepSeek-V3's rule)
 DUPLICATE_HASH = 23333  # the redundant-expert choice: (ep_rank + token * 23333) % logical_count[expert]
 
@@ -89,7 +89,7 @@ def moe_topk_gate_signature(args) -> GateShapes:
         OP,
         "scoring_func",
         "value",
-        "'sigmoid', 'sqrtsoftplus' or 'softmax'",
+        "'sigmoid', 'sqrtsoftplus', 'softmax' or 'identity'",
         repr(args.scoring_func),
     )
     shared = args.num_shared_experts

@@ -17,6 +17,8 @@ def gate_scores(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
         return torch.sigmoid(logits)
     if scoring_func == "sqrtsoftplus":
         return torch.nn.functional.softplus(logits).sqrt()
+    if scoring_func == "identity":  # DeepGEMM 2.8's Mega Gate: the logits themselves
+        return logits.clone()
     return torch.softmax(logits, dim=-1)
 
 
