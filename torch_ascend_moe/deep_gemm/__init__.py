@@ -62,6 +62,7 @@ from torch_ascend_moe.deep_gemm.mega import (
     transform_weights_for_mega_moe,
 )
 from torch_ascend_moe.deep_gemm.mega_gate import bf16_mega_gate, get_bf16_mega_gate_config
+from torch_ascend_moe.deep_gemm.mega_mhc import mega_mhc
 from torch_ascend_moe.deep_gemm.mqa import (
     fp8_fp4_mqa_logits,
     fp8_fp4_paged_mqa_logits,
@@ -138,6 +139,7 @@ __all__ = utils.__all__ + [
     "get_mqa_logits_metadata",
     "bf16_mega_gate",
     "get_bf16_mega_gate_config",
+    "mega_mhc",
     "get_sparse_mqa_logits_metadata",
     "get_paged_sparse_mqa_logits_metadata",
     "fp8_fp4_sparse_mqa_logits",
