@@ -36,7 +36,7 @@ from torch_ascend_moe.ops.grouped import (
 from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_gemm_masked as _masked_fp8_op,
 )
-from torch_ascend_moe.quant import scales_to_float
+from torch_ascend_moe.quant import decode_e2m1, scales_to_float, unpack_e2m1
 
 
 def _psum_owned_rows(layout: torch.Tensor, alignment: int, rows: int) -> torch.Tensor:
@@ -361,6 +361,57 @@ def k_grouped_fp8_gemm_nt_contiguous(
             offset += k
         tn.append((torch.cat(blocks) if blocks else data.new_empty(0, mn), sf.T))
     k_grouped_fp8_gemm_tn_contiguous(tn[0], tn[1], d, ks_cpu, grouped_layout, c, recipe, use_psum_layout=False)
+
+
+def k_grouped_fp4_gemm_nt_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32), compiled_dims="mn", use_psum_layout=False
+) -> None:
+    """DeepGEMM 2.8's FP4 weight gradients ``d[g] = c[g] + Â[:, K_g]·B̂[:, K_g]^T`` (specs/upstream_2609.md §4):
+    ``a = (int8 [M, ΣK/2], sf)`` and ``b = (int8 [N, ΣK/2], sf)``, packed E2M1 along K (K-major), UE8M0 scales per
+    32 (FP32 or E8M0 ``[MN, ΣK/32]``, or int32 packed four to a word ``[MN, ΣK/128]``), ``recipe = (1, 1, 32)``, every
+    ``K_g`` a multiple of 256 (upstream's K alignment), ``d [G, M, N]`` FP32, ``c`` optional. Each E2M1 value is an
+    E4M3 value, so the operands are re-encoded exactly and run ``k_grouped_fp8_gemm`` with 32-row scale blocks."""
+    api = "deep_gemm.k_grouped_fp4_gemm_nt_contiguous"
+    ck.check_arg(tuple(recipe) == (1, 1, 32), api, "recipe", "value", "(1, 1, 32)", tuple(recipe))
+    ck.check_arg(not use_psum_layout, api, "use_psum_layout", "value", "False (the nt form has no psum layout)", True)
+    ck.check_arg(ks_cpu is not None, api, "ks_cpu", "value", "the per-group K sizes", None)
+    ks = [int(k) for k in ks_cpu]
+    bad = [k for k in ks if k % 256]
+    ck.check_arg(not bad, api, "ks_cpu", "values", "multiples of 256 (upstream's K alignment)", bad)
+    total = sum(ks)
+    tn = []
+    for name, operand, mn in (("a", a, d.shape[1]), ("b", b, d.shape[2])):
+        data, sf = _pair(api, name, operand)
+        ck.check_arg(
+            data.dtype in (torch.int8, torch.uint8, torch.float4_e2m1fn_x2),
+            api,
+            name,
+            "dtype",
+            "torch.int8 (packed E2M1)",
+            data.dtype,
+        )
+        ck.check_arg(
+            list(data.shape) == [mn, total // 2] and data.is_contiguous(),
+            api,
+            name,
+            "shape",
+            f"[{mn}, {total // 2}] (ΣK/2 packed, K-major, contiguous)",
+            lambda data=data: ck.shape_str(data.shape),
+        )
+        scales = scales_to_float(sf).reshape(mn, -1)
+        ck.check_arg(
+            scales.shape[1] == total // 32,
+            api,
+            f"sf{name}",
+            "shape",
+            f"[{mn}, {total // 32}] scales (or [{mn}, {total // 128}] packed int32)",
+            lambda sf=sf: ck.shape_str(sf.shape),
+        )
+        values = decode_e2m1(unpack_e2m1(data)).to(torch.float8_e4m3fn)  # exact: E2M1 values are E4M3 values
+        tn.append((values.t().contiguous(), scales.t().contiguous()))
+    if c is None:
+        c = torch.zeros_like(d)
+    k_grouped_fp8_gemm_tn_contiguous(tn[0], tn[1], d, ks, grouped_layout, c, (1, 1, 32), use_psum_layout=False)
 
 
 m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous

@@ -1,0 +1,59 @@
+"""DeepGEMM 2.8's ``k_grouped_fp4_gemm_nt_contiguous`` (specs/upstream_2609.md §4) on our compat package: FP4 x FP4
+weight gradients per K group, exact against fp64 on the quantized values (E2M1 re-encoded as E4M3 is lossless), with
+``c`` accumulation, empty groups, FP32 and packed int32 UE8M0 scales, and upstream's refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_ascend_moe.deep_gemm as deep_gemm
+from torch_ascend_moe import quant
+from torch_ascend_moe.testing import calc_diff
+
+
+def _operands(mn_a, mn_b, ks, seed, packed):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(ks)
+    out = []
+    for mn in (mn_a, mn_b):
+        x = torch.randn(mn, total, generator=g)
+        data, sf = quant.per_token_cast_to_fp4(x, True, gran_k=32)
+        values = quant.cast_back_from_fp4(data, sf, gran_k=32).double()
+        if packed:
+            sf = quant.per_token_cast_to_fp4(x, True, gran_k=32, use_packed_ue8m0=True)[1]
+        out.append(((data, sf), values))
+    return out
+
+
+def _reference(av, bv, ks):
+    blocks, o = [], 0
+    for k in ks:
+        blocks.append(av[:, o : o + k] @ bv[:, o : o + k].T)
+        o += k
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["fp32-sf", "int32-sf"])
+def test_exact_on_the_quantized_values(packed):
+    ks = [256, 512, 0, 256]
+    (a, av), (b, bv) = _operands(48, 80, ks, 1, packed)
+    d = torch.empty(len(ks), 48, 80)
+    layout = torch.tensor(ks, dtype=torch.int32)
+    deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks, layout)
+    ref = _reference(av, bv, ks)
+    assert calc_diff(d, ref) < 1e-10 and bool((d[2] == 0).all())
+    c = torch.randn(d.shape)
+    deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks, layout, c=c)
+    assert calc_diff(d, ref + c.double()) < 1e-10
+
+
+def test_refusals():
+    ks = [256, 128]
+    (a, _), (b, _) = _operands(16, 16, ks, 2, False)
+    d = torch.empty(2, 16, 16)
+    layout = torch.tensor(ks, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"argument 'ks_cpu' values: expected multiples of 256"):
+        deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks, layout)
+    with pytest.raises(ValueError, match=r"argument 'recipe' value: expected \(1, 1, 32\)"):
+        deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, [256, 128], layout, recipe=(1, 1, 128))
