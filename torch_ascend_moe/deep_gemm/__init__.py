@@ -24,6 +24,8 @@ from torch_ascend_moe.deep_gemm.gemm import (
     aclnn_bf16_gemm_nt,
     aclnn_bf16_gemm_tn,
     aclnn_bf16_gemm_tt,
+    batched_symm,
+    batched_syrk,
     bf16_bmm,
     bf16_gemm_nn,
     bf16_gemm_nt,
@@ -33,6 +35,7 @@ from torch_ascend_moe.deep_gemm.gemm import (
     cublaslt_gemm_nt,
     cublaslt_gemm_tn,
     cublaslt_gemm_tt,
+    cublaslt_nvfp4_gemm_nt,
     einsum,
 )
 from torch_ascend_moe.deep_gemm.grouped import (
@@ -115,6 +118,9 @@ __all__ = utils.__all__ + [
     "cublaslt_gemm_nt",
     "cublaslt_gemm_tn",
     "cublaslt_gemm_tt",
+    "cublaslt_nvfp4_gemm_nt",
+    "batched_syrk",
+    "batched_symm",
     "einsum",
     "epilogue",
     "fp8_bmm",

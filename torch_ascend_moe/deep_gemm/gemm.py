@@ -18,6 +18,7 @@ from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op
 from torch_ascend_moe.ops.gemm import bf16_bmm as _bmm_op
 from torch_ascend_moe.ops.gemm import bf16_einsum as _einsum_op
 from torch_ascend_moe.ops.gemm import bf16_gemm as _gemm_op
+from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
 
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 _OUT_DTYPES_TEXT = "torch.bfloat16 or torch.float32"
@@ -203,3 +204,90 @@ def einsum(expr, a, b, d, c=None, use_cublaslt=False, epilogue=None) -> None:
     scale = resolve_alpha(api, None, epilogue)
     if d.numel():
         d.copy_(_einsum_op(expr, a, b, c, alpha=scale, out_dtype=d.dtype))
+
+
+# ---- DeepGEMM 2.8 (specs/upstream_2609.md §6): the Muon optimizer's Gram products and the NVFP4 cuBLASLt baseline ----
+
+_SYRK_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def _batched(api: str, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
+    """``d = a @ b^T`` for ``[M, K]`` or ``[B, M, K]`` operands of one dtype (BF16 or FP32, any strides), FP32
+    accumulation rounded once into ``d`` (same dtype)."""
+    ck.check_arg(a.dim() in (2, 3), api, "a", "rank", "2-D [M, K] or 3-D [B, M, K]", lambda: f"{a.dim()}-D")
+    for name, t in (("a", a), ("d", d)):
+        _check_dtype(api, name, t, _SYRK_DTYPES, "torch.bfloat16 or torch.float32")
+    ck.check_arg(d.dtype == a.dtype, api, "d", "dtype", lambda: f"{a.dtype} (a's)", d.dtype)
+    shape = [*a.shape[:-1], b.shape[-2]]
+    ck.check_arg(list(d.shape) == shape, api, "d", "shape", lambda: ck.shape_str(shape), lambda: ck.shape_str(d.shape))
+    if d.numel() == 0:
+        return
+    op = _gemm_op if a.dim() == 2 else _bmm_op
+    d.copy_(op(a, b, None, out_dtype=d.dtype))
+
+
+def batched_syrk(a, d) -> None:
+    """``d = a @ a^T``: ``a [M, K]`` or ``[B, M, K]`` (either majorness, strided views allowed), ``d [.., M, M]`` of
+    a's dtype (BF16 or FP32)."""
+    _batched("deep_gemm.batched_syrk", a, a, d)
+
+
+def batched_symm(a, b, d) -> None:
+    """``d = a @ b`` with ``a [B?, M, M]`` symmetric by contract (not read as such: the full product), ``b [B?, M, N]``,
+    ``d [B?, M, N]``, one dtype (BF16 or FP32)."""
+    api = "deep_gemm.batched_symm"
+    ck.check_arg(b.dim() == a.dim(), api, "b", "rank", lambda: f"{a.dim()}-D (a's)", lambda: f"{b.dim()}-D")
+    _check_dtype(api, "b", b, (a.dtype,), f"{a.dtype} (a's)")
+    ck.check_arg(
+        b.shape[-2] == a.shape[-1] == a.shape[-2],
+        api,
+        "b",
+        "size(-2) (M)",
+        lambda: f"{a.shape[-1]} (a is [.., M, M])",
+        lambda: b.shape[-2],
+    )
+    _batched(api, a, b.mT, d)
+
+
+def _nvfp4_operand(api: str, name: str, operand, mn: int | None):
+    """FP32 ``[MN, K]`` of an NVFP4 operand: packed E2M1 ``int8 [MN, K/2]`` (K-major, contiguous) and UE4M3 scale
+    bytes per 16 values in cuBLASLt's tiled layout ``[ceil(MN/128), ceil(K/64), 32, 4, 4]`` (row ``32a + b`` of a
+    128-row tile at ``[b][a]``: the permutation undoes itself)."""
+    ok = isinstance(operand, (tuple, list)) and len(operand) == 2
+    ck.check_arg(ok, api, name, "value", "a (data, scale factors) pair", type(operand).__name__)
+    data, sf = operand
+    ck.check_arg(
+        data.dtype in (torch.int8, torch.uint8, torch.float4_e2m1fn_x2) and data.dim() == 2 and data.is_contiguous(),
+        api,
+        name,
+        "value",
+        "int8 [MN, K/2] packed E2M1, K-major and contiguous",
+        lambda: f"{data.dtype} {ck.shape_str(data.shape)}",
+    )
+    rows, k = data.shape[0], data.shape[1] * 2
+    ck.check_arg(k % 32 == 0, api, name, "K", "a multiple of 32", k)
+    mt, kt = -(-rows // 128), -(-k // 64)
+    ck.check_arg(
+        sf.dtype in (torch.uint8, torch.float8_e4m3fn) and sf.numel() == mt * kt * 512,
+        api,
+        f"sf{name}",
+        "value",
+        f"{mt * kt * 512} UE4M3 bytes ([{mt}, {kt}, 32, 4, 4], cuBLASLt's tiled layout)",
+        lambda: f"{sf.dtype} with {sf.numel()} elements",
+    )
+    tiles = sf.contiguous().view(torch.uint8).reshape(mt, kt, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    scales = tiles.reshape(mt * 128, kt * 4)[:rows, : k // 16].view(torch.float8_e4m3fn).float()
+    values = decode_e2m1(unpack_e2m1(data))
+    return values * scales.repeat_interleave(16, dim=1)
+
+
+def cublaslt_nvfp4_gemm_nt(a, b, d, c=None) -> None:
+    """cuBLASLt's NVFP4 GEMM (upstream's FP4 x FP4 baseline) ``d = a @ b^T (+ c)``: E2M1 operands with UE4M3 scales
+    per 16 (``_nvfp4_operand``); each value times its scale is exact in FP32, accumulated in FP32, rounded once."""
+    api = "deep_gemm.cublaslt_nvfp4_gemm_nt"
+    av, bv = _nvfp4_operand(api, "a", a, None), _nvfp4_operand(api, "b", b, None)
+    ck.check_dim_size(api, "b", bv, 1, "K", av.shape[1], "a's K")
+    _check_out(api, d, c, [av.shape[0], bv.shape[0]])
+    if d.numel() == 0:
+        return
+    d.copy_(_gemm_op(av, bv, c, out_dtype=d.dtype))
