@@ -23,6 +23,7 @@ import dataclasses
 
 import torch
 
+from torch_ascend_moe import _checks as ck
 from torch_ascend_moe.flash_mla.dense import (
     dense_decode,
     flash_attn_varlen_func,
@@ -145,11 +146,29 @@ def flash_mla_sparse_fwd(
     d_v: int = 512,
     attn_sink: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    indexer_topk: int = 0,
+):
     """FlashMLA's sparse prefill: ``q [s_q, h_q, d_qk]``, ``kv [s_kv, 1, d_qk]``, ``indices [s_q, 1, topk]`` int32
     (``< 0`` or ``>= s_kv`` invalid), ``attn_sink [h_q]`` FP32, ``topk_length [s_q]`` int32 ->
-    ``(out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q])`` (see ``ops.sparse_mla.sparse_mla_prefill``)."""
-    return sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    ``(out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q])`` (see ``ops.sparse_mla.sparse_mla_prefill``).
+
+    ``indexer_topk`` (512, 1024 or 2048; FlashMLA's ``nv_dev`` branch, not its main: specs/upstream_2609.md §7.1)
+    appends ``lse_indexer`` FP32 ``[s_q, h_q]``: the natural-log LSE of the scaled scores over the first
+    ``indexer_topk`` entries of each token's indices only, invalid entries and positions past ``topk_length``
+    excluded as in ``lse``, the sink not included, +inf for an empty set, and +inf everywhere when ``topk <
+    indexer_topk`` (upstream's kernel never takes its snapshot then). Computed by the same op on those entries."""
+    api = "flash_mla.flash_mla_sparse_fwd"
+    ck.check_arg(
+        indexer_topk in (0, 512, 1024, 2048), api, "indexer_topk", "value", "0, 512, 1024 or 2048", indexer_topk
+    )
+    out = sparse_mla_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    if not indexer_topk:
+        return out
+    if indices.shape[-1] < indexer_topk:
+        return (*out, torch.full_like(out[2], float("inf")))
+    first = indices[..., :indexer_topk].contiguous()
+    lse_indexer = sparse_mla_prefill(q, kv, first, sm_scale, d_v, None, topk_length)[2]
+    return (*out, lse_indexer.contiguous())
 
 
 __all__ = [
