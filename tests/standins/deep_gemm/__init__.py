@@ -57,23 +57,25 @@ Semantics
 
 from __future__ import annotations
 
-from . import _ascend, _ascend_extra, _ascend_mega, _cuda, _cuda_extra, _cuda_mega, _standin, testing  # noqa: F401
+from . import _ascend, _ascend_extra, _ascend_mega, _cuda, _cuda_extra, _cuda_mega, _cuda_sparse, _standin, testing  # noqa: F401
 
 _cuda.EXPORTS.update(_cuda_extra.EXPORTS)
 _cuda.EXPORTS.update(_cuda_mega.EXPORTS)
 _ascend.EXPORTS.update(_ascend_extra.EXPORTS)
 _ascend.EXPORTS.update(_ascend_mega.EXPORTS)
 
-_VERSIONS = {"cuda": "2.6.1", "ascend": "0.1.0"}
+_CUDA_28 = {**_cuda.EXPORTS, **_cuda_sparse.EXPORTS}  # DeepGEMM 2.8.0: 2.6.1's API plus the sparse indexer
 
 
 def _exports():
-    return _cuda.EXPORTS if _standin.STATE.flavor == "cuda" else _ascend.EXPORTS
+    if _standin.STATE.flavor == "ascend":
+        return _ascend.EXPORTS
+    return _CUDA_28 if _standin.STATE.version == "2.8.0" else _cuda.EXPORTS
 
 
 def __getattr__(name):
     if name == "__version__":
-        return _VERSIONS[_standin.STATE.flavor]
+        return _standin.STATE.version
     if name == "__all__":  # ``from deep_gemm import *`` follows the flavor too
         return sorted(_exports())
     table = _exports()
@@ -83,7 +85,7 @@ def __getattr__(name):
         raise AttributeError(
             f"module 'deep_gemm' has no attribute '{name}': {name} {_ascend.ABSENT[name]} (stand-in flavor 'ascend')"
         )
-    other = _ascend.EXPORTS if _standin.STATE.flavor == "cuda" else _cuda.EXPORTS
+    other = _ascend.EXPORTS if _standin.STATE.flavor == "cuda" else _CUDA_28
     if name in other:
         raise AttributeError(
             f"module 'deep_gemm' has no attribute '{name}' (stand-in flavor "

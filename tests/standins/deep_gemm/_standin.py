@@ -49,6 +49,7 @@ class _State:
     def load(self, flavor_: str, arch_: int):
         self.flavor = flavor_
         self.arch = arch_
+        self.version = "2.6.1" if flavor_ == "cuda" else "0.1.0"
         # csrc/jit/device_runtime.hpp: num_sms = 0 means "all SMs"; tc_util 0 reads back as 100
         self.num_sms = 0
         self.tc_util = 0
@@ -66,14 +67,18 @@ class _State:
 STATE = _State()
 
 
-def configure(flavor: str = "cuda", arch: int = 9) -> None:
-    """Select the imitated library: ``"cuda"`` (DeepGEMM 2.6.1 on SM90 or SM100) or ``"ascend"`` (DeepGEMM-Ascend
-    0.1.0; ``arch`` is ignored). Resets the runtime settings to their defaults (the call log is kept; ``reset()``)."""
+def configure(flavor: str = "cuda", arch: int = 9, version: str = "2.6.1") -> None:
+    """Select the imitated library: ``"cuda"`` (DeepGEMM 2.6.1 on SM90 or SM100; ``version="2.8.0"`` adds 2.8's
+    sparse indexer, ``_cuda_sparse.py``) or ``"ascend"`` (DeepGEMM-Ascend 0.1.0; ``arch`` is ignored). Resets the
+    runtime settings to their defaults (the call log is kept; ``reset()``)."""
     if flavor not in ("cuda", "ascend"):
         raise ValueError(f"{PREFIX}configure: flavor must be 'cuda' or 'ascend', got {flavor!r}")
     if flavor == "cuda" and arch not in (9, 10):
         raise ValueError(f"{PREFIX}configure: arch must be 9 (SM90) or 10 (SM100), got {arch!r}")
+    if version not in ("2.6.1", "2.8.0"):
+        raise ValueError(f"{PREFIX}configure: version must be '2.6.1' or '2.8.0', got {version!r}")
     STATE.load(flavor, int(arch))
+    STATE.version = version if flavor == "cuda" else "0.1.0"
 
 
 def reset() -> None:

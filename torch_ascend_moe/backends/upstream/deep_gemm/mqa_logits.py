@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.portable import mqa_logits as portable_mqa
 from torch_ascend_moe.backends.upstream.deep_gemm import (
     CUDA,
     SM90,
+    SM100,
     as_library_fp4,
     cuda_arch,
     cuda_refusal,
@@ -225,3 +227,182 @@ def paged_mqa_logits(
     lens = context_lens.reshape(-1, 1)
     visible = torch.arange(max_context_len, device=q.device).unsqueeze(0) < lens
     return torch.where(visible, logits, float("-inf")).contiguous()
+
+
+# ---- DeepGEMM 2.8's sparse indexer (specs/upstream_2609.md §1) behind sparse_mqa_logits / paged_sparse_mqa_logits --
+#
+# SM100 only, 32 heads of 128, MX operands (packed FP4 or E4M3 with UE8M0 scales per 32, int32-packed for the
+# library), BF16 weights and logits, SBK 8 or 16, 0 < NB <= 4096 with NB % 4 == 0. The schedule is built per call
+# (upstream's callers build it once per step: our op's inputs are the ranges and blocks themselves). The columns the
+# kernel leaves unwritten (slots past a query's blocks, tokens outside its range) are set to -inf, our op's value.
+
+_SPARSE_MAX_TOKENS = 1 << 20
+
+
+def _mx_refusal(q, q_sf, sh_gq, k_fp4: bool | None, k_sf, sh_gk) -> str | None:
+    """MXFP4 or MXFP8 operands with UE8M0 scales per 32 (``k_fp4`` None: a paged cache, checked by the caller)."""
+    fp4 = meta.is_fp4(q)
+    if q_sf is None or q_sf.dtype != torch.float8_e8m0fnu or sh_gq != 32:
+        return "q without UE8M0 scales per 32 (the sparse kernel's MXFP4 / MXFP8 operands)"
+    if k_fp4 is not None and (k_fp4 != fp4 or k_sf is None or k_sf.dtype != torch.float8_e8m0fnu or sh_gk != 32):
+        return "k not in q's MX format (UE8M0 scales per 32)"
+    return None
+
+
+def _sparse_shape_refusal(heads, d, weights, logits_dtype, sbk, nb, rows) -> str | None:
+    if heads != 32 or d != 128:
+        return f"{heads} heads of {d} (the sparse kernel: 32 heads of 128)"
+    if weights.dtype != torch.bfloat16 or logits_dtype != torch.bfloat16:
+        return "FP32 weights or logits (the sparse kernel takes BF16 weights and writes BF16 logits)"
+    if sbk not in (8, 16) or not (0 < nb <= 4096 and nb % 4 == 0):
+        return f"sparse_block_kv {sbk} or {nb} blocks (the kernel: SBK 8 or 16, 0 < NB <= 4096, NB % 4 == 0)"
+    if rows > _SPARSE_MAX_TOKENS:
+        return f"{rows} query tokens (the kernel's workspace holds 2^20)"
+    return None
+
+
+def _sparse_library_refusal() -> str | None:
+    why = cuda_refusal()
+    if why:
+        return why
+    if not hasattr(CUDA.module(), "fp8_fp4_sparse_mqa_logits"):
+        return "deep_gemm older than 2.8 (no sparse indexer)"
+    if cuda_arch() != SM100:
+        return "not SM100 (the sparse indexer is SM100's)"
+    return None
+
+
+def _takes_sparse(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
+    sh, nb = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    if not meta.is_quantized(q):
+        return first_refusal(f"{q.dtype} q (the library's logits are MXFP4 or MXFP8)")
+    if not (sh.S and sh.S_kv):
+        return first_refusal("empty operands: nothing to hand the library")
+    why = (
+        _sparse_library_refusal()
+        or real_refusal(q, q_sf, k, k_sf, weights, block_indices)
+        or _mx_refusal(q, q_sf, sh.gq, meta.is_fp4(k), k_sf, sh.gk)
+        or _sparse_shape_refusal(sh.H, sh.D, weights, sh.out_dtype, sparse_block_kv, nb, sh.S)
+    )
+    if not why and not (q.is_contiguous() and k.is_contiguous() and weights.is_contiguous()):
+        why = "q, k or weights not contiguous"
+    return first_refusal(why)
+
+
+def _qk_dtype(q) -> torch.dtype:
+    return torch.int8 if meta.is_fp4(q) else torch.float8_e4m3fn
+
+
+def _q_pair(q, q_sf):
+    return (as_library_fp4(q) if meta.is_fp4(q) else q, packed_ue8m0(q_sf))
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_fp4_sparse_mqa_logits",
+    takes=_takes_sparse,
+    available=CUDA.available,
+)
+def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
+    sh, nb = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    if host_readable(ks):
+        meta.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
+    ks32, ke32 = _ranges(ks, ke, sh.S_kv, 0)
+    blocks = block_indices.contiguous()
+    dg = CUDA.module()
+    schedule = dg.get_sparse_mqa_logits_metadata(
+        ks32, ke32, sh.S_kv, blocks, _qk_dtype(q), sparse_block_kv, bool(unaligned_ks)
+    )
+    logits = dg.fp8_fp4_sparse_mqa_logits(
+        _q_pair(q, q_sf),
+        (as_library_fp4(k) if meta.is_fp4(k) else k, packed_ue8m0(k_sf)),
+        weights,
+        schedule,
+        nb,
+        sparse_block_kv,
+        bool(unaligned_ks),
+    )
+    shift = portable_mqa.sparse_shift(ks32, sparse_block_kv, unaligned_ks)
+    _, valid = portable_mqa.sparse_columns(ks32, ke32, shift, blocks, sparse_block_kv)
+    return torch.where(valid, logits, float("-inf")).contiguous()
+
+
+def _takes_paged_sparse(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    block_indices,
+    sparse_block_kv,
+    ascend_kv_layout,
+    logits_dtype,
+):
+    gq, fmt, out, nb = meta.paged_sparse_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend_kv_layout,
+        logits_dtype,
+    )  # fmt: skip
+    b, next_n, heads = q.shape[0], q.shape[1], q.shape[2]
+    if not meta.is_quantized(q):
+        return first_refusal(f"{q.dtype} q (the library's logits are MXFP4 or MXFP8)")
+    if not b:
+        return first_refusal("empty operands: nothing to hand the library")
+    why = (
+        _sparse_library_refusal()
+        or real_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, block_indices)
+        or _mx_refusal(q, q_sf, gq, None, None, 0)
+        or _sparse_shape_refusal(heads, meta.head_dim(q), weights, out, sparse_block_kv, nb, b)
+    )
+    if not why and next_n != 1:
+        why = f"next_n {next_n} (the paged sparse kernel takes one query token per row)"
+    if not why and (fmt.fp32_scale or fmt.fp4 != meta.is_fp4(q)):
+        why = "a cache in another format than q's MX one (FP32 token scales, or FP4 and FP8 mixed)"
+    if not why and kv_cache.stride(0) % 512:
+        why = "a cache page stride not a multiple of 512 bytes (the kernel's)"
+    if not why and not (q.is_contiguous() and weights.is_contiguous() and block_table.stride(1) == 1):
+        why = "a non-contiguous q or weights, or a strided block table"
+    return first_refusal(why)
+
+
+@kernel(
+    device="cuda",
+    library="deep_gemm",
+    calls="deep_gemm.fp8_fp4_paged_sparse_mqa_logits",
+    takes=_takes_paged_sparse,
+    available=CUDA.available,
+)
+def paged_sparse_mqa_logits(
+    q,
+    q_sf,
+    kv_cache,
+    weights,
+    context_lens,
+    block_table,
+    block_indices,
+    sparse_block_kv,
+    ascend_kv_layout,
+    logits_dtype,
+):
+    _, fmt, _, nb = meta.paged_sparse_signature(
+        q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend_kv_layout,
+        logits_dtype,
+    )  # fmt: skip
+    if host_readable(context_lens):
+        meta.check_paged_sparse_values(
+            context_lens, block_table, block_indices, sparse_block_kv, fmt.block_kv, kv_cache.shape[0]
+        )
+    rows = q.shape[0]
+    lens = context_lens.reshape(-1).contiguous()
+    blocks = block_indices.contiguous()
+    # One row per query token: each its own request for the library's token pairing (our op reads each row's table).
+    requests = torch.arange(rows, dtype=torch.int32, device=q.device)
+    dg = CUDA.module()
+    schedule = dg.get_paged_sparse_mqa_logits_metadata(
+        lens, block_table, requests, fmt.block_kv, blocks, _qk_dtype(q), sparse_block_kv
+    )
+    logits = dg.fp8_fp4_paged_sparse_mqa_logits(_q_pair(q, q_sf), kv_cache, weights, schedule, nb, sparse_block_kv)
+    zero = torch.zeros_like(lens)
+    _, valid = portable_mqa.sparse_columns(zero, lens, zero, blocks, sparse_block_kv)
+    return torch.where(valid, logits, float("-inf")).contiguous()
