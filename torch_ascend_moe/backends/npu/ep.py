@@ -55,6 +55,15 @@ differ (``global_bs``) every token must be active. Nothing here has run on Ascen
 torch_npu's own schemas and Meta kernels under FakeTensorMode, and values against CPU references of the MC2
 ops written from their documented semantics (tests/npu/ep_mqa_hc_refs.py), one rank end to end and several
 ranks simulated.
+
+CANN's v3 ops (``npu_moe_distribute_dispatch_v3`` / ``combine_v3`` with a context tensor and ``ccl_buffer_size``,
+MX ``quant_mode=4``, zero/copy/const experts; ``MoeDistributeBuffer``; specs/upstream_2609.md §10) and the A3
+``npu_moe_distribute_{dispatch,combine}_{setup,teardown}`` split are not mapped: the pinned torch_npu 2.13.0 wheel
+ships none of them (its YAML schemas and Meta registrations name only the v1/v2 distribute ops and
+``combine_add_rms_norm``; the v3 ops live in the separate ``npu_ops_transformer`` package, whose repository the
+index does not name and whose schemas we could not check against a Meta kernel as the v2 adapters are). When a
+torch_npu release ships them, the v2 adapters' scheme (source codes in extra columns, our layout rebuilt on the
+device) carries over with the context tensor in place of the group name.
 """
 
 from __future__ import annotations

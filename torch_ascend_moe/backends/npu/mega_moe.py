@@ -15,4 +15,7 @@ Why not the fused ops the issue names:
   mapping exists as functions for the compiler pass (``backends/npu/ep.py``), not inside this op.
 * The FP8 x FP4 L1/L2 GEMMs stay on the portable ``m_grouped_fp8_gemm`` (FP4 operands have no MX mapping:
   ``backends/npu/grouped.py`` says why); FP8 x FP8 ones with power-of-two scales take its MX adapter on Ascend 950.
+* The NPU ``mega_moe`` of vllm-ascend's ``_C_ascend`` extension (``torch.ops._C_ascend.npu_mega_moe`` with a
+  ``SymmBuffer`` from ``CommContextManager``; specs/upstream_2609.md §10): not in the torch_npu 2.13.0 wheel, and
+  its math (SwiGLU order, clamp, requantisation) is not published, so no adapter could be checked to compute ours.
 """
