@@ -55,19 +55,43 @@ def check_sm90_gates_fp8(rank: int, world_size: int) -> None:
     assert recv_sf.shape == (recv.shape[0], 2)
 
 
-def check_enable_shrink_refused(rank: int, world_size: int) -> None:
-    """Shrink mode (specs §6.5) does not exist here: asking for it fails at construction, on every rank."""
+def check_shrink_masks_ranks_that_never_arrive(rank: int, world_size: int) -> None:
+    """Upstream's ``--shrink-test`` scaled down: the odd ranks "die" (never reach the low-latency calls); the others
+    time out on them in the first call, mask them (``low_latency_query_mask_buffer``), receive nothing from them and
+    combine ``x · Σ_k w_k`` over the slots whose expert lives on a rank still alive (no renormalisation)."""
     import torch_ascend_moe.deep_ep as deep_ep
 
-    try:
-        deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=True)
-    except ValueError as e:
-        text = str(e)
-        assert "deep_ep.Buffer" in text and "enable_shrink" in text and "expected False" in text, text
-        assert "got True" in text, text
-    else:
-        raise AssertionError("deep_ep.Buffer(enable_shrink=True) was accepted")
-    deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=False)
+    t, k, local = 6, 2, 2
+    experts = local * world_size
+    buffer = deep_ep.Buffer(
+        dist.group.WORLD, 0, int(1e8), low_latency_mode=True, enable_shrink=True, num_cpu_timeout_secs=2
+    )
+    dead = [r for r in range(world_size) if r % 2]
+    status = torch.ones(world_size, dtype=torch.int32)
+    buffer.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [0] * world_size, status
+    if rank in dead:
+        return  # "dies": the survivors must not wait for it past their timeout
+    buffer.clean_low_latency_buffer(t, 256, experts)  # the first call: the survivors mask the dead ranks here
+    buffer.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [int(r in dead) for r in range(world_size)], status
+    x, idx, w = _routing(rank, t, k, experts, seed=40)
+    recv, count, handle, _, hook = buffer.low_latency_dispatch(x, idx, t, experts, use_fp8=False)
+    assert recv.shape == (local, world_size * t, 256) and hook is None
+    want = torch.zeros(local, dtype=torch.int64)
+    for src in range(world_size):
+        if src in dead:
+            continue
+        _, src_idx, _ = _routing(src, t, k, experts, seed=40)
+        for j in range(local):
+            want[j] += int((src_idx == rank * local + j).any(1).sum())
+    assert torch.equal(count.long(), want), (count, want)
+    combined, _, _ = buffer.low_latency_combine(recv, idx, w, handle)  # identity experts
+    alive_slot = (idx >= 0) & ~torch.isin(torch.where(idx >= 0, idx // local, 0), torch.tensor(dead))
+    expected = x.float() * torch.where(alive_slot, w, 0).sum(1, keepdim=True)
+    assert calc_diff(combined, expected) < 1e-5, calc_diff(combined, expected)
+    with __import__("pytest").raises(ValueError, match="shrink mode is not enabled"):
+        deep_ep.Buffer(dist.group.WORLD, 0, int(1e8), low_latency_mode=True).low_latency_clean_mask_buffer()
 
 
 def check_dispatch_without_topk_counts(rank: int, world_size: int) -> None:

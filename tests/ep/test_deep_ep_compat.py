@@ -17,6 +17,11 @@ def test_deep_ep_buffer(name, tmp_path):
     mp.spawn(run_check, args=(2, str(tmp_path / "store"), name), nprocs=2, join=True)
 
 
+def test_shrink_mode_on_four_ranks(tmp_path):
+    """Ranks 1 and 3 never reach the low-latency calls; ranks 0 and 2 mask them and go on (deep_ep_bodies)."""
+    mp.spawn(run_check, args=(4, str(tmp_path / "store"), "shrink_masks_ranks_that_never_arrive"), nprocs=4, join=True)
+
+
 def test_deep_ep_utils_as_upstream_tests_use_them():
     """``deep_ep.utils`` (``math``, ``envs``, ``testing``, ``event``): a DeepEP-style test script that joins
     through ``init_dist`` (upstream's environment variables) on a free port."""

@@ -134,3 +134,14 @@ def test_bad_arguments():
     buf = mega.SymmBuffer(None, E, T, K, H, INTER, mma_type="bf16xbf16")
     with pytest.raises(ValueError, match=r"argument 'recipe' value: expected \(1, 1, 32\)"):
         deep_gemm.fp8_fp4_mega_moe(torch.empty(T, H), (None, None), (None, None), buf, recipe=(1, 1, 128))
+
+
+def test_symm_buffer_call_forms_of_2_6_and_2_8():
+    """DeepGEMM 2.8 put ``num_shared_experts`` seventh (an int); 2.6.1 had ``use_fp8_dispatch`` (bool or None) there,
+    then ``mma_type`` and ``activation``: both positional forms build what they mean."""
+    old = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, None, "bf16xbf16", "swiglu")
+    assert old.x.dtype == torch.bfloat16 and old.num_shared_experts == 0
+    new = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, 2, None, "fp8xfp4")
+    assert new.x.dtype == torch.float8_e4m3fn and new.num_shared_experts == 2
+    keyword = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, num_shared_experts=1)
+    assert keyword.num_shared_experts == 1

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torch_ascend_moe.deep_ep import utils  # noqa: F401  (deep_ep.utils, as upstream)
+from torch_ascend_moe.deep_ep.buffers import shrink
 from torch_ascend_moe.deep_ep.buffers.elastic import ElasticBuffer, EPHandle
 from torch_ascend_moe.deep_ep.utils.envs import get_logical_domain_size, get_physical_domain_size
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
@@ -281,13 +282,6 @@ class Buffer:
                 "deep_ep.Buffer: argument 'group' value: expected a torch.distributed ProcessGroup "
                 "(mpi4py communicators are not supported), got None"
             )
-        if enable_shrink:
-            # Shrink mode (specs §6.5: auto-masking ranks that time out, the mask-buffer methods) is not
-            # implemented; accepting it would leave survivors blocked until the timeout instead.
-            raise ValueError(
-                "deep_ep.Buffer: argument 'enable_shrink' value: expected False (shrink / fault-tolerant "
-                "low-latency mode is not implemented), got True"
-            )
         if not isinstance(num_cpu_timeout_secs, (int, float)) or not num_cpu_timeout_secs > 0:
             raise ValueError(
                 "deep_ep.Buffer: argument 'num_cpu_timeout_secs' value: expected a positive number of seconds, "
@@ -308,6 +302,8 @@ class Buffer:
         # compiles in 100 s (LEGACY_NUM_CPU_TIMEOUT_SECS); V2's ElasticBuffer takes it as num_cpu_timeout_secs.
         self.num_cpu_timeout_secs = float(num_cpu_timeout_secs)
         self._combine_buffers: dict = {}  # (T_max, hidden, num_experts, device) -> the zero-copy combine buffer
+        # Shrink mode: the rank mask and the alive groups of the low-latency calls (deep_ep/buffers/shrink.py).
+        self._shrink = shrink.ShrinkState(group, "deep_ep.Buffer") if enable_shrink else None
         self._destroyed = False
 
     # ---- static helpers ----
@@ -559,12 +555,35 @@ class Buffer:
         if not self.low_latency_mode:
             raise ValueError(f"deep_ep.Buffer.{api}: the buffer was built with low_latency_mode=False")
 
+    def _require_shrink(self, api: str) -> shrink.ShrinkState:
+        if self._shrink is None:
+            raise ValueError(f"deep_ep.Buffer.{api}: shrink mode is not enabled (Buffer(..., enable_shrink=True))")
+        return self._shrink
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Mask (``mask=True``) or unmask a rank: masked ranks are skipped by the low-latency calls."""
+        self._require_shrink("low_latency_update_mask_buffer").update(rank_to_mask, mask)
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Writes each rank's mask (1 = masked) into ``mask_status`` (int32 ``[num_ranks]``)."""
+        self._require_shrink("low_latency_query_mask_buffer").query(mask_status)
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        self._require_shrink("low_latency_clean_mask_buffer").clean()
+
+    def _alive(self):
+        """Shrink mode: (alive ranks, their process group) after this call's liveness round; else None."""
+        if self._shrink is None:
+            return None
+        alive = self._shrink.alive(self.num_cpu_timeout_secs)
+        return alive, self._shrink.process_group(alive)
+
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Nothing to clean (no signal areas); a barrier, as upstream's."""
-        work = dist.barrier(group=self.group, async_op=True)
-        exchange.wait(
-            "deep_ep.Buffer.clean_low_latency_buffer", self.group, work, self.num_cpu_timeout_secs, "the barrier"
-        )
+        """Nothing to clean (no signal areas); a barrier, as upstream's (in shrink mode, of the ranks alive)."""
+        shrunk = self._alive()
+        group = shrunk[1] if shrunk else self.group
+        work = dist.barrier(group=group, async_op=True)
+        exchange.wait("deep_ep.Buffer.clean_low_latency_buffer", group, work, self.num_cpu_timeout_secs, "the barrier")
 
     def low_latency_dispatch(
         self,
@@ -588,17 +607,23 @@ class Buffer:
                 "deep_ep.Buffer.low_latency_dispatch: arguments 'async_finish' and 'return_recv_hook' "
                 "value: expected at most one of them True, got both"
             )
-        recv_x, count, handle = ep_low_latency_dispatch(
-            x,
-            topk_idx,
-            num_max_dispatch_tokens_per_rank,
-            num_experts,
-            group=self.group_name,
-            use_fp8=use_fp8,
-            round_scale=round_scale,
-            use_ue8m0=use_ue8m0,
-            timeout_s=self.num_cpu_timeout_secs,
-        )
+        shrunk = self._alive()
+        if shrunk and len(shrunk[0]) < self.group_size:
+            recv_x, count, handle = self._shrunk_dispatch(
+                x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8, round_scale, use_ue8m0, *shrunk
+            )
+        else:
+            recv_x, count, handle = ep_low_latency_dispatch(
+                x,
+                topk_idx,
+                num_max_dispatch_tokens_per_rank,
+                num_experts,
+                group=self.group_name,
+                use_fp8=use_fp8,
+                round_scale=round_scale,
+                use_ue8m0=use_ue8m0,
+                timeout_s=self.num_cpu_timeout_secs,
+            )
         # DeepEP's 5-tuple; low_latency_combine rebuilds the op's handle with this buffer's group.
         handle = _LowLatencyHandle(handle[:5], handle.backend_state)
         if cumulative_local_expert_recv_stats is not None:
@@ -644,12 +669,51 @@ class Buffer:
                     f"{list(source.shape)} (the combine buffer's), got {list(x.shape)}"
                 )
             x = source
+        shrunk = self._alive()
+        if shrunk and len(shrunk[0]) < self.group_size:
+            alive, group = shrunk
+            t_max, local = handle.num_max_dispatch_tokens_per_rank, handle.num_experts // self.group_size
+            x, src_info, layout = shrink.narrow_rows(x, handle.src_info, handle.layout_range, alive, t_max)
+            handle = EPLowLatencyHandle(
+                src_info, layout, t_max, handle.hidden, len(alive) * local, group.group_name, None
+            )
+            topk_idx = shrink.renumber(topk_idx, alive, self.group_size, local)
         combined = ep_low_latency_combine(x, topk_idx, topk_weights, handle, timeout_s=self.num_cpu_timeout_secs)
         if out is not None:
             out.copy_(combined)
             combined = out
         hook = (lambda: None) if return_recv_hook else None
         return combined, _event(async_finish), hook
+
+    def _shrunk_dispatch(self, x, topk_idx, t_max, num_experts, use_fp8, round_scale, use_ue8m0, alive, group):
+        """The dispatch over the alive ranks' group, laid out for all ranks (masked sources empty)."""
+        local = num_experts // self.group_size
+        recv_x, count, handle = ep_low_latency_dispatch(
+            x,
+            shrink.renumber(topk_idx, alive, self.group_size, local),
+            t_max,
+            len(alive) * local,
+            group=group.group_name,
+            use_fp8=use_fp8,
+            round_scale=round_scale,
+            use_ue8m0=use_ue8m0,
+            timeout_s=self.num_cpu_timeout_secs,
+        )
+        size = self.group_size
+        if isinstance(recv_x, tuple):
+            recv_x = tuple(shrink.widen(alive, size, t_max, t, 0) for t in recv_x)
+        else:
+            recv_x = shrink.widen(alive, size, t_max, recv_x, 0)
+        full = EPLowLatencyHandle(
+            shrink.widen(alive, size, t_max, handle.src_info, -1),
+            shrink.widen_layout(alive, size, handle.layout_range),
+            t_max,
+            handle.hidden,
+            num_experts,
+            self.group_name,
+            None,
+        )
+        return recv_x, count, full
 
     def _ll_handle(self, handle) -> EPLowLatencyHandle:
         """The op's handle from DeepEP's ``(packed_recv_src_info, packed_recv_layout_range,

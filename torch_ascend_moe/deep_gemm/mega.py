@@ -135,11 +135,24 @@ def get_symm_buffer_for_mega_moe(
     num_topk: int,
     hidden: int,
     intermediate_hidden: int,
+    num_shared_experts: int = 0,
     use_fp8_dispatch: bool | None = None,
     mma_type: str = "fp8xfp4",
     activation: str = "swiglu",
 ) -> SymmBuffer:
-    """A ``SymmBuffer`` with ``num_max_tokens_per_rank`` rounded up to ``get_token_alignment_for_mega_moe()``."""
+    """A ``SymmBuffer`` with ``num_max_tokens_per_rank`` rounded up to ``get_token_alignment_for_mega_moe()``.
+
+    DeepGEMM 2.8's seventh argument is ``num_shared_experts`` (an int: the fused shared experts); 2.6.1's was
+    ``use_fp8_dispatch`` (a bool or None) followed by ``mma_type`` and ``activation``: a bool or None there is read
+    in 2.6.1's order."""
+    if num_shared_experts is None or isinstance(num_shared_experts, bool):  # 2.6.1's positional form
+        shifted = isinstance(use_fp8_dispatch, str)
+        use_fp8_dispatch, num_shared_experts, mma_type, activation = (
+            num_shared_experts,
+            0,
+            use_fp8_dispatch if shifted else mma_type,
+            mma_type if shifted and mma_type != "fp8xfp4" else activation,
+        )
     if use_fp8_dispatch is not None:
         ck.check_arg(
             use_fp8_dispatch == (mma_type == "fp8xfp4"),
@@ -151,7 +164,15 @@ def get_symm_buffer_for_mega_moe(
         )
     t = -(-num_max_tokens_per_rank // _TOKEN_ALIGNMENT) * _TOKEN_ALIGNMENT
     return SymmBuffer(
-        group, num_experts, t, num_topk, hidden, intermediate_hidden, mma_type=mma_type, activation=activation
+        group,
+        num_experts,
+        t,
+        num_topk,
+        hidden,
+        intermediate_hidden,
+        num_shared_experts,
+        mma_type=mma_type,
+        activation=activation,
     )
 
 
