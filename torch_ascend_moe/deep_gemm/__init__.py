@@ -95,7 +95,9 @@ from torch_ascend_moe.deep_gemm.sparse_mqa import (
 )
 from torch_ascend_moe.deep_gemm.utils import *  # noqa: F403  (upstream's star export)
 
-__version__ = "2.6.1+ascend_moe"
+# The newest DeepGEMM API implemented: 2.8.0 ("Public Release 26/09": the sparse indexer, Mega Gate, Mega mHC, the FP4
+# family, batched_syrk/symm, the FP8-output einsum); 2.6.1's call forms keep working where 2.8 changed them.
+__version__ = "2.8.0+ascend_moe"
 
 # DeepGEMM 2.8's FP4 names (``register_apis`` in its ``csrc/apis/gemm.hpp``): the same functions as the FP8/FP4 ones.
 fp4_gemm_nt = fp8_fp4_gemm_nt
