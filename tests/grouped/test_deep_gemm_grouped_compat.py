@@ -151,8 +151,12 @@ def test_bad_inputs_and_aliases():
     d = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="argument 'expected_m_for_psum_layout'"):
         deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, ids_layout(COUNTS, ALIGN), expected_m_for_psum_layout=64)
-    with pytest.raises(ValueError, match="argument 'c' value"):
+    # Without c the product is written (DeepGEMM 2.8 on SM100); the group sizes must still cover A's rows.
+    with pytest.raises(ValueError, match=r"argument 'ks_cpu' sum: expected 192, got 160"):
         deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, a, torch.empty(1, 128, 128), [160], torch.tensor([160]))
+    out = torch.empty(1, a.shape[1], a.shape[1])
+    deep_gemm.k_grouped_bf16_gemm_tn_contiguous(a, a, out, [a.shape[0]], torch.tensor([a.shape[0]]))
+    torch.testing.assert_close(out[0], a.float().T @ a.float(), rtol=1e-5, atol=1e-3)
     assert deep_gemm.bf16_m_grouped_gemm_nt_masked is deep_gemm.m_grouped_bf16_gemm_nt_masked
     assert deep_gemm.get_m_alignment_for_contiguous_layout() == ALIGN
 

@@ -22,7 +22,7 @@ def _operands(mn_a, mn_b, ks, seed, packed):
         values = quant.cast_back_from_fp4(data, sf, gran_k=32).double()
         if packed:
             sf = quant.per_token_cast_to_fp4(x, True, gran_k=32, use_packed_ue8m0=True)[1]
-        out.append(((data, sf), values))
+        out.append(((data, sf.T.contiguous()), values))  # scales K first, as upstream's generators lay them out
     return out
 
 
@@ -46,6 +46,9 @@ def test_exact_on_the_quantized_values(packed):
     c = torch.randn(d.shape)
     deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks, layout, c=c)
     assert calc_diff(d, ref + c.double()) < 1e-10
+    psum = torch.tensor(ks, dtype=torch.int32).cumsum(0).to(torch.int32)  # 2.8's psum layout, no ks_cpu
+    deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, None, psum, use_psum_layout=True)
+    assert calc_diff(d, ref) < 1e-10
 
 
 def test_refusals():
@@ -57,3 +60,36 @@ def test_refusals():
         deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, ks, layout)
     with pytest.raises(ValueError, match=r"argument 'recipe' value: expected \(1, 1, 32\)"):
         deep_gemm.k_grouped_fp4_gemm_nt_contiguous(a, b, d, [256, 128], layout, recipe=(1, 1, 128))
+
+
+def test_fp8_k_grouped_takes_2_8s_padded_scale_rows_and_no_c():
+    """DeepGEMM 2.8 lays k-grouped FP32 scales one row per ``gran_k`` physical rows of A (groups at aligned starts);
+    2.6.1 compactly. Both give the same product; without ``c`` it is written (2.8, SM100)."""
+    g = torch.Generator().manual_seed(5)
+    m, n, gran = 24, 40, 32
+    ends = [100, 328]  # psum: group 1 starts at the alignment (128)
+    a = torch.randn(384, m, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(384, n, generator=g).to(torch.float8_e4m3fn)
+    compact_rows = [*range(0, 4), *range(4, 11)]  # ceil(100/32) rows, then ceil(228/32) from row 128/32
+    sfa = 2.0 ** torch.randint(-3, 3, (12, m), generator=g).float()
+    sfb = 2.0 ** torch.randint(-3, 3, (12, n), generator=g).float()
+    layout = torch.tensor(ends, dtype=torch.int32)
+    d_padded, d_compact = torch.empty(2, m, n), torch.empty(2, m, n)
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous(
+        (a, sfa), (b, sfb), d_padded, None, layout, None, (1, 1, gran), use_psum_layout=True
+    )
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous(
+        (a, sfa[compact_rows]),
+        (b, sfb[compact_rows]),
+        d_compact,
+        None,
+        layout,
+        None,
+        (1, 1, gran),
+        use_psum_layout=True,
+    )
+    assert torch.equal(d_padded, d_compact)
+    av = a.double() * sfa.double().repeat_interleave(gran, 0)
+    bv = b.double() * sfb.double().repeat_interleave(gran, 0)
+    ref = torch.stack([av[:100].T @ bv[:100], av[128:328].T @ bv[128:328]])
+    assert calc_diff(d_padded, ref) < 1e-10

@@ -102,8 +102,10 @@ def test_routed_and_shared_scale_layouts_and_fp8_only():
     y8 = torch.empty(t, h, dtype=torch.float8_e4m3fn)
     routed = torch.empty(t, h // 128, dtype=torch.int32)
     rows = -(-t // block) * 256
-    shared = torch.zeros(h // 128, rows, dtype=torch.int32).t()  # strides (1, rows)
-    _call(inp, False, t, h, y_fp8=y8, y_routed_sf=routed, y_shared_sf=shared, shared_sf_block_m=block)
+    storage = torch.zeros(h // 128, rows, dtype=torch.int32).t()  # strides (1, rows)
+    # Upstream's test hands the [T, H/128] view of that storage; rows past T are written through it.
+    _call(inp, False, t, h, y_fp8=y8, y_routed_sf=routed, y_shared_sf=storage[:t], shared_sf_block_m=block)
+    shared = storage
     y = torch.empty(t, h, dtype=torch.bfloat16)
     y8_again = torch.empty_like(y8)
     gemm = torch.empty(t, h // 128, dtype=torch.int32)

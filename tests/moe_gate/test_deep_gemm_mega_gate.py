@@ -186,3 +186,20 @@ def test_config_reports_the_sm_count():
         "num_sms",
     }
     assert config["num_sms"] == deep_gemm.get_num_sms() and config["num_split_k"] == 1
+
+
+def test_force_random_slots_are_distinct_from_the_shared_ones():
+    """Upstream's routing-controls check: a forced-random token's K + S physical experts are all distinct."""
+    x, weight, g = _case(40, 256, 64, 8)
+    k, shared, dup = 6, 1, 2
+    physical = torch.arange((64 + shared) * dup, dtype=torch.int32).view(64 + shared, dup)
+    count = torch.full((64 + shared,), dup, dtype=torch.int32)
+    rows = torch.ones(40, dtype=torch.bool)
+    for _ in range(5):
+        idx, w = deep_gemm.bf16_mega_gate(
+            x, weight, k, True, shared, 1.0, 0, "sigmoid", to_physical_map=physical, logical_count=count,
+            force_random=rows,
+        )  # fmt: skip
+        for t in range(40):
+            assert len(set(idx[t].tolist())) == k + shared, idx[t]
+        assert bool((w[:, :k] > 0).all()) and bool((w[:, k:] == 1).all())

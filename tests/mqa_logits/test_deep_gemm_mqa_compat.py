@@ -86,9 +86,9 @@ def test_positional_max_seqlen_k_28_form(compressed):
 
 
 def test_upstream_limits_and_modes():
-    q, k, w, ks, ke = _ragged(h=12)
+    q, k, w, ks, ke = _ragged(h=14)
     k8, sf = quant.per_custom_dims_cast_to_fp8(k, (0,), False)
-    with pytest.raises(ValueError, match=r"argument 'q' heads \(H\): expected one of 8, 16, 32, 64, got 12"):
+    with pytest.raises(ValueError, match=r"argument 'q' heads \(H\): expected a multiple of 4 in \(0, 128\], got 14"):
         deep_gemm.fp8_mqa_logits(q.to(torch.float8_e4m3fn), (k8, sf), w, ks, ke)
     q, k, w, ks, ke = _ragged()
     with pytest.raises(ValueError, match=r"argument 'clean_logits' value: expected False with compressed logits"):
@@ -170,3 +170,29 @@ def test_paged_rejections():
         deep_gemm.fp8_paged_mqa_logits(q, cache.cache, w, lens, table, meta, 130, clean_logits=True)
     with pytest.raises(ValueError, match=r"argument 'schedule_meta' value: expected int32 \[num_sms \+ 1, 2\]"):
         deep_gemm.fp8_paged_mqa_logits(q, cache.cache, w, lens, table, meta.float(), 130)
+
+
+@pytest.mark.parametrize("d", [32, 64, 128])
+def test_paged_mxfp8_pages_of_every_head_dim(d):
+    """DeepGEMM 2.8's MXFP8 pages (``D`` bytes, then one 4-byte word of ``D/32`` UE8M0 codes per token) give the
+    ragged logits of the same tokens, for head dims 32, 64 (re-laid out) and 128 (read in place)."""
+    g = torch.Generator().manual_seed(d)
+    heads, block_kv, length = 8, 64, 100
+    k, k_sf = quant.per_token_cast_to_fp8(torch.randn(length, d, generator=g), True, gran_k=32, use_packed_ue8m0=True)
+    cache = torch.zeros(2, block_kv * (d + 4), dtype=torch.uint8)
+    for b in range(2):
+        rows = slice(b * block_kv, min((b + 1) * block_kv, length))
+        n = rows.stop - rows.start
+        cache[b, : n * d] = k[rows].view(torch.uint8).reshape(-1)
+        cache[b, block_kv * d : block_kv * d + n * 4] = k_sf[rows].contiguous().view(torch.uint8).reshape(-1)
+    cache = cache.view(2, block_kv, 1, d + 4)
+    q, q_sf = quant.per_token_cast_to_fp8(torch.randn(heads, d, generator=g), True, gran_k=32, use_packed_ue8m0=True)
+    w = torch.rand(1, heads, generator=g)
+    lens, table = torch.tensor([[length]], dtype=torch.int32), torch.tensor([[0, 1]], dtype=torch.int32)
+    schedule = deep_gemm.get_paged_mqa_logits_metadata(lens, block_kv, 4)
+    paged = deep_gemm.fp8_fp4_paged_mqa_logits(
+        (q.view(1, 1, heads, d), q_sf.view(1, 1, heads)), cache, w, lens, table, schedule, length
+    )
+    ks, ke = torch.zeros(1, dtype=torch.int32), torch.tensor([length], dtype=torch.int32)
+    ragged = deep_gemm.fp8_fp4_mqa_logits((q.view(1, heads, d), q_sf.view(1, heads)), (k, k_sf.view(-1)), w, ks, ke)
+    assert torch.equal(paged, ragged)

@@ -119,11 +119,14 @@ def test_casts_are_the_ops():
     assert_same_bits(got.view(40, 300), reference.dequantize(data.view(torch.uint8), sf, (1, 32), None), "back")
 
 
-def test_packed_fp8_cast_keeps_upstreams_multiple_of_four():
-    with pytest.raises(
-        ValueError, match=r"per_token_cast_to_fp8: argument 'x' ceil\(n / gran_k\): expected a multiple"
-    ):
-        quant.per_token_cast_to_fp8(torch.randn(2, 300), True, 128, use_packed_ue8m0=True)
+def test_packed_fp8_cast_pads_a_short_row_of_scales_with_one():
+    """DeepGEMM 2.8 pads a scale count that is not a multiple of 4 with 1.0 (2.6.1 asserted)."""
+    x = torch.randn(2, 300)
+    data, packed = quant.per_token_cast_to_fp8(x, True, 128, use_packed_ue8m0=True)
+    ref_data, sf = quant.per_token_cast_to_fp8(x, True, 128)
+    assert torch.equal(data.view(torch.uint8), ref_data.view(torch.uint8)) and packed.shape == (2, 1)
+    codes = packed.contiguous().view(torch.uint8).view(2, 4)
+    assert torch.equal(codes[:, :3].int(), ((sf.view(torch.int32) >> 23) & 0xFF)) and bool((codes[:, 3] == 127).all())
 
 
 def test_quantize_outputs_carry_no_gradient():

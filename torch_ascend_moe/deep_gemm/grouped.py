@@ -277,7 +277,6 @@ def k_grouped_bf16_gemm_tn_contiguous(
     """
     api = "deep_gemm.k_grouped_bf16_gemm_tn_contiguous"
     _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
-    ck.check_arg(c is not None, api, "c", "value", "a tensor (upstream requires c; pass c=d to accumulate)", None)
     groups = grouped_layout.shape[0]
     _check_out(api, d, c, [groups, a.shape[1], b.shape[1]])
     ends, alignment = _k_grouped_ends(
@@ -306,14 +305,36 @@ def _k_grouped_scales(sf: torch.Tensor, ends: list[int], alignment: int, gran_k:
     """FP32 per-channel scales from FP32 / e8m0 ones, or from int32 UE8M0 packed 4 rows per row per group."""
     if sf.dtype != torch.int32:
         return scales_to_float(sf)
-    rows, start, offset = [], 0, 0
+    groups, start = [], 0
     for end in ends:
         start = -(-start // alignment) * alignment
-        n = -(-(end - start) // gran_k)
-        packed = -(-n // 4)
+        groups.append((-(-(end - start) // gran_k), -(-(end - start) // alignment) * alignment // gran_k))
+        start = end
+    # Packed from compact rows (2.6.1) or from each group's aligned rows (2.8): told apart by the row count; a
+    # group's compact rows are the first of its aligned ones either way.
+    padded = sum(-(-p // 4) for _, p in groups)
+    use_padded = sf.shape[0] == padded and padded != sum(-(-n // 4) for n, _ in groups)
+    rows, offset = [], 0
+    for n, p in groups:
+        packed = -(-(p if use_padded else n) // 4)
         rows.append(scales_to_float(sf[offset : offset + packed].T.contiguous()).T[:n])
-        offset, start = offset + packed, end
+        offset += packed
     return torch.cat(rows) if rows else sf.new_empty(0, sf.shape[1], dtype=torch.float32)
+
+
+def _compact_scales(sf: torch.Tensor, ends: list[int], alignment: int, gran_k: int) -> torch.Tensor:
+    """DeepGEMM 2.8's k-grouped scales (a row per ``gran_k`` physical rows of A, groups at aligned starts) as the
+    op's compact rows (each group's ``ceil(k_g / gran_k)``); compact scales (2.6.1) pass through."""
+    starts, start = [], 0
+    for end in ends:
+        start = -(-start // alignment) * alignment
+        starts.append((start, end))
+        start = end
+    compact = sum(-(-(e - b) // gran_k) for b, e in starts)
+    if sf.shape[0] == compact:
+        return sf
+    rows = [torch.arange(b // gran_k, b // gran_k + -(-(e - b) // gran_k)) for b, e in starts]
+    return sf[torch.cat(rows).to(sf.device)] if rows else sf[:0]
 
 
 def k_grouped_fp8_gemm_tn_contiguous(
@@ -321,14 +342,16 @@ def k_grouped_fp8_gemm_tn_contiguous(
 ) -> None:
     """FP8 weight gradients ``d[g] = c[g] + deq(A)[rows_g]^T deq(B)[rows_g]``: ``a = (A[sum_k, M], sfa)``,
     ``b = (B[sum_k, N], sfb)`` with per-channel scales along K (FP32 ``[S', MN]`` or int32 packed per group),
-    ``recipe = (1, 1, gran_k)``, ``d[G, M, N]`` FP32 with ``c`` required (``c=d`` accumulates)."""
+    ``recipe = (1, 1, gran_k)``, ``d[G, M, N]`` (``c=d`` accumulates; without ``c`` the product is written, as
+    DeepGEMM 2.8 on SM100 does). FP32 scales come compact (2.6.1: ``ceil(k_g / gran_k)`` rows per group) or, as
+    2.8 lays them out, one row per ``gran_k`` physical rows of ``A`` (groups padded to the alignment): told apart by
+    their row count."""
     api = "deep_gemm.k_grouped_fp8_gemm_tn_contiguous"
     a_data, sfa = _pair(api, "a", a)
     b_data, sfb = _pair(api, "b", b)
     ck.check_arg(
         len(recipe) == 3 and recipe[0] == 1 and recipe[1] == 1, api, "recipe", "value", "(1, 1, gran_k)", tuple(recipe)
     )
-    ck.check_arg(c is not None, api, "c", "value", "a tensor (upstream requires c; pass c=d to accumulate)", None)
     groups = grouped_layout.shape[0]
     _check_out(api, d, c, [groups, a_data.shape[1], b_data.shape[1]])
     ends, alignment = _k_grouped_ends(
@@ -338,6 +361,8 @@ def k_grouped_fp8_gemm_tn_contiguous(
     if sfa.dtype == torch.int32 or sfb.dtype == torch.int32:
         host_ends = ends.tolist()
         sfa, sfb = (_k_grouped_scales(sf, host_ends, alignment, gran_k) for sf in (sfa, sfb))
+    elif a_data.shape[0] % gran_k == 0 and sfa.shape[0] == a_data.shape[0] // gran_k:
+        sfa, sfb = (_compact_scales(sf, ends.tolist(), alignment, gran_k) for sf in (sfa, sfb))
     out = _k_grouped_fp8_op(
         a_data, sfa, b_data, sfb, ends, groups, c, alignment=alignment, gran_k=gran_k, out_dtype=d.dtype
     )
@@ -368,17 +393,18 @@ def k_grouped_fp4_gemm_nt_contiguous(
 ) -> None:
     """DeepGEMM 2.8's FP4 weight gradients ``d[g] = c[g] + Â[:, K_g]·B̂[:, K_g]^T`` (specs/upstream_2609.md §4):
     ``a = (int8 [M, ΣK/2], sf)`` and ``b = (int8 [N, ΣK/2], sf)``, packed E2M1 along K (K-major), UE8M0 scales per
-    32 (FP32 or E8M0 ``[MN, ΣK/32]``, or int32 packed four to a word ``[MN, ΣK/128]``), ``recipe = (1, 1, 32)``, every
-    ``K_g`` a multiple of 256 (upstream's K alignment), ``d [G, M, N]`` FP32, ``c`` optional. Each E2M1 value is an
-    E4M3 value, so the operands are re-encoded exactly and run ``k_grouped_fp8_gemm`` with 32-row scale blocks."""
+    32 given K first as upstream's generators lay them out (FP32 or E8M0 ``[ΣK/32, MN]``, or int32 packing four K
+    blocks to a word ``[ΣK/128, MN]``), ``recipe = (1, 1, 32)``, ``d [G, M, N]``, ``c`` optional. Groups: per-group
+    sizes ``ks_cpu`` (multiples of 256, upstream's K alignment) or, with ``use_psum_layout``, the psum ends in
+    ``grouped_layout``. Each E2M1 value is an E4M3 value, so the operands are re-encoded exactly and run
+    ``k_grouped_fp8_gemm`` with 32-row scale blocks."""
     api = "deep_gemm.k_grouped_fp4_gemm_nt_contiguous"
     ck.check_arg(tuple(recipe) == (1, 1, 32), api, "recipe", "value", "(1, 1, 32)", tuple(recipe))
-    ck.check_arg(not use_psum_layout, api, "use_psum_layout", "value", "False (the nt form has no psum layout)", True)
-    ck.check_arg(ks_cpu is not None, api, "ks_cpu", "value", "the per-group K sizes", None)
-    ks = [int(k) for k in ks_cpu]
-    bad = [k for k in ks if k % 256]
-    ck.check_arg(not bad, api, "ks_cpu", "values", "multiples of 256 (upstream's K alignment)", bad)
-    total = sum(ks)
+    if not use_psum_layout:
+        ck.check_arg(ks_cpu is not None, api, "ks_cpu", "value", "the per-group K sizes", None)
+        ks = [int(k) for k in ks_cpu]
+        bad = [k for k in ks if k % 256]
+        ck.check_arg(not bad, api, "ks_cpu", "values", "multiples of 256 (upstream's K alignment)", bad)
     tn = []
     for name, operand, mn in (("a", a, d.shape[1]), ("b", b, d.shape[2])):
         data, sf = _pair(api, name, operand)
@@ -390,28 +416,29 @@ def k_grouped_fp4_gemm_nt_contiguous(
             "torch.int8 (packed E2M1)",
             data.dtype,
         )
+        total = data.shape[1] * 2 if data.dim() == 2 else 0
         ck.check_arg(
-            list(data.shape) == [mn, total // 2] and data.is_contiguous(),
+            data.dim() == 2 and data.shape[0] == mn and data.is_contiguous(),
             api,
             name,
             "shape",
-            f"[{mn}, {total // 2}] (ΣK/2 packed, K-major, contiguous)",
+            f"[{mn}, ΣK/2] (packed, K-major, contiguous)",
             lambda data=data: ck.shape_str(data.shape),
         )
-        scales = scales_to_float(sf).reshape(mn, -1)
+        scales = scales_to_float(sf.T.contiguous()).T  # K first; int32 packs four K blocks to a word
         ck.check_arg(
-            scales.shape[1] == total // 32,
+            scales.shape == (total // 32, mn),
             api,
             f"sf{name}",
             "shape",
-            f"[{mn}, {total // 32}] scales (or [{mn}, {total // 128}] packed int32)",
+            f"[{total // 32}, {mn}] scales (or [{total // 128}, {mn}] packed int32), K first",
             lambda sf=sf: ck.shape_str(sf.shape),
         )
         values = decode_e2m1(unpack_e2m1(data)).to(torch.float8_e4m3fn)  # exact: E2M1 values are E4M3 values
-        tn.append((values.t().contiguous(), scales.t().contiguous()))
-    if c is None:
-        c = torch.zeros_like(d)
-    k_grouped_fp8_gemm_tn_contiguous(tn[0], tn[1], d, ks, grouped_layout, c, (1, 1, 32), use_psum_layout=False)
+        tn.append((values.t().contiguous(), scales.contiguous()))
+    k_grouped_fp8_gemm_tn_contiguous(
+        tn[0], tn[1], d, ks_cpu, grouped_layout, c, (1, 1, 32), use_psum_layout=use_psum_layout
+    )
 
 
 m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous

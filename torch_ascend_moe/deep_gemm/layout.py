@@ -111,11 +111,22 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
         ks = [end - start for start, end in zip(starts, layout)]
     else:
         ks = layout
-        rows = sum(ceil_div(k, gran_k) for k in ks)
-        ck.check_arg(rows == sf.shape[0], api, "sf", "size(0)", f"{rows} (sum of ceil(k_g / gran_k))", sf.shape[0])
+    # DeepGEMM 2.8 lays the FP32 scales out per physical row block (each group padded to k_alignment); 2.6.1
+    # compactly (ceil(k_g / gran_k) rows): told apart by the row count, each group packed from its own rows.
+    compact = [ceil_div(k, gran_k) for k in ks]
+    padded = [align(k, k_alignment) // gran_k for k in ks]
+    counts = padded if sf.shape[0] == sum(padded) and sum(padded) != sum(compact) else compact
+    if not use_psum_layout:
+        ck.check_arg(
+            sf.shape[0] == sum(counts),
+            api,
+            "sf",
+            "size(0)",
+            f"{sum(compact)} (sum of ceil(k_g / gran_k)) or {sum(padded)} (2.8: aligned groups)",
+            sf.shape[0],
+        )
     packed, offset = [], 0
-    for k in ks:
-        n = ceil_div(k, gran_k)
+    for n in counts:
         group = sf[offset : offset + n]
         group = torch.nn.functional.pad(group, (0, 0, 0, (-n) % 4))  # the group's last pack: zero codes
         packed.append(pack_ue8m0_to_int(group.T.contiguous()).T)

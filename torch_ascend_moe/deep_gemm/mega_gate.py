@@ -8,9 +8,10 @@ Upstream's rules, enforced so code that runs here runs there: BF16 ``x [T, H]`` 
 score finite, masked rows included (the kernel asserts it before applying ``mask``: SGLang zeroes padded rows).
 Weights ``u / (sum u + 1e-20) * routed_scaling_factor`` from the unbiased scores; shared slots weigh exactly 1.
 
-``force_random`` rows: upstream draws K distinct random physical experts with positive weights (its RNG is not
-known); here K distinct ones from ``torch.randperm`` on the default generator of the device, each weighing
-``routed_scaling_factor / K``, and ``unmapped_topk_idx`` -1, the shared slots as on every row.
+``force_random`` rows: upstream draws K random physical experts with positive weights, all K + S of the row's
+slots distinct (its RNG is not known); here K from ``torch.randperm`` on the default CPU generator, avoiding the
+row's shared slots' experts, each weighing ``routed_scaling_factor / K``, and ``unmapped_topk_idx`` -1, the shared
+slots as on every row.
 """
 
 from __future__ import annotations
@@ -98,16 +99,18 @@ def _physical(idx, to_physical_map, logical_count, ep_rank: int, logical: int) -
 
 
 def _force_random(idx, weights, unmapped, rows, num_topk, num_physical, scale):
-    """K distinct random physical experts on the ``rows`` tokens' routed slots (module docstring)."""
-    picks = [torch.randperm(num_physical, device=idx.device)[:num_topk] for _ in range(int(rows.sum()))]
-    if not picks:
+    """K random physical experts on the ``rows`` tokens' routed slots, distinct from each other and from the row's
+    shared slots' physical experts (upstream's test requires all K + S distinct; module docstring)."""
+    where = rows.nonzero().flatten().tolist()
+    if not where:
         return idx, weights, unmapped
-    where = rows.nonzero().flatten()
-    idx = idx.clone()
-    weights = weights.clone()
-    idx[where, :num_topk] = torch.stack(picks).to(idx.dtype)
+    idx, weights, unmapped = idx.clone(), weights.clone(), unmapped.clone()
+    for t in where:
+        taken = torch.tensor(idx[t, num_topk:].tolist(), dtype=torch.long)
+        perm = torch.randperm(num_physical)
+        free = perm[~torch.isin(perm, taken)][:num_topk]
+        idx[t, :num_topk] = free.to(idx.device, idx.dtype)
     weights[where, :num_topk] = scale / num_topk
-    unmapped = unmapped.clone()
     unmapped[where] = -1
     return idx, weights, unmapped
 

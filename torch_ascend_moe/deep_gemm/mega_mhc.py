@@ -124,13 +124,26 @@ def mega_mhc(
         if y_shared_sf is not None:
             ck.check_arg(shared_sf_block_m > 0, API, "shared_sf_block_m", "value", "> 0 with y_shared_sf", 0)
             rows = -(-T // shared_sf_block_m) * (-(-shared_sf_block_m // 128) * 128)
+            # Upstream's test passes a [T, H/128] view with strides (1, rows) of a longer storage and the kernel
+            # writes rows past T through it: the view's strides and storage must hold ``rows`` rows.
+            s0, s1 = y_shared_sf.stride() if y_shared_sf.dim() == 2 else (0, 0)
+            room = y_shared_sf.untyped_storage().nbytes() // 4 - y_shared_sf.storage_offset()
+            ok = (
+                y_shared_sf.dtype == torch.int32
+                and y_shared_sf.dim() == 2
+                and y_shared_sf.shape[1] == H // 128
+                and s0 == 1
+                and s1 >= rows
+                and room >= (H // 128 - 1) * s1 + rows
+            )
             ck.check_arg(
-                y_shared_sf.dtype == torch.int32 and y_shared_sf.dim() == 2 and y_shared_sf.shape[0] >= rows,
+                ok,
                 API,
                 "y_shared_sf",
-                "shape",
-                f"int32 [>= {rows}, {H // 128}] (Mega MoE's shared-expert scale rows)",
-                lambda: f"{y_shared_sf.dtype} {ck.shape_str(y_shared_sf.shape)}",
+                "layout",
+                f"int32 [T, {H // 128}] with strides (1, >= {rows}) over storage for {rows} rows (Mega MoE's "
+                "shared-expert scale rows)",
+                lambda: f"{y_shared_sf.dtype} {ck.shape_str(y_shared_sf.shape)} strides {tuple(y_shared_sf.stride())}",
             )
     if T == 0:
         return None
@@ -161,5 +174,7 @@ def mega_mhc(
         if y_routed_sf is not None:
             y_routed_sf.copy_(sf)
         if y_shared_sf is not None:
-            y_shared_sf[shared_sf_rows(T, shared_sf_block_m, sf.device)] = sf
+            rows = -(-T // shared_sf_block_m) * (-(-shared_sf_block_m // 128) * 128)
+            full = y_shared_sf.as_strided((rows, H // 128), y_shared_sf.stride())
+            full[shared_sf_rows(T, shared_sf_block_m, sf.device)] = sf
     return None

@@ -7,8 +7,8 @@ has ``clean_logits``, Q scales required, int16 UE8M0 pairs ``[.., D/64]``, BF16 
 output only; paged calls take ``indices`` as the 8th positional argument and ``use_ascend_kv_layout``.
 
 Upstream's kernel limits are enforced so code that runs here runs there: ``D`` in {32, 64, 128} (FP4: 64,
-128), ``H`` in {8, 16, 32, 64} (Ascend: ``H % 4 == 0``, ``4 <= H <= 64``, ``D`` in {64, 128}), ``block_kv``
-in {32, 64} (Ascend pages: 64, 128). Outputs are contiguous (upstream returns a view of a buffer whose rows
+128), ``H`` a multiple of 4 up to 128 (DeepGEMM 2.8's SM100 rule; Ascend: ``4 <= H <= 64``, ``D`` in {64, 128}),
+``block_kv`` in {32, 64} (Ascend pages: 64, 128). Outputs are contiguous (upstream returns a view of a buffer whose rows
 are padded to 1024 bytes; the values are the same). Positions outside the ranges are always exactly
 ``-inf``: ``clean_logits=False`` leaves them "unspecified" upstream, and -inf is one valid choice.
 """
@@ -23,7 +23,6 @@ from torch_ascend_moe.ops.mqa_logits import mqa_logits, paged_mqa_logits, paged_
 from torch_ascend_moe.quant import scales_to_float
 
 _FP4_DTYPES = (torch.int8, torch.uint8, torch.float4_e2m1fn_x2)
-_UPSTREAM_H = (8, 16, 32, 64)
 
 
 def _data(x: torch.Tensor) -> torch.Tensor:
@@ -49,7 +48,8 @@ def _check_heads_dim(api: str, heads: int, d: int, fp4: bool, ascend: bool) -> N
         ck.check_arg(heads % 4 == 0 and 4 <= heads <= 64, api, "q", "heads (H)", "a multiple of 4 in [4, 64]", heads)
         ck.check_arg(d in (64, 128), api, "q", "head dim (D)", "64 or 128", d)
         return
-    ck.check_arg(heads in _UPSTREAM_H, api, "q", "heads (H)", "one of 8, 16, 32, 64", heads)
+    # DeepGEMM 2.8 on SM100: any multiple of 4 up to 128 (its test runs 12 and 20); 2.6.1's 8, 16, 32, 64 among them.
+    ck.check_arg(heads % 4 == 0 and 0 < heads <= 128, api, "q", "heads (H)", "a multiple of 4 in (0, 128]", heads)
     allowed = (64, 128) if fp4 else (32, 64, 128)
     ck.check_arg(d in allowed, api, "q", "head dim (D)", " or ".join(map(str, allowed)), d)
 
@@ -232,6 +232,11 @@ def fp8_fp4_paged_mqa_logits(
         ck.check_arg(weights.dtype == torch.bfloat16, api, "weights", "dtype", "torch.bfloat16 (Ascend)", weights.dtype)
         logits_dtype = torch.bfloat16
     lead = list(q_data.shape[:3])
+    # MXFP8 (E4M3 q with int32 UE8M0 scales, DeepGEMM 2.8): 4 UE8M0 bytes per token of 128 values, which is the
+    # Ascend page layout byte for byte; shorter heads are re-laid out (_mx_fp8_pages).
+    layout_ascend = use_ascend_kv_layout or (q_data.dtype == torch.float8_e4m3fn and _int32_scales(q_sf))
+    if layout_ascend and not use_ascend_kv_layout and d < 128:
+        kv_cache, layout_ascend = _mx_fp8_pages(kv_cache, d)
     return paged_mqa_logits(
         _data(q_data),
         kv_cache,
@@ -241,11 +246,25 @@ def fp8_fp4_paged_mqa_logits(
         max_context_len,
         q_sf=_scales(q_sf, lead, d),
         indices=indices,
-        # MXFP8 (E4M3 q with int32 UE8M0 scales, DeepGEMM 2.8): 4 UE8M0 bytes per token of 128 values, which is the
-        # Ascend page layout byte for byte.
-        ascend_kv_layout=use_ascend_kv_layout or (q_data.dtype == torch.float8_e4m3fn and _int32_scales(q_sf)),
+        ascend_kv_layout=layout_ascend,
         logits_dtype=logits_dtype,
     )
+
+
+def _mx_fp8_pages(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, bool]:
+    """DeepGEMM 2.8's MXFP8 pages for a head dim below 128 (``D`` bytes, then one 4-byte word of ``D/32`` UE8M0
+    codes per token) in a layout our op reads, copied once per call: ``D = 64`` as the Ascend layout (``D/32`` code
+    bytes per token), ``D = 32`` (one code: a per-token power of two) as DeepGEMM's FP8 layout with FP32 scales."""
+    blocks, block_kv = kv_cache.shape[0], kv_cache.shape[1]
+    flat = kv_cache.as_strided((blocks, block_kv * (d + 4)), (kv_cache.stride(0), 1))
+    data = flat[:, : block_kv * d]
+    codes = flat[:, block_kv * d :].reshape(blocks, block_kv, 4)[..., : d // 32]
+    if d % 64 == 0:
+        pages = torch.cat([data, codes.reshape(blocks, -1)], dim=1)
+        return pages.view(blocks, block_kv, 1, d + d // 32), True
+    scale = torch.where(codes == 255, torch.nan, torch.pow(2.0, codes.float() - 127)).reshape(blocks, block_kv)
+    pages = torch.cat([data, scale.contiguous().view(torch.uint8).reshape(blocks, -1)], dim=1)
+    return pages.view(blocks, block_kv, 1, d + 4), False
 
 
 def fp8_paged_mqa_logits(

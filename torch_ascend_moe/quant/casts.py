@@ -19,7 +19,7 @@ import torch
 
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe.ops.quant import dequantize, quantize_fp4, quantize_fp8
-from torch_ascend_moe.quant.encodings import pack_e2m1, unpack_e2m1, unpack_ue8m0_from_int
+from torch_ascend_moe.quant.encodings import pack_e2m1, pack_ue8m0_to_int, unpack_e2m1, unpack_ue8m0_from_int
 
 
 def _check_2d(api: str, x: torch.Tensor) -> None:
@@ -49,8 +49,8 @@ def per_token_cast_to_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row groups of ``gran_k``: ``x[m, n]`` -> (E4M3 ``[m, n]``, FP32 scales ``[m, ceil(n/gran_k)]``).
 
-    ``use_packed_ue8m0`` returns the scales as int32 ``[m, ceil(n/gran_k)/4]`` (needs ``use_ue8m0`` and, as
-    upstream, a scale count that is a multiple of 4).
+    ``use_packed_ue8m0`` returns the scales as int32 ``[m, ceil(ceil(n/gran_k)/4)]`` (needs ``use_ue8m0``); a count
+    that is not a multiple of 4 is padded with 1.0, as DeepGEMM 2.8 does (2.6.1 asserted).
 
     >>> q, sf = per_token_cast_to_fp8(torch.randn(4, 256), use_ue8m0=True)
     >>> q.dtype, sf.shape
@@ -59,9 +59,10 @@ def per_token_cast_to_fp8(
     api = "per_token_cast_to_fp8"
     _check_2d(api, x)
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
-    if use_packed_ue8m0:
-        count = -(-x.shape[1] // gran_k)
-        ck.check_arg(count % 4 == 0, api, "x", "ceil(n / gran_k)", "a multiple of 4 (use_packed_ue8m0)", count)
+    count = -(-x.shape[1] // gran_k)
+    if use_packed_ue8m0 and count % 4:
+        q, sf = quantize_fp8(x, (1, gran_k), use_ue8m0=True)
+        return q, pack_ue8m0_to_int(torch.nn.functional.pad(sf, (0, 4 - count % 4), value=1.0))
     return quantize_fp8(x, (1, gran_k), use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0)
 
 
