@@ -24,6 +24,7 @@ import dataclasses
 import torch
 
 from torch_ascend_moe import _checks as ck
+from torch_ascend_moe.flash_mla import fused_norm_rope_attn_rope_cast  # noqa: F401  (G3's submodule)
 from torch_ascend_moe.flash_mla.dense import (
     dense_decode,
     flash_attn_varlen_func,
@@ -179,5 +180,6 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_mla_sparse_fwd",
     "flash_mla_with_kvcache",
+    "fused_norm_rope_attn_rope_cast",
     "get_mla_metadata",
 ]
