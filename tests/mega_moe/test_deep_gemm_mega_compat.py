@@ -145,3 +145,45 @@ def test_symm_buffer_call_forms_of_2_6_and_2_8():
     assert new.x.dtype == torch.float8_e4m3fn and new.num_shared_experts == 2
     keyword = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER, num_shared_experts=1)
     assert keyword.num_shared_experts == 1
+
+
+def test_fp8_routed_weights_select_fp8xfp8():
+    """DeepGEMM 2.8: E4M3 routed weights pick the fp8xfp8 MMA. E2M1 weights re-encoded as E4M3 (exactly) with the
+    same scales give the same layer output as the FP4 ones, through the op and through the compat entry."""
+    from tests.mega_moe.specs import fp4_experts
+    from torch_ascend_moe.ops.mega_moe import mega_moe
+    from torch_ascend_moe.quant import decode_e2m1, per_token_cast_to_fp8, unpack_e2m1
+    from torch_ascend_moe.testing import calc_diff
+
+    g = torch.Generator().manual_seed(12)
+    t, h, inter, e, k = 9, 512, 512, 4, 2
+    x, x_sf = per_token_cast_to_fp8(torch.randn(t, h, generator=g), use_ue8m0=True, gran_k=32)
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.rand(t, k, generator=g)
+    (w1, s1), (w2, s2) = (fp4_experts(torch.randn(e, *shape, generator=g)) for shape in ((2 * inter, h), (h, inter)))
+    w1_8, w2_8 = (decode_e2m1(unpack_e2m1(q)).to(torch.float8_e4m3fn) for q in (w1, w2))
+    y4, c4 = mega_moe(x, idx, w, w1, w2, x_sf=x_sf, l1_sf=s1, l2_sf=s2)
+    y8, c8 = mega_moe(x, idx, w, w1_8, w2_8, x_sf=x_sf, l1_sf=s1, l2_sf=s2)
+    assert torch.equal(c4, c8) and calc_diff(y4, y8) < 1e-6, calc_diff(y4, y8)
+
+
+def test_fp8xfp8_compat_call_matches_the_op():
+    """``fp8_fp4_mega_moe`` with E4M3 routed weights (DeepGEMM 2.8's fp8xfp8), transformed as upstream."""
+    x, idx, w, l1, l2 = _inputs()
+    (q1, s1), (q2, s2) = (
+        map(torch.stack, zip(*(per_token_cast_to_fp8(m[e], use_ue8m0=True, gran_k=32) for e in range(E))))
+        for m in (l1, l2)
+    )
+    sf_layout = [
+        deep_gemm.transform_sf_into_required_layout(s, s.shape[1], H if i == 0 else INTER, (1, 32), E)
+        for i, s in enumerate((s1, s2))
+    ]
+    l1_t, l2_t = deep_gemm.transform_weights_for_mega_moe((q1, sf_layout[0]), (q2, sf_layout[1]))
+    buf = deep_gemm.get_symm_buffer_for_mega_moe(None, E, T, K, H, INTER)
+    xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32, use_packed_ue8m0=True)
+    buf.x[:T], buf.x_sf[:T], buf.topk_idx[:T], buf.topk_weights[:T] = xq, xsf, idx, w
+    y = torch.empty(T, H, dtype=torch.bfloat16)
+    deep_gemm.fp8_fp4_mega_moe(y, l1_t, l2_t, buf)
+    xq2, xsf2 = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
+    expected, _ = mega_moe(xq2, idx, w, q1, q2, x_sf=xsf2, l1_sf=s1, l2_sf=s2)
+    assert torch.equal(y.view(torch.int16), expected.view(torch.int16))

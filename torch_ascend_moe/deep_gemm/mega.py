@@ -287,18 +287,21 @@ def fp8_fp4_mega_moe(
     fast_math: bool = True,
 ) -> None:
     """``y [T, H]`` BF16 <- MegaMoE of the buffer's first T tokens; weights from ``transform_weights_for_mega_moe``
-    (FP4 int8 with packed UE8M0 scales); fused shared experts ``(FP8 weights, scales)`` (DeepGEMM-Ascend)."""
+    (FP4 int8, or E4M3 for DeepGEMM 2.8's fp8xfp8, with packed UE8M0 scales); fused shared experts
+    ``(FP8 weights, scales)``."""
     ck.check_arg(tuple(recipe) == (1, 1, 32), "fp8_fp4_mega_moe", "recipe", "value", "(1, 1, 32)", tuple(recipe))
     shared = _shared("fp8_fp4_mega_moe", sym_buffer, shared_l1_weights, shared_l2_weights, fp8=True)
     (w1, s1), (w2, s2) = l1_weights, l2_weights
-    l1 = _untransform_l1(w1).view(torch.uint8)
+    # The weights' dtype picks the MMA (DeepGEMM 2.8): E4M3 -> fp8xfp8, packed FP4 (int8) -> fp8xfp4.
+    l1 = _untransform_l1(w1)
+    l1 = l1 if l1.dtype == torch.float8_e4m3fn else l1.view(torch.uint8)
     l1_sf = scales_to_float(_untransform_sf(s1, interleaved=True).contiguous())
     l2_sf = scales_to_float(_untransform_sf(s2, interleaved=False).contiguous())
     _run(
         y,
         l1,
         l1_sf,
-        w2.view(torch.uint8),
+        w2 if w2.dtype == torch.float8_e4m3fn else w2.view(torch.uint8),
         l2_sf,
         shared,
         sym_buffer,

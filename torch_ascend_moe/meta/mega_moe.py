@@ -108,7 +108,8 @@ def mega_moe_signature(a) -> tuple[int, int]:
     inter = two_i // 2
     if fp8:
         ck.check_arg(inter % GRAN == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 32 with FP8 x", inter)
-    kind = "fp4" if fp8 else "bf16"
+    # FP8 x: FP4 routed weights (fp8xfp4), or E4M3 ones (DeepGEMM 2.8's fp8xfp8, chosen by the weights' dtype).
+    kind = ("fp8" if a.l1_weights.dtype == torch.float8_e4m3fn else "fp4") if fp8 else "bf16"
     _check_weights(op, "l1_weights", a.l1_weights, a.l1_sf, kind, [experts], two_i, h)
     _check_weights(op, "l2_weights", a.l2_weights, a.l2_sf, kind, [experts], h, inter)
     _check_shared(op, fp8, h, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf)

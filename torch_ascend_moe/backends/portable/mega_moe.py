@@ -74,7 +74,7 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
     int32 [E_local])``."""
     fp8 = x.dtype == torch.float8_e4m3fn
     experts = l1.shape[0]
-    if fp8:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
+    if fp8 and l1.dtype != torch.float8_e4m3fn:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
         l1, l2 = l1.view(torch.uint8), l2.view(torch.uint8)
     permuted, row_map, offs = _permute_rows(x, idx, experts)
     n_rows = permuted.shape[0]

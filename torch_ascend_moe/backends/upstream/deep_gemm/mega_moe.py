@@ -95,6 +95,8 @@ def _refusal(args) -> str | None:
     h, inter = args.x.shape[1], args.l1_weights.shape[1] // 2
     if args.shared_l1_weights is not None:
         return "shared experts (DeepGEMM 2.6's Mega MoE fuses none)"
+    if args.l1_weights.dtype == torch.float8_e4m3fn:
+        return "FP8 routed weights (fp8xfp8 is DeepGEMM 2.8's; this backend maps 2.6's fp8xfp4)"
     why = real_refusal(args.x, args.x_sf, args.topk_idx, args.topk_weights, args.l1_weights, args.l2_weights)
     if why:
         return why
@@ -142,8 +144,8 @@ def block_n(lib) -> int:
 
 
 def _ascend_refusal(args) -> str | None:
-    if args.x.dtype != torch.float8_e4m3fn:
-        return "BF16 x (DeepGEMM-Ascend's Mega MoE is FP8 x FP4 only)"
+    if args.x.dtype != torch.float8_e4m3fn or args.l1_weights.dtype == torch.float8_e4m3fn:
+        return "BF16 x or FP8 routed weights (DeepGEMM-Ascend's Mega MoE is FP8 x FP4 only)"
     if args.group_name is None:
         return "no process group (DeepGEMM-Ascend's Mega MoE runs on an HCCL group's symmetric buffer)"
     why = real_refusal(args.x, args.x_sf, args.topk_idx, args.topk_weights, args.l1_weights, args.l2_weights)
