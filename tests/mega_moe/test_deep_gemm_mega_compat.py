@@ -187,3 +187,36 @@ def test_fp8xfp8_compat_call_matches_the_op():
     xq2, xsf2 = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
     expected, _ = mega_moe(xq2, idx, w, q1, q2, x_sf=xsf2, l1_sf=s1, l2_sf=s2)
     assert torch.equal(y.view(torch.int16), expected.view(torch.int16))
+
+
+def test_block_m_for_mega_moe_follows_the_expected_load():
+    # expected tokens per expert = tokens * ranks * topk / experts: (8, 384 experts, top-6) -> tokens / 8
+    picks = [deep_gemm.get_block_m_for_mega_moe(8, 384, 4096, t, 6, "fp8xfp4") for t in (0, 68, 69, 132, 133, 260)]
+    assert picks == [16, 16, 32, 32, 64, 64]
+    picks = [deep_gemm.get_block_m_for_mega_moe(8, 384, 4096, t, 6, "bf16xbf16") for t in (516, 517, 772, 773, 10**6)]
+    assert picks == [96, 128, 128, 192, 192]
+    with pytest.raises(ValueError, match=r"get_block_m_for_mega_moe: argument 'num_tokens' value: expected a non-neg"):
+        deep_gemm.get_block_m_for_mega_moe(8, 384, 4096, -1, 6, "fp8xfp4")
+    with pytest.raises(ValueError, match=r"get_block_m_for_mega_moe: argument 'mma_type' value"):
+        deep_gemm.get_block_m_for_mega_moe(8, 384, 4096, 1, 6, "fp4xfp4")
+
+
+def test_shared_views_take_mega_mhcs_shared_scales():
+    """DeepGEMM 2.8's buffer views for fused shared experts: ``shared_l1_acts`` is ``x``; ``shared_l1_acts_sf`` is
+    M-major with room for any BLOCK_M's layout, so Mega mHC writes the shared scales of this call's BLOCK_M into
+    it and they read back (at ``shared_sf_rows``) as the routed ``x_sf``."""
+    from tests.hc_prenorm.test_deep_gemm_mega_mhc import _call, _inputs
+    from torch_ascend_moe.deep_gemm.mega_mhc import shared_sf_rows
+
+    t, h, inter = 70, 1024, 256
+    buf = deep_gemm.get_symm_buffer_for_mega_moe(None, 8, t, 2, h, inter, 2)
+    rows = buf.num_max_tokens_per_rank // 16 * 128  # the largest layout: BLOCK_M 16
+    assert buf.shared_l1_acts is buf.x and buf.shared_l1_acts_sf.shape == (rows, h // 128)
+    assert buf.shared_l1_acts_sf.stride() == (1, rows) and buf.shared_l2_acts.shape == (buf.x.shape[0], 2 * inter)
+    assert buf.shared_l2_acts_sf.shape == (rows, 2 * inter // 128) and buf.shared_l2_acts_sf.stride() == (1, rows)
+    block = deep_gemm.get_block_m_for_mega_moe(1, 8, buf.num_max_tokens_per_rank, t, 2, "fp8xfp4")
+    _call(_inputs(t, h, 1, False), False, t, h, y_fp8=buf.x[:t], y_routed_sf=buf.x_sf[:t],
+          y_shared_sf=buf.shared_l1_acts_sf[:t], shared_sf_block_m=block)  # fmt: skip
+    assert torch.equal(buf.shared_l1_acts_sf[shared_sf_rows(t, block)], buf.x_sf[:t])
+    plain = deep_gemm.get_symm_buffer_for_mega_moe(None, 8, t, 2, h, inter, mma_type="bf16xbf16")
+    assert plain.shared_l1_acts is plain.x and plain.shared_l1_acts_sf is None and plain.shared_l2_acts.numel() == 0

@@ -173,9 +173,10 @@ def test_permuted_wv_proj_contracts_the_fused_output():
                                       _permuted(q), kv, idx, 0.1, d_v)  # fmt: skip
     wv = torch.randn(groups * out_dim, 8 * d_v, generator=g) / 10
     w, w_sf = per_token_cast_to_fp8(wv, True, 32, True)
-    natural = w.double().view(groups * out_dim, -1, 32) * 2.0 ** (
-        w_sf.contiguous().view(torch.uint8).double().view(groups * out_dim, -1) - 127
-    )[..., None]
+    natural = (
+        w.double().view(groups * out_dim, -1, 32)
+        * 2.0 ** (w_sf.contiguous().view(torch.uint8).double().view(groups * out_dim, -1) - 127)[..., None]
+    )
     w_sf = w_sf.view(groups, out_dim, -1).mT.contiguous().mT
     pw, pw_sf = F.permute_wv_proj((w.view(groups, out_dim, -1), w_sf), 8, d_v)
     assert pw.shape == (groups, out_dim, 8 * d_v) and pw_sf.shape == w_sf.shape and pw_sf.stride(1) == 1

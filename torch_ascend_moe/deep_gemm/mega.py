@@ -1,7 +1,8 @@
 """DeepGEMM's MegaMoE API (specs/deepgemm_api.md §10.2) on the ``mega_moe`` op.
 
 Differences from upstream, on purpose: ``SymmBuffer`` has upstream's attributes (one int8 ``buffer``
-carved into ``x``, ``x_sf``, ``topk_idx``, ``topk_weights``, ``l1_acts(_sf)``, ``l2_acts(_sf)``; ``handle``)
+carved into ``x``, ``x_sf``, ``topk_idx``, ``topk_weights``, 2.8's ``shared_l1_acts`` (= ``x``),
+``shared_l1_acts_sf``, ``shared_l2_acts(_sf)``, ``l1_acts(_sf)``, ``l2_acts(_sf)``; ``handle``)
 but is ordinary memory of this process (no symmetric memory: the op moves tokens with ``ep_dispatch`` /
 ``ep_combine`` over ``torch.distributed``, so ``handle.buffer_ptrs`` names only the local buffer and the
 activation pools are never written); ``fast_math`` is accepted and ignored (the math is exact:
@@ -30,10 +31,37 @@ from torch_ascend_moe.quant import scales_to_float
 
 _TOKEN_ALIGNMENT = 384  # lcm of the kernel's candidate block sizes {8, 16, 32, 64, 96, 128, 192}
 _CHUNK = 8  # transform_weights_for_mega_moe interleaves gate and up rows in chunks of 8
+# DeepGEMM 2.8's BLOCK_M by expected tokens per expert (``heuristics/mega_moe.hpp``): the first bound that holds.
+_BLOCK_M_BY_LOAD = ((8.5, 16), (16.5, 32), (32.5, 64), (64.5, 96), (96.5, 128), (float("inf"), 192))
+_MMA_TYPES = ("fp8xfp4", "fp8xfp8", "bf16xbf16")
 
 
 def get_token_alignment_for_mega_moe() -> int:
     return _TOKEN_ALIGNMENT
+
+
+def get_block_m_for_mega_moe(
+    num_ranks: int, num_experts: int, num_max_tokens_per_rank: int, num_tokens: int, num_topk: int, mma_type: str
+) -> int:
+    """DeepGEMM 2.8's BLOCK_M for a call of ``num_tokens`` tokens per rank: by the expected tokens per expert
+    ``num_tokens · num_ranks · num_topk / num_experts`` (FP32, as upstream), 16 up to 8.5, 32 up to 16.5, 64 up
+    to 32.5, 96 up to 64.5, 128 up to 96.5, else 192. Callers lay out the shared experts' input scales with it
+    (``mega_mhc(shared_sf_block_m=)``, ``SymmBuffer.shared_l1_acts_sf``). Our kernels do not tile by it: the value
+    only has to agree between the writer of those scales and the buffer, which it does."""
+    api = "deep_gemm.get_block_m_for_mega_moe"
+    ck.check_int_arg(api, "num_ranks", num_ranks, 1)
+    ck.check_int_arg(api, "num_experts", num_experts, 1)
+    ck.check_int_arg(api, "num_max_tokens_per_rank", num_max_tokens_per_rank, 0)
+    ck.check_int_arg(api, "num_tokens", num_tokens, 0)
+    ck.check_int_arg(api, "num_topk", num_topk, 1)
+    ck.check_arg(mma_type in _MMA_TYPES, api, "mma_type", "value", " or ".join(map(repr, _MMA_TYPES)), repr(mma_type))
+    load = float(torch.tensor(num_tokens * num_ranks * num_topk, dtype=torch.float32) / num_experts)
+    return next(block_m for bound, block_m in _BLOCK_M_BY_LOAD if load <= bound)
+
+
+def _shared_sf_rows(tokens: int) -> int:
+    """Rows of the shared experts' scale layout for any BLOCK_M: ``ceil(T/B)·align(B, 128)``, largest at B = 16."""
+    return max(-(-tokens // b) * -(-b // 128) * 128 for _, b in _BLOCK_M_BY_LOAD)
 
 
 class SymmBuffer:
@@ -95,11 +123,18 @@ class SymmBuffer:
         act = torch.float8_e4m3fn if fp8 else torch.bfloat16
         sf_rows = -(-ring_tokens // 4) * 4
         hidden, inter = self.hidden, self.intermediate_hidden
+        shared_inter = self.num_shared_experts * inter
+        shared_rows = _shared_sf_rows(tokens) if self.num_shared_experts else 0
         views = [
             ("x", act, (tokens, hidden)),
             ("x_sf", torch.int32, (tokens, hidden // 128) if fp8 else None),
             ("topk_idx", torch.int64, (tokens, self.num_topk)),
             ("topk_weights", torch.float32, (tokens, self.num_topk)),
+            # DeepGEMM 2.8's fused shared experts: their L1 input is ``x`` itself; the scales M-major in
+            # ``get_block_m_for_mega_moe``'s block layout (see ``mega_mhc.shared_sf_rows``).
+            ("shared_l1_acts_sf", torch.int32, (hidden // 128, shared_rows) if fp8 else None),
+            ("shared_l2_acts", act, (tokens if shared_inter else 0, shared_inter)),
+            ("shared_l2_acts_sf", torch.int32, (shared_inter // 128, shared_rows) if fp8 else None),
             ("l1_acts", act, (ring_tokens, hidden)),
             ("l1_acts_sf", torch.int32, (hidden // 128, sf_rows) if fp8 else None),
             ("l2_acts", act, (ring_tokens, inter)),
@@ -119,12 +154,15 @@ class SymmBuffer:
             setattr(self, name, view)
         if fp8:  # M-major: [sf_rows, K/128] with strides (1, sf_rows)
             self.l1_acts_sf, self.l2_acts_sf = self.l1_acts_sf.T, self.l2_acts_sf.T
+            self.shared_l1_acts_sf, self.shared_l2_acts_sf = self.shared_l1_acts_sf.T, self.shared_l2_acts_sf.T
+        self.shared_l1_acts = self.x
         self.topk_idx.fill_(-1)
 
     def destroy(self) -> None:
         """Release the memory (upstream drops ``handle``, ``buffer``, ``group`` and the input views)."""
         self.handle = self.buffer = self.group = None
         self.x = self.x_sf = self.topk_idx = self.topk_weights = None
+        self.shared_l1_acts = self.shared_l1_acts_sf = self.shared_l2_acts = self.shared_l2_acts_sf = None
         self.l1_acts = self.l1_acts_sf = self.l2_acts = self.l2_acts_sf = None
 
 

@@ -1,5 +1,5 @@
-"""FlashMLA's ``fused_norm_rope_attn_rope_cast`` (the G3 release's DeepSeek V4/V4.1 attention block; specs/flashmla_api.md
-§7, specs/upstream_2609.md §7.2), over our ``sparse_mla_prefill`` / ``sparse_mla_decode`` ops:
+"""FlashMLA's ``fused_norm_rope_attn_rope_cast`` (the G3 release's DeepSeek V4/V4.1 attention block;
+specs/flashmla_api.md §7, specs/upstream_2609.md §7.2), over our ``sparse_mla_prefill`` / ``sparse_mla_decode`` ops:
 
 0. ``q`` arrives in the **permuted** layout that ``permute_q_b_proj``'s weight produces: within a token the
    ``h_q · d_qk`` values are 16-value chunks of the heads interleaved, natural (head ``h``, dim ``d``) at flat
@@ -206,7 +206,9 @@ def _check_weight(api: str, w: torch.Tensor, sf: torch.Tensor, rank: int, layout
     ck.check_rank(api, "scale_factors", sf, rank, layout + " (packed UE8M0)")
     ck.check_arg(w.dtype == torch.float8_e4m3fn, api, "weight", "dtype", torch.float8_e4m3fn, w.dtype)
     ck.check_arg(sf.dtype == torch.int32, api, "scale_factors", "dtype", torch.int32, sf.dtype)
-    ck.check_arg(sf.device == w.device, api, "scale_factors", "device", lambda: f"{w.device} (same as 'weight')", sf.device)
+    ck.check_arg(
+        sf.device == w.device, api, "scale_factors", "device", lambda: f"{w.device} (same as 'weight')", sf.device
+    )
 
 
 def _mn_major(sf: torch.Tensor) -> torch.Tensor:
@@ -270,7 +272,9 @@ def permute_wv_proj(weight_and_sf: tuple[torch.Tensor, torch.Tensor], wv_group_s
 
     def moved(x: torch.Tensor, per: int) -> torch.Tensor:
         # columns [h, c, e] -> [c, h, e] with e the ``per`` values of one 32-column chunk
-        return x.reshape(groups, out_dim, wv_group_size, d_o // O_CHUNK, per).transpose(2, 3).reshape(w.shape[:2] + (-1,))
+        return (
+            x.reshape(groups, out_dim, wv_group_size, d_o // O_CHUNK, per).transpose(2, 3).reshape(w.shape[:2] + (-1,))
+        )
 
     codes = sf.contiguous().view(torch.uint8)  # four UE8M0 codes per int32, the first chunk's lowest
     return moved(w, O_CHUNK).contiguous(), _mn_major(moved(codes, 1).contiguous().view(torch.int32))
