@@ -458,6 +458,113 @@ def check_dead_peer_error_says_so(rank: int, world_size: int) -> None:
     os._exit(0)
 
 
+def fused_a2a_autograd(fused_dispatch, fused_combine, rank: int, world_size: int, async_finish: bool) -> None:
+    """Megatron-LM's DeepEP path (``megatron/core/transformer/moe/fused_a2a.py``: ``fused_dispatch`` /
+    ``fused_combine``, autograd Functions whose backward is DeepEP's combine / cached dispatch) through a stand-in
+    expert ``y = recv_x * 2^rank`` and a loss on the received probabilities, checked against the closed forms:
+    ``combined[t] = x[t] * m[t]`` and ``d loss / d x[t] = g[t] * m[t]`` with ``m[t] = Σ 2^r`` over the ranks that own
+    one of ``t``'s experts, ``d loss / d probs[t, k] = r + 0.5`` for the owner ``r`` of expert ``idx[t, k]`` (0 for
+    ``-1``). Called with Megatron's own file by ``tools/megatron_fused_a2a_check.py`` and with our transcription of
+    its calls by ``check_megatron_fused_a2a_calls``."""
+    experts, t, k = 8, 24, 3
+    per_rank = experts // world_size
+    x, idx, w = _routing(rank, t, k, experts, seed=41)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    g = torch.Generator().manual_seed(97 + rank)
+    gy = torch.randn(t, x.shape[1], generator=g)
+    group = dist.group.WORLD
+    recv_x, recv_idx, recv_w, tokens_per_expert, handle = fused_dispatch(
+        x, idx, w, experts, group, async_finish=async_finish
+    )
+    assert int(tokens_per_expert.sum()) == int((recv_idx >= 0).sum()) and len(tokens_per_expert) == per_rank
+    combined, _ = fused_combine(recv_x * 2.0**rank, group, handle, async_finish=async_finish)
+    loss = (combined.float() * gy).sum() + (recv_w * (recv_idx >= 0) * (rank + 0.5)).sum()
+    loss.backward()
+    owner = torch.where(idx >= 0, idx // per_rank, -1)
+    m = torch.stack([sum(2.0**r * (owner[i] == r).any() for r in range(world_size)) for i in range(t)])
+    torch.testing.assert_close(combined.float(), (x.detach().float() * m[:, None]).bfloat16().float())
+    torch.testing.assert_close(x.grad.float(), (gy.bfloat16().float() * m[:, None]).bfloat16().float())
+    torch.testing.assert_close(w.grad, torch.where(owner >= 0, owner + 0.5, 0.0))
+
+
+def check_megatron_fused_a2a_calls(rank: int, world_size: int) -> None:
+    """Megatron-LM's ``fused_a2a.py`` calls, transcribed (its buffer sizing from the dispatch/combine configs'
+    hints, ``get_dispatch_layout`` -> ``dispatch`` with ``EventOverlap(EventHandle())`` as the previous event,
+    ``current_stream_wait``, combine with ``topk_weights`` in the dispatch's backward, the cached dispatch in the
+    combine's backward), synchronous and ``async_finish``."""
+    from torch_ascend_moe.deep_ep import Buffer
+    from torch_ascend_moe.deep_ep.utils import EventHandle, EventOverlap
+
+    def buffer_for(group, hidden_bytes):
+        nvl = rdma = 0
+        for config in (Buffer.get_dispatch_config(group.size()), Buffer.get_combine_config(group.size())):
+            nvl = max(config.get_nvl_buffer_size_hint(hidden_bytes, group.size()), nvl)
+            rdma = max(config.get_rdma_buffer_size_hint(hidden_bytes, group.size()), rdma)
+        return Buffer(group, nvl, rdma)
+
+    def event(async_finish):
+        return EventOverlap(EventHandle()) if async_finish else None
+
+    class Dispatch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, idx, probs, experts, group, async_finish):
+            buffer = buffer_for(group, x.size(1) * max(x.element_size(), 2))
+            per_rank, per_rdma, per_expert, in_rank, ev = buffer.get_dispatch_layout(
+                idx, experts, previous_event=event(async_finish), async_finish=async_finish
+            )
+            recv_x, recv_idx, recv_probs, counts, handle, after = buffer.dispatch(
+                x, topk_idx=idx, topk_weights=probs, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, previous_event=ev,
+                async_finish=async_finish,
+            )  # fmt: skip
+            if async_finish:
+                after.current_stream_wait()
+            ctx.buffer, ctx.handle, ctx.async_finish = buffer, handle, async_finish
+            return recv_x, recv_idx, recv_probs, torch.tensor(counts), handle
+
+        @staticmethod
+        def backward(ctx, grad_x, _idx, grad_probs, _counts, _handle):
+            grad, grad_probs, after = ctx.buffer.combine(
+                grad_x.contiguous(), ctx.handle, topk_weights=grad_probs.float(),
+                previous_event=event(ctx.async_finish), async_finish=ctx.async_finish,
+            )  # fmt: skip
+            if ctx.async_finish:
+                after.current_stream_wait()
+            return grad, None, grad_probs, None, None, None
+
+    class Combine(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group, handle, async_finish):
+            buffer = buffer_for(group, x.size(1) * max(x.element_size(), 2))
+            combined, _, after = buffer.combine(
+                x, handle=handle, previous_event=event(async_finish), async_finish=async_finish
+            )
+            if async_finish:
+                after.current_stream_wait()
+            ctx.buffer, ctx.handle, ctx.async_finish = buffer, handle, async_finish
+            return combined, None
+
+        @staticmethod
+        def backward(ctx, grad, _none):
+            grad_x, *_, after = ctx.buffer.dispatch(
+                grad.contiguous(), handle=ctx.handle, previous_event=event(ctx.async_finish),
+                async_finish=ctx.async_finish,
+            )  # fmt: skip
+            if ctx.async_finish:
+                after.current_stream_wait()
+            return grad_x, None, None, None
+
+    def dispatch(x, idx, probs, experts, group, async_finish=False):
+        return Dispatch.apply(x.contiguous(), idx, probs, experts, group, async_finish)
+
+    def combine(x, group, handle, async_finish=False):
+        return Combine.apply(x, group, handle, async_finish)
+
+    for async_finish in (False, True):
+        fused_a2a_autograd(dispatch, combine, rank, world_size, async_finish)
+
+
 CHECKS = {name[len("check_") :]: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 
