@@ -9,14 +9,15 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from tests.mega_moe.specs import fp4_experts
+from tests.mega_moe.specs import block_experts, fp4_experts
+from torch_ascend_moe.ops.quant import quantize_fp8
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 from torch_ascend_moe.testing import calc_diff
 
 
 def ep_worker(rank: int, world_size: int, store_path: str) -> None:
-    """Spawned by tests/mega_moe: expert-parallel mega_moe (BF16 and FP8 x FP4) against one process holding every
-    expert: forward, recv counts, gradients (BF16)."""
+    """Spawned by tests/mega_moe: expert-parallel mega_moe (BF16, FP8 x FP4, SM90's block-scaled FP8) against one
+    process holding every expert: forward, recv counts, gradients (BF16)."""
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120)
@@ -84,6 +85,19 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
                 (ep[0].float() * c).sum().backward()
                 assert calc_diff(xe.grad, xg.grad) < 1e-4, "EP input gradient differs"
                 assert calc_diff(se.grad, sg.grad) < 1e-4, "EP shared-expert gradient differs"
+        # SM90's block-scaled FP8 mode: x per 1x128 (FP32 scales travel with the rows), 128x128-block weights.
+        hb, ib = 256, 128
+        g = torch.Generator().manual_seed(1)
+        (b1, c1), (b2, c2) = (
+            block_experts(torch.randn(e, *shape, generator=g) / 16) for shape in ((2 * ib, hb), (hb, ib))
+        )
+        xb, xbsf = quantize_fp8(torch.randn(t, hb, generator=torch.Generator().manual_seed(20 + rank)), (1, 128))
+        full = mega_moe(xb, idx, w, b1, b2, x_sf=xbsf, l1_sf=c1, l2_sf=c2, activation_clamp=2.0)
+        ep = mega_moe(
+            xb, idx, w, b1[mine], b2[mine], x_sf=xbsf, l1_sf=c1[mine], l2_sf=c2[mine], activation_clamp=2.0,
+            group=dist.group.WORLD,
+        )  # fmt: skip
+        assert calc_diff(ep[0], full[0]) < 1e-7, f"EP forward differs (block-scaled): {calc_diff(ep[0], full[0])}"
     except BaseException:
         traceback.print_exc()
         os._exit(1)

@@ -4,8 +4,9 @@ pipeline of our separate ops that tests/mega_moe compares the op with bitwise.
 
 The reference follows the op's definition step by step in FP64 with its rounding points (BF16 after L1, after
 the activation in BF16 mode, after L2 and after the combine; FP8 mode: per-32 UE8M0 requantization of the
-activation), dequantizing FP8 / FP4 operands exactly; it differs from the kernel only by FP32-vs-FP64
-accumulation inside the GEMMs.
+activation; SM90's block-scaled mode: L1 unrounded, per-64 FP32 requantization, written from
+specs/upstream_2609.md §5.2), dequantizing FP8 / FP4 operands exactly; it differs from the kernel only by
+FP32-vs-FP64 accumulation inside the GEMMs.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe.backends.portable import mega_moe as portable
+from torch_ascend_moe.ops.quant import quantize_fp8
 from torch_ascend_moe.quant import cast_back_from_fp4, per_token_cast_to_fp4, per_token_cast_to_fp8
 from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
-# (T, H, I, E, K, clamp, fp8, I_s: the fused shared experts' intermediate size, 0 = none)
+# (T, H, I, E, K, clamp, mode, I_s: the fused shared experts' intermediate size, 0 = none); mode "bf16", "fp4"
+# (FP8 x FP4, 1x32) or "block" (SM90's FP8 x FP8: 1x128 x, 128x128-block weights)
 _CASES = [
-    (9, 64, 32, 4, 2, None, False, 0),
-    (7, 64, 64, 3, 3, 0.5, False, 32),
-    (8, 64, 32, 4, 2, 1.0, True, 64),
-    (0, 64, 32, 2, 2, None, False, 32),
+    (9, 64, 32, 4, 2, None, "bf16", 0),
+    (7, 64, 64, 3, 3, 0.5, "bf16", 32),
+    (8, 64, 32, 4, 2, 1.0, "fp4", 64),
+    (0, 64, 32, 2, 2, None, "bf16", 32),
+    (6, 256, 128, 3, 2, 2.0, "block", 0),
 ]
 GRAD_POSITIONS = (0, 3, 4, 6, 8, 10)  # x, topk_weights, l1, l2, shared l1, shared l2
 
@@ -36,7 +40,8 @@ def fp4_experts(w: torch.Tensor):
 def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput]:
     g = torch.Generator().manual_seed(60)
     out = []
-    for t, h, inter, e, k, clamp, fp8, shared in _CASES:
+    for t, h, inter, e, k, clamp, mode, shared in _CASES:
+        fp8 = mode != "bf16"
         x = torch.randn(t, h, generator=g)
         idx = (
             torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
@@ -57,7 +62,11 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
                 shared_args = (q1, f1, q2, f2)
             else:
                 shared_args = (sl1.bfloat16(), None, sl2.bfloat16(), None)
-        if fp8:
+        if mode == "block":
+            xq, xsf = quantize_fp8(x, (1, 128), use_ue8m0=False)
+            (w1, s1), (w2, s2) = block_experts(l1), block_experts(l2)
+            args = (xq, xsf, idx, w, w1, s1, w2, s2, *shared_args)
+        elif fp8:
             xq, xsf = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
             (w1, s1), (w2, s2) = fp4_experts(l1), fp4_experts(l2)
             args = (xq, xsf, idx, w, w1, s1, w2, s2, *shared_args)
@@ -68,15 +77,23 @@ def samples(device, dtype, requires_grad=False, small=False) -> list[SampleInput
             for i in GRAD_POSITIONS:
                 if args[i] is not None:
                     args[i].requires_grad_()
-        mode = "FP8xFP4" if fp8 else "BF16"
-        name = f"T{t} H{h} I{inter} E{e} top-{k} {mode} clamp={clamp} shared I_s={shared}"
+        label = {"bf16": "BF16", "fp4": "FP8xFP4", "block": "FP8xFP8 128-blocks"}[mode]
+        name = f"T{t} H{h} I{inter} E{e} top-{k} {label} clamp={clamp} shared I_s={shared}"
         out.append(SampleInput((*args, None, clamp), name))
     return out
+
+
+def block_experts(w: torch.Tensor):
+    """Per-expert FP8 of ``w [E, N, K]`` with an FP32 scale per 128x128 block: (E4M3, FP32 [E, N/128, K/128])."""
+    q, sf = zip(*(quantize_fp8(w[e].float(), (128, 128), use_ue8m0=False) for e in range(w.shape[0])))
+    return torch.stack(q), torch.stack(sf)
 
 
 def _dequant(w, sf):
     if sf is None:
         return w.detach().double()
+    if w.dtype == torch.float8_e4m3fn:  # 128x128 blocks
+        return w.double() * sf.double().repeat_interleave(128, dim=1).repeat_interleave(128, dim=2)
     return torch.stack(
         [cast_back_from_fp4(w[e].view(torch.int8), sf[e], gran_k=32) for e in range(w.shape[0])]
     ).double()
@@ -87,20 +104,24 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def _deq_rows(w, sf):
-    """FP8 ``[N, K]`` with 1x32 scales, or BF16, in FP64."""
+    """FP8 ``[N, K]`` with 1x32 (or 1x128) scales, or BF16, in FP64."""
     w = w.detach().double()
-    return w if sf is None else w * sf.double().repeat_interleave(32, dim=1)
+    return w if sf is None else w * sf.double().repeat_interleave(w.shape[1] // sf.shape[1], dim=1)
 
 
-def _expert(xd, w1, w2, weight, activation_clamp, fp8):
+def _expert(xd, w1, w2, weight, activation_clamp, fp8, block=False):
     """One token through one expert in FP64 with the op's rounding points: ``bf16(L2(q(act)))``."""
     inter = w1.shape[0] // 2
-    hidden = _bf16(xd @ w1.T)
+    hidden = xd @ w1.T if block else _bf16(xd @ w1.T)
     gate, up = hidden[:inter], hidden[inter:]
     if activation_clamp is not None:
         gate, up = gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
     act = F.silu(gate) * up * weight
-    if fp8:
+    if block:  # per 64: FP32 scale max(amax, 1e-4) / 448, not a power of two
+        groups = act.float().view(-1, 64)
+        sf = groups.abs().amax(dim=1, keepdim=True).clamp(min=1e-4) / 448
+        act = ((groups / sf).to(torch.float8_e4m3fn).double() * sf.double()).view(-1)
+    elif fp8:
         q, sf = per_token_cast_to_fp8(act.float().view(1, -1), use_ue8m0=True, gran_k=32)
         act = q.double() * sf.double().repeat_interleave(32, dim=1)
     else:
@@ -116,6 +137,7 @@ def reference(args):
     shared_l2, shared_l2_sf = args.shared_l2_weights, args.shared_l2_sf
     activation_clamp = args.activation_clamp
     fp8 = x.dtype == torch.float8_e4m3fn
+    block = fp8 and l1.dtype == torch.float8_e4m3fn and x_sf.shape[1] * 128 == x.shape[1]
     xd = _deq_rows(x, x_sf)
     w1, w2 = _dequant(l1, l1_sf), _dequant(l2, l2_sf)
     t, h = x.shape
@@ -130,7 +152,7 @@ def reference(args):
             if e < 0:
                 continue
             counts[e] += 1
-            y[i] += _expert(xd[i], w1[e], w2[e], float(topk_weights[i, j]), activation_clamp, fp8)
+            y[i] += _expert(xd[i], w1[e], w2[e], float(topk_weights[i, j]), activation_clamp, fp8, block)
     return _bf16(y), counts
 
 
@@ -165,7 +187,32 @@ def bad_inputs(device) -> list[BadInput]:
     xq, xsf = per_token_cast_to_fp8(x.float(), use_ue8m0=True, gran_k=32)
     (w1, f1), (w2, f2) = fp4_experts(l1.float()), fp4_experts(l2.float())
     fp8 = dict(x=xq, x_sf=xsf, l1_weights=w1, l1_sf=f1, l2_weights=w2, l2_sf=f2)
+    xb, xbsf = quantize_fp8(torch.randn(4, 128), (1, 128), use_ue8m0=False)
+    (b1, g1), (b2, g2) = block_experts(torch.randn(2, 256, 128)), block_experts(torch.randn(2, 128, 128))
+    block = dict(x=xb, x_sf=xbsf, l1_weights=b1, l1_sf=g1, l2_weights=b2, l2_sf=g2)
     return [
+        bad(
+            r"argument 'l2_sf' shape: expected \[2, 1, 1\], got \[2, 128, 4\]",
+            "1x32 L2 scales with 128x128-block L1 scales",
+            **{**block, "l2_sf": torch.ones(2, 128, 4)},
+        ),
+        bad(
+            r"argument 'shared_l1_weights' value: expected None with 128x128-block FP8 weights",
+            "shared experts in the block-scaled mode",
+            shared_l1_weights=torch.zeros(256, 128, dtype=torch.float8_e4m3fn),
+            shared_l2_weights=torch.zeros(128, 128, dtype=torch.float8_e4m3fn),
+            **block,
+        ),
+        bad(
+            r"argument 'x_sf' shape: expected \[4, 4\] \(or \[4, 1\] with 128x128-block FP8 weights\), got \[4, 2\]",
+            "x_sf of neither width",
+            **{**block, "x_sf": torch.ones(4, 2)},
+        ),
+        bad(
+            r"argument 'l1_weights' size\(1\) / 2 \(I\): expected a multiple of 128 with 128x128 blocks, got 64",
+            "I not a multiple of 128",
+            **{**block, "l1_weights": b1[:, :128], "l2_weights": b2[:, :, :64]},
+        ),
         bad(r"argument 'x' dtype: expected torch.bfloat16 or", "x dtype", x=x.float()),
         bad(r"argument 'l1_weights' size\(1\) \(2I\)", "odd 2I", l1_weights=l1[:, :63]),
         bad(r"argument 'l2_weights' shape: expected \[2, 64, 32\]", "l2", l2_weights=l2[:, :, :16]),

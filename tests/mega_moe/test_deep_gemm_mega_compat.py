@@ -220,3 +220,64 @@ def test_shared_views_take_mega_mhcs_shared_scales():
     assert torch.equal(buf.shared_l1_acts_sf[shared_sf_rows(t, block)], buf.x_sf[:t])
     plain = deep_gemm.get_symm_buffer_for_mega_moe(None, 8, t, 2, h, inter, mma_type="bf16xbf16")
     assert plain.shared_l1_acts is plain.x and plain.shared_l1_acts_sf is None and plain.shared_l2_acts.numel() == 0
+
+
+def _sm90_reference(x, x_sf, idx, w, w1, s1, w2, s2, clamp):
+    """DeepGEMM nv_dev's ``_reference_fused`` as specs/upstream_2609.md §5.2 gives it, in FP64: x per 128 and the
+    weights per 128x128 block dequantized; ``h = x̂ Ŵ1ᵀ``; ``a = silu(min(gate, c)) · clamp(up, ±c) · w``; ``a``
+    quantized per 64 with ``sf = max(amax, 1e-4) / 448``; ``y_k = bf16(â Ŵ2ᵀ)``; ``y = bf16(Σ_k y_k)``."""
+
+    def blocks(q, sf):
+        return q.double() * sf.double().repeat_interleave(128, 1).repeat_interleave(128, 2)
+
+    xd = x.double() * x_sf.double().repeat_interleave(128, 1)
+    w1d, w2d = blocks(w1, s1), blocks(w2, s2)
+    inter = w1.shape[1] // 2
+    y = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if e < 0:
+                continue
+            h = w1d[e] @ xd[t]
+            a = torch.nn.functional.silu(h[:inter].clamp(max=clamp)) * h[inter:].clamp(-clamp, clamp) * float(w[t, k])
+            groups = a.float().view(-1, 64)
+            sf = groups.abs().amax(1, keepdim=True).clamp(min=1e-4) / 448
+            a_hat = ((groups / sf).to(torch.float8_e4m3fn).double() * sf.double()).view(-1)
+            y[t] += (w2d[e] @ a_hat).bfloat16().double()
+    return y.bfloat16()
+
+
+def test_sm90_fp8_mega_moe_matches_upstreams_reference():
+    """nv_dev's SM90 FP8 Mega MoE (spec §5.2) through the compat entry points: the buffer's views, the weight
+    transform (W1 gate/up interleave, scales untouched), recv stats, and upstream's pass rule ``calc_diff < 0.01``
+    against its reference (ours lands far below it)."""
+    from tests.mega_moe.specs import block_experts
+    from torch_ascend_moe.ops.quant import quantize_fp8
+    from torch_ascend_moe.testing import calc_diff
+
+    t, h, inter, e, k = 12, 512, 256, 4, 2
+    g = torch.Generator().manual_seed(3)
+    (w1, s1), (w2, s2) = (
+        block_experts(torch.randn(e, 2 * inter, h, generator=g) / 20),
+        block_experts(torch.randn(e, h, inter, generator=g) / 20),
+    )
+    buf = deep_gemm.get_symm_buffer_for_sm90_mega_moe(None, e, t, k, h, inter)
+    assert buf.num_max_tokens_per_rank == 128 and buf.x_sf.dtype == torch.float32 and buf.x_sf.shape == (128, 4)
+    assert buf.l2_acts_sf.shape[1] == inter // 64
+    x, x_sf = quantize_fp8(torch.randn(t, h, generator=g), (1, 128), use_ue8m0=False)
+    idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    idx[3, 0] = -1
+    w = torch.rand(t, k, generator=g)
+    buf.x[:t], buf.x_sf[:t], buf.topk_idx[:t], buf.topk_weights[:t] = x, x_sf, idx, w
+    l1, l2 = deep_gemm.transform_weights_for_mega_moe_sm90((w1, s1), (w2, s2))
+    assert torch.equal(l1[0][:, 8:16].view(torch.uint8), w1[:, inter : inter + 8].view(torch.uint8)) and l1[1] is s1
+    y = torch.empty(t, h, dtype=torch.bfloat16)
+    stats = torch.zeros(e, dtype=torch.int32)
+    deep_gemm.fp8_mega_moe(y, l1, l2, buf, cumulative_local_expert_recv_stats=stats, activation_clamp=4.0)
+    assert calc_diff(y, _sm90_reference(x, x_sf, idx, w, w1, s1, w2, s2, 4.0)) < 1e-5
+    assert stats.tolist() == [int((idx == i).sum()) for i in range(e)]
+    with pytest.raises(ValueError, match=r"fp8_mega_moe: argument 'recipe' value: expected \(128, 128, 128\)"):
+        deep_gemm.fp8_mega_moe(y, l1, l2, buf, recipe=(1, 1, 32))
+    with pytest.raises(ValueError, match=r"SM90SymmBuffer: argument 'use_fp8_dispatch' value: expected True"):
+        deep_gemm.get_symm_buffer_for_sm90_mega_moe(None, e, t, k, h, inter, use_fp8_dispatch=False)

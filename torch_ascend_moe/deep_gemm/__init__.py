@@ -68,6 +68,12 @@ from torch_ascend_moe.deep_gemm.mega import (
 )
 from torch_ascend_moe.deep_gemm.mega_gate import bf16_mega_gate, get_bf16_mega_gate_config
 from torch_ascend_moe.deep_gemm.mega_mhc import mega_mhc
+from torch_ascend_moe.deep_gemm.mega_sm90 import (
+    SM90SymmBuffer,
+    fp8_mega_moe,
+    get_symm_buffer_for_sm90_mega_moe,
+    transform_weights_for_mega_moe_sm90,
+)
 from torch_ascend_moe.deep_gemm.mqa import (
     fp8_fp4_mqa_logits,
     fp8_fp4_paged_mqa_logits,
@@ -183,6 +189,10 @@ __all__ = utils.__all__ + [
     "bf16_mega_moe",
     "fp8_fp4_mega_moe",
     "get_symm_buffer_for_mega_moe",
+    "SM90SymmBuffer",
+    "fp8_mega_moe",
+    "get_symm_buffer_for_sm90_mega_moe",
+    "transform_weights_for_mega_moe_sm90",
     "get_block_m_for_mega_moe",
     "get_token_alignment_for_mega_moe",
     "transform_weights_for_mega_moe",

@@ -10,6 +10,8 @@ from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::mega_moe"
 GRAN = 32
+BLOCK = 128  # DeepGEMM's SM90 FP8 Mega MoE: x per 1x128, weights per 128x128 block, FP32 scales
+BLOCK_ACT_GRAN = 64  # ... and its L2 input requantized per 1x64 (FP32 scales, not powers of two)
 
 
 _FORMATS = {
@@ -17,7 +19,21 @@ _FORMATS = {
     "bf16": ((torch.bfloat16,), "torch.bfloat16 with a BF16 x", 1),
     "fp4": ((torch.uint8, torch.int8), "torch.uint8 or torch.int8 (packed FP4) with an FP8 x", 2),
     "fp8": ((torch.float8_e4m3fn,), "torch.float8_e4m3fn with an FP8 x", 1),
+    "fp8_block": ((torch.float8_e4m3fn,), "torch.float8_e4m3fn with a 1x128-scaled FP8 x", 1),
 }
+
+
+def kind_of(x, x_sf, l1_weights) -> str:
+    """The op's mode: ``bf16``; ``fp4`` (FP8 x FP4, 1x32); ``fp8`` (FP8 x FP8, 1x32: DeepGEMM 2.8's fp8xfp8);
+    ``fp8_block`` (FP8 x FP8 with a 1x128-scaled x, ``x_sf [T, H/128]``, and 128x128-block weight scales: the SM90
+    FP8 Mega MoE of DeepGEMM's nv_dev branch). Read from the dtypes and ``x_sf``'s width."""
+    if x.dtype != torch.float8_e4m3fn:
+        return "bf16"
+    if l1_weights.dtype != torch.float8_e4m3fn:
+        return "fp4"
+    h = x.shape[-1]
+    block = x_sf is not None and x_sf.dim() == 2 and h % BLOCK == 0 and h > 0 and x_sf.shape[1] * BLOCK == h
+    return "fp8_block" if block else "fp8"
 
 
 def _check_weights(op, name, w, sf, kind, lead, rows, cols):
@@ -32,10 +48,21 @@ def _check_weights(op, name, w, sf, kind, lead, rows, cols):
     if kind == "bf16":
         ck.check_arg(sf is None, op, sf_name, "value", "None with BF16 weights", "a tensor")
         return
-    ck.check_arg(sf is not None, op, sf_name, "value", "FP32 1x32 scales with FP8 / FP4 weights", None)
-    expected_sf = [*lead, rows, cols // GRAN]
+    if kind == "fp8_block":
+        ck.check_arg(sf is not None, op, sf_name, "value", "FP32 128x128-block scales with a 1x128-scaled x", None)
+        expected_sf = [*lead, rows // BLOCK, cols // BLOCK]
+    else:
+        ck.check_arg(sf is not None, op, sf_name, "value", "FP32 1x32 scales with FP8 / FP4 weights", None)
+        expected_sf = [*lead, rows, cols // GRAN]
     ck.check_arg(list(sf.shape) == expected_sf, op, sf_name, "shape", expected_sf, list(sf.shape))
     ck.check_arg(sf.dtype == torch.float32, op, sf_name, "dtype", "torch.float32", sf.dtype)
+
+
+def _x_sf_shapes(t, h, fp8_weights: bool) -> str:
+    """The accepted ``x_sf`` shapes, as text (sizes as eager prints them: this runs only on the failure path)."""
+    t, h = int(t), int(h)
+    block = f" (or {[t, h // BLOCK]} with 128x128-block FP8 weights)" if fp8_weights and h % BLOCK == 0 else ""
+    return f"{[t, h // GRAN]}{block}"
 
 
 def _check_shared(op, fp8, hidden, l1, l1_sf, l2, l2_sf):
@@ -74,10 +101,18 @@ def mega_moe_signature(a) -> tuple[int, int]:
         fp8 or a.x.dtype == torch.bfloat16, op, "x", "dtype", "torch.bfloat16 or torch.float8_e4m3fn", a.x.dtype
     )
     t, h = a.x.shape
+    kind = kind_of(a.x, a.x_sf, a.l1_weights)
     if fp8:
         ck.check_arg(h % GRAN == 0, op, "x", "size(1) (H)", "a multiple of 32 with FP8 x", h)
         ck.check_arg(a.x_sf is not None, op, "x_sf", "value", "FP32 [T, H/32] scales with an FP8 x", None)
-        ck.check_arg(list(a.x_sf.shape) == [t, h // GRAN], op, "x_sf", "shape", [t, h // GRAN], list(a.x_sf.shape))
+        ck.check_arg(
+            kind == "fp8_block" or list(a.x_sf.shape) == [t, h // GRAN],
+            op,
+            "x_sf",
+            "shape",
+            lambda: _x_sf_shapes(t, h, a.l1_weights.dtype == torch.float8_e4m3fn),
+            lambda: list(a.x_sf.shape),
+        )
         ck.check_arg(a.x_sf.dtype == torch.float32, op, "x_sf", "dtype", "torch.float32", a.x_sf.dtype)
     else:
         ck.check_arg(a.x_sf is None, op, "x_sf", "value", "None with a BF16 x", "a tensor")
@@ -108,8 +143,20 @@ def mega_moe_signature(a) -> tuple[int, int]:
     inter = two_i // 2
     if fp8:
         ck.check_arg(inter % GRAN == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 32 with FP8 x", inter)
-    # FP8 x: FP4 routed weights (fp8xfp4), or E4M3 ones (DeepGEMM 2.8's fp8xfp8, chosen by the weights' dtype).
-    kind = ("fp8" if a.l1_weights.dtype == torch.float8_e4m3fn else "fp4") if fp8 else "bf16"
+    if kind == "fp8_block":
+        ck.check_arg(
+            inter % BLOCK == 0, op, "l1_weights", "size(1) / 2 (I)", "a multiple of 128 with 128x128 blocks", inter
+        )
+        ck.check_arg(
+            a.shared_l1_weights is None,
+            op,
+            "shared_l1_weights",
+            "value",
+            "None with 128x128-block FP8 weights (the SM90 Mega MoE fuses no shared experts)",
+            "a tensor",
+        )
+    # FP8 x: FP4 routed weights (fp8xfp4), or E4M3 ones (DeepGEMM 2.8's fp8xfp8, chosen by the weights' dtype; SM90's
+    # block-scaled form, chosen by x_sf's width).
     _check_weights(op, "l1_weights", a.l1_weights, a.l1_sf, kind, [experts], two_i, h)
     _check_weights(op, "l2_weights", a.l2_weights, a.l2_sf, kind, [experts], h, inter)
     _check_shared(op, fp8, h, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf)

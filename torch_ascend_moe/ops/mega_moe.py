@@ -34,6 +34,10 @@ def mega_moe(
     [E_local, H, I]`` BF16. FP8 x FP4 mode: ``x`` FP8 E4M3 with ``x_sf [T, H/32]`` (FP32 powers of two),
     weights packed FP4 (uint8/int8 ``[E_local, 2I, H/2]``, ``[E_local, H, I/2]``) with FP32 1x32 scales
     ``l1_sf [E_local, 2I, H/32]``, ``l2_sf [E_local, H, I/32]``. ``topk_idx`` global expert ids (-1 skipped),
+    FP8 x FP8 (DeepGEMM 2.8's fp8xfp8): E4M3 weights with the same 1x32 scales. SM90's block-scaled FP8 (DeepGEMM
+    nv_dev's ``fp8_mega_moe``): ``x_sf [T, H/128]`` FP32, E4M3 weights with FP32 128x128-block scales ``l1_sf
+    [E_local, 2I/128, H/128]``, ``l2_sf [E_local, H/128, I/128]`` (I a multiple of 128; no shared experts), L1 kept
+    in FP32 and the activation requantized per 1x64 with FP32 scales. ``topk_idx`` global expert ids (-1 skipped),
     ``topk_weights`` FP32, applied before L2. ``activation_clamp``: ``gate <= c``, ``|up| <= c``. ``group``
     (a process group or its name) makes it expert-parallel: rank r holds experts ``[r·E_l, (r+1)·E_l)``.
 

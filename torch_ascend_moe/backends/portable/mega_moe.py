@@ -15,6 +15,11 @@ that pipeline (how upstream tests its kernel); steps 3-5 are one ``m_grouped_bf1
    expert-parallel, ``ep_combine`` of each rank's FP32 partial sum (one rounding at the end; the FP32 sum is
    grouped by rank, so EP and one process agree to the last bit except where that order moves a rounding).
 
+SM90's block-scaled FP8 mode (DeepGEMM nv_dev's ``fp8_mega_moe``: ``x_sf [T, H/128]``, 128x128-block weight
+scales; specs/upstream_2609.md §5.2) differs in steps 3-6: L1 ``h = x̂ @ Ŵ1_e^T`` kept in FP32, the same epilogue,
+the activation requantized per 1x64 with FP32 scales ``max(amax, 1e-4) / 448`` (not powers of two), and L2 over
+those 64-wide K blocks (each 128x128 weight scale serving both halves of its block).
+
 Fused shared experts (DeepGEMM-Ascend's ``shared_l1_weights`` / ``shared_l2_weights``): the same steps 3-6 for
 every token at its home rank with dense GEMMs and weight 1 (FP8 x FP8 with 1x32 UE8M0 scales in FP8 mode); the
 result is the first term of the combine's FP32 sum (``ep_combine``'s bias when expert-parallel).
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.groups import resolve_group
-from torch_ascend_moe.meta.mega_moe import OP, mega_moe_signature
+from torch_ascend_moe.meta.mega_moe import BLOCK, BLOCK_ACT_GRAN, OP, kind_of, mega_moe_signature
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.grouped import (
@@ -41,6 +46,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_gemm_swiglu,
 )
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
+from torch_ascend_moe.ops.quant import quantize_fp8
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 
 GRAN = 32  # the FP8 x FP4 recipe's K granularity (1 x 32 UE8M0 scales for x, W1, W2 and the activations)
@@ -68,11 +74,30 @@ def _activation(h, row_w, activation_clamp, fp8):
     return act.bfloat16(), None
 
 
+def _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activation_clamp):
+    """Steps 3-6 of the SM90 block-scaled mode (module docstring): ``y [P, H]`` BF16 rows in expert order."""
+    block = (BLOCK, BLOCK)
+    h = m_grouped_fp8_gemm(
+        permuted, sf_rows, l1, l1_sf, offs, recipe_a=(1, BLOCK), recipe_b=block, out_dtype=torch.float32
+    )
+    gate, up = h.chunk(2, dim=-1)
+    if activation_clamp is not None:
+        gate = gate.clamp(max=activation_clamp)
+        up = up.clamp(-activation_clamp, activation_clamp)
+    act, act_sf = quantize_fp8(F.silu(gate) * up * row_w.unsqueeze(1), (1, BLOCK_ACT_GRAN), use_ue8m0=False)
+    halves = l2_sf.repeat_interleave(BLOCK // BLOCK_ACT_GRAN, dim=-1)  # [E, H/128, I/64]: one scale per 128x64
+    recipe_b = (BLOCK, BLOCK_ACT_GRAN)
+    return m_grouped_fp8_gemm(
+        act, act_sf, l2, halves, offs, recipe_a=(1, BLOCK_ACT_GRAN), recipe_b=recipe_b, out_dtype=torch.bfloat16
+    )
+
+
 def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp):
     """Steps 2-6 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
     ``weights [N, K]``. Returns ``(y [P, H] BF16 rows in expert order, row_map [N, K], per-expert pair counts
     int32 [E_local])``."""
     fp8 = x.dtype == torch.float8_e4m3fn
+    block = kind_of(x, x_sf, l1) == "fp8_block"
     experts = l1.shape[0]
     if fp8 and l1.dtype != torch.float8_e4m3fn:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
         l1, l2 = l1.view(torch.uint8), l2.view(torch.uint8)
@@ -82,6 +107,10 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
     spare = torch.where(row_map >= 0, row_map.long(), n_rows).view(-1)
     row_w = torch.zeros(n_rows + 1, dtype=torch.float32, device=x.device)
     row_w = row_w.index_copy(0, spare, weights.float().reshape(-1))[:n_rows]
+    counts = torch.diff(offs, prepend=offs.new_zeros(1)).int()
+    if block:
+        sf_rows, _, _ = moe_permute(x_sf, idx, experts)
+        return _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activation_clamp), row_map, counts
     # Steps 3-5 in one op: the same values without the [N, 2I] L1 output.
     if fp8:
         sf_rows, _, _ = moe_permute(x_sf, idx, experts)
@@ -99,7 +128,6 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
         )
     else:
         y = m_grouped_bf16_gemm(act, l2, offs, out_dtype=torch.bfloat16)
-    counts = torch.diff(offs, prepend=offs.new_zeros(1)).int()
     return y, row_map, counts
 
 

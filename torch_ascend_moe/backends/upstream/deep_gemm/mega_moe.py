@@ -96,7 +96,9 @@ def _refusal(args) -> str | None:
     if args.shared_l1_weights is not None:
         return "shared experts (DeepGEMM 2.6's Mega MoE fuses none)"
     if args.l1_weights.dtype == torch.float8_e4m3fn:
-        return "FP8 routed weights (fp8xfp8 is DeepGEMM 2.8's; this backend maps 2.6's fp8xfp4)"
+        return (
+            "FP8 routed weights (DeepGEMM 2.8's fp8xfp8 or SM90's block-scaled form; this backend maps 2.6's fp8xfp4)"
+        )
     why = real_refusal(args.x, args.x_sf, args.topk_idx, args.topk_weights, args.l1_weights, args.l2_weights)
     if why:
         return why
