@@ -555,7 +555,50 @@ def check_compile_v2_moe(rank: int, world_size: int) -> None:
         assert torch.allclose(p.grad, g, rtol=1e-12, atol=1e-12), "compiled parameter grad differs"
 
 
+def check_deepep_25_split(rank: int, world_size: int) -> None:
+    """DeepEP 2.5.0's ``EPBuffer`` (``ElasticBuffer`` under 2.5.0's constructor: no ``num_cpu_bytes``, the
+    load-balance region kept as ``runtime.lb_storage``; ``dispatch(defer_epilogue=True)``) computes what
+    ``ElasticBuffer`` does, bitwise; ``PPBuffer`` sends to and receives from ring neighbours in order."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    g = torch.Generator().manual_seed(7 + rank)
+    x = torch.randn(6, 64, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(4 * world_size, generator=g)[:2] for _ in range(6)])
+    w = torch.rand(6, 2, generator=g)
+    outs = []
+    for make in (
+        lambda: deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=8, hidden=64, num_topk=2),
+        lambda: deep_ep.EPBuffer(
+            dist.group.WORLD, num_max_tokens_per_rank=8, hidden=64, num_topk=2, lb_allocation_plan_or_num_bytes=4096
+        ),
+    ):
+        buffer = make()
+        extra = {"defer_epilogue": True} if isinstance(buffer, deep_ep.EPBuffer) else {}
+        recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(x, idx, w, num_experts=4 * world_size, **extra)
+        event.current_stream_wait()
+        combined, _, _ = buffer.combine(recv_x * 2, handle)
+        outs.append((recv_x, recv_idx, recv_w, combined))
+        if extra:
+            assert buffer.runtime.lb_storage.numel() == 4096
+    for a, b in zip(*outs):
+        assert torch.equal(a, b), "EPBuffer differs from ElasticBuffer"
+    try:
+        deep_ep.EPBuffer(dist.group.WORLD, lb_allocation_plan_or_num_bytes=object())
+        raise AssertionError("EPBuffer took an allocator plan")
+    except ValueError as e:
+        assert "argument 'lb_allocation_plan_or_num_bytes' value" in str(e), str(e)
+    pp = deep_ep.PPBuffer(dist.group.WORLD, 4 * 64 * 2, 2, explicitly_destroy=True)
+    nxt, prev = (rank + 1) % world_size, (rank - 1) % world_size
+    for i in range(3):
+        pp.send(torch.full((4, 64), float(10 * rank + i)).bfloat16(), nxt)
+        got = torch.empty(4, 64, dtype=torch.bfloat16)
+        pp.recv(got, prev)
+        assert torch.equal(got, torch.full((4, 64), float(10 * prev + i)).bfloat16()), f"pp message {i} differs"
+    pp.destroy()
+
+
 CHECKS = {
+    "deepep_25_split": check_deepep_25_split,
     "upstream_test_ep": check_upstream_test_ep,
     # The variants take every other mode (every sixth on 4 ranks: each (handle copy, alignment, FP8, biases) once);
     # the stream and event flags in between are no-ops on CPU, and the full matrix runs once, above.

@@ -20,6 +20,7 @@ CASES = [
     ("autograd_expand_gemm_combine", 2, None),
     ("autograd_expand_gemm_combine", 4, None),
     ("compile_v2_moe", 2, None),
+    ("deepep_25_split", 2, None),
 ]
 
 

@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch_ascend_moe.deep_ep import utils  # noqa: F401  (deep_ep.utils, as upstream)
 from torch_ascend_moe.deep_ep.buffers import shrink
 from torch_ascend_moe.deep_ep.buffers.elastic import ElasticBuffer, EPHandle
+from torch_ascend_moe.deep_ep.buffers.ep import EPBuffer
+from torch_ascend_moe.deep_ep.buffers.pp import PPBuffer
 from torch_ascend_moe.deep_ep.utils.envs import get_logical_domain_size, get_physical_domain_size
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
 from torch_ascend_moe.distributed import exchange
@@ -747,11 +749,13 @@ class Buffer:
 __all__ = [
     "Buffer",
     "Config",
+    "EPBuffer",
     "EPHandle",
     "EPLowLatencyHandle",
     "ElasticBuffer",
     "EventHandle",
     "EventOverlap",
+    "PPBuffer",
     "get_logical_domain_size",
     "get_physical_domain_size",
     "topk_idx_t",
