@@ -703,11 +703,11 @@ class Buffer:
         )
         size = self.group_size
         if isinstance(recv_x, tuple):
-            recv_x = tuple(shrink.widen(alive, size, t_max, t, 0) for t in recv_x)
+            recv_x = tuple(shrink.widen(size, t_max, t, 0) for t in recv_x)
         else:
-            recv_x = shrink.widen(alive, size, t_max, recv_x, 0)
+            recv_x = shrink.widen(size, t_max, recv_x, 0)
         full = EPLowLatencyHandle(
-            shrink.widen(alive, size, t_max, handle.src_info, -1),
+            shrink.widen(size, t_max, handle.src_info, -1),
             shrink.widen_layout(alive, size, handle.layout_range),
             t_max,
             handle.hidden,

@@ -44,7 +44,7 @@ def _qk_format(api: str, qk_dtype) -> int:
     return _QK[qk_dtype]
 
 
-def _check_blocks(api: str, sparse_kv_block_indices: torch.Tensor, s: int | None, sbk: int) -> int:
+def _check_blocks(api: str, sparse_kv_block_indices: torch.Tensor, sbk: int) -> int:
     bi = sparse_kv_block_indices
     ck.check_arg(sbk in (8, 16), api, "sparse_block_kv", "value", "8 or 16", sbk)
     ck.check_rank(api, "sparse_kv_block_indices", bi, 2, "[S, num_max_sparse_blocks]")
@@ -59,8 +59,6 @@ def _check_blocks(api: str, sparse_kv_block_indices: torch.Tensor, s: int | None
         "a multiple of 4 in (0, 4096]",
         nb,
     )
-    if s is not None:
-        ck.check_dim_size(api, "sparse_kv_block_indices", bi, 0, "S", s, "the query tokens")
     ck.check_arg(bi.shape[0] <= _MAX_TOKENS, api, "sparse_kv_block_indices", "size(0) (S)", "at most 2^20", bi.shape[0])
     return nb
 
@@ -88,7 +86,7 @@ def get_sparse_mqa_logits_metadata(
     per step and pass it to every layer, as upstream's callers do."""
     api = "deep_gemm.get_sparse_mqa_logits_metadata"
     fmt = _qk_format(api, qk_dtype)
-    nb = _check_blocks(api, sparse_kv_block_indices, None, sparse_block_kv)
+    nb = _check_blocks(api, sparse_kv_block_indices, sparse_block_kv)
     s = sparse_kv_block_indices.shape[0]
     ks = _int32_vector(api, "cu_seq_len_k_start", cu_seq_len_k_start, s)
     ke = _int32_vector(api, "cu_seq_len_k_end", cu_seq_len_k_end, s)
@@ -115,7 +113,7 @@ def get_paged_sparse_mqa_logits_metadata(
     pair and requires paired rows to be equal: equal results)."""
     api = "deep_gemm.get_paged_sparse_mqa_logits_metadata"
     fmt = _qk_format(api, qk_dtype)
-    nb = _check_blocks(api, sparse_kv_block_indices, None, sparse_block_kv)
+    nb = _check_blocks(api, sparse_kv_block_indices, sparse_block_kv)
     s = sparse_kv_block_indices.shape[0]
     lens = _int32_vector(api, "context_lens", context_lens, s)
     ids = _int32_vector(api, "indices", indices, s)

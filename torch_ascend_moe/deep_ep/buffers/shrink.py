@@ -108,7 +108,7 @@ def renumber(topk_idx: torch.Tensor, alive: list[int], size: int, local: int) ->
     return torch.where((idx >= 0) & (p >= 0), p * local + idx % local, -1).to(topk_idx.dtype)
 
 
-def widen(alive: list[int], size: int, t_max: int, recv: torch.Tensor, fill) -> torch.Tensor:
+def widen(size: int, t_max: int, recv: torch.Tensor, fill) -> torch.Tensor:
     """``[L, |alive| * T_max, ...]`` rows (valid ones first, as our transport packs them) inside upstream's
     ``[L, size * T_max, ...]``."""
     out = recv.new_full((recv.shape[0], size * t_max, *recv.shape[2:]), fill)
