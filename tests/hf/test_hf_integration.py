@@ -145,7 +145,7 @@ def test_swap_fp8_documented_tolerance():
         expected = block(x.view(1, 16, 128).clone()).view(16, 128)
     hf.swap_moe_blocks(model, fp8=True, convert_linears_to_fp8=True)
     with torch.no_grad():
-        # Five FP8 GEMMs in a row (routed experts and the FP8Linear shared experts): < 5e-3 (README).
+        # Five FP8 GEMMs in a row (routed experts and the FP8Linear shared experts): < 5e-3 (docs/ops.md).
         assert calc_diff(model.get_submodule(name)(x), expected) < 5e-3
     assert any(type(m).__name__ == "FP8Linear" for m in model.modules())
 

@@ -14,7 +14,7 @@ upstream's ``d``. A library is looked for once per process, on the first call th
 ``chain.refresh()`` looks again.
 
 Verified without the hardware against stand-in packages written from upstream's sources (``tests/standins``,
-``tests/upstream``); the README's verification table says what ran where.
+``tests/upstream``); docs/verification.md says what ran where.
 """
 
 from __future__ import annotations
