@@ -55,6 +55,7 @@ from torch_ascend_moe._registry import npu_ge_converter
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.meta.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
+from torch_ascend_moe.quant.encodings import FP8_MAX
 from torch_ascend_moe.quant.reference import AMAX_FLOOR
 
 ASCEND950 = 260  # get_soc_version() from here on is Ascend 950 (the metas' _ASCEND950_SOC_VERSION)
@@ -171,7 +172,7 @@ def _nonfinite_blocks_as_tilekernels(x: torch.Tensor, y: torch.Tensor, sf: torch
     bad_block = torch.nn.functional.pad(~xf.isfinite(), (0, pad)).view(m, groups, group).any(-1)
     sf = torch.where(nan_block, 0.0, torch.where(bad_block, float("inf"), sf))
     bad = bad_block.repeat_interleave(group, 1)[:, :n]
-    zeroed = (xf * 0.0).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    zeroed = (xf * 0.0).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     codes = torch.where(bad, zeroed.view(torch.uint8), y.view(torch.uint8))
     return codes.view(torch.float8_e4m3fn), sf
 

@@ -28,6 +28,7 @@ from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture, exchange
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
+from torch_ascend_moe.quant.encodings import FP8_MAX
 
 # An absent optional (no scales, no weights) comes back as an empty int32 [N, 0] placeholder: not a
 # floating output, so it never looks differentiable.
@@ -564,15 +565,15 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     # times the FP32 constant 1/448 (not amax / 448: an ulp apart), scale a true division (torch's ``448 / t`` is a
     # reciprocal times 448: a code apart on some values), round_scale's power of two from the bits
     # (fast_log2_ceil / fast_pow2: exact, where log2 on the device is not).
-    prod = amax * torch.tensor(1 / 448.0, dtype=torch.float32)
+    prod = amax * torch.tensor(1 / FP8_MAX, dtype=torch.float32)
     if round_scale:
         bits = prod.view(torch.int32)
         exp = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).int()
         scale = ((127 - exp) << 23).view(torch.float32)
         scale_inv = ((exp + 127) << 23).view(torch.float32)
     else:
-        scale, scale_inv = torch.full_like(amax, 448.0) / amax, prod
-    data = (groups * scale.unsqueeze(-1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, h)
+        scale, scale_inv = torch.full_like(amax, FP8_MAX) / amax, prod
+    data = (groups * scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(t, h)
     if use_ue8m0:
         codes = ((scale_inv.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
         return data, codes.view(t, -1, 4).contiguous().view(torch.int32).view(t, -1)

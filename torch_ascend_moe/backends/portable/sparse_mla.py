@@ -31,6 +31,7 @@ from torch_ascend_moe.meta.sparse_mla import (
     sparse_mla_decode_signature,
     sparse_mla_prefill_signature,
 )
+from torch_ascend_moe.quant.encodings import FP8_MAX
 
 CHUNK_ELEMENTS = 1 << 24  # gathered rows + logits per chunk of queries (64 MiB in FP32)
 
@@ -117,7 +118,7 @@ def encode_v32(values: torch.Tensor) -> torch.Tensor:
     ``value / scale`` in E4M3; the RoPE part as BF16): what a model writes into the cache."""
     n = values.shape[0]
     tiles = values[:, :V32_NOPE].float().view(n, V32_NOPE // V32_BLOCK, V32_BLOCK)
-    scales = torch.exp2(torch.ceil(torch.log2((tiles.abs().amax(dim=-1) / 448).clamp(min=1e-4))))
+    scales = torch.exp2(torch.ceil(torch.log2((tiles.abs().amax(dim=-1) / FP8_MAX).clamp(min=1e-4))))
     codes = (tiles / scales[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(n, V32_NOPE)
     rope = values[:, V32_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
     return torch.cat([codes, scales.contiguous().view(torch.uint8), rope], dim=1)

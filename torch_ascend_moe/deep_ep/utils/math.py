@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.quant.encodings import FP8_MAX
 from torch_ascend_moe.testing import count_bytes  # DeepEP's and DeepGEMM's are the same helper
 
 
@@ -48,8 +49,8 @@ def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x_padded = torch.nn.functional.pad(x, (0, aligned_n - n), mode="constant", value=0)
     x_padded_view = x_padded.view(m, aligned_n // 128, 128)  # explicit: -1 cannot be inferred for 0 tokens
     x_amax = x_padded_view.abs().float().amax(dim=2).view(m, aligned_n // 128).clamp(1e-4)
-    fp8 = (x_padded_view * (448.0 / x_amax.unsqueeze(2))).to(torch.float8_e4m3fn)
-    return fp8.view(m, aligned_n)[:, :n].contiguous(), (x_amax / 448.0).view(m, aligned_n // 128)
+    fp8 = (x_padded_view * (FP8_MAX / x_amax.unsqueeze(2))).to(torch.float8_e4m3fn)
+    return fp8.view(m, aligned_n)[:, :n].contiguous(), (x_amax / FP8_MAX).view(m, aligned_n // 128)
 
 
 def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Tensor:
