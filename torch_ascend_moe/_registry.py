@@ -6,6 +6,7 @@ kernel registers under the schema name it is decorated with.
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -283,6 +284,22 @@ def arguments(name: str, inputs: tuple) -> types.SimpleNamespace:
         else:
             raise TypeError(f"{NAMESPACE}::{name}: missing argument '{arg}'")
     return types.SimpleNamespace(**values)
+
+
+@functools.cache
+def result_type(name: str) -> type:
+    """The outputs of ``ascend_moe::name`` as a named tuple whose fields are the schema's return names (``-> (Tensor
+    recv_x, ...)``), so kernels build and callers read an op's many outputs by NAME, named once in the schema.
+    Unnamed returns are ``result0``, ``result1``, ..."""
+    schema = getattr(torch.ops.ascend_moe, name).default._schema
+    fields = [r.name or f"result{i}" for i, r in enumerate(schema.returns)]
+    return collections.namedtuple(f"{name}_outputs", fields)
+
+
+def results(name: str, output) -> tuple:
+    """``output`` (a tuple of ``ascend_moe::name``'s outputs) readable by name: ``results("ep_dispatch",
+    out).recv_x``."""
+    return result_type(name)(*output)
 
 
 def gradients(name: str, **grads) -> tuple:

@@ -433,7 +433,9 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def(
       "ep_dispatch(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_experts, "
       "str group_name, int expert_alignment=1, int num_worst_tokens=0, float timeout_s=300.0) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "-> (Tensor recv_x, Tensor recv_x_scales, Tensor recv_topk_idx, Tensor recv_topk_weights, "
+      "Tensor num_recv_tokens_per_expert, Tensor num_recv, Tensor send_src, Tensor send_counts, "
+      "Tensor recv_counts, Tensor recv_gather, Tensor recv_src_idx, Tensor backend_state)",
       {at::Tag::pt2_compliant_tag});
   // Replays a dispatch's routing (its handle) with new rows: (recv_x, recv_x_scales).
   m.def(
@@ -458,7 +460,8 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // 0: exactly sum(align(counts, expert_alignment)) rows (a data-dependent size).
   m.def(
       "ep_expand(Tensor x, Tensor? x_scales, Tensor topk_idx, Tensor? topk_weights, int num_local_experts, "
-      "int expert_alignment=1, int num_rows=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "int expert_alignment=1, int num_rows=0) -> (Tensor expanded_x, Tensor expanded_x_scales, "
+      "Tensor expanded_weights, Tensor expand_rows, Tensor psum, Tensor counts)",
       {at::Tag::pt2_compliant_tag});
   // Low-latency mode: one message per (token, valid slot) into fixed [L, R * T_max, H] per-local-expert buffers,
   // rows [0, recv_count[i]) valid (ours: source-rank-major then ascending token; DeepEP's kernels: arrival order,
@@ -471,7 +474,8 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   m.def(
       "ep_low_latency_dispatch(Tensor x, Tensor topk_idx, int num_max_dispatch_tokens_per_rank, int num_experts, "
       "str group_name, bool use_fp8=True, bool round_scale=False, bool use_ue8m0=False, Tensor? slot_weights=None, "
-      "float timeout_s=300.0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      "float timeout_s=300.0) -> (Tensor recv_x, Tensor recv_x_scales, Tensor recv_count, Tensor src_info, "
+      "Tensor layout_range, Tensor backend_state)",
       {at::Tag::pt2_compliant_tag});
   // combined[t] = round(sum over valid slots k, in order, of topk_weights[t, k] * y_k(t)) in FP32: weighted.
   // backend_state: the dispatch's (optional: src_info and layout_range alone define the result on every device).

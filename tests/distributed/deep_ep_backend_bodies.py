@@ -272,7 +272,7 @@ def refusals(rank, r):
 
 def _canonical(recv, count, handle, t_max):
     """A low-latency dispatch's valid rows per expert, sorted by (source rank, token): the order-free content."""
-    from torch_ascend_moe.backends.portable.ep import ll_row_sources
+    from torch_ascend_moe.backends.portable.ep.low_latency import ll_row_sources
 
     data, scales = recv if isinstance(recv, tuple) else (recv, None)
     local, n = handle.src_info.shape

@@ -1,4 +1,4 @@
-"""The row transports under the ep ops (``distributed.exchange.all_to_all_rows``), checked on each rank of spawned
+"""The row transports under the ep ops (``distributed.transport.all_to_all_rows``), checked on each rank of spawned
 gloo processes by tests/ep/test_ep_transport.py: shared-memory regions (same host) and point-to-point sockets
 give every rank exactly the rows an all_gather reference says, through region growth, padding rows, odd row
 widths and empty splits; a rank that cannot set up its region makes every rank fall back; a group spanning
@@ -48,12 +48,12 @@ def _expected(rank: int, world: int, everyone, table):
 
 
 def _exchange(group, x, meta, index, table, padded: bool, shared: bool):
-    from torch_ascend_moe.distributed import exchange
+    from torch_ascend_moe.distributed import transport
 
     rank = group.rank()
     rows = int(table[:, rank].sum())
     out_x, out_meta = x.new_empty(rows, x.shape[1]), meta.new_empty(rows, meta.shape[1])
-    exchange.all_to_all_rows(
+    transport.all_to_all_rows(
         OP,
         group,
         [(out_x, x), (out_meta, meta)],
@@ -126,14 +126,14 @@ def _failed_barrier(regions, group, timeout_s: float) -> tuple[str, float]:
 
 
 def control_checks(rank: int, world: int, store_path: str) -> None:
-    """The control blocks' small collectives (``shared_rows._Regions.all_gather``, ``exchange.all_reduce_max``)
+    """The control blocks' small collectives (``shared_rows._Regions.all_gather``, ``transport.all_reduce_max``)
     give what gloo's give over many rounds (both header slots, rows of every length); then rank 1 stops taking
     part: rank 0's barrier times out naming the rank, and once rank 1 has exited, says so at once."""
     import time
 
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
-    from torch_ascend_moe.distributed import exchange, shared_rows
+    from torch_ascend_moe.distributed import shared_rows, transport
 
     try:
         group = dist.group.WORLD
@@ -150,7 +150,7 @@ def control_checks(rank: int, world: int, store_path: str) -> None:
             t = row[:3].clone()
             ref = t.clone()
             dist.all_reduce(ref, op=dist.ReduceOp.MAX)
-            exchange.all_reduce_max(OP, group, t, 30.0)
+            transport.all_reduce_max(OP, group, t, 30.0)
             assert torch.equal(t, ref), (i, t, ref)
         assert regions.barriers == 80, regions.barriers
         dist.barrier()

@@ -10,7 +10,11 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from torch_ascend_moe.backends.portable import ep as portable
+from torch_ascend_moe.backends.portable.ep.combine import ep_combine
+from torch_ascend_moe.backends.portable.ep.dispatch import ep_dispatch, ep_dispatch_cached
+from torch_ascend_moe.backends.portable.ep.expand import ep_expand
+from torch_ascend_moe.backends.portable.ep.layout import layout
+from torch_ascend_moe.backends.portable.ep.low_latency import _ll_cast, ep_low_latency_combine, ep_low_latency_dispatch
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
 # ---- one-rank harness specs ----
@@ -371,7 +375,7 @@ def ll_dispatch_reference(
     idx = topk_idx.long().cpu()
     data = x.detach().cpu()
     if use_fp8:
-        data, scales = portable._ll_cast(data, round_scale, use_ue8m0)
+        data, scales = _ll_cast(data, round_scale, use_ue8m0)
     rows = t_max
     recv = torch.zeros(num_experts, rows, x.shape[1], dtype=torch.float64)
     sc = torch.zeros(
@@ -584,7 +588,7 @@ SPECS = [
         layout_samples,
         layout_reference,
         layout_bad_inputs,
-        portable.layout,
+        layout,
         dtypes=(torch.float32,),
         gradcheck="integer outputs: nothing to differentiate",
         aoti=_NO_AOTI,
@@ -595,7 +599,7 @@ SPECS = [
         dispatch_samples,
         dispatch_reference,
         dispatch_bad_inputs,
-        portable.ep_dispatch,
+        ep_dispatch,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,
@@ -606,7 +610,7 @@ SPECS = [
         cached_samples,
         cached_reference,
         cached_bad_inputs,
-        portable.ep_dispatch_cached,
+        ep_dispatch_cached,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,
@@ -617,7 +621,7 @@ SPECS = [
         combine_samples,
         combine_reference,
         combine_bad_inputs,
-        portable.ep_combine,
+        ep_combine,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,
@@ -628,7 +632,7 @@ SPECS = [
         expand_samples,
         expand_reference,
         expand_bad_inputs,
-        portable.ep_expand,
+        ep_expand,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,
@@ -638,7 +642,7 @@ SPECS = [
         ll_dispatch_samples,
         ll_dispatch_reference,
         ll_dispatch_bad_inputs,
-        portable.ep_low_latency_dispatch,
+        ep_low_latency_dispatch,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,
@@ -649,7 +653,7 @@ SPECS = [
         ll_combine_samples,
         ll_combine_reference,
         ll_combine_bad_inputs,
-        portable.ep_low_latency_combine,
+        ep_low_latency_combine,
         dtypes=_DTYPES,
         aoti=_NO_AOTI,
         devices=_DEVICES,

@@ -7,8 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_ascend_moe.backends.portable import ep as kernels
-from torch_ascend_moe.distributed import exchange
+from torch_ascend_moe.backends.portable.ep.combine import _reduce_rows, _reduce_rows_portable
+from torch_ascend_moe.backends.portable.ep.dispatch import _send_plan, _send_plan_portable, _unpack, _unpack_portable
+from torch_ascend_moe.distributed import payload
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
@@ -27,7 +28,7 @@ def test_combine_reduce_matches_portable_path(dtype, biases):
     bias = [torch.randn(tokens, h, generator=g).to(torch.bfloat16) for _ in range(biases)]
     bias += [None] * (2 - biases)
     ours = torch.ops.ascend_moe_kernels.ep_combine_reduce([rows], dest, tokens, *bias)
-    portable = kernels._reduce_rows_portable(rows, dest, tokens, *bias, ranks)
+    portable = _reduce_rows_portable(rows, dest, tokens, *bias, ranks)
     # Rows in blocks (the shared-memory transport's: own rows and each peer's where they lie, any row strides).
     cuts = sorted(torch.randint(0, rows.shape[0] + 1, (3,), generator=g).tolist())
     blocks = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, rows.shape[0]])]
@@ -42,7 +43,7 @@ def test_combine_reduce_matches_portable_path(dtype, biases):
     into = torch.empty(tokens, h, dtype=dtype)
     written = torch.ops.ascend_moe_kernels.ep_combine_reduce.out(blocks, dest, tokens, *bias, visit, out=into)
     assert written is into and torch.equal(into.view(torch.uint8), visited.view(torch.uint8))
-    portable_visit = kernels._reduce_rows([rows], dest, tokens, *bias, ranks, visit)
+    portable_visit = _reduce_rows([rows], dest, tokens, *bias, ranks, visit)
     assert torch.equal(portable_visit.view(torch.uint8), visited.view(torch.uint8))
     assert ours.dtype == dtype and ours.shape == (tokens, h)
     assert torch.equal(ours.view(torch.uint8), portable.view(torch.uint8))
@@ -149,12 +150,12 @@ def test_ops_take_any_strides():
 
 
 def test_large_outputs_reuse_only_unreferenced_memory():
-    """exchange.new_rows (the receive buffers and gathered rows of the ep kernels): a block of 256 KiB or more
+    """payload.new_rows (the receive buffers and gathered rows of the ep kernels): a block of 256 KiB or more
     reuses an earlier block's memory only once no tensor or view references it; smaller blocks and fake tensors
     are plain new_empty."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torch_ascend_moe.distributed.exchange import new_rows
+    from torch_ascend_moe.distributed.payload import new_rows
 
     like = torch.empty(1, dtype=torch.bfloat16)
     rows, h = 4096, 4096  # 32 MiB of BF16
@@ -218,8 +219,8 @@ def test_dispatch_plan_and_unpack_match_portable_path(case):
     """The CPU helper kernels of a dispatch's send plan and receive side (ep_dispatch_plan / ep_dispatch_unpack)
     are bitwise the tensor-op path's (CUDA / NPU), on valid and bad ids, padded and compact plans."""
     idx, e, r, padded, scales, weights, seed = case
-    ours = kernels._send_plan(idx, e, r, padded, scales, weights)
-    portable = kernels._send_plan_portable(idx, e, r, padded, scales, weights)
+    ours = _send_plan(idx, e, r, padded, scales, weights)
+    portable = _send_plan_portable(idx, e, r, padded, scales, weights)
     for a, b in zip(ours, portable):
         assert a.dtype == b.dtype and torch.equal(a, b)
     bad, counts, send_src, meta = ours
@@ -235,13 +236,13 @@ def test_dispatch_plan_and_unpack_match_portable_path(case):
     rows = torch.cat(
         [meta[torch.randperm(meta.shape[0], generator=g)], torch.zeros(2, meta.shape[1], dtype=torch.uint8)]
     )
-    scale_bytes = 0 if scales is None else exchange.row_bytes(scales)
+    scale_bytes = 0 if scales is None else payload.row_bytes(scales)
     weight_size = 0 if weights is None else weights.element_size()
     local = e // r
     for rank in range(r):
         for alignment in (1, 3):
             args = (rows, scale_bytes, idx.shape[1], weight_size, rank * local, local, alignment)
-            got, want = kernels._unpack(*args), kernels._unpack_portable(*args)
+            got, want = _unpack(*args), _unpack_portable(*args)
             for a, b in zip(got, want):
                 assert a.dtype == b.dtype and torch.equal(a, b)
 

@@ -19,7 +19,7 @@ from tests.chains import npu_chain
 from tests.ep.specs import init_single_rank_group
 from tests.npu import ep_mqa_hc_refs as refs
 from torch_ascend_moe.backends.npu import ep as npu_ep
-from torch_ascend_moe.backends.portable import ep as portable
+from torch_ascend_moe.backends.portable.ep.low_latency import ep_low_latency_combine, ep_low_latency_dispatch
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import ep as meta
 from torch_ascend_moe.testing import npu_wheel
@@ -230,7 +230,7 @@ def test_one_rank_pair_equals_the_portable_kernels(mc2, monkeypatch, soc, t, h, 
     with _spy(torch.ops.npu.npu_moe_distribute_dispatch_v2) as call:
         got = npu_chain.ep_low_latency_dispatch(*args)
     assert call.called
-    want = portable.ep_low_latency_dispatch(*args)
+    want = ep_low_latency_dispatch(*args)
     for i, (a_, b_) in enumerate(zip(got[:5], want[:5], strict=True)):
         assert a_.shape == b_.shape and a_.dtype == b_.dtype and torch.equal(a_, b_), f"output {i}"
     state = got[5]
@@ -243,7 +243,7 @@ def test_one_rank_pair_equals_the_portable_kernels(mc2, monkeypatch, soc, t, h, 
         combined = npu_chain.ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, state))
     assert call.called
     # The reference of combine_v2 sums the slots in order in FP32, as ours: bitwise here (CANN's order may differ).
-    reference = portable.ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, None))
+    reference = ep_low_latency_combine(*_combine_args(y, idx, w, got, t_max, mc2, None))
     assert combined.dtype == reference.dtype and torch.equal(combined, reference)
 
 
@@ -356,7 +356,7 @@ def test_dispatch_cases_that_stay_portable(mc2, monkeypatch, case):
         else:
             got = npu_chain.ep_low_latency_dispatch(*args)
     assert not call.called, case
-    want = portable.ep_low_latency_dispatch(*args)
+    want = ep_low_latency_dispatch(*args)
     for a_, b_ in zip(got, want, strict=True):
         assert torch.equal(
             a_.view(torch.uint8) if a_.dtype.itemsize == 1 else a_,
@@ -392,7 +392,7 @@ def test_combine_cases_that_stay_portable(mc2, monkeypatch, case):
         else:
             got = npu_chain.ep_low_latency_combine(*args)
     assert not call.called, case
-    assert torch.equal(got, portable.ep_low_latency_combine(*args)), case
+    assert torch.equal(got, ep_low_latency_combine(*args)), case
 
 
 @pytest.mark.parametrize("bad", ["truncated", "sizes", "rows outside x"])
@@ -453,8 +453,8 @@ def test_ge_graph_pair_equals_the_portable_kernels(mc2, t, h, k, e, t_max, dynam
     assert types.count("MoeDistributeDispatchV2") == 1 and types.count("MoeDistributeCombineV2") == 1
     with air.active():
         got = ge_eval.evaluate(graph, [x, idx, w])
-    want = list(portable.ep_low_latency_dispatch(*_args(x, idx, t_max, e, mc2))[:5])
-    want.append(portable.ep_low_latency_combine(want[0] * 2 - 1, idx, w, want[3], want[4], t_max, mc2, 60.0, None))
+    want = list(ep_low_latency_dispatch(*_args(x, idx, t_max, e, mc2))[:5])
+    want.append(ep_low_latency_combine(want[0] * 2 - 1, idx, w, want[3], want[4], t_max, mc2, 60.0, None))
     for i, (a_, b_) in enumerate(zip(got, want, strict=True)):
         assert a_.shape == b_.shape and a_.dtype == b_.dtype and torch.equal(a_, b_), f"output {i}"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
-from torch_ascend_moe.backends.portable.ep import ll_row_sources
+from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad, results
+from torch_ascend_moe.backends.portable.ep.low_latency import ll_row_sources
 
 _combine = torch.ops.ascend_moe.ep_combine.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
@@ -25,8 +25,12 @@ def _dispatch_setup(ctx, inputs, output):
     ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
     ctx.num_tokens, ctx.hidden, ctx.x_dtype = args.x.shape[0], args.x.shape[1], args.x.dtype
     ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
-    ctx.mark_non_differentiable(output[1], output[2], *output[4:])
-    ctx.save_for_backward(output[2], *output[6:10], output[11])
+    out = results("ep_dispatch", output)
+    # Differentiable: recv_x and recv_topk_weights; the rest are scales, ids, counts and the handle.
+    ctx.mark_non_differentiable(*(v for k, v in out._asdict().items() if k not in ("recv_x", "recv_topk_weights")))
+    ctx.save_for_backward(
+        out.recv_topk_idx, out.send_src, out.send_counts, out.recv_counts, out.recv_gather, out.backend_state
+    )
 
 
 def _dispatch_backward(ctx, grad_x, grad_scales, grad_idx, grad_w, *unused):
@@ -123,8 +127,9 @@ def _expand_setup(ctx, inputs, output):
     args = arguments("ep_expand", inputs)
     ctx.x_dtype = args.x.dtype
     ctx.w_dtype = args.topk_weights.dtype if args.topk_weights is not None else None
-    ctx.mark_non_differentiable(output[1], *output[3:])
-    ctx.save_for_backward(output[3])
+    out = results("ep_expand", output)
+    ctx.mark_non_differentiable(out.expanded_x_scales, out.expand_rows, out.psum, out.counts)
+    ctx.save_for_backward(out.expand_rows)
 
 
 def _expand_backward(ctx, grad_x, grad_scales, grad_w, *unused):
@@ -164,8 +169,9 @@ def _ll_dispatch_setup(ctx, inputs, output):
     args = arguments("ep_low_latency_dispatch", inputs)
     ctx.use_fp8, ctx.t_max = args.use_fp8, args.num_max_dispatch_tokens_per_rank
     ctx.group_name, ctx.timeout_s = args.group_name, args.timeout_s
-    ctx.mark_non_differentiable(*output[1:])
-    ctx.save_for_backward(args.topk_idx, output[3], output[4], output[5])
+    out = results("ep_low_latency_dispatch", output)
+    ctx.mark_non_differentiable(*(v for k, v in out._asdict().items() if k != "recv_x"))
+    ctx.save_for_backward(args.topk_idx, out.src_info, out.layout_range, out.backend_state)
 
 
 def _ll_dispatch_backward(ctx, grad_x, *unused):

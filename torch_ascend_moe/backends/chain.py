@@ -212,6 +212,31 @@ def devices() -> list[str]:
     return list(DEVICE_KEYS)
 
 
+_PORTABLE_WHY: dict[tuple[str, str], str] = {}
+
+
+def stays_portable(*ops: str, device: str, why: str) -> None:
+    """Declare that ``ops`` have no vendor kernel nor one of ours on ``device``, on purpose (an upstream library's
+    kernel may still come first where installed), and ``why`` (one line: what the portable kernel runs there, or
+    why the vendor's nearest op does not compute ours); ``info`` shows it beside the chain. The family's device
+    module says the long why in its docstring.
+
+    >>> stays_portable("rms_norm", device="npu", why="a row reduction and elementwise ACLNN ops")
+    """
+    if device not in DEVICE_KEYS or device == "cpu":
+        raise ValueError(f"chain.stays_portable: device must be 'cuda' or 'npu', got {device!r}")
+    unknown = sorted(set(ops) - set(_registry.op_names()))
+    if unknown or not why:
+        raise ValueError(f"chain.stays_portable: unknown ops {unknown} or an empty reason")
+    for op in ops:
+        _PORTABLE_WHY[(op, device)] = why
+
+
+def portable_why(op: str, device: str) -> str | None:
+    """Why ``op`` runs its portable kernel on ``device`` by design (``stays_portable``), or None."""
+    return _PORTABLE_WHY.get((op, device))
+
+
 def ops_with_kernels(device: str) -> list[str]:
     """The ops that have a declared kernel on ``device`` (every other op runs its portable kernel there)."""
     return sorted(op for op, d in _DECLARED if d == device)

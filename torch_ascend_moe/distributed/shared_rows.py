@@ -8,12 +8,12 @@ Protocol (every rank runs the same steps, decided from values every rank holds):
   ``TORCH_ASCEND_MOE_EP_SHM=0``; decided once per group by one ``all_gather``, at the group's first header.
 - Each rank also owns a small control block (mapped by every rank for the group's life): a barrier count and
   two header slots. A barrier is a count every rank publishes (release store) and waits for in its peers'
-  blocks (acquire loads, ``_C._shm_wait``): no socket round trip. Headers (``exchange.gather_header``) and
+  blocks (acquire loads, ``_C._shm_wait``): no socket round trip. Headers (``agreement.gather_header``) and
   small all-reduces go through the slots: a rank writes its row into slot ``count % 2`` of its own block, then
   passes the barrier, then reads every rank's slot. A rank reaches barrier ``n + 2`` (which rewrites slot
   ``n % 2``) only after every peer reached ``n + 1``, i.e. after every peer read the slots of barrier ``n``.
   A wait is bounded by the op's timeout and notices a peer process that has exited (its ``/proc`` entry).
-- Callers exchange their header before the rows (``exchange.exchange_header``), so every rank knows every
+- Callers exchange their header before the rows (``agreement.exchange_header``), so every rank knows every
   rank's send counts: every rank computes the size each region needs, and grows them identically. A region
   grows (to a power of two) in one step: its owner creates and maps a new file, a sync, every peer maps it, a
   sync, the owner unlinks it (the mappings stay; no file outlives the step, so a crash leaks nothing later).
@@ -36,6 +36,9 @@ import weakref
 
 import torch
 import torch.distributed as dist
+
+from torch_ascend_moe.distributed.payload import as_bytes, gather_rows, offsets, row_bytes
+from torch_ascend_moe.distributed.waits import failed_error, timeout_error, wait
 
 ENV = "TORCH_ASCEND_MOE_EP_SHM"
 DIRECTORY = "/dev/shm"
@@ -69,8 +72,6 @@ def _host_id() -> int:
 
 
 def _detect(op: str, group, timeout_s: float) -> _Regions | None:
-    from torch_ascend_moe.distributed.exchange import wait
-
     usable = os.environ.get(ENV, "1") != "0" and os.path.isdir(DIRECTORY) and os.access(DIRECTORY, os.W_OK)
     row = torch.tensor([_host_id(), int(usable), secrets.randbits(62), os.getpid()], dtype=torch.int64)
     gathered = [torch.empty_like(row) for _ in range(group.size())]
@@ -84,7 +85,7 @@ def _detect(op: str, group, timeout_s: float) -> _Regions | None:
 
 
 def slot_words(ranks: int) -> int:
-    """Words of a header slot: the header's length (``exchange.gather_header``): op code, fields and flags < 32,
+    """Words of a header slot: the header's length (``agreement.gather_header``): op code, fields and flags < 32,
     two counts per rank."""
     return 32 + 2 * ranks
 
@@ -119,8 +120,6 @@ class _Regions:
 
     def _sync(self, op: str, group, failed: bool, timeout_s: float, what: str) -> bool:
         """A barrier that also tells whether any rank failed (on gloo: the control blocks may not exist yet)."""
-        from torch_ascend_moe.distributed.exchange import wait
-
         flag = torch.tensor([int(failed)], dtype=torch.int64)
         wait(op, group, dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True), timeout_s, what)
         return bool(flag)
@@ -175,7 +174,6 @@ class _Regions:
     def barrier(self, op: str, group, timeout_s: float, what: str) -> None:
         """Every rank of the group arrives: what any rank wrote to shared memory before is visible to all."""
         from torch_ascend_moe import _C
-        from torch_ascend_moe.distributed.exchange import failed_error, timeout_error
 
         self.barriers += 1
         rank, target = group.rank(), self.barriers
@@ -221,8 +219,6 @@ class _Regions:
         uint8 ``[rows, bytes]`` views (this rank's own of ``rows``, the peers' of their regions: valid until this
         rank's next header exchange on the group). None (nothing moved) where the regions cannot be set up: the
         caller then uses the socket transport."""
-        from torch_ascend_moe.distributed.exchange import as_bytes, gather_rows, offsets, row_bytes
-
         r, rank = group.size(), group.rank()
         widths = [row_bytes(rows) for _, rows in pairs]
         table = send_rows.tolist()

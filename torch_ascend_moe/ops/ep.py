@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
+from torch_ascend_moe._registry import FROM_SCHEMA, results, schema_defaults
 from torch_ascend_moe.distributed.groups import group_name_of
 
 _layout = torch.ops.ascend_moe.ep_dispatch_layout.default
@@ -71,19 +71,24 @@ def ep_dispatch(
     Differentiable w.r.t. ``x`` (BF16/FP32) and ``topk_weights``.
     """
     name = group_name_of(group)
-    out = _dispatch(
-        x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
+    out = results(
+        "ep_dispatch",
+        _dispatch(
+            x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
+        ),
     )
-    handle = EPHandle(*out[6:10], x.shape[0], name, out[11])
+    handle = EPHandle(
+        out.send_src, out.send_counts, out.recv_counts, out.recv_gather, x.shape[0], name, out.backend_state
+    )
     return EPDispatchOutput(
-        out[0],
-        out[1] if x_scales is not None else None,
-        out[2],
-        out[3] if topk_weights is not None else None,
-        out[4],
-        out[5],
+        out.recv_x,
+        out.recv_x_scales if x_scales is not None else None,
+        out.recv_topk_idx,
+        out.recv_topk_weights if topk_weights is not None else None,
+        out.num_recv_tokens_per_expert,
+        out.num_recv,
         handle,
-        out[10],
+        out.recv_src_idx,
     )
 
 
@@ -153,14 +158,16 @@ def ep_expand(
     ``align(psum[e - 1], expert_alignment)``. ``psum`` (or ``align``-ed block ends) is the m-grouped GEMMs'
     layout. ``num_rows > 0`` gives that many rows (static shapes). Differentiable w.r.t. ``x`` and
     ``topk_weights``; the adjoint is ``ep_reduce_slots``."""
-    out = _expand(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows)
+    out = results(
+        "ep_expand", _expand(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows)
+    )
     return EPExpanded(
-        out[0],
-        out[1] if x_scales is not None else None,
-        out[2] if topk_weights is not None else None,
-        out[3],
-        out[4],
-        out[5],
+        out.expanded_x,
+        out.expanded_x_scales if x_scales is not None else None,
+        out.expanded_weights if topk_weights is not None else None,
+        out.expand_rows,
+        out.psum,
+        out.counts,
     )
 
 
@@ -239,22 +246,31 @@ def ep_low_latency_dispatch(
     order, as upstream: ``handle.src_info`` / ``layout_range`` say where each row came from, whatever the order.
     Returns ``(recv_x or (fp8, scales), recv_count [L], handle)``; differentiable when not FP8."""
     name = group_name_of(group)
-    recv_x, scales, count, src_info, layout_range, state = _ll_dispatch(
-        x,
-        topk_idx,
-        num_max_dispatch_tokens_per_rank,
-        num_experts,
-        name,
-        use_fp8,
-        round_scale,
-        use_ue8m0,
-        None,
-        timeout_s,
+    out = results(
+        "ep_low_latency_dispatch",
+        _ll_dispatch(
+            x,
+            topk_idx,
+            num_max_dispatch_tokens_per_rank,
+            num_experts,
+            name,
+            use_fp8,
+            round_scale,
+            use_ue8m0,
+            None,
+            timeout_s,
+        ),
     )
     handle = EPLowLatencyHandle(
-        src_info, layout_range, num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, name, state
+        out.src_info,
+        out.layout_range,
+        num_max_dispatch_tokens_per_rank,
+        x.shape[1],
+        num_experts,
+        name,
+        out.backend_state,
     )
-    return ((recv_x, scales) if use_fp8 else recv_x), count, handle
+    return ((out.recv_x, out.recv_x_scales) if use_fp8 else out.recv_x), out.recv_count, handle
 
 
 @schema_defaults

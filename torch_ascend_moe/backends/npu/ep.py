@@ -72,14 +72,20 @@ from typing import NamedTuple
 
 import torch
 
-from torch_ascend_moe._registry import npu_ge_converter
-from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe._registry import npu_ge_converter, result_type
+from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import soc_version
-from torch_ascend_moe.backends.portable import ep as portable
-from torch_ascend_moe.distributed import capture, exchange
-from torch_ascend_moe.distributed.exchange import place_rows
+from torch_ascend_moe.backends.portable.ep.low_latency import (
+    ll_combine_checks,
+    ll_combine_transport,
+    ll_dispatch_checks,
+    ll_transport,
+)
+from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
+from torch_ascend_moe.distributed import capture, payload
 from torch_ascend_moe.distributed.groups import resolve_group
+from torch_ascend_moe.distributed.payload import place_rows
 
 OP = "ascend_moe.backends.npu.ep"
 
@@ -375,14 +381,14 @@ def ep_low_latency_dispatch(args):
     extra = None
     if product is not None and capture.host_readable(args.topk_idx):
         extra = torch.tensor([t, int((args.topk_idx < 0).any())], dtype=torch.int64, device=args.x.device)
-    group, r, idx, gathered = portable.ll_dispatch_checks(args, extra)
+    group, r, idx, gathered = ll_dispatch_checks(args, extra)
     if product is not None and gathered is not None:
         tokens, empty = gathered[:, 0].tolist(), gathered[:, 1].tolist()
         # MC2 wants one T on every rank (global_bs = 0 form); A2 masks tokens, not slots (a 1-D active mask).
         same_t = len(set(tokens)) == 1 and 0 < t <= MC2_MAX_TOKENS[product]
         product = product if same_t and (product == "A3" or not any(empty)) else None
     if product is None:
-        return portable.ll_transport(args, group, r, idx)
+        return ll_transport(args, group, r, idx)
     ranks, rank, name = _group_info(args.group_name)
     expert_ids, _, active = _routing(idx, None, args.num_experts, product == "A3")
     codes = rank * t + torch.arange(t, device=args.x.device)
@@ -392,8 +398,15 @@ def ep_low_latency_dispatch(args):
     recv_x, count, src_info, layout_range, row_map = ll_layout_from_mc2(
         expand_x, token_nums, t, args.num_max_dispatch_tokens_per_rank, ranks
     )
-    scales = args.x.new_empty(*recv_x.shape[:2], 0, dtype=portable._ABSENT)
-    return recv_x, scales, count, src_info, layout_range, mc2_state(row_map, ep_recv_counts, assist_info)
+    scales = args.x.new_empty(*recv_x.shape[:2], 0, dtype=ABSENT)
+    return result_type("ep_low_latency_dispatch")(
+        recv_x=recv_x,
+        recv_x_scales=scales,
+        recv_count=count,
+        src_info=src_info,
+        layout_range=layout_range,
+        backend_state=mc2_state(row_map, ep_recv_counts, assist_info),
+    )
 
 
 def _ll_combine_v2(call, y, expert_ids, assist_info, ep_send_counts, weights, active, name, ranks, rank, experts):
@@ -450,16 +463,16 @@ def ep_low_latency_combine(args):
     extra = torch.tensor([int(has_state and product is not None), empty], dtype=torch.int64, device=args.x.device)
     # A bad state on one rank fails every rank (the others would wait in MC2's collective).
     errors = {"backend_state": (has_state and pieces is None, _BAD_STATE)}
-    group, r, gathered = portable.ll_combine_checks(args, extra, errors)
+    group, r, gathered = ll_combine_checks(args, extra, errors)
     ready, empties = gathered[:, 0].tolist(), gathered[:, 1].tolist()
     if not (all(ready) and (product == "A3" or not any(empties))):
-        return portable.ll_combine_transport(args, group, r)
+        return ll_combine_transport(args, group, r)
     row_map, ep_recv_counts, assist_info = pieces
     ranks, rank, name = _group_info(args.group_name)
     expert_ids, weights, active = _routing(args.topk_idx, args.topk_weights, r * local, product == "A3")
     # MC2's rows from ours: row i of the dispatch's expand_x became our row row_map[i] (-1: none), and had the
     # dispatch's width (the code columns: zeros here).
-    y = exchange.take_rows(args.x.reshape(local * n, h), row_map.long(), True)
+    y = payload.take_rows(args.x.reshape(local * n, h), row_map.long(), True)
     y = torch.cat([y, y.new_zeros(y.shape[0], CODE_COLUMNS)], dim=1)
     call = torch.ops.npu.npu_moe_distribute_combine_v2.default
     out = _ll_combine_v2(
@@ -631,7 +644,7 @@ def ep_low_latency_dispatch_ge(
     recv_x, count, src_info, layout_range, row_map = _ll_layout_from_mc2_ge(
         outs.expand_x, outs.expert_token_nums, tokens, t_max, ranks, local
     )
-    scales = ge.Fill(ge_graph.i64([local, ranks * t_max, 0]), ge.Const(0, ge_graph.ge_dtype(portable._ABSENT)))
+    scales = ge.Fill(ge_graph.i64([local, ranks * t_max, 0]), ge.Const(0, ge_graph.ge_dtype(ABSENT)))
     state = _mc2_state_ge(row_map, outs.ep_recv_count, outs.expand_idx)  # expand_idx: assist_info_for_combine
     return recv_x, scales, count, src_info, layout_range, state
 
@@ -685,3 +698,20 @@ __all__ = [
     "hccl_comm_name",
     "ll_layout_from_mc2",
 ]
+
+stays_portable(
+    "ep_dispatch",
+    "ep_dispatch_cached",
+    "ep_combine",
+    device="npu",
+    why=(
+        "MC2's rows are per (token, expert) in its own order with opaque state; the portable transport "
+        "(all_to_all_single over HCCL) keeps the op's order and handle"
+    ),
+)
+stays_portable(
+    "ep_expand",
+    "ep_dispatch_layout",
+    device="npu",
+    why="local index math, portable (ACLNN ops); npu_moe_init_routing_v2 is only the local analogue",
+)

@@ -7,7 +7,7 @@ import torch
 from torch_ascend_moe import _checks as ck
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.distributed.exchange import place_rows
+from torch_ascend_moe.distributed.payload import place_rows
 from torch_ascend_moe.meta.moe_routing import (
     PERMUTE,
     UNPERMUTE,

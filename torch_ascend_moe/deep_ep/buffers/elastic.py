@@ -34,10 +34,11 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe.backends.portable.ep.v2 import expand_capacity, grouped_reduce, handle_fields
 from torch_ascend_moe.deep_ep.utils import envs
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
 from torch_ascend_moe.deep_ep.utils.math import align
-from torch_ascend_moe.distributed import capture, exchange
+from torch_ascend_moe.distributed import agreement, payload, waits
 from torch_ascend_moe.ops.ep import (
     ep_combine,
     ep_copy_order,
@@ -128,12 +129,6 @@ class EPHandle:
         """Upstream sorts the received rows by ``src_token_global_idx``; ours already arrive in that order."""
         if not is_cached_dispatch:
             self.cached_recv_src_metadata_before_sort = self.recv_src_metadata
-
-
-def _expand_capacity(num_ranks: int, num_max: int, k: int, local: int, alignment: int) -> int:
-    """Upstream's worst-case expanded rows without a CPU sync: every token of every rank on min(K, L) local
-    experts, plus each expert's alignment padding."""
-    return align(num_ranks * num_max * min(k, local) + (alignment - 1) * local, alignment)
 
 
 class ElasticBuffer:
@@ -362,7 +357,7 @@ class ElasticBuffer:
 
     def barrier(self, use_comm_stream: bool = True, with_cpu_sync: bool = False, sequential: bool = True) -> None:
         work = dist.barrier(group=self.group, async_op=True)
-        exchange.wait("deep_ep.ElasticBuffer.barrier", self.group, work, self.num_cpu_timeout_secs, "the barrier")
+        waits.wait("deep_ep.ElasticBuffer.barrier", self.group, work, self.num_cpu_timeout_secs, "the barrier")
 
     @staticmethod
     def capture() -> EventHandle:
@@ -376,7 +371,7 @@ class ElasticBuffer:
     def _check(self, api: str, x, check) -> None:
         """A local argument check that, on failure, also fails the other ranks at once (they are waiting in
         the op's header exchange) instead of leaving them to their timeout."""
-        exchange.checked(api, self.group_name, x, self.num_cpu_timeout_secs, check)
+        agreement.checked(api, self.group_name, x, self.num_cpu_timeout_secs, check)
 
     def _check_events(self, api: str, previous_event, allocate_on_comm_stream: bool, num_qps: int) -> None:
         if previous_event is not None and not allocate_on_comm_stream:
@@ -507,7 +502,7 @@ class ElasticBuffer:
             # After the op validated num_experts (the SM model divides by it).
             num_sms = self.get_theoretical_num_sms(num_experts, k) if num_sms == 0 else num_sms
             local = num_experts // r
-            psum_scaleup, meta, unaligned, dst_slots = _handle_fields(
+            psum_scaleup, meta, unaligned, dst_slots = handle_fields(
                 route.recv_counts,
                 route.recv_gather,
                 out.recv_src_idx,
@@ -523,7 +518,7 @@ class ElasticBuffer:
             counts_list = aligned.tolist() if do_cpu_sync else []
             recv_x, recv_sf, recv_w = out.recv_x, out.recv_x_scales, out.recv_topk_weights
             if do_expand:
-                rows = 0 if do_cpu_sync else _expand_capacity(r, num_max, k, local, alignment)
+                rows = 0 if do_cpu_sync else expand_capacity(r, num_max, k, local, alignment)
                 ex = ep_expand(
                     recv_x,
                     recv_idx,
@@ -756,7 +751,7 @@ class ElasticBuffer:
             t = back.shape[0]
             y = back.view(t, k, h)
             domain = torch.where(handle.topk_idx >= 0, handle.topk_idx // (local * self.num_scaleup_ranks), -1)
-            y = _grouped_reduce(y, domain)
+            y = grouped_reduce(y, domain)
             slots = torch.where(handle.topk_idx >= 0, torch.arange(t * k, device=y.device).view(t, k), -1)
             return ep_reduce_slots(y.reshape(t * k, h), slots, bias), cw
 
@@ -785,10 +780,10 @@ class ElasticBuffer:
                 f"got {list(sf.shape)} {sf.dtype}"
             )
         self.barrier()
-        rows = exchange.as_bytes(storage)
+        rows = payload.as_bytes(storage)
         gathered = rows.new_empty(r * rows.shape[0], rows.shape[1])
         work = dist.all_gather(list(gathered.chunk(r)), rows, group=self.group, async_op=True)
-        exchange.wait(api, self.group, work, self.num_cpu_timeout_secs, "the storage exchange")
+        waits.wait(api, self.group, work, self.num_cpu_timeout_secs, "the storage exchange")
         self._engram = (gathered.view(storage.dtype).view(-1, storage.shape[1]), None if sf is None else sf.clone())
         self.barrier()
 
@@ -812,7 +807,7 @@ class ElasticBuffer:
             )
         t = indices.shape[0]
         flat = indices.reshape(-1).long()
-        data = exchange.take_rows(storage, flat, False).view(t, -1)
+        data = payload.take_rows(storage, flat, False).view(t, -1)
         scales = None
         if sf is not None:
             scales = _sf_layout(sf[flat].view(t, -1), use_tma_aligned_col_major_sf)
@@ -856,7 +851,7 @@ class ElasticBuffer:
         dst = self._pp_peer(api, t, dst_rank_idx, "dst_rank_idx")
         pending = self._pp_sends.setdefault(dst_rank_idx, deque())
         while len(pending) >= self._pp[1]:
-            exchange.wait(api, self.group, pending.popleft()[0], self.num_cpu_timeout_secs, "an in-flight send")
+            waits.wait(api, self.group, pending.popleft()[0], self.num_cpu_timeout_secs, "an in-flight send")
         copy = t.clone()  # upstream copies into its buffer: the caller may reuse t at once
         pending.append((dist.isend(copy, dst, group=self.group), copy))
 
@@ -865,12 +860,12 @@ class ElasticBuffer:
         api = "deep_ep.ElasticBuffer.pp_recv"
         self._alive("pp_recv")
         src = self._pp_peer(api, t, src_rank_idx, "src_rank_idx")
-        exchange.wait(api, self.group, dist.irecv(t, src, group=self.group), self.num_cpu_timeout_secs, "the receive")
+        waits.wait(api, self.group, dist.irecv(t, src, group=self.group), self.num_cpu_timeout_secs, "the receive")
 
     def _drain_pp_sends(self, api: str) -> None:
         for pending in self._pp_sends.values():
             while pending:
-                exchange.wait(api, self.group, pending.popleft()[0], self.num_cpu_timeout_secs, "an in-flight send")
+                waits.wait(api, self.group, pending.popleft()[0], self.num_cpu_timeout_secs, "an in-flight send")
 
     def agrs_set_config(self, num_max_session_bytes: int, num_max_all_gathers_per_session: int) -> None:
         """(Experimental) Limits of an AGRS session; a barrier flushes what was in flight."""
@@ -892,7 +887,7 @@ class ElasticBuffer:
         if self._agrs_session is None:
             raise RuntimeError(f"{api}: no session is open")
         for work in self._agrs_session[2]:
-            exchange.wait(api, self.group, work, self.num_cpu_timeout_secs, "an all-gather")
+            waits.wait(api, self.group, work, self.num_cpu_timeout_secs, "an all-gather")
         self._agrs_session = None
 
     @contextlib.contextmanager
@@ -944,7 +939,7 @@ class ElasticBuffer:
 
         def wait():
             for work in works:
-                exchange.wait(api, self.group, work, self.num_cpu_timeout_secs, "the all-gather")
+                waits.wait(api, self.group, work, self.num_cpu_timeout_secs, "the all-gather")
 
         return (outs[0], wait) if isinstance(t, torch.Tensor) else (*outs, wait)
 
@@ -952,24 +947,6 @@ class ElasticBuffer:
 def recv_idx_rows(handle: EPHandle) -> torch.Tensor:
     """The expanded row of each received row's slot (``recv_src_metadata[:, 2:]``), int64 for indexing."""
     return handle.recv_src_metadata[:, 2:].long()
-
-
-def _grouped_reduce(y: torch.Tensor, group_id: torch.Tensor) -> torch.Tensor:
-    """Per token, sum each group's slots (FP32, in slot order), round, and keep the sum at the group's last slot,
-    zero at its other slots (upstream's grouped reduction; -1 slots form a group of zeros)."""
-    t, k, h = y.shape
-    out = torch.zeros_like(y)
-    for j in range(k):
-        same = group_id == group_id[:, j : j + 1]  # [T, K]: slot i is in slot j's group
-        if j + 1 < k:
-            last = ~same[:, j + 1 :].any(1)
-        else:
-            last = torch.ones(t, dtype=torch.bool, device=y.device)
-        acc = torch.zeros(t, h, dtype=torch.float32, device=y.device)
-        for i in range(j + 1):  # members before j in slot order; the others add +0
-            acc = acc + torch.where(same[:, i : i + 1], y[:, i].float(), 0)
-        out[:, j] = torch.where(last.unsqueeze(1), acc.to(y.dtype), 0)
-    return out
 
 
 def _sf_layout(sf: torch.Tensor | None, col_major: bool) -> torch.Tensor | None:
@@ -983,49 +960,3 @@ def _sf_layout(sf: torch.Tensor | None, col_major: bool) -> torch.Tensor | None:
 
 
 __all__ = ["EPHandle", "ElasticBuffer", "get_elastic_buffer_alignment"]
-
-
-def _handle_fields(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded):
-    """The dispatch handle's routing fields: ``(psum_scaleup [su] int32, meta [N, K + 2] int32, unaligned [L]
-    int32, dst_slots [T, K] int32)``. ``psum_scaleup``: cumulative real rows per source scale-up index (source
-    ranks ``i::su``); ``meta`` per output row: (source rank * ``num_max`` + its token there, source rank * K + its
-    first local lane, then -1s for the expanded rows), all -1 on padding rows; ``unaligned``: slots per local
-    expert; ``dst_slots``: each of this rank's slots' row among those sent to its rank (``padded``: every token
-    is sent, so its index), -1 for empty slots. One C++ pass on CPU."""
-    if capture.host_kernels(recv_idx.device):
-        return torch.ops.ascend_moe_kernels.elastic_handle_fields(
-            recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
-        )
-    return _handle_fields_portable(
-        recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
-    )
-
-
-def _handle_fields_portable(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded):
-    """_handle_fields with tensor ops (CUDA / NPU, no host syncs): bitwise the CPU kernel's results."""
-    r, device = recv_counts.shape[0], recv_idx.device
-    n, k = recv_idx.shape
-    # Each output row's source rank: received rows are source-major, so the source of buffer row j is the
-    # first whose cumulative count exceeds j (padding rows, recv_gather -1, get -1).
-    ends = torch.cumsum(recv_counts, 0)
-    src_rank = torch.searchsorted(ends, recv_gather.clamp(min=0), right=True).clamp(max=r - 1)
-    real = recv_gather >= 0
-    src_rank = torch.where(real, src_rank, -1)
-    per_source = torch.zeros(r + 1, dtype=torch.int64, device=device)
-    per_source.index_add_(0, torch.where(real, src_rank, r), torch.ones_like(src_rank))
-    groups = per_source[:r].view(-1, su).sum(0)  # source scale-up index i: ranks i::su
-    lanes = recv_idx >= 0
-    first_lane = torch.where(lanes.any(1), lanes.int().argmax(1), 0)
-    meta = torch.full((n, k + 2), -1, dtype=torch.int32, device=device)
-    meta[:, 0] = torch.where(real, src_rank * num_max + recv_src_idx, -1).int()
-    meta[:, 1] = torch.where(real, src_rank * k + first_lane, -1).int()
-    unaligned = torch.zeros(local + 1, dtype=torch.int64, device=device)
-    unaligned.index_add_(0, torch.where(lanes, recv_idx, local).view(-1), torch.ones_like(recv_idx).view(-1))
-    # dst_slots: a token's rank in its destination's send list.
-    idx = topk_idx.long()
-    t = idx.shape[0]
-    owner = torch.where(idx >= 0, idx // local, r)
-    in_rank = torch.zeros(t, r + 1, dtype=torch.int64, device=device).scatter_(1, owner, 1)[:, :r]
-    pos = torch.arange(t, device=device).unsqueeze(1).expand(t, r) if padded else torch.cumsum(in_rank, 0) - 1
-    pos = torch.cat([pos, pos.new_full((t, 1), -1)], 1)
-    return torch.cumsum(groups, 0).int(), meta, unaligned[:local].int(), pos.gather(1, owner).int()

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from torch_ascend_moe.backends.portable.ep import ll_row_sources
+from torch_ascend_moe.backends.portable.ep.low_latency import ll_row_sources
 
 _POLL_S = 0.005
 

@@ -122,7 +122,7 @@ def get_physical_domain_size(group: dist.ProcessGroup) -> tuple[int, int]:
     """``(num_rdma_ranks, num_nvlink_ranks)``: nodes, and ranks per node (upstream reads them from its NCCL
     communicator). Collective the first time per group: the ranks exchange host names. Ranks must be laid out
     node-major with the same count per node, as upstream's ``rank = node · ranks_per_node + local`` assumes."""
-    from torch_ascend_moe.distributed import exchange
+    from torch_ascend_moe.distributed import waits
 
     key = group.group_name
     if key not in _DOMAINS:
@@ -141,7 +141,7 @@ def get_physical_domain_size(group: dist.ProcessGroup) -> tuple[int, int]:
             mine = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.int64, device=device)
             gathered = [torch.empty_like(mine) for _ in range(r)]
             work = dist.all_gather(gathered, mine, group=group, async_op=True)
-            exchange.wait("deep_ep.get_physical_domain_size", group, work, 300.0, "the host-name exchange")
+            waits.wait("deep_ep.get_physical_domain_size", group, work, 300.0, "the host-name exchange")
             hosts = [int(t) for t in gathered]
         firsts = list(dict.fromkeys(hosts))
         per = len(hosts) // len(firsts)

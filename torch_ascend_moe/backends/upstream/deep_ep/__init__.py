@@ -19,9 +19,13 @@ from typing import NamedTuple
 
 import torch
 
+from torch_ascend_moe._registry import result_type
 from torch_ascend_moe.backends.chain import on_refresh
-from torch_ascend_moe.backends.portable import ep as ours
-from torch_ascend_moe.distributed import capture, exchange
+from torch_ascend_moe.backends.portable.ep.header import bad_ids, dispatch_fields, static_overflow
+from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
+from torch_ascend_moe.backends.portable.ep.outputs import absent
+from torch_ascend_moe.backends.portable.ep.route import handle_route
+from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
 
@@ -151,23 +155,23 @@ def dispatch_header(args, transport: int) -> Header:
     DeepEP's collective. DeepEP's ``get_dispatch_layout`` is computed by ours (same definitions, device ops). A
     static dispatch whose ``num_worst_tokens`` is too small raises on every rank before DeepEP writes a row."""
     op = meta.DISPATCH
-    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: meta.dispatch_signature(args))
+    r = agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: meta.dispatch_signature(args))
     group = resolve_group(op, args.group_name)
     t = args.topk_idx.shape[0]
     idx = args.topk_idx.long()
     bad = (idx < -1) | (idx >= args.num_experts)
     ids = torch.where(bad, -1, idx)
-    per_rank, per_node, per_expert, in_rank = ours.layout_of(ids, args.num_experts, r)
+    per_rank, per_node, per_expert, in_rank = layout_of(ids, args.num_experts, r)
     # Every rank's send counts and T: receive counts, a too-small num_worst_tokens, and the static handle's T's.
     extra = torch.cat([per_rank.long().cpu(), torch.full((r,), t, dtype=torch.int64)])
-    errors = {"topk_idx": (bool(bad.any()), ours.bad_ids(args))}
-    table = exchange.exchange_header(
-        op, group, args.x.device, ours.dispatch_fields(args, transport), extra, errors, args.timeout_s
+    errors = {"topk_idx": (bool(bad.any()), bad_ids(args))}
+    table = agreement.exchange_header(
+        op, group, args.x.device, dispatch_fields(args, transport), extra, errors, args.timeout_s
     )
     received = table[:, :r].sum(0)
     if args.num_worst_tokens > 0 and bool((received > args.num_worst_tokens).any()):
         worst = int(received.argmax())
-        raise ValueError(ours.static_overflow(op, args.num_worst_tokens, worst, int(received[worst])))
+        raise ValueError(static_overflow(op, args.num_worst_tokens, worst, int(received[worst])))
     return Header(r, group, ids, in_rank, per_rank, per_node, per_expert, table, received)
 
 
@@ -210,19 +214,19 @@ def dispatch_outputs(args, head: Header, recv_x, recv_scales, recv_idx, recv_w, 
         send_counts, recv_counts = head.per_rank.long(), from_me.clone()
         recv_gather = torch.arange(n, device=device)
     local = args.num_experts // r
-    return (
-        recv_x,
-        ours.absent(args.x, n) if recv_scales is None else recv_scales,
-        recv_idx,
-        ours.absent(args.x, n) if args.topk_weights is None else recv_w,
-        ours.per_local_expert(recv_idx, recv_idx >= 0, local, args.expert_alignment),
-        torch.full((1,), n_real, dtype=torch.int64, device=device),
-        send_src,
-        send_counts,
-        recv_counts,
-        recv_gather,
-        src,
-        state,
+    return result_type("ep_dispatch")(
+        recv_x=recv_x,
+        recv_x_scales=absent(args.x, n) if recv_scales is None else recv_scales,
+        recv_topk_idx=recv_idx,
+        recv_topk_weights=absent(args.x, n) if args.topk_weights is None else recv_w,
+        num_recv_tokens_per_expert=per_local_expert(recv_idx, recv_idx >= 0, local, args.expert_alignment),
+        num_recv=torch.full((1,), n_real, dtype=torch.int64, device=device),
+        send_src=send_src,
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        recv_gather=recv_gather,
+        recv_src_idx=src,
+        backend_state=state,
     )
 
 
@@ -230,9 +234,9 @@ def replay(op: str, signature, fields, args, transport: int):
     """The checks before replaying a DeepEP dispatch (cached dispatch, combine): our op's on every rank, then the
     handles checked to pair up across ranks, as for our transport (a mismatch raises on every rank, where DeepEP would
     wait). Returns ``(R, group)``."""
-    r = exchange.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
+    r = agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
     group = resolve_group(op, args.group_name)
-    ours.handle_route(
+    handle_route(
         op,
         group,
         args.x.device,

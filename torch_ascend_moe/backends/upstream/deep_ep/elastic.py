@@ -44,7 +44,8 @@ import torch
 
 from torch_ascend_moe import _registry
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
-from torch_ascend_moe.backends.portable import ep as ours
+from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
+from torch_ascend_moe.backends.portable.ep.outputs import absent
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.distributed import capture
@@ -269,7 +270,7 @@ def _takes_combine(args):
 
 
 def _dispatch(args):
-    head = shared.dispatch_header(args, ours.DEEP_EP_V2)
+    head = shared.dispatch_header(args, Transport.DEEP_EP_V2)
     fp8 = args.x_scales is not None
     k = args.topk_idx.shape[1]
     most = int(head.table[:, head.r :].max())  # the largest T of any rank
@@ -315,7 +316,7 @@ def _pad(rows: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 def _cached(args):
     op = meta.CACHED
-    r, group = shared.replay(op, meta.cached_signature, ours.cached_fields, args, ours.DEEP_EP_V2)
+    r, group = shared.replay(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.x.shape[0])
     fp8 = args.x_scales is not None
     buffer, _ = _buffer(
@@ -328,21 +329,21 @@ def _cached(args):
     rows = args.recv_gather.shape[0]
     recv_x = _pad(recv_x, rows) if rows != n else recv_x
     if recv_scales is None:
-        return recv_x, ours.absent(args.x, rows)
+        return recv_x, absent(args.x, rows)
     recv_scales = recv_scales.contiguous()
     return recv_x, _pad(recv_scales, rows) if rows != n else recv_scales
 
 
 def _combine(args):
     op = meta.COMBINE
-    r, group = shared.replay(op, meta.combine_signature, ours.combine_fields, args, ours.DEEP_EP_V2)
+    r, group = shared.replay(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.num_tokens)
     k = handle.topk_idx.shape[1]
     buffer, _ = _buffer(args.group_name, group, handle.num_max_tokens_per_rank, args.x.shape[1], k, False)
     biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
     bias = biases if len(biases) == 2 else (biases[0] if biases else None)
     combined, _, _ = buffer.combine(args.x[:n].contiguous(), handle, bias=bias, num_sms=_num_sms(args.x.device))
-    return combined, ours.absent(args.x, args.num_tokens)
+    return combined, absent(args.x, args.num_tokens)
 
 
 # The same three kernels on both devices (one API): (op, ElasticBuffer method, takes, kernel).

@@ -1,7 +1,7 @@
 """DeepEP's V1 ``deep_ep.Buffer`` behind the ep family on CUDA: the normal (high-throughput) dispatch, cached
 dispatch and combine (deepseek-ai/DeepEP; specs/deepep_api.md §2-§5) and the low-latency pair, the chain's first
 entry where the library is installed; V2's ``ElasticBuffer`` (``elastic``) for what V1 refuses, our transport
-(``backends/portable/ep.py``, NCCL) otherwise. Switched off alone as ``deep_ep.legacy``.
+(``backends/portable/ep``, NCCL) otherwise. Switched off alone as ``deep_ep.legacy``.
 
 The op stays ours (schema, fake, autograd, compiler passes); only the data movement is DeepEP's. What that means:
 
@@ -45,7 +45,9 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
-from torch_ascend_moe.backends.portable import ep as ours
+from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
+from torch_ascend_moe.backends.portable.ep.low_latency import ll_combine_checks, ll_dispatch_checks
+from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.distributed import capture
@@ -200,7 +202,7 @@ def _takes_combine(args):
     available=DEEP_EP.available,
 )
 def ep_dispatch(args):
-    head = shared.dispatch_header(args, ours.DEEP_EP)
+    head = shared.dispatch_header(args, Transport.DEEP_EP)
     t, k = args.topk_idx.shape
     buffer = normal_buffer(args.group_name, head.group, _hidden_bytes(args.x))
     weights = args.topk_weights if args.topk_weights is not None else torch.zeros(t, k, device=args.x.device)
@@ -229,7 +231,7 @@ def ep_dispatch(args):
 )
 def ep_dispatch_cached(args):
     op = meta.CACHED
-    r, group = shared.replay(op, meta.cached_signature, ours.cached_fields, args, ours.DEEP_EP)
+    r, group = shared.replay(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP)
     n = args.recv_gather.shape[0]
     handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
@@ -239,7 +241,7 @@ def ep_dispatch_cached(args):
     pad = args.recv_gather < 0
     shared.zero_padding(recv_x, pad)
     if recv_scales is None:
-        return recv_x, ours.absent(args.x, n)
+        return recv_x, absent(args.x, n)
     return recv_x, shared.zero_padding(recv_scales, pad)
 
 
@@ -252,7 +254,7 @@ def ep_dispatch_cached(args):
 )
 def ep_combine(args):
     op = meta.COMBINE
-    r, group = shared.replay(op, meta.combine_signature, ours.combine_fields, args, ours.DEEP_EP)
+    r, group = shared.replay(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP)
     handle = unpack(op, args.backend_state, r, args.num_tokens, args.x.shape[0])
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
     biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
@@ -261,7 +263,7 @@ def ep_combine(args):
         args.x.contiguous(), handle, topk_weights=weights, bias=biases if len(biases) == 2 else (biases or (None,))[0]
     )
     if weights is None:
-        return combined, ours.absent(args.x, args.num_tokens)
+        return combined, absent(args.x, args.num_tokens)
     return combined, combined_w
 
 
@@ -377,7 +379,7 @@ def _takes_ll_combine(args):
     available=DEEP_EP.available,
 )
 def ep_low_latency_dispatch(args):
-    group, r, ids, _ = ours.ll_dispatch_checks(args, transport=ours.DEEP_EP)
+    group, r, ids, _ = ll_dispatch_checks(args, transport=Transport.DEEP_EP)
     t_max, (_, hidden) = args.num_max_dispatch_tokens_per_rank, args.x.shape
     buffer = low_latency_buffer(args.group_name, group, t_max, hidden, args.num_experts)
     recv, count, handle, _, _ = buffer.low_latency_dispatch(
@@ -392,10 +394,10 @@ def ep_low_latency_dispatch(args):
     recv_x, scales = recv if args.use_fp8 else (recv, None)
     local, n = recv_x.shape[:2]
     # DeepEP hands its scales as a transposed view (for TMA): ours are row-major.
-    scales = ours.absent(args.x, local * n).view(local, n, 0) if scales is None else scales.contiguous()
+    scales = absent(args.x, local * n).view(local, n, 0) if scales is None else scales.contiguous()
     inside = torch.arange(n, device=recv_x.device) < count.unsqueeze(1)
     src_info = torch.where(inside, handle[0], -1)  # DeepEP leaves the rest unwritten; ours marks them -1
-    return recv_x, scales, count, src_info, handle[1], ours.no_backend_state(recv_x.device)
+    return recv_x, scales, count, src_info, handle[1], no_backend_state(recv_x.device)
 
 
 @kernel(
@@ -406,7 +408,7 @@ def ep_low_latency_dispatch(args):
     available=DEEP_EP.available,
 )
 def ep_low_latency_combine(args):
-    group, r, _ = ours.ll_combine_checks(args, transport=ours.DEEP_EP)
+    group, r, _ = ll_combine_checks(args, transport=Transport.DEEP_EP)
     local, _, hidden = args.x.shape
     t_max = args.num_max_dispatch_tokens_per_rank
     buffer = low_latency_buffer(args.group_name, group, t_max, hidden, local * r)

@@ -46,7 +46,7 @@ import weakref
 import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel, on_refresh, refuse
-from torch_ascend_moe.backends.portable import ep as ep_ours
+from torch_ascend_moe.backends.portable.ep.header import bad_ids
 from torch_ascend_moe.backends.upstream.deep_gemm import (
     ASCEND,
     CUDA,
@@ -56,7 +56,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     cuda_refusal,
     real_refusal,
 )
-from torch_ascend_moe.distributed import capture, exchange
+from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta.mega_moe import GRAN, OP, mega_moe_signature
 
@@ -324,13 +324,13 @@ def _header(args, num_experts: int):
     group = resolve_group(OP, args.group_name)
     fields = {
         "x's shape[1] (H)": args.x.shape[1],
-        "x's dtype": exchange.dtype_code(args.x.dtype),
+        "x's dtype": agreement.dtype_code(args.x.dtype),
         "topk_idx's K": idx.shape[1],
         "l1_weights' shape (E_local, 2I)": args.l1_weights.shape[0] * 1_000_000 + args.l1_weights.shape[1],
     }
     # The words ep_dispatch raises in the portable pipeline for the same ids.
-    words = ep_ours.bad_ids(types.SimpleNamespace(num_experts=num_experts))
-    table = exchange.exchange_header(
+    words = bad_ids(types.SimpleNamespace(num_experts=num_experts))
+    table = agreement.exchange_header(
         OP,
         group,
         args.x.device,
@@ -356,7 +356,7 @@ def _fill(buffer, args) -> None:
 def _prologue(args):
     """What both kernels do first: our check and the header (on a group), then the call's shape:
     ``(E, group, largest T of any rank, H, K, I)``."""
-    num_experts, _ = exchange.checked(OP, args.group_name, args.x, args.timeout_s, lambda: mega_moe_signature(args))
+    num_experts, _ = agreement.checked(OP, args.group_name, args.x, args.timeout_s, lambda: mega_moe_signature(args))
     group, tokens = _header(args, num_experts)
     return num_experts, group, tokens, args.x.shape[1], args.topk_idx.shape[1], args.l1_weights.shape[1] // 2
 

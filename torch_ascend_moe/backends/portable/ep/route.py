@@ -1,0 +1,47 @@
+"""A dispatch's handle as a route: its counts checked to pair up on every rank, then the splits, sizes and
+shape of the rows it moves. The cached dispatch replays it; the combine runs it backwards."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from torch_ascend_moe.distributed import agreement, capture
+
+
+class Route(NamedTuple):
+    """How a handle's rows move: splits (None = equal splits), buffer sizes, whether the handle is compact."""
+
+    in_splits: list[int] | None  # rows this rank's send buffer holds per destination (dispatch direction)
+    out_splits: list[int] | None  # rows it receives per source (dispatch direction)
+    rows_out: int  # rows of the dispatch's receive buffer
+    rows_in: int  # rows of the dispatch's send buffer
+    compact_recv: bool  # recv_gather is the identity: outputs are the receive buffer itself
+    padded_send: bool  # send_src holds -1 padding
+    send_rows: torch.Tensor | None  # [R, R]: rows rank s sends rank d in the dispatch direction (None: capturing)
+
+
+def handle_route(op, group, device, send_src, send_counts, recv_counts, recv_gather, fields, timeout_s) -> Route:
+    """Check a dispatch handle on every rank (its counts must pair up: rank s sends rank d what d expects from s)
+    and return its route. While a CUDA graph is captured nothing is read on the host: only a static handle
+    (equal splits, every rank the same T) can be replayed then, and nothing is checked."""
+    r, rank = group.size(), group.rank()
+    if capture.capturing(device):
+        rows = send_src.shape[0]  # static: R * T rows each way
+        return Route(None, None, rows, rows, False, True, None)
+    table = agreement.exchange_header(
+        op, group, device, fields, torch.cat([send_counts, recv_counts]).cpu(), {}, timeout_s
+    )
+    sends = table[:, :r]  # sends[s, d]
+    recvs = table[:, r:]  # recvs[d, s]
+    if not torch.equal(sends, recvs.t()):
+        raise ValueError(
+            f"{op}: the handles do not pair up across ranks (rank s's send_counts[d] must equal rank d's "
+            f"recv_counts[s]); rank {rank} has send_counts {send_counts.tolist()}, recv_counts "
+            f"{recv_counts.tolist()}: pass every rank the handle of the same dispatch"
+        )
+    in_splits, out_splits = send_counts.tolist(), recv_counts.tolist()
+    rows_out = sum(out_splits)
+    compact = recv_gather.shape[0] == rows_out and torch.equal(recv_gather, torch.arange(rows_out, device=device))
+    return Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()), sends)
