@@ -99,6 +99,7 @@ def cmd_info(args, console: Console) -> int:
                     "backends": backend_info(),
                     "ops": {n: capabilities(n) for n in op_names()},
                     "chains": chains(),
+                    "portable by design": portable_whys(),
                 },
                 indent=2,
                 default=str,
@@ -124,10 +125,24 @@ def cmd_info(args, console: Console) -> int:
         caps = capabilities(name)
         # TorchAir's GE mode: the Ascend IR op our converter builds, for the cases the adapter maps
         ge_ir = _registry.NPU_GE_IR.get(name, "-")
-        cuda_chain, npu_chain = (" > ".join(every[name][d]) for d in ("cuda", "npu"))
+        cuda_chain, npu_chain = (_chain_text(name, d, every[name][d]) for d in ("cuda", "npu"))
         matrix.add_row(name, *("yes" if caps[c] else "-" for c in columns), cuda_chain, npu_chain, ge_ir)
     console.print(matrix)
     return 0
+
+
+def _chain_text(op: str, device: str, labels: list[str]) -> str:
+    """A chain as ``info`` prints it, the reason appended where the op stays portable there by design."""
+    why = chain.portable_why(op, device)
+    return " > ".join(labels) + (f" ({why})" if why else "")
+
+
+def portable_whys() -> dict[str, dict[str, str]]:
+    """Per device, the ops that run their portable kernel there on purpose, and why (``chain.stays_portable``)."""
+    backends.register_all()
+    return {
+        d: {op: why for op in op_names() if (why := chain.portable_why(op, d))} for d in chain.devices() if d != "cpu"
+    }
 
 
 def cmd_explain(args, console: Console) -> int:

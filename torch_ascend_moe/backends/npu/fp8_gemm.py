@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter
-from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature
@@ -93,3 +93,11 @@ def fp8_gemm_ge(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype, meta_ou
         output_dtype=15,
         group_sizes=GROUP_SIZES,  # 15: bfloat16's ScalarType
     )
+
+
+stays_portable(
+    "fp8_bmm",
+    "fp8_einsum",
+    device="npu",
+    why="npu_quant_matmul has no batched form of the 1x128 x 128x128 block-scale recipe",
+)

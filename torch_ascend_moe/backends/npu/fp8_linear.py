@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter
+from torch_ascend_moe.backends.chain import stays_portable
 from torch_ascend_moe.backends.npu import fp8_gemm as npu_fp8_gemm
 from torch_ascend_moe.backends.npu import ge_graph
 from torch_ascend_moe.backends.npu import quant as npu_quant
@@ -38,3 +39,11 @@ def fp8_quant_gemm_ge(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtyp
     q, sf = npu_quant.quantize_fp8_ge(x, [1, gran_k], use_ue8m0, False)
     q, sf = ge_graph.with_meta(q, q_meta), ge_graph.with_meta(sf, sf_meta)
     return npu_fp8_gemm.fp8_gemm_ge(q, sf, b, sfb, c, [1, gran_k], recipe_b, alpha, out_dtype, meta_outputs)
+
+
+stays_portable(
+    "fp8_linear",
+    "fp8_quant_gemm",
+    device="npu",
+    why="no kernel of its own: its portable steps (the casts, fp8_gemm) reach their own Ascend chains",
+)

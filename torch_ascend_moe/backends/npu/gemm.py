@@ -5,3 +5,13 @@ tensor is torch_npu's ACLNN matmul, which multiplies BF16/FP16 with an FP32 accu
 ``x @ w.T + b`` with the same kernel, ``npu_transpose_batchmatmul`` fuses a permute our einsum does not need, and
 the quantized ones are the fp8_gemm family's (``backends/npu/fp8_gemm.py``).
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "bf16_gemm",
+    "bf16_bmm",
+    "bf16_einsum",
+    device="npu",
+    why="torch.matmul / baddbmm on an NPU tensor is ACLNN's matmul: FP32 accumulator, one rounding, the op's contract",
+)

@@ -74,7 +74,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter
-from torch_ascend_moe.backends.chain import first_refusal, kernel, planned
+from torch_ascend_moe.backends.chain import first_refusal, kernel, planned, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import grouped as portable
@@ -626,3 +626,25 @@ def m_grouped_fp8_gemm_masked_ge(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, o
     rows = ge.Unsqueeze(ge_graph.arange(m_max), axes=[0])
     valid = ge.Less(rows, ge.Unsqueeze(ge_graph.cast(masked_m, torch.int64), axes=[1]))
     return ge_graph.typed(ge_graph.zero_rows(y, valid, 2), out)
+
+
+stays_portable(
+    "m_grouped_fp8_linear",
+    "m_grouped_fp8_quant_gemm",
+    device="npu",
+    why="no kernel of its own: its portable steps (the casts, m_grouped_fp8_gemm) reach their own Ascend chains",
+)
+stays_portable(
+    "k_grouped_fp8_gemm",
+    device="npu",
+    why="per-group scale rows along the reduction have no MX / npu_grouped_matmul form",
+)
+stays_portable(
+    "m_grouped_bf16_gemm_swiglu",
+    "m_grouped_fp8_gemm_swiglu",
+    device="npu",
+    why=(
+        "npu_grouped_matmul_swiglu_quant is INT8 with per-channel scales: no dtype, scale layout or rounding "
+        "point in common; the grouped GEMM inside still maps"
+    ),
+)

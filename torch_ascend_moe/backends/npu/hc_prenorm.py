@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from torch_ascend_moe.backends.chain import stays_portable
+
 
 def hc_streams(num_rows_b: int) -> int | None:
     """``n`` with ``n^2 + 2n == num_rows_b`` (``b``'s rows, ``npu_mhc_pre``'s ``mat_k``), else None."""
@@ -45,3 +47,12 @@ def mhc_pre_operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 __all__ = ["hc_streams", "mhc_pre_operands"]
+
+stays_portable(
+    "hc_prenorm_gemm",
+    device="npu",
+    why=(
+        "npu_mhc_pre fuses a different subgraph with its own rounding points: an FP32 matmul + square sum on "
+        "ACLNN instead"
+    ),
+)

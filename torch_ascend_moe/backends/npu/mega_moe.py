@@ -19,3 +19,11 @@ Why not the fused ops the issue names:
   ``SymmBuffer`` from ``CommContextManager``; specs/upstream_2609.md §10): not in the torch_npu 2.13.0 wheel, and
   its math (SwiGLU order, clamp, requantisation) is not published, so no adapter could be checked to compute ours.
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "mega_moe",
+    device="npu",
+    why="no single-op adapter: its portable steps reach their own Ascend adapters (routing, grouped matmul, finalize)",
+)

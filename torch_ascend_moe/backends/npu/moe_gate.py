@@ -7,3 +7,11 @@ sigmoid/softmax group-limited part of this gate; the sqrt-softplus scores, TileK
 would all stay around it, and its tie order is not documented. TileKernels' own Ascend gate kernels
 (``moe_topk_gate_forward`` in TileLang-Ascend) are not a torch op we could call.
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "moe_topk_gate",
+    device="npu",
+    why="npu_moe_gating_top_k computes only the group-limited sigmoid/softmax part, ties undocumented",
+)

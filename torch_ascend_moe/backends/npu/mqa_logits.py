@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.chain import kernel, planned
+from torch_ascend_moe.backends.chain import kernel, planned, stays_portable
 from torch_ascend_moe.backends.npu import has_op
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import mqa_logits as meta
@@ -168,3 +168,23 @@ def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
 
 
 __all__ = ["batches_of", "implied_ranges", "mqa_logits_topk"]
+
+stays_portable(
+    "mqa_logits",
+    "mqa_topk",
+    device="npu",
+    why="npu_lightning_indexer never forms the logits: it maps onto mqa_logits_topk, the fused pair",
+)
+stays_portable(
+    "paged_mqa_logits",
+    "paged_mqa_logits_metadata",
+    device="npu",
+    why="the indexer's paged form returns top-k, not the logits; the metadata is DeepGEMM's SM schedule",
+)
+stays_portable("mqa_logits_backward", device="npu", why="no CANN counterpart for the logits' gradient")
+stays_portable(
+    "sparse_mqa_logits",
+    "paged_sparse_mqa_logits",
+    device="npu",
+    why="no CANN op in torch_npu 2.13 and no DeepGEMM-Ascend sparse indexer API",
+)

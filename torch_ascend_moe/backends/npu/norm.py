@@ -7,3 +7,13 @@ operation order (is ``x * rstd * gamma`` rounded once? is the residual sum round
 sum, as TileKernels does?) and have no ``out_scale`` or unit weight; ``npu_add_rms_norm_quant`` / the dynamic-quant
 variants quantize to int8 or with their own scale rules. A mapping would need those checked on hardware.
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "rms_norm",
+    "rms_norm_quant",
+    "rms_norm_backward",
+    device="npu",
+    why="npu_rms_norm's operation order and rounding are undocumented; no out_scale or unit weight",
+)

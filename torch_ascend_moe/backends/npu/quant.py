@@ -52,7 +52,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import npu_ge_converter
-from torch_ascend_moe.backends.chain import first_refusal, kernel
+from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.meta.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
 from torch_ascend_moe.quant.encodings import FP8_MAX
@@ -200,3 +200,15 @@ def quantize_fp8_ge(x, block, use_ue8m0, use_packed_ue8m0, meta_outputs=None):
         nan = ge.Const(float("nan"), dt.DT_FLOAT)
         scales = ge.SelectV2(ge.Equal(codes, ge.Const(255, dt.DT_UINT8)), nan, ge.Bitcast(powers, type=dt.DT_FLOAT))
     return y, scales
+
+
+stays_portable(
+    "quantize_fp4",
+    device="npu",
+    why="CANN's E2M1 casts round ties to even; DeepGEMM's cast rounds ties toward the smaller magnitude",
+)
+stays_portable(
+    "dequantize",
+    device="npu",
+    why="one multiply per element rounded once, which the portable kernel already runs on ACLNN",
+)

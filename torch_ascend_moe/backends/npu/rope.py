@@ -5,3 +5,11 @@ tensors broadcast against x (``half`` / ``interleave`` modes) rather than a cach
 ``npu_apply_rotary_pos_emb`` rotates q and k in place with its own layout (BSND) restrictions; both would need the
 cache rows expanded first and their rounding (one fused multiply-add or two products?) is not documented.
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "rotary_embedding",
+    device="npu",
+    why="npu_rotary_mul takes full-width cos/sin, not a cache and positions; its rounding is undocumented",
+)

@@ -12,3 +12,15 @@ Not mapped, and why (torch_npu 2.13's meta registrations and docs):
   treated; ``npu_swiglu_quant`` / ``npu_dequant_swiglu_quant`` quantize to int8 with smooth scales.
 * TileKernels' own Ascend kernels (TileLang-Ascend) are not torch ops we could call.
 """
+
+from torch_ascend_moe.backends.chain import stays_portable
+
+stays_portable(
+    "swiglu_forward",
+    "swiglu_backward",
+    device="npu",
+    why=(
+        "npu_swiglu has no clamp, weights or layout, and npu_swiglu_group_quant's clamp and scale rules are "
+        "undocumented"
+    ),
+)
