@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import sys
@@ -172,6 +173,7 @@ def cmd_bench(args, console: Console) -> int:
         console.print(f"bench {args.family}: nothing to time on this machine (the family needs a device it lacks)")
         return 0
     was = torch.get_num_threads()
+    load_before = _load_average()
     records = []
     try:
         for threads in _thread_counts(args.threads):
@@ -181,17 +183,27 @@ def cmd_bench(args, console: Console) -> int:
         torch.set_num_threads(was)
     if args.json and not _secondary_rank():
         with open(args.json, "w") as f:
-            json.dump(run_record(args, records), f, indent=2)
+            json.dump(run_record(args, records, load_before), f, indent=2)
     return 0
 
 
-def run_record(args, results: list[dict]) -> dict[str, object]:
+def _load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): how many runnable jobs shared the cores."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def run_record(args, results: list[dict], load_before: float | None) -> dict[str, object]:
     """``bench --json``'s file: the rows with what is needed to read them later (stored runs in ``docs/bench/``
-    become the performance page's tables): the command, the date (UTC), the machine and the ``--note``."""
+    become the performance page's tables): the command, the date (UTC), the machine, its load average before and
+    after the run (other jobs on the cores move the times) and the ``--note``."""
     return {
         "command": "python -m torch_ascend_moe " + shlex.join(args.argv),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": bench.machine(),
+        "load_average": {"before": load_before, "after": _load_average()},
         "note": args.note,
         "results": results,
     }
