@@ -4,11 +4,14 @@ reference generated from the live registry), and every Python example in README 
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tools import bench_pages, refresh_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -46,6 +49,59 @@ def test_docs_site_builds_strict(tmp_path):
 
     missing = [name for name in cli.op_names() if f"ascend_moe::{name}(" not in reference]
     assert not missing, f"ops missing from the generated reference: {missing}"
+    performance = (tmp_path / "site" / "performance" / "index.html").read_text()
+    for name in bench_pages.runs():
+        assert (tmp_path / "site" / bench_pages.image_path(name)).read_bytes().startswith(b"\x89PNG"), name
+        assert f'src="../{bench_pages.image_path(name)}"' in performance, name
+    assert "<!-- bench:" not in performance
+
+
+def test_each_stored_bench_run_has_one_placeholder_and_each_placeholder_a_run():
+    """``docs/bench/<name>.json`` and ``<!-- bench: <name> -->`` come in pairs: a run no page shows, or a page asking
+    for a run that is not stored, is a drift (the build also refuses the latter)."""
+    asked = [name for page in PAGES for name in bench_pages.placeholders(page.read_text())]
+    stored = bench_pages.runs()
+    assert stored, "no stored bench runs in docs/bench/"
+    assert sorted(asked) == sorted(stored), f"placeholders {sorted(asked)} vs stored runs {sorted(stored)}"
+    with pytest.raises(ValueError, match="no docs/bench/nope.json"):
+        bench_pages.render("<!-- bench: nope -->", stored)
+
+
+def test_each_stored_bench_run_is_refreshed_by_its_own_command():
+    """``tools/refresh_bench.py`` re-runs the command a run records, into that run's file (a CPU run records that very
+    file: one copied under another name is a drift); a run it cannot repeat says why."""
+    for name, run in bench_pages.runs().items():
+        why = refresh_bench.cannot_refresh(run)
+        if why:
+            assert run.get("source") or run["machine"]["gpu"], (name, why)
+            continue
+        recorded = shlex.split(run["command"])
+        at = recorded.index("--json")
+        argv = refresh_bench.refresh_command(name, run)
+        assert argv[at + 1] == f"docs/bench/{name}.json", name
+        assert argv[1:at] + argv[at + 2 :] == recorded[1:at] + recorded[at + 2 :], name  # the same bench call
+        if not run["machine"]["gpu"]:  # a CPU run is written in place (a GPU run comes from the device's $OUT)
+            assert recorded[at + 1] == f"docs/bench/{name}.json", name
+
+
+@pytest.mark.parametrize("name", sorted(bench_pages.runs()))
+def test_rendered_bench_table_is_the_stored_run(name):
+    """The page's table for a stored run shows that run's cases, times and speedups (to the table's rounding), in
+    order; and the run says where it was measured (``bench --json``'s header)."""
+    run = bench_pages.runs()[name]
+    assert run["command"].startswith(("python -m torch_ascend_moe bench ", "python3 -m torch_ascend_moe bench "))
+    assert run["date"][:4].isdigit() and (run["machine"]["cpu_count"] or run["machine"]["gpu"])
+    section = bench_pages.render(f"<!-- bench: {name} -->", {name: run})
+    lines = [line for line in section.splitlines() if line.startswith("| ")][1:]  # the header row left out
+    assert len(lines) == len(run["results"])
+    for line, row in zip(lines, run["results"]):
+        cells = [c.strip() for c in re.split(r"(?<!\\) \| ", line.strip("| "))]
+        assert cells[0].startswith(row["case"].replace("|", "\\|"))
+        assert cells[3] == row["baseline"]
+        ours, baseline, speedup = float(cells[1]), float(cells[4]), float(cells[6].rstrip("×"))
+        assert ours == pytest.approx(row["ours_ms"], rel=5e-4)
+        assert baseline == pytest.approx(row["baseline_ms"], rel=5e-4)
+        assert speedup == pytest.approx(row["speedup"], abs=0.005)
 
 
 EXAMPLES = [(p, i) for p in PAGES for i in range(len(_python_blocks(p)))]

@@ -1,6 +1,7 @@
 """The package as a whole: cheap import, live registrations, backends, CLI, FLOP counting, golden graph."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,10 @@ def test_cli_info_table_and_bench(tmp_path):
     bench = _python("-m", "torch_ascend_moe", "bench", "gemm", "--quick", "--min-run-time", "0.02", "--json", str(out))
     assert bench.returncode == 0, bench.stderr
     assert "speedup" in bench.stdout
-    rows = json.loads(out.read_text())
+    run = json.loads(out.read_text())
+    assert run["command"].startswith("python -m torch_ascend_moe bench gemm --quick")
+    assert run["machine"]["cpu_count"] == os.cpu_count() and run["machine"]["torch"] == torch.__version__
+    rows = run["results"]
     from torch_ascend_moe.bench import gemm
 
     assert [r["case"] for r in rows] == [c.name for c in gemm.cases(quick=True)]
@@ -137,7 +141,7 @@ def test_cli_bench_threads(tmp_path):
     bench = _python("-m", "torch_ascend_moe", *args)
     assert bench.returncode == 0, bench.stderr
     assert "1 CPU threads" in bench.stdout and "2 CPU threads" in bench.stdout
-    rows = json.loads(out.read_text())
+    rows = json.loads(out.read_text())["results"]
     assert sorted({r["threads"] for r in rows}) == [1, 2] and len(rows) % 2 == 0
     bad = _python("-m", "torch_ascend_moe", "bench", "gemm", "--threads", "0")
     assert bad.returncode != 0 and "--threads expects positive integers" in bad.stderr

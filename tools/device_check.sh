@@ -53,6 +53,7 @@ fi
 timeout "${PYTEST_BUDGET:-420}" python3 -m pytest -q -p no:cacheprovider -p no:logging -n "${PYTEST_JOBS:-8}" -m "not slow" -rfE \
   -k "cuda" --continue-on-collection-errors --timeout 300 ${PYTEST_PATHS:-tests/} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -60
 # Each CUDA kernel against its baseline in the same run (issue 18's goals: >= 0.95x cuBLAS, >= 1.0x _scaled_mm and
-# _grouped_mm), then docs/performance.md's CUDA numbers come from $OUT/bench_cuda.json.
+# _grouped_mm); $OUT/bench_cuda.json, copied to docs/bench/cuda-h200.json (or cuda-<gpu>.json), is what the
+# performance page's CUDA table and plot are generated from (tools/bench_pages.py).
 timeout "${BENCH_BUDGET:-150}" python3 -m torch_ascend_moe bench cuda --min-run-time 0.2 --json "$OUT/bench_cuda.json" 2>&1 | tail -30
 echo "total: $(( $(date +%s) - start )) s"

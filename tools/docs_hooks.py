@@ -4,7 +4,9 @@
 - ``changelog.md`` is CHANGELOG.md;
 - ``reference.md`` gets one entry per ``torch.ops.ascend_moe`` op from the live registry: the schema, the
   capabilities ``python -m torch_ascend_moe info --json`` reports, each device's kernel chain, and the Python
-  wrapper's docstring.
+  wrapper's docstring;
+- ``<!-- bench: <name> -->`` (``performance.md``) becomes the stored run ``docs/bench/<name>.json``'s table, and
+  ``img/bench/<name>.png`` its plot, generated here (``bench_pages``), never committed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import inspect
 import pkgutil
 import re
 from pathlib import Path
+
+import bench_pages  # a sibling: MkDocs puts a hook's folder on sys.path while it loads the hook
+from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +67,15 @@ def _reference() -> str:
     return "\n".join(parts)
 
 
+def on_files(files, config):
+    for name, run in bench_pages.runs().items():
+        files.append(File.generated(config, bench_pages.image_path(name), content=bench_pages.plot_png(name, run)))
+    return files
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if bench_pages.placeholders(markdown):
+        return bench_pages.render(markdown, bench_pages.runs())
     if "<!-- readme -->" in markdown:
         return markdown.replace("<!-- readme -->", _readme())
     if "<!-- changelog -->" in markdown:

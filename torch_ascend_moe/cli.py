@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import platform
+import shlex
 import sys
 
 import torch
@@ -185,6 +188,7 @@ def cmd_bench(args, console: Console) -> int:
         console.print(f"bench {args.family}: nothing to time on this machine (the family needs a device it lacks)")
         return 0
     was = torch.get_num_threads()
+    load_before = _load_average()
     records = []
     try:
         for threads in _thread_counts(args.threads):
@@ -194,8 +198,30 @@ def cmd_bench(args, console: Console) -> int:
         torch.set_num_threads(was)
     if args.json and not _secondary_rank():
         with open(args.json, "w") as f:
-            json.dump(records, f, indent=2)
+            json.dump(run_record(args, records, load_before), f, indent=2)
     return 0
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): how many runnable jobs shared the cores."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def run_record(args, results: list[dict], load_before: float | None) -> dict[str, object]:
+    """``bench --json``'s file: the rows with what is needed to read them later (stored runs in ``docs/bench/``
+    become the performance page's tables): the command, the date (UTC), the machine, its load average before and
+    after the run (other jobs on the cores move the times) and the ``--note``."""
+    return {
+        "command": "python -m torch_ascend_moe " + shlex.join(args.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": bench.machine(),
+        "load_average": {"before": load_before, "after": _load_average()},
+        "note": args.note,
+        "results": results,
+    }
 
 
 def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
@@ -276,13 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     ):
         b.add_argument(f"--{opt}", type=int, default=None, help=f"bench ep: {what}")
     b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
-    b.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    b.add_argument("--json", metavar="PATH", help="also write the results to PATH, with the command and the machine")
+    b.add_argument("--note", help="--json: a remark recorded with the run (how loaded the machine was, ...)")
     b.add_argument(
         "--threads",
         metavar="N[,M...]",
         help="CPU thread counts to time at, one table each (default: the current torch.get_num_threads())",
     )
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     # Wide enough for the tables when piped (rich assumes 80 columns without a terminal).
     console = Console(width=None if sys.stdout.isatty() else 150)
     return {"info": cmd_info, "bench": cmd_bench, "demo": cmd_demo}[args.command](args, console)

@@ -191,7 +191,7 @@ def test_bench_moe_quick(tmp_path):
 
     out = tmp_path / "moe.json"
     assert main(["bench", "moe", "--quick", "--min-run-time", "0.02", "--json", str(out)]) == 0
-    results = json.loads(out.read_text())
+    results = json.loads(out.read_text())["results"]
     baselines = [r["baseline"].split(", ")[1] for r in results]
     assert baselines == ["eager experts", "grouped_mm experts"] * 2 + ["shared expert on nn.Linear"] * 2
     assert all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 for r in results)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib
+import importlib.util
+import os
 import pkgutil
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -80,6 +83,27 @@ class Result:
         removed at no cost leaves the GEMMs' time, ``GEMM share`` of the baseline's: ``1 / GEMM share``."""
         share = self.baseline_gemm_share
         return None if share is None else 1 / max(share, 1e-9)
+
+
+def machine() -> dict[str, object]:
+    """What a stored run (``bench --json``, ``docs/bench/``) needs to be read later: the CPU, its core count, the GPU
+    if one is visible, and the software versions. Example: ``machine()["cpu_count"] == os.cpu_count()``."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    triton = importlib.util.find_spec("triton")
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "triton": importlib.import_module("triton").__version__ if triton else None,
+        "python": platform.python_version(),
+    }
 
 
 def _median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
