@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from tests.distributed.deep_ep_bodies import CHECKS, internode_handle, reference_handle, run_check, upstream_style
 from tests.ep.specs import random_routing
-from torch_ascend_moe.deep_ep import _DeepEPHandle
+from torch_ascend_moe.deep_ep.buffers.legacy import _DeepEPHandle
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))

@@ -6,13 +6,18 @@ from typing import NamedTuple
 
 import torch
 
-from torch_ascend_moe._registry import FROM_SCHEMA, results, schema_defaults
+from torch_ascend_moe._registry import FROM_SCHEMA, result_type, schema_defaults
 from torch_ascend_moe.distributed.groups import group_name_of
 
 _layout = torch.ops.ascend_moe.ep_dispatch_layout.default
 _dispatch = torch.ops.ascend_moe.ep_dispatch.default
 _cached = torch.ops.ascend_moe.ep_dispatch_cached.default
 _combine = torch.ops.ascend_moe.ep_combine.default
+# The outputs by the names the schema gives them, looked up once here (torch.compile traces the wrappers, and a
+# schema is not something it traces).
+_Dispatched = result_type("ep_dispatch")
+_Expanded = result_type("ep_expand")
+_LowLatencyDispatched = result_type("ep_low_latency_dispatch")
 
 
 class EPHandle(NamedTuple):
@@ -71,9 +76,8 @@ def ep_dispatch(
     Differentiable w.r.t. ``x`` (BF16/FP32) and ``topk_weights``.
     """
     name = group_name_of(group)
-    out = results(
-        "ep_dispatch",
-        _dispatch(
+    out = _Dispatched(
+        *_dispatch(
             x, x_scales, topk_idx, topk_weights, num_experts, name, expert_alignment, num_worst_tokens, timeout_s
         ),
     )
@@ -158,9 +162,7 @@ def ep_expand(
     ``align(psum[e - 1], expert_alignment)``. ``psum`` (or ``align``-ed block ends) is the m-grouped GEMMs'
     layout. ``num_rows > 0`` gives that many rows (static shapes). Differentiable w.r.t. ``x`` and
     ``topk_weights``; the adjoint is ``ep_reduce_slots``."""
-    out = results(
-        "ep_expand", _expand(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows)
-    )
+    out = _Expanded(*_expand(x, x_scales, topk_idx, topk_weights, num_local_experts, expert_alignment, num_rows))
     return EPExpanded(
         out.expanded_x,
         out.expanded_x_scales if x_scales is not None else None,
@@ -246,9 +248,8 @@ def ep_low_latency_dispatch(
     order, as upstream: ``handle.src_info`` / ``layout_range`` say where each row came from, whatever the order.
     Returns ``(recv_x or (fp8, scales), recv_count [L], handle)``; differentiable when not FP8."""
     name = group_name_of(group)
-    out = results(
-        "ep_low_latency_dispatch",
-        _ll_dispatch(
+    out = _LowLatencyDispatched(
+        *_ll_dispatch(
             x,
             topk_idx,
             num_max_dispatch_tokens_per_rank,
