@@ -3,10 +3,10 @@
 with the same words; the shared helpers (checks.h, checks/__init__.py) likewise.
 
 Each side is read as source: per function, the sequence of calls to check functions (``check_arg`` /
-``AM_CHECK_ARG`` and every function either side defines), each argument rendered as its message text
-(string literals and constants as text, f-strings and ``+`` concatenations as templates with ``{}`` for the
-computed parts, a ternary as ``x|y``, anything else ``{}``). A check one side gains and the other lacks, a
-reworded message or a reordered check fails here, before any bad-input test runs.
+``AM_CHECK_ARG`` and every function the Python side defines), each with the message pieces it passes (string
+literals and named constants such as the op name as text, f-strings and ``+`` concatenations as templates with
+``{}`` for the computed parts, a ternary as ``x|y``; computed values drop out). A check one side gains and the
+other lacks, a reworded message or a reordered check fails here, before any bad-input test runs.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc" / "ops"
 PY = ROOT / "torch_ascend_moe" / "checks"
-# Formatting helpers: their calls are message text, not checks.
-FORMATTERS = {"message", "shape_str", "_text", "dtype_name", "float_text"}
 
 
 def families() -> list[str]:
@@ -41,15 +39,24 @@ def module_name(family: str) -> str:
     return "torch_ascend_moe.checks" + ("" if family == "common" else f".{family}")
 
 
-def python_defs(path: Path) -> list[str]:
-    return [n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)]
-
-
 def check_names() -> set[str]:
+    """``check_arg`` and every Python check function that reaches it: the calls compared."""
+    trees = [ast.parse(path.read_text()) for path in PY.glob("*.py")]
+    defs = [fn for tree in trees for fn in tree.body if isinstance(fn, ast.FunctionDef)]
+    called = {
+        fn.name: {getattr(c.func, "attr", getattr(c.func, "id", None)) for c in ast.walk(fn) if isinstance(c, ast.Call)}
+        for fn in defs
+    }
     names = {"check_arg"}
-    for path in PY.glob("*.py"):
-        names.update(python_defs(path))
-    return names - FORMATTERS
+    while grown := {name for name, calls in called.items() if calls & names} - names:
+        names |= grown
+    return names
+
+
+def message_pieces(name: str, texts) -> tuple:
+    """A check call as its name and the message pieces it passes: computed values drop out, so a family function
+    taking the op's arguments as a namespace (Python) or one by one (C++) compares by its words."""
+    return (name, *(t for t in texts if t != "{}"))
 
 
 # ---- C++ side -------------------------------------------------------------------------------------------------
@@ -175,7 +182,7 @@ def cpp_functions(src: str) -> dict[str, list[tuple]]:
             if name not in names:
                 continue
             args = split_top(body[c.end() : closing(body, c.end() - 1)], (",",))
-            calls.append((name, *(cpp_text(a, consts) for a in args)))
+            calls.append(message_pieces(name, (cpp_text(a, consts) for a in args)))
         out[m.group(1)] = calls
     return out
 
@@ -216,14 +223,13 @@ def py_calls(fn: ast.FunctionDef, names: set[str], namespace: dict) -> list[tupl
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
         if name in names:
             args = [*node.args, *(k.value for k in node.keywords)]
-            calls.append((name, *(py_text(a, namespace) for a in args)))
+            calls.append(message_pieces(name, (py_text(a, namespace) for a in args)))
     return calls
 
 
-def py_functions(path: Path, module) -> dict[str, list[tuple]]:
-    names, namespace = check_names(), vars(module)
-    tree = ast.parse(path.read_text())
-    return {fn.name: py_calls(fn, names, namespace) for fn in tree.body if isinstance(fn, ast.FunctionDef)}
+def py_functions(src: str, namespace: dict) -> dict[str, list[tuple]]:
+    names = check_names()
+    return {fn.name: py_calls(fn, names, namespace) for fn in ast.parse(src).body if isinstance(fn, ast.FunctionDef)}
 
 
 def with_checks(functions: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
@@ -244,7 +250,7 @@ def test_both_twins_exist(family):
 def test_twins_make_the_same_checks(family):
     cpp_path, py_path = twin_paths(family)
     cpp = with_checks(cpp_functions(cpp_path.read_text()))
-    py = with_checks(py_functions(py_path, importlib.import_module(module_name(family))))
+    py = with_checks(py_functions(py_path.read_text(), vars(importlib.import_module(module_name(family)))))
     assert cpp, f"no checks read from {cpp_path.relative_to(ROOT)}"
     assert sorted(cpp) == sorted(py), "the check functions differ"
     for name in cpp:
@@ -263,11 +269,20 @@ def test_checks_live_in_the_twins(family):
 
 
 def test_a_gained_check_fails():
-    """The comparison sees a check one side lacks (the property the twin tests rely on)."""
-    src = (
-        'inline void f(const at::Tensor& a) {\n  AM_CHECK_ARG(a.dim() == 2, kOp, "a", "rank", "2", a.dim());\n'
+    """The comparison sees a check one side lacks and a reworded one (the property the twin tests rely on)."""
+    cpp = (
+        'constexpr const char* kOp = "ascend_moe::f";\n'
+        "inline void f(const at::Tensor& a, const at::Tensor& b, const std::string& sa) {\n"
+        '  AM_CHECK_ARG(a.dim() == 2, kOp, "a", "rank", "2", a.dim());\n'
         '  check_rank(kOp, "b", b, 2, ("[" + sa + "]").c_str());\n}\n'
     )
-    assert cpp_functions(src) == {
-        "f": [("check_arg", "{}", "{}", "a", "rank", "2", "{}"), ("check_rank", "{}", "b", "{}", "2", "[{}]")]
+    first = '    ck.check_arg(a.dim() == 2, OP, "a", "rank", "2", lambda: a.dim())\n'
+    second = '    ck.check_rank(OP, "b", b, 2, f"[{sa}]")\n'
+    namespace = {"OP": "ascend_moe::f"}
+    assert cpp_functions(cpp) == {
+        "f": [("check_arg", "ascend_moe::f", "a", "rank", "2"), ("check_rank", "ascend_moe::f", "b", "2", "[{}]")]
     }
+    assert cpp_functions(cpp) == py_functions("def f(a, b, sa):\n" + first + second, namespace)
+    assert cpp_functions(cpp) != py_functions("def f(a, b, sa):\n" + first, namespace)
+    assert cpp_functions(cpp) != py_functions("def f(a, b, sa):\n" + second + first, namespace)
+    assert cpp_functions(cpp) != py_functions("def f(a, b, sa):\n" + first + second.replace("[", "("), namespace)
