@@ -197,8 +197,10 @@ def py_text(node: ast.AST, namespace: dict) -> str:
         return str(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
         return f"-{node.operand.value}"
+    if isinstance(node, ast.Constant) and node.value is None:
+        return "None"
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        return "".join(v.value if isinstance(v, ast.Constant) else py_text(v.value, namespace) for v in node.values)
     if isinstance(node, (ast.Name, ast.Attribute)):
         value = namespace.get(node.id) if isinstance(node, ast.Name) else None
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
