@@ -282,7 +282,9 @@ def test_no_schema_default_is_restated():
     """Defaults live in the schema only: wrappers take them with FROM_SCHEMA, kernels/fakes/formulas get every
     argument from the dispatcher (``_registry.with_defaults``)."""
     root = Path(torch_ascend_moe.__file__).parent
-    files = [p for d in ("ops", "meta", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))]
+    files = [
+        p for d in ("ops", "meta", "checks", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))
+    ]
     assert files
     assert [f for p in files for f in _restated_schema_defaults(p)] == []
 

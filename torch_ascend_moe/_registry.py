@@ -323,11 +323,12 @@ def _position(name: str, arg: str) -> int:
     return next(i for i, (a, _, _) in enumerate(_schema(name)) if a == arg)
 
 
-# What a compiled graph holding our ops bakes in: the schemas (outputs, dtypes), the fakes (shapes, strides) and the
-# backward formulas (traced into AOTAutograd's backward graph) and compiler passes. Inductor's and AOTAutograd's
+# What a compiled graph holding our ops bakes in: the schemas (outputs, dtypes), the fakes (shapes, strides) with the
+# checks they run (guards and runtime asserts), the backward formulas (traced into AOTAutograd's backward graph) and
+# compiler passes. Inductor's and AOTAutograd's
 # caches treat every OpOverload as cacheable and key on the graph alone, so a new version of any of these would be
 # served a stale compiled graph from an earlier one (seen: an op whose outputs were reordered kept the old order).
-_GRAPH_SOURCES = ("meta", "autograd", "inductor_lowerings")
+_GRAPH_SOURCES = ("meta", "checks", "autograd", "inductor_lowerings")
 
 
 def compile_cache_tag() -> str:

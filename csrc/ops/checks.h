@@ -1,6 +1,7 @@
-// Argument validation shared by every CPU kernel. The Python twin is torch_ascend_moe/_checks.py:
+// Argument validation shared by every CPU kernel. The Python twin is torch_ascend_moe/checks/__init__.py:
 // both produce the same words, so an error reads the same in eager, in a fake under torch.compile,
-// and in the CUDA/NPU backends.
+// and in the CUDA/NPU backends. A family's own checks sit in <family>_checks.h, beside their Python twin
+// torch_ascend_moe/checks/<family>.py (tests/test_validation_twins.py compares each pair).
 #pragma once
 
 #include <ATen/core/Tensor.h>

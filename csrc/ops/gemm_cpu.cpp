@@ -19,16 +19,12 @@
 #include <array>
 #include <string>
 
-#include "checks.h"
+#include "gemm_checks.h"
 #include "vector_clones.h"
 #include "gemm.h"
 
 namespace ascend_moe {
 namespace {
-
-constexpr const char* kGemm = "ascend_moe::bf16_gemm";
-constexpr const char* kBmm = "ascend_moe::bf16_bmm";
-constexpr const char* kEinsum = "ascend_moe::bf16_einsum";
 
 // FP16 keeps ATen's kernel for few rows (kStreamingMaxRows: gemm.h).
 constexpr int64_t kNativeReducedMaxRows = 4;
@@ -395,32 +391,12 @@ void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, cons
 
 namespace {
 
-void check_gemm(const at::Tensor& a, const at::Tensor& b) {
-  check_rank(kGemm, "a", a, 2, "[M, K]");
-  check_rank(kGemm, "b", b, 2, "[N, K]");
-  check_operand_dtypes(kGemm, a, b);
-  check_same_device(kGemm, "b", b, a);
-  check_dim_size(kGemm, "b", b, 1, "K", a.size(1), "a.size(1)");
-}
-
 at::Tensor bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
                          double alpha, std::optional<at::ScalarType> out_dtype) {
-  check_gemm(a, b);
-  const at::ScalarType out_t = resolve_out_dtype(kGemm, a, c, out_dtype);
-  const std::array<int64_t, 2> shape{a.size(0), b.size(0)};
-  check_accumulator(kGemm, c, a, shape);
+  const auto [shape, out_t] = gemm::gemm_signature(a, b, c, out_dtype);
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
   matmul_into(out, a, b, c, alpha);
   return out;
-}
-
-void check_bmm(const at::Tensor& a, const at::Tensor& b) {
-  check_rank(kBmm, "a", a, 3, "[B, M, K]");
-  check_rank(kBmm, "b", b, 3, "[B, N, K]");
-  check_operand_dtypes(kBmm, a, b);
-  check_same_device(kBmm, "b", b, a);
-  check_dim_size(kBmm, "b", b, 0, "batch", a.size(0), "a.size(0)");
-  check_dim_size(kBmm, "b", b, 2, "K", a.size(2), "a.size(2)");
 }
 
 // out[i] = alpha * a[i] @ b[i]^T (+ c[i]) for every batch index, into a preallocated [B, M, N] output.
@@ -441,55 +417,17 @@ void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const s
 
 at::Tensor bf16_bmm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
                         double alpha, std::optional<at::ScalarType> out_dtype) {
-  check_bmm(a, b);
-  const at::ScalarType out_t = resolve_out_dtype(kBmm, a, c, out_dtype);
-  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
-  check_accumulator(kBmm, c, a, shape);
+  const auto [shape, out_t] = gemm::bmm_signature(a, b, c, out_dtype);
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
   bmm_into(out, a, b, c, alpha);
   return out;
-}
-
-// The supported equations; each is a batched GEMM on permuted views (see bf16_einsum_cpu).
-constexpr std::array<const char*, 4> kEquations{"bmk,bnk->mn", "bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"};
-
-std::string supported_equations() {
-  std::string s = "one of";
-  for (size_t i = 0; i < kEquations.size(); ++i) s += std::string(i ? ", '" : " '") + kEquations[i] + "'";
-  return s;
-}
-
-// Checks ranks and that every subscript letter has one size across a and b; returns the output shape.
-std::vector<int64_t> check_einsum(const std::string& equation, const at::Tensor& a, const at::Tensor& b) {
-  AM_CHECK_ARG(std::find(kEquations.begin(), kEquations.end(), equation) != kEquations.end(), kEinsum,
-               "equation", "value", supported_equations(), "'" + equation + "'");
-  const std::string sa = equation.substr(0, 3), sb = equation.substr(4, 3), so = equation.substr(9);
-  check_rank(kEinsum, "a", a, 3, ("[" + sa + "]").c_str());
-  check_rank(kEinsum, "b", b, 3, ("[" + sb + "]").c_str());
-  check_operand_dtypes(kEinsum, a, b);
-  check_same_device(kEinsum, "b", b, a);
-  for (int64_t j = 0; j < 3; ++j) {
-    const auto i = sa.find(sb[j]);
-    if (i != std::string::npos) {
-      check_dim_size(kEinsum, "b", b, j, std::string("'") + sb[j] + "'", a.size(i),
-                     "a.size(" + std::to_string(i) + ")");
-    }
-  }
-  std::vector<int64_t> shape;
-  for (char l : so) {
-    const auto i = sa.find(l);
-    shape.push_back(i != std::string::npos ? a.size(i) : b.size(sb.find(l)));
-  }
-  return shape;
 }
 
 at::Tensor bf16_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, const at::Tensor& b,
                            const std::optional<at::Tensor>& c, double alpha,
                            std::optional<at::ScalarType> out_dtype) {
   const std::string equation(equation_view);
-  const std::vector<int64_t> shape = check_einsum(equation, a, b);
-  const at::ScalarType out_t = resolve_out_dtype(kEinsum, a, c, out_dtype);
-  check_accumulator(kEinsum, c, a, shape);
+  const auto [shape, out_t] = gemm::einsum_signature(equation, a, b, c, out_dtype);
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
 
   if (equation == "bmk,bnk->mn") {

@@ -14,13 +14,12 @@
 #include <string>
 #include <tuple>
 
-#include "checks.h"
+#include "hc_prenorm_checks.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kOp = "ascend_moe::hc_prenorm_gemm";
-constexpr int64_t kBlockK = 64;
+using hc_prenorm::kBlockK;
 
 at::Tensor round_to_tf32(const at::Tensor& x) {
   const at::Tensor bits = x.contiguous().view(at::kInt);
@@ -31,23 +30,9 @@ at::Tensor round_to_tf32(const at::Tensor& x) {
 
 std::tuple<at::Tensor, at::Tensor> hc_prenorm_gemm_cpu(const at::Tensor& a, const at::Tensor& b,
                                                        std::optional<int64_t> num_splits) {
-  check_rank(kOp, "a", a, 2, "[M, K]");
-  AM_CHECK_ARG(a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble,
-               kOp, "a", "dtype", "torch.bfloat16, torch.float32 or torch.float64", dtype_name(a.scalar_type()));
-  check_rank(kOp, "b", b, 2, "[N, K]");
-  const bool fp64 = a.scalar_type() == at::kDouble;
-  const at::ScalarType acc_t = fp64 ? at::kDouble : at::kFloat;
-  AM_CHECK_ARG(b.scalar_type() == acc_t, kOp, "b", "dtype",
-               fp64 ? "torch.float64 (with a float64 a)" : "torch.float32", dtype_name(b.scalar_type()));
-  check_same_device(kOp, "b", b, a);
-  check_dim_size(kOp, "b", b, 1, "K", a.size(1), "a.size(1)");
+  const at::ScalarType acc_t = hc_prenorm::hc_prenorm_signature(a, b, num_splits);
+  const bool fp64 = acc_t == at::kDouble;
   const int64_t M = a.size(0), N = b.size(0), K = a.size(1);
-  AM_CHECK_ARG(K % kBlockK == 0, kOp, "a", "size(1) (K)", "a multiple of 64", K);
-  if (num_splits.has_value()) {
-    AM_CHECK_ARG(*num_splits > 0, kOp, "num_splits", "value", "None or a positive integer", *num_splits);
-    AM_CHECK_ARG(*num_splits <= kMaxIntArg, kOp, "num_splits", "value",
-                 "at most 2147483647 (integer arguments are int32-sized)", *num_splits);
-  }
   const at::Tensor a_f = a.to(acc_t);
   const at::Tensor b_r = fp64 ? b : round_to_tf32(b);
   if (!num_splits.has_value()) {

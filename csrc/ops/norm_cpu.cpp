@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "checks.h"
+#include "norm_checks.h"
 #include "rows.h"
 #include "vector_clones.h"
 
@@ -33,58 +33,9 @@
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kForward = "ascend_moe::rms_norm";
-constexpr const char* kQuant = "ascend_moe::rms_norm_quant";
-constexpr const char* kBackward = "ascend_moe::rms_norm_backward";
-constexpr const char* kDtypes = "torch.bfloat16, torch.float32 or torch.float64";
 constexpr float kE4M3AmaxFloor = 1e-4f;  // TileKernels' amax floor of the E4M3 cast
 
-// ---- validation: the fakes' checks (torch_ascend_moe/meta/norm.py), word for word ----
-
-bool is_norm_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
-
-at::ScalarType compute_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
-std::string same_as_x(const std::string& what) { return what + " (same as 'x')"; }
-
-int64_t check_x_weight(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& weight) {
-  AM_CHECK_ARG(x.dim() >= 1, op, "x", "rank", "at least 1-D [..., H]", std::to_string(x.dim()) + "-D");
-  AM_CHECK_ARG(is_norm_dtype(x.scalar_type()), op, "x", "dtype", kDtypes, dtype_name(x.scalar_type()));
-  const int64_t h = x.size(-1);
-  AM_CHECK_ARG(h > 0, op, "x", "size(-1)", "a positive hidden size H", h);
-  if (weight.has_value()) {
-    const at::Tensor& w = *weight;
-    check_rank(op, "weight", w, 1, "[H]");
-    AM_CHECK_ARG(w.scalar_type() == x.scalar_type(), op, "weight", "dtype", same_as_x(dtype_name(x.scalar_type())),
-                 dtype_name(w.scalar_type()));
-    AM_CHECK_ARG(w.device() == x.device(), op, "weight", "device", same_as_x(x.device().str()), w.device().str());
-    check_dim_size(op, "weight", w, 0, "H", h, "x.size(-1)");
-  }
-  return h;
-}
-
-void check_scale(const char* op, double out_scale) {
-  AM_CHECK_ARG(std::isfinite(out_scale), op, "out_scale", "value", "a finite float", float_text(out_scale));
-}
-
-// t (when given) has x's dtype, device and shape.
-void check_like_x(const char* op, const char* name, const std::optional<at::Tensor>& t, const at::Tensor& x) {
-  if (!t.has_value()) return;
-  AM_CHECK_ARG(t->scalar_type() == x.scalar_type(), op, name, "dtype", same_as_x(dtype_name(x.scalar_type())),
-               dtype_name(t->scalar_type()));
-  AM_CHECK_ARG(t->device() == x.device(), op, name, "device", same_as_x(x.device().str()), t->device().str());
-  AM_CHECK_ARG(t->sizes().equals(x.sizes()), op, name, "shape", shape_str(x.sizes()) + " (x's)",
-               shape_str(t->sizes()));
-}
-
-int64_t check_forward(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
-                      const std::optional<at::Tensor>& residual, double out_scale) {
-  const int64_t h = check_x_weight(op, x, weight);
-  AM_CHECK_ARG(std::isfinite(eps) && eps >= 0, op, "eps", "value", "a non-negative finite float", float_text(eps));
-  check_scale(op, out_scale);
-  check_like_x(op, "residual", residual, x);
-  return h;
-}
+using norm::compute_type;
 
 // ---- element loops (FP32 ones built for AVX2 too) ----
 
@@ -272,7 +223,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x,
                                                             const std::optional<at::Tensor>& weight, double eps,
                                                             const std::optional<at::Tensor>& residual,
                                                             double out_scale) {
-  check_forward(kForward, x, weight, eps, residual, out_scale);
+  norm::forward_signature(norm::kForward, x, weight, eps, residual, out_scale);
   ForwardOutputs o = forward(x, weight, eps, residual, out_scale, 0, false, false);
   return {o.out, o.rstd, o.residual_out};
 }
@@ -280,8 +231,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_cpu(const at::Tensor& x,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rms_norm_quant_cpu(
     const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
     const std::optional<at::Tensor>& residual, double out_scale, int64_t num_per_channels, bool round_sf) {
-  check_forward(kQuant, x, weight, eps, residual, out_scale);
-  check_int_arg(kQuant, "num_per_channels", num_per_channels, 1);
+  norm::quant_signature(x, weight, eps, residual, out_scale, num_per_channels);
   ForwardOutputs o = forward(x, weight, eps, residual, out_scale, num_per_channels, round_sf, true);
   return {o.q, o.sf, o.out, o.rstd, o.residual_out};
 }
@@ -328,19 +278,9 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& out_g
                                                          const at::Tensor& rstd_in,
                                                          const std::optional<at::Tensor>& residual_out_grad,
                                                          double out_scale) {
-  const char* op = kBackward;
-  check_x_weight(op, x_in, weight);
-  check_like_x(op, "out_grad", out_grad, x_in);
-  check_like_x(op, "residual_out_grad", residual_out_grad, x_in);
-  const at::ScalarType acc = compute_type(x_in);
-  AM_CHECK_ARG(rstd_in.scalar_type() == acc, op, "rstd", "dtype", dtype_name(acc), dtype_name(rstd_in.scalar_type()));
-  const auto lead = x_in.sizes().slice(0, x_in.dim() - 1);
-  AM_CHECK_ARG(rstd_in.sizes().equals(lead), op, "rstd", "shape", shape_str(lead) + " (x's rows)",
-               shape_str(rstd_in.sizes()));
-  AM_CHECK_ARG(rstd_in.device() == x_in.device(), op, "rstd", "device", same_as_x(x_in.device().str()),
-               rstd_in.device().str());
-  check_scale(op, out_scale);
+  norm::backward_signature(out_grad, x_in, weight, rstd_in, residual_out_grad, out_scale);
 
+  const at::ScalarType acc = compute_type(x_in);
   const int64_t h = x_in.size(-1);
   const at::Tensor x = x_in.contiguous().view({-1, h}), grad = out_grad.contiguous().view({-1, h});
   const at::Tensor rstd = rstd_in.contiguous().view({-1});

@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "checks.h"
+#include "rope_checks.h"
 #include "rows.h"
 #include "vector_clones.h"
 
@@ -28,60 +28,9 @@
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kOp = "ascend_moe::rotary_embedding";
-
-// ---- validation: the fake's checks (torch_ascend_moe/meta/rope.py), word for word ----
-
-void check_rope(const at::Tensor& x, const at::Tensor& cache, const std::optional<at::Tensor>& positions,
-                int64_t seqlen_offset) {
-  const char* op = kOp;
-  AM_CHECK_ARG(x.dim() == 3 || x.dim() == 4, op, "x", "rank", "3-D [T, heads, rot] or 4-D [B, S, heads, rot]",
-               std::to_string(x.dim()) + "-D");
-  const at::ScalarType t = x.scalar_type();
-  AM_CHECK_ARG(t == at::kBFloat16 || t == at::kFloat || t == at::kDouble, op, "x", "dtype",
-               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(t));
-  check_rank(op, "cos_sin_cache", cache, 2, "[rows, rot] (cos halves, then sin halves)");
-  const at::ScalarType want = t == at::kDouble ? at::kDouble : at::kFloat;
-  AM_CHECK_ARG(cache.scalar_type() == want, op, "cos_sin_cache", "dtype", dtype_name(want),
-               dtype_name(cache.scalar_type()));
-  AM_CHECK_ARG(cache.device() == x.device(), op, "cos_sin_cache", "device", x.device().str() + " (same as 'x')",
-               cache.device().str());
-  const int64_t rot = cache.size(1);
-  AM_CHECK_ARG(rot % 2 == 0 && rot > 0, op, "cos_sin_cache", "size(1)", "an even rotary dim > 0", rot);
-  check_dim_size(op, "x", x, x.dim() - 1, "rot", rot, "cos_sin_cache.size(1)");
-  check_int_arg(op, "seqlen_offset", seqlen_offset, 0);
-  if (!positions.has_value()) {
-    const int64_t need = seqlen_offset + x.size(-3);
-    AM_CHECK_ARG(need <= cache.size(0), op, "cos_sin_cache", "size(0)",
-                 "at least seqlen_offset + tokens = " + std::to_string(need), cache.size(0));
-    return;
-  }
-  const at::Tensor& p = *positions;
-  AM_CHECK_ARG(p.scalar_type() == at::kInt || p.scalar_type() == at::kLong, op, "positions", "dtype",
-               "torch.int32 or torch.int64", dtype_name(p.scalar_type()));
-  AM_CHECK_ARG(p.device() == x.device(), op, "positions", "device", x.device().str() + " (same as 'x')",
-               p.device().str());
-  const auto rows = x.sizes().slice(0, x.dim() - 2);
-  AM_CHECK_ARG(p.sizes().equals(rows), op, "positions", "shape", shape_str(rows) + " (x's tokens)",
-               shape_str(p.sizes()));
-}
-
-std::string int128_text(__int128 v) {
-  if (v >= 0 && v <= INT64_MAX) return std::to_string(static_cast<int64_t>(v));
-  const bool negative = v < 0;
-  unsigned __int128 m = negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
-  std::string digits;
-  do {
-    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(m % 10)));
-    m /= 10;
-  } while (m != 0);
-  return negative ? "-" + digits : digits;
-}
-
 // Each token's cache row (positions + seqlen_offset, or the token's index in its sequence + seqlen_offset), after
-// the value check: every row read exists.
-std::vector<int64_t> cache_rows(const at::Tensor& x, const at::Tensor& cache,
-                                const std::optional<at::Tensor>& positions, int64_t offset) {
+// the value check (rope::check_rows): every row read exists.
+std::vector<int64_t> cache_rows(const at::Tensor& x, const std::optional<at::Tensor>& positions, int64_t offset) {
   int64_t tokens = 1;
   for (int64_t d = 0; d < x.dim() - 2; ++d) tokens *= x.size(d);
   const int64_t seq = std::max<int64_t>(x.size(-3), 1);
@@ -92,15 +41,6 @@ std::vector<int64_t> cache_rows(const at::Tensor& x, const at::Tensor& cache,
   }
   const at::Tensor p = positions->to(at::kLong).contiguous();
   const int64_t* v = p.const_data_ptr<int64_t>();
-  if (tokens == 0) return rows;
-  const auto [lo_it, hi_it] = std::minmax_element(v, v + tokens);
-  // The sums in 128 bits: a position near 2^63 plus the offset must be reported as the number it is (the fake's
-  // Python ints do not wrap), not wrapped into a small or negative row.
-  const __int128 lo = static_cast<__int128>(*lo_it) + offset, hi = static_cast<__int128>(*hi_it) + offset;
-  const int64_t limit = cache.size(0);
-  AM_CHECK_ARG(0 <= lo && hi < limit, kOp, "positions", "values",
-               "positions + seqlen_offset in [0, " + std::to_string(limit) + ")",
-               "[" + int128_text(lo) + ", " + int128_text(hi) + "]");
   for (int64_t t = 0; t < tokens; ++t) rows[t] = v[t] + offset;
   return rows;
 }
@@ -177,8 +117,9 @@ void rotate_tokens(const at::Tensor& x, const at::Tensor& cache, const std::vect
 at::Tensor rotary_embedding_cpu(const at::Tensor& x_in, const at::Tensor& cache_in,
                                 const std::optional<at::Tensor>& positions, int64_t seqlen_offset, bool interleaved,
                                 bool conjugate) {
-  check_rope(x_in, cache_in, positions, seqlen_offset);
-  const std::vector<int64_t> rows = cache_rows(x_in, cache_in, positions, seqlen_offset);
+  rope::rope_signature(x_in, cache_in, positions, seqlen_offset);
+  rope::check_rows(x_in, cache_in, positions, seqlen_offset);
+  const std::vector<int64_t> rows = cache_rows(x_in, positions, seqlen_offset);
   const at::Tensor x = x_in.contiguous(), cache = cache_in.contiguous();
   at::Tensor out = at::empty(x_in.sizes(), x_in.options());
   switch (x.scalar_type()) {

@@ -29,72 +29,20 @@
 #include <type_traits>
 #include <vector>
 
-#include "checks.h"
+#include "swiglu_checks.h"
 #include "rows.h"
 #include "vector_clones.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kForward = "ascend_moe::swiglu_forward";
-constexpr const char* kBackward = "ascend_moe::swiglu_backward";
-constexpr const char* kFloatDtypes = "torch.bfloat16, torch.float32 or torch.float64";
 constexpr double kE4M3AmaxFloor = 1e-4;  // TileKernels' default sf_clamp_min
 
-bool is_float_dtype(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
-
-at::ScalarType compute_type(const at::Tensor& x, const at::Tensor* g = nullptr) {
-  const bool fp64 = x.scalar_type() == at::kDouble || (g != nullptr && g->scalar_type() == at::kDouble);
-  return fp64 ? at::kDouble : at::kFloat;
-}
-
-// ---- validation: the fakes' checks (torch_ascend_moe/meta/swiglu.py), word for word ----
-
-std::pair<int64_t, int64_t> check_x(const char* op, const at::Tensor& x, bool quantized_ok) {
-  check_rank(op, "x", x, 2, "[N, 2H] (gate half, then up half)");
-  const at::ScalarType t = x.scalar_type();
-  AM_CHECK_ARG(is_float_dtype(t) || (quantized_ok && t == at::kFloat8_e4m3fn), op, "x", "dtype",
-               quantized_ok ? "torch.bfloat16, torch.float32, torch.float64 or torch.float8_e4m3fn" : kFloatDtypes,
-               dtype_name(t));
-  const int64_t two_h = x.size(1);
-  AM_CHECK_ARG(two_h % 2 == 0 && two_h > 0, op, "x", "size(1)", "an even number 2H > 0 ([a | b] halves)", two_h);
-  return {x.size(0), two_h / 2};
-}
-
-void check_same_device_as(const char* op, const char* arg, const at::Tensor& t, const at::Tensor& ref) {
-  AM_CHECK_ARG(t.device() == ref.device(), op, arg, "device", ref.device().str() + " (same as 'x')",
-               t.device().str());
-}
-
-void check_routing(const char* op, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& psum,
-                   int64_t alignment, std::optional<double> scale, std::optional<double> clamp, const at::Tensor& ref,
-                   int64_t rows) {
-  if (w.has_value()) {
-    check_rank(op, "topk_weights", *w, 1, "[N] (one weight per expanded row)");
-    const bool fp64 = compute_type(ref) == at::kDouble;
-    const at::ScalarType t = w->scalar_type();
-    AM_CHECK_ARG(t == at::kFloat || (fp64 && t == at::kDouble), op, "topk_weights", "dtype",
-                 fp64 ? "torch.float32 or torch.float64" : "torch.float32", dtype_name(t));
-    check_same_device_as(op, "topk_weights", *w, ref);
-    check_dim_size(op, "topk_weights", *w, 0, "N", rows, "x.size(0)");
-  }
-  if (psum.has_value()) {
-    check_rank(op, "psum_num_tokens_per_expert", *psum, 1, "[E] (cumulative expert ends)");
-    AM_CHECK_ARG(psum->scalar_type() == at::kInt, op, "psum_num_tokens_per_expert", "dtype", "torch.int32",
-                 dtype_name(psum->scalar_type()));
-    check_same_device_as(op, "psum_num_tokens_per_expert", *psum, ref);
-  }
-  check_int_arg(op, "alignment", alignment, 1);
-  AM_CHECK_ARG(!scale.has_value() || w.has_value(), op, "routed_scaling_factor", "presence",
-               "None without 'topk_weights'", float_text(scale.value_or(0)));
-  AM_CHECK_ARG(!clamp.has_value() || (*clamp > 0 && *clamp < std::numeric_limits<double>::infinity()), op,
-               "clamp_value", "value", "None or a positive finite float", float_text(clamp.value_or(0)));
-}
+using swiglu::compute_type;
 
 // The rows some expert owns in the psum layout (expert e owns [align(psum[e-1]), psum[e])), after the layout's
-// value check; empty when every row counts (no layout).
-std::vector<uint8_t> layout_rows(const char* op, const std::optional<at::Tensor>& psum, int64_t alignment,
-                                 int64_t rows) {
+// value check (swiglu::check_layout_values); empty when every row counts (no layout).
+std::vector<uint8_t> layout_rows(const std::optional<at::Tensor>& psum, int64_t alignment, int64_t rows) {
   if (!psum.has_value()) return {};
   std::vector<uint8_t> owned(rows, 0);
   const at::Tensor ends = psum->contiguous();
@@ -102,11 +50,6 @@ std::vector<uint8_t> layout_rows(const char* op, const std::optional<at::Tensor>
   int64_t prev = 0;
   for (int64_t i = 0; i < ends.numel(); ++i) {
     const int64_t end = e[i], start = (prev + alignment - 1) / alignment * alignment;
-    AM_CHECK_ARG(end >= prev && (end <= rows || end <= start), op, "psum_num_tokens_per_expert", "values",
-                 "nondecreasing cumulative expert ends, expert e's rows [align(psum[e-1], alignment=" +
-                     std::to_string(alignment) + "), psum[e]) within x's " + std::to_string(rows) + " rows",
-                 "psum[" + std::to_string(i) + "] = " + std::to_string(end) + " (after " + std::to_string(prev) +
-                     ")");
     for (int64_t r = start; r < end; ++r) owned[r] = 1;
     prev = end;
   }
@@ -316,19 +259,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> swiglu_forward_cpu(
     const std::optional<at::Tensor>& psum, int64_t alignment, std::optional<double> routed_scaling_factor,
     std::optional<double> clamp_value, std::optional<at::ScalarType> out_dtype, int64_t num_per_channels,
     bool round_sf, std::optional<double> sf_clamp_min) {
-  const char* op = kForward;
-  const auto [n, h] = check_x(op, x_in, false);
-  check_routing(op, topk_weights, psum, alignment, routed_scaling_factor, clamp_value, x_in, n);
+  const at::ScalarType out_t = swiglu::forward_signature(x_in, topk_weights, psum, alignment, routed_scaling_factor,
+                                                         clamp_value, out_dtype, num_per_channels, sf_clamp_min);
+  const int64_t n = x_in.size(0), h = x_in.size(1) / 2;
+  swiglu::check_layout_values(swiglu::kForward, psum, alignment, n);
   const at::ScalarType acc = compute_type(x_in);
-  const at::ScalarType out_t = out_dtype.value_or(acc);
-  AM_CHECK_ARG(is_float_dtype(out_t) || out_t == at::kFloat8_e4m3fn, op, "out_dtype", "value",
-               "None, torch.float32, torch.bfloat16, torch.float64 or torch.float8_e4m3fn (the per-token cast)",
-               dtype_name(out_t));
-  check_int_arg(op, "num_per_channels", num_per_channels, 1);
-  AM_CHECK_ARG(!sf_clamp_min.has_value() ||
-                   (*sf_clamp_min > 0 && *sf_clamp_min < std::numeric_limits<double>::infinity()),
-               op, "sf_clamp_min", "value", "None or a positive finite float", float_text(sf_clamp_min.value_or(0)));
-  const std::vector<uint8_t> owned = layout_rows(op, psum, alignment, n);
+  const std::vector<uint8_t> owned = layout_rows(psum, alignment, n);
 
   const bool fp8 = out_t == at::kFloat8_e4m3fn;
   at::Tensor out = at::empty({n, h}, x_in.options().dtype(out_t));
@@ -443,36 +379,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> swiglu_ba
     const std::optional<at::Tensor>& topk_weights, const std::optional<at::Tensor>& psum, int64_t alignment,
     std::optional<double> routed_scaling_factor, std::optional<double> clamp_value,
     std::optional<at::ScalarType> out_dtype, int64_t num_per_channels, bool round_sf) {
-  const char* op = kBackward;
-  const auto [n, h] = check_x(op, x_in, true);
-  const bool fp8_x = x_in.scalar_type() == at::kFloat8_e4m3fn;
-  if (!fp8_x) {
-    AM_CHECK_ARG(!x_sf_in.has_value(), op, "x_sf", "presence", "None for a " + dtype_name(x_in.scalar_type()) + " x",
-                 "a tensor");
-  } else {
-    AM_CHECK_ARG(x_sf_in.has_value(), op, "x_sf", "presence", "given with an E4M3 x (its per-row block scales)",
-                 "None");
-    const at::Tensor& sf = *x_sf_in;
-    check_rank(op, "x_sf", sf, 2, "[N, 2H / block] (FP32 per-row block scales)");
-    AM_CHECK_ARG(sf.scalar_type() == at::kFloat, op, "x_sf", "dtype", "torch.float32", dtype_name(sf.scalar_type()));
-    check_same_device_as(op, "x_sf", sf, x_in);
-    check_dim_size(op, "x_sf", sf, 0, "N", n, "x.size(0)");
-    const int64_t two_h = x_in.size(1), s = sf.size(1);
-    AM_CHECK_ARG(s > 0 && two_h % s == 0, op, "x_sf", "size(1)",
-                 "a divisor of 2H=" + std::to_string(two_h) + " (equal blocks of x's columns)", s);
-  }
-  check_rank(op, "grad_out", grad_in, 2, "[N, H]");
-  AM_CHECK_ARG(is_float_dtype(grad_in.scalar_type()), op, "grad_out", "dtype", kFloatDtypes,
-               dtype_name(grad_in.scalar_type()));
-  check_same_device_as(op, "grad_out", grad_in, x_in);
-  AM_CHECK_ARG(grad_in.size(0) == n && grad_in.size(1) == h, op, "grad_out", "shape",
-               shape_str({n, h}) + " (x's rows, H)", shape_str(grad_in.sizes()));
-  check_routing(op, topk_weights, psum, alignment, routed_scaling_factor, clamp_value, fp8_x ? grad_in : x_in, n);
-  const at::ScalarType out_t = out_dtype.value_or(grad_in.scalar_type());
-  AM_CHECK_ARG(is_float_dtype(out_t), op, "out_dtype", "value", std::string("None or ") + kFloatDtypes,
-               dtype_name(out_t));
-  check_int_arg(op, "num_per_channels", num_per_channels, 0);
-  const std::vector<uint8_t> owned = layout_rows(op, psum, alignment, n);
+  const at::ScalarType out_t = swiglu::backward_signature(x_in, x_sf_in, grad_in, topk_weights, psum, alignment,
+                                                          routed_scaling_factor, clamp_value, out_dtype,
+                                                          num_per_channels);
+  const int64_t n = x_in.size(0), h = x_in.size(1) / 2;
+  swiglu::check_layout_values(swiglu::kBackward, psum, alignment, n);
+  const std::vector<uint8_t> owned = layout_rows(psum, alignment, n);
 
   const at::ScalarType acc = compute_type(x_in, &grad_in);
   const int64_t npc = num_per_channels;

@@ -28,12 +28,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "checks.h"
+#include "topk_select_checks.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kOp = "ascend_moe::topk_select";
 // DeepSelect's marker of a row that held NaN (abort_when_nan_found=False): every index of the row.
 constexpr int64_t kNanMarker = 0x3F3F3F3F;
 constexpr int64_t kWorkPerTask = 1 << 15;  // elements a thread takes at least (small rows share a thread)
@@ -219,15 +218,6 @@ RowResult select_row(const scalar_t* x, int64_t n, int64_t topk, bool sorted, Sc
   return r;
 }
 
-void check_index_vector(const char* name, const std::optional<at::Tensor>& t, const at::Tensor& input) {
-  if (!t.has_value()) return;
-  check_rank(kOp, name, *t, 1, "[b] (one per row)");
-  AM_CHECK_ARG(t->scalar_type() == at::kInt, kOp, name, "dtype", "torch.int32", dtype_name(t->scalar_type()));
-  AM_CHECK_ARG(t->device() == input.device(), kOp, name, "device", input.device().str() + " (same as 'input')",
-               t->device().str());
-  check_dim_size(kOp, name, *t, 0, "b", input.size(0), "input.size(0)");
-}
-
 std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int64_t topk,
                                                    const std::optional<at::Tensor>& end,
                                                    const std::optional<at::Tensor>& output_idx_offset, bool sorted,
@@ -235,33 +225,17 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
                                                    int64_t idx_oob_fill_value,
                                                    std::optional<double> value_oob_fill_value,
                                                    bool abort_when_nan_found) {
-  check_rank(kOp, "input", input, 2, "[b, V]");
-  AM_CHECK_ARG(is_gemm_dtype(input.scalar_type()), kOp, "input", "dtype",
-               "torch.bfloat16, torch.float16, torch.float32 or torch.float64", dtype_name(input.scalar_type()));
-  check_int_arg(kOp, "topk", topk, 1);
-  check_index_vector("end", end, input);
-  check_index_vector("output_idx_offset", output_idx_offset, input);
-  const at::ScalarType idx_t = indices_dtype.value_or(at::kLong);
-  AM_CHECK_ARG(idx_t == at::kInt || idx_t == at::kLong, kOp, "indices_dtype", "value",
-               "None, torch.int32 or torch.int64", dtype_name(idx_t));
+  const at::ScalarType idx_t = topk_select::topk_select_signature(input, topk, end, output_idx_offset, indices_dtype,
+                                                                  idx_oob_fill_value);
   const bool int32 = idx_t == at::kInt;
-  AM_CHECK_ARG(idx_oob_fill_value >= std::numeric_limits<int32_t>::min() &&
-                   idx_oob_fill_value <= std::numeric_limits<int32_t>::max(),
-               kOp, "idx_oob_fill_value", "value", "a value in [-2147483648, 2147483647] (DeepSelect's int32 fill)",
-               idx_oob_fill_value);
 
   const int64_t b = input.size(0), V = input.size(1);
   const auto x = input.contiguous();
   std::vector<int64_t> ends(static_cast<size_t>(b), V);
   if (end.has_value()) {
     const auto e = end->contiguous();
-    const int32_t* ep = e.data_ptr<int32_t>();
-    for (int64_t i = 0; i < b; ++i) {
-      AM_CHECK_ARG(ep[i] >= 0 && ep[i] <= V, kOp, "end", "values",
-                   "0 <= end[i] <= V=" + std::to_string(V) + " (input.size(1))",
-                   "end[" + std::to_string(i) + "]=" + std::to_string(ep[i]));
-      ends[i] = ep[i];
-    }
+    topk_select::check_end_values(e, V);
+    std::copy_n(e.const_data_ptr<int32_t>(), b, ends.begin());
   }
   std::vector<int64_t> offsets(static_cast<size_t>(b), 0);
   if (output_idx_offset.has_value()) {
@@ -286,9 +260,7 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
   });
 
   for (int64_t i = 0; i < b && abort_when_nan_found; ++i) {
-    AM_CHECK_ARG(results[i].nan_col < 0, kOp, "input", "values",
-                 "no NaN in input[i, :end[i]] (abort_when_nan_found=True)",
-                 "NaN at input[" + std::to_string(i) + ", " + std::to_string(results[i].nan_col) + "]");
+    if (results[i].nan_col >= 0) topk_select::nan_error(i, results[i].nan_col);
   }
   if (int32) {
     const int64_t* cp = cols.data_ptr<int64_t>();
@@ -296,10 +268,9 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
       if (results[i].nan_col >= 0 || offsets[i] == 0) continue;
       for (int64_t s = 0; s < results[i].count; ++s) {
         const int64_t v = cp[i * topk + s] + offsets[i];
-        AM_CHECK_ARG(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(), kOp,
-                     "output_idx_offset", "values", "index + output_idx_offset[i] within torch.int32",
-                     std::to_string(cp[i * topk + s]) + " + " + std::to_string(offsets[i]) + " in row " +
-                         std::to_string(i));
+        if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+          topk_select::offset_error(cp[i * topk + s], offsets[i], i);
+        }
       }
     }
   }

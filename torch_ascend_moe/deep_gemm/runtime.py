@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
+
 _state: dict[str, object] = {
     "num_sms": 0,
     "tc_util": 0,
@@ -35,7 +37,7 @@ def set_num_sms(num_sms: int) -> None:
     limit = _device_sms() if torch.cuda.is_available() else None
     if n < 0 or (limit is not None and n > limit):
         expected = f"0..{limit}" if limit is not None else ">= 0"
-        raise ValueError(f"deep_gemm.set_num_sms: argument 'num_sms' value: expected {expected}, got {num_sms}")
+        raise ValueError(ck.message("deep_gemm.set_num_sms", "num_sms", "value", expected, num_sms))
     _state["num_sms"] = n
 
 
@@ -46,7 +48,7 @@ def get_num_sms() -> int:
 def set_tc_util(tc_util: int) -> None:
     """Assumed tensor-core utilisation in percent (0..100) for upstream's heuristics."""
     if not 0 <= int(tc_util) <= 100:
-        raise ValueError(f"deep_gemm.set_tc_util: argument 'tc_util' value: expected 0..100, got {tc_util}")
+        raise ValueError(ck.message("deep_gemm.set_tc_util", "tc_util", "value", "0..100", tc_util))
     _state["tc_util"] = int(tc_util)
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends import cpu_gemm
+from torch_ascend_moe.checks.gemm import gemm_signature
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
-from torch_ascend_moe.meta.gemm import gemm_signature
 
 _ops = torch.ops.ascend_moe
 

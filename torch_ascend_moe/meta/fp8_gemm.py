@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::fp8_gemm"
@@ -43,7 +43,7 @@ def check_operand(name: str, sf_name: str, x, sf, recipe, ref, op: str = OP, bat
         )
     ck.check_same_device(op, name, x, ref)
     ck.check_same_device(op, sf_name, sf, ref)
-    check_recipe(op, name, recipe)
+    ck.check_recipe(op, f"recipe_{name}", recipe)
     mn, k = x.shape[lead], logical_k(x)
     gmn, gk = recipe
     ck.check_arg(k % gk == 0, op, name, "K", f"a multiple of gran_k={gk}", lambda: k)
@@ -58,25 +58,6 @@ def check_operand(name: str, sf_name: str, x, sf, recipe, ref, op: str = OP, bat
     expected = [x.shape[0]] * lead + [(mn + gmn - 1) // gmn, k // gk]
     how = "(G, ceil(MN / gran_mn), K / gran_k)" if batched else "(ceil(MN / gran_mn), K / gran_k)"
     check_scale_shape(op, sf_name, sf, expected, how)
-
-
-def check_recipe(op: str, name: str, recipe) -> None:
-    ck.check_arg(
-        len(recipe) == 2 and recipe[0] > 0 and recipe[1] > 0,
-        op,
-        f"recipe_{name}",
-        "value",
-        "[gran_mn, gran_k] with positive entries",
-        lambda: list(recipe),
-    )
-    ck.check_arg(
-        recipe[0] <= ck.MAX_INT_ARG and recipe[1] <= ck.MAX_INT_ARG,
-        op,
-        f"recipe_{name}",
-        "value",
-        "[gran_mn, gran_k] with entries at most 2147483647",
-        lambda: list(recipe),
-    )
 
 
 def check_scale_shape(op: str, sf_name: str, sf, expected: list, how: str) -> None:
@@ -184,7 +165,7 @@ def fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dt
         ("a", "sfa", a, sfa, sa, perm_a, recipe_a),
         ("b", "sfb", b, sfb, sb, perm_b, recipe_b),
     ):
-        check_recipe(EINSUM, name, recipe)
+        ck.check_recipe(EINSUM, f"recipe_{name}", recipe)
         kdim, letter = subs.index(k), subs[perm[1]]
         ck.check_arg(
             x.shape[kdim] % recipe[1] == 0,

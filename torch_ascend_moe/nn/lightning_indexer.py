@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk
 from torch_ascend_moe.quant.fake_quantize import fake_quantize, quantize_rows
 
@@ -43,9 +44,9 @@ class LightningIndexer(nn.Module):
     ):
         super().__init__()
         if quant not in (None, "fp8", "fp4"):
-            raise ValueError(f"LightningIndexer: argument 'quant' value: expected 'fp8', 'fp4' or None, got {quant!r}")
+            raise ValueError(ck.message("LightningIndexer", "quant", "value", "'fp8', 'fp4' or None", repr(quant)))
         if quant == "fp4" and head_dim % 32:
-            raise ValueError(f"LightningIndexer: argument 'head_dim' value: expected a multiple of 32, got {head_dim}")
+            raise ValueError(ck.message("LightningIndexer", "head_dim", "value", "a multiple of 32", head_dim))
         self.num_heads, self.head_dim, self.topk, self.quant = num_heads, head_dim, topk, quant
         self.wq = nn.Linear(q_input_size or hidden_size, num_heads * head_dim, bias=False)
         self.wk = nn.Linear(hidden_size, head_dim, bias=False)

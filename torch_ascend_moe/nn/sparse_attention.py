@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.portable.sparse_mla import encode_v32
 from torch_ascend_moe.meta.sparse_mla import V32_BYTES, V32_NOPE, V32_ROPE
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer
@@ -52,7 +53,7 @@ class DSAttention(nn.Module):
     ) -> None:
         super().__init__()
         if rope_dim % 2:
-            raise ValueError(f"DSAttention: argument 'rope_dim' value: expected an even number, got {rope_dim}")
+            raise ValueError(ck.message("DSAttention", "rope_dim", "value", "an even number", rope_dim))
         self.num_heads, self.kv_lora_rank, self.rope_dim, self.v_head_dim = (
             num_heads,
             kv_lora_rank,
@@ -158,7 +159,7 @@ class PagedDSACache:
     def __init__(self, layer: DSAttention, batch: int, max_tokens: int, page: int = 64, kv_format: str = "bf16"):
         d_qk = layer.kv_lora_rank + layer.rope_dim
         if kv_format not in ("bf16", "fp8"):
-            raise ValueError(f"PagedDSACache: argument 'kv_format' value: expected 'bf16' or 'fp8', got {kv_format!r}")
+            raise ValueError(ck.message("PagedDSACache", "kv_format", "value", "'bf16' or 'fp8'", repr(kv_format)))
         if kv_format == "fp8" and (layer.kv_lora_rank, layer.rope_dim) != (V32_NOPE, V32_ROPE):
             raise ValueError(
                 "PagedDSACache: argument 'kv_format' value: 'fp8' (DeepSeek-V3.2's 656-byte records) needs "
