@@ -15,6 +15,7 @@ from torch_ascend_moe.meta.moe_routing import (
     permute_signature,
     unpermute_signature,
 )
+from torch_ascend_moe.routing_math import stable_topk
 
 
 def check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
@@ -103,7 +104,7 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
             group_scores = torch.sort(grouped, dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
         else:
             group_scores = grouped.amax(-1)
-        kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_groups]
+        kept = stable_topk(group_scores, topk_groups)
         mask = torch.zeros(t, num_groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
         # Kept groups' experts first, then the others, each in choice order (as the C++ kernel).
         in_kept = mask.repeat_interleave(e // num_groups, dim=1).gather(1, order)
