@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._arith import fma
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.backends.portable._arith import fma
 from torch_ascend_moe.backends.portable.quant import tile_cast
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import swiglu as meta
