@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.capture_emulation import capturing_everywhere
 from tests.chains import cuda_chain as kernels
 from tests.chains import has
 from tests.grouped.specs import SPECS
 from tests.npu.test_capture import no_host_reads
 from torch_ascend_moe._registry import with_defaults
-from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import THRESHOLDS
 
@@ -88,7 +88,7 @@ def test_no_host_read_while_capturing(spec):
         if not _fused(spec, dtype, s):
             continue
         eager = getattr(kernels, spec.name)(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = getattr(kernels, spec.name)(*s.args)
         assert torch.equal(eager, captured), spec.name
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.chains import labels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
@@ -22,7 +23,6 @@ from tests.cuda.test_grouped_kernels import GPU, _on  # noqa: E402
 from tests.hc_prenorm.specs import SPECS, reference  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from torch_ascend_moe.backends.cuda import _hc, _triton  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
 
@@ -104,7 +104,7 @@ def test_no_host_read_while_capturing():
     for _, s in _samples():
         if _takes(s):
             eager = kernels.hc_prenorm_gemm(*s.args)
-            with capture.emulated(), no_host_reads():
+            with capturing_everywhere(), no_host_reads():
                 captured = kernels.hc_prenorm_gemm(*s.args)
             assert all(torch.equal(x, y) for x, y in zip(eager, captured)), s.name
 

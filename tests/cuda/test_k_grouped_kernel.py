@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import chosen, labels  # noqa: E402
 from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
@@ -20,7 +21,6 @@ from tests.npu.test_capture import no_host_reads  # noqa: E402
 from torch_ascend_moe._registry import with_defaults  # noqa: E402
 from torch_ascend_moe.backends.cuda import _k_grouped, _triton  # noqa: E402
 from torch_ascend_moe.backends.portable import grouped as portable  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
 
@@ -89,7 +89,7 @@ def test_no_host_read_while_capturing():
         if not _takes(s):
             continue
         eager = kernels.k_grouped_fp8_gemm(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = kernels.k_grouped_fp8_gemm(*s.args)
         assert torch.equal(eager, captured), s.name
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.chains import ops_running  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
@@ -23,7 +24,6 @@ from tests.cuda.test_grouped_kernels import GPU, _on  # noqa: E402
 from tests.moe_routing.specs import SPECS, random_topk  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from torch_ascend_moe.backends.cuda import _routing, _triton  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.meta.moe_routing import permute_capacity  # noqa: E402
 from torch_ascend_moe.testing import campaign  # noqa: E402
 
@@ -162,7 +162,7 @@ def test_no_host_read_while_capturing(name):
         if not _takes(name, s):
             continue
         eager = getattr(kernels, name)(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = getattr(kernels, name)(*s.args)
         _assert_agrees(name, captured, eager, s.name)
 
@@ -171,7 +171,7 @@ def test_no_host_read_while_capturing(name):
 def test_ids_out_of_range_route_nowhere_while_capturing():
     """Unchecked during a capture, an id >= E (or < -1) routes nowhere instead of writing out of bounds."""
     x, idx = torch.randn(3, 8), torch.tensor([[0, 5], [1, -7], [2, 0]])
-    with capture.emulated(), no_host_reads():
+    with capturing_everywhere(), no_host_reads():
         out, row_map, offs = kernels.moe_permute(x, idx, 3, 1)
     assert row_map.tolist() == [[0, -1], [2, -1], [3, 1]] and offs.tolist() == [2, 3, 4]
     assert torch.equal(out[:4], x[[0, 2, 1, 2]])

@@ -16,13 +16,13 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.chains import labels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from tests.sparse_mla import specs as T  # noqa: E402
 from torch_ascend_moe.backends.cuda import _sparse_mla, _triton  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_no_host_read_while_capturing():
         if not _takes(s):
             continue
         eager = kernels.sparse_mla_prefill(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = kernels.sparse_mla_prefill(*s.args)
         for a, b in zip(eager, captured, strict=True):
             assert torch.equal(a, b), s.name

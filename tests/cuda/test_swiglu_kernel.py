@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import chosen, labels  # noqa: E402
 from tests.chains import cuda_chain as kernels  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
@@ -18,7 +19,6 @@ from tests.grouped.test_grouped_swiglu import _assert_close  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from torch_ascend_moe._registry import with_defaults  # noqa: E402
 from torch_ascend_moe.backends.cuda import _swiglu, _triton  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff, campaign  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
 
@@ -83,7 +83,7 @@ def test_no_host_read_while_capturing():
         if not _takes(s):
             continue
         eager = kernels.m_grouped_bf16_gemm_swiglu(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = kernels.m_grouped_bf16_gemm_swiglu(*s.args)
         for x, y in zip(eager, captured, strict=True):
             assert torch.equal(x.view(torch.uint8), y.view(torch.uint8)), s.name

@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from tests.capture_emulation import capturing_everywhere  # noqa: E402
 from tests.chains import cuda_chain, has  # noqa: E402
 from tests.cuda.opaque import check_opaque  # noqa: E402
 from tests.fp8_gemm.specs import SPECS as FP8_SPECS  # noqa: E402
@@ -25,7 +26,6 @@ from torch_ascend_moe.backends import chain  # noqa: E402
 from torch_ascend_moe.backends.cuda import _scaled_gemm, _triton  # noqa: E402
 from torch_ascend_moe.backends.portable import fp8_gemm as portable_fp8  # noqa: E402
 from torch_ascend_moe.backends.portable import grouped as portable_grouped  # noqa: E402
-from torch_ascend_moe.distributed import capture  # noqa: E402
 from torch_ascend_moe.testing import calc_diff  # noqa: E402
 from torch_ascend_moe.testing.harness import THRESHOLDS  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_no_host_read_while_capturing(spec):
         if not _takes_triton(spec, s):
             continue
         eager = _kernel(spec)(*s.args)
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = _kernel(spec)(*s.args)
         assert torch.equal(eager, captured), spec.name
 
@@ -284,7 +284,7 @@ def test_m_grouped_fp8_quant_gemm_casts_in_the_tile_bit_for_bit():
             if takes:
                 assert launch.call_count == 1 and launch.call_args.kwargs.get("quantize_a_ue8m0") == ue8m0, where
             if takes and not fused:  # one capture check: the schedule is built alike for every sample
-                with capture.emulated(), no_host_reads():
+                with capturing_everywhere(), no_host_reads():
                     captured = cuda_chain.m_grouped_fp8_quant_gemm(*args)
                 assert torch.equal(captured.nan_to_num(), out.nan_to_num()), where
             fused += takes
@@ -334,7 +334,7 @@ def test_m_grouped_fp8_linear_steps_reach_the_triton_gemm():
                     assert (out.double() - ours.double()).abs().max().item() <= tol * scale, where
                     assert not out[(ours == 0).all(1)].any(), where  # rows no expert owns
                 if launch.called and not small:  # the capture check on the full samples (the schedule's cases)
-                    with capture.emulated(), no_host_reads():
+                    with capturing_everywhere(), no_host_reads():
                         captured = _on_cuda("m_grouped_fp8_linear", *s.args)
                     assert torch.equal(captured, out), where
     assert reached, "no sample reached the Triton GEMM"

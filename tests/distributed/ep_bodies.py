@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.capture_emulation import capturing_everywhere
 from tests.ep.specs import random_routing
-from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.testing import calc_diff
 
 # ---- what CUDA-graph capture forbids, checked on CPU ----
@@ -71,7 +71,7 @@ def emulated_capture():
 
     torch.Tensor.tolist = tolist
     try:
-        with capture.emulated(), detector:
+        with capturing_everywhere(), detector:
             yield detector
     finally:
         torch.Tensor.tolist = saved_tolist

@@ -14,6 +14,7 @@ import torch
 
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_gemm as portable
+from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 # (name, a format, b format): format = (kind, gran_mn, gran_k, use_ue8m0)
@@ -69,8 +70,8 @@ def fp8_gemm_samples(device, dtype, requires_grad=False, small=False) -> list[Sa
 
 def fp8_gemm_reference(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     """fp64 product of the exactly dequantized operands."""
-    a64 = portable.dequantize(a, sfa, recipe_a).double()
-    b64 = portable.dequantize(b, sfb, recipe_b).double()
+    a64 = dequantized(a, sfa, recipe_a).double()
+    b64 = dequantized(b, sfb, recipe_b).double()
     out = alpha * (a64 @ b64.T)
     return out if c is None else out + c.double()
 
@@ -132,7 +133,7 @@ def fp8_bmm_samples(device, dtype, requires_grad=False, small=False) -> list[Sam
 
 
 def fp8_bmm_reference(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
-    out = alpha * (portable.dequantize(a, sfa, recipe_a).double() @ portable.dequantize(b, sfb, recipe_b).double().mT)
+    out = alpha * (dequantized(a, sfa, recipe_a).double() @ dequantized(b, sfb, recipe_b).double().mT)
     return out if c is None else out + c.double()
 
 

@@ -5,7 +5,7 @@ import torch
 
 from tests.fp8_gemm.specs import _FORMATS, quantize
 from torch_ascend_moe import fp8_gemm, quant
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
+from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing import calc_diff
 
 # calc_diff against the unquantized product (DeepGEMM's thresholds) per format index of _FORMATS.
@@ -54,7 +54,7 @@ def test_grid(fmt, m, n, k):
     assert out.dtype == torch.bfloat16
     assert calc_diff(out, x.double() @ w.double().T) < _THRESHOLDS[fmt]
     exact = fp8_gemm(a, sfa, b, sfb, recipe_a=ra, recipe_b=rb, out_dtype=torch.float32)
-    ref = dequantize(a, sfa, ra).double() @ dequantize(b, sfb, rb).double().T
+    ref = dequantized(a, sfa, ra).double() @ dequantized(b, sfb, rb).double().T
     assert calc_diff(exact, ref) < 1e-6  # design §5: already-quantized inputs
 
 
@@ -65,7 +65,7 @@ def test_alpha_accumulate_and_mn_major_b():
     b, sfb = quant.per_block_cast_to_fp8(w, True)
     b_mn = b.t().contiguous().t()  # MN-major B takes the panel path even for few rows
     c = torch.randn(4, 40, generator=g)
-    ref = 0.5 * (dequantize(a, sfa, (1, 128)).double() @ dequantize(b, sfb, (128, 128)).double().T) + c.double()
+    ref = 0.5 * (dequantized(a, sfa, (1, 128)).double() @ dequantized(b, sfb, (128, 128)).double().T) + c.double()
     for weight in (b, b_mn):
         out = fp8_gemm(a, sfa, weight, sfb, c, alpha=0.5)
         assert out.dtype == torch.float32 and calc_diff(out, ref) < 1e-12

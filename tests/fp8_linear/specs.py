@@ -12,7 +12,7 @@ import torch
 from tests.fp8_gemm.specs import quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import fp8_linear as portable
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
+from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 # (M, N, K, gran_k, weight format (see tests.fp8_gemm.specs.quantize), use_ue8m0, with c, alpha)
@@ -45,7 +45,7 @@ def fp8_quant_gemm_samples(device, dtype, requires_grad=False, small=False) -> l
 
 def fp8_quant_gemm_reference(x, b, sfb, c, gran_k, recipe_b, use_ue8m0, alpha, out_dtype):
     q, sf = quant.block_cast_to_fp8(x.detach(), (1, gran_k), use_ue8m0)
-    out = alpha * (dequantize(q, sf, (1, gran_k)).double() @ dequantize(b, sfb, recipe_b).double().T)
+    out = alpha * (dequantized(q, sf, (1, gran_k)).double() @ dequantized(b, sfb, recipe_b).double().T)
     return out if c is None else out + c.double()
 
 
@@ -98,7 +98,7 @@ def fp8_linear_samples(device, dtype, requires_grad=False, small=False) -> list[
 def fp8_linear_reference(x, weight, bias, block, use_ue8m0, fp8_backward):
     xq, xs = quant.block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)
     wq, ws = quant.block_cast_to_fp8(weight.detach(), (block, block), use_ue8m0)
-    out = dequantize(xq, xs, (1, block)).double() @ dequantize(wq, ws, (block, block)).double().T
+    out = dequantized(xq, xs, (1, block)).double() @ dequantized(wq, ws, (block, block)).double().T
     return out if bias is None else out + bias.detach().double()
 
 

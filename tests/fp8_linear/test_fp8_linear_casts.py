@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from torch_ascend_moe import fp8_linear, fp8_quant_gemm
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.quant import block_cast_to_fp8
+from torch_ascend_moe.quant.reference import dequantized
 
 
 def _values(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -35,7 +35,7 @@ def test_activation_cast_matches_reference(dtype, m, k, gran_k, use_ue8m0):
         out_dtype=torch.float32,
     )
     q, sf = block_cast_to_fp8(x, (1, gran_k), use_ue8m0)
-    assert torch.equal(out, dequantize(q, sf, (1, gran_k)))
+    assert torch.equal(out, dequantized(q, sf, (1, gran_k)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -45,4 +45,4 @@ def test_weight_block_cast_matches_reference(dtype, n, k, block):
     eye = torch.eye(k, dtype=dtype)  # each row casts to exactly 1.0 with a power-of-two scale
     out = fp8_linear(eye, w, block=block, use_ue8m0=True)
     q, sf = block_cast_to_fp8(w, (block, block), True)
-    assert torch.equal(out, dequantize(q, sf, (block, block)).T.to(dtype))
+    assert torch.equal(out, dequantized(q, sf, (block, block)).T.to(dtype))

@@ -5,15 +5,15 @@ import torch
 from torch import nn
 
 from torch_ascend_moe import fp8_linear, fp8_quant_gemm, quant
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.nn import FP8Linear, convert_to_fp8_linear
+from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing import calc_diff
 
 
 def _deq_cast(x: torch.Tensor, block, use_ue8m0: bool) -> torch.Tensor:
     """fp64 value of x after the reference FP8 cast (what the op multiplies)."""
     q, sf = quant.block_cast_to_fp8(x.detach(), block, use_ue8m0)
-    return dequantize(q, sf, block).double()
+    return dequantized(q, sf, block).double()
 
 
 def _pad(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -74,7 +74,7 @@ def test_quant_gemm_ste_gradient(fmt, recipe_b):
     b, sfb, recipe_b = quantize(w.detach(), fmt)
     c = torch.randn(9, 40, requires_grad=True)
     fp8_quant_gemm(x, b, sfb, c, recipe_b=recipe_b, alpha=0.5).backward(grad)
-    assert calc_diff(x.grad, 0.5 * grad.double() @ dequantize(b, sfb, recipe_b).double()) < 1e-10
+    assert calc_diff(x.grad, 0.5 * grad.double() @ dequantized(b, sfb, recipe_b).double()) < 1e-10
     assert torch.equal(c.grad, grad)
 
 

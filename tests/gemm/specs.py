@@ -185,9 +185,6 @@ def einsum_bad_inputs(device) -> list[BadInput]:
     ]
 
 
-# The portable kernels run both their accelerator path (native BF16 GEMM) and their upcast path.
-_VARIANTS = ({}, {"native_reduced": False})
-
 SPECS = [
     OpSpec(
         "bf16_gemm",
@@ -195,7 +192,6 @@ SPECS = [
         gemm_reference,
         gemm_bad_inputs,
         portable.bf16_gemm,
-        portable_variants=_VARIANTS,
     ),
     OpSpec(
         "bf16_bmm",
@@ -203,7 +199,6 @@ SPECS = [
         bmm_reference,
         bmm_bad_inputs,
         portable.bf16_bmm,
-        portable_variants=_VARIANTS,
     ),
     OpSpec(
         "bf16_einsum",
@@ -211,6 +206,5 @@ SPECS = [
         einsum_reference,
         einsum_bad_inputs,
         portable.bf16_einsum,
-        portable_variants=_VARIANTS,
     ),
 ]

@@ -13,8 +13,8 @@ import torch
 from tests.fp8_gemm.specs import _FORMATS, quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
+from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 
 _POISON = 1e4  # scale of the values placed in rows no group owns
@@ -259,10 +259,10 @@ def m_grouped_fp8_samples(device, dtype, requires_grad=False, small=False) -> li
 
 
 def m_grouped_fp8_reference(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype):
-    a_deq = dequantize(a, sfa, recipe_a).double()
+    a_deq = dequantized(a, sfa, recipe_a).double()
     out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, a.shape[0], b.shape[0]):
-        out[begin:end] = a_deq[begin:end] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+        out[begin:end] = a_deq[begin:end] @ dequantized(b[grp], sfb[grp], recipe_b).double().T
     return out
 
 
@@ -322,8 +322,8 @@ def masked_fp8_samples(device, dtype, requires_grad=False, small=False) -> list[
 def masked_fp8_reference(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     out = torch.zeros(a.shape[0], a.shape[1], b.shape[1], dtype=torch.float64)
     for grp, m in enumerate(masked_m.tolist()):
-        a_deq = dequantize(a[grp], sfa[grp], recipe_a).double()
-        out[grp, :m] = a_deq[:m] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+        a_deq = dequantized(a[grp], sfa[grp], recipe_a).double()
+        out[grp, :m] = a_deq[:m] @ dequantized(b[grp], sfb[grp], recipe_b).double().T
     return out
 
 
@@ -380,11 +380,11 @@ def m_grouped_fp8_linear_reference(x, weight, layout, psum, alignment, block, us
     from torch_ascend_moe.quant import block_cast_to_fp8
 
     xq, xs = block_cast_to_fp8(x.detach(), (1, block), use_ue8m0)
-    x_deq = dequantize(xq, xs, (1, block)).double()
+    x_deq = dequantized(xq, xs, (1, block)).double()
     out = torch.zeros(x.shape[0], weight.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, x.shape[0], weight.shape[0]):
         wq, ws = block_cast_to_fp8(weight[grp].detach(), (block, block), use_ue8m0)
-        out[begin:end] = x_deq[begin:end] @ dequantize(wq, ws, (block, block)).double().T
+        out[begin:end] = x_deq[begin:end] @ dequantized(wq, ws, (block, block)).double().T
     return out
 
 
@@ -456,10 +456,10 @@ def m_grouped_fp8_quant_samples(device, dtype, requires_grad=False, small=False)
 
 def m_grouped_fp8_quant_reference(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, use_ue8m0, out_dtype):
     q, sf = quant.block_cast_to_fp8(x.detach(), (1, gran_k), use_ue8m0)
-    x_deq = dequantize(q, sf, (1, gran_k)).double()
+    x_deq = dequantized(q, sf, (1, gran_k)).double()
     out = torch.zeros(x.shape[0], b.shape[1], dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, x.shape[0], b.shape[0]):
-        out[begin:end] = x_deq[begin:end] @ dequantize(b[grp], sfb[grp], recipe_b).double().T
+        out[begin:end] = x_deq[begin:end] @ dequantized(b[grp], sfb[grp], recipe_b).double().T
     return out
 
 

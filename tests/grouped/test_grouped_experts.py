@@ -130,7 +130,7 @@ def test_fp8_linear_experts_straight_through_gradients(fp8_backward):
     """dx = dD @ deq(cast(W[g])) per the recipe (FP8: dD cast per token too); dW = dD^T x exactly."""
     from tests.grouped.specs import psum_layout
     from torch_ascend_moe import m_grouped_fp8_linear, quant
-    from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
+    from torch_ascend_moe.quant.reference import dequantized
 
     g = torch.Generator().manual_seed(5)
     layout, rows = psum_layout([7, 0, 12], 4)
@@ -145,7 +145,7 @@ def test_fp8_linear_experts_straight_through_gradients(fp8_backward):
             pad = (-40) % 128
             q, sf = quant.block_cast_to_fp8(F.pad(gd, (0, pad)), (1, 128), False)
             wq, ws = quant.block_cast_to_fp8(F.pad(w[grp].detach(), (0, 0, 0, pad)), (128, 128), False)
-            gx[s:e] = dequantize(q, sf, (1, 128)).double() @ dequantize(wq, ws, (128, 128)).double()
+            gx[s:e] = dequantized(q, sf, (1, 128)).double() @ dequantized(wq, ws, (128, 128)).double()
         else:
             gx[s:e] = gd.double() @ w[grp].double()
         gw[grp] = gd.double().T @ x[s:e].double()

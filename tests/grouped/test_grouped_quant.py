@@ -14,7 +14,6 @@ from tests.grouped.specs import SPECS, _quantize_experts, _rows_of, ids_layout, 
 from torch_ascend_moe._registry import full_call
 from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.meta.grouped import M_GROUPED, layout_segments
 from torch_ascend_moe.quant import reference
 
@@ -113,7 +112,7 @@ def test_straight_through_gradient_is_exact(dtype, psum):
     out.backward(grad)
     want, bound = torch.zeros(rows, 256, dtype=torch.float64), torch.zeros(rows, 256, dtype=torch.float64)
     for grp, begin, end in layout_segments(M_GROUPED, layout, psum, alignment, rows, len(counts)):
-        deq = dequantize(b[grp], sfb[grp], recipe_b).double()
+        deq = reference.dequantized(b[grp], sfb[grp], recipe_b).double()
         want[begin:end] = grad[begin:end].double() @ deq
         bound[begin:end] = grad[begin:end].double().abs() @ deq.abs()
     assert x.grad.dtype == dtype

@@ -14,6 +14,7 @@ import math
 import torch
 
 from torch_ascend_moe.backends.portable import moe_gate as portable
+from torch_ascend_moe.routing_math import gate_scores
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
 # (groups, topk groups, experts, shared, topk, scoring, extras)
@@ -82,7 +83,7 @@ def _score(x: float, scoring: str) -> float:
 def reference(logits, bias, topk, groups, topk_groups, scoring, scale, shared, mask, fix, unmapped_in, physical,
               count, ep_rank, ep_ranks, tp_rank, tp_ranks, image_bias, image_mask, clamp):  # fmt: skip
     T, E = logits.shape
-    u32 = portable.gate_scores(logits.detach(), scoring)  # ranking happens on the kernel's scores
+    u32 = gate_scores(logits.detach(), scoring)  # ranking happens on the kernel's scores
     extra = 0 if physical is None else physical.shape[1] - 1
     per_rank = (E + extra) // ep_ranks
     idx_out = torch.full((T, topk + shared), -1, dtype=torch.int64)

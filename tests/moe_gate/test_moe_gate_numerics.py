@@ -8,8 +8,8 @@ import torch
 import torch_ascend_moe.tile_kernels as tile_kernels
 from tests.moe_gate.specs import gate_call, reference
 from torch_ascend_moe import moe_topk_gate
-from torch_ascend_moe.backends.portable.moe_gate import gate_scores
 from torch_ascend_moe.ops import moe_gate as helpers
+from torch_ascend_moe.routing_math import gate_scores
 
 # TileKernels' test configurations: (groups, topk groups, routed experts, shared experts, topk).
 _CONFIGS = [

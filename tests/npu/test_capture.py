@@ -11,11 +11,11 @@ from unittest import mock
 import pytest
 import torch
 
+from tests.capture_emulation import capturing_everywhere
 from tests.chains import npu_chain
 from tests.grouped.specs import SPECS as GROUPED_SPECS
 from tests.moe_routing.specs import SPECS as ROUTING_SPECS
 from torch_ascend_moe.backends.npu import grouped, moe_routing
-from torch_ascend_moe.distributed import capture
 
 # The FP8 grouped adapters' capture path (E8M0 scales only) is tested with their MX samples in
 # test_grouped_adapters.py; their other samples go to the portable kernel, which tests/test_capture.py names as
@@ -61,7 +61,7 @@ def test_adapters_make_no_host_read_while_capturing(module, spec, refs):
     for dtype in spec.dtypes:
         for s in spec.sample_inputs("cpu", dtype):
             eager = adapter(*s.args)
-            with capture.emulated(), no_host_reads():
+            with capturing_everywhere(), no_host_reads():
                 captured = adapter(*s.args)
             for e, c in zip(*(o if isinstance(o, tuple) else (o,) for o in (eager, captured))):
                 assert torch.equal(e, c), f"{spec.name}[{s.name}, {dtype}]"

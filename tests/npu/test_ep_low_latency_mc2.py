@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from tests.capture_emulation import capturing_everywhere
 from tests.chains import npu_chain
 from tests.ep.specs import init_single_rank_group
 from tests.npu import ep_mqa_hc_refs as refs
 from torch_ascend_moe.backends.npu import ep as npu_ep
 from torch_ascend_moe.backends.portable.ep.low_latency import ep_low_latency_combine, ep_low_latency_dispatch
-from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import ep as meta
 from torch_ascend_moe.testing import npu_wheel
 
@@ -351,7 +351,7 @@ def test_dispatch_cases_that_stay_portable(mc2, monkeypatch, case):
     args = _args(x, idx, t, e, mc2, **kw)
     with mock.patch.object(torch.ops.npu.npu_moe_distribute_dispatch_v2, "default") as call:
         if case == "capturing":
-            with capture.emulated():
+            with capturing_everywhere():
                 got = npu_chain.ep_low_latency_dispatch(*args)
         else:
             got = npu_chain.ep_low_latency_dispatch(*args)
@@ -387,7 +387,7 @@ def test_combine_cases_that_stay_portable(mc2, monkeypatch, case):
     args = _combine_args(y, idx, w, dispatched, t, mc2, state)
     with mock.patch.object(torch.ops.npu.npu_moe_distribute_combine_v2, "default") as call:
         if case == "capturing":
-            with capture.emulated():
+            with capturing_everywhere():
                 got = npu_chain.ep_low_latency_combine(*args)
         else:
             got = npu_chain.ep_low_latency_combine(*args)

@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_ascend_moe  # noqa: F401  (the ascend_moe ops)
+from tests.capture_emulation import capturing_everywhere
 from tests.chains import npu_chain
 from tests.ep.specs import init_single_rank_group
 from tests.mqa_logits import specs as T
@@ -23,7 +24,6 @@ from torch_ascend_moe.backends.npu import ep as npu_ep
 from torch_ascend_moe.backends.npu import hc_prenorm as npu_hc
 from torch_ascend_moe.backends.npu import mqa_logits as npu_mqa
 from torch_ascend_moe.backends.portable import mqa_logits as portable_mqa
-from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.ops.ep import ep_dispatch, ep_expand, ep_low_latency_combine, ep_low_latency_dispatch
 from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_topk
@@ -303,7 +303,7 @@ def test_mqa_logits_topk_cases_that_stay_portable(refs_on, case):
     args = (q, q_sf, k, k_sf, w, ks, ke, topk, out_dtype)
     with mock.patch.object(torch.ops.npu.npu_lightning_indexer, "default") as call:
         if case == "capturing":
-            with capture.emulated():
+            with capturing_everywhere():
                 got = npu_chain.mqa_logits_topk(*args)
         else:
             got = npu_chain.mqa_logits_topk(*args)

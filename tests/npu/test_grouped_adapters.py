@@ -401,8 +401,8 @@ def test_mx_meta_matches_our_fake(ascend950):
     "case", ["before Ascend 950", "FP32 scales", "a zero scale", "a NaN E8M0 scale", "FP4 B", "K not 32s", "capturing"]
 )
 def test_mx_cases_that_stay_portable(ascend950, monkeypatch, mx_calls, case):
+    from tests.capture_emulation import capturing_everywhere
     from torch_ascend_moe.backends.portable import grouped as portable
-    from torch_ascend_moe.distributed import capture
 
     gen = torch.Generator().manual_seed(8)
     m, g, n, k = 12, 2, 16, 128
@@ -428,7 +428,7 @@ def test_mx_cases_that_stay_portable(ascend950, monkeypatch, mx_calls, case):
         b, sfb = _weights(g, n, k, rb, gen)
     args = (a, sfa, b, sfb, torch.tensor([5, m], dtype=torch.int32), True, 1, ra, rb, torch.bfloat16)
     if case == "capturing":
-        with capture.emulated():
+        with capturing_everywhere():
             out = npu_chain.m_grouped_fp8_gemm(*args)
     else:
         out = npu_chain.m_grouped_fp8_gemm(*args)
@@ -448,8 +448,8 @@ def test_mx_bad_inputs_raise_our_errors(spec, ascend950):
 def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
     """While a graph is captured: E8M0 scale tensors take MX with no host read, equal to eager; FP32 scales (whose
     power-of-two check reads the host) go to the portable kernel."""
+    from tests.capture_emulation import capturing_everywhere
     from tests.npu.test_capture import no_host_reads
-    from torch_ascend_moe.distributed import capture
 
     taken = 0
     for name, args in _mx_samples():
@@ -457,7 +457,7 @@ def test_mx_no_host_read_while_capturing(ascend950, mx_calls):
         calls = len(mx_calls)
         if args[1].dtype != torch.float8_e8m0fnu:
             continue
-        with capture.emulated(), no_host_reads():
+        with capturing_everywhere(), no_host_reads():
             captured = getattr(npu_chain, name)(*args)
         assert len(mx_calls) == calls + 1 and torch.equal(captured, eager), name
         taken += 1

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 import torch_ascend_moe as tam
 from tests.swiglu.specs import backward_fp32_x_grad, fma_f32, forward_fp32, layout, layout_mask
-from torch_ascend_moe.backends.portable._arith import fma
+from torch_ascend_moe._arith import fma
 
 FP8 = torch.float8_e4m3fn
 

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.capture_emulation import capturing_everywhere
 from tests.distributed import run_named
 from tests.upstream import deep_ep_elastic_refs as refs
 from tests.upstream.standin import installed
-from torch_ascend_moe.distributed import capture
 
 BF16, FP8 = torch.bfloat16, torch.float8_e4m3fn
 MIB2 = 2 * 1024 * 1024
@@ -591,7 +591,7 @@ def check_host_asserts(deep_ep, rank, world, buffers):
     small.destroy()
     raises(lambda: buffers[True].destroy(), AssertionError)
     # under a graph capture the dispatch kernel does not run: the CPU wait for the counts times out
-    with capture.emulated():
+    with capturing_everywhere():
         raises(lambda: buffer.dispatch(x, idx, **kw), words=["Dispatch CPU wait exception", f"{hpp}:1063)"])
         c_x, _, _, _, _ = buffer.dispatch(x, handle=handle, num_sms=8)  # cached: no CPU wait
         n_x, _, _, n_handle, _ = buffer.dispatch(x, idx, **kw, do_cpu_sync=False)
@@ -621,7 +621,7 @@ def check_ascend(deep_ep, rank, world, buffers):
         raises(
             lambda: buffer.dispatch(x, idx, w, num_experts=E, num_sms=8, previous_event_before_epilogue=ev), Unsupported
         )
-        with capture.emulated():
+        with capturing_everywhere():
             raises(lambda: buffer.dispatch(x, idx, w, num_experts=E, num_sms=8), Unsupported, "graph capture")
         recv_x, recv_idx, recv_w, handle, _ = buffer.dispatch(x, idx, w, num_experts=E, num_sms=8)
         c_x, _, _, _, _ = buffer.dispatch(x, handle=handle, num_sms=8)  # cached: no CPU sync, supported

@@ -24,6 +24,7 @@ from unittest import mock
 import pytest
 import torch
 
+from tests.capture_emulation import capturing_everywhere
 from tests.chains import labels
 from tests.norm.specs import SPECS as NORM_SPECS
 from tests.quant.specs import SPECS as QUANT_SPECS
@@ -36,7 +37,6 @@ from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.portable.quant import tile_cast
 from torch_ascend_moe.backends.upstream.tile_kernels import quant as tk_quant
 from torch_ascend_moe.backends.upstream.tile_kernels import swiglu as tk_swiglu
-from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.testing import calc_diff
 from torch_ascend_moe.testing.harness import SampleInput
 
@@ -420,7 +420,7 @@ def test_a_captured_graph_keeps_the_casts_off_the_library():
     cache = torch.rand(16, 64)
     q = torch.randn(8, 2, 64)
     positions = torch.randint(0, 16, (8,))
-    with installed("tile_kernels", version=LATER) as library, capture.emulated():
+    with installed("tile_kernels", version=LATER) as library, capturing_everywhere():
         for op, args in [
             ("quantize_blocks", (x, "e4m3", [1, 128], True)),
             ("rms_norm_quant", (x, None, 1e-6, None, 1.0, 32, True)),

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.quant import quantize_fp8
+from torch_ascend_moe.quant.reference import dequantized
 
 LINEAR, QUANT_GEMM = "fp8_linear", "fp8_quant_gemm"
 
@@ -109,7 +109,7 @@ def _quant_gemm_backward(ctx, grad):
             )
     grad_x = None
     if needs_grad(ctx, QUANT_GEMM, "x"):
-        grad_x = bf16_gemm(grad.float(), dequantize(b, sfb, ctx.recipe_b).t(), alpha=ctx.alpha).to(ctx.x_dtype)
+        grad_x = bf16_gemm(grad.float(), dequantized(b, sfb, ctx.recipe_b).t(), alpha=ctx.alpha).to(ctx.x_dtype)
     grad_c = grad.to(ctx.c_dtype) if needs_grad(ctx, QUANT_GEMM, "c") else None
     return gradients(QUANT_GEMM, x=grad_x, c=grad_c)
 

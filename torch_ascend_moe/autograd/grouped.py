@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
-from torch_ascend_moe.backends.portable.fp8_gemm import dequantize
 from torch_ascend_moe.ops.gemm import bf16_bmm
 from torch_ascend_moe.ops.grouped import (
     k_grouped_bf16_gemm,
@@ -21,6 +20,7 @@ from torch_ascend_moe.ops.grouped import (
     m_grouped_fp8_gemm,
 )
 from torch_ascend_moe.quant import block_cast_to_fp8
+from torch_ascend_moe.quant.reference import dequantized
 
 M, MASKED, K, LINEAR, QUANT, SWIGLU, SWIGLU_FP8 = (
     "m_grouped_bf16_gemm",
@@ -141,7 +141,7 @@ def _quant_backward(ctx, grad):
             )
     if grad is None or not needs_grad(ctx, QUANT, "x"):
         return gradients(QUANT)
-    experts = dequantize(b, sfb, ctx.recipe_b).transpose(1, 2)  # [G, K, N]: D[i] = dD[i] @ deq(b[g])
+    experts = dequantized(b, sfb, ctx.recipe_b).transpose(1, 2)  # [G, K, N]: D[i] = dD[i] @ deq(b[g])
     grad_x = m_grouped_bf16_gemm(
         grad.float(), experts, layout, psum=ctx.psum, alignment=ctx.alignment, out_dtype=torch.float32
     )

@@ -11,6 +11,7 @@ import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
 from torch_ascend_moe.ops.moe_routing import moe_unpermute
+from torch_ascend_moe.routing_math import gate_scores
 
 
 def _permute_setup(ctx, inputs, output):
@@ -73,13 +74,11 @@ def _gating_setup(ctx, inputs, output):
 
 
 def _gating_backward(ctx, grad_w, grad_idx):
-    from torch_ascend_moe.backends.portable.moe_routing import gating_scores
-
     logits, idx = ctx.saved_tensors
     if grad_w is None or not needs_grad(ctx, "moe_gating_topk", "logits"):
         return gradients("moe_gating_topk")
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    scores = gating_scores(logits, ctx.score_func, acc)
+    scores = gate_scores(logits.to(acc), ctx.score_func)
     g = scores.gather(1, idx)
     dg = grad_w.to(acc) * ctx.scale
     if ctx.renormalize:

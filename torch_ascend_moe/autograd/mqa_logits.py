@@ -122,8 +122,8 @@ def _fused_backward(ctx, grad_values, grad_idx):
     if not (need_q or need_k or need_w) or grad_values is None:
         return gradients(FUSED)
     acc = meta.acc_dtype(q)
-    qd = portable.dequantize(q.detach(), q_sf, acc)  # [S, H, D]
-    kd = portable.dequantize(k.detach(), k_sf, acc)  # [S_kv, D]
+    qd = portable.acc_values(q.detach(), q_sf, acc)  # [S, H, D]
+    kd = portable.acc_values(k.detach(), k_sf, acc)  # [S_kv, D]
     w = weights.detach().to(acc)
     valid = idx >= 0
     cols = torch.where(valid, idx, 0).long()
@@ -173,7 +173,7 @@ def _sparse_backward(ctx, grad):
     if not (need_q or need_k or need_w):
         return gradients(SPARSE)
     acc = meta.acc_dtype(q)
-    qd, kd = portable.dequantize(q.detach(), q_sf, acc), portable.dequantize(k.detach(), k_sf, acc)
+    qd, kd = portable.acc_values(q.detach(), q_sf, acc), portable.acc_values(k.detach(), k_sf, acc)
     shift = portable.sparse_shift(ks, ctx.sbk, ctx.unaligned)
     token, valid = portable.sparse_columns(ks, ke, shift, block_indices, ctx.sbk)
     dq, dk, dw = portable.sparse_backward(grad, qd, kd, token, valid, weights.detach(), acc, need_k)

@@ -1,25 +1,20 @@
 """Whether a CUDA or NPU (aclgraph: torch_npu's ``NPUGraph``, the ``npugraph_ex`` backend) graph is being captured:
 the static expert-parallel ops and the NPU adapters then skip their host-side value checks and make no host
-sync. ``emulated()`` makes every check answer yes, so CPU tests can run the capture path (and catch host syncs)."""
+sync. Callers look the checks up through this module (``capture.capturing(...)``), so a test can emulate a capture
+on CPU by replacing them (tests/capture_emulation.py)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-
-_emulated = False
 
 
 def capturing_current_stream() -> bool:
-    """A capture is under way on the current CUDA stream (or emulated)."""
-    return _emulated or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    """A capture is under way on the current CUDA stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def capturing(device: torch.device) -> bool:
-    """A capture is under way for work on ``device`` (or emulated)."""
-    if _emulated:
-        return True
+    """A capture is under way for work on ``device``."""
     if device.type == "cuda":
         return torch.cuda.is_current_stream_capturing()
     # torch_npu registers torch.npu (with is_current_stream_capturing) when imported; no NPU tensor exists before
@@ -41,17 +36,7 @@ def host_readable(t: torch.Tensor) -> bool:
 
 
 def host_kernels(device: torch.device) -> bool:
-    """Whether the ep family's CPU helper kernels (``ascend_moe_kernels``) take a step: on CPU, except under the
-    tests' emulated capture, which checks the tensor-op path a captured CUDA / NPU graph takes."""
+    """Whether the ep family's CPU helper kernels (``ascend_moe_kernels``) take a step: on CPU, except while
+    ``capturing`` (only a test emulating a capture makes that true on CPU: it checks the tensor-op path a captured
+    CUDA / NPU graph takes)."""
     return device.type == "cpu" and not capturing(device)
-
-
-@contextlib.contextmanager
-def emulated():
-    """Every ``capturing`` check answers True inside the block."""
-    global _emulated
-    saved, _emulated = _emulated, True
-    try:
-        yield
-    finally:
-        _emulated = saved

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import FROM_SCHEMA, schema_defaults
-from torch_ascend_moe.backends.portable.moe_gate import stable_topk, tp_masked
+from torch_ascend_moe.routing_math import stable_topk, tp_masked
 
 _gate = torch.ops.ascend_moe.moe_topk_gate.default
 

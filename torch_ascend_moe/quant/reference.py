@@ -76,13 +76,32 @@ def quantize_fp4(
     return row_major(pack_e2m1(codes)), pack_scales(sf) if use_packed_ue8m0 else row_major(sf)
 
 
+def decoded(data: torch.Tensor) -> torch.Tensor:
+    """FP32 values of quantized data: packed FP4 (uint8 ``[..., N / 2]``, two E2M1 codes a byte, low nibble first)
+    unpacked to ``[..., N]``, anything else (E4M3) converted as it is."""
+    return decode_e2m1(unpack_e2m1(data)) if data.dtype == torch.uint8 else data.float()
+
+
+def dequantized(data: torch.Tensor, scale: torch.Tensor, block: Sequence[int]) -> torch.Tensor:
+    """FP32 ``decoded(data)[..., r, c] * scale[..., r // block[0], c // block[1]]`` over the last two dims (scales FP32,
+    E8M0, or int32 / int16 packed UE8M0; scales past the data are ignored): the one block dequantization behind the
+    quant family's ``dequantize`` and every portable kernel that reads quantized operands.
+
+    >>> dequantized(torch.full((2, 4), 1.5).to(torch.float8_e4m3fn), torch.tensor([[2.0, 4.0]]), (2, 2)).tolist()
+    [[3.0, 3.0, 6.0, 6.0], [3.0, 3.0, 6.0, 6.0]]
+    """
+    values = decoded(data)
+    rows, cols = values.shape[-2:]
+    gr, gc = _cut(block, rows, cols)
+    full = scales_to_float(scale)
+    if gr != 1:
+        full = full.repeat_interleave(gr, dim=-2)
+    return values * full[..., :rows, :].repeat_interleave(gc, dim=-1)[..., :cols]
+
+
 def dequantize(
     data: torch.Tensor, scale: torch.Tensor, block: Sequence[int], out_dtype: torch.dtype | None
 ) -> torch.Tensor:
     """``data [M, N]`` (E4M3) or ``[M, N / 2]`` (packed FP4 uint8) times its block's scale (FP32, E8M0, or int32 /
     int16 packed UE8M0), in FP32, rounded once to ``out_dtype`` (default FP32)."""
-    values = decode_e2m1(unpack_e2m1(data)) if data.dtype == torch.uint8 else data.float()
-    m, n = values.shape
-    gr, gc = _cut(block, m, n)
-    full = scales_to_float(scale).repeat_interleave(gr, dim=0)[:m].repeat_interleave(gc, dim=1)[:, :n]
-    return row_major((values * full).to(out_dtype or torch.float32))
+    return row_major(dequantized(data, scale, block).to(out_dtype or torch.float32))

@@ -123,7 +123,7 @@ Divergences / simplifications (also in the report of the session that wrote it)
   were written to (upstream: timing); a cached expanded dispatch skips negative slots as upstream does. The
   expanded rows of one expert are assigned in a seeded shuffled order of the received rows (upstream: the
   ``atomicAdd`` order of its warps). A non-cached ``do_cpu_sync=True`` dispatch while a graph is captured (CUDA / NPU
-  capture or the project's ``distributed.capture.emulated()``) raises upstream's "Dispatch CPU wait" timeout at
+  capture or the tests' ``capture_emulation.capturing_everywhere()``) raises upstream's "Dispatch CPU wait" timeout at
   once instead of after ``num_cpu_timeout_secs``. Device-side traps named in messages: dispatch_copy_epilogue.cuh:74
   / :107, combine.cuh:69; an expert id ``>= num_experts``, a slot outside the sender's region, rows past a tensor's
   end are ``Panic`` too. The Ascend flavour's refusal words are the stand-in's (the port's source is not readable).

@@ -199,8 +199,9 @@ def garbage_sf(num_tokens: int, num_sf_packs: int, dtype, col_major: bool) -> to
 
 
 def graph_capturing() -> bool:
-    """A device graph is being captured on the current stream: CUDA's or torch_npu's check, or the project's CPU
-    emulation of a capture (``torch_ascend_moe.distributed.capture.emulated()``, read only if already imported)."""
+    """A device graph is being captured on the current stream: CUDA's or torch_npu's check, or the project's check
+    (``distributed.capture``, which the tests' ``capture_emulation.capturing_everywhere()`` replaces; read through
+    the module, only if already imported)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return True
     npu = getattr(torch, "npu", None)

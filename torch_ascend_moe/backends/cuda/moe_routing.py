@@ -22,6 +22,7 @@ from torch_ascend_moe.meta.moe_routing import (
     permute_signature,
     unpermute_signature,
 )
+from torch_ascend_moe.routing_math import gate_scores
 
 _routing = triton_module("_routing")
 
@@ -64,5 +65,5 @@ def moe_unpermute(y, row_map, topk_weights, bias):
 )
 def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
-    scores = portable.gating_scores(logits, score_func, acc)
+    scores = gate_scores(logits.to(acc), score_func)
     return _routing.gating(scores, bias, topk, num_groups, topk_groups, renormalize, routed_scaling_factor)

@@ -1,4 +1,5 @@
-"""Device-generic ``fp8_gemm``: dequantize both operands with torch ops, multiply in FP32.
+"""Device-generic ``fp8_gemm``: dequantize both operands with torch ops (``quant.reference.dequantized``), multiply
+in FP32.
 
 Correct on any device (it is the contract's math); accelerator-specific kernels (``torch._scaled_mm``
 blockwise on CUDA, ``npu_quant_matmul`` on Ascend) override it per device when they exist.
@@ -9,29 +10,15 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.fp8_gemm import (
-    einsum_plan,
-    fp8_bmm_signature,
-    fp8_einsum_signature,
-    fp8_gemm_signature,
-    is_fp4,
-)
-from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
-
-
-def dequantize(x: torch.Tensor, sf: torch.Tensor, recipe) -> torch.Tensor:
-    """FP32 ``deq(x)[..., r, k] = x[..., r, k] * sf[..., r // gran_mn, k // gran_k]`` (FP8, or packed FP4 in uint8)."""
-    values = decode_e2m1(unpack_e2m1(x)) if is_fp4(x) else x.float()
-    gmn, gk = recipe
-    scales = sf.float().repeat_interleave(gmn, dim=-2)[..., : values.shape[-2], :].repeat_interleave(gk, dim=-1)
-    return values * scales
+from torch_ascend_moe.meta.fp8_gemm import einsum_plan, fp8_bmm_signature, fp8_einsum_signature, fp8_gemm_signature
+from torch_ascend_moe.quant.reference import dequantized
 
 
 @portable_kernel
 def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
-    acc = torch.addmm(acc, dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b).t(), alpha=alpha)
+    acc = torch.addmm(acc, dequantized(a, sfa, recipe_a), dequantized(b, sfb, recipe_b).t(), alpha=alpha)
     return acc.to(dtype)
 
 
@@ -39,7 +26,7 @@ def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
 def fp8_bmm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype):
     shape, dtype = fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype)
     acc = c.float() if c is not None else torch.zeros(shape, dtype=torch.float32, device=a.device)
-    a_deq, b_deq = dequantize(a, sfa, recipe_a), dequantize(b, sfb, recipe_b)
+    a_deq, b_deq = dequantized(a, sfa, recipe_a), dequantized(b, sfb, recipe_b)
     return torch.baddbmm(acc, a_deq, b_deq.transpose(1, 2), alpha=alpha).to(dtype)
 
 

@@ -201,8 +201,9 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
         if n == 0:
             continue
         blocks = -(-n // gran_k)
-        scales_a, scales_b = (sf[row : row + blocks].float().repeat_interleave(gran_k, dim=0)[:n] for sf in (sfa, sfb))
-        acc[g] += (a[begin:end].float() * scales_a).T @ (b[begin:end].float() * scales_b)
+        a_g = reference.dequantized(a[begin:end], sfa[row : row + blocks], (gran_k, 1))
+        b_g = reference.dequantized(b[begin:end], sfb[row : row + blocks], (gran_k, 1))
+        acc[g] += a_g.T @ b_g
         row += blocks
     return acc.to(dtype)
 

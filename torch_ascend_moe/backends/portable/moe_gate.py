@@ -9,22 +9,7 @@ import torch
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import moe_gate as meta
-
-
-def gate_scores(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
-    """The unbiased scores ``u`` the weights are made of."""
-    if scoring_func == "sigmoid":
-        return torch.sigmoid(logits)
-    if scoring_func == "sqrtsoftplus":
-        return torch.nn.functional.softplus(logits).sqrt()
-    if scoring_func == "identity":  # DeepGEMM 2.8's Mega Gate: the logits themselves
-        return logits.clone()
-    return torch.softmax(logits, dim=-1)
-
-
-def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The columns of the k largest, descending, ties to the lower column."""
-    return torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
+from torch_ascend_moe.routing_math import gate_scores, stable_topk, tp_masked
 
 
 def group_limited(ranking: torch.Tensor, num_groups: int, num_topk_groups: int) -> torch.Tensor:
@@ -79,15 +64,3 @@ def moe_topk_gate(args):
         unmapped,
         torch.where(active[:, None], u, 0),
     )
-
-
-def tp_masked(idx: torch.Tensor, per_rank: int, tp_rank: int, num_tp_ranks: int) -> torch.Tensor:
-    """TileKernels' EP/TP mask: index ``(d·num_tp + r)·per_rank + j`` is kept iff ``r == tp_rank`` and becomes
-    ``d·per_rank + j``; every other index (and -1) is -1."""
-    per_dp = per_rank * num_tp_ranks
-    valid = idx >= 0
-    rank = torch.where(valid, idx // per_rank, 0)
-    keep = valid & (rank % num_tp_ranks == tp_rank)
-    local = idx - tp_rank * per_rank
-    remapped = local - torch.where(keep, local // per_dp, 0) * (per_dp - per_rank)
-    return torch.where(keep & (remapped >= 0), remapped, -1)

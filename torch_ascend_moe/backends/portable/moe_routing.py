@@ -15,6 +15,7 @@ from torch_ascend_moe.meta.moe_routing import (
     permute_signature,
     unpermute_signature,
 )
+from torch_ascend_moe.routing_math import gate_scores, stable_topk
 
 
 def check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
@@ -84,17 +85,11 @@ def moe_unpermute(y, row_map, topk_weights, bias=None):
     return out.to(y.dtype)
 
 
-def gating_scores(logits, score_func, acc):
-    """The gating scores: softmax or sigmoid of the logits in ``acc`` (FP32, or FP64)."""
-    logits = logits.to(acc)
-    return logits.sigmoid() if score_func == "sigmoid" else logits.softmax(-1)
-
-
 @portable_kernel
 def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, renormalize, routed_scaling_factor):
     acc = gating_signature(logits, topk, bias, score_func, num_groups, topk_groups)
     t, e = logits.shape
-    scores = gating_scores(logits, score_func, acc)
+    scores = gate_scores(logits.to(acc), score_func)  # softmax or sigmoid in FP32 (FP64)
     choice = scores + bias.to(acc) if bias is not None else scores
     order = torch.sort(choice, dim=-1, descending=True, stable=True).indices
     if 1 < num_groups and topk_groups < num_groups:
@@ -103,7 +98,7 @@ def moe_gating_topk(logits, topk, bias, score_func, num_groups, topk_groups, ren
             group_scores = torch.sort(grouped, dim=-1, descending=True, stable=True).values[..., :2].sum(-1)
         else:
             group_scores = grouped.amax(-1)
-        kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_groups]
+        kept = stable_topk(group_scores, topk_groups)
         mask = torch.zeros(t, num_groups, dtype=torch.bool, device=logits.device).scatter_(1, kept, True)
         # Kept groups' experts first, then the others, each in choice order (as the C++ kernel).
         in_kept = mask.repeat_interleave(e // num_groups, dim=1).gather(1, order)

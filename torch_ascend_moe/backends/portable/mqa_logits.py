@@ -13,19 +13,19 @@ from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import mqa_logits as meta
 from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
+from torch_ascend_moe.quant.reference import decoded, dequantized
 
 _SCORE_ELEMENTS = 1 << 24  # elements of one [queries, H, S_kv] score block
 
 
-def dequantize(x: torch.Tensor, sf: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
-    """``deq(x)`` in ``acc``: float data as is; FP8/FP4 times its ``1 x g`` scales (none: 1)."""
+def acc_values(x: torch.Tensor, sf: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
+    """``x``'s values in ``acc``: float data as is; FP8/FP4 times its ``1 x g`` scales (none: 1)."""
     if not meta.is_quantized(x):
         return x.to(acc)
-    values = decode_e2m1(unpack_e2m1(x)) if meta.is_fp4(x) else x.float()
-    if sf is not None:
-        g = values.shape[-1] // sf.shape[-1]
-        values = values * sf.float().repeat_interleave(g, dim=-1)
-    return values.to(acc)
+    if sf is None:
+        return decoded(x).to(acc)
+    width = 2 * x.shape[-1] if meta.is_fp4(x) else x.shape[-1]
+    return dequantized(x, sf, (1, width // sf.shape[-1])).to(acc)
 
 
 def _positions(ks, ke, columns: int, compressed: bool, device):
@@ -60,7 +60,7 @@ def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
     if capture.host_readable(ks):  # a host read: skipped while a graph is captured
         meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
     acc = meta.acc_dtype(q)
-    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
     columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
     return logits_from_dequantized(qd, kd, weights, ks, ke, columns, max_seqlen_k > 0, acc).to(sh.out_dtype)
 
@@ -71,7 +71,7 @@ def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, o
     if capture.host_readable(ks):
         meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
     acc = meta.acc_dtype(q)
-    qd, kd, w = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc), weights.to(acc)
+    qd, kd, w = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc), weights.to(acc)
     compressed = max_seqlen_k > 0
     columns = grad.shape[1]
     dq, dk, dw = torch.zeros_like(qd), torch.zeros_like(kd), torch.zeros_like(w)
@@ -131,7 +131,7 @@ def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
     kd = torch.where(live.unsqueeze(-1), kd, 0)
     ks = (torch.arange(B, device=q.device) * span).repeat_interleave(next_n)
     ke = ks + context_lens.flatten().long()
-    qd = dequantize(q, q_sf, acc).reshape(B * next_n, H, d)
+    qd = acc_values(q, q_sf, acc).reshape(B * next_n, H, d)
     return qd, kd.reshape(-1, d), ks, ke
 
 
@@ -213,7 +213,7 @@ def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype, *, bl
         meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)
     if block_logits is None:
         acc = meta.acc_dtype(q)
-        qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+        qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
 
         def block_logits(rows):
             logits = logits_from_dequantized(qd[rows], kd, weights[rows], ks[rows], ke[rows], sh.S_kv, False, acc)
@@ -308,7 +308,7 @@ def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_b
     if capture.host_readable(ks):
         meta.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
     acc = meta.acc_dtype(q)
-    qd, kd = dequantize(q, q_sf, acc), dequantize(k, k_sf, acc)
+    qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
     shift = sparse_shift(ks, sparse_block_kv, unaligned_ks)
     token, valid = sparse_columns(ks, ke, shift, block_indices, sparse_block_kv)
     return sparse_from_keys(qd, kd, token, valid, weights, acc).to(sh.out_dtype)
@@ -325,7 +325,7 @@ def paged_sparse_operands(q, q_sf, kv_cache, fmt, context_lens, block_table, blo
     token, valid = sparse_columns(zero, lens, zero, block_indices, sbk)
     valid = valid & (token < span)
     base = (torch.arange(B, device=q.device) * span).repeat_interleave(next_n).unsqueeze(1)
-    qd = dequantize(q, q_sf, acc).reshape(B * next_n, H, d)
+    qd = acc_values(q, q_sf, acc).reshape(B * next_n, H, d)
     return qd, kd.reshape(-1, d), torch.where(valid, token, 0) + base, valid
 
 

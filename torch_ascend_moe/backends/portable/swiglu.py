@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe._arith import fma
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.backends.portable._arith import fma
 from torch_ascend_moe.backends.portable.quant import tile_cast
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import swiglu as meta
+from torch_ascend_moe.quant.reference import dequantized
 
 
 def layout_rows(psum: torch.Tensor | None, alignment: int, rows: int, device) -> torch.Tensor | None:
@@ -88,8 +89,7 @@ def dequantized_x(args, acc: torch.dtype) -> torch.Tensor:
     x = args.x
     if x.dtype != meta.FP8:
         return x.to(acc)
-    block = meta.x_scale_block(args)
-    return (x.float() * args.x_sf.repeat_interleave(block, dim=1)).to(acc)
+    return dequantized(x, args.x_sf, (1, meta.x_scale_block(args))).to(acc)
 
 
 @portable_kernel

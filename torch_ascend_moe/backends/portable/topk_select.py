@@ -13,6 +13,7 @@ import torch
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import topk_select as meta
+from torch_ascend_moe.routing_math import stable_topk
 
 _SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _COLUMN_BITS = 31  # columns below 2^31 (V is an int32 size)
@@ -38,7 +39,7 @@ def selected_columns(input: torch.Tensor, valid: torch.Tensor, k: int) -> torch.
         packed = torch.where(valid, ((key + offset) << _COLUMN_BITS) | (low - cols), -1)
         return low - (packed.topk(k, dim=1).values & low)
     ranked = torch.where(valid, key, torch.iinfo(torch.int64).min)
-    return torch.sort(ranked, dim=1, descending=True, stable=True).indices[:, :k]
+    return stable_topk(ranked, k)
 
 
 def row_lengths(input: torch.Tensor, end: torch.Tensor | None) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe.backends.portable._arith import fma
+from torch_ascend_moe._arith import fma
 from torch_ascend_moe.ops.moe_routing import moe_permute
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "get_fused_mapping", "reduce_fused"]
