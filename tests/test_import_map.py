@@ -106,12 +106,15 @@ def _top(module: str) -> str:
 
 
 # What each part of the package may import from the others (the rest of its own part is always allowed). Bottom
-# up: the C++ library, checks and registry; the distributed layer; encodings; fakes and FLOP formulas; kernels
-# and backward formulas; the op wrappers and compiler passes; the compat packages; models, benchmarks, the CLI.
-_BASE = {"_C", "_checks", "_registry"}
+# up: the C++ library, the argument checks, the registry and the plain-torch math every layer shares; the
+# distributed layer; encodings; fakes and FLOP formulas; kernels and backward formulas; the op wrappers and
+# compiler passes; the compat packages; models, benchmarks, the CLI.
+_BASE = {"_C", "checks", "_registry", "_arith", "routing_math"}
 _ALLOWED = {
     "_C": set(),
-    "_checks": set(),
+    "checks": set(),
+    "_arith": set(),
+    "routing_math": set(),
     "_registry": {"_C"},
     "distributed": _BASE,
     "meta": _BASE | {"distributed", "quant"},

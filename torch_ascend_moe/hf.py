@@ -26,8 +26,8 @@ from transformers.utils import output_capturing
 from transformers.utils.output_capturing import OutputRecorder
 
 from torch_ascend_moe import inductor_lowerings
-from torch_ascend_moe._checks import GEMM_DTYPES
 from torch_ascend_moe.backends import cpu_gemm
+from torch_ascend_moe.checks import GEMM_DTYPES
 from torch_ascend_moe.nn import GroupedExperts, MegaMoE, MoE
 from torch_ascend_moe.nn.moe import MoEGate
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm, m_grouped_fp8_linear

@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.utils.math import ceil_div
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 from torch_ascend_moe.quant.encodings import pack_ue8m0_to_int, pack_ue8m0_to_int16

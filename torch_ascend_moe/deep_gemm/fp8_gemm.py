@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.epilogue import FP8Quantization, resolve_alpha, write_fp8_output
 from torch_ascend_moe.deep_gemm.gemm import _check_out
 from torch_ascend_moe.meta.fp8_gemm import einsum_plan, is_fp4, logical_k

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.checks.gemm import einsum_signature
 from torch_ascend_moe.deep_gemm.epilogue import resolve_alpha
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.fp8_gemm import _check_packings, _logical, _pair, _resolve_recipes
 from torch_ascend_moe.deep_gemm.gemm import _check_dtype, _check_out
 from torch_ascend_moe.deep_gemm.runtime import get_mk_alignment_for_contiguous_layout

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.portable import hc_prenorm as portable_hc_prenorm
 from torch_ascend_moe.ops.hc_prenorm import hc_prenorm_gemm
 

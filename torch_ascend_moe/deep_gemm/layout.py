@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.runtime import get_mk_alignment_for_contiguous_layout
 from torch_ascend_moe.deep_gemm.utils.math import align, ceil_div
 from torch_ascend_moe.quant import pack_ue8m0_to_int

@@ -25,7 +25,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.mega_moe import mega_moe
 from torch_ascend_moe.quant import scales_to_float
 

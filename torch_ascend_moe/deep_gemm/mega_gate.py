@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.runtime import get_num_sms
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.ops.gemm import bf16_gemm

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.mhc import mhc_post, mhc_pre_apply_mix, mhc_pre_split_mixes, sinkhorn_normalize
 from torch_ascend_moe.quant import per_token_cast_to_fp8

@@ -26,7 +26,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.mega import _interleave, _untransform_l1
 from torch_ascend_moe.ops.mega_moe import mega_moe
 

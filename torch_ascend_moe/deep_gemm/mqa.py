@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.runtime import get_num_sms
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, paged_mqa_logits, paged_mqa_logits_metadata
 from torch_ascend_moe.quant import scales_to_float

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_gemm.mqa import _FP4_DTYPES, _data, _scales, _split_q
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.ops.mqa_logits import paged_sparse_mqa_logits, sparse_mqa_logits

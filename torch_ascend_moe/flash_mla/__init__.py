@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.flash_mla import fused_norm_rope_attn_rope_cast  # noqa: F401  (G3's submodule)
 from torch_ascend_moe.flash_mla.dense import (
     dense_decode,

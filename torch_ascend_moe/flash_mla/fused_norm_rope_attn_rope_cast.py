@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 from torch_ascend_moe.quant import per_token_cast_to_fp8
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import device_kind, fake
 from torch_ascend_moe.distributed.groups import resolve_group
 

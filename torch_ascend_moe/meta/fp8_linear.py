@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 from torch_ascend_moe.meta.fp8_gemm import check_operand, check_scaled_out_dtype, logical_k
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 
 OP = "ascend_moe::moe_topk_gate"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 
 QUANTIZE_FP8 = "ascend_moe::quantize_fp8"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 
 PREFILL = "ascend_moe::sparse_mla_prefill"

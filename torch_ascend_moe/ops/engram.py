@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 
 __all__ = ["engram_gate", "engram_hash", "make_offsets"]
 

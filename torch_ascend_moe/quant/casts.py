@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.quant import dequantize, quantize_fp4, quantize_fp8
 from torch_ascend_moe.quant.encodings import pack_e2m1, pack_ue8m0_to_int, unpack_e2m1, unpack_ue8m0_from_int
 

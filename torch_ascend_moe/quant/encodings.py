@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP4_MAX = 6.0  # largest E2M1 magnitude

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.quant.casts import block_cast_to_fp8, cast_back_from_fp4, dequantize_fp8, per_token_cast_to_fp4
 
 FORMATS = ("fp8", "fp4")

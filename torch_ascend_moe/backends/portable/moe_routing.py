@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import _checks as ck
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.payload import place_rows
