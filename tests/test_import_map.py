@@ -171,3 +171,24 @@ def test_ep_stages_never_import_a_later_stage():
         assert not GRAPH[f"{package}.{name}"] & later, name
     below = {t for m, ts in GRAPH.items() if m.startswith("torch_ascend_moe.distributed") for t in ts}
     assert not {t for t in below if t.startswith(package)}
+
+
+def _reach(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        parent = m.rpartition(".")[0]  # importing a submodule runs its package's __init__ (not the root's: every
+        # module of the package is imported from it)
+        for t in GRAPH[m] | ({parent} if parent in MODULES and parent != "torch_ascend_moe" else set()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+@pytest.mark.parametrize("module", ["quant.encodings", "quant.reference", "routing_math", "_arith", "checks"])
+def test_shared_math_imports_no_op_layer(module):
+    """The plain-torch math kernels and references share (and the package ``__init__`` files it runs) reaches no op
+    wrapper and no kernel module: every layer may import it."""
+    reached = _reach(f"torch_ascend_moe.{module}")
+    assert not {m for m in reached if _top(m) in ("ops", "backends", "meta", "autograd")}

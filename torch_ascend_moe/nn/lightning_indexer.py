@@ -18,7 +18,7 @@ from torch import nn
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.mqa_logits import mqa_logits, mqa_logits_topk, mqa_topk
-from torch_ascend_moe.quant.fake_quantize import fake_quantize, quantize_rows
+from torch_ascend_moe.quant.straight_through import fake_quantize, quantize_rows
 
 _BLOCK = {"fp8": None, "fp4": 32}  # FP8: one scale per row (None = D); FP4: 1 x 32 UE8M0
 

@@ -7,18 +7,6 @@ Dynamo); ``reference`` holds their plain-torch math, the portable kernel and the
 tested against bit for bit. The encodings are plain torch functions (Dynamo traces and fuses them).
 """
 
-from torch_ascend_moe.quant.casts import (
-    block_cast_to_fp8,
-    cast_back_from_fp4,
-    cast_back_from_fp8,
-    dequantize_fp8,
-    per_block_cast_to_fp8,
-    per_channel_cast_to_fp8,
-    per_custom_dims_cast_to_fp8,
-    per_token_cast_to_fp4,
-    per_token_cast_to_fp8,
-    transpose_packed_fp4,
-)
 from torch_ascend_moe.quant.encodings import (
     E2M1_VALUES,
     FP4_MAX,
@@ -36,7 +24,33 @@ from torch_ascend_moe.quant.encodings import (
     unpack_ue8m0_from_int,
     unpack_ue8m0_from_int16,
 )
-from torch_ascend_moe.quant.fake_quantize import dequantize_rows, fake_quantize, quantize_rows
+
+# The casts and fake quantizers run the quant family's ops: loaded on first use, so the encodings and the plain-torch
+# math (``reference``) import without the op layer (the kernels below the ops use them).
+_ABOVE_THE_OPS = {
+    "block_cast_to_fp8": "casts",
+    "cast_back_from_fp4": "casts",
+    "cast_back_from_fp8": "casts",
+    "dequantize_fp8": "casts",
+    "per_block_cast_to_fp8": "casts",
+    "per_channel_cast_to_fp8": "casts",
+    "per_custom_dims_cast_to_fp8": "casts",
+    "per_token_cast_to_fp4": "casts",
+    "per_token_cast_to_fp8": "casts",
+    "transpose_packed_fp4": "casts",
+    "dequantize_rows": "straight_through",
+    "fake_quantize": "straight_through",
+    "quantize_rows": "straight_through",
+}
+
+
+def __getattr__(name: str):
+    if name in _ABOVE_THE_OPS:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_ABOVE_THE_OPS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "block_cast_to_fp8",
