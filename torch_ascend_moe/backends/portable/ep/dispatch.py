@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.header import (
     Transport,
@@ -43,8 +44,14 @@ def ep_dispatch(args):
     fields = dispatch_fields(args, Transport.OURS)
     if capturing and not static:
         raise ValueError(
-            f"{op}: argument 'num_worst_tokens' value: expected a positive static row count while a CUDA graph is "
-            "captured (a compact dispatch's row count is data-dependent, read on the host), got 0"
+            ck.message(
+                op,
+                "num_worst_tokens",
+                "value",
+                "a positive static row count while a CUDA graph is captured (a compact dispatch's row count is "
+                "data-dependent, read on the host)",
+                0,
+            )
         )
     if capturing:
         # No header while a graph is captured (reading it is a host sync): bad ids trip a device-side assert.
@@ -93,8 +100,7 @@ def ep_dispatch(args):
         if capturing:
             torch._assert_async(
                 (n_valid <= args.num_worst_tokens).all(),
-                f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, got "
-                f"{args.num_worst_tokens} (rank {rank} receives more; rows are never dropped)",
+                static_overflow(op, args.num_worst_tokens, rank, "more"),
             )
         else:
             overflow = (n_valid > args.num_worst_tokens).to(torch.int64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
 from torch_ascend_moe.distributed import capture, payload
@@ -25,7 +26,7 @@ def ep_expand(args):
         bad = (idx < -1) | (idx >= local)
         if bool(bad.any()):
             raise ValueError(
-                f"{op}: argument 'topk_idx' values: expected local expert ids in [-1, {local}), got {int(idx[bad][0])}"
+                ck.message(op, "topk_idx", "values", f"local expert ids in [-1, {local})", int(idx[bad][0]))
             )
     valid = (idx >= 0) & (idx < local)
     flat = torch.where(valid, idx, local).reshape(-1)  # invalid slots sort after every expert (any strides)
@@ -39,10 +40,8 @@ def ep_expand(args):
         if capture.capturing(device):
             torch._assert_async((aligned.sum() <= m), f"{op}: argument 'num_rows' value: too small for the layout")
         elif int(aligned.sum()) > m:
-            raise ValueError(
-                f"{op}: argument 'num_rows' value: expected at least the layout's {int(aligned.sum())} rows "
-                f"(each expert's count aligned up to {align}), got {m}"
-            )
+            expected = f"at least the layout's {int(aligned.sum())} rows (each expert's count aligned up to {align})"
+            raise ValueError(ck.message(op, "num_rows", "value", expected, m))
     else:
         m = int(aligned.sum())
     # Slots in (expert, row, slot) order: a stable sort by expert keeps the receive order inside each block.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.distributed import agreement
 from torch_ascend_moe.meta import ep as meta
 
@@ -65,14 +66,10 @@ def combine_fields(args, transport: Transport) -> dict:
 
 def bad_ids(args) -> str:
     """The error for expert ids out of range on some ranks (``{ranks}``: which)."""
-    return (
-        f"{meta.DISPATCH}: argument 'topk_idx' values: expected expert ids in [-1, {args.num_experts}) on every "
-        "rank, got ids out of range on rank(s) {ranks}"
-    )
+    expected = f"expert ids in [-1, {args.num_experts}) on every rank"
+    return ck.message(meta.DISPATCH, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
 
 
 def static_overflow(op: str, num_worst_tokens: int, rank: int, received) -> str:
-    return (
-        f"{op}: argument 'num_worst_tokens' value: expected at least the rows every rank receives, got "
-        f"{num_worst_tokens} (rank {rank} receives {received}; rows are never dropped)"
-    )
+    actual = f"{num_worst_tokens} (rank {rank} receives {received}; rows are never dropped)"
+    return ck.message(op, "num_worst_tokens", "value", "at least the rows every rank receives", actual)

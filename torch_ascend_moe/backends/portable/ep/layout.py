@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.meta import ep as meta
@@ -18,10 +19,8 @@ def layout(topk_idx, num_experts, num_ranks, ranks_per_node):
     if not capture.capturing(topk_idx.device):
         bad = (topk_idx < -1) | (topk_idx >= num_experts)
         if bool(bad.any()):
-            raise ValueError(
-                f"{meta.LAYOUT}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), got "
-                f"{int(topk_idx[bad][0])}"
-            )
+            expected = f"expert ids in [-1, {num_experts})"
+            raise ValueError(ck.message(meta.LAYOUT, "topk_idx", "values", expected, int(topk_idx[bad][0])))
     return layout_of(topk_idx.long(), num_experts, num_ranks, ranks_per_node)
 
 

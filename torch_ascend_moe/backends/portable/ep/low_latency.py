@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.header import TRANSPORT_FIELD, Transport, checked_on_every_rank
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT, no_backend_state
@@ -60,13 +61,15 @@ def ll_dispatch_checks(args, extra: torch.Tensor | None = None, transport: Trans
     out_of_range = (idx < -1) | (idx >= args.num_experts)
     sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
     duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any() if k > 1 else torch.zeros((), dtype=torch.bool)
-    bad_ids_message = (
-        f"{op}: argument 'topk_idx' values: expected expert ids in "
-        f"[-1, {args.num_experts}) on every rank, got ids out of range on rank(s) {{ranks}}"
-    )
-    duplicates_message = (
-        f"{op}: argument 'topk_idx' values: expected distinct experts in each row "
-        "(one message per (token, expert)), got a repeated expert on rank(s) {ranks}"
+    # Templates: ``{ranks}`` is filled with the ranks that flagged the error.
+    expected = f"expert ids in [-1, {args.num_experts}) on every rank"
+    bad_ids_message = ck.message(op, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
+    duplicates_message = ck.message(
+        op,
+        "topk_idx",
+        "values",
+        "distinct experts in each row (one message per (token, expert))",
+        "a repeated expert on rank(s) {ranks}",
     )
     fields = {
         TRANSPORT_FIELD: transport,
