@@ -48,7 +48,9 @@ def __getattr__(name: str):
     if name in _ABOVE_THE_OPS:
         import importlib
 
-        return getattr(importlib.import_module(f"{__name__}.{_ABOVE_THE_OPS[name]}"), name)
+        value = getattr(importlib.import_module(f"{__name__}.{_ABOVE_THE_OPS[name]}"), name)
+        globals()[name] = value  # later lookups find it directly
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -6,25 +6,19 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.backends.portable.ep.header import Transport, checked_on_every_rank, combine_fields
+from torch_ascend_moe.backends.portable.ep.header import Transport, combine_fields
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
-from torch_ascend_moe.backends.portable.ep.route import handle_route
+from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.distributed import capture, payload, transport
-from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
 
 
 @portable_kernel
 def ep_combine(args):
     op = meta.COMBINE
-    checked_on_every_rank(op, args, meta.combine_signature)
-    group = resolve_group(op, args.group_name)
-    device = args.x.device
-    fields = combine_fields(args, Transport.OURS)
     # The reverse route: what this rank received it now sends back.
-    route = handle_route(
-        op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
-    )
+    _, group, route = checked_route(op, meta.combine_signature, combine_fields, args, Transport.OURS)
+    device = args.x.device
     # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
     sends = [args.x] if args.topk_weights is None else [args.x, args.topk_weights]
     if not route.compact_recv:

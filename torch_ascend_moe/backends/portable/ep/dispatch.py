@@ -19,7 +19,7 @@ from torch_ascend_moe.backends.portable.ep.header import (
 )
 from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
 from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
-from torch_ascend_moe.backends.portable.ep.route import handle_route
+from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.distributed import agreement, capture, payload, transport
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
@@ -220,13 +220,7 @@ def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_expe
 @portable_kernel
 def ep_dispatch_cached(args):
     op = meta.CACHED
-    checked_on_every_rank(op, args, meta.cached_signature)
-    group = resolve_group(op, args.group_name)
-    device = args.x.device
-    fields = cached_fields(args, Transport.OURS)
-    route = handle_route(
-        op, group, device, args.send_src, args.send_counts, args.recv_counts, args.recv_gather, fields, args.timeout_s
-    )
+    _, group, route = checked_route(op, meta.cached_signature, cached_fields, args, Transport.OURS)
     n = args.recv_gather.shape[0]
     pairs = [(args.x, args.x.new_empty(route.rows_out, args.x.shape[1]))]
     if args.x_scales is not None:

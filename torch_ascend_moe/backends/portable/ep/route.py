@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
+from torch_ascend_moe.backends.portable.ep.header import Transport, checked_on_every_rank
 from torch_ascend_moe.distributed import agreement, capture
+from torch_ascend_moe.distributed.groups import resolve_group
 
 
 class Route(NamedTuple):
@@ -45,3 +47,24 @@ def handle_route(op, group, device, send_src, send_counts, recv_counts, recv_gat
     rows_out = sum(out_splits)
     compact = recv_gather.shape[0] == rows_out and torch.equal(recv_gather, torch.arange(rows_out, device=device))
     return Route(in_splits, out_splits, rows_out, sum(in_splits), compact, bool((send_src < 0).any()), sends)
+
+
+def checked_route(op: str, signature, fields, args, transport: Transport) -> tuple[int, object, Route]:
+    """What every replay of a handle (cached dispatch, combine) checks first, whichever transport then moves the
+    rows: the op's arguments on every rank with one verdict, then the handles paired up across ranks (a mismatch
+    raises on every rank, where DeepEP would wait). ``fields(args, transport)``: the header's fields. Returns
+    ``(R, group, route)``."""
+    r = checked_on_every_rank(op, args, signature)
+    group = resolve_group(op, args.group_name)
+    route = handle_route(
+        op,
+        group,
+        args.x.device,
+        args.send_src,
+        args.send_counts,
+        args.recv_counts,
+        args.recv_gather,
+        fields(args, transport),
+        args.timeout_s,
+    )
+    return r, group, route

@@ -24,7 +24,6 @@ from torch_ascend_moe.backends.chain import on_refresh
 from torch_ascend_moe.backends.portable.ep.header import bad_ids, dispatch_fields, static_overflow
 from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
 from torch_ascend_moe.backends.portable.ep.outputs import absent
-from torch_ascend_moe.backends.portable.ep.route import handle_route
 from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.meta import ep as meta
@@ -228,26 +227,6 @@ def dispatch_outputs(args, head: Header, recv_x, recv_scales, recv_idx, recv_w, 
         recv_src_idx=src,
         backend_state=state,
     )
-
-
-def replay(op: str, signature, fields, args, transport: int):
-    """The checks before replaying a DeepEP dispatch (cached dispatch, combine): our op's on every rank, then the
-    handles checked to pair up across ranks, as for our transport (a mismatch raises on every rank, where DeepEP would
-    wait). Returns ``(R, group)``."""
-    r = agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
-    group = resolve_group(op, args.group_name)
-    handle_route(
-        op,
-        group,
-        args.x.device,
-        args.send_src,
-        args.send_counts,
-        args.recv_counts,
-        args.recv_gather,
-        fields(args, transport),
-        args.timeout_s,
-    )
-    return r, group
 
 
 # Declaring their kernels, V1 first: within a tier the chain asks kernels in the order they are declared.

@@ -46,6 +46,7 @@ from torch_ascend_moe import _registry
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.outputs import absent
+from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.distributed import capture
@@ -316,7 +317,7 @@ def _pad(rows: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 def _cached(args):
     op = meta.CACHED
-    r, group = shared.replay(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
+    r, group, _ = checked_route(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.x.shape[0])
     fp8 = args.x_scales is not None
     buffer, _ = _buffer(
@@ -336,7 +337,7 @@ def _cached(args):
 
 def _combine(args):
     op = meta.COMBINE
-    r, group = shared.replay(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP_V2)
+    r, group, _ = checked_route(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.num_tokens)
     k = handle.topk_idx.shape[1]
     buffer, _ = _buffer(args.group_name, group, handle.num_max_tokens_per_rank, args.x.shape[1], k, False)

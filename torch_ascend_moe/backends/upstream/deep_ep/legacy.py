@@ -48,6 +48,7 @@ from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.low_latency import ll_combine_checks, ll_dispatch_checks
 from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
+from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.distributed import capture
@@ -231,7 +232,7 @@ def ep_dispatch(args):
 )
 def ep_dispatch_cached(args):
     op = meta.CACHED
-    r, group = shared.replay(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP)
+    r, group, _ = checked_route(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP)
     n = args.recv_gather.shape[0]
     handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
@@ -254,7 +255,7 @@ def ep_dispatch_cached(args):
 )
 def ep_combine(args):
     op = meta.COMBINE
-    r, group = shared.replay(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP)
+    r, group, _ = checked_route(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP)
     handle = unpack(op, args.backend_state, r, args.num_tokens, args.x.shape[0])
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
     biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
