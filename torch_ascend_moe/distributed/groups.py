@@ -30,3 +30,8 @@ def resolve_group(op: str, group_name: str):
         return dist.distributed_c10d._resolve_process_group(group_name)
     except Exception as e:  # noqa: BLE001  (torch raises various types for unknown names)
         raise ValueError(ck.message(op, "group_name", "value", "the name of a live process group", group_name)) from e
+
+
+def group_size(op: str, group_name: str | None) -> int:
+    """The number of ranks of the group called ``group_name``; 1 without a group (a single-process call)."""
+    return 1 if group_name is None else dist.get_world_size(resolve_group(op, group_name))

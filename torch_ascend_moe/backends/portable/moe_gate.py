@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.checks import moe_gate as gate_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import moe_gate as meta
 from torch_ascend_moe.routing_math import gate_scores, stable_topk, tp_masked
 
 
@@ -16,7 +16,7 @@ def group_limited(ranking: torch.Tensor, num_groups: int, num_topk_groups: int) 
     """``ranking`` with -inf outside each row's best ``num_topk_groups`` groups (a group's score: its top-2 sum)."""
     T, E = ranking.shape
     grouped = ranking.view(T, num_groups, E // num_groups)
-    group_scores = grouped.topk(meta.GROUP_SUM_TOPK, dim=-1, sorted=False).values.sum(-1)
+    group_scores = grouped.topk(gate_checks.GROUP_SUM_TOPK, dim=-1, sorted=False).values.sum(-1)
     kept = torch.zeros(T, num_groups, dtype=torch.bool, device=ranking.device)
     kept.scatter_(1, stable_topk(group_scores, num_topk_groups), True)
     return grouped.masked_fill(~kept[:, :, None], float("-inf")).view(T, E)
@@ -24,12 +24,12 @@ def group_limited(ranking: torch.Tensor, num_groups: int, num_topk_groups: int) 
 
 @portable_kernel
 def moe_topk_gate(args):
-    sh = meta.moe_topk_gate_signature(args)
+    sh = gate_checks.moe_topk_gate_signature(args)
     logits = args.logits
     T, E, dev = sh.T, sh.E, logits.device
     active = torch.ones(T, dtype=torch.bool, device=dev) if args.mask is None else args.mask
     if capture.host_readable(logits):
-        meta.check_values(args, active)
+        gate_checks.check_values(args, active)
     u = gate_scores(logits, args.scoring_func)
     bias = torch.zeros(E, dtype=logits.dtype, device=dev) if args.bias is None else args.bias
     bias = bias.expand(T, E)
@@ -55,7 +55,7 @@ def moe_topk_gate(args):
         valid = idx >= 0
         logical = idx.clamp(min=0)
         token = torch.arange(T, device=dev)[:, None]
-        duplicate = (args.ep_rank + token * meta.DUPLICATE_HASH) % args.logical_count.long()[logical]
+        duplicate = (args.ep_rank + token * gate_checks.DUPLICATE_HASH) % args.logical_count.long()[logical]
         idx = torch.where(valid, args.to_physical_map.long()[logical, duplicate], idx)
     idx = tp_masked(idx, (E + sh.extra) // args.num_ep_ranks, args.tp_rank, args.num_tp_ranks)
     return (

@@ -56,9 +56,9 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     cuda_refusal,
     real_refusal,
 )
+from torch_ascend_moe.checks.mega_moe import GRAN, OP, mega_moe_signature
 from torch_ascend_moe.distributed import agreement, capture
-from torch_ascend_moe.distributed.groups import resolve_group
-from torch_ascend_moe.meta.mega_moe import GRAN, OP, mega_moe_signature
+from torch_ascend_moe.distributed.groups import group_size, resolve_group
 
 RECIPE = (1, 1, 32)
 MIN_TOKENS = 64  # the smallest T a buffer is built for (DeepGEMM aligns it up to 384 anyway)
@@ -127,9 +127,13 @@ def _refusal(args) -> str | None:
     return None
 
 
+def _signature(args):
+    return mega_moe_signature(args, group_size(OP, args.group_name))
+
+
 def _takes(args):
     try:
-        mega_moe_signature(args)
+        _signature(args)
     except ValueError:
         return refuse("arguments our check refuses (the kernel chosen raises the op's error)")
     return first_refusal(_refusal(args))
@@ -185,7 +189,7 @@ def _ascend_refusal(args) -> str | None:
 
 def _takes_ascend(args):
     try:
-        mega_moe_signature(args)
+        _signature(args)
     except ValueError:
         return refuse("arguments our check refuses (the kernel chosen raises the op's error)")
     return first_refusal(_ascend_refusal(args))
@@ -356,7 +360,7 @@ def _fill(buffer, args) -> None:
 def _prologue(args):
     """What both kernels do first: our check and the header (on a group), then the call's shape:
     ``(E, group, largest T of any rank, H, K, I)``."""
-    num_experts, _ = agreement.checked(OP, args.group_name, args.x, args.timeout_s, lambda: mega_moe_signature(args))
+    num_experts, _ = agreement.checked(OP, args.group_name, args.x, args.timeout_s, lambda: _signature(args))
     group, tokens = _header(args, num_experts)
     return num_experts, group, tokens, args.x.shape[1], args.topk_idx.shape[1], args.l1_weights.shape[1] // 2
 
