@@ -33,167 +33,22 @@
 #include <tuple>
 #include <vector>
 
-#include "checks.h"
-#include "vector_clones.h"
 #include "fp8_gemm.h"
+#include "mqa_logits_checks.h"
+#include "vector_clones.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kOp = "ascend_moe::mqa_logits";
-constexpr const char* kBackward = "ascend_moe::mqa_logits_backward";
-constexpr const char* kPaged = "ascend_moe::paged_mqa_logits";
-constexpr const char* kMetadata = "ascend_moe::paged_mqa_logits_metadata";
-constexpr const char* kTopk = "ascend_moe::mqa_topk";
-constexpr const char* kFused = "ascend_moe::mqa_logits_topk";
-constexpr const char* kSparse = "ascend_moe::sparse_mqa_logits";
-constexpr const char* kPagedSparse = "ascend_moe::paged_sparse_mqa_logits";
 constexpr int64_t kTileRows = 256;  // (query, head) rows per score block
 constexpr int64_t kChunk = 512;     // KV tokens per score block
 constexpr int64_t kScheduleSplit = 256;  // KV tokens per unit of the paged schedule (upstream's split)
 
-
-bool is_quantized(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte;
-}
-
-bool is_float_operand(at::ScalarType t) { return t == at::kBFloat16 || t == at::kFloat || t == at::kDouble; }
-
-// Validates one operand (`lead` leading dims before D) and its optional scales; returns the block size g.
-int64_t check_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
-                      const std::optional<at::Tensor>& sf, int64_t rank, const char* layout, const at::Tensor& ref) {
-  check_rank(op, name, x, rank, layout);
-  const at::ScalarType t = x.scalar_type();
-  AM_CHECK_ARG(is_float_operand(t) || is_quantized(x), op, name, "dtype",
-               "torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn or torch.uint8 (packed FP4)",
-               dtype_name(t));
-  AM_CHECK_ARG(x.device() == ref.device(), op, name, "device", ref.device().str() + " (same as 'q')",
-               x.device().str());
-  const int64_t D = logical_k(x);
-  if (!is_quantized(x)) {
-    AM_CHECK_ARG(!sf.has_value(), op, sf_name, "value", "None for a " + dtype_name(t) + " operand",
-                 "a tensor");
-    return D;
-  }
-  if (!sf.has_value()) {
-    AM_CHECK_ARG(!is_fp4(x), op, sf_name, "value", "scales for a packed FP4 operand", "None");
-    return D;
-  }
-  AM_CHECK_ARG(sf->scalar_type() == at::kFloat || sf->scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
-               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-               dtype_name(sf->scalar_type()));
-  AM_CHECK_ARG(sf->device() == ref.device(), op, sf_name, "device", ref.device().str() + " (same as 'q')",
-               sf->device().str());
-  std::vector<int64_t> lead(x.sizes().begin(), x.sizes().end() - 1);
-  const bool lead_ok = sf->dim() == rank && std::equal(lead.begin(), lead.end(), sf->sizes().begin());
-  const int64_t nb = sf->dim() == rank ? sf->size(-1) : 0;
-  std::string expected = shape_str(lead);
-  expected = expected.substr(0, expected.size() - 1) + ", D / g] with g dividing D=" + std::to_string(D);
-  AM_CHECK_ARG(lead_ok && nb > 0 && D % nb == 0, op, sf_name, "shape", expected, shape_str(sf->sizes()));
-  return D / nb;
-}
-
-// The computation dtype of an (q, k) pair: FP64 for FP64 operands, else FP32.
-at::ScalarType acc_dtype(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
-// q and k are both high precision (one dtype) or both quantized (FP8 and FP4 may mix).
-void check_pairing(const char* op, const at::Tensor& q, const at::Tensor& k, int64_t D, int64_t Dk) {
-  if (is_quantized(q)) {
-    AM_CHECK_ARG(is_quantized(k), op, "k", "dtype", "torch.float8_e4m3fn or torch.uint8 (packed FP4), as 'q' is",
-                 dtype_name(k.scalar_type()));
-  } else {
-    AM_CHECK_ARG(k.scalar_type() == q.scalar_type(), op, "k", "dtype",
-                 dtype_name(q.scalar_type()) + " (same as 'q')", dtype_name(k.scalar_type()));
-  }
-  AM_CHECK_ARG(Dk == D, op, "k", "head dim (D)", std::to_string(D) + " (q's D)", Dk);
-}
-
-// weights [rows, H]; returns the logits dtype (default: the weights' dtype).
-at::ScalarType check_weights(const char* op, const at::Tensor& w, const at::Tensor& q, int64_t rows, int64_t H,
-                             const char* rows_what, std::optional<at::ScalarType> logits_dtype) {
-  check_rank(op, "weights", w, 2, "[rows, H]");
-  const bool fp64 = q.scalar_type() == at::kDouble;
-  if (fp64) {
-    AM_CHECK_ARG(w.scalar_type() == at::kDouble, op, "weights", "dtype", "torch.float64 (with float64 q)",
-                 dtype_name(w.scalar_type()));
-  } else {
-    AM_CHECK_ARG(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, op, "weights", "dtype",
-                 "torch.float32 or torch.bfloat16", dtype_name(w.scalar_type()));
-  }
-  AM_CHECK_ARG(w.device() == q.device(), op, "weights", "device", q.device().str() + " (same as 'q')",
-               w.device().str());
-  AM_CHECK_ARG(w.size(0) == rows && w.size(1) == H, op, "weights", "shape",
-               shape_str({rows, H}) + " (" + rows_what + ", H)", shape_str(w.sizes()));
-  const at::ScalarType out_t = logits_dtype.value_or(w.scalar_type());
-  if (fp64) {
-    AM_CHECK_ARG(out_t == at::kDouble, op, "logits_dtype", "value", "torch.float64 (with float64 q)",
-                 dtype_name(out_t));
-  } else if (w.scalar_type() == at::kBFloat16) {
-    AM_CHECK_ARG(out_t == at::kBFloat16, op, "logits_dtype", "value", "torch.bfloat16 (with BF16 weights)",
-                 dtype_name(out_t));
-  } else {
-    AM_CHECK_ARG(out_t == at::kFloat || out_t == at::kBFloat16, op, "logits_dtype", "value",
-                 "torch.float32 or torch.bfloat16", dtype_name(out_t));
-  }
-  return out_t;
-}
-
-void check_index_vector(const char* op, const char* name, const at::Tensor& t, int64_t length, const char* what,
-                        const at::Tensor& ref) {
-  check_rank(op, name, t, 1, "[S] (one per query)");
-  AM_CHECK_ARG(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, name, "dtype",
-               "torch.int32 or torch.int64", dtype_name(t.scalar_type()));
-  AM_CHECK_ARG(t.device() == ref.device(), op, name, "device", ref.device().str() + " (same as 'q')",
-               t.device().str());
-  check_dim_size(op, name, t, 0, what, length, "q.size(0)");
-}
-
-std::vector<int64_t> to_vector(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
-  return std::vector<int64_t>(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
-}
-
-// The ranges [ks[i], ke[i]) checked against the data (a fake cannot see values).
-void check_ranges(const char* op, const std::vector<int64_t>& ks, const std::vector<int64_t>& ke, int64_t S_kv,
-                  int64_t max_seqlen_k) {
-  for (size_t i = 0; i < ks.size(); ++i) {
-    const std::string at_i = "[" + std::to_string(i) + "]";
-    AM_CHECK_ARG(ks[i] >= 0 && ks[i] <= ke[i], op, "ks", "values", "0 <= ks[i] <= ke[i]",
-                 "ks" + at_i + "=" + std::to_string(ks[i]) + ", ke" + at_i + "=" + std::to_string(ke[i]));
-    AM_CHECK_ARG(ke[i] <= S_kv, op, "ke", "values", "ke[i] <= S_kv=" + std::to_string(S_kv) + " (k.size(0))",
-                 "ke" + at_i + "=" + std::to_string(ke[i]));
-    if (max_seqlen_k > 0) {
-      AM_CHECK_ARG(ke[i] - ks[i] <= max_seqlen_k, op, "max_seqlen_k", "value",
-                   "at least ke[i] - ks[i] for every query (compressed logits)",
-                   std::to_string(max_seqlen_k) + " < ke" + at_i + " - ks" + at_i + "=" +
-                       std::to_string(ke[i] - ks[i]));
-    }
-  }
-}
-
-struct Shapes {
-  int64_t S, H, D, S_kv, gq, gk;
-  at::ScalarType out_t;
-};
-
-Shapes check_mqa(const char* op, const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
-                 const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
-                 const at::Tensor& ke, int64_t max_seqlen_k, std::optional<at::ScalarType> logits_dtype) {
-  const int64_t gq = check_operand(op, "q", "q_sf", q, q_sf, 3, "[S, H, D] (or [S, H, D/2] packed FP4)", q);
-  const int64_t gk = check_operand(op, "k", "k_sf", k, k_sf, 2, "[S_kv, D] (or [S_kv, D/2] packed FP4)", q);
-  const int64_t D = logical_k(q);
-  check_pairing(op, q, k, D, logical_k(k));
-  const int64_t S = q.size(0), H = q.size(1);
-  AM_CHECK_ARG(H > 0 && D > 0, op, "q", "shape", "H > 0 heads of D > 0", shape_str(q.sizes()));
-  const at::ScalarType out_t = check_weights(op, weights, q, S, H, "S", logits_dtype);
-  check_index_vector(op, "ks", ks, S, "S", q);
-  check_index_vector(op, "ke", ke, S, "S", q);
-  AM_CHECK_ARG(max_seqlen_k >= 0, op, "max_seqlen_k", "value", "0 (full [S, S_kv] logits) or positive (compressed)",
-               max_seqlen_k);
-  AM_CHECK_ARG(max_seqlen_k <= kMaxIntArg, op, "max_seqlen_k", "value",
-               "at most 2147483647 (integer arguments are int32-sized)", max_seqlen_k);
-  return {S, H, D, k.size(0), gq, gk, out_t};
-}
+using mqa_logits::acc_dtype;
+using mqa_logits::CacheFormat;
+using mqa_logits::is_quantized;
+using mqa_logits::MqaShapes;
+using mqa_logits::to_vector;
 
 // deq(x) for rows [r0, r0 + rows) of a [R, D(/2)] operand, in `acc` (FP32, or FP64 for FP64 data).
 at::Tensor dequantize(const at::Tensor& x2, const std::optional<at::Tensor>& sf2, int64_t g, int64_t r0, int64_t rows,
@@ -342,9 +197,10 @@ void mqa_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, in
 at::Tensor mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
                           const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
                           const at::Tensor& ke, int64_t max_seqlen_k, std::optional<at::ScalarType> logits_dtype) {
-  const Shapes sh = check_mqa(kOp, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype);
+  const MqaShapes sh =
+      mqa_logits::mqa_signature(mqa_logits::kOp, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
-  check_ranges(kOp, ksv, kev, sh.S_kv, max_seqlen_k);
+  mqa_logits::check_range_values(mqa_logits::kOp, ksv, kev, sh.S_kv, max_seqlen_k);
   const at::ScalarType acc = acc_dtype(q);
   const int64_t ncols = max_seqlen_k > 0 ? max_seqlen_k : sh.S_kv;
   at::Tensor out = at::full({sh.S, ncols}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
@@ -418,15 +274,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mqa_logits_backward_cpu(
     const at::Tensor& grad, const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& k,
     const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks, const at::Tensor& ke,
     int64_t max_seqlen_k, std::array<bool, 3> output_mask) {
-  const Shapes sh = check_mqa(kBackward, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, std::nullopt);
-  const int64_t ncols = max_seqlen_k > 0 ? max_seqlen_k : sh.S_kv;
-  check_rank(kBackward, "grad", grad, 2, "[S, columns] (the logits' gradient)");
-  AM_CHECK_ARG(grad.size(0) == sh.S && grad.size(1) == ncols, kBackward, "grad", "shape",
-               shape_str({sh.S, ncols}) + " (the logits' shape)", shape_str(grad.sizes()));
-  AM_CHECK_ARG(is_float_operand(grad.scalar_type()), kBackward, "grad", "dtype",
-               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(grad.scalar_type()));
+  const MqaShapes sh = mqa_logits::backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
-  check_ranges(kBackward, ksv, kev, sh.S_kv, max_seqlen_k);
+  mqa_logits::check_range_values(mqa_logits::kBackward, ksv, kev, sh.S_kv, max_seqlen_k);
   const at::ScalarType acc = acc_dtype(q);
   const auto opts = q.options().dtype(acc);
   at::Tensor dq = output_mask[0] ? at::zeros({sh.S * sh.H, sh.D}, opts) : at::empty({0}, opts);
@@ -446,38 +296,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mqa_logits_backward_cpu(
 }
 
 // ---- paged decode ----
-
-// Per-token scale bytes of a cache block: DeepGEMM stores 4 (FP8: one FP32; FP4: four UE8M0 codes, one per
-// 32 values), the Ascend fused page layout D / 32 (one UE8M0 code per 32 values, int16-packed in pairs).
-struct CacheFormat {
-  int64_t block_kv, data_bytes, sf_bytes, block_stride;
-  bool fp4, fp32_scale;
-};
-
-CacheFormat check_cache(const char* op, const at::Tensor& cache, int64_t D, bool ascend, const at::Tensor& q) {
-  check_rank(op, "kv_cache", cache, 4, "[num_blocks, block_kv, 1, bytes per token] (uint8)");
-  AM_CHECK_ARG(cache.scalar_type() == at::kByte, op, "kv_cache", "dtype", "torch.uint8",
-               dtype_name(cache.scalar_type()));
-  AM_CHECK_ARG(cache.device() == q.device(), op, "kv_cache", "device", q.device().str() + " (same as 'q')",
-               cache.device().str());
-  const int64_t row = cache.size(3);
-  const int64_t sf_bytes = ascend ? D / 32 : 4;
-  const bool fp8 = row == D + sf_bytes, fp4 = row == D / 2 + sf_bytes;
-  const bool d_ok = ascend ? D % 64 == 0 : (D % 2 == 0 && (fp8 || D % 32 == 0) && (fp8 || D <= 128));
-  AM_CHECK_ARG(d_ok && (fp8 || fp4), op, "kv_cache", "size(3) (bytes per token)",
-               std::string(ascend ? "D + D/32 (FP8) or D/2 + D/32 (FP4) with D % 64 == 0"
-                                  : "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)") +
-                   " for D=" + std::to_string(D),
-               row);
-  AM_CHECK_ARG(cache.size(2) == 1, op, "kv_cache", "size(2) (KV heads)", 1, cache.size(2));
-  AM_CHECK_ARG(cache.stride(3) == 1 && cache.stride(1) == row, op, "kv_cache", "strides (1, 3)",
-               "(" + std::to_string(row) + ", 1): token rows packed in each block",
-               "(" + std::to_string(cache.stride(1)) + ", " + std::to_string(cache.stride(3)) + ")");
-  const int64_t block_kv = cache.size(1);
-  AM_CHECK_ARG(cache.size(0) <= 1 || cache.stride(0) >= block_kv * row, op, "kv_cache", "stride(0)",
-               "at least block_kv * bytes per token = " + std::to_string(block_kv * row), cache.stride(0));
-  return {block_kv, fp8 ? D : D / 2, sf_bytes, cache.stride(0), !fp8, !ascend && fp8};
-}
 
 // deq of tokens [first, first + n) of one physical block into dst [n, D] (FP32).
 void dequantize_block(const uint8_t* block, const CacheFormat& f, int64_t D, int64_t n, float* dst, int64_t first = 0) {
@@ -539,79 +357,18 @@ void paged_forward(const at::Tensor& q2, const std::optional<at::Tensor>& qsf2, 
   });
 }
 
-// context_lens [B, next_n] and block_table [B, max_blocks], int32.
-void check_tables(const char* op, const at::Tensor& context_lens, const at::Tensor& block_table, int64_t B,
-                  int64_t next_n) {
-  check_rank(op, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
-  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, op, "context_lens", "dtype", "torch.int32",
-               dtype_name(context_lens.scalar_type()));
-  AM_CHECK_ARG(context_lens.size(0) == B && context_lens.size(1) == next_n, op, "context_lens", "shape",
-               shape_str({B, next_n}) + " (B, next_n of q)", shape_str(context_lens.sizes()));
-  check_rank(op, "block_table", block_table, 2, "[B, max_blocks]");
-  AM_CHECK_ARG(block_table.scalar_type() == at::kInt, op, "block_table", "dtype", "torch.int32",
-               dtype_name(block_table.scalar_type()));
-  check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)");
-}
-
-// Every length >= 0. Both paged_mqa_logits and its schedule metadata run this first, so one set of lengths
-// gets one verdict from both.
-void check_context_lens_values(const char* op, const std::vector<int64_t>& lens, int64_t next_n) {
-  for (size_t r = 0; r < lens.size(); ++r) {
-    AM_CHECK_ARG(lens[r] >= 0, op, "context_lens", "values", "non-negative lengths",
-                 "context_lens[" + std::to_string(r / next_n) + ", " + std::to_string(r % next_n) +
-                     "]=" + std::to_string(lens[r]));
-  }
-}
-
 at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache,
                                 const at::Tensor& weights, const at::Tensor& context_lens,
                                 const at::Tensor& block_table, int64_t max_context_len,
                                 const std::optional<at::Tensor>& indices, bool ascend_kv_layout,
                                 std::optional<at::ScalarType> logits_dtype) {
-  const int64_t gq = check_operand(kPaged, "q", "q_sf", q, q_sf, 4,
-                                   "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q);
+  const auto [gq, f, out_t] = mqa_logits::paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table,
+                                                          max_context_len, indices, ascend_kv_layout, logits_dtype);
   const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
-  AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, kPaged, "q", "shape", "next_n > 0, H > 0, D > 0",
-               shape_str(q.sizes()));
-  const CacheFormat f = check_cache(kPaged, kv_cache, D, ascend_kv_layout, q);
-  const at::ScalarType out_t = check_weights(kPaged, weights, q, B * next_n, H, "B * next_n", logits_dtype);
-  check_tables(kPaged, context_lens, block_table, B, next_n);
-  check_int_arg(kPaged, "max_context_len", max_context_len, 0);
-  if (indices.has_value()) {
-    AM_CHECK_ARG(next_n == 1, kPaged, "indices", "value", "None unless next_n == 1 (varlen: one query per row)",
-                 "a tensor with next_n=" + std::to_string(next_n));
-    check_rank(kPaged, "indices", *indices, 1, "[B] (request id per query token)");
-    AM_CHECK_ARG(indices->scalar_type() == at::kInt, kPaged, "indices", "dtype", "torch.int32",
-                 dtype_name(indices->scalar_type()));
-    check_dim_size(kPaged, "indices", *indices, 0, "B", B, "q.size(0)");
-  }
   const std::vector<int64_t> lens = to_vector(context_lens), table = to_vector(block_table);
-  const int64_t max_blocks = block_table.size(1), num_blocks = kv_cache.size(0);
-  check_context_lens_values(kPaged, lens, next_n);
-  for (int64_t r = 0; r < B * next_n; ++r) {
-    const int64_t L = lens[r], b = r / next_n;
-    AM_CHECK_ARG(L >= 0 && L <= max_context_len && L <= max_blocks * f.block_kv, kPaged, "context_lens", "values",
-                 "0 <= context_lens[b, t] <= min(max_context_len=" + std::to_string(max_context_len) +
-                     ", block_table.size(1) * block_kv=" + std::to_string(max_blocks * f.block_kv) + ")",
-                 "context_lens[" + std::to_string(b) + ", " + std::to_string(r % next_n) + "]=" + std::to_string(L));
-    for (int64_t p = 0; p < (L + f.block_kv - 1) / f.block_kv; ++p) {
-      const int64_t id = table[b * max_blocks + p];
-      AM_CHECK_ARG(id >= 0 && id < num_blocks, kPaged, "block_table", "values",
-                   "physical block ids in [0, num_blocks=" + std::to_string(num_blocks) + ")",
-                   "block_table[" + std::to_string(b) + ", " + std::to_string(p) + "]=" + std::to_string(id));
-    }
-  }
-  if (indices.has_value()) {
-    // Upstream reads one block-table row per run of equal indices: rows of a run must agree.
-    const std::vector<int64_t> ids = to_vector(*indices);
-    for (int64_t r = 1; r < B; ++r) {
-      const bool same_run = ids[r] == ids[r - 1];
-      AM_CHECK_ARG(!same_run || std::equal(table.begin() + r * max_blocks, table.begin() + (r + 1) * max_blocks,
-                                           table.begin() + (r - 1) * max_blocks),
-                   kPaged, "block_table", "values", "equal rows for query tokens of one request (equal indices)",
-                   "rows " + std::to_string(r - 1) + " and " + std::to_string(r) + " differ");
-    }
-  }
+  const int64_t max_blocks = block_table.size(1);
+  mqa_logits::check_paged_values(lens, table, next_n, max_blocks, max_context_len, f.block_kv, kv_cache.size(0),
+                                 indices);
   const at::ScalarType acc = acc_dtype(q);
   at::Tensor out =
       at::full({B * next_n, max_context_len}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
@@ -629,22 +386,12 @@ at::Tensor paged_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Ten
 
 at::Tensor paged_mqa_logits_metadata_cpu(const at::Tensor& context_lens, int64_t block_kv, int64_t num_sms,
                                          const std::optional<at::Tensor>& indices) {
-  check_rank(kMetadata, "context_lens", context_lens, 2, "[B, next_n] (visible KV tokens per query token)");
-  AM_CHECK_ARG(context_lens.scalar_type() == at::kInt, kMetadata, "context_lens", "dtype", "torch.int32",
-               dtype_name(context_lens.scalar_type()));
-  check_int_arg(kMetadata, "block_kv", block_kv, 1);
-  check_int_arg(kMetadata, "num_sms", num_sms, 1);
-  if (indices.has_value()) {
-    check_rank(kMetadata, "indices", *indices, 1, "[B] (request id per query token)");
-    AM_CHECK_ARG(indices->scalar_type() == at::kInt, kMetadata, "indices", "dtype", "torch.int32",
-                 dtype_name(indices->scalar_type()));
-    check_dim_size(kMetadata, "indices", *indices, 0, "B", context_lens.size(0), "context_lens.size(0)");
-  }
+  mqa_logits::metadata_signature(context_lens, block_kv, num_sms, indices);
   // Requests: batch rows, or runs of equal indices (varlen). A request's KV extent is its last token's length;
   // its work is ceil(extent / 256) units per query token it schedules separately (each token of a varlen run).
   const std::vector<int64_t> lens = to_vector(context_lens);
   const int64_t B = context_lens.size(0), next_n = context_lens.size(1);
-  check_context_lens_values(kMetadata, lens, next_n);
+  mqa_logits::check_context_lens_values(mqa_logits::kMetadata, lens, next_n);
   std::vector<int64_t> ids = indices.has_value() ? to_vector(*indices) : std::vector<int64_t>();
   std::vector<int64_t> units;
   for (int64_t b = 0; b < B;) {
@@ -716,31 +463,9 @@ void topk_rows(const at::Tensor& logits, const std::vector<int64_t>& ks, const s
 
 std::tuple<at::Tensor, at::Tensor> mqa_topk_cpu(const at::Tensor& logits, const at::Tensor& ks, const at::Tensor& ke,
                                                 int64_t topk, bool compressed) {
-  check_rank(kTopk, "logits", logits, 2, "[S, columns]");
-  AM_CHECK_ARG(is_float_operand(logits.scalar_type()), kTopk, "logits", "dtype",
-               "torch.bfloat16, torch.float32 or torch.float64", dtype_name(logits.scalar_type()));
-  auto check_vector = [&](const char* name, const at::Tensor& t) {
-    check_rank(kTopk, name, t, 1, "[S] (one per query)");
-    AM_CHECK_ARG(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, kTopk, name, "dtype",
-                 "torch.int32 or torch.int64", dtype_name(t.scalar_type()));
-    AM_CHECK_ARG(t.device() == logits.device(), kTopk, name, "device",
-                 logits.device().str() + " (same as 'logits')", t.device().str());
-    check_dim_size(kTopk, name, t, 0, "S", logits.size(0), "logits.size(0)");
-  };
-  check_vector("ks", ks);
-  check_vector("ke", ke);
-  check_int_arg(kTopk, "topk", topk, 1);
+  mqa_logits::topk_signature(logits, ks, ke, topk);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
-  for (size_t i = 0; i < ksv.size(); ++i) {
-    const std::string at_i = "[" + std::to_string(i) + "]";
-    AM_CHECK_ARG(ksv[i] >= 0 && ksv[i] <= kev[i], kTopk, "ks", "values", "0 <= ks[i] <= ke[i]",
-                 "ks" + at_i + "=" + std::to_string(ksv[i]) + ", ke" + at_i + "=" + std::to_string(kev[i]));
-    const int64_t need = compressed ? kev[i] - ksv[i] : kev[i];
-    AM_CHECK_ARG(need <= logits.size(1), kTopk, "ke", "values",
-                 std::string(compressed ? "ke[i] - ks[i]" : "ke[i]") + " <= logits.size(1)=" +
-                     std::to_string(logits.size(1)),
-                 "ke" + at_i + "=" + std::to_string(kev[i]));
-  }
+  mqa_logits::check_topk_values(ksv, kev, logits.size(1), compressed);
   const at::Tensor lc = logits.contiguous();
   at::Tensor idx = at::empty({logits.size(0), topk}, logits.options().dtype(at::kInt));
   at::Tensor val = at::empty({logits.size(0), topk}, logits.options());
@@ -797,10 +522,9 @@ std::tuple<at::Tensor, at::Tensor> mqa_logits_topk_cpu(const at::Tensor& q, cons
                                                        const at::Tensor& weights, const at::Tensor& ks,
                                                        const at::Tensor& ke, int64_t topk,
                                                        std::optional<at::ScalarType> logits_dtype) {
-  const Shapes sh = check_mqa(kFused, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype);
-  check_int_arg(kFused, "topk", topk, 1);
+  const MqaShapes sh = mqa_logits::fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke);
-  check_ranges(kFused, ksv, kev, sh.S_kv, 0);
+  mqa_logits::check_range_values(mqa_logits::kFused, ksv, kev, sh.S_kv, 0);
   const at::ScalarType acc = acc_dtype(q);
   at::Tensor val = at::empty({sh.S, topk}, q.options().dtype(acc));
   at::Tensor idx = at::empty({sh.S, topk}, q.options().dtype(at::kInt));
@@ -821,42 +545,6 @@ std::tuple<at::Tensor, at::Tensor> mqa_logits_topk_cpu(const at::Tensor& q, cons
 // other column is exactly -inf (DeepGEMM leaves them unwritten). The slots past n_r are never read (callers pad them
 // with anything: repeats, INT32_MAX). Scores are the dense ops' (score_block, reduce_scores), so a sparse logit has
 // the bits of the dense logit of the same token.
-
-// block_indices [rows, num_blocks] int32 next to q; returns num_blocks.
-int64_t check_sparse_indices(const char* op, const at::Tensor& bi, int64_t rows, const char* rows_what,
-                             const char* rows_source, int64_t sbk, const at::Tensor& q) {
-  check_rank(op, "block_indices", bi, 2, "[rows, num_blocks] (candidate KV blocks per query row)");
-  AM_CHECK_ARG(bi.scalar_type() == at::kInt, op, "block_indices", "dtype", "torch.int32",
-               dtype_name(bi.scalar_type()));
-  AM_CHECK_ARG(bi.device() == q.device(), op, "block_indices", "device", q.device().str() + " (same as 'q')",
-               bi.device().str());
-  check_dim_size(op, "block_indices", bi, 0, rows_what, rows, rows_source);
-  check_int_arg(op, "sparse_block_kv", sbk, 1);
-  const int64_t nb = bi.size(1);
-  AM_CHECK_ARG(nb <= kMaxIntArg / sbk, op, "sparse_block_kv", "value",
-               "num_blocks * sparse_block_kv <= 2147483647 (the output's columns)",
-               std::to_string(sbk) + " with num_blocks=" + std::to_string(nb));
-  return nb;
-}
-
-// Row r's valid slots: strictly increasing block ids, each block [id * SBK + shift, + SBK) overlapping [lo, hi).
-int64_t check_sparse_row(const char* op, const std::vector<int64_t>& idx, int64_t nb, int64_t sbk, int64_t r,
-                         int64_t lo, int64_t hi, int64_t shift) {
-  const int64_t n = std::min(nb, (hi - lo + sbk - 1) / sbk);
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t id = idx[r * nb + s], a = id * sbk + shift;
-    const std::string at_rs =
-        "block_indices[" + std::to_string(r) + ", " + std::to_string(s) + "]=" + std::to_string(id);
-    AM_CHECK_ARG(a < hi && a + sbk > lo, op, "block_indices", "values",
-                 "blocks overlapping the row's KV range in its valid slots",
-                 at_rs + " (tokens [" + std::to_string(a) + ", " + std::to_string(a + sbk) + ")), range [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + ")");
-    AM_CHECK_ARG(s == 0 || id > idx[r * nb + s - 1], op, "block_indices", "values",
-                 "strictly increasing block ids in the row's valid slots",
-                 at_rs + " after " + std::to_string(idx[r * nb + s - 1]));
-  }
-  return n;
-}
 
 // The rows' logits; keys(r, tokens) returns the dequantized keys [n, D] (acc dtype) of row r's tokens.
 template <typename T, typename Keys>
@@ -898,22 +586,14 @@ at::Tensor sparse_mqa_logits_cpu(const at::Tensor& q, const std::optional<at::Te
                                  const std::optional<at::Tensor>& k_sf, const at::Tensor& weights, const at::Tensor& ks,
                                  const at::Tensor& ke, const at::Tensor& block_indices, int64_t sparse_block_kv,
                                  bool unaligned_ks, std::optional<at::ScalarType> logits_dtype) {
-  const Shapes sh = check_mqa(kSparse, q, q_sf, k, k_sf, weights, ks, ke, 0, logits_dtype);
+  const auto [sh, nb] = mqa_logits::sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices,
+                                                      sparse_block_kv, logits_dtype);
   const int64_t sbk = sparse_block_kv;
-  const int64_t nb = check_sparse_indices(kSparse, block_indices, sh.S, "S", "q.size(0)", sbk, q);
   const std::vector<int64_t> ksv = to_vector(ks), kev = to_vector(ke), idx = to_vector(block_indices);
-  check_ranges(kSparse, ksv, kev, sh.S_kv, 0);
+  mqa_logits::check_sparse_values(ksv, kev, idx, nb, sbk, unaligned_ks, sh.S_kv);
   std::vector<int64_t> shift(sh.S, 0);
-  for (int64_t i = 0; i < sh.S; ++i) {
-    if (unaligned_ks) {
-      shift[i] = ksv[i] % sbk;
-    } else {
-      AM_CHECK_ARG(kev[i] == ksv[i] || ksv[i] % sbk == 0, kSparse, "ks", "values",
-                   "multiples of sparse_block_kv=" + std::to_string(sbk) +
-                       " for non-empty ranges (aligned blocks; unaligned_ks=True otherwise)",
-                   "ks[" + std::to_string(i) + "]=" + std::to_string(ksv[i]));
-    }
-    check_sparse_row(kSparse, idx, nb, sbk, i, ksv[i], kev[i], shift[i]);
+  if (unaligned_ks) {
+    for (int64_t i = 0; i < sh.S; ++i) shift[i] = ksv[i] % sbk;
   }
   const at::ScalarType acc = acc_dtype(q);
   at::Tensor out = at::full({sh.S, nb * sbk}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
@@ -937,35 +617,15 @@ at::Tensor paged_sparse_mqa_logits_cpu(const at::Tensor& q, const std::optional<
                                        const at::Tensor& context_lens, const at::Tensor& block_table,
                                        const at::Tensor& block_indices, int64_t sparse_block_kv, bool ascend_kv_layout,
                                        std::optional<at::ScalarType> logits_dtype) {
-  const char* op = kPagedSparse;
-  const int64_t gq =
-      check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q);
+  const auto [gq, f, out_t, nb] = mqa_logits::paged_sparse_signature(
+      q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend_kv_layout,
+      logits_dtype);
   const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
-  AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", shape_str(q.sizes()));
-  const CacheFormat f = check_cache(op, kv_cache, D, ascend_kv_layout, q);
-  const at::ScalarType out_t = check_weights(op, weights, q, B * next_n, H, "B * next_n", logits_dtype);
-  check_tables(op, context_lens, block_table, B, next_n);
   const int64_t sbk = sparse_block_kv, rows = B * next_n;
-  const int64_t nb = check_sparse_indices(op, block_indices, rows, "B * next_n", "q.size(0) * q.size(1)", sbk, q);
-  AM_CHECK_ARG(f.block_kv % sbk == 0, op, "sparse_block_kv", "value",
-               "a divisor of the cache's block_kv=" + std::to_string(f.block_kv), sbk);
   const std::vector<int64_t> lens = to_vector(context_lens), table = to_vector(block_table);
   const std::vector<int64_t> idx = to_vector(block_indices);
-  const int64_t max_blocks = block_table.size(1), num_blocks = kv_cache.size(0);
-  check_context_lens_values(op, lens, next_n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t L = lens[r], b = r / next_n;
-    AM_CHECK_ARG(L <= max_blocks * f.block_kv, op, "context_lens", "values",
-                 "context_lens[b, t] <= block_table.size(1) * block_kv=" + std::to_string(max_blocks * f.block_kv),
-                 "context_lens[" + std::to_string(b) + ", " + std::to_string(r % next_n) + "]=" + std::to_string(L));
-    const int64_t n = check_sparse_row(op, idx, nb, sbk, r, 0, L, 0);
-    for (int64_t s = 0; s < n; ++s) {
-      const int64_t p = idx[r * nb + s] * sbk / f.block_kv, id = table[b * max_blocks + p];
-      AM_CHECK_ARG(id >= 0 && id < num_blocks, op, "block_table", "values",
-                   "physical block ids in [0, num_blocks=" + std::to_string(num_blocks) + ")",
-                   "block_table[" + std::to_string(b) + ", " + std::to_string(p) + "]=" + std::to_string(id));
-    }
-  }
+  const int64_t max_blocks = block_table.size(1);
+  mqa_logits::check_paged_sparse_values(lens, table, idx, next_n, max_blocks, nb, sbk, f.block_kv, kv_cache.size(0));
   const at::ScalarType acc = acc_dtype(q);
   at::Tensor out = at::full({rows, nb * sbk}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
   const uint8_t* base = kv_cache.const_data_ptr<uint8_t>();

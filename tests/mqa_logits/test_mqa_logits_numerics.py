@@ -12,6 +12,7 @@ from hypothesis import given, settings
 import torch_ascend_moe as tam
 from tests.mqa_logits import specs as T
 from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 from torch_ascend_moe.testing import calc_diff
 
 
@@ -119,7 +120,7 @@ def test_paged_equals_ragged_on_the_gathered_cache():
     for sample in T.paged_samples("cpu", torch.float32):
         q, q_sf, cache, w, lens, table, max_len, indices, ascend, dtype = sample.args
         out = torch.ops.ascend_moe.paged_mqa_logits(*sample.args)
-        fmt = portable.meta.check_cache(cache, portable.meta.head_dim(q), ascend, q)
+        fmt = mqa_checks.check_cache(mqa_checks.PAGED, cache, mqa_checks.head_dim(q), ascend, q)
         qd, kd, ks, ke = portable.paged_as_ragged(q, q_sf, cache, fmt, table, lens, torch.float32)
         ragged = tam.mqa_logits(qd, kd, w, ks.int(), ke.int(), max_seqlen_k=max_len, logits_dtype=out.dtype)
         assert _finite_diff(out, ragged.double()) < 1e-12, sample.name

@@ -25,7 +25,7 @@ import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad, non_differentiable
 from torch_ascend_moe.backends.portable import mqa_logits as portable
-from torch_ascend_moe.meta import mqa_logits as meta
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 
 _backward_op = torch.ops.ascend_moe.mqa_logits_backward.default
 LOGITS, PAGED, TOPK, FUSED = "mqa_logits", "paged_mqa_logits", "mqa_topk", "mqa_logits_topk"
@@ -35,7 +35,7 @@ def _logits_setup(ctx, inputs, output):
     args = arguments(LOGITS, inputs)
     q, q_sf, k, k_sf, weights, ks, ke = args.q, args.q_sf, args.k, args.k_sf, args.weights, args.ks, args.ke
     ctx.max_seqlen_k = args.max_seqlen_k
-    ctx.q_float, ctx.k_float = not meta.is_quantized(q), not meta.is_quantized(k)
+    ctx.q_float, ctx.k_float = not mqa_checks.is_quantized(q), not mqa_checks.is_quantized(k)
     ctx.dtypes = (q.dtype, k.dtype, weights.dtype)
     ctx.has_sf = (q_sf is not None, k_sf is not None)
     ctx.save_for_backward(q, q_sf, k, k_sf, weights, ks, ke)
@@ -66,9 +66,9 @@ def _logits_backward(ctx, grad):
 def _paged_setup(ctx, inputs, output):
     args = arguments(PAGED, inputs)
     q = args.q
-    ctx.q_float = not meta.is_quantized(q)
+    ctx.q_float = not mqa_checks.is_quantized(q)
     ctx.dtypes = (q.dtype, args.weights.dtype)
-    ctx.fmt = meta.check_cache(args.kv_cache, meta.head_dim(q), args.ascend_kv_layout, q)
+    ctx.fmt = mqa_checks.check_cache(mqa_checks.PAGED, args.kv_cache, mqa_checks.head_dim(q), args.ascend_kv_layout, q)
     ctx.max_context_len = args.max_context_len
     ctx.save_for_backward(q, args.q_sf, args.kv_cache, args.weights, args.context_lens, args.block_table)
 
@@ -78,7 +78,7 @@ def _paged_backward(ctx, grad):
     need_q, need_w = needs_grad(ctx, PAGED, "q") and ctx.q_float, needs_grad(ctx, PAGED, "weights")
     if not (need_q or need_w) or ctx.max_context_len == 0:
         return gradients(PAGED)
-    acc = meta.acc_dtype(q)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd, ks, ke = portable.paged_as_ragged(q.detach(), q_sf, kv_cache, ctx.fmt, block_table, context_lens, acc)
     dq, _, dw = _backward_op(
         grad, qd, None, kd, None, weights.detach(), ks, ke, ctx.max_context_len, [need_q, False, need_w]
@@ -108,7 +108,7 @@ def _topk_backward(ctx, grad_values, grad_idx):
 
 def _fused_setup(ctx, inputs, output):
     args = arguments(FUSED, inputs)
-    ctx.q_float, ctx.k_float = not meta.is_quantized(args.q), not meta.is_quantized(args.k)
+    ctx.q_float, ctx.k_float = not mqa_checks.is_quantized(args.q), not mqa_checks.is_quantized(args.k)
     ctx.dtypes = (args.q.dtype, args.k.dtype, args.weights.dtype)
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(args.q, args.q_sf, args.k, args.k_sf, args.weights, output[1])
@@ -121,7 +121,7 @@ def _fused_backward(ctx, grad_values, grad_idx):
     need_w = needs_grad(ctx, FUSED, "weights")
     if not (need_q or need_k or need_w) or grad_values is None:
         return gradients(FUSED)
-    acc = meta.acc_dtype(q)
+    acc = mqa_checks.acc_dtype(q)
     qd = portable.acc_values(q.detach(), q_sf, acc)  # [S, H, D]
     kd = portable.acc_values(k.detach(), k_sf, acc)  # [S_kv, D]
     w = weights.detach().to(acc)
@@ -159,7 +159,7 @@ SPARSE, PAGED_SPARSE = "sparse_mqa_logits", "paged_sparse_mqa_logits"
 
 def _sparse_setup(ctx, inputs, output):
     args = arguments(SPARSE, inputs)
-    ctx.q_float, ctx.k_float = not meta.is_quantized(args.q), not meta.is_quantized(args.k)
+    ctx.q_float, ctx.k_float = not mqa_checks.is_quantized(args.q), not mqa_checks.is_quantized(args.k)
     ctx.dtypes = (args.q.dtype, args.k.dtype, args.weights.dtype)
     ctx.sbk, ctx.unaligned = args.sparse_block_kv, args.unaligned_ks
     ctx.save_for_backward(args.q, args.q_sf, args.k, args.k_sf, args.weights, args.ks, args.ke, args.block_indices)
@@ -172,7 +172,7 @@ def _sparse_backward(ctx, grad):
     need_w = needs_grad(ctx, SPARSE, "weights")
     if not (need_q or need_k or need_w):
         return gradients(SPARSE)
-    acc = meta.acc_dtype(q)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd = portable.acc_values(q.detach(), q_sf, acc), portable.acc_values(k.detach(), k_sf, acc)
     shift = portable.sparse_shift(ks, ctx.sbk, ctx.unaligned)
     token, valid = portable.sparse_columns(ks, ke, shift, block_indices, ctx.sbk)
@@ -189,9 +189,11 @@ def _sparse_backward(ctx, grad):
 def _paged_sparse_setup(ctx, inputs, output):
     args = arguments(PAGED_SPARSE, inputs)
     q = args.q
-    ctx.q_float = not meta.is_quantized(q)
+    ctx.q_float = not mqa_checks.is_quantized(q)
     ctx.dtypes = (q.dtype, args.weights.dtype)
-    ctx.fmt = meta.check_cache(args.kv_cache, meta.head_dim(q), args.ascend_kv_layout, q, meta.PAGED_SPARSE)
+    ctx.fmt = mqa_checks.check_cache(
+        mqa_checks.PAGED_SPARSE, args.kv_cache, mqa_checks.head_dim(q), args.ascend_kv_layout, q
+    )
     ctx.sbk = args.sparse_block_kv
     ctx.save_for_backward(
         q, args.q_sf, args.kv_cache, args.weights, args.context_lens, args.block_table, args.block_indices
@@ -203,7 +205,7 @@ def _paged_sparse_backward(ctx, grad):
     need_q, need_w = needs_grad(ctx, PAGED_SPARSE, "q") and ctx.q_float, needs_grad(ctx, PAGED_SPARSE, "weights")
     if not (need_q or need_w):
         return gradients(PAGED_SPARSE)
-    acc = meta.acc_dtype(q)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd, token, valid = portable.paged_sparse_operands(
         q.detach(), q_sf, kv_cache, ctx.fmt, context_lens, block_table, block_indices, ctx.sbk, acc
     )

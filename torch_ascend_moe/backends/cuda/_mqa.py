@@ -241,7 +241,7 @@ def paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table,
     """Fill ``out [B * next_n, max_context_len]`` (pre-filled with -inf): row ``b * next_n + t`` scores the first
     ``context_lens[b, t]`` tokens of request ``b``, page by page through ``block_table[b]``, reading each page's
     FP8/FP4 token rows and their scales (FP32 per token, or UE8M0 per 32 elements) straight from the cache bytes.
-    ``fmt``: the cache's ``meta.mqa_logits.CacheFormat``."""
+    ``fmt``: the cache's ``checks.mqa_logits.CacheFormat``."""
     b, next_n, h = q.shape[0], q.shape[1], q.shape[2]
     d = 2 * q.shape[3] if q.dtype == torch.uint8 else q.shape[3]
     bh = heads_block(h)

@@ -24,8 +24,8 @@ import torch
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
 from torch_ascend_moe.backends.portable import mqa_logits as portable
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta import mqa_logits as meta
 
 _mqa = triton_module("_mqa")
 
@@ -39,19 +39,19 @@ def _refusal(q, rows: int, columns: int) -> str | None:
 
 
 def _takes_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    sh = mqa_checks.mqa_signature(mqa_checks.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     return first_refusal(_refusal(q, sh.S, sh.S_kv))
 
 
 def _takes_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
-    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    sh = mqa_checks.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     return first_refusal(_refusal(q, sh.S, sh.S_kv))
 
 
 def _takes_paged(
     q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
-    _, fmt, _ = meta.paged_signature(
+    _, fmt, _ = mqa_checks.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
     why = _refusal(q, q.shape[0] * q.shape[1], max_context_len)
@@ -60,9 +60,9 @@ def _takes_paged(
 
 @kernel(device="cuda", library="triton", calls="_mqa", takes=_takes_logits, available=triton_available)
 def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    sh = mqa_checks.mqa_signature(mqa_checks.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     if host_readable(ks):
-        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
+        mqa_checks.check_range_values(mqa_checks.OP, ks, ke, sh.S_kv, max_seqlen_k)
     columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
     out = torch.full((sh.S, columns), float("-inf"), dtype=sh.out_dtype, device=q.device)
     return _mqa.mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, columns, max_seqlen_k > 0, out)
@@ -77,7 +77,7 @@ def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
 )
 def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
     args = (q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
-    sh = meta.fused_signature(*args)
+    sh = mqa_checks.fused_signature(*args)
 
     def block_logits(rows):
         out = torch.full((len(range(sh.S)[rows]), sh.S_kv), float("-inf"), dtype=sh.out_dtype, device=q.device)
@@ -91,11 +91,13 @@ def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
 def paged_mqa_logits(
     q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
-    _, fmt, out_dtype = meta.paged_signature(
+    _, fmt, out_dtype = mqa_checks.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
     if host_readable(context_lens):
-        meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+        mqa_checks.check_paged_values(
+            context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices
+        )
     rows = q.shape[0] * q.shape[1]
     out = torch.full((rows, max_context_len), float("-inf"), dtype=out_dtype, device=q.device)
     return _mqa.paged_mqa_logits(q, q_sf, kv_cache, fmt, weights, context_lens, block_table, out)

@@ -45,8 +45,8 @@ import torch
 
 from torch_ascend_moe.backends.chain import kernel, planned, stays_portable
 from torch_ascend_moe.backends.npu import has_op
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import mqa_logits as meta
 
 MAX_HEADS, HEAD_DIM = 64, 128
 # sparse_count: 1..2048, or 3072..8192 in steps of 1024 (the docs).
@@ -139,13 +139,13 @@ def _shapes_refusal(q, k, weights, topk: int, out_dtype) -> str | None:
 def _batches(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype):
     """The indexer's batches ``(cq, ck, causal)`` for a call it computes exactly, or the reason it does not (a str);
     our range errors first. Reads ``ks``/``ke`` (and non-BF16 weights) on the host."""
-    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    sh = mqa_checks.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     if capture.capturing(q.device) or not capture.host_readable(ks):
         return "the batches are read on the host: not while capturing, nor on fake tensors"
     why = _shapes_refusal(q, k, weights, topk, sh.out_dtype)
     if why:
         return why
-    meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)  # our errors before any kernel
+    mqa_checks.check_range_values(mqa_checks.FUSED, ks, ke, sh.S_kv, 0)  # our errors before any kernel
     if weights.dtype != torch.bfloat16 and not bool((weights.bfloat16().float() == weights).all()):
         return "weights not exactly BF16 values (the indexer takes BF16 weights)"
     found = batches_of(ks.tolist(), ke.tolist())

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import mqa_logits as meta
 from torch_ascend_moe.quant import decode_e2m1, unpack_e2m1
 from torch_ascend_moe.quant.reference import decoded, dequantized
 
@@ -20,11 +20,11 @@ _SCORE_ELEMENTS = 1 << 24  # elements of one [queries, H, S_kv] score block
 
 def acc_values(x: torch.Tensor, sf: torch.Tensor | None, acc: torch.dtype) -> torch.Tensor:
     """``x``'s values in ``acc``: float data as is; FP8/FP4 times its ``1 x g`` scales (none: 1)."""
-    if not meta.is_quantized(x):
+    if not mqa_checks.is_quantized(x):
         return x.to(acc)
     if sf is None:
         return decoded(x).to(acc)
-    width = 2 * x.shape[-1] if meta.is_fp4(x) else x.shape[-1]
+    width = 2 * x.shape[-1] if mqa_checks.is_fp4(x) else x.shape[-1]
     return dequantized(x, sf, (1, width // sf.shape[-1])).to(acc)
 
 
@@ -56,10 +56,10 @@ def logits_from_dequantized(qd, kd, weights, ks, ke, columns: int, compressed: b
 
 @portable_kernel
 def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    sh = mqa_checks.mqa_signature(mqa_checks.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     if capture.host_readable(ks):  # a host read: skipped while a graph is captured
-        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)
-    acc = meta.acc_dtype(q)
+        mqa_checks.check_range_values(mqa_checks.OP, ks, ke, sh.S_kv, max_seqlen_k)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
     columns = max_seqlen_k if max_seqlen_k > 0 else sh.S_kv
     return logits_from_dequantized(qd, kd, weights, ks, ke, columns, max_seqlen_k > 0, acc).to(sh.out_dtype)
@@ -67,10 +67,10 @@ def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
 
 @portable_kernel
 def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, output_mask):
-    sh = meta.backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
+    sh = mqa_checks.backward_signature(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k)
     if capture.host_readable(ks):
-        meta.check_range_values(meta.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
-    acc = meta.acc_dtype(q)
+        mqa_checks.check_range_values(mqa_checks.BACKWARD, ks, ke, sh.S_kv, max_seqlen_k)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd, w = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc), weights.to(acc)
     compressed = max_seqlen_k > 0
     columns = grad.shape[1]
@@ -100,7 +100,7 @@ def mqa_logits_backward(grad, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, o
     return tuple(t if need else q.new_empty(0, dtype=acc) for t, need in zip((dq, dk, dw), output_mask))
 
 
-def paged_kv(kv_cache, fmt: meta.CacheFormat, block_table, d: int, acc: torch.dtype) -> torch.Tensor:
+def paged_kv(kv_cache, fmt: mqa_checks.CacheFormat, block_table, d: int, acc: torch.dtype) -> torch.Tensor:
     """Every request's blocks dequantized: ``[B, max_blocks * block_kv, D]`` (ids clamped into range; the
     columns past a request's length are masked by the caller)."""
     nb, bkv = kv_cache.shape[0], fmt.block_kv
@@ -122,7 +122,7 @@ def paged_kv(kv_cache, fmt: meta.CacheFormat, block_table, d: int, acc: torch.dt
 def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
     """(q [B * next_n, H, D], k [B * max_blocks * block_kv, D], ks, ke) of the equivalent ragged call."""
     B, next_n, H = q.shape[0], q.shape[1], q.shape[2]
-    d = meta.head_dim(q)
+    d = mqa_checks.head_dim(q)
     kd = paged_kv(kv_cache, fmt, block_table, d, acc)
     span = kd.shape[1]
     # Tokens past a request's longest context are whatever the cache holds (stale or uninitialized bytes,
@@ -139,21 +139,23 @@ def paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc):
 def paged_mqa_logits(
     q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
-    _, fmt, out = meta.paged_signature(
+    _, fmt, out = mqa_checks.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
     if capture.host_readable(context_lens):
-        meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
-    acc = meta.acc_dtype(q)
+        mqa_checks.check_paged_values(
+            context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices
+        )
+    acc = mqa_checks.acc_dtype(q)
     qd, kd, ks, ke = paged_as_ragged(q, q_sf, kv_cache, fmt, block_table, context_lens, acc)
     return logits_from_dequantized(qd, kd, weights, ks, ke, max_context_len, True, acc).to(out)
 
 
 @portable_kernel
 def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
-    meta.metadata_signature(context_lens, block_kv, num_sms, indices)
+    mqa_checks.metadata_signature(context_lens, block_kv, num_sms, indices)
     lens = context_lens.tolist()
-    meta.check_context_lens_values(meta.METADATA, lens)
+    mqa_checks.check_context_lens_values(mqa_checks.METADATA, lens)
     ids = indices.tolist() if indices is not None else None
     units, b = [], 0
     while b < len(lens):
@@ -161,7 +163,7 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
         while ids is not None and e < len(lens) and ids[e] == ids[b]:
             e += 1
         extent = lens[e - 1][-1] if lens[e - 1] else 0
-        units.append(-(-extent // meta.SCHEDULE_SPLIT) * (e - b))
+        units.append(-(-extent // mqa_checks.SCHEDULE_SPLIT) * (e - b))
         b = e
     total, rows = sum(units), []
     request = consumed = 0
@@ -176,9 +178,9 @@ def paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices):
 
 @portable_kernel
 def mqa_topk(logits, ks, ke, topk, compressed):
-    meta.topk_signature(logits, ks, ke, topk)
+    mqa_checks.topk_signature(logits, ks, ke, topk)
     if capture.host_readable(ks):
-        meta.check_topk_values(ks, ke, logits.shape[1], compressed)
+        mqa_checks.check_topk_values(ks, ke, logits.shape[1], compressed)
     return _topk_of(logits, ks, ke, topk, compressed)
 
 
@@ -208,11 +210,11 @@ def mqa_logits_topk(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype, *, bl
     ``chunk`` fixed by the shapes (no host read: capturable), never ``[S, S_kv]``. ``block_logits(rows)`` gives the
     logits (in the logits dtype) of the queries ``rows`` (a slice): a device's own logits kernel (CUDA's Triton
     one); by default the formula on dequantized copies."""
-    sh = meta.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
+    sh = mqa_checks.fused_signature(q, q_sf, k, k_sf, weights, ks, ke, topk, logits_dtype)
     if capture.host_readable(ks):
-        meta.check_range_values(meta.FUSED, ks, ke, sh.S_kv, 0)
+        mqa_checks.check_range_values(mqa_checks.FUSED, ks, ke, sh.S_kv, 0)
     if block_logits is None:
-        acc = meta.acc_dtype(q)
+        acc = mqa_checks.acc_dtype(q)
         qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
 
         def block_logits(rows):
@@ -304,10 +306,10 @@ def sparse_shift(ks, sbk: int, unaligned: bool):
 
 @portable_kernel
 def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
-    sh, _ = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    sh, _ = mqa_checks.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
     if capture.host_readable(ks):
-        meta.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
-    acc = meta.acc_dtype(q)
+        mqa_checks.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd = acc_values(q, q_sf, acc), acc_values(k, k_sf, acc)
     shift = sparse_shift(ks, sparse_block_kv, unaligned_ks)
     token, valid = sparse_columns(ks, ke, shift, block_indices, sparse_block_kv)
@@ -317,7 +319,7 @@ def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_b
 def paged_sparse_operands(q, q_sf, kv_cache, fmt, context_lens, block_table, block_indices, sbk: int, acc):
     """(qd [R, H, D], every request's keys flattened [B * span, D], column tokens into them, valid mask)."""
     B, next_n, H = q.shape[0], q.shape[1], q.shape[2]
-    d = meta.head_dim(q)
+    d = mqa_checks.head_dim(q)
     kd = paged_kv(kv_cache, fmt, block_table, d, acc)  # [B, span, D]
     span = kd.shape[1]
     lens = context_lens.reshape(-1)
@@ -342,7 +344,7 @@ def paged_sparse_mqa_logits(
     ascend_kv_layout,
     logits_dtype,
 ):
-    _, fmt, out, _ = meta.paged_sparse_signature(
+    _, fmt, out, _ = mqa_checks.paged_sparse_signature(
         q,
         q_sf,
         kv_cache,
@@ -355,10 +357,10 @@ def paged_sparse_mqa_logits(
         logits_dtype,
     )
     if capture.host_readable(context_lens):
-        meta.check_paged_sparse_values(
+        mqa_checks.check_paged_sparse_values(
             context_lens, block_table, block_indices, sparse_block_kv, fmt.block_kv, kv_cache.shape[0]
         )
-    acc = meta.acc_dtype(q)
+    acc = mqa_checks.acc_dtype(q)
     qd, kd, token, valid = paged_sparse_operands(
         q, q_sf, kv_cache, fmt, context_lens, block_table, block_indices, sparse_block_kv, acc
     )

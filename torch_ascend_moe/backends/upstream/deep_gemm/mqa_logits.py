@@ -32,15 +32,15 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     real_refusal,
     tma_refusal,
 )
+from torch_ascend_moe.checks import mqa_logits as mqa_checks
 from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta import mqa_logits as meta
 
 _FP8 = torch.float8_e4m3fn
 _UE8M0_ONE = 127  # the code of 1.0: what a short row of packed scales is padded with
 
 
 def _refusal(q, q_sf, k, k_sf, weights, sh) -> str | None:
-    if not meta.is_quantized(q):
+    if not mqa_checks.is_quantized(q):
         return f"{q.dtype} q (the library's logits are FP8 or FP4)"
     if not (sh.S and sh.S_kv):
         return "empty operands: nothing to hand the library"
@@ -73,7 +73,7 @@ def _refusal(q, q_sf, k, k_sf, weights, sh) -> str | None:
 
 
 def _takes(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    sh = mqa_checks.mqa_signature(mqa_checks.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     return first_refusal(_refusal(q, q_sf, k, k_sf, weights, sh))
 
 
@@ -105,9 +105,9 @@ def _ranges(ks, ke, s_kv: int, max_seqlen_k: int):
     available=CUDA.available,
 )
 def mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype):
-    sh = meta.mqa_signature(meta.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
+    sh = mqa_checks.mqa_signature(mqa_checks.OP, q, q_sf, k, k_sf, weights, ks, ke, max_seqlen_k, logits_dtype)
     if host_readable(ks):
-        meta.check_range_values(meta.OP, ks, ke, sh.S_kv, max_seqlen_k)  # our op's value errors
+        mqa_checks.check_range_values(mqa_checks.OP, ks, ke, sh.S_kv, max_seqlen_k)  # our op's value errors
     ks32, ke32 = _ranges(ks, ke, sh.S_kv, max_seqlen_k)
     if q.dtype == _FP8:
         q_pair, kv = (q, None), (k, k_sf.float().reshape(-1).contiguous())
@@ -139,7 +139,7 @@ def _paged_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, indice
     query token's length (varlen: the run's last row): every other token's must not exceed it (a host read, so not
     while capturing)."""
     b, next_n, heads = q.shape[0], q.shape[1], q.shape[2]
-    if not meta.is_quantized(q):
+    if not mqa_checks.is_quantized(q):
         return f"{q.dtype} q (the library's logits are FP8 or FP4)"
     if ascend:
         return "the Ascend cache layout (not mapped to the CUDA kernel)"
@@ -156,9 +156,15 @@ def _paged_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, indice
     if fmt.block_kv not in ((64,) if sm90 else (32, 64)) or (sm90 and next_n > 2):
         return f"pages of {fmt.block_kv} tokens or next_n {next_n} (SM90: 64 and 1-2; SM100: 32 or 64)"
     if q.dtype == _FP8:
-        if q_sf is not None or fmt.fp4 or not fmt.fp32_scale or meta.head_dim(q) not in (32, 64, 128):
+        if q_sf is not None or fmt.fp4 or not fmt.fp32_scale or mqa_checks.head_dim(q) not in (32, 64, 128):
             return "FP8 q needs no scales, an FP8 cache with FP32 token scales and a head dim of 32, 64 or 128"
-    elif sm90 or not fmt.fp4 or q_sf is None or q_sf.dtype != torch.float8_e8m0fnu or meta.head_dim(q) not in (64, 128):
+    elif (
+        sm90
+        or not fmt.fp4
+        or q_sf is None
+        or q_sf.dtype != torch.float8_e8m0fnu
+        or mqa_checks.head_dim(q) not in (64, 128)
+    ):
         return "FP4 (SM100): an FP4 cache, UE8M0 q scales per 32 of a head dim of 64 or 128"
     if weights.dtype != torch.float32 or not (q.is_contiguous() and weights.is_contiguous()):
         return "BF16 or non-contiguous weights, or a non-contiguous q"
@@ -185,7 +191,7 @@ def _last_of_request(context_lens: torch.Tensor, indices: torch.Tensor | None) -
 def _takes_paged(
     q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
-    _, fmt, _ = meta.paged_signature(
+    _, fmt, _ = mqa_checks.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
     why = _paged_refusal(
@@ -204,10 +210,10 @@ def _takes_paged(
 def paged_mqa_logits(
     q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
 ):
-    _, fmt, out_dtype = meta.paged_signature(
+    _, fmt, out_dtype = mqa_checks.paged_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend_kv_layout, logits_dtype
     )
-    meta.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
+    mqa_checks.check_paged_values(context_lens, block_table, max_context_len, fmt.block_kv, kv_cache.shape[0], indices)
     dg = CUDA.module()
     schedule = dg.get_paged_mqa_logits_metadata(context_lens, fmt.block_kv, dg.get_num_sms(), indices)
     q_pair = (q, None) if q.dtype == _FP8 else (as_library_fp4(q), packed_ue8m0(q_sf))
@@ -241,7 +247,7 @@ _SPARSE_MAX_TOKENS = 1 << 20
 
 def _mx_refusal(q, q_sf, sh_gq, k_fp4: bool | None, k_sf, sh_gk) -> str | None:
     """MXFP4 or MXFP8 operands with UE8M0 scales per 32 (``k_fp4`` None: a paged cache, checked by the caller)."""
-    fp4 = meta.is_fp4(q)
+    fp4 = mqa_checks.is_fp4(q)
     if q_sf is None or q_sf.dtype != torch.float8_e8m0fnu or sh_gq != 32:
         return "q without UE8M0 scales per 32 (the sparse kernel's MXFP4 / MXFP8 operands)"
     if k_fp4 is not None and (k_fp4 != fp4 or k_sf is None or k_sf.dtype != torch.float8_e8m0fnu or sh_gk != 32):
@@ -273,15 +279,17 @@ def _sparse_library_refusal() -> str | None:
 
 
 def _takes_sparse(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
-    sh, nb = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
-    if not meta.is_quantized(q):
+    sh, nb = mqa_checks.sparse_signature(
+        q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype
+    )
+    if not mqa_checks.is_quantized(q):
         return first_refusal(f"{q.dtype} q (the library's logits are MXFP4 or MXFP8)")
     if not (sh.S and sh.S_kv):
         return first_refusal("empty operands: nothing to hand the library")
     why = (
         _sparse_library_refusal()
         or real_refusal(q, q_sf, k, k_sf, weights, block_indices)
-        or _mx_refusal(q, q_sf, sh.gq, meta.is_fp4(k), k_sf, sh.gk)
+        or _mx_refusal(q, q_sf, sh.gq, mqa_checks.is_fp4(k), k_sf, sh.gk)
         or _sparse_shape_refusal(sh.H, sh.D, weights, sh.out_dtype, sparse_block_kv, nb, sh.S)
     )
     if not why and not (q.is_contiguous() and k.is_contiguous() and weights.is_contiguous()):
@@ -290,11 +298,11 @@ def _takes_sparse(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block
 
 
 def _qk_dtype(q) -> torch.dtype:
-    return torch.int8 if meta.is_fp4(q) else torch.float8_e4m3fn
+    return torch.int8 if mqa_checks.is_fp4(q) else torch.float8_e4m3fn
 
 
 def _q_pair(q, q_sf):
-    return (as_library_fp4(q) if meta.is_fp4(q) else q, packed_ue8m0(q_sf))
+    return (as_library_fp4(q) if mqa_checks.is_fp4(q) else q, packed_ue8m0(q_sf))
 
 
 @kernel(
@@ -305,9 +313,11 @@ def _q_pair(q, q_sf):
     available=CUDA.available,
 )
 def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, unaligned_ks, logits_dtype):
-    sh, nb = meta.sparse_signature(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype)
+    sh, nb = mqa_checks.sparse_signature(
+        q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_block_kv, logits_dtype
+    )
     if host_readable(ks):
-        meta.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
+        mqa_checks.check_sparse_values(ks, ke, block_indices, sparse_block_kv, unaligned_ks, sh.S_kv)
     ks32, ke32 = _ranges(ks, ke, sh.S_kv, 0)
     blocks = block_indices.contiguous()
     dg = CUDA.module()
@@ -316,7 +326,7 @@ def sparse_mqa_logits(q, q_sf, k, k_sf, weights, ks, ke, block_indices, sparse_b
     )
     logits = dg.fp8_fp4_sparse_mqa_logits(
         _q_pair(q, q_sf),
-        (as_library_fp4(k) if meta.is_fp4(k) else k, packed_ue8m0(k_sf)),
+        (as_library_fp4(k) if mqa_checks.is_fp4(k) else k, packed_ue8m0(k_sf)),
         weights,
         schedule,
         nb,
@@ -340,12 +350,12 @@ def _takes_paged_sparse(
     ascend_kv_layout,
     logits_dtype,
 ):
-    gq, fmt, out, nb = meta.paged_sparse_signature(
+    gq, fmt, out, nb = mqa_checks.paged_sparse_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend_kv_layout,
         logits_dtype,
     )  # fmt: skip
     b, next_n, heads = q.shape[0], q.shape[1], q.shape[2]
-    if not meta.is_quantized(q):
+    if not mqa_checks.is_quantized(q):
         return first_refusal(f"{q.dtype} q (the library's logits are MXFP4 or MXFP8)")
     if not b:
         return first_refusal("empty operands: nothing to hand the library")
@@ -353,11 +363,11 @@ def _takes_paged_sparse(
         _sparse_library_refusal()
         or real_refusal(q, q_sf, kv_cache, weights, context_lens, block_table, block_indices)
         or _mx_refusal(q, q_sf, gq, None, None, 0)
-        or _sparse_shape_refusal(heads, meta.head_dim(q), weights, out, sparse_block_kv, nb, b)
+        or _sparse_shape_refusal(heads, mqa_checks.head_dim(q), weights, out, sparse_block_kv, nb, b)
     )
     if not why and next_n != 1:
         why = f"next_n {next_n} (the paged sparse kernel takes one query token per row)"
-    if not why and (fmt.fp32_scale or fmt.fp4 != meta.is_fp4(q)):
+    if not why and (fmt.fp32_scale or fmt.fp4 != mqa_checks.is_fp4(q)):
         why = "a cache in another format than q's MX one (FP32 token scales, or FP4 and FP8 mixed)"
     if not why and kv_cache.stride(0) % 512:
         why = "a cache page stride not a multiple of 512 bytes (the kernel's)"
@@ -385,12 +395,12 @@ def paged_sparse_mqa_logits(
     ascend_kv_layout,
     logits_dtype,
 ):
-    _, fmt, _, nb = meta.paged_sparse_signature(
+    _, fmt, _, nb = mqa_checks.paged_sparse_signature(
         q, q_sf, kv_cache, weights, context_lens, block_table, block_indices, sparse_block_kv, ascend_kv_layout,
         logits_dtype,
     )  # fmt: skip
     if host_readable(context_lens):
-        meta.check_paged_sparse_values(
+        mqa_checks.check_paged_sparse_values(
             context_lens, block_table, block_indices, sparse_block_kv, fmt.block_kv, kv_cache.shape[0]
         )
     rows = q.shape[0]
