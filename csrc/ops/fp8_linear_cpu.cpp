@@ -36,10 +36,10 @@ at::Tensor fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at
                               bool use_ue8m0, double alpha, std::optional<at::ScalarType> out_dtype) {
   check_high_precision(kQuantGemm, "x", x, "[M, K]");
   check_k_blocks(kQuantGemm, "gran_k", gran_k, x);
-  check_fp8_operand(kQuantGemm, "b", "sfb", b, sfb, recipe_b, x, false);
+  fp8_gemm::check_fp8_operand(kQuantGemm, "b", "sfb", b, sfb, recipe_b, x, false);
   AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantGemm, "b", "K", std::to_string(x.size(1)) + " (x's K)",
                logical_k(b));
-  const at::ScalarType out_t = check_scaled_out_dtype(kQuantGemm, c, out_dtype, x.scalar_type());
+  const at::ScalarType out_t = fp8_gemm::check_scaled_out_dtype(kQuantGemm, c, out_dtype, x.scalar_type());
   const std::array<int64_t, 2> shape{x.size(0), b.size(0)};
   check_accumulator(kQuantGemm, c, x, shape);
   return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), x.options(), [&](at::Tensor& acc) {

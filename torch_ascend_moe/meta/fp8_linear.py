@@ -7,7 +7,7 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.meta.fp8_gemm import check_operand, check_scaled_out_dtype, logical_k
+from torch_ascend_moe.checks.fp8_gemm import check_fp8_operand, check_scaled_out_dtype, logical_k
 
 QUANT_GEMM = "ascend_moe::fp8_quant_gemm"
 LINEAR = "ascend_moe::fp8_linear"
@@ -29,7 +29,7 @@ def check_k_blocks(op: str, arg: str, block: int, x) -> None:
 def fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype) -> tuple[list, torch.dtype]:
     check_high_precision(QUANT_GEMM, "x", x, "[M, K]")
     check_k_blocks(QUANT_GEMM, "gran_k", gran_k, x)
-    check_operand("b", "sfb", b, sfb, recipe_b, x, QUANT_GEMM)
+    check_fp8_operand(QUANT_GEMM, "b", "sfb", b, sfb, recipe_b, x, False)
     ck.check_arg(
         logical_k(b) == x.shape[1],
         QUANT_GEMM,

@@ -13,8 +13,8 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.meta.fp8_gemm import is_fp4
-from torch_ascend_moe.meta.fp8_gemm import logical_k as head_dim  # D: packed FP4 holds two values per byte
+from torch_ascend_moe.checks.fp8_gemm import is_fp4
+from torch_ascend_moe.checks.fp8_gemm import logical_k as head_dim  # D: packed FP4 holds two values per byte
 
 OP = "ascend_moe::mqa_logits"
 BACKWARD = "ascend_moe::mqa_logits_backward"
