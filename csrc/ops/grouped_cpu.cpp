@@ -27,7 +27,7 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear.h"
+#include "fp8_linear_checks.h"
 #include "gemm.h"
 #include "quant.h"
 
@@ -292,13 +292,13 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
 // (DeepSeek-V3's recipe), then the scaled segments; high-precision inputs, output in x's dtype.
 at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& layout, bool psum,
                                     int64_t alignment, int64_t block, bool use_ue8m0, bool fp8_backward) {
-  check_high_precision(kLinearFp8, "x", x, "[M, K]");
+  fp8_linear::check_high_precision(kLinearFp8, "x", x, "[M, K]");
   check_rank(kLinearFp8, "weight", weight, 3, "[G, N, K]");
   AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinearFp8, "weight", "dtype",
                dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
   check_same_device(kLinearFp8, "weight", weight, x);
   check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
-  check_k_blocks(kLinearFp8, "block", block, x);
+  fp8_linear::check_k_blocks(kLinearFp8, "block", block, x);
   check_alignment(kLinearFp8, alignment);
   check_layout_tensor(kLinearFp8, layout, psum, psum ? weight.size(0) : x.size(0), x);
   const auto segments = layout_segments(kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
@@ -326,8 +326,8 @@ at::Tensor m_grouped_fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b
                                         const at::Tensor& layout, bool psum, int64_t alignment, int64_t gran_k,
                                         at::IntArrayRef recipe_b, bool use_ue8m0,
                                         std::optional<at::ScalarType> out_dtype) {
-  check_high_precision(kQuantFp8, "x", x, "[M, K]");
-  check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
+  fp8_linear::check_high_precision(kQuantFp8, "x", x, "[M, K]");
+  fp8_linear::check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
   check_rank(kQuantFp8, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
   fp8_gemm::check_fp8_operand(kQuantFp8, "b", "sfb", b, sfb, recipe_b, x, true);
   AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantFp8, "b", "K", std::to_string(x.size(1)) + " (x's K)", logical_k(b));

@@ -12,7 +12,7 @@ import torch
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
 from torch_ascend_moe.checks.fp8_gemm import check_fp8_operand, check_fp8_pairing, check_scaled_out_dtype, logical_k
-from torch_ascend_moe.meta.fp8_linear import check_high_precision, check_k_blocks
+from torch_ascend_moe.checks.fp8_linear import check_high_precision, check_k_blocks
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
 MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
