@@ -6,24 +6,13 @@
 #include <functional>
 #include <optional>
 
+#include "fp8_gemm_checks.h"
+
 namespace ascend_moe {
 
-// Packed FP4 crosses the op boundary as uint8, two E2M1 codes per byte along K.
-bool is_fp4(const at::Tensor& t);
-
-// Logical K of an operand: FP4 stores two values per byte along K (the last dim).
-int64_t logical_k(const at::Tensor& t);
-
-// Validates one scaled operand: data [MN, K] (or [G, MN, K] when batched), its scales and recipe.
-void check_fp8_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
-                       const at::Tensor& sf, at::IntArrayRef recipe, const at::Tensor& ref, bool batched);
-
-// Operands that may meet: FP4 A needs FP4 B (FP4 x FP8 is unsupported upstream), and one logical K.
-void check_fp8_pairing(const char* op, const at::Tensor& a, const at::Tensor& b);
-
-// out_dtype if given, else c's dtype, else `fallback`; BF16 or FP32 only, and c must agree.
-at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
-                                      std::optional<at::ScalarType> out_dtype, at::ScalarType fallback);
+// The operand model (is_fp4, logical_k) lives with the checks; the kernels of every family read it unqualified.
+using fp8_gemm::is_fp4;
+using fp8_gemm::logical_k;
 
 // dst[i, :K] = FP32 values of `rows` FP8 (E4M3) or packed FP4 (E2M1) rows of `row_bytes` bytes, unscaled.
 void decode_quantized_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int64_t K, bool fp4, float* dst);

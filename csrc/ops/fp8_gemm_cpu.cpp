@@ -23,74 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "checks.h"
 #include "vector_clones.h"
 #include "fp8_gemm.h"
 
 namespace ascend_moe {
 
-bool is_fp4(const at::Tensor& t) { return t.scalar_type() == at::kByte; }
-
-int64_t logical_k(const at::Tensor& t) { return is_fp4(t) ? 2 * t.size(-1) : t.size(-1); }
-
-void check_fp8_operand(const char* op, const char* name, const char* sf_name, const at::Tensor& x,
-                       const at::Tensor& sf, at::IntArrayRef recipe, const at::Tensor& ref, bool batched) {
-  const int64_t lead = batched ? 1 : 0;
-  check_rank(op, name, x, 2 + lead,
-             batched ? "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)"
-                     : "[MN, K] (FP8) or [MN, K/2] (FP4 packed in uint8)");
-  AM_CHECK_ARG(x.scalar_type() == at::kFloat8_e4m3fn || x.scalar_type() == at::kByte, op, name, "dtype",
-               "torch.float8_e4m3fn, or torch.uint8 (packed FP4)", dtype_name(x.scalar_type()));
-  if (is_fp4(x)) {
-    AM_CHECK_ARG(x.stride(-1) == 1, op, name, "stride(" + std::to_string(1 + lead) + ")",
-                 "1 (packed FP4 is K-major)", x.stride(-1));
-  }
-  check_same_device(op, name, x, ref);
-  check_same_device(op, sf_name, sf, ref);
-  const std::string recipe_name = std::string("recipe_") + name;
-  check_recipe(op, recipe_name.c_str(), recipe);
-  const int64_t mn = x.size(lead), k = logical_k(x), gmn = recipe[0], gk = recipe[1];
-  AM_CHECK_ARG(k % gk == 0, op, name, "K", "a multiple of gran_k=" + std::to_string(gk), k);
-  AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
-               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-               dtype_name(sf.scalar_type()));
-  std::vector<int64_t> sf_shape{(mn + gmn - 1) / gmn, k / gk};
-  if (batched) sf_shape.insert(sf_shape.begin(), x.size(0));
-  AM_CHECK_ARG(sf.sizes() == at::IntArrayRef(sf_shape), op, sf_name, "shape",
-               shape_str(sf_shape) + (batched ? " (G, ceil(MN / gran_mn), K / gran_k)" : " (ceil(MN / gran_mn), K / gran_k)"),
-               shape_str(sf.sizes()));
-}
-
-void check_fp8_pairing(const char* op, const at::Tensor& a, const at::Tensor& b) {
-  AM_CHECK_ARG(!(is_fp4(a) && !is_fp4(b)), op, "a", "dtype",
-               "FP8 when b is FP8 (FP4 x FP8 is unsupported, as upstream)", "torch.uint8 (packed FP4)");
-  AM_CHECK_ARG(logical_k(b) == logical_k(a), op, "b", "K", std::to_string(logical_k(a)) + " (a's K)",
-               logical_k(b));
-}
-
-at::ScalarType check_scaled_out_dtype(const char* op, const std::optional<at::Tensor>& c,
-                                      std::optional<at::ScalarType> out_dtype, at::ScalarType fallback) {
-  if (out_dtype.has_value()) {
-    AM_CHECK_ARG(*out_dtype == at::kBFloat16 || *out_dtype == at::kFloat, op, "out_dtype", "value",
-                 "torch.bfloat16 or torch.float32", dtype_name(*out_dtype));
-  }
-  const at::ScalarType out_t = out_dtype.value_or(c.has_value() ? c->scalar_type() : fallback);
-  if (c.has_value() && !out_dtype.has_value()) {  // c's dtype is the output dtype: the same two choices
-    AM_CHECK_ARG(out_t == at::kBFloat16 || out_t == at::kFloat, op, "c", "dtype", "torch.bfloat16 or torch.float32",
-                 dtype_name(out_t));
-  }
-  if (c.has_value()) {
-    AM_CHECK_ARG(c->scalar_type() == out_t, op, "c", "dtype", dtype_name(out_t) + " (out_dtype)",
-                 dtype_name(c->scalar_type()));
-  }
-  return out_t;
-}
-
 namespace {
 
-constexpr const char* kOp = "ascend_moe::fp8_gemm";
-constexpr const char* kBmm = "ascend_moe::fp8_bmm";
-constexpr const char* kEinsum = "ascend_moe::fp8_einsum";
 constexpr int64_t kPanelElements = int64_t{1} << 20;    // FP32 elements of a dequantized panel
 constexpr int64_t kWholeAElements = int64_t{1} << 22;   // dequantize A at once below this size
 
@@ -351,26 +290,10 @@ at::Tensor with_fp32_accumulator(at::IntArrayRef shape, at::ScalarType out_t, co
 
 namespace {
 
-// Checks both operands and their pairing; returns the output dtype.
-at::ScalarType check_fp8_pair(const char* op, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                              const at::Tensor& sfb, const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a,
-                              at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype, bool batched) {
-  check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, batched);
-  if (batched) {
-    check_rank(op, "b", b, 3, "[G, MN, K] (FP8) or [G, MN, K/2] (FP4 packed in uint8)");
-    check_dim_size(op, "b", b, 0, "batch", a.size(0), "a.size(0)");
-  }
-  check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, batched);
-  check_fp8_pairing(op, a, b);
-  return check_scaled_out_dtype(op, c, out_dtype, at::kBFloat16);
-}
-
 at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
                         const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                         double alpha, std::optional<at::ScalarType> out_dtype) {
-  const at::ScalarType out_t = check_fp8_pair(kOp, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, false);
-  const std::array<int64_t, 2> shape{a.size(0), b.size(0)};
-  check_accumulator(kOp, c, a, shape);
+  const auto [shape, out_t] = fp8_gemm::fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype);
   return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
     fp8_gemm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
   });
@@ -389,27 +312,10 @@ void bmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa,
 at::Tensor fp8_bmm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
                        const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                        double alpha, std::optional<at::ScalarType> out_dtype) {
-  const at::ScalarType out_t = check_fp8_pair(kBmm, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype, true);
-  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
-  check_accumulator(kBmm, c, a, shape);
+  const auto [shape, out_t] = fp8_gemm::fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype);
   return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
     bmm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
   });
-}
-
-// fp8_einsum's equations: each is a batched GEMM over h after permuting data and scales together.
-constexpr std::array<const char*, 3> kFp8Equations{"bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr"};
-
-// Scale shape of an einsum operand: its own subscripts, h kept, the output letter divided by gran_mn
-// (rounded up), the contracted letter divided by gran_k.
-std::vector<int64_t> einsum_scale_shape(const std::string& subs, const at::Tensor& x, char mn_letter,
-                                        at::IntArrayRef recipe) {
-  std::vector<int64_t> shape;
-  for (int64_t j = 0; j < 3; ++j) {
-    const int64_t size = x.size(j);
-    shape.push_back(subs[j] == 'h' ? size : subs[j] == mn_letter ? (size + recipe[0] - 1) / recipe[0] : size / recipe[1]);
-  }
-  return shape;
 }
 
 at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, const at::Tensor& sfa,
@@ -417,64 +323,18 @@ at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, c
                           at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha,
                           std::optional<at::ScalarType> out_dtype) {
   const std::string equation(equation_view);
-  std::string expected = "one of";
-  for (size_t i = 0; i < kFp8Equations.size(); ++i) expected += std::string(i ? ", '" : " '") + kFp8Equations[i] + "'";
-  AM_CHECK_ARG(std::find(kFp8Equations.begin(), kFp8Equations.end(), equation) != kFp8Equations.end(), kEinsum,
-               "equation", "value", expected, "'" + equation + "'");
-  const std::string sa = equation.substr(0, 3), sb = equation.substr(4, 3), so = equation.substr(9);
-  // The letters: h batches; m is a's output letter, n b's; k is contracted.
-  char m = 0, n = 0, k = 0;
-  for (char l : sa) {
-    if (l != 'h' && so.find(l) != std::string::npos) m = l;
-    if (l != 'h' && so.find(l) == std::string::npos) k = l;
-  }
-  for (char l : sb) {
-    if (l != 'h' && so.find(l) != std::string::npos) n = l;
-  }
-  for (const auto& [name, x, subs] : {std::tuple{"a", &a, sa}, std::tuple{"b", &b, sb}}) {
-    check_rank(kEinsum, name, *x, 3, ("[" + subs + "]").c_str());
-    AM_CHECK_ARG(x->scalar_type() == at::kFloat8_e4m3fn, kEinsum, name, "dtype",
-                 "torch.float8_e4m3fn (fp8_einsum takes FP8 operands)", dtype_name(x->scalar_type()));
-  }
-  check_same_device(kEinsum, "b", b, a);
-  for (int64_t j = 0; j < 3; ++j) {
-    const auto i = sa.find(sb[j]);
-    if (i != std::string::npos) {
-      check_dim_size(kEinsum, "b", b, j, std::string("'") + sb[j] + "'", a.size(i), "a.size(" + std::to_string(i) + ")");
-    }
-  }
-  const std::array<int64_t, 3> perm_a{static_cast<int64_t>(sa.find('h')), static_cast<int64_t>(sa.find(m)),
-                                      static_cast<int64_t>(sa.find(k))};
-  const std::array<int64_t, 3> perm_b{static_cast<int64_t>(sb.find('h')), static_cast<int64_t>(sb.find(n)),
-                                      static_cast<int64_t>(sb.find(k))};
-  const std::array<int64_t, 3> perm_out{static_cast<int64_t>(so.find('h')), static_cast<int64_t>(so.find(m)),
-                                        static_cast<int64_t>(so.find(n))};
-  for (const auto& [name, sf_name, x, sf, subs, letter, recipe] :
-       {std::tuple{"a", "sfa", &a, &sfa, sa, m, recipe_a}, std::tuple{"b", "sfb", &b, &sfb, sb, n, recipe_b}}) {
-    const std::string recipe_name = std::string("recipe_") + name;
-    check_recipe(kEinsum, recipe_name.c_str(), recipe);
-    const int64_t kdim = static_cast<int64_t>(subs.find(k));
-    AM_CHECK_ARG(x->size(kdim) % recipe[1] == 0, kEinsum, name, "size(" + std::to_string(kdim) + ") ('" + k + "')",
-                 "a multiple of gran_k=" + std::to_string(recipe[1]), x->size(kdim));
-    const std::vector<int64_t> sf_shape = einsum_scale_shape(subs, *x, letter, recipe);
-    AM_CHECK_ARG(sf->sizes() == at::IntArrayRef(sf_shape), kEinsum, sf_name, "shape",
-                 shape_str(sf_shape) + " ([" + subs + "] with '" + letter + "' / gran_mn rounded up, '" + k +
-                     "' / gran_k)",
-                 shape_str(sf->sizes()));
-  }
-  const at::Tensor a_h = a.permute(perm_a), sfa_h = sfa.permute(perm_a);
-  const at::Tensor b_h = b.permute(perm_b), sfb_h = sfb.permute(perm_b);
-  const at::ScalarType out_t = check_fp8_pair(kEinsum, a_h, sfa_h, b_h, sfb_h, c, recipe_a, recipe_b, out_dtype, true);
-  std::vector<int64_t> shape;
-  for (char l : so) shape.push_back(l == n ? b.size(sb.find(l)) : a.size(sa.find(l)));
-  check_accumulator(kEinsum, c, a, shape);
+  const auto [shape, out_t] =
+      fp8_gemm::fp8_einsum_signature(equation, a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype);
+  const fp8_gemm::EinsumPlan plan = fp8_gemm::einsum_plan(equation);
+  const at::Tensor a_h = a.permute(plan.perm_a), sfa_h = sfa.permute(plan.perm_a);
+  const at::Tensor b_h = b.permute(plan.perm_b), sfb_h = sfb.permute(plan.perm_b);
   const std::array<int64_t, 3> bmm_shape{a_h.size(0), a_h.size(1), b_h.size(1)};
   // Accumulate in the batched layout, then write through a permuted view of the einsum-layout output.
   const at::Tensor acc = with_fp32_accumulator(
-      bmm_shape, at::kFloat, c.has_value() ? c->permute(perm_out) : at::Tensor(), a.options(),
+      bmm_shape, at::kFloat, c.has_value() ? c->permute(plan.perm_out) : at::Tensor(), a.options(),
       [&](at::Tensor& acc) { bmm_accumulate(acc, a_h, sfa_h, b_h, sfb_h, recipe_a, recipe_b, alpha); });
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
-  out.permute(perm_out).copy_(acc);
+  out.permute(plan.perm_out).copy_(acc);
   return out;
 }
 

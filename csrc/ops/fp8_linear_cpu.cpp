@@ -5,43 +5,20 @@
 #include <torch/library.h>
 
 #include <array>
-#include <string>
+#include <vector>
 
-#include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear.h"
+#include "fp8_linear_checks.h"
 #include "quant.h"
 
 namespace ascend_moe {
 
-void check_high_precision(const char* op, const char* name, const at::Tensor& x, const char* layout) {
-  check_rank(op, name, x, 2, layout);
-  AM_CHECK_ARG(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, op, name, "dtype",
-               "torch.bfloat16 or torch.float32", dtype_name(x.scalar_type()));
-}
-
-void check_k_blocks(const char* op, const char* arg, int64_t block, const at::Tensor& x) {
-  check_int_arg(op, arg, block, 1);
-  AM_CHECK_ARG(x.size(1) % block == 0, op, "x", "size(1) (K)",
-               std::string("a multiple of ") + arg + "=" + std::to_string(block), x.size(1));
-}
-
 namespace {
-
-constexpr const char* kQuantGemm = "ascend_moe::fp8_quant_gemm";
-constexpr const char* kLinear = "ascend_moe::fp8_linear";
 
 at::Tensor fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at::Tensor& sfb,
                               const std::optional<at::Tensor>& c, int64_t gran_k, at::IntArrayRef recipe_b,
                               bool use_ue8m0, double alpha, std::optional<at::ScalarType> out_dtype) {
-  check_high_precision(kQuantGemm, "x", x, "[M, K]");
-  check_k_blocks(kQuantGemm, "gran_k", gran_k, x);
-  check_fp8_operand(kQuantGemm, "b", "sfb", b, sfb, recipe_b, x, false);
-  AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantGemm, "b", "K", std::to_string(x.size(1)) + " (x's K)",
-               logical_k(b));
-  const at::ScalarType out_t = check_scaled_out_dtype(kQuantGemm, c, out_dtype, x.scalar_type());
-  const std::array<int64_t, 2> shape{x.size(0), b.size(0)};
-  check_accumulator(kQuantGemm, c, x, shape);
+  const auto [shape, out_t] = fp8_linear::fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype);
   return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), x.options(), [&](at::Tensor& acc) {
     const auto [q, sf] = quantize_blocks(x, 1, gran_k, use_ue8m0);
     const std::array<int64_t, 2> recipe_a{1, gran_k};
@@ -51,24 +28,7 @@ at::Tensor fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at
 
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           int64_t block, bool use_ue8m0, bool fp8_backward) {
-  check_high_precision(kLinear, "x", x, "[M, K]");
-  check_rank(kLinear, "weight", weight, 2, "[N, K]");
-  AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinear, "weight", "dtype",
-               dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
-  AM_CHECK_ARG(weight.device() == x.device(), kLinear, "weight", "device", x.device().str() + " (same as 'x')",
-               weight.device().str());
-  check_dim_size(kLinear, "weight", weight, 1, "K", x.size(1), "x.size(1)");
-  check_k_blocks(kLinear, "block", block, x);
-  const int64_t M = x.size(0), N = weight.size(0);
-  if (bias.has_value()) {
-    AM_CHECK_ARG(bias->dim() == 1 && bias->size(0) == N, kLinear, "bias", "shape",
-                 "[" + std::to_string(N) + "] (weight.size(0))", shape_str(bias->sizes()));
-    AM_CHECK_ARG(bias->scalar_type() == x.scalar_type(), kLinear, "bias", "dtype",
-                 dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(bias->scalar_type()));
-    AM_CHECK_ARG(bias->device() == x.device(), kLinear, "bias", "device", x.device().str() + " (same as 'x')",
-                 bias->device().str());
-  }
-  const std::array<int64_t, 2> shape{M, N};
+  const std::vector<int64_t> shape = fp8_linear::fp8_linear_signature(x, weight, bias, block);
   return with_fp32_accumulator(shape, x.scalar_type(), bias.value_or(at::Tensor()), x.options(),
                                [&](at::Tensor& acc) {
                                  // DeepSeek-V3's recipe: activations 1 x block per token, weights block x block.

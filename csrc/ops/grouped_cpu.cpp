@@ -27,7 +27,7 @@
 
 #include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear.h"
+#include "fp8_linear_checks.h"
 #include "gemm.h"
 #include "quant.h"
 
@@ -243,12 +243,12 @@ at::ScalarType check_grouped_fp8(const char* op, const at::Tensor& a, const at::
                                  const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                                  bool a_batched, std::optional<at::ScalarType> out_dtype) {
   check_row_scales(op, recipe_a);
-  check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, a_batched);
+  fp8_gemm::check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, a_batched);
   check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
   if (a_batched) check_dim_size(op, "b", b, 0, "groups", a.size(0), "a.size(0)");
-  check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, true);
-  check_fp8_pairing(op, a, b);
-  return check_scaled_out_dtype(op, std::nullopt, out_dtype, at::kBFloat16);
+  fp8_gemm::check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, true);
+  fp8_gemm::check_fp8_pairing(op, a, b);
+  return fp8_gemm::check_scaled_out_dtype(op, std::nullopt, out_dtype, at::kBFloat16);
 }
 
 at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
@@ -292,13 +292,13 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
 // (DeepSeek-V3's recipe), then the scaled segments; high-precision inputs, output in x's dtype.
 at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& layout, bool psum,
                                     int64_t alignment, int64_t block, bool use_ue8m0, bool fp8_backward) {
-  check_high_precision(kLinearFp8, "x", x, "[M, K]");
+  fp8_linear::check_high_precision(kLinearFp8, "x", x, "[M, K]");
   check_rank(kLinearFp8, "weight", weight, 3, "[G, N, K]");
   AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinearFp8, "weight", "dtype",
                dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
   check_same_device(kLinearFp8, "weight", weight, x);
   check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
-  check_k_blocks(kLinearFp8, "block", block, x);
+  fp8_linear::check_k_blocks(kLinearFp8, "block", block, x);
   check_alignment(kLinearFp8, alignment);
   check_layout_tensor(kLinearFp8, layout, psum, psum ? weight.size(0) : x.size(0), x);
   const auto segments = layout_segments(kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
@@ -326,14 +326,14 @@ at::Tensor m_grouped_fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b
                                         const at::Tensor& layout, bool psum, int64_t alignment, int64_t gran_k,
                                         at::IntArrayRef recipe_b, bool use_ue8m0,
                                         std::optional<at::ScalarType> out_dtype) {
-  check_high_precision(kQuantFp8, "x", x, "[M, K]");
-  check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
+  fp8_linear::check_high_precision(kQuantFp8, "x", x, "[M, K]");
+  fp8_linear::check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
   check_rank(kQuantFp8, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
-  check_fp8_operand(kQuantFp8, "b", "sfb", b, sfb, recipe_b, x, true);
+  fp8_gemm::check_fp8_operand(kQuantFp8, "b", "sfb", b, sfb, recipe_b, x, true);
   AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantFp8, "b", "K", std::to_string(x.size(1)) + " (x's K)", logical_k(b));
   check_alignment(kQuantFp8, alignment);
   check_layout_tensor(kQuantFp8, layout, psum, psum ? b.size(0) : x.size(0), x);
-  const at::ScalarType out_t = check_scaled_out_dtype(kQuantFp8, std::nullopt, out_dtype, x.scalar_type());
+  const at::ScalarType out_t = fp8_gemm::check_scaled_out_dtype(kQuantFp8, std::nullopt, out_dtype, x.scalar_type());
   const std::array<int64_t, 2> shape{x.size(0), b.size(1)};
   const auto segments = layout_segments(kQuantFp8, layout, psum, alignment, x.size(0), b.size(0));
   const std::array<int64_t, 2> recipe_a{1, gran_k};
@@ -379,7 +379,7 @@ at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
   check_alignment(kKGroupedFp8, alignment);
   check_int_arg(kKGroupedFp8, "num_groups", num_groups, 0);
   check_layout_tensor(kKGroupedFp8, layout, true, num_groups, a);
-  const at::ScalarType out_t = check_scaled_out_dtype(kKGroupedFp8, c, out_dtype, at::kFloat);
+  const at::ScalarType out_t = fp8_gemm::check_scaled_out_dtype(kKGroupedFp8, c, out_dtype, at::kFloat);
   const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
   check_accumulator(kKGroupedFp8, c, a, shape);
   const auto segments = layout_segments(kKGroupedFp8, layout, true, alignment, a.size(0), num_groups);
@@ -653,7 +653,9 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_fp8_gemm_swiglu_cpu(
   check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
   const at::ScalarType out_t = check_swiglu_epilogue(
       op, a, at::kFloat, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype,
-      [&](std::optional<at::ScalarType> dt) { return check_scaled_out_dtype(op, std::nullopt, dt, at::kBFloat16); });
+      [&](std::optional<at::ScalarType> dt) {
+        return fp8_gemm::check_scaled_out_dtype(op, std::nullopt, dt, at::kBFloat16);
+      });
 
   const int64_t M = a.size(0), K = logical_k(a), I = b.size(1) / 2;
   const SwigluEpilogue epilogue = SwigluEpilogue::make(row_weights, activation_clamp, quant_gran_k, use_ue8m0,

@@ -13,6 +13,8 @@ import dataclasses
 import torch
 
 from torch_ascend_moe import checks as ck
+from torch_ascend_moe.checks.fp8_gemm import is_fp4
+from torch_ascend_moe.checks.fp8_gemm import logical_k as head_dim  # D: packed FP4 holds two values per byte
 
 OP = "ascend_moe::mqa_logits"
 BACKWARD = "ascend_moe::mqa_logits_backward"
@@ -30,16 +32,6 @@ SCHEDULE_SPLIT = 256  # KV tokens per unit of the paged schedule
 # A paged cache's bytes per token, per layout.
 ASCEND_ROW_BYTES = "D + D/32 (FP8) or D/2 + D/32 (FP4) with D % 64 == 0"
 DEEPGEMM_ROW_BYTES = "D + 4 (FP8) or D/2 + 4 (FP4, D % 32 == 0 and D <= 128)"
-
-
-def is_fp4(t: torch.Tensor) -> bool:
-    """Packed FP4 crosses the op boundary as uint8 (the fp8_gemm family's rule; checks import no fake module)."""
-    return t.dtype == torch.uint8
-
-
-def head_dim(t: torch.Tensor):
-    """D of an operand: packed FP4 holds two values per byte."""
-    return 2 * t.shape[-1] if is_fp4(t) else t.shape[-1]
 
 
 def is_quantized(t: torch.Tensor) -> bool:

@@ -22,9 +22,9 @@ import math
 import torch
 
 from torch_ascend_moe import checks as ck
+from torch_ascend_moe.checks.fp8_gemm import einsum_plan, is_fp4, logical_k
 from torch_ascend_moe.deep_gemm.epilogue import FP8Quantization, resolve_alpha, write_fp8_output
 from torch_ascend_moe.deep_gemm.gemm import _check_out
-from torch_ascend_moe.meta.fp8_gemm import einsum_plan, is_fp4, logical_k
 from torch_ascend_moe.ops.fp8_gemm import fp8_bmm as _fp8_bmm_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_einsum as _fp8_einsum_op
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm as _fp8_gemm_op

@@ -11,8 +11,8 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.meta.fp8_gemm import check_fp8_pairing, check_operand, check_scaled_out_dtype, logical_k
-from torch_ascend_moe.meta.fp8_linear import check_high_precision, check_k_blocks
+from torch_ascend_moe.checks.fp8_gemm import check_fp8_operand, check_fp8_pairing, check_scaled_out_dtype, logical_k
+from torch_ascend_moe.checks.fp8_linear import check_high_precision, check_k_blocks
 
 M_GROUPED = "ascend_moe::m_grouped_bf16_gemm"
 MASKED = "ascend_moe::m_grouped_bf16_gemm_masked"
@@ -234,11 +234,11 @@ def _check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, a_batched, out_dt
         "[1, gran_k] (per-row A scales: a row block could straddle two experts)",
         lambda: list(recipe_a),
     )
-    check_operand("a", "sfa", a, sfa, recipe_a, a, op, a_batched)
+    check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, a_batched)
     ck.check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)")
     if a_batched:
         ck.check_dim_size(op, "b", b, 0, "groups", a.shape[0], "a.size(0)")
-    check_operand("b", "sfb", b, sfb, recipe_b, a, op, True)
+    check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, True)
     check_fp8_pairing(op, a, b)
     return check_scaled_out_dtype(op, None, out_dtype, torch.bfloat16)
 
@@ -277,7 +277,7 @@ def m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, re
     check_high_precision(op, "x", x, "[M, K]")
     check_k_blocks(op, "gran_k", gran_k, x)
     ck.check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)")
-    check_operand("b", "sfb", b, sfb, recipe_b, x, op, True)
+    check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, x, True)
     ck.check_arg(
         logical_k(b) == x.shape[1], op, "b", "K", lambda: f"{ck._text(x.shape[1])} (x's K)", lambda: logical_k(b)
     )

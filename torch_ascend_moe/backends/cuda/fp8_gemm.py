@@ -18,7 +18,7 @@ import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
-from torch_ascend_moe.meta.fp8_gemm import fp8_bmm_signature, fp8_gemm_signature
+from torch_ascend_moe.checks.fp8_gemm import fp8_bmm_signature, fp8_gemm_signature
 
 _scaled_gemm = triton_module("_scaled_gemm")
 

@@ -12,7 +12,7 @@ import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
-from torch_ascend_moe.meta.fp8_linear import fp8_quant_gemm_signature
+from torch_ascend_moe.checks.fp8_linear import fp8_quant_gemm_signature
 
 _scaled_gemm = triton_module("_scaled_gemm")
 

@@ -31,7 +31,7 @@ from torch_ascend_moe._registry import npu_ge_converter
 from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
-from torch_ascend_moe.meta.fp8_gemm import fp8_gemm_signature
+from torch_ascend_moe.checks.fp8_gemm import fp8_gemm_signature
 
 GROUP_SIZES = [1, 128, 128]  # npu_quant_matmul's [M, N, K] groups of the "G-B" mode
 MAX_INNER = 65535  # the op's limit on the last dims of x1 and x2

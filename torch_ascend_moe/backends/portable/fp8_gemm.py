@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.fp8_gemm import einsum_plan, fp8_bmm_signature, fp8_einsum_signature, fp8_gemm_signature
+from torch_ascend_moe.checks.fp8_gemm import einsum_plan, fp8_bmm_signature, fp8_einsum_signature, fp8_gemm_signature
 from torch_ascend_moe.quant.reference import dequantized
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
+from torch_ascend_moe.checks.fp8_linear import fp8_linear_signature, fp8_quant_gemm_signature
 
 ops = torch.ops.ascend_moe
 

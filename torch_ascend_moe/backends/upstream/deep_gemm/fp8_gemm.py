@@ -36,7 +36,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     scales_as_fp32,
     tma_refusal,
 )
-from torch_ascend_moe.meta.fp8_gemm import (
+from torch_ascend_moe.checks.fp8_gemm import (
     einsum_plan,
     fp8_bmm_signature,
     fp8_einsum_signature,

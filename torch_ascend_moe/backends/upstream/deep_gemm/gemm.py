@@ -18,7 +18,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     real_refusal,
     tma_refusal,
 )
-from torch_ascend_moe.meta.fp8_gemm import einsum_plan
+from torch_ascend_moe.checks.fp8_gemm import einsum_plan
 from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
 
 

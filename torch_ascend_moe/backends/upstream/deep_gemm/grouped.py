@@ -40,8 +40,8 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     scales_as_fp32,
     tma_refusal,
 )
+from torch_ascend_moe.checks.fp8_gemm import logical_k
 from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta.fp8_gemm import logical_k
 from torch_ascend_moe.meta.grouped import (
     K_GROUPED,
     M_GROUPED,
