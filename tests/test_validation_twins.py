@@ -7,6 +7,12 @@ Each side is read as source: per function, the sequence of calls to check functi
 literals and named constants such as the op name as text, f-strings and ``+`` concatenations as templates with
 ``{}`` for the computed parts, a ternary as ``x|y``; computed values drop out). A check one side gains and the
 other lacks, a reworded message or a reordered check fails here, before any bad-input test runs.
+
+An op with no C++ kernel (a device-generic Python kernel only) has no C++ checks to twin: a family lists the
+Python check functions of such ops in ``PYTHON_ONLY`` (function -> the ops it checks), and those are compared with
+nothing, once this test has read from the ``TORCH_LIBRARY_IMPL`` registrations in ``csrc/ops/*.cpp`` that none of
+their ops has a C++ kernel and that none of them has a C++ function of its name. A family whose checks are all
+Python-only needs no C++ header.
 """
 
 from __future__ import annotations
@@ -37,6 +43,22 @@ def twin_paths(family: str) -> tuple[Path, Path]:
 
 def module_name(family: str) -> str:
     return "torch_ascend_moe.checks" + ("" if family == "common" else f".{family}")
+
+
+def python_only(family: str) -> dict[str, tuple[str, ...]]:
+    """The family's check functions of ops without a C++ kernel (its ``PYTHON_ONLY``): function -> ops."""
+    return dict(getattr(importlib.import_module(module_name(family)), "PYTHON_ONLY", {}))
+
+
+def cpp_kernels() -> set[str]:
+    """Every op (``namespace::name``, overload dropped) that a ``TORCH_LIBRARY_IMPL`` block in csrc/ops registers."""
+    ops = set()
+    for path in CSRC.glob("*.cpp"):
+        src = strip_comments(path.read_text())
+        for m in re.finditer(r"\bTORCH_LIBRARY_IMPL\(\s*(\w+)\s*,[^)]*\)\s*\{", src):
+            body = src[m.end() - 1 : closing(src, m.end() - 1)]
+            ops |= {f"{m.group(1)}::{name}" for name in re.findall(r'\.impl\(\s*"(\w+)', body)}
+    return ops
 
 
 def check_names() -> set[str]:
@@ -164,9 +186,10 @@ def cpp_text(expr: str, consts: dict[str, str]) -> str:
 
 
 def cpp_functions(src: str) -> dict[str, list[tuple]]:
-    """Per function defined at the top level of a header: its calls to check functions."""
+    """Per function defined at the top level of a header: its calls to check functions. Constants are the
+    header's and those of checks.h, which every header includes."""
     src = strip_comments(src)
-    consts = cpp_constants(src)
+    consts = {**cpp_constants(strip_comments((CSRC / "checks.h").read_text())), **cpp_constants(src)}
     names = check_names()
     out: dict[str, list[tuple]] = {}
     for m in re.finditer(r"^(?:inline |static )*[\w:<>,\s*&]+?\b(\w+)\(", src, re.M):
@@ -241,34 +264,28 @@ def with_checks(functions: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
 # ---- the tests ----------------------------------------------------------------------------------------------
 
 
-def has_cpp_kernel(family: str) -> bool:
-    """Whether the family registers a C++ kernel (its csrc/ops/<family>*.cpp files open a TORCH_LIBRARY_IMPL)."""
-    return any("TORCH_LIBRARY_IMPL" in strip_comments(p.read_text()) for p in CSRC.glob(f"{family}*.cpp"))
+def py_twin_functions(family: str) -> dict[str, list[tuple]]:
+    """The family's Python check functions that have a C++ twin (all but the Python-only ones)."""
+    py_path = twin_paths(family)[1]
+    py = with_checks(py_functions(py_path.read_text(), vars(importlib.import_module(module_name(family)))))
+    return {name: calls for name, calls in py.items() if name not in python_only(family)}
 
 
 @pytest.mark.parametrize("family", families())
 def test_both_twins_exist(family):
-    """Every family with a C++ kernel has both twins; one without (its portable kernel serves every device) has
-    its checks in Python only, and no C++ checks file to drift from."""
     cpp, py = twin_paths(family)
     assert py.exists(), f"{cpp.relative_to(ROOT)} has no Python twin {py.relative_to(ROOT)}"
-    if has_cpp_kernel(family):
+    if py_twin_functions(family):
         assert cpp.exists(), f"{py.relative_to(ROOT)} has no C++ twin {cpp.relative_to(ROOT)}"
-    else:
-        assert not cpp.exists(), f"{cpp.relative_to(ROOT)} checks a family that has no C++ kernel"
 
 
-def test_python_only_families_are_those_without_kernels():
-    """The exemption above reads the kernels' registrations; the families known to have none are found so."""
-    assert not has_cpp_kernel("mega_moe") and not has_cpp_kernel("moe_gate")
-    assert has_cpp_kernel("gemm") and has_cpp_kernel("sparse_mla")
-
-
-@pytest.mark.parametrize("family", ["common", *(f for f in families() if has_cpp_kernel(f))])
+@pytest.mark.parametrize("family", ["common", *families()])
 def test_twins_make_the_same_checks(family):
-    cpp_path, py_path = twin_paths(family)
+    cpp_path, _ = twin_paths(family)
+    py = py_twin_functions(family)
+    if not cpp_path.exists() and not py:
+        return  # every check is Python-only (test_python_only_checks_have_no_cpp_kernel)
     cpp = with_checks(cpp_functions(cpp_path.read_text()))
-    py = with_checks(py_functions(py_path.read_text(), vars(importlib.import_module(module_name(family)))))
     assert cpp, f"no checks read from {cpp_path.relative_to(ROOT)}"
     assert sorted(cpp) == sorted(py), "the check functions differ"
     for name in cpp:
@@ -284,6 +301,35 @@ def test_checks_live_in_the_twins(family):
         assert "check_arg(" not in meta.read_text(), f"{meta.relative_to(ROOT)} still makes checks"
     if kernel.exists():
         assert "AM_CHECK_ARG(" not in strip_comments(kernel.read_text()), f"{kernel.name} still makes checks"
+
+
+@pytest.mark.parametrize("family", families())
+def test_python_only_checks_have_no_cpp_kernel(family):
+    """``PYTHON_ONLY`` hides no missing twin: each listed function checks (and names) only ops that no C++ kernel
+    implements, and no C++ function of its name exists to be compared with."""
+    listed = python_only(family)
+    if not listed:
+        return
+    cpp_path, py_path = twin_paths(family)
+    py = with_checks(py_functions(py_path.read_text(), vars(importlib.import_module(module_name(family)))))
+    cpp = cpp_functions(cpp_path.read_text()) if cpp_path.exists() else {}
+    kernels = cpp_kernels()
+    assert kernels, "no C++ kernel registration read from csrc/ops"
+    for name, ops in listed.items():
+        assert name in py, f"PYTHON_ONLY names {name}, which is no check function of {py_path.relative_to(ROOT)}"
+        assert name not in cpp, f"{name} has a C++ twin in {cpp_path.relative_to(ROOT)}: compare it"
+        assert ops and all(op.startswith("ascend_moe::") for op in ops), f"{name}: ops as 'ascend_moe::<op>'"
+        assert not set(ops) & kernels, f"{name}: {sorted(set(ops) & kernels)} have a C++ kernel"
+        named = {t for call in py[name] for t in call[1:] if re.fullmatch(r"ascend_moe(_kernels)?::\w+", t)}
+        assert named <= set(ops), f"{name} checks {sorted(named - set(ops))}, not listed as its ops"
+
+
+def test_the_python_only_rule_sees_kernels():
+    """cpp_kernels reads the registrations (the property the exemption relies on): ops with a C++ kernel are there,
+    a device-generic op is not."""
+    kernels = cpp_kernels()
+    assert {"ascend_moe::quantize_fp8", "ascend_moe::dequantize", "ascend_moe_kernels::ep_combine_reduce"} <= kernels
+    assert "ascend_moe::quantize_blocks" not in kernels
 
 
 def test_a_gained_check_fails():

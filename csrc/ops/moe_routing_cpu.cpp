@@ -23,17 +23,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "checks.h"
+#include "moe_routing_checks.h"
 #include "rows.h"
 
 namespace ascend_moe {
 namespace {
-
-constexpr const char* kPermute = "ascend_moe::moe_permute";
-constexpr const char* kUnpermute = "ascend_moe::moe_unpermute";
-constexpr const char* kGating = "ascend_moe::moe_gating_topk";
-
-bool is_float(at::ScalarType t) { return is_gemm_dtype(t); }
 
 // out[t] = round(sum_j w[t, j] * Acc(y[map[t, j]])) for tokens t0..t1, in slot order from zero: each row is
 // widened as it is read, so there is no [rows, H] FP32 copy of y (fresh pages cost more than the arithmetic).
@@ -74,35 +68,15 @@ void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* 
   }
 }
 
-// Rows of moe_permute's output: every routed pair plus the most alignment padding E segments can need.
-int64_t moe_permute_capacity(int64_t tokens, int64_t topk, int64_t experts, int64_t alignment) {
-  return tokens * topk + std::max<int64_t>(experts - 1, 0) * (alignment - 1);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor& x, const at::Tensor& topk_idx,
                                                                 int64_t num_experts, int64_t alignment) {
-  check_rank(kPermute, "x", x, 2, "[T, H]");
-  AM_CHECK_ARG(is_float(x.scalar_type()), kPermute, "x", "dtype", kGemmDtypes, dtype_name(x.scalar_type()));
-  check_rank(kPermute, "topk_idx", topk_idx, 2, "[T, k]");
-  AM_CHECK_ARG(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, kPermute, "topk_idx",
-               "dtype", "torch.int32 or torch.int64", dtype_name(topk_idx.scalar_type()));
-  AM_CHECK_ARG(topk_idx.device() == x.device(), kPermute, "topk_idx", "device", x.device().str() + " (same as 'x')",
-               topk_idx.device().str());
-  check_dim_size(kPermute, "topk_idx", topk_idx, 0, "T", x.size(0), "x.size(0)");
-  check_int_arg(kPermute, "num_experts", num_experts, 1);
-  check_int_arg(kPermute, "alignment", alignment, 1);
-  const int64_t T = x.size(0), k = topk_idx.size(1), H = x.size(1), E = num_experts;
-  const int64_t capacity = moe_permute_capacity(T, k, E, alignment);
-  // row_map and offs hold output rows as int32.
-  AM_CHECK_ARG(capacity <= kMaxIntArg, kPermute, "alignment", "value",
-               "small enough that the T * k + (num_experts - 1) * (alignment - 1) output rows fit in int32", alignment);
+  const int64_t capacity = moe_routing::permute_signature(x, topk_idx, num_experts, alignment);
   const at::Tensor idx = topk_idx.to(at::kLong).contiguous();
+  moe_routing::check_range(moe_routing::kPermute, "topk_idx", idx, num_experts, "expert ids");
+  const int64_t T = x.size(0), k = topk_idx.size(1), H = x.size(1), E = num_experts;
   const int64_t* ids = idx.const_data_ptr<int64_t>();
   std::vector<int64_t> counts(E, 0);
   for (int64_t i = 0; i < T * k; ++i) {
-    AM_CHECK_ARG(ids[i] >= -1 && ids[i] < E, kPermute, "topk_idx", "values",
-                 "expert ids in [-1, " + std::to_string(E) + ") (-1 = not routed)",
-                 "topk_idx[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(ids[i]));
     if (ids[i] >= 0) ++counts[ids[i]];
   }
   at::Tensor offs = at::empty({E}, topk_idx.options().dtype(at::kInt));
@@ -139,42 +113,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
 // from the bias (a residual or shared-expert output: one rounding for the whole sum).
 at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
                              const std::optional<at::Tensor>& topk_weights, const std::optional<at::Tensor>& bias) {
-  check_rank(kUnpermute, "y", y, 2, "[R, H]");
-  AM_CHECK_ARG(is_float(y.scalar_type()), kUnpermute, "y", "dtype", kGemmDtypes, dtype_name(y.scalar_type()));
-  check_rank(kUnpermute, "row_map", row_map, 2, "[T, k]");
-  AM_CHECK_ARG(row_map.scalar_type() == at::kInt, kUnpermute, "row_map", "dtype", "torch.int32",
-               dtype_name(row_map.scalar_type()));
-  AM_CHECK_ARG(row_map.device() == y.device(), kUnpermute, "row_map", "device", y.device().str() + " (same as 'y')",
-               row_map.device().str());
+  moe_routing::unpermute_signature(y, row_map, topk_weights, bias);
+  moe_routing::check_range(moe_routing::kUnpermute, "row_map", row_map, y.size(0), "rows of y");
   const int64_t T = row_map.size(0), k = row_map.size(1), H = y.size(1), R = y.size(0);
   const at::ScalarType acc_t = y.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor w;
-  if (topk_weights.has_value()) {
-    AM_CHECK_ARG(topk_weights->sizes() == row_map.sizes(), kUnpermute, "topk_weights", "shape",
-                 shape_str(row_map.sizes()) + " (row_map's shape)", shape_str(topk_weights->sizes()));
-    AM_CHECK_ARG(is_float(topk_weights->scalar_type()), kUnpermute, "topk_weights", "dtype", kGemmDtypes,
-                 dtype_name(topk_weights->scalar_type()));
-    AM_CHECK_ARG(topk_weights->device() == y.device(), kUnpermute, "topk_weights", "device",
-                 y.device().str() + " (same as 'y')", topk_weights->device().str());
-    w = topk_weights->to(acc_t).contiguous();
-  }
+  const at::Tensor w = topk_weights.has_value() ? topk_weights->to(acc_t).contiguous() : at::Tensor();
   at::Tensor b;
   if (bias.has_value()) {
-    AM_CHECK_ARG(bias->dim() == 2 && bias->size(0) == T && bias->size(1) == H, kUnpermute, "bias", "shape",
-                 shape_str({T, H}) + " (row_map.size(0), y.size(1))", shape_str(bias->sizes()));
-    AM_CHECK_ARG(is_float(bias->scalar_type()), kUnpermute, "bias", "dtype", kGemmDtypes,
-                 dtype_name(bias->scalar_type()));
-    AM_CHECK_ARG(bias->device() == y.device(), kUnpermute, "bias", "device", y.device().str() + " (same as 'y')",
-                 bias->device().str());
     b = bias->scalar_type() == y.scalar_type() ? bias->contiguous() : bias->to(acc_t).contiguous();
   }
   const at::Tensor rm = row_map.contiguous();
   const int32_t* map = rm.const_data_ptr<int32_t>();
-  for (int64_t i = 0; i < T * k; ++i) {
-    AM_CHECK_ARG(map[i] >= -1 && map[i] < R, kUnpermute, "row_map", "values",
-                 "rows of y in [-1, " + std::to_string(R) + ") (-1 = not routed)",
-                 "row_map[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "] = " + std::to_string(map[i]));
-  }
   const at::Tensor yc = H <= 1 || y.stride(1) == 1 ? y : y.contiguous();
   at::Tensor out = at::empty({T, H}, y.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, y.scalar_type(), "moe_unpermute", [&] {
@@ -197,7 +146,7 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
 }
 
 
-// moe_gating_topk: DeepSeek-V3 / Mixtral / Qwen-MoE gating (see torch_ascend_moe/meta/moe_routing.py for the
+// moe_gating_topk: DeepSeek-V3 / Mixtral / Qwen-MoE gating (see torch_ascend_moe/checks/moe_routing.py for the
 // definition). Selection uses stable descending sorts, so ties go to the lower expert (group) index on every
 // backend; the Python twin in backends/portable/moe_routing.py runs the same ATen calls.
 std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits, int64_t topk,
@@ -205,30 +154,10 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
                                                       c10::string_view score_func, int64_t num_groups,
                                                       int64_t topk_groups, bool renormalize,
                                                       double routed_scaling_factor) {
-  check_rank(kGating, "logits", logits, 2, "[T, E]");
-  AM_CHECK_ARG(is_float(logits.scalar_type()), kGating, "logits", "dtype", kGemmDtypes,
-               dtype_name(logits.scalar_type()));
-  const int64_t T = logits.size(0), E = logits.size(1);
+  const at::ScalarType acc_t =
+      moe_routing::gating_signature(logits, topk, bias, score_func, num_groups, topk_groups);
+  const int64_t T = logits.size(0), E = logits.size(1), group = E / num_groups;
   const bool sigmoid = score_func == "sigmoid";
-  AM_CHECK_ARG(sigmoid || score_func == "softmax", kGating, "score_func", "value", "'softmax' or 'sigmoid'",
-               "'" + std::string(score_func) + "'");
-  AM_CHECK_ARG(E > 0, kGating, "logits", "size(1) (E)", "a positive number of experts", E);
-  AM_CHECK_ARG(num_groups > 0 && E % num_groups == 0, kGating, "num_groups", "value",
-               "a positive divisor of the expert count " + std::to_string(E), num_groups);
-  AM_CHECK_ARG(topk_groups > 0 && topk_groups <= num_groups, kGating, "topk_groups", "value",
-               "in [1, num_groups=" + std::to_string(num_groups) + "]", topk_groups);
-  const int64_t group = E / num_groups;
-  AM_CHECK_ARG(topk > 0 && topk <= E, kGating, "topk", "value", "in [1, " + std::to_string(E) + "] (the expert count)",
-               topk);
-  const at::ScalarType acc_t = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  if (bias.has_value()) {
-    check_rank(kGating, "bias", *bias, 1, "[E]");
-    check_dim_size(kGating, "bias", *bias, 0, "E", E, "logits.size(1)");
-    AM_CHECK_ARG(bias->scalar_type() == at::kFloat || bias->scalar_type() == at::kDouble, kGating, "bias",
-                 "dtype", "torch.float32 or torch.float64", dtype_name(bias->scalar_type()));
-    AM_CHECK_ARG(bias->device() == logits.device(), kGating, "bias", "device",
-                 logits.device().str() + " (same as 'logits')", bias->device().str());
-  }
   const at::Tensor l = logits.to(acc_t);
   const at::Tensor scores = sigmoid ? l.sigmoid() : l.softmax(-1);
   at::Tensor choice = bias.has_value() ? scores + bias->to(acc_t) : scores;

@@ -19,23 +19,20 @@
 #include <utility>
 #include <vector>
 
-#include "checks.h"
 #include "fp8_gemm.h"
 #include "quant.h"
+#include "quant_checks.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kQuantizeFp8 = "ascend_moe::quantize_fp8";
-constexpr const char* kQuantizeFp4 = "ascend_moe::quantize_fp4";
-constexpr const char* kDequantize = "ascend_moe::dequantize";
 constexpr double kFp8Max = 448.0;
 constexpr double kFp4Max = 6.0;
 constexpr double kAmaxFloor = 1e-4;
 constexpr uint8_t kUe8m0One = 127;  // the packed tail: scale 1.0
 constexpr int64_t kChunkFloats = 65536;  // 256 KB of FP32 rows: a conversion buffer that stays in cache
 
-int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+using quant::ceil_div;
 
 // The smallest power of two >= sf (exponent clamped to [1, 254]): a UE8M0-representable scale. A NaN
 // scale (a block holding NaN) stays NaN (UE8M0 code 0xFF), as in quant.ceil_to_ue8m0.
@@ -227,34 +224,16 @@ at::Tensor pack_ue8m0(const at::Tensor& sf_in) {
 
 namespace {
 
-void check_block(const char* op, at::IntArrayRef block) {
-  AM_CHECK_ARG(block.size() == 2 && block[0] > 0 && block[1] > 0, op, "block", "value",
-               "[rows, cols] with positive entries", shape_str(block));
-  AM_CHECK_ARG(block[0] <= kMaxIntArg && block[1] <= kMaxIntArg, op, "block", "value",
-               "[rows, cols] with entries at most 2147483647", shape_str(block));
-}
-
-void check_quantize(const char* op, const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
-                    bool use_packed_ue8m0, bool fp4) {
-  check_rank(op, "x", x, 2, "[M, N]");
-  AM_CHECK_ARG(is_gemm_dtype(x.scalar_type()), op, "x", "dtype", kGemmDtypes, dtype_name(x.scalar_type()));
-  check_block(op, block);
-  if (fp4) {
-    AM_CHECK_ARG(x.size(1) % 2 == 0, op, "x", "size(1)", "an even number (two E2M1 codes per byte)", x.size(1));
-  }
-  AM_CHECK_ARG(!use_packed_ue8m0 || use_ue8m0, op, "use_packed_ue8m0", "value", "False unless use_ue8m0", "True");
-}
-
 std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
                                                     bool use_packed_ue8m0) {
-  check_quantize(kQuantizeFp8, x, block, use_ue8m0, use_packed_ue8m0, false);
+  quant::quantize_signature(quant::kQuantizeFp8, x, block, use_ue8m0, use_packed_ue8m0, false);
   auto [q, sf] = quantize_blocks(x, block[0], block[1], use_ue8m0);
   return {q, use_packed_ue8m0 ? pack_ue8m0(sf) : sf};
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_fp4_cpu(const at::Tensor& x, at::IntArrayRef block, bool use_ue8m0,
                                                     bool use_packed_ue8m0) {
-  check_quantize(kQuantizeFp4, x, block, use_ue8m0, use_packed_ue8m0, true);
+  quant::quantize_signature(quant::kQuantizeFp4, x, block, use_ue8m0, use_packed_ue8m0, true);
   auto [q, sf] = quantize_blocks_fp4(x, block[0], block[1], use_ue8m0);
   return {q, use_packed_ue8m0 ? pack_ue8m0(sf) : sf};
 }
@@ -276,28 +255,11 @@ at::Tensor unpack_ue8m0(const at::Tensor& packed_in, int64_t n) {
 
 at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scale, at::IntArrayRef block,
                           std::optional<at::ScalarType> out_dtype) {
-  const char* op = kDequantize;
-  check_rank(op, "data", data, 2, "[M, N] (FP8) or [M, N/2] (FP4 packed in uint8)");
+  quant::dequantize_signature(data, scale, block, out_dtype);
   const bool fp4 = data.scalar_type() == at::kByte;
-  AM_CHECK_ARG(fp4 || data.scalar_type() == at::kFloat8_e4m3fn, op, "data", "dtype",
-               "torch.float8_e4m3fn, or torch.uint8 (packed FP4)", dtype_name(data.scalar_type()));
-  check_block(op, block);
-  AM_CHECK_ARG(scale.device() == data.device(), op, "scale", "device", data.device().str() + " (same as 'data')",
-               scale.device().str());
-  const at::ScalarType st = scale.scalar_type();
-  const int64_t per = st == at::kInt ? 4 : (st == at::kShort ? 2 : 1);
-  AM_CHECK_ARG(st == at::kFloat || st == at::kFloat8_e8m0fnu || per > 1, op, "scale", "dtype",
-               "torch.float32, torch.float8_e8m0fnu, torch.int32 or torch.int16 (packed UE8M0)", dtype_name(st));
+  const int64_t per = quant::packed_per_word(scale.scalar_type());
   const int64_t M = data.size(0), N = fp4 ? 2 * data.size(1) : data.size(1);
   const int64_t gr = block[0], gc = block[1], cb = ceil_div(N, gc);
-  const std::vector<int64_t> expected{ceil_div(M, gr), ceil_div(cb, per)};
-  const std::string how = per > 1 ? "(ceil(M / block[0]), ceil(ceil(N / block[1]) / " + std::to_string(per) + "))"
-                                  : "(ceil(M / block[0]), ceil(N / block[1]))";
-  AM_CHECK_ARG(scale.sizes() == at::IntArrayRef(expected), op, "scale", "shape", shape_str(expected) + " " + how,
-               shape_str(scale.sizes()));
-  if (out_dtype.has_value()) {
-    AM_CHECK_ARG(is_gemm_dtype(*out_dtype), op, "out_dtype", "value", kGemmDtypes, dtype_name(*out_dtype));
-  }
   const at::Tensor sf = per > 1 ? unpack_ue8m0(scale, cb) : scale.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({M, N}, data.options().dtype(out_dtype.value_or(at::kFloat)));
   const at::Tensor bytes = data.view(at::kByte).contiguous();

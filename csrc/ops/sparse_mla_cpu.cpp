@@ -19,56 +19,10 @@
 #include <tuple>
 #include <vector>
 
-#include "checks.h"
+#include "sparse_mla_checks.h"
 
 namespace ascend_moe {
 namespace {
-
-constexpr const char* kPrefill = "ascend_moe::sparse_mla_prefill";
-
-void check_same_device_as_q(const char* arg, const at::Tensor& t, const at::Tensor& q) {
-  AM_CHECK_ARG(t.device() == q.device(), kPrefill, arg, "device", q.device().str() + " (same as 'q')",
-               t.device().str());
-}
-
-// Twin of meta/sparse_mla.py's sparse_mla_prefill_signature: the same checks in the same order and words.
-void check_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, int64_t d_v,
-                   const std::optional<at::Tensor>& attn_sink, const std::optional<at::Tensor>& topk_length) {
-  const char* op = kPrefill;
-  check_rank(op, "q", q, 3, "[s_q, h_q, d_qk]");
-  const auto t = q.scalar_type();
-  AM_CHECK_ARG(t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble, op, "q", "dtype",
-               "one of torch.bfloat16, torch.float16, torch.float32, torch.float64", dtype_name(t));
-  check_rank(op, "kv", kv, 3, "[s_kv, h_kv, d_qk]");
-  AM_CHECK_ARG(kv.scalar_type() == t, op, "kv", "dtype", dtype_name(t) + " (same as 'q')",
-               dtype_name(kv.scalar_type()));
-  check_same_device_as_q("kv", kv, q);
-  check_dim_size(op, "kv", kv, 1, "h_kv", 1, "one KV head");
-  check_dim_size(op, "kv", kv, 2, "d_qk", q.size(2), "q.size(2)");
-  check_rank(op, "indices", indices, 3, "[s_q, h_kv, topk]");
-  AM_CHECK_ARG(indices.scalar_type() == at::kInt, op, "indices", "dtype", "torch.int32",
-               dtype_name(indices.scalar_type()));
-  check_same_device_as_q("indices", indices, q);
-  check_dim_size(op, "indices", indices, 0, "s_q", q.size(0), "q.size(0)");
-  check_dim_size(op, "indices", indices, 1, "h_kv", 1, "kv.size(1)");
-  check_int_arg(op, "d_v", d_v, 1);
-  AM_CHECK_ARG(d_v <= q.size(2), op, "d_v", "value", "at most d_qk = " + std::to_string(q.size(2)), d_v);
-  const at::ScalarType acc = t == at::kDouble ? at::kDouble : at::kFloat;
-  if (attn_sink.has_value()) {
-    const at::Tensor& s = *attn_sink;
-    check_rank(op, "attn_sink", s, 1, "[h_q]");
-    AM_CHECK_ARG(s.scalar_type() == acc, op, "attn_sink", "dtype", dtype_name(acc), dtype_name(s.scalar_type()));
-    check_same_device_as_q("attn_sink", s, q);
-    check_dim_size(op, "attn_sink", s, 0, "h_q", q.size(1), "q.size(1)");
-  }
-  if (topk_length.has_value()) {
-    const at::Tensor& l = *topk_length;
-    check_rank(op, "topk_length", l, 1, "[s_q]");
-    AM_CHECK_ARG(l.scalar_type() == at::kInt, op, "topk_length", "dtype", "torch.int32", dtype_name(l.scalar_type()));
-    check_same_device_as_q("topk_length", l, q);
-    check_dim_size(op, "topk_length", l, 0, "s_q", q.size(0), "q.size(0)");
-  }
-}
 
 // torch.logaddexp's value: equal infinities stay, NaN propagates.
 template <typename acc_t>
@@ -161,8 +115,7 @@ void prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indice
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_prefill_cpu(
     const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, double sm_scale, int64_t d_v,
     const std::optional<at::Tensor>& attn_sink, const std::optional<at::Tensor>& topk_length) {
-  check_prefill(q, kv, indices, d_v, attn_sink, topk_length);
-  const at::ScalarType acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType acc = sparse_mla::sparse_mla_prefill_signature(q, kv, indices, d_v, attn_sink, topk_length);
   at::Tensor out = at::empty({q.size(0), q.size(1), d_v}, q.options());
   at::Tensor max_logits = at::empty({q.size(0), q.size(1)}, q.options().dtype(acc));
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(acc));

@@ -24,7 +24,7 @@ from tests.cuda.test_grouped_kernels import GPU, _on  # noqa: E402
 from tests.moe_routing.specs import SPECS, random_topk  # noqa: E402
 from tests.npu.test_capture import no_host_reads  # noqa: E402
 from torch_ascend_moe.backends.cuda import _routing, _triton  # noqa: E402
-from torch_ascend_moe.meta.moe_routing import permute_capacity  # noqa: E402
+from torch_ascend_moe.checks.moe_routing import permute_capacity  # noqa: E402
 from torch_ascend_moe.testing import campaign  # noqa: E402
 
 INTERPRETED = pytest.mark.skipif(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.portable import moe_routing as portable
-from torch_ascend_moe.meta.moe_routing import permute_capacity
+from torch_ascend_moe.checks.moe_routing import permute_capacity
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 
 

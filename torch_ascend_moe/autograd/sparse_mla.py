@@ -20,7 +20,7 @@ from torch_ascend_moe.backends.portable.sparse_mla import (
     softmax_parts,
     weights,
 )
-from torch_ascend_moe.meta.sparse_mla import accumulator
+from torch_ascend_moe.checks.sparse_mla import accumulator
 
 _NAME = "sparse_mla_prefill"
 

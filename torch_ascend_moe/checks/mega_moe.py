@@ -1,6 +1,6 @@
 """The mega_moe family's argument checks (``mega_moe``: DeepGEMM's fused MegaMoE, functional, specs/deepgemm_api.md
 §10). Python only: the family has no C++ kernel (its portable kernel serves every device), so there is no C++ twin
-(tests/test_validation_twins.py verifies that)."""
+(``PYTHON_ONLY``; tests/test_validation_twins.py verifies that no C++ kernel implements its op)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import torch
 from torch_ascend_moe import checks as ck
 
 OP = "ascend_moe::mega_moe"
+# The family has no C++ kernel (its portable kernel serves every device): every check function is Python's alone.
+PYTHON_ONLY = {name: (OP,) for name in ("_check_weights", "_check_shared", "mega_moe_signature")}
 GRAN = 32
 BLOCK = 128  # DeepGEMM's SM90 FP8 Mega MoE: x per 1x128, weights per 128x128 block, FP32 scales
 BLOCK_ACT_GRAN = 64  # ... and its L2 input requantized per 1x64 (FP32 scales, not powers of two)

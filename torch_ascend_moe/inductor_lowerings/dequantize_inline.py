@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.checks.quant import dequantize_signature
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
-from torch_ascend_moe.meta.quant import dequantize_signature
 from torch_ascend_moe.quant import reference
 
 DEVICES = {"cuda"}  # where the inlined math beats the op's kernel (see above; tests add "cpu" to check values)

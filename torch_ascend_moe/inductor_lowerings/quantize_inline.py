@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.checks.quant import QUANTIZE_FP8, quantize_signature
 from torch_ascend_moe.inductor_lowerings import quant_gemm, swiglu_epilogue
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
-from torch_ascend_moe.meta.quant import QUANTIZE_FP8, quantize_signature
 from torch_ascend_moe.quant import reference
 
 DEVICES = {"cpu", "cuda"}  # where Inductor writes the fused kernels

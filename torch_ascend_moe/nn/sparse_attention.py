@@ -15,7 +15,7 @@ from torch import nn
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.portable.sparse_mla import encode_v32
-from torch_ascend_moe.meta.sparse_mla import V32_BYTES, V32_NOPE, V32_ROPE
+from torch_ascend_moe.checks.sparse_mla import V32_BYTES, V32_NOPE, V32_ROPE
 from torch_ascend_moe.nn.lightning_indexer import LightningIndexer
 from torch_ascend_moe.ops.mqa_logits import mqa_topk, paged_mqa_logits
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill

@@ -1,7 +1,7 @@
 """The quant family's math in plain torch: DeepGEMM's reference quantizers (``deep_gemm.utils.math``), bit for
 bit, generalized to ``[rows, cols]`` blocks. It is the portable kernel of ``quantize_fp8`` / ``quantize_fp4`` /
 ``dequantize`` (every device without a kernel of its own) and what the C++ kernel (``csrc/ops/quant_cpu.cpp``)
-is tested against bit for bit. No validation here: the portable kernels validate first (``meta/quant.py``).
+is tested against bit for bit. No validation here: the portable kernels validate first (``checks/quant.py``).
 
 Per block: ``amax`` in FP32, floored at 1e-4, over the format maximum (448 for E4M3, 6 for E2M1) is the scale,
 optionally rounded up to a power of two (UE8M0); ``x`` is multiplied by the scale's reciprocal and rounded.

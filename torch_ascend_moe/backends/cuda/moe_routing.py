@@ -15,7 +15,7 @@ import torch
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
 from torch_ascend_moe.backends.portable import moe_routing as portable
-from torch_ascend_moe.meta.moe_routing import (
+from torch_ascend_moe.checks.moe_routing import (
     PERMUTE,
     UNPERMUTE,
     gating_signature,
@@ -46,13 +46,13 @@ def _takes_gating(logits, topk, bias, score_func, num_groups, topk_groups, renor
 @kernel(device="cuda", library="triton", calls="_routing", takes=_takes_permute, available=triton_available)
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
-    portable.check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    portable.check_ids(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     return _routing.permute(x, topk_idx, num_experts, alignment, capacity)
 
 
 @kernel(device="cuda", library="triton", calls="_routing", takes=_takes_unpermute, available=triton_available)
 def moe_unpermute(y, row_map, topk_weights, bias):
-    portable.check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+    portable.check_ids(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     return _routing.unpermute(y, row_map, topk_weights, bias)
 
 

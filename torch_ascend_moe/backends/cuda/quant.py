@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
-from torch_ascend_moe.meta.quant import QUANTIZE_FP4, QUANTIZE_FP8, dequantize_signature, quantize_signature
+from torch_ascend_moe.checks.quant import QUANTIZE_FP4, QUANTIZE_FP8, dequantize_signature, quantize_signature
 from torch_ascend_moe.quant import reference
 from torch_ascend_moe.quant.encodings import row_major, scales_to_float
 

@@ -16,7 +16,7 @@ import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
-from torch_ascend_moe.meta.sparse_mla import sparse_mla_prefill_signature
+from torch_ascend_moe.checks.sparse_mla import sparse_mla_prefill_signature
 
 _sparse_mla = triton_module("_sparse_mla")
 

@@ -53,15 +53,15 @@ from torch_ascend_moe._registry import npu_ge_converter
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
-from torch_ascend_moe.backends.portable import moe_routing as portable
-from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta.moe_routing import (
+from torch_ascend_moe.checks.moe_routing import (
     PERMUTE,
     UNPERMUTE,
+    check_range,
     gating_signature,
     permute_signature,
     unpermute_signature,
 )
+from torch_ascend_moe.distributed import capture
 
 _ROUTING_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_EXPERTS = 10240  # npu_moe_init_routing_v2's expert_num limit
@@ -114,7 +114,7 @@ def _takes_permute(x, topk_idx, num_experts, alignment):
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
     if capture.host_readable(topk_idx):
-        portable.check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+        check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     t, k = topk_idx.shape
     ids = torch.where(topk_idx < 0, num_experts, topk_idx).to(torch.int32)
     expanded, row_idx, counts, _ = _init_routing(torch.ops.npu.npu_moe_init_routing_v2, x, ids, num_experts)
@@ -207,7 +207,7 @@ def _takes_unpermute(y, row_map, topk_weights, bias):
     # under fake tensors (the shape checks) the op's path is traced.
     unrouted = capture.capturing(row_map.device)
     if capture.host_readable(row_map):
-        portable.check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+        check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
         unrouted = bool((row_map < 0).any())
     return first_refusal("unrouted (-1) slots, or unknown ones while capturing" if unrouted else None)
 

@@ -44,7 +44,7 @@ converter) and the same scale conversion from GE ops (the E8M0 codes bitcast to 
 FP32 scales as ``code << 23`` bitcast, 255 -> NaN; packed as four codes bitcast to one int32); a call the MX op
 does not compute exactly has no graph.
 
-Every adapter validates first (``meta/quant.py``), as the portable kernels do, so bad inputs raise our errors.
+Every adapter validates first (``checks/quant.py``), as the portable kernels do, so bad inputs raise our errors.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import torch
 from torch_ascend_moe._registry import npu_ge_converter
 from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
-from torch_ascend_moe.meta.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
+from torch_ascend_moe.checks.quant import BLOCK_FORMATS, QUANTIZE_FP8, quantize_blocks_signature, quantize_signature
 from torch_ascend_moe.quant.encodings import FP8_MAX
 from torch_ascend_moe.quant.reference import AMAX_FLOOR
 

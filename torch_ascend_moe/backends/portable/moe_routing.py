@@ -4,43 +4,31 @@ from __future__ import annotations
 
 import torch
 
-from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.distributed.payload import place_rows
-from torch_ascend_moe.meta.moe_routing import (
+from torch_ascend_moe.checks.moe_routing import (
     PERMUTE,
     UNPERMUTE,
+    check_range,
     gating_signature,
     permute_signature,
     unpermute_signature,
 )
+from torch_ascend_moe.distributed import capture
+from torch_ascend_moe.distributed.payload import place_rows
 from torch_ascend_moe.routing_math import gate_scores, stable_topk
 
 
-def check_range(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
-    """Ids outside [-1, high) fail with our message: one host read, skipped while a device graph is captured
-    (a read would break the capture; the kernels clamp every id they gather with)."""
-    if values.numel() == 0 or capture.capturing(values.device):
-        return
-    bad = (values < -1) | (values >= high)
-    if bool(bad.any()):
-        i = int(bad.flatten().nonzero()[0])
-        t, j = divmod(i, values.shape[1])
-        ck.check_arg(
-            False,
-            op,
-            arg,
-            "values",
-            f"{what} in [-1, {high}) (-1 = not routed)",
-            f"{arg}[{t}, {j}] = {int(values.flatten()[i])}",
-        )
+def check_ids(op: str, arg: str, values: torch.Tensor, high: int, what: str) -> None:
+    """``check_range``, skipped while a device graph is captured (its host read would break the capture; the kernels
+    clamp every id they gather with)."""
+    if not capture.capturing(values.device):
+        check_range(op, arg, values, high, what)
 
 
 @portable_kernel
 def moe_permute(x, topk_idx, num_experts, alignment):
     capacity = permute_signature(x, topk_idx, num_experts, alignment)
-    check_range(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
+    check_ids(PERMUTE, "topk_idx", topk_idx, num_experts, "expert ids")
     # Everything below stays on the device (no host read): capturable in a CUDA / NPU graph.
     t, k = topk_idx.shape
     ids = topk_idx.long().flatten()
@@ -66,7 +54,7 @@ def moe_permute(x, topk_idx, num_experts, alignment):
 @portable_kernel
 def moe_unpermute(y, row_map, topk_weights, bias=None):
     unpermute_signature(y, row_map, topk_weights, bias)
-    check_range(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
+    check_ids(UNPERMUTE, "row_map", row_map, y.shape[0], "rows of y")
     acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
     rows = row_map.long()
     if bias is None:

@@ -1,4 +1,4 @@
-"""Device-generic quant family: the validation of ``meta/quant.py``, then the plain-torch reference math
+"""Device-generic quant family: the validation of ``checks/quant.py``, then the plain-torch reference math
 (``quant/reference.py``), which the C++ CPU kernel matches bit for bit; ``quantize_blocks`` (TileKernels' cast
 rules) has only this kernel."""
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.quant import (
+from torch_ascend_moe.checks.quant import (
     BLOCK_FORMATS,
     QUANTIZE_FP4,
     QUANTIZE_FP8,

@@ -14,7 +14,7 @@ import math
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.sparse_mla import (
+from torch_ascend_moe.checks.sparse_mla import (
     V4_BLOCK,
     V4_BYTES,
     V4_NOPE,

@@ -44,13 +44,13 @@ import torch
 
 from torch_ascend_moe.backends.chain import TAKEN, first_refusal, kernel, on_refresh, refuse
 from torch_ascend_moe.backends.upstream import Library
+from torch_ascend_moe.checks import sparse_mla as sparse_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import sparse_mla as meta
 
 HEADS = {"npu": (64,), "cuda": (64, 128)}
 DIM, TOPK_BLOCK, SM100 = 512, 64, 10
-DECODE_RECORDS = {meta.V41_BYTES}  # the main cache; the extra one may also hold FP4 records
-EXTRA_RECORDS = {meta.V41_BYTES, meta.V41_FP4_BYTES}
+DECODE_RECORDS = {sparse_checks.V41_BYTES}  # the main cache; the extra one may also hold FP4 records
+EXTRA_RECORDS = {sparse_checks.V41_BYTES, sparse_checks.V41_FP4_BYTES}
 _ARITY = {"sparse_prefill_fwd": 7, "sparse_decode_fwd": 13}  # the release's signatures
 
 
@@ -142,7 +142,7 @@ _NOT_V41 = (
 
 def _takes_prefill(device: str):
     def takes(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
-        meta.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+        sparse_checks.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
         fits = prefill_fits(device, q, kv, indices, d_v, attn_sink, topk_length)
         return first_refusal(None if fits else _NOT_V41)
 
@@ -219,7 +219,7 @@ def g2_prefill_refusal(q, kv, indices, d_v) -> str | None:
 
 
 def _takes_g2_prefill(q, kv, indices, sm_scale, d_v, attn_sink, topk_length):
-    meta.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
+    sparse_checks.sparse_mla_prefill_signature(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)
     return first_refusal(g2_prefill_refusal(q, kv, indices, d_v))
 
 
@@ -254,7 +254,7 @@ def _takes_decode(device: str):
     def takes(
         q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length
     ):
-        meta.sparse_mla_decode_signature(
+        sparse_checks.sparse_mla_decode_signature(
             q, k_cache, indices, sm_scale, d_v, attn_sink, topk_length, extra_k_cache, extra_indices, extra_topk_length
         )
         fits = decode_fits(device, q, k_cache, indices, d_v, extra_k_cache, extra_indices)

@@ -36,7 +36,7 @@ from torch_ascend_moe.backends.upstream.tile_kernels import (
     magnitude,
     real_refusal,
 )
-from torch_ascend_moe.meta.quant import BLOCK_FORMATS, quantize_blocks_signature
+from torch_ascend_moe.checks.quant import BLOCK_FORMATS, quantize_blocks_signature
 
 TOKEN_WIDTHS = (16, 32, 64, 128)
 SQUARE_BLOCKS = ((32, 32), (128, 128))
