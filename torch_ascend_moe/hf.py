@@ -25,6 +25,7 @@ from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_f
 from transformers.utils import output_capturing
 from transformers.utils.output_capturing import OutputRecorder
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe import inductor_lowerings
 from torch_ascend_moe.backends import cpu_gemm
 from torch_ascend_moe.checks import GEMM_DTYPES
@@ -183,10 +184,8 @@ def _moe_for(block: nn.Module, config, fp8: bool, ep_group, ep_static_tokens, me
     # op computes SiLU only and checks the name.
     act = getattr(config, "hidden_act", "silu") if mega else experts.act_fn
     if num_experts != options["num_experts"]:
-        raise ValueError(
-            f"swap_moe_blocks: {type(block).__name__}: argument 'experts.gate_up_proj' shape: expected "
-            f"{options['num_experts']} experts (the config's), got {list(experts.gate_up_proj.shape)}"
-        )
+        op, expected = f"swap_moe_blocks: {type(block).__name__}", f"{options['num_experts']} experts (the config's)"
+        raise ValueError(ck.message(op, "experts.gate_up_proj", "shape", expected, list(experts.gate_up_proj.shape)))
     shared = getattr(block, "shared_experts", None)
     if shared is not None:
         options["shared_intermediate_size"] = shared.gate_proj.weight.shape[0]

@@ -20,6 +20,8 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
+from torch_ascend_moe import checks as ck
+
 # Every module of this package is a family's cases (no list is typed here).
 FAMILIES = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)))
 # Workload options a family may read (``bench ep``: --tokens, --hidden, --topk, --experts); set by the CLI.
@@ -225,5 +227,5 @@ def cases(family: str, quick: bool = False) -> list[Case]:
         return [c for f in GROUPS[family] for c in cases(f, quick)]
     if family not in FAMILIES:
         expected = ", ".join((*FAMILIES, *GROUPS))
-        raise ValueError(f"bench: argument 'family' value: expected one of {expected}, got {family!r}")
+        raise ValueError(ck.message("bench", "family", "value", f"one of {expected}", repr(family)))
     return importlib.import_module(f"torch_ascend_moe.bench.{family}").cases(quick)

@@ -220,10 +220,8 @@ def scales_to_float(sf: torch.Tensor) -> torch.Tensor:
         return unpack_ue8m0_from_int(sf)
     if sf.dtype == torch.int16:
         return unpack_ue8m0_from_int16(sf)
-    raise ValueError(
-        "scales_to_float: argument 'sf' dtype: expected torch.float32, torch.float8_e8m0fnu, torch.int32 or "
-        f"torch.int16, got {sf.dtype}"
-    )
+    expected = "torch.float32, torch.float8_e8m0fnu, torch.int32 or torch.int16"
+    raise ValueError(ck.message("scales_to_float", "sf", "dtype", expected, sf.dtype))
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:

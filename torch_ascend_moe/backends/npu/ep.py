@@ -72,6 +72,7 @@ from typing import NamedTuple
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import npu_ge_converter, result_type
 from torch_ascend_moe.backends.chain import first_refusal, kernel, stays_portable
 from torch_ascend_moe.backends.npu import ge_graph, has_op
@@ -307,10 +308,9 @@ def split_state(state: torch.Tensor, where: str):
     """``(row_map, ep_recv_counts, assist_info)`` of a ``backend_state`` (reads its 3 sizes on the host)."""
     sizes = state[:3].tolist() if state.numel() >= 3 else []
     if len(sizes) != 3 or min(sizes) < 0 or 3 + sum(sizes) != state.numel():
-        raise ValueError(
-            f"{where}: argument 'backend_state' value: expected the state ep_low_latency_dispatch returned "
-            f"(3 sizes, then that many int32 entries), got {state.numel()} entries starting {sizes}"
-        )
+        expected = "the state ep_low_latency_dispatch returned (3 sizes, then that many int32 entries)"
+        got = f"{state.numel()} entries starting {sizes}"
+        raise ValueError(ck.message(where, "backend_state", "value", expected, got))
     a, n_ep, _ = sizes
     return state[3 : 3 + a], state[3 + a : 3 + a + n_ep], state[3 + a + n_ep :]
 
@@ -428,10 +428,13 @@ def _ll_combine_v2(call, y, expert_ids, assist_info, ep_send_counts, weights, ac
     )
 
 
-_BAD_STATE = (
-    "ascend_moe::ep_low_latency_combine: argument 'backend_state' value: expected the state "
-    "ep_low_latency_dispatch returned (3 sizes, then that many int32 entries, rows inside x), got another "
-    "tensor on rank(s) {ranks}"
+# A template: the header exchange fills in {ranks}.
+_BAD_STATE = ck.message(
+    "ascend_moe::ep_low_latency_combine",
+    "backend_state",
+    "value",
+    "the state ep_low_latency_dispatch returned (3 sizes, then that many int32 entries, rows inside x)",
+    "another tensor on rank(s) {ranks}",
 )
 
 

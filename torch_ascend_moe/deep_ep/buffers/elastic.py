@@ -34,6 +34,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.portable.ep.v2 import expand_capacity, grouped_reduce, handle_fields
 from torch_ascend_moe.deep_ep.utils import envs
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
@@ -154,16 +155,13 @@ class ElasticBuffer:
         explicitly_destroy: bool = False,
     ):
         api = "deep_ep.ElasticBuffer"
-        if group is None:
-            raise ValueError(f"{api}: argument 'group' value: expected a torch.distributed ProcessGroup, got None")
+        ck.check_arg(group is not None, api, "group", "value", "a torch.distributed ProcessGroup", "None")
         for name, value in (
             ("num_cpu_timeout_secs", num_cpu_timeout_secs),
             ("num_gpu_timeout_secs", num_gpu_timeout_secs),
         ):
             if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(
-                    f"{api}: argument '{name}' value: expected a positive number of seconds, got {value!r}"
-                )
+                raise ValueError(ck.message(api, name, "value", "a positive number of seconds", repr(value)))
         for name, value in (
             ("num_max_tokens_per_rank", num_max_tokens_per_rank),
             ("hidden", hidden),
@@ -172,17 +170,13 @@ class ElasticBuffer:
             ("num_allocated_qps", num_allocated_qps),
         ):
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{api}: argument '{name}' value: expected a non-negative integer, got {value!r}")
+                raise ValueError(ck.message(api, name, "value", "a non-negative integer", repr(value)))
         if num_cpu_bytes > 0 and num_bytes is None:
-            raise ValueError(
-                f"{api}: argument 'num_bytes' value: expected the total bytes when num_cpu_bytes > 0, got None"
-            )
+            raise ValueError(ck.message(api, "num_bytes", "value", "the total bytes when num_cpu_bytes > 0", "None"))
         for name, value in (("num_bytes", num_bytes), ("num_cpu_bytes", num_cpu_bytes)):
             if value is not None and (value < 0 or value % _ALIGNMENT):
-                raise ValueError(
-                    f"{api}: argument '{name}' value: expected a non-negative multiple of {_ALIGNMENT} (2 MiB), "
-                    f"got {value}"
-                )
+                expected = f"a non-negative multiple of {_ALIGNMENT} (2 MiB)"
+                raise ValueError(ck.message(api, name, "value", expected, str(value)))
         self.group = group
         self.group_name = group.group_name
         self.rank_idx, self.num_ranks = group.rank(), group.size()
@@ -295,10 +289,9 @@ class ElasticBuffer:
         self, num_experts, num_topk, num_scaleout_topk, rdma_gbs, nvlink_gbs, sm_read_gbs, sm_write_gbs
     ) -> int:
         if num_scaleout_topk != 0:
-            raise ValueError(
-                "deep_ep.ElasticBuffer.get_theoretical_num_sms: argument 'num_scaleout_topk' value: expected 0 "
-                f"(reserved, as upstream), got {num_scaleout_topk}"
-            )
+            api = "deep_ep.ElasticBuffer.get_theoretical_num_sms"
+            expected = "0 (reserved, as upstream)"
+            raise ValueError(ck.message(api, "num_scaleout_topk", "value", expected, str(num_scaleout_topk)))
         if rdma_gbs == 0 and self.num_rdma_ranks > 1:
             rdma_gbs = envs.get_rdma_gbs()
         if nvlink_gbs == 0:
@@ -375,15 +368,11 @@ class ElasticBuffer:
 
     def _check_events(self, api: str, previous_event, allocate_on_comm_stream: bool, num_qps: int) -> None:
         if previous_event is not None and not allocate_on_comm_stream:
-            raise ValueError(
-                f"{api}: argument 'allocate_on_comm_stream' value: expected True when previous_event is given "
-                "(upstream's rule), got False"
-            )
+            expected = "True when previous_event is given (upstream's rule)"
+            raise ValueError(ck.message(api, "allocate_on_comm_stream", "value", expected, "False"))
         if num_qps > self.num_allocated_qps:
-            raise ValueError(
-                f"{api}: argument 'num_qps' value: expected at most the {self.num_allocated_qps} allocated QPs, "
-                f"got {num_qps}"
-            )
+            expected = f"at most the {self.num_allocated_qps} allocated QPs"
+            raise ValueError(ck.message(api, "num_qps", "value", expected, str(num_qps)))
 
     def dispatch(
         self,
@@ -437,50 +426,44 @@ class ElasticBuffer:
 
         def check():
             if not isinstance(data, torch.Tensor) or data.dim() != 2:
-                raise ValueError(
-                    f"{api}: argument 'x' value: expected a [T, H] tensor or an (FP8 [T, H], sf) pair, "
-                    f"got {type(data).__name__}"
-                )
-            if topk_idx is None:
-                raise ValueError(
-                    f"{api}: argument 'topk_idx' value: expected the [T, K] expert ids (required "
-                    "without a cached handle), got None"
-                )
-            if num_experts is None:
-                raise ValueError(
-                    f"{api}: argument 'num_experts' value: expected the number of experts (required "
-                    "without a cached handle), got None"
-                )
+                expected = "a [T, H] tensor or an (FP8 [T, H], sf) pair"
+                raise ValueError(ck.message(api, "x", "value", expected, type(data).__name__))
+            ck.check_arg(
+                topk_idx is not None,
+                api,
+                "topk_idx",
+                "value",
+                "the [T, K] expert ids (required without a cached handle)",
+                "None",
+            )
+            ck.check_arg(
+                num_experts is not None,
+                api,
+                "num_experts",
+                "value",
+                "the number of experts (required without a cached handle)",
+                "None",
+            )
             if not isinstance(num_max, int) or num_max < 1:
-                raise ValueError(
-                    f"{api}: argument 'num_max_tokens_per_rank' value: expected a positive integer "
-                    f"(here or at construction), got {num_max!r}"
-                )
+                expected = "a positive integer (here or at construction)"
+                raise ValueError(ck.message(api, "num_max_tokens_per_rank", "value", expected, repr(num_max)))
             if data.shape[0] > num_max:
-                raise ValueError(
-                    f"{api}: argument 'x' size(0) (T): expected at most num_max_tokens_per_rank="
-                    f"{num_max}, got {data.shape[0]}"
-                )
+                expected = f"at most num_max_tokens_per_rank={num_max}"
+                raise ValueError(ck.message(api, "x", "size(0) (T)", expected, data.shape[0]))
             if self.hidden and data.shape[1] > self.hidden:
-                raise ValueError(
-                    f"{api}: argument 'x' size(1) (hidden): expected at most {self.hidden} (the "
-                    f"buffer was sized for it), got {data.shape[1]}"
-                )
+                expected = f"at most {self.hidden} (the buffer was sized for it)"
+                raise ValueError(ck.message(api, "x", "size(1) (hidden)", expected, data.shape[1]))
             if not isinstance(alignment, int) or alignment < 1:
-                raise ValueError(
-                    f"{api}: argument 'expert_alignment' value: expected a positive integer, got {alignment!r}"
-                )
+                raise ValueError(ck.message(api, "expert_alignment", "value", "a positive integer", repr(alignment)))
             if do_zero_padding and not do_expand:
-                raise ValueError(f"{api}: argument 'do_zero_padding' value: expected False unless do_expand, got True")
+                raise ValueError(ck.message(api, "do_zero_padding", "value", "False unless do_expand", "True"))
             if cumulative_local_expert_recv_stats is not None and (
                 cumulative_local_expert_recv_stats.dim() != 1
                 or cumulative_local_expert_recv_stats.shape[0] != num_experts // self.num_ranks
             ):
-                raise ValueError(
-                    f"{api}: argument 'cumulative_local_expert_recv_stats' shape: expected "
-                    f"[{num_experts // self.num_ranks}] (local experts), got "
-                    f"{list(cumulative_local_expert_recv_stats.shape)}"
-                )
+                expected = f"[{num_experts // self.num_ranks}] (local experts)"
+                got = list(cumulative_local_expert_recv_stats.shape)
+                raise ValueError(ck.message(api, "cumulative_local_expert_recv_stats", "shape", expected, got))
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, data, check)
@@ -585,19 +568,14 @@ class ElasticBuffer:
     ):
         def check():
             if not isinstance(handle, EPHandle) or handle.route is None:
-                raise ValueError(
-                    f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
-                    f"package returned, got {type(handle).__name__}"
-                )
+                expected = "the EPHandle a dispatch of this package returned"
+                raise ValueError(ck.message(api, "handle", "value", expected, type(handle).__name__))
             if topk_idx is not None:
-                raise ValueError(
-                    f"{api}: argument 'topk_idx' value: expected None with a cached handle (it "
-                    "reuses handle.topk_idx), got a tensor"
-                )
+                expected = "None with a cached handle (it reuses handle.topk_idx)"
+                raise ValueError(ck.message(api, "topk_idx", "value", expected, "a tensor"))
             if do_cpu_sync:
-                raise ValueError(
-                    f"{api}: argument 'do_cpu_sync' value: expected None or False with a cached handle, got True"
-                )
+                expected = "None or False with a cached handle"
+                raise ValueError(ck.message(api, "do_cpu_sync", "value", expected, "True"))
             given = (
                 _value_or(num_experts, handle.num_experts),
                 _value_or(alignment, handle.expert_alignment),
@@ -610,9 +588,8 @@ class ElasticBuffer:
                     f"expected the handle's {held}, got {given}"
                 )
             if do_expand != handle.do_expand:
-                raise ValueError(
-                    f"{api}: argument 'do_expand' value: expected the handle's {handle.do_expand}, got {do_expand}"
-                )
+                expected = f"the handle's {handle.do_expand}"
+                raise ValueError(ck.message(api, "do_expand", "value", expected, str(do_expand)))
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, data, check)
@@ -664,30 +641,22 @@ class ElasticBuffer:
 
         def check():
             if not isinstance(handle, EPHandle) or handle.route is None:
-                raise ValueError(
-                    f"{api}: argument 'handle' value: expected the EPHandle a dispatch of this "
-                    f"package returned, got {type(handle).__name__}"
-                )
+                expected = "the EPHandle a dispatch of this package returned"
+                raise ValueError(ck.message(api, "handle", "value", expected, type(handle).__name__))
             if isinstance(bias, tuple) and len(bias) != 2:
-                raise ValueError(f"{api}: argument 'bias' value: expected a tensor or a pair, got {len(bias)} tensors")
+                raise ValueError(ck.message(api, "bias", "value", "a tensor or a pair", f"{len(bias)} tensors"))
             rows = handle.num_expanded_tokens if handle.do_expand else handle.recv_topk_idx.shape[0]
             if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] != rows:
-                raise ValueError(
-                    f"{api}: argument 'x' shape: expected [{rows}, H] (the handle's "
-                    f"{'expanded' if handle.do_expand else 'received'} rows), got "
-                    f"{list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
-                )
+                expected = f"[{rows}, H] (the handle's {'expanded' if handle.do_expand else 'received'} rows)"
+                got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(ck.message(api, "x", "shape", expected, got))
             if handle.do_expand and topk_weights is not None:
                 if not self.allow_multiple_reduction:
-                    raise ValueError(
-                        f"{api}: argument 'topk_weights' value: expected None in expand mode unless "
-                        "the buffer allows multiple reductions (upstream's rule), got a tensor"
-                    )
+                    expected = "None in expand mode unless the buffer allows multiple reductions (upstream's rule)"
+                    raise ValueError(ck.message(api, "topk_weights", "value", expected, "a tensor"))
                 if topk_weights.dim() != 1 or topk_weights.shape[0] != rows:
-                    raise ValueError(
-                        f"{api}: argument 'topk_weights' shape: expected [{rows}] (one per expanded "
-                        f"row), got {list(topk_weights.shape)}"
-                    )
+                    expected = f"[{rows}] (one per expanded row)"
+                    raise ValueError(ck.message(api, "topk_weights", "shape", expected, list(topk_weights.shape)))
             self._check_events(api, previous_event, allocate_on_comm_stream, num_qps)
 
         self._check(api, x, check)
@@ -763,22 +732,17 @@ class ElasticBuffer:
         api = "deep_ep.ElasticBuffer.engram_write"
         self._alive("engram_write")
         if storage.dim() != 2 or storage.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-            raise ValueError(
-                f"{api}: argument 'storage' value: expected a [num_entries, hidden] BF16 or FP8 tensor, "
-                f"got {storage.dtype} of shape {list(storage.shape)}"
-            )
+            expected = "a [num_entries, hidden] BF16 or FP8 tensor"
+            got = f"{storage.dtype} of shape {list(storage.shape)}"
+            raise ValueError(ck.message(api, "storage", "value", expected, got))
         fp8 = storage.dtype == torch.float8_e4m3fn
         if fp8 != (sf is not None):
-            raise ValueError(
-                f"{api}: argument 'sf' value: expected the scales exactly when the storage is FP8, got "
-                f"{'None' if sf is None else 'a tensor'} for {storage.dtype}"
-            )
+            got = f"{'None' if sf is None else 'a tensor'} for {storage.dtype}"
+            raise ValueError(ck.message(api, "sf", "value", "the scales exactly when the storage is FP8", got))
         r = self.num_ranks
         if sf is not None and (sf.dim() != 2 or sf.shape[0] != r * storage.shape[0] or sf.element_size() != 4):
-            raise ValueError(
-                f"{api}: argument 'sf' shape: expected [{r * storage.shape[0]}, packs] of 4-byte packs, "
-                f"got {list(sf.shape)} {sf.dtype}"
-            )
+            expected = f"[{r * storage.shape[0]}, packs] of 4-byte packs"
+            raise ValueError(ck.message(api, "sf", "shape", expected, f"{list(sf.shape)} {sf.dtype}"))
         self.barrier()
         rows = payload.as_bytes(storage)
         gathered = rows.new_empty(r * rows.shape[0], rows.shape[1])
@@ -796,15 +760,12 @@ class ElasticBuffer:
             raise RuntimeError(f"{api}: no storage: call engram_write first")
         storage, sf = self._engram
         if indices.dim() != 2 or indices.dtype != torch.int32:
-            raise ValueError(
-                f"{api}: argument 'indices' value: expected [num_tokens, entries_per_token] "
-                f"torch.int32, got {indices.dtype} of shape {list(indices.shape)}"
-            )
+            expected = "[num_tokens, entries_per_token] torch.int32"
+            got = f"{indices.dtype} of shape {list(indices.shape)}"
+            raise ValueError(ck.message(api, "indices", "value", expected, got))
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= storage.shape[0]):
-            raise ValueError(
-                f"{api}: argument 'indices' values: expected entry ids in [0, {storage.shape[0]}), "
-                f"got [{int(indices.min())}, {int(indices.max())}]"
-            )
+            expected = f"entry ids in [0, {storage.shape[0]})"
+            raise ValueError(ck.message(api, "indices", "values", expected, [int(indices.min()), int(indices.max())]))
         t = indices.shape[0]
         flat = indices.reshape(-1).long()
         data = payload.take_rows(storage, flat, False).view(t, -1)
@@ -832,15 +793,11 @@ class ElasticBuffer:
         r = self.num_ranks
         neighbours = {(self.rank_idx - 1) % r, (self.rank_idx + 1) % r}
         if peer not in neighbours or peer == self.rank_idx:
-            raise ValueError(
-                f"{api}: argument '{name}' value: expected the previous or next rank in the ring "
-                f"{sorted(neighbours - {self.rank_idx})}, got {peer}"
-            )
+            expected = f"the previous or next rank in the ring {sorted(neighbours - {self.rank_idx})}"
+            raise ValueError(ck.message(api, name, "value", expected, str(peer)))
         if not t.is_contiguous() or t.numel() * t.element_size() > self._pp[0]:
-            raise ValueError(
-                f"{api}: argument 't' value: expected a contiguous tensor of at most "
-                f"{self._pp[0]} bytes (pp_set_config), got {t.numel() * t.element_size()} bytes"
-            )
+            expected = f"a contiguous tensor of at most {self._pp[0]} bytes (pp_set_config)"
+            raise ValueError(ck.message(api, "t", "value", expected, f"{t.numel() * t.element_size()} bytes"))
         return dist.get_global_rank(self.group, peer)
 
     def pp_send(self, t: torch.Tensor, dst_rank_idx: int, num_sms: int = 0) -> None:
@@ -931,7 +888,7 @@ class ElasticBuffer:
         outs, works = [], []
         for x in tensors:
             if not x.is_contiguous():
-                raise ValueError(f"{api}: argument 't' value: expected contiguous tensors, got strides {x.stride()}")
+                raise ValueError(ck.message(api, "t", "value", "contiguous tensors", f"strides {x.stride()}"))
             out = x.new_empty(r, *x.shape)
             works.append(dist.all_gather(list(out.unbind(0)), x, group=self.group, async_op=True))
             outs.append(out)

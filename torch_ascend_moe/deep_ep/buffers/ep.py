@@ -19,6 +19,7 @@ import types
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_ep.buffers.elastic import ElasticBuffer
 
 
@@ -44,9 +45,9 @@ class EPBuffer(ElasticBuffer):
     ) -> None:
         lb = lb_allocation_plan_or_num_bytes
         if isinstance(lb, bool) or not isinstance(lb, int) or lb < 0:
+            expected = "a non-negative number of bytes (a BufferAllocator plan's layout is not implemented here)"
             raise ValueError(
-                "deep_ep.EPBuffer: argument 'lb_allocation_plan_or_num_bytes' value: expected a non-negative "
-                f"number of bytes (a BufferAllocator plan's layout is not implemented here), got {lb!r}"
+                ck.message("deep_ep.EPBuffer", "lb_allocation_plan_or_num_bytes", "value", expected, repr(lb))
             )
         super().__init__(
             group, num_bytes, 0, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, deterministic,
@@ -59,7 +60,6 @@ class EPBuffer(ElasticBuffer):
         """``ElasticBuffer.dispatch`` (``do_zero_padding``, ``use_tma_aligned_col_major_sf`` included);
         ``defer_epilogue`` accepted (module docstring)."""
         if not isinstance(defer_epilogue, bool):
-            raise ValueError(
-                f"deep_ep.EPBuffer.dispatch: argument 'defer_epilogue' type: expected bool, got {type(defer_epilogue)}"
-            )
+            got = str(type(defer_epilogue))
+            raise ValueError(ck.message("deep_ep.EPBuffer.dispatch", "defer_epilogue", "type", "bool", got))
         return super().dispatch(*args, **kwargs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.deep_ep.buffers import shrink
 from torch_ascend_moe.deep_ep.utils.event import EventHandle, EventOverlap
 from torch_ascend_moe.distributed import waits
@@ -46,14 +47,15 @@ class Config:
         num_max_rdma_chunked_send_tokens: int = 6,
         num_max_rdma_chunked_recv_tokens: int = 256,
     ):
-        if num_sms % 2:
-            raise ValueError(f"deep_ep.Config: argument 'num_sms' value: expected an even number, got {num_sms}")
-        if num_max_nvl_chunked_send_tokens >= num_max_nvl_chunked_recv_tokens:
-            raise ValueError(
-                "deep_ep.Config: argument 'num_max_nvl_chunked_send_tokens' value: expected less than "
-                f"num_max_nvl_chunked_recv_tokens={num_max_nvl_chunked_recv_tokens}, got "
-                f"{num_max_nvl_chunked_send_tokens}"
-            )
+        ck.check_arg(not num_sms % 2, "deep_ep.Config", "num_sms", "value", "an even number", num_sms)
+        ck.check_arg(
+            not num_max_nvl_chunked_send_tokens >= num_max_nvl_chunked_recv_tokens,
+            "deep_ep.Config",
+            "num_max_nvl_chunked_send_tokens",
+            "value",
+            lambda: f"less than num_max_nvl_chunked_recv_tokens={num_max_nvl_chunked_recv_tokens}",
+            num_max_nvl_chunked_send_tokens,
+        )
         self.num_sms = num_sms
         self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
         self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
@@ -269,21 +271,26 @@ class Buffer:
         comm=None,
         num_cpu_timeout_secs: float = 100.0,
     ):
-        if group is None:
-            raise ValueError(
-                "deep_ep.Buffer: argument 'group' value: expected a torch.distributed ProcessGroup "
-                "(mpi4py communicators are not supported), got None"
-            )
-        if not isinstance(num_cpu_timeout_secs, (int, float)) or not num_cpu_timeout_secs > 0:
-            raise ValueError(
-                "deep_ep.Buffer: argument 'num_cpu_timeout_secs' value: expected a positive number of seconds, "
-                f"got {num_cpu_timeout_secs!r}"
-            )
+        api = "deep_ep.Buffer"
+        ck.check_arg(
+            group is not None,
+            api,
+            "group",
+            "value",
+            "a torch.distributed ProcessGroup (mpi4py communicators are not supported)",
+            "None",
+        )
+        ck.check_arg(
+            isinstance(num_cpu_timeout_secs, (int, float)) and num_cpu_timeout_secs > 0,
+            api,
+            "num_cpu_timeout_secs",
+            "value",
+            "a positive number of seconds",
+            lambda: repr(num_cpu_timeout_secs),
+        )
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if value < 0 or value % 128:
-                raise ValueError(
-                    f"deep_ep.Buffer: argument '{name}' value: expected a non-negative multiple of 128, got {value}"
-                )
+                raise ValueError(ck.message(api, name, "value", "a non-negative multiple of 128", value))
         self.group = group
         self.group_name = group.group_name
         self.rank, self.group_size = group.rank(), group.size()
@@ -304,7 +311,7 @@ class Buffer:
     def set_num_sms(new_num_sms: int) -> None:
         if new_num_sms % 2:
             raise ValueError(
-                f"deep_ep.Buffer.set_num_sms: argument 'new_num_sms' value: expected an even number, got {new_num_sms}"
+                ck.message("deep_ep.Buffer.set_num_sms", "new_num_sms", "value", "an even number", new_num_sms)
             )
         Buffer.num_sms = new_num_sms
 
@@ -333,10 +340,8 @@ class Buffer:
     @staticmethod
     def _check_config_ranks(num_ranks: int) -> None:
         if num_ranks not in _CONFIG_RANKS:
-            raise ValueError(
-                f"deep_ep.Buffer: argument 'num_ranks' value: expected one of {list(_CONFIG_RANKS)} "
-                f"(DeepEP's tuned configurations), got {num_ranks}"
-            )
+            expected = f"one of {list(_CONFIG_RANKS)} (DeepEP's tuned configurations)"
+            raise ValueError(ck.message("deep_ep.Buffer", "num_ranks", "value", expected, num_ranks))
 
     @staticmethod
     def get_low_latency_rdma_size_hint(
@@ -365,10 +370,8 @@ class Buffer:
         if self._destroyed:
             raise RuntimeError(f"deep_ep.Buffer.{api}: the buffer was destroyed")
         if allocate_on_comm_stream and not (previous_event is not None and async_finish):
-            raise ValueError(
-                f"deep_ep.Buffer.{api}: argument 'allocate_on_comm_stream' value: expected False unless "
-                "previous_event is given and async_finish is True, got True"
-            )
+            expected = "False unless previous_event is given and async_finish is True"
+            raise ValueError(ck.message(f"deep_ep.Buffer.{api}", "allocate_on_comm_stream", "value", expected, "True"))
 
     # ---- normal mode ----
 
@@ -417,18 +420,24 @@ class Buffer:
             raise ValueError(
                 "deep_ep.Buffer.dispatch: arguments 'topk_idx' and 'topk_weights' value: expected both or neither"
             )
-        if num_tokens_per_expert is None:
-            raise ValueError(
-                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' value: expected the layout's "
-                "num_tokens_per_expert (required without a cached handle, as DeepEP), got None"
-            )
+        ck.check_arg(
+            num_tokens_per_expert is not None,
+            "deep_ep.Buffer.dispatch",
+            "num_tokens_per_expert",
+            "value",
+            "the layout's num_tokens_per_expert (required without a cached handle, as DeepEP)",
+            "None",
+        )
         with_topk = topk_idx is not None
         if not with_topk:
-            if is_token_in_rank is None:
-                raise ValueError(
-                    "deep_ep.Buffer.dispatch: argument 'is_token_in_rank' value: expected the layout's "
-                    "is_token_in_rank (or topk_idx), got None"
-                )
+            ck.check_arg(
+                is_token_in_rank is not None,
+                "deep_ep.Buffer.dispatch",
+                "is_token_in_rank",
+                "value",
+                "the layout's is_token_in_rank (or topk_idx)",
+                "None",
+            )
             # Route by rank alone: one pseudo-expert per destination rank.
             ranks = torch.arange(self.group_size, device=is_token_in_rank.device)
             out = ep_dispatch(
@@ -499,23 +508,22 @@ class Buffer:
         got = type(handle).__name__
         if isinstance(handle, (tuple, list)):
             got += f" of length {len(handle)} without the .ep the dispatch's handle carries"
-        raise ValueError(
-            f"deep_ep.Buffer.{api}: argument 'handle' value: expected the handle deep_ep.Buffer.dispatch returned "
-            f"(DeepEP's 6- or 10-tuple carrying .ep, or an EPHandle), got {got}"
-        )
+        expected = "the handle deep_ep.Buffer.dispatch returned (DeepEP's 6- or 10-tuple carrying .ep, or an EPHandle)"
+        raise ValueError(ck.message(f"deep_ep.Buffer.{api}", "handle", "value", expected, got))
 
     def _recv_counts(self, num_tokens_per_expert: torch.Tensor, expert_alignment: int) -> list[int]:
         """DeepEP's ``num_recv_tokens_per_expert_list`` from the layouts alone (a dispatch without top-k has no
         per-slot routing): each local expert's count summed over the source ranks, rounded up to the alignment."""
-        if num_tokens_per_expert.shape[0] % self.group_size:
-            raise ValueError(
-                "deep_ep.Buffer.dispatch: argument 'num_tokens_per_expert' shape: expected [num_experts] with "
-                f"num_experts a multiple of {self.group_size} ranks, got {list(num_tokens_per_expert.shape)}"
-            )
-        if expert_alignment < 1:
-            raise ValueError(
-                f"deep_ep.Buffer.dispatch: argument 'expert_alignment' value: expected >= 1, got {expert_alignment}"
-            )
+        api = "deep_ep.Buffer.dispatch"
+        ck.check_arg(
+            not num_tokens_per_expert.shape[0] % self.group_size,
+            api,
+            "num_tokens_per_expert",
+            "shape",
+            lambda: f"[num_experts] with num_experts a multiple of {self.group_size} ranks",
+            lambda: list(num_tokens_per_expert.shape),
+        )
+        ck.check_arg(not expert_alignment < 1, api, "expert_alignment", "value", ">= 1", expert_alignment)
         total = num_tokens_per_expert.to(torch.int64).clone()
         work = dist.all_reduce(total, group=self.group, async_op=True)
         waits.wait(
@@ -649,17 +657,23 @@ class Buffer:
         if zero_copy:
             # DeepEP's kernel skips copying x: the expert outputs are already in the combine buffer.
             source = self._combine_buffers.get(self._combine_buffer_key(handle))
-            if source is None:
-                raise ValueError(
-                    "deep_ep.Buffer.low_latency_combine: argument 'zero_copy' value: expected True only after "
-                    "writing the outputs into get_next_low_latency_combine_buffer(handle), got True with no "
-                    "such buffer for this handle's shape"
-                )
-            if tuple(x.shape) != tuple(source.shape):
-                raise ValueError(
-                    "deep_ep.Buffer.low_latency_combine: argument 'x' shape: expected "
-                    f"{list(source.shape)} (the combine buffer's), got {list(x.shape)}"
-                )
+            api = "deep_ep.Buffer.low_latency_combine"
+            ck.check_arg(
+                source is not None,
+                api,
+                "zero_copy",
+                "value",
+                "True only after writing the outputs into get_next_low_latency_combine_buffer(handle)",
+                "True with no such buffer for this handle's shape",
+            )
+            ck.check_arg(
+                tuple(x.shape) == tuple(source.shape),
+                api,
+                "x",
+                "shape",
+                lambda: f"{list(source.shape)} (the combine buffer's)",
+                lambda: list(x.shape),
+            )
             x = source
         shrunk = self._alive()
         if shrunk and len(shrunk[0]) < self.group_size:
@@ -713,9 +727,10 @@ class Buffer:
         if isinstance(handle, EPLowLatencyHandle):
             return handle
         if not isinstance(handle, (tuple, list)) or len(handle) != 5:
+            length = len(handle) if isinstance(handle, (tuple, list)) else "-"
+            got = f"{type(handle).__name__} of length {length}"
             raise ValueError(
-                "deep_ep.Buffer: argument 'handle' value: expected the 5-tuple low_latency_dispatch returned, "
-                f"got {type(handle).__name__} of length {len(handle) if isinstance(handle, (tuple, list)) else '-'}"
+                ck.message("deep_ep.Buffer", "handle", "value", "the 5-tuple low_latency_dispatch returned", got)
             )
         return EPLowLatencyHandle(*handle, self.group_name, getattr(handle, "backend_state", None))
 

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.portable.ep.low_latency import ll_row_sources
 
 _POLL_S = 0.005
@@ -44,19 +45,16 @@ class ShrinkState:
 
     def update(self, rank_to_mask: int, mask: bool) -> None:
         if not 0 <= rank_to_mask < self.size:
-            raise ValueError(
-                f"{self.api}.low_latency_update_mask_buffer: argument 'rank_to_mask' value: expected a rank in "
-                f"[0, {self.size}), got {rank_to_mask}"
-            )
+            api = f"{self.api}.low_latency_update_mask_buffer"
+            raise ValueError(ck.message(api, "rank_to_mask", "value", f"a rank in [0, {self.size})", str(rank_to_mask)))
         self.mask[rank_to_mask] = int(bool(mask))
 
     def query(self, mask_status: torch.Tensor) -> None:
         ok = mask_status.dtype == torch.int32 and mask_status.shape == (self.size,)
         if not ok:
-            raise ValueError(
-                f"{self.api}.low_latency_query_mask_buffer: argument 'mask_status' value: expected int32 "
-                f"[{self.size}], got {mask_status.dtype} {list(mask_status.shape)}"
-            )
+            api = f"{self.api}.low_latency_query_mask_buffer"
+            got = f"{mask_status.dtype} {list(mask_status.shape)}"
+            raise ValueError(ck.message(api, "mask_status", "value", f"int32 [{self.size}]", got))
         mask_status.copy_(self.mask)
 
     def clean(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.quant.encodings import FP8_MAX
 from torch_ascend_moe.testing import count_bytes  # DeepEP's and DeepGEMM's are the same helper
 
@@ -42,8 +43,7 @@ def align(x: int, y: int) -> int:
 def per_token_cast_to_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token and 128 channels: ``amax = max(1e-4, max|x|)``, FP8 E4M3 of ``x · 448 / amax``, scales
     ``amax / 448`` as FP32 ``[m, ceil(n / 128)]`` (``n`` padded to 128 with zeros)."""
-    if x.dim() != 2:
-        raise ValueError(f"deep_ep.utils.math.per_token_cast_to_fp8: argument 'x' rank: expected 2, got {x.dim()}")
+    ck.check_arg(x.dim() == 2, "deep_ep.utils.math.per_token_cast_to_fp8", "x", "rank", 2, x.dim)
     m, n = x.shape
     aligned_n = align(n, 128)
     x_padded = torch.nn.functional.pad(x, (0, aligned_n - n), mode="constant", value=0)
@@ -58,10 +58,7 @@ def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Te
     (``float(byte << 23)``)."""
     if x_fp8.numel() == 0:
         return x_fp8.to(torch.bfloat16)
-    if x_fp8.dim() != 2:
-        raise ValueError(
-            f"deep_ep.utils.math.per_token_cast_back: argument 'x_fp8' rank: expected 2, got {x_fp8.dim()}"
-        )
+    ck.check_arg(x_fp8.dim() == 2, "deep_ep.utils.math.per_token_cast_back", "x_fp8", "rank", 2, x_fp8.dim)
     m, n = x_fp8.shape
     aligned_n = align(n, 128)
     x_fp8_padded = torch.nn.functional.pad(x_fp8, (0, aligned_n - n), mode="constant", value=0)
@@ -76,8 +73,7 @@ def per_token_cast_back(x_fp8: torch.Tensor, x_scales: torch.Tensor) -> torch.Te
 def inplace_unique(x: torch.Tensor, num_slots: int) -> None:
     """In place, per row: the distinct values of ``x`` in ``[0, num_slots)`` in descending order, then -1
     (negative entries are empty)."""
-    if x.dim() != 2:
-        raise ValueError(f"deep_ep.utils.math.inplace_unique: argument 'x' rank: expected 2, got {x.dim()}")
+    ck.check_arg(x.dim() == 2, "deep_ep.utils.math.inplace_unique", "x", "rank", 2, x.dim)
     mask = x < 0
     x_padded = x.masked_fill(mask, num_slots)
     bin_count = torch.zeros((x.size(0), num_slots + 1), dtype=x.dtype, device=x.device)

@@ -43,6 +43,7 @@ import functools
 import torch
 
 from torch_ascend_moe import _registry
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.outputs import absent
@@ -141,10 +142,11 @@ def _length(head: list[int]) -> int:
 
 
 def _bad_state(op: str, got: str) -> ValueError:
-    return ValueError(
-        f"{op}: argument 'backend_state' value: expected DeepEP's handle of the dispatch this handle comes from "
-        f"(DeepEP V2's EPHandle: a head starting with {MAGIC}, then its tensors), got {got}"
+    expected = (
+        "DeepEP's handle of the dispatch this handle comes from "
+        f"(DeepEP V2's EPHandle: a head starting with {MAGIC}, then its tensors)"
     )
+    return ValueError(ck.message(op, "backend_state", "value", expected, got))
 
 
 def unpack(op: str, state: torch.Tensor, r: int, t: int):

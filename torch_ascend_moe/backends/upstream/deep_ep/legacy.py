@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.low_latency import ll_combine_checks, ll_dispatch_checks
@@ -97,11 +98,11 @@ def pack(handle) -> torch.Tensor:
 
 
 def _bad_state(op: str, r: int, t: int, n: int, got) -> ValueError:
-    return ValueError(
-        f"{op}: argument 'backend_state' value: expected DeepEP's handle of the dispatch this handle comes from "
-        f"(R={r}, T={t}, N={n}: R*R + 2*R*C + N + 2*T*R int32 entries for some channel count C >= 1), got {got} "
-        "entries"
+    expected = (
+        f"DeepEP's handle of the dispatch this handle comes from (R={r}, T={t}, N={n}: R*R + 2*R*C + N + 2*T*R int32 "
+        "entries for some channel count C >= 1)"
     )
+    return ValueError(ck.message(op, "backend_state", "value", expected, f"{got} entries"))
 
 
 def unpack(op: str, state: torch.Tensor, r: int, t: int, n: int) -> tuple:
