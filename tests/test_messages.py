@@ -19,8 +19,6 @@ NEEDLE = ": argument '"
 OWNED_ELSEWHERE = {
     "torch_ascend_moe/autograd/grouped.py",
     "torch_ascend_moe/backends/portable/grouped.py",
-    "torch_ascend_moe/backends/portable/mega_moe.py",
-    "torch_ascend_moe/backends/upstream/deep_gemm/mega_moe.py",
 }
 
 # Messages that are not of checks.message's form, so the helper cannot write them word for word (and tests pin

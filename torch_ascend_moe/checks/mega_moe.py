@@ -10,7 +10,7 @@ from torch_ascend_moe import checks as ck
 
 OP = "ascend_moe::mega_moe"
 # The family has no C++ kernel (its portable kernel serves every device): every check function is Python's alone.
-PYTHON_ONLY = {name: (OP,) for name in ("_check_weights", "_check_shared", "mega_moe_signature")}
+PYTHON_ONLY = {name: (OP,) for name in ("_check_weights", "_check_shared", "mega_moe_signature", "check_topk_values")}
 GRAN = 32
 BLOCK = 128  # DeepGEMM's SM90 FP8 Mega MoE: x per 1x128, weights per 128x128 block, FP32 scales
 BLOCK_ACT_GRAN = 64  # ... and its L2 input requantized per 1x64 (FP32 scales, not powers of two)
@@ -168,3 +168,17 @@ def mega_moe_signature(a, ranks: int) -> tuple[int, int]:
         ck.check_arg(a.activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0", a.activation_clamp)
     ck.check_arg(a.timeout_s > 0, op, "timeout_s", "value", "a positive number of seconds", a.timeout_s)
     return experts * ranks, ranks
+
+
+def check_topk_values(topk_idx, num_experts: int) -> None:
+    """The kernel's check of values (a fake cannot see them): expert ids in ``[-1, E)``, -1 marking an empty slot.
+    ``topk_idx`` must be readable on the host (callers skip the check under graph capture)."""
+    bad = (topk_idx < -1) | (topk_idx >= num_experts)
+    ck.check_arg(
+        not bool(bad.any()),
+        OP,
+        "topk_idx",
+        "values",
+        f"expert ids in [-1, {num_experts})",
+        lambda: int(topk_idx[bad][0]),
+    )

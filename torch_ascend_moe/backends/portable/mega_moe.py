@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.checks.mega_moe import BLOCK, BLOCK_ACT_GRAN, OP, kind_of, mega_moe_signature
+from torch_ascend_moe.checks.mega_moe import BLOCK, BLOCK_ACT_GRAN, OP, check_topk_values, kind_of, mega_moe_signature
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.groups import group_size, resolve_group
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
@@ -158,12 +158,7 @@ def _combine_local(y_rows, row_map, shared):
 def mega_moe(args):
     num_experts, ranks = mega_moe_signature(args, group_size(OP, args.group_name))
     if args.group_name is None and args.topk_idx.numel() and capture.host_readable(args.topk_idx):
-        bad = (args.topk_idx < -1) | (args.topk_idx >= num_experts)
-        if bool(bad.any()):
-            raise ValueError(
-                f"ascend_moe::mega_moe: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), "
-                f"got {int(args.topk_idx[bad][0])}"
-            )
+        check_topk_values(args.topk_idx, num_experts)
     return pipeline(args)
 
 

@@ -56,7 +56,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     cuda_refusal,
     real_refusal,
 )
-from torch_ascend_moe.checks.mega_moe import GRAN, OP, mega_moe_signature
+from torch_ascend_moe.checks.mega_moe import GRAN, OP, check_topk_values, mega_moe_signature
 from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import group_size, resolve_group
 
@@ -318,13 +318,10 @@ def _header(args, num_experts: int):
     """(group, the largest T of any rank): our check on every rank and the bad-id verdict, before anything of
     DeepGEMM's. A local call checks its ids here."""
     idx = args.topk_idx
-    bad = (idx < -1) | (idx >= num_experts)
     if args.group_name is None:
-        if bool(bad.any()):
-            raise ValueError(
-                f"{OP}: argument 'topk_idx' values: expected expert ids in [-1, {num_experts}), got {int(idx[bad][0])}"
-            )
+        check_topk_values(idx, num_experts)
         return _LOCAL, args.x.shape[0]
+    bad = (idx < -1) | (idx >= num_experts)
     group = resolve_group(OP, args.group_name)
     fields = {
         "x's shape[1] (H)": args.x.shape[1],
