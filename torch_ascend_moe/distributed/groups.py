@@ -30,3 +30,11 @@ def resolve_group(op: str, group_name: str):
         return dist.distributed_c10d._resolve_process_group(group_name)
     except Exception as e:  # noqa: BLE001  (torch raises various types for unknown names)
         raise ValueError(ck.message(op, "group_name", "value", "the name of a live process group", group_name)) from e
+
+
+def checked_size(op: str, signature, args) -> int:
+    """The size R of ``args.group_name``'s group (resolved first, with its own error), once ``signature(args, R)``
+    (the op's argument checks, ``checks/ep.py``) has passed."""
+    r = resolve_group(op, args.group_name).size()
+    signature(args, r)
+    return r
