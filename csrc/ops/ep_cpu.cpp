@@ -13,13 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "checks.h"
+#include "ep_checks.h"
 #include "rows.h"
 
 namespace ascend_moe {
 namespace {
-
-constexpr const char* kReduceOp = "ep_combine_reduce";
 
 // out[t] = round(0 + bias_0[t] + bias_1[t] + rows[i_0] + rows[i_1] + ...) over the rows i with dest[i] == t in
 // visiting order (default ascending i), accumulated in Acc; row i is found through `row` (rows arrive as blocks: this rank's own rows and
@@ -59,57 +57,29 @@ at::Tensor& ep_combine_reduce_out_cpu(at::TensorList blocks, const at::Tensor& d
                                       const c10::optional<at::Tensor>& bias_0,
                                       const c10::optional<at::Tensor>& bias_1,
                                       const c10::optional<at::Tensor>& visit, at::Tensor& out) {
-  AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
+  const int64_t n = ep::combine_reduce_signature(blocks, dest, num_tokens, bias_0, bias_1, visit);
   const at::Tensor& first = blocks[0];
-  const int64_t h = first.dim() == 2 ? first.size(1) : 0;
-  int64_t n = 0;
+  const int64_t h = first.size(1);
   std::vector<const void*> row;
   for (const at::Tensor& rows : blocks) {
-    check_rank(kReduceOp, "rows", rows, 2, "[rows, hidden]");
-    AM_CHECK_ARG(is_gemm_dtype(rows.scalar_type()), kReduceOp, "rows", "dtype", kGemmDtypes,
-                 dtype_name(rows.scalar_type()));
-    AM_CHECK_ARG(rows.scalar_type() == first.scalar_type(), kReduceOp, "rows", "dtype", dtype_name(first.scalar_type()),
-                 dtype_name(rows.scalar_type()));
-    AM_CHECK_ARG(rows.size(1) == h, kReduceOp, "rows", "size(1)", h, rows.size(1));
-    AM_CHECK_ARG(rows.size(1) <= 1 || rows.stride(1) == 1, kReduceOp, "rows", "stride(1)", 1, rows.stride(1));
     const char* base = static_cast<const char*>(rows.const_data_ptr());
     const int64_t stride = rows.stride(0) * rows.element_size();
     for (int64_t i = 0; i < rows.size(0); ++i) row.push_back(base + i * stride);
-    n += rows.size(0);
-  }
-  check_rank(kReduceOp, "dest", dest, 1, "[rows]");
-  AM_CHECK_ARG(dest.scalar_type() == at::kLong, kReduceOp, "dest", "dtype", "torch.int64",
-               dtype_name(dest.scalar_type()));
-  AM_CHECK_ARG(dest.size(0) == n, kReduceOp, "dest", "size(0)", n, dest.size(0));
-  check_int_arg(kReduceOp, "num_tokens", num_tokens, 0);
-  for (const auto& [name, b] : {std::pair{"bias_0", bias_0}, std::pair{"bias_1", bias_1}}) {
-    if (b.has_value()) {
-      AM_CHECK_ARG(b->dim() == 2 && b->size(0) == num_tokens && b->size(1) == h, kReduceOp, name, "shape",
-                   shape_str({num_tokens, h}), shape_str(b->sizes()));
-    }
   }
   // The rows in visiting order: ascending, or `visit` (a permutation: the order a token's copies add in).
   at::Tensor v;
   const int64_t* vp = nullptr;
   if (visit.has_value()) {
-    check_rank(kReduceOp, "visit", *visit, 1, "[rows]");
-    AM_CHECK_ARG(visit->scalar_type() == at::kLong, kReduceOp, "visit", "dtype", "torch.int64",
-                 dtype_name(visit->scalar_type()));
-    AM_CHECK_ARG(visit->size(0) == n, kReduceOp, "visit", "size(0)", n, visit->size(0));
+    ep::check_visit_values(*visit, n);
     v = visit->contiguous();
     vp = v.const_data_ptr<int64_t>();
-    for (int64_t q = 0; q < n; ++q) {
-      AM_CHECK_ARG(vp[q] >= 0 && vp[q] < n, kReduceOp, "visit", "values",
-                   "row indices in [0, " + std::to_string(n) + ")", vp[q]);
-    }
   }
+  ep::check_dest_values(dest, num_tokens);
   // A stable counting sort of the rows by destination token: begin[t] .. begin[t + 1] in visiting order.
   const at::Tensor d = dest.contiguous();
   const int64_t* dp = d.const_data_ptr<int64_t>();
   std::vector<int64_t> begin(num_tokens + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    AM_CHECK_ARG(dp[i] >= -1 && dp[i] < num_tokens, kReduceOp, "dest", "values",
-                 "token indices in [-1, " + std::to_string(num_tokens) + ")", dp[i]);
     if (dp[i] >= 0) ++begin[dp[i] + 1];
   }
   for (int64_t t = 0; t < num_tokens; ++t) begin[t + 1] += begin[t];
@@ -118,10 +88,7 @@ at::Tensor& ep_combine_reduce_out_cpu(at::TensorList blocks, const at::Tensor& d
     const int64_t i = vp ? vp[q] : q;
     if (dp[i] >= 0) order[fill[dp[i]]++] = i;
   }
-  AM_CHECK_ARG(out.scalar_type() == first.scalar_type(), kReduceOp, "out", "dtype", dtype_name(first.scalar_type()),
-               dtype_name(out.scalar_type()));
-  AM_CHECK_ARG(out.dim() == 2 && out.size(0) == num_tokens && out.size(1) == h && out.is_contiguous(), kReduceOp,
-               "out", "shape", "contiguous " + shape_str({num_tokens, h}), shape_str(out.sizes()));
+  ep::check_reduce_out(out, first, num_tokens, h);
   switch (first.scalar_type()) {
     case at::kBFloat16:
       reduce_rows<c10::BFloat16, float>(row, begin, order, bias_0, bias_1, out);
@@ -141,9 +108,8 @@ at::Tensor& ep_combine_reduce_out_cpu(at::TensorList blocks, const at::Tensor& d
 at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, int64_t num_tokens,
                                  const c10::optional<at::Tensor>& bias_0, const c10::optional<at::Tensor>& bias_1,
                                  const c10::optional<at::Tensor>& visit) {
-  AM_CHECK_ARG(!blocks.empty(), kReduceOp, "rows", "length", "at least one block", 0);
-  check_int_arg(kReduceOp, "num_tokens", num_tokens, 0);
-  const int64_t h = blocks[0].dim() == 2 ? blocks[0].size(1) : 0;
+  ep::combine_reduce_signature(blocks, dest, num_tokens, bias_0, bias_1, visit);  // before num_tokens sizes `out`
+  const int64_t h = blocks[0].size(1);
   at::Tensor out = at::empty({num_tokens, h}, blocks[0].options().memory_format(at::MemoryFormat::Contiguous));
   return ep_combine_reduce_out_cpu(blocks, dest, num_tokens, bias_0, bias_1, visit, out);
 }
@@ -154,8 +120,6 @@ at::Tensor ep_combine_reduce_cpu(at::TensorList blocks, const at::Tensor& dest, 
 // The portable kernel (torch_ascend_moe/backends/portable/ep.py: _send_plan_portable, _unpack_portable) builds
 // the same results from ~40 small tensor ops; on a CPU their fixed cost is most of a small dispatch. Bit for bit
 // the same outputs (tested against each other).
-
-constexpr const char* kPlanOp = "ep_dispatch_plan";
 
 template <typename I>
 void sanitize_ids(const at::Tensor& topk_idx, int64_t num_experts, int64_t* out, int64_t& bad) {
@@ -187,11 +151,7 @@ void put_rows(const at::Tensor& src, uint8_t* dst, int64_t width, int64_t at) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
     const at::Tensor& topk_idx, int64_t num_experts, int64_t num_ranks, bool padded,
     const c10::optional<at::Tensor>& x_scales, const c10::optional<at::Tensor>& topk_weights) {
-  check_rank(kPlanOp, "topk_idx", topk_idx, 2, "[T, K]");
-  check_int_arg(kPlanOp, "num_experts", num_experts, 1);
-  check_int_arg(kPlanOp, "num_ranks", num_ranks, 1);
-  AM_CHECK_ARG(num_experts % num_ranks == 0, kPlanOp, "num_experts", "value", "a multiple of num_ranks",
-               num_experts);
+  ep::dispatch_plan_signature(topk_idx, num_experts, num_ranks, x_scales, topk_weights);
   const int64_t t = topk_idx.size(0), k = topk_idx.size(1), per_rank = num_experts / num_ranks;
   const auto long_opts = topk_idx.options().dtype(at::kLong);
   at::Tensor ids = at::empty({t, k}, long_opts);
@@ -200,8 +160,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
   if (topk_idx.scalar_type() == at::kLong) {
     sanitize_ids<int64_t>(topk_idx, num_experts, id, bad);
   } else {
-    AM_CHECK_ARG(topk_idx.scalar_type() == at::kInt, kPlanOp, "topk_idx", "dtype", "torch.int64 or torch.int32",
-                 dtype_name(topk_idx.scalar_type()));
     sanitize_ids<int32_t>(topk_idx, num_experts, id, bad);
   }
   // in_rank[d * T + i]: token i has an expert on rank d (a token goes to a rank once, however many of its ids).
@@ -232,15 +190,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
     }
   }
   int64_t scale_bytes = 0;  // bytes per row, whatever T (0 rows still have a width)
-  if (x_scales.has_value()) {
-    check_rank(kPlanOp, "x_scales", *x_scales, 2, "[T, S]");
-    AM_CHECK_ARG(x_scales->size(0) == t, kPlanOp, "x_scales", "size(0)", t, x_scales->size(0));
-    scale_bytes = x_scales->size(1) * x_scales->element_size();
-  }
-  if (topk_weights.has_value()) {
-    AM_CHECK_ARG(topk_weights->sizes() == topk_idx.sizes(), kPlanOp, "topk_weights", "shape",
-                 shape_str(topk_idx.sizes()), shape_str(topk_weights->sizes()));
-  }
+  if (x_scales.has_value()) scale_bytes = x_scales->size(1) * x_scales->element_size();
   const int64_t weight_bytes = topk_weights.has_value() ? k * topk_weights->element_size() : 0;
   const int64_t used = scale_bytes + k * 8 + weight_bytes, width = used + (8 - used % 8) % 8 + 8;
   at::Tensor meta = at::empty({t, width}, topk_idx.options().dtype(at::kByte));
@@ -256,8 +206,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ep_dispatch_plan_cpu(
   return {counts, send_src, meta};
 }
 
-constexpr const char* kUnpackOp = "ep_dispatch_unpack";
-
 // The receive side of a dispatch's metadata rows (meta [N, W], as ep_dispatch_plan packed them; a row whose tag is
 // 0 is padding): (scales [N, scale_bytes] uint8, recv_topk_idx [N, K]: the ids of this rank's experts as local
 // ids, else -1, weights [N, K * weight_size] uint8: the weights of those slots, zero bytes on the others,
@@ -266,16 +214,8 @@ constexpr const char* kUnpackOp = "ep_dispatch_unpack";
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispatch_unpack_cpu(
     const at::Tensor& meta, int64_t scale_bytes, int64_t k, int64_t weight_size, int64_t first_expert,
     int64_t local_experts, int64_t alignment) {
-  check_rank(kUnpackOp, "meta", meta, 2, "[N, W]");
-  AM_CHECK_ARG(meta.scalar_type() == at::kByte, kUnpackOp, "meta", "dtype", "torch.uint8",
-               dtype_name(meta.scalar_type()));
-  check_int_arg(kUnpackOp, "scale_bytes", scale_bytes, 0);
-  check_int_arg(kUnpackOp, "k", k, 0);
-  check_int_arg(kUnpackOp, "weight_size", weight_size, 0);
-  check_int_arg(kUnpackOp, "local_experts", local_experts, 1);
-  check_int_arg(kUnpackOp, "alignment", alignment, 1);
+  ep::dispatch_unpack_signature(meta, scale_bytes, k, weight_size, local_experts, alignment);
   const int64_t used = scale_bytes + k * 8 + k * weight_size, width = used + (8 - used % 8) % 8 + 8;
-  AM_CHECK_ARG(meta.size(1) == width, kUnpackOp, "meta", "size(1)", width, meta.size(1));
   const at::Tensor rows = meta.contiguous();
   const uint8_t* m = rows.const_data_ptr<uint8_t>();
   const int64_t n = rows.size(0);
@@ -324,8 +264,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ep_dispat
 // The portable twin is torch_ascend_moe/deep_ep/buffers/elastic.py::_handle_fields_portable (~25 tensor ops);
 // bitwise the same (tested against each other).
 
-constexpr const char* kHandleOp = "elastic_handle_fields";
-
 // recv_counts [R]: rows from each source; recv_gather [N]: each output row's receive-buffer row, -1 padding;
 // recv_src_idx [N]: its token on the source; recv_topk_idx [N, K]: local ids or -1; topk_idx [T, K]: this rank's
 // ids. Returns (psum_scaleup [su] int32: cumulative real rows per source scale-up index (ranks i::su), meta
@@ -336,12 +274,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> elastic_handle_fields
     const at::Tensor& recv_counts, const at::Tensor& recv_gather, const at::Tensor& recv_src_idx,
     const at::Tensor& recv_topk_idx, const at::Tensor& topk_idx, int64_t num_max, int64_t num_scaleup_ranks,
     int64_t local_experts, bool padded) {
-  check_rank(kHandleOp, "recv_topk_idx", recv_topk_idx, 2, "[N, K]");
-  check_rank(kHandleOp, "topk_idx", topk_idx, 2, "[T, K]");
-  check_int_arg(kHandleOp, "num_scaleup_ranks", num_scaleup_ranks, 1);
-  check_int_arg(kHandleOp, "local_experts", local_experts, 1);
+  ep::handle_fields_signature(recv_counts, recv_topk_idx, topk_idx, num_scaleup_ranks, local_experts);
   const int64_t r = recv_counts.numel(), n = recv_gather.numel(), k = recv_topk_idx.size(1);
-  AM_CHECK_ARG(r % num_scaleup_ranks == 0, kHandleOp, "num_scaleup_ranks", "value", "a divisor of the ranks", r);
   const at::Tensor counts = recv_counts.to(at::kLong).contiguous(), gather = recv_gather.to(at::kLong).contiguous();
   const at::Tensor src_idx = recv_src_idx.to(at::kLong).contiguous();
   const at::Tensor ids = recv_topk_idx.to(at::kLong).contiguous(), sent = topk_idx.to(at::kLong).contiguous();

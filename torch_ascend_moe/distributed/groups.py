@@ -35,3 +35,11 @@ def resolve_group(op: str, group_name: str):
 def group_size(op: str, group_name: str | None) -> int:
     """The number of ranks of the group called ``group_name``; 1 without a group (a single-process call)."""
     return 1 if group_name is None else dist.get_world_size(resolve_group(op, group_name))
+
+
+def checked_size(op: str, signature, args) -> int:
+    """The size R of ``args.group_name``'s group (resolved first, with its own error), once ``signature(args, R)``
+    (the op's argument checks, ``checks/ep.py``) has passed."""
+    r = resolve_group(op, args.group_name).size()
+    signature(args, r)
+    return r

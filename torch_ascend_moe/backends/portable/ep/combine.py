@@ -9,15 +9,15 @@ from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.ep.header import Transport, combine_fields
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
 from torch_ascend_moe.backends.portable.ep.route import checked_route
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture, payload, transport
-from torch_ascend_moe.meta import ep as meta
 
 
 @portable_kernel
 def ep_combine(args):
-    op = meta.COMBINE
+    op = ep_checks.COMBINE
     # The reverse route: what this rank received it now sends back.
-    _, group, route = checked_route(op, meta.combine_signature, combine_fields, args, Transport.OURS)
+    _, group, route = checked_route(op, ep_checks.combine_signature, combine_fields, args, Transport.OURS)
     device = args.x.device
     # Rows go back in the dispatch's receive-buffer order: a compact handle's rows already are (no copy).
     sends = [args.x] if args.topk_weights is None else [args.x, args.topk_weights]
@@ -60,6 +60,7 @@ def _reduce_rows(blocks, dest, num_tokens, bias_0, bias_1, passes, visit=None):
         return torch.ops.ascend_moe_kernels.ep_combine_reduce.out(
             blocks, dest, num_tokens, bias_0, bias_1, visit, out=out
         )
+    ep_checks.combine_reduce_signature(blocks, dest, num_tokens, bias_0, bias_1, visit)
     rows = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
     if visit is not None:
         rows, dest = payload.take_rows(rows, visit, False), dest[visit]

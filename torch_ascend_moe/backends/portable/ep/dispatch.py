@@ -20,15 +20,15 @@ from torch_ascend_moe.backends.portable.ep.header import (
 from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
 from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
 from torch_ascend_moe.backends.portable.ep.route import checked_route
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture, payload, transport
 from torch_ascend_moe.distributed.groups import resolve_group
-from torch_ascend_moe.meta import ep as meta
 
 
 @portable_kernel
 def ep_dispatch(args):
-    op = meta.DISPATCH
-    r = checked_on_every_rank(op, args, meta.dispatch_signature)
+    op = ep_checks.DISPATCH
+    r = checked_on_every_rank(op, args, ep_checks.dispatch_signature)
     group = resolve_group(op, args.group_name)
     rank, device = group.rank(), args.x.device
     t, h = args.x.shape
@@ -159,6 +159,7 @@ def _send_plan(topk_idx, num_experts: int, r: int, padded: bool, x_scales, topk_
             topk_idx, num_experts, r, padded, x_scales, topk_weights
         )
         return counts[r:], counts[:r], send_src, meta
+    ep_checks.dispatch_plan_signature(topk_idx, num_experts, r, x_scales, topk_weights)
     return _send_plan_portable(topk_idx, num_experts, r, padded, x_scales, topk_weights)
 
 
@@ -194,6 +195,7 @@ def _unpack(meta, scale_bytes: int, k: int, weight_size: int, first_expert: int,
         return torch.ops.ascend_moe_kernels.ep_dispatch_unpack(
             meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment
         )
+    ep_checks.dispatch_unpack_signature(meta, scale_bytes, k, weight_size, local_experts, alignment)
     return _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_experts, alignment)
 
 
@@ -219,8 +221,8 @@ def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_expe
 
 @portable_kernel
 def ep_dispatch_cached(args):
-    op = meta.CACHED
-    _, group, route = checked_route(op, meta.cached_signature, cached_fields, args, Transport.OURS)
+    op = ep_checks.CACHED
+    _, group, route = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.OURS)
     n = args.recv_gather.shape[0]
     pairs = [(args.x, args.x.new_empty(route.rows_out, args.x.shape[1]))]
     if args.x_scales is not None:

@@ -8,16 +8,16 @@ import torch
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture, payload
-from torch_ascend_moe.meta import ep as meta
 
 
 @portable_kernel
 def ep_expand(args):
     """One row per (row, local expert) slot, expert-major, each block aligned; no host sync when ``num_rows``
     is given (the static capacity) and no boolean indexing: scatters land -1 slots in a spare row."""
-    op = meta.EXPAND
-    meta.expand_signature(args)
+    op = ep_checks.EXPAND
+    ep_checks.expand_signature(args)
     device = args.x.device
     n, k = args.topk_idx.shape
     local, align = args.num_local_experts, args.expert_alignment

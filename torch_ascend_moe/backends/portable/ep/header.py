@@ -7,8 +7,9 @@ from __future__ import annotations
 import enum
 
 from torch_ascend_moe import checks as ck
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement
-from torch_ascend_moe.meta import ep as meta
+from torch_ascend_moe.distributed.groups import checked_size
 
 
 class Transport(enum.IntEnum):
@@ -24,8 +25,8 @@ TRANSPORT_FIELD = "the transport (0: torch.distributed, 1: DeepEP's Buffer, 2: D
 
 
 def checked_on_every_rank(op: str, args, signature) -> int:
-    """``signature(args)`` (the fake's checks) run on every rank with one agreed verdict: the world size R."""
-    return agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: signature(args))
+    """``signature(args, R)`` (the fake's checks) run on every rank with one agreed verdict: the world size R."""
+    return agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: checked_size(op, signature, args))
 
 
 def dispatch_fields(args, transport: Transport) -> dict:
@@ -67,7 +68,7 @@ def combine_fields(args, transport: Transport) -> dict:
 def bad_ids(args) -> str:
     """The error for expert ids out of range on some ranks (``{ranks}``: which)."""
     expected = f"expert ids in [-1, {args.num_experts}) on every rank"
-    return ck.message(meta.DISPATCH, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
+    return ck.message(ep_checks.DISPATCH, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
 
 
 def static_overflow(op: str, num_worst_tokens: int, rank: int, received) -> str:

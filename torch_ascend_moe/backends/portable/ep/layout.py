@@ -8,19 +8,19 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import ep as meta
 
 
 @portable_kernel("ep_dispatch_layout")
 def layout(topk_idx, num_experts, num_ranks, ranks_per_node):
     """DeepEP's get_dispatch_layout (specs §3)."""
-    meta.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
+    ep_checks.layout_signature(topk_idx, num_experts, num_ranks, ranks_per_node)
     if not capture.capturing(topk_idx.device):
         bad = (topk_idx < -1) | (topk_idx >= num_experts)
         if bool(bad.any()):
             expected = f"expert ids in [-1, {num_experts})"
-            raise ValueError(ck.message(meta.LAYOUT, "topk_idx", "values", expected, int(topk_idx[bad][0])))
+            raise ValueError(ck.message(ep_checks.LAYOUT, "topk_idx", "values", expected, int(topk_idx[bad][0])))
     return layout_of(topk_idx.long(), num_experts, num_ranks, ranks_per_node)
 
 

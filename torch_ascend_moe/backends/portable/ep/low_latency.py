@@ -11,6 +11,7 @@ from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.header import TRANSPORT_FIELD, Transport, checked_on_every_rank
 from torch_ascend_moe.backends.portable.ep.outputs import ABSENT, no_backend_state
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.distributed.payload import as_bytes, join, split
@@ -24,7 +25,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     stored ``scale_inv = amax * (1 / 448)``; ``round_scale`` makes ``scale_inv`` a power of two (rounded up) and
     ``scale = 1 / scale_inv``; ``use_ue8m0`` stores its exponent byte, 4 per int32."""
     t, h = x.shape
-    groups = x.float().reshape(t, h // meta.LL_BLOCK, meta.LL_BLOCK)  # any strides
+    groups = x.float().reshape(t, h // ep_checks.LL_BLOCK, ep_checks.LL_BLOCK)  # any strides
     amax = groups.abs().amax(-1).clamp(min=1e-4)
     # DeepEP's FP32 arithmetic exactly (csrc/kernels/legacy/utils.cuh, calculate_fp8_scales): scale_inv is amax
     # times the FP32 constant 1/448 (not amax / 448: an ulp apart), scale a true division (torch's ``448 / t`` is a
@@ -50,9 +51,9 @@ def ll_dispatch_checks(args, extra: torch.Tensor | None = None, transport: Trans
     exchanges (shapes and options agree; a bad id on any rank fails every rank); skipped while capturing (device
     asserts instead). Returns ``(group, ranks, ids with out-of-range ones as -1, the ranks' ``extra`` ints or
     None)``."""
-    op = meta.LL_DISPATCH
+    op = ep_checks.LL_DISPATCH
     t_max = args.num_max_dispatch_tokens_per_rank
-    r = checked_on_every_rank(op, args, meta.ll_dispatch_signature)
+    r = checked_on_every_rank(op, args, ep_checks.ll_dispatch_signature)
     group = resolve_group(op, args.group_name)
     device = args.x.device
     t, h = args.x.shape
@@ -99,7 +100,7 @@ def ll_dispatch_checks(args, extra: torch.Tensor | None = None, transport: Trans
 
 def ll_transport(args, group, r: int, idx: torch.Tensor):
     """The low-latency dispatch's data movement over ``all_to_all`` (after ``ll_dispatch_checks``)."""
-    op = meta.LL_DISPATCH
+    op = ep_checks.LL_DISPATCH
     t_max = args.num_max_dispatch_tokens_per_rank
     device = args.x.device
     t, h = args.x.shape
@@ -195,8 +196,8 @@ def ll_combine_checks(
     """The low-latency combine's checks, the same on every backend: signature and the header every rank exchanges
     (shapes and options agree; ``errors`` raised on every rank if any rank flags one), skipped while capturing.
     Returns ``(group, ranks, the ranks' ``extra`` ints or None)``."""
-    op = meta.LL_COMBINE
-    r = checked_on_every_rank(op, args, meta.ll_combine_signature)
+    op = ep_checks.LL_COMBINE
+    r = checked_on_every_rank(op, args, ep_checks.ll_combine_signature)
     group = resolve_group(op, args.group_name)
     local, _, h = args.x.shape
     fields = {
@@ -221,7 +222,7 @@ def ep_low_latency_combine(args):
 def ll_combine_transport(args, group, r: int):
     """The low-latency combine's data movement over ``all_to_all`` and its slot-order FP32 sum (after
     ``ll_combine_checks``)."""
-    op = meta.LL_COMBINE
+    op = ep_checks.LL_COMBINE
     t_max = args.num_max_dispatch_tokens_per_rank
     device = args.x.device
     local, n, h = args.x.shape

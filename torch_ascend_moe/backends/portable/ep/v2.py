@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture
 
 
@@ -28,6 +29,7 @@ def handle_fields(recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, nu
         return torch.ops.ascend_moe_kernels.elastic_handle_fields(
             recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
         )
+    ep_checks.handle_fields_signature(recv_counts, recv_idx, topk_idx, su, local)
     return handle_fields_portable(
         recv_counts, recv_gather, recv_src_idx, recv_idx, topk_idx, num_max, su, local, padded
     )

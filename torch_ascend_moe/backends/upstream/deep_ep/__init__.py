@@ -24,9 +24,9 @@ from torch_ascend_moe.backends.chain import on_refresh
 from torch_ascend_moe.backends.portable.ep.header import bad_ids, dispatch_fields, static_overflow
 from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
 from torch_ascend_moe.backends.portable.ep.outputs import absent
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture
-from torch_ascend_moe.distributed.groups import resolve_group
-from torch_ascend_moe.meta import ep as meta
+from torch_ascend_moe.distributed.groups import checked_size, resolve_group
 
 # ---- buffers ----
 
@@ -85,11 +85,11 @@ def fills_uninitialized() -> bool:
     return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
 
 
-def valid(signature, args) -> int | None:
-    """The world size when our check passes, else None (the kernel then chosen raises the op's error on every
-    rank: a ``takes`` must not raise, or the other ranks would wait for this one's header)."""
+def valid(op: str, signature, args) -> int | None:
+    """The world size when our check (``signature(args, R)``) passes, else None (the kernel then chosen raises the
+    op's error on every rank: a ``takes`` must not raise, or the other ranks would wait for this one's header)."""
     try:
-        return signature(args)
+        return checked_size(op, signature, args)
     except ValueError:
         return None
 
@@ -153,8 +153,10 @@ def dispatch_header(args, transport: int) -> Header:
     rejecting its arguments, or one on another transport, makes every rank raise instead of leaving the others in
     DeepEP's collective. DeepEP's ``get_dispatch_layout`` is computed by ours (same definitions, device ops). A
     static dispatch whose ``num_worst_tokens`` is too small raises on every rank before DeepEP writes a row."""
-    op = meta.DISPATCH
-    r = agreement.checked(op, args.group_name, args.x, args.timeout_s, lambda: meta.dispatch_signature(args))
+    op = ep_checks.DISPATCH
+    r = agreement.checked(
+        op, args.group_name, args.x, args.timeout_s, lambda: checked_size(op, ep_checks.dispatch_signature, args)
+    )
     group = resolve_group(op, args.group_name)
     t = args.topk_idx.shape[0]
     idx = args.topk_idx.long()

@@ -50,8 +50,8 @@ from torch_ascend_moe.backends.portable.ep.outputs import absent
 from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import ep as meta
 from torch_ascend_moe.ops.ep import ep_copy_order
 
 
@@ -211,7 +211,7 @@ def _rows(x: torch.Tensor, x_scales) -> str | None:
 
 
 def _takes_dispatch(args):
-    r = shared.valid(meta.dispatch_signature, args)
+    r = shared.valid(ep_checks.DISPATCH, ep_checks.dispatch_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     k = args.topk_idx.shape[1]
@@ -226,7 +226,7 @@ def _takes_dispatch(args):
 
 
 def _takes_cached(args):
-    r = shared.valid(meta.cached_signature, args)
+    r = shared.valid(ep_checks.CACHED, ep_checks.cached_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     return first_refusal(
@@ -253,7 +253,7 @@ def _slot_order_refusal(args, r: int) -> str | None:
 
 
 def _takes_combine(args):
-    r = shared.valid(meta.combine_signature, args)
+    r = shared.valid(ep_checks.COMBINE, ep_checks.combine_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     biases = [b for b in (args.bias_0, args.bias_1) if b is not None]
@@ -318,8 +318,8 @@ def _pad(rows: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 
 def _cached(args):
-    op = meta.CACHED
-    r, group, _ = checked_route(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
+    op = ep_checks.CACHED
+    r, group, _ = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.x.shape[0])
     fp8 = args.x_scales is not None
     buffer, _ = _buffer(
@@ -338,8 +338,8 @@ def _cached(args):
 
 
 def _combine(args):
-    op = meta.COMBINE
-    r, group, _ = checked_route(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP_V2)
+    op = ep_checks.COMBINE
+    r, group, _ = checked_route(op, ep_checks.combine_signature, combine_fields, args, Transport.DEEP_EP_V2)
     handle, n = unpack(op, args.backend_state, r, args.num_tokens)
     k = handle.topk_idx.shape[1]
     buffer, _ = _buffer(args.group_name, group, handle.num_max_tokens_per_rank, args.x.shape[1], k, False)

@@ -52,8 +52,8 @@ from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_sta
 from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
+from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import ep as meta
 
 
 def _v1_build(module) -> str | None:
@@ -142,7 +142,7 @@ def _shared_refusal(x: torch.Tensor, r: int, *tensors) -> str | None:
 
 
 def _takes_dispatch(args):
-    r = shared.valid(meta.dispatch_signature, args)
+    r = shared.valid(ep_checks.DISPATCH, ep_checks.dispatch_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     return first_refusal(
@@ -161,7 +161,7 @@ def _takes_dispatch(args):
 
 
 def _takes_cached(args):
-    r = shared.valid(meta.cached_signature, args)
+    r = shared.valid(ep_checks.CACHED, ep_checks.cached_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     return first_refusal(
@@ -174,7 +174,7 @@ def _takes_cached(args):
 
 
 def _takes_combine(args):
-    r = shared.valid(meta.combine_signature, args)
+    r = shared.valid(ep_checks.COMBINE, ep_checks.combine_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     biases = [b for b in (args.bias_0, args.bias_1) if b is not None]
@@ -232,8 +232,8 @@ def ep_dispatch(args):
     available=DEEP_EP.available,
 )
 def ep_dispatch_cached(args):
-    op = meta.CACHED
-    r, group, _ = checked_route(op, meta.cached_signature, cached_fields, args, Transport.DEEP_EP)
+    op = ep_checks.CACHED
+    r, group, _ = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.DEEP_EP)
     n = args.recv_gather.shape[0]
     handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
@@ -255,8 +255,8 @@ def ep_dispatch_cached(args):
     available=DEEP_EP.available,
 )
 def ep_combine(args):
-    op = meta.COMBINE
-    r, group, _ = checked_route(op, meta.combine_signature, combine_fields, args, Transport.DEEP_EP)
+    op = ep_checks.COMBINE
+    r, group, _ = checked_route(op, ep_checks.combine_signature, combine_fields, args, Transport.DEEP_EP)
     handle = unpack(op, args.backend_state, r, args.num_tokens, args.x.shape[0])
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
     biases = tuple(b.contiguous() for b in (args.bias_0, args.bias_1) if b is not None)
@@ -347,7 +347,7 @@ def _ll_refusal(x: torch.Tensor, r: int, group_name: str, t_max: int, hidden: in
 
 
 def _takes_ll_dispatch(args):
-    r = shared.valid(meta.ll_dispatch_signature, args)
+    r = shared.valid(ep_checks.LL_DISPATCH, ep_checks.ll_dispatch_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     t_max, hidden = args.num_max_dispatch_tokens_per_rank, args.x.shape[1]
@@ -358,7 +358,7 @@ def _takes_ll_dispatch(args):
 
 
 def _takes_ll_combine(args):
-    r = shared.valid(meta.ll_combine_signature, args)
+    r = shared.valid(ep_checks.LL_COMBINE, ep_checks.ll_combine_signature, args)
     if r is None:
         return refuse(shared.INVALID)
     local, _, hidden = args.x.shape
