@@ -5,8 +5,9 @@ with the same words; the shared helpers (checks.h, checks/__init__.py) likewise.
 Each side is read as source: per function, the sequence of calls to check functions (``check_arg`` /
 ``AM_CHECK_ARG`` and every function the Python side defines), each with the message pieces it passes (string
 literals and named constants such as the op name as text, f-strings and ``+`` concatenations as templates with
-``{}`` for the computed parts, a ternary as ``x|y``; computed values drop out). A check one side gains and the
-other lacks, a reworded message or a reordered check fails here, before any bad-input test runs.
+``{}`` for the computed parts, a ternary as ``x|y``, ``None`` and ``std::nullopt`` as ``None``; computed values drop
+out). A check one side gains and the other lacks, a reworded message or a reordered check fails here, before any
+bad-input test runs.
 
 An op with no C++ kernel (a device-generic Python kernel only) has no C++ checks to twin: a family lists the
 Python check functions of such ops in ``PYTHON_ONLY`` (function -> the ops it checks), and those are compared with
@@ -168,6 +169,8 @@ def cpp_text(expr: str, consts: dict[str, str]) -> str:
         return expr[1:-1].replace('\\"', '"')
     if re.fullmatch(r"-?\d+", expr):
         return expr
+    if expr == "std::nullopt":
+        return "None"
     if expr in consts:
         return consts[expr]
     pieces = split_top(expr, ("+",))

@@ -25,82 +25,15 @@
 #include <utility>
 #include <vector>
 
-#include "checks.h"
 #include "fp8_gemm.h"
-#include "fp8_linear_checks.h"
 #include "gemm.h"
+#include "grouped_checks.h"
 #include "quant.h"
 
 namespace ascend_moe {
 namespace {
 
-constexpr const char* kMGrouped = "ascend_moe::m_grouped_bf16_gemm";
-constexpr const char* kMasked = "ascend_moe::m_grouped_bf16_gemm_masked";
-constexpr const char* kKGrouped = "ascend_moe::k_grouped_bf16_gemm";
-constexpr const char* kMGroupedFp8 = "ascend_moe::m_grouped_fp8_gemm";
-constexpr const char* kMaskedFp8 = "ascend_moe::m_grouped_fp8_gemm_masked";
-constexpr const char* kLinearFp8 = "ascend_moe::m_grouped_fp8_linear";
-constexpr const char* kQuantFp8 = "ascend_moe::m_grouped_fp8_quant_gemm";
-constexpr const char* kKGroupedFp8 = "ascend_moe::k_grouped_fp8_gemm";
-
-struct Segment {
-  int64_t group, begin, end;  // rows [begin, end) belong to `group`
-};
-
-int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
-void check_layout_tensor(const char* op, const at::Tensor& layout, bool psum, int64_t length, const at::Tensor& ref) {
-  check_rank(op, "layout", layout, 1, psum ? "[G] (cumulative group ends)" : "[M] (group id per row, -1 = padding)");
-  AM_CHECK_ARG(layout.scalar_type() == at::kInt, op, "layout", "dtype", "torch.int32", dtype_name(layout.scalar_type()));
-  check_same_device(op, "layout", layout, ref);
-  check_dim_size(op, "layout", layout, 0, psum ? "groups" : "rows", length, psum ? "b's groups" : "rows of a");
-}
-
-// The rows of each group, validated against the data (eager only: a fake cannot see values).
-std::vector<Segment> layout_segments(const char* op, const at::Tensor& layout, bool psum, int64_t alignment,
-                                     int64_t rows, int64_t groups) {
-  const at::Tensor values = layout.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* v = values.const_data_ptr<int64_t>();
-  std::vector<Segment> segments;
-  if (psum) {
-    int64_t prev = 0;
-    for (int64_t g = 0; g < values.numel(); ++g) {
-      const int64_t start = align_up(prev, alignment);
-      AM_CHECK_ARG(v[g] >= start && v[g] <= rows, op, "layout", "values",
-                   "cumulative group ends (psum): layout[g] >= align(layout[g-1], alignment=" +
-                       std::to_string(alignment) + ") and <= " + std::to_string(rows) + " rows",
-                   "layout[" + std::to_string(g) + "] = " + std::to_string(v[g]) + " (group start " +
-                       std::to_string(start) + ")");
-      segments.push_back({g, start, v[g]});
-      prev = v[g];
-    }
-    return segments;
-  }
-  for (int64_t i = 0; i < values.numel();) {
-    const int64_t g = v[i];
-    AM_CHECK_ARG(g >= -1 && g < groups, op, "layout", "values",
-                 "group ids in [-1, " + std::to_string(groups) + ") (-1 = padding row)",
-                 "layout[" + std::to_string(i) + "] = " + std::to_string(g));
-    int64_t j = i + 1;
-    while (j < values.numel() && v[j] == g) ++j;
-    if (g >= 0) segments.push_back({g, i, j});
-    i = j;
-  }
-  return segments;
-}
-
-void check_alignment(const char* op, int64_t alignment) {
-  check_int_arg(op, "alignment", alignment, 1);
-}
-
-// An m-grouped GEMM's operands: tokens a [M, K], expert weights b [G, N, K] of a's dtype and device.
-void check_m_operands(const char* op, const at::Tensor& a, const at::Tensor& b, const char* b_layout) {
-  check_rank(op, "a", a, 2, "[M, K]");
-  check_rank(op, "b", b, 3, b_layout);
-  check_operand_dtypes(op, a, b);
-  check_same_device(op, "b", b, a);
-  check_dim_size(op, "b", b, 2, "K", a.size(1), "a.size(1)");
-}
+using grouped::Segment;
 
 // Zeroes the rows of out no segment owns (the GEMMs write every other row): runs between and after segments.
 void zero_unowned_rows(at::Tensor& out, const std::vector<Segment>& segments) {
@@ -121,12 +54,10 @@ void zero_unowned_rows(at::Tensor& out, const std::vector<Segment>& segments) {
 
 at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout, bool psum,
                                    int64_t alignment, std::optional<at::ScalarType> out_dtype) {
-  check_m_operands(kMGrouped, a, b, "[G, N, K]");
-  check_alignment(kMGrouped, alignment);
-  check_layout_tensor(kMGrouped, layout, psum, psum ? b.size(0) : a.size(0), a);
-  const at::ScalarType out_t = resolve_out_dtype(kMGrouped, a, std::nullopt, out_dtype);
-  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options().dtype(out_t));
-  const std::vector<Segment> segments = layout_segments(kMGrouped, layout, psum, alignment, a.size(0), b.size(0));
+  const auto [shape, out_t] = grouped::m_grouped_signature(a, b, layout, psum, alignment, out_dtype);
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  const std::vector<Segment> segments =
+      grouped::layout_segments(grouped::kMGrouped, layout, psum, alignment, a.size(0), b.size(0));
   zero_unowned_rows(out, segments);
   for (const Segment& s : segments) {
     if (s.end == s.begin) continue;
@@ -136,38 +67,12 @@ at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   return out;
 }
 
-void check_masked_m(const char* op, const at::Tensor& masked_m, const at::Tensor& a) {
-  check_rank(op, "masked_m", masked_m, 1, "[G]");
-  AM_CHECK_ARG(masked_m.scalar_type() == at::kInt, op, "masked_m", "dtype", "torch.int32",
-               dtype_name(masked_m.scalar_type()));
-  check_same_device(op, "masked_m", masked_m, a);
-  check_dim_size(op, "masked_m", masked_m, 0, "groups", a.size(0), "a.size(0)");
-}
-
-// masked_m's values, each checked to lie in [0, M_max] (eager only: a fake cannot see values).
-std::vector<int64_t> masked_rows(const char* op, const at::Tensor& masked_m, int64_t m_max) {
-  const at::Tensor m = masked_m.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> rows(m.const_data_ptr<int64_t>(), m.const_data_ptr<int64_t>() + m.numel());
-  for (size_t g = 0; g < rows.size(); ++g) {
-    AM_CHECK_ARG(rows[g] >= 0 && rows[g] <= m_max, op, "masked_m", "values", "in [0, M_max=" + std::to_string(m_max) + "]",
-                 "masked_m[" + std::to_string(g) + "] = " + std::to_string(rows[g]));
-  }
-  return rows;
-}
-
 at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& masked_m,
                                           std::optional<at::ScalarType> out_dtype) {
-  check_rank(kMasked, "a", a, 3, "[G, M_max, K]");
-  check_rank(kMasked, "b", b, 3, "[G, N, K]");
-  check_operand_dtypes(kMasked, a, b);
-  check_same_device(kMasked, "b", b, a);
-  check_dim_size(kMasked, "b", b, 0, "groups", a.size(0), "a.size(0)");
-  check_dim_size(kMasked, "b", b, 2, "K", a.size(2), "a.size(2)");
-  check_masked_m(kMasked, masked_m, a);
-  const at::ScalarType out_t = resolve_out_dtype(kMasked, a, std::nullopt, out_dtype);
-  const std::vector<int64_t> mv = masked_rows(kMasked, masked_m, a.size(1));
+  const auto [shape, out_t] = grouped::masked_signature(a, b, masked_m, out_dtype);
+  const std::vector<int64_t> mv = grouped::masked_rows(grouped::kMasked, masked_m, a.size(1));
   // Rows at or beyond masked_m[g] are not computed; they are written as zeros (only they are zeroed).
-  at::Tensor out = at::empty({a.size(0), a.size(1), b.size(1)}, a.options().dtype(out_t));
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
   for (int64_t g = 0; g < a.size(0); ++g) {
     if (mv[g] < a.size(1)) out.select(0, g).narrow(0, mv[g], a.size(1) - mv[g]).zero_();
     if (mv[g] == 0) continue;
@@ -180,18 +85,9 @@ at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor&
 at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
                                    int64_t num_groups, bool psum, int64_t alignment, const std::optional<at::Tensor>& c,
                                    std::optional<at::ScalarType> out_dtype) {
-  check_rank(kKGrouped, "a", a, 2, "[S, M] (rows are the grouped reduction axis)");
-  check_rank(kKGrouped, "b", b, 2, "[S, N]");
-  check_operand_dtypes(kKGrouped, a, b);
-  check_same_device(kKGrouped, "b", b, a);
-  check_dim_size(kKGrouped, "b", b, 0, "S", a.size(0), "a.size(0)");
-  check_alignment(kKGrouped, alignment);
-  check_int_arg(kKGrouped, "num_groups", num_groups, 0);
-  check_layout_tensor(kKGrouped, layout, psum, psum ? num_groups : a.size(0), a);
-  const at::ScalarType out_t = resolve_out_dtype(kKGrouped, a, c, out_dtype);
-  const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
-  check_accumulator(kKGrouped, c, a, shape);
-  const std::vector<Segment> segments = layout_segments(kKGrouped, layout, psum, alignment, a.size(0), num_groups);
+  const auto [shape, out_t] = grouped::k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype);
+  const std::vector<Segment> segments =
+      grouped::layout_segments(grouped::kKGrouped, layout, psum, alignment, a.size(0), num_groups);
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   // A reduced-precision result without c where no group has two runs of rows (the psum layout's case): each group's
   // GEMM writes its output directly, FP32 accumulation and one rounding inside the worker, as a loop of torch.mm
@@ -232,34 +128,13 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   return acc.scalar_type() == out_t ? acc : acc.to(out_t);
 }
 
-// Grouped A scales are per row (gran_mn 1): a block of rows could straddle two experts.
-void check_row_scales(const char* op, at::IntArrayRef recipe_a) {
-  AM_CHECK_ARG(recipe_a.size() == 2 && recipe_a[0] == 1, op, "recipe_a", "value",
-               "[1, gran_k] (per-row A scales: a row block could straddle two experts)", shape_str(recipe_a));
-}
-
-// Scaled operands of the grouped FP8 GEMMs; returns the output dtype.
-at::ScalarType check_grouped_fp8(const char* op, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                                 const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
-                                 bool a_batched, std::optional<at::ScalarType> out_dtype) {
-  check_row_scales(op, recipe_a);
-  fp8_gemm::check_fp8_operand(op, "a", "sfa", a, sfa, recipe_a, a, a_batched);
-  check_rank(op, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
-  if (a_batched) check_dim_size(op, "b", b, 0, "groups", a.size(0), "a.size(0)");
-  fp8_gemm::check_fp8_operand(op, "b", "sfb", b, sfb, recipe_b, a, true);
-  fp8_gemm::check_fp8_pairing(op, a, b);
-  return fp8_gemm::check_scaled_out_dtype(op, std::nullopt, out_dtype, at::kBFloat16);
-}
-
 at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                                   const at::Tensor& sfb, const at::Tensor& layout, bool psum, int64_t alignment,
                                   at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                                   std::optional<at::ScalarType> out_dtype) {
-  const at::ScalarType out_t = check_grouped_fp8(kMGroupedFp8, a, sfa, b, sfb, recipe_a, recipe_b, false, out_dtype);
-  check_alignment(kMGroupedFp8, alignment);
-  check_layout_tensor(kMGroupedFp8, layout, psum, psum ? b.size(0) : a.size(0), a);
-  const std::array<int64_t, 2> shape{a.size(0), b.size(1)};
-  const auto segments = layout_segments(kMGroupedFp8, layout, psum, alignment, a.size(0), b.size(0));
+  const auto [shape, out_t] =
+      grouped::m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype);
+  const auto segments = grouped::layout_segments(grouped::kMGroupedFp8, layout, psum, alignment, a.size(0), b.size(0));
   return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
@@ -274,10 +149,8 @@ at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
 at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                                          const at::Tensor& sfb, const at::Tensor& masked_m, at::IntArrayRef recipe_a,
                                          at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype) {
-  const at::ScalarType out_t = check_grouped_fp8(kMaskedFp8, a, sfa, b, sfb, recipe_a, recipe_b, true, out_dtype);
-  check_masked_m(kMaskedFp8, masked_m, a);
-  const std::vector<int64_t> mv = masked_rows(kMaskedFp8, masked_m, a.size(1));
-  const std::array<int64_t, 3> shape{a.size(0), a.size(1), b.size(1)};
+  const auto [shape, out_t] = grouped::masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype);
+  const std::vector<int64_t> mv = grouped::masked_rows(grouped::kMaskedFp8, masked_m, a.size(1));
   return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
     for (int64_t g = 0; g < a.size(0); ++g) {
       if (mv[g] == 0) continue;
@@ -292,17 +165,10 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
 // (DeepSeek-V3's recipe), then the scaled segments; high-precision inputs, output in x's dtype.
 at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& layout, bool psum,
                                     int64_t alignment, int64_t block, bool use_ue8m0, bool fp8_backward) {
-  fp8_linear::check_high_precision(kLinearFp8, "x", x, "[M, K]");
-  check_rank(kLinearFp8, "weight", weight, 3, "[G, N, K]");
-  AM_CHECK_ARG(weight.scalar_type() == x.scalar_type(), kLinearFp8, "weight", "dtype",
-               dtype_name(x.scalar_type()) + " (same as 'x')", dtype_name(weight.scalar_type()));
-  check_same_device(kLinearFp8, "weight", weight, x);
-  check_dim_size(kLinearFp8, "weight", weight, 2, "K", x.size(1), "x.size(1)");
-  fp8_linear::check_k_blocks(kLinearFp8, "block", block, x);
-  check_alignment(kLinearFp8, alignment);
-  check_layout_tensor(kLinearFp8, layout, psum, psum ? weight.size(0) : x.size(0), x);
-  const auto segments = layout_segments(kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
-  const std::array<int64_t, 2> shape{x.size(0), weight.size(1)};
+  const std::vector<int64_t> shape =
+      grouped::m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block);
+  const auto segments =
+      grouped::layout_segments(grouped::kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
   return with_fp32_accumulator(shape, x.scalar_type(), at::Tensor(), x.options(), [&](at::Tensor& acc) {
     const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
     const std::array<int64_t, 2> recipe_x{1, block}, recipe_w{block, block};
@@ -326,16 +192,9 @@ at::Tensor m_grouped_fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b
                                         const at::Tensor& layout, bool psum, int64_t alignment, int64_t gran_k,
                                         at::IntArrayRef recipe_b, bool use_ue8m0,
                                         std::optional<at::ScalarType> out_dtype) {
-  fp8_linear::check_high_precision(kQuantFp8, "x", x, "[M, K]");
-  fp8_linear::check_k_blocks(kQuantFp8, "gran_k", gran_k, x);
-  check_rank(kQuantFp8, "b", b, 3, "[G, N, K] (FP8) or [G, N, K/2] (FP4 packed in uint8)");
-  fp8_gemm::check_fp8_operand(kQuantFp8, "b", "sfb", b, sfb, recipe_b, x, true);
-  AM_CHECK_ARG(logical_k(b) == x.size(1), kQuantFp8, "b", "K", std::to_string(x.size(1)) + " (x's K)", logical_k(b));
-  check_alignment(kQuantFp8, alignment);
-  check_layout_tensor(kQuantFp8, layout, psum, psum ? b.size(0) : x.size(0), x);
-  const at::ScalarType out_t = fp8_gemm::check_scaled_out_dtype(kQuantFp8, std::nullopt, out_dtype, x.scalar_type());
-  const std::array<int64_t, 2> shape{x.size(0), b.size(1)};
-  const auto segments = layout_segments(kQuantFp8, layout, psum, alignment, x.size(0), b.size(0));
+  const auto [shape, out_t] =
+      grouped::m_grouped_fp8_quant_signature(x, b, sfb, layout, psum, alignment, gran_k, recipe_b, out_dtype);
+  const auto segments = grouped::layout_segments(grouped::kQuantFp8, layout, psum, alignment, x.size(0), b.size(0));
   const std::array<int64_t, 2> recipe_a{1, gran_k};
   return with_fp32_accumulator(shape, out_t, at::Tensor(), x.options(), [&](at::Tensor& acc) {
     for (const Segment& s : segments) {
@@ -363,32 +222,9 @@ at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
                                   const at::Tensor& sfb, const at::Tensor& layout, int64_t num_groups,
                                   int64_t alignment, int64_t gran_k, const std::optional<at::Tensor>& c,
                                   std::optional<at::ScalarType> out_dtype) {
-  for (const auto& [name, sf_name, x, sf] : {std::tuple{"a", "sfa", &a, &sfa}, std::tuple{"b", "sfb", &b, &sfb}}) {
-    check_rank(kKGroupedFp8, name, *x, 2, "[S, MN] (rows are the grouped reduction axis)");
-    AM_CHECK_ARG(x->scalar_type() == at::kFloat8_e4m3fn, kKGroupedFp8, name, "dtype", "torch.float8_e4m3fn",
-                 dtype_name(x->scalar_type()));
-    check_same_device(kKGroupedFp8, name, *x, a);
-    check_rank(kKGroupedFp8, sf_name, *sf, 2, "[sum_g ceil(k_g / gran_k), MN]");
-    AM_CHECK_ARG(sf->scalar_type() == at::kFloat || sf->scalar_type() == at::kFloat8_e8m0fnu, kKGroupedFp8, sf_name,
-                 "dtype", "torch.float32 or torch.float8_e8m0fnu", dtype_name(sf->scalar_type()));
-    check_same_device(kKGroupedFp8, sf_name, *sf, a);
-    check_dim_size(kKGroupedFp8, sf_name, *sf, 1, "MN", x->size(1), std::string(name) + ".size(1)");
-  }
-  check_dim_size(kKGroupedFp8, "b", b, 0, "S", a.size(0), "a.size(0)");
-  check_int_arg(kKGroupedFp8, "gran_k", gran_k, 1);
-  check_alignment(kKGroupedFp8, alignment);
-  check_int_arg(kKGroupedFp8, "num_groups", num_groups, 0);
-  check_layout_tensor(kKGroupedFp8, layout, true, num_groups, a);
-  const at::ScalarType out_t = fp8_gemm::check_scaled_out_dtype(kKGroupedFp8, c, out_dtype, at::kFloat);
-  const std::array<int64_t, 3> shape{num_groups, a.size(1), b.size(1)};
-  check_accumulator(kKGroupedFp8, c, a, shape);
-  const auto segments = layout_segments(kKGroupedFp8, layout, true, alignment, a.size(0), num_groups);
-  int64_t scale_rows = 0;
-  for (const Segment& s : segments) scale_rows += (s.end - s.begin + gran_k - 1) / gran_k;
-  for (const auto& [sf_name, sf] : {std::pair{"sfa", &sfa}, std::pair{"sfb", &sfb}}) {
-    AM_CHECK_ARG(sf->size(0) == scale_rows, kKGroupedFp8, sf_name, "size(0)",
-                 std::to_string(scale_rows) + " (sum over groups of ceil(k_g / gran_k))", sf->size(0));
-  }
+  const auto [shape, out_t] =
+      grouped::k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype);
+  const auto segments = grouped::k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k);
   return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
     int64_t sf_row = 0;
     for (const Segment& s : segments) {
@@ -410,7 +246,6 @@ at::Tensor k_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
 // output. No [M, 2I] intermediate exists; the epilogue runs ATen's own kernels (silu, clamp, the casts), so it
 // matches the unfused composition element for element.
 
-constexpr const char* kSwiglu = "ascend_moe::m_grouped_bf16_gemm_swiglu";
 constexpr int64_t kSwigluRowBlock = 256;
 // FP32 elements of B per task (gate + up rows of one column tile): about 1 MiB, L2-resident across row blocks.
 constexpr int64_t kSwigluTileElements = int64_t{1} << 18;
@@ -467,39 +302,6 @@ struct SwigluTask {
   int64_t group, begin, end, j0, w;  // group -1: rows no group owns (their L1 output is zero)
 };
 
-void check_even_gate_up(const char* op, const at::Tensor& b) {
-  AM_CHECK_ARG(b.size(1) % 2 == 0, op, "b", "size(1) (2I: gate rows, then up rows)", "an even number", b.size(1));
-}
-
-// The epilogue's arguments, checked alike by both SwiGLU ops (twin of meta.grouped.check_swiglu_epilogue); returns
-// the output dtype, `plain_out` resolving out_dtype when the output is not quantized.
-template <typename PlainOut>
-at::ScalarType check_swiglu_epilogue(const char* op, const at::Tensor& a, at::ScalarType compute_t,
-                                     const std::optional<at::Tensor>& row_weights,
-                                     std::optional<double> activation_clamp, int64_t quant_gran_k, bool use_ue8m0,
-                                     std::optional<at::ScalarType> out_dtype, PlainOut plain_out) {
-  if (row_weights.has_value()) {
-    check_rank(op, "row_weights", *row_weights, 1, "[M] (one routing weight per row of a)");
-    AM_CHECK_ARG(row_weights->scalar_type() == compute_t, op, "row_weights", "dtype",
-                 dtype_name(compute_t) + " (the epilogue's precision for a " + dtype_name(a.scalar_type()) + ")",
-                 dtype_name(row_weights->scalar_type()));
-    check_same_device(op, "row_weights", *row_weights, a);
-    check_dim_size(op, "row_weights", *row_weights, 0, "M", a.size(0), "a.size(0)");
-  }
-  if (activation_clamp.has_value()) {
-    AM_CHECK_ARG(*activation_clamp >= 0, op, "activation_clamp", "value", "None or >= 0",
-                 float_text(*activation_clamp));
-  }
-  check_int_arg(op, "quant_gran_k", quant_gran_k, 0);
-  if (quant_gran_k > 0) {
-    AM_CHECK_ARG(!out_dtype.has_value() || *out_dtype == at::kFloat8_e4m3fn, op, "out_dtype", "value",
-                 "None or torch.float8_e4m3fn (quant_gran_k > 0)", dtype_name(*out_dtype));
-    return at::kFloat8_e4m3fn;
-  }
-  AM_CHECK_ARG(!use_ue8m0, op, "use_ue8m0", "value", "False when quant_gran_k=0 (no FP8 output)", "True");
-  return plain_out(out_dtype);
-}
-
 // Column tiles of the L1 output's I columns: multiples of `unit` (a quantization group never straddles two tasks),
 // `tile` sized for the cache, `stream` for few-row segments (which stream B once whatever the tile: as wide as the
 // threads allow, since many narrow GEMM calls cost more than the work); both narrowed until every thread has work.
@@ -555,25 +357,19 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
     const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
     const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
     bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
-  const char* op = kSwiglu;
   // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
   // detached operands keep them from recording (or refusing, for out= ops) autograd history.
   const at::Tensor a = a_in.detach(), b = b_in.detach();
   const std::optional<at::Tensor> row_weights =
       weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
-  check_m_operands(op, a, b, "[G, 2I, K] (gate rows, then up rows)");
-  check_even_gate_up(op, b);
-  check_alignment(op, alignment);
-  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
+  const at::ScalarType out_t = grouped::swiglu_signature(a, b, layout, psum, alignment, row_weights, activation_clamp,
+                                                         quant_gran_k, use_ue8m0, out_dtype);
   const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::ScalarType out_t =
-      check_swiglu_epilogue(op, a, compute_t, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype,
-                            [&](std::optional<at::ScalarType> dt) { return resolve_out_dtype(op, a, std::nullopt, dt); });
 
   const int64_t M = a.size(0), K = a.size(1), I = b.size(1) / 2;
   const SwigluEpilogue epilogue = SwigluEpilogue::make(row_weights, activation_clamp, quant_gran_k, use_ue8m0,
                                                        compute_t, out_t, M, I, a.options());
-  const auto segments = layout_segments(op, layout, psum, alignment, M, b.size(0));
+  const auto segments = grouped::layout_segments(grouped::kSwiglu, layout, psum, alignment, M, b.size(0));
   if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
 
   const SwigluTiles tiles = swiglu_tiles(I, K, quant_gran_k > 0 ? quant_gran_k : 16, segments.size());
@@ -635,32 +431,23 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
 // need not start on a scale block) and runs SGEMM per row block; few-row segments take the FP8 GEMM's streaming
 // kernel (B decoded in registers, read once) on the tile's rows of B and of its scales.
 
-constexpr const char* kSwigluFp8 = "ascend_moe::m_grouped_fp8_gemm_swiglu";
-
 std::tuple<at::Tensor, at::Tensor> m_grouped_fp8_gemm_swiglu_cpu(
     const at::Tensor& a_in, const at::Tensor& sfa_in, const at::Tensor& b_in, const at::Tensor& sfb_in,
     const at::Tensor& layout, bool psum, int64_t alignment, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
     const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
     bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
-  const char* op = kSwigluFp8;
   // Detached for the worker threads, as in m_grouped_bf16_gemm_swiglu_cpu.
   const at::Tensor a = a_in.detach(), sfa = sfa_in.detach(), b = b_in.detach(), sfb = sfb_in.detach();
   const std::optional<at::Tensor> row_weights =
       weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
-  check_grouped_fp8(op, a, sfa, b, sfb, recipe_a, recipe_b, false, std::nullopt);
-  check_even_gate_up(op, b);
-  check_alignment(op, alignment);
-  check_layout_tensor(op, layout, psum, psum ? b.size(0) : a.size(0), a);
-  const at::ScalarType out_t = check_swiglu_epilogue(
-      op, a, at::kFloat, row_weights, activation_clamp, quant_gran_k, use_ue8m0, out_dtype,
-      [&](std::optional<at::ScalarType> dt) {
-        return fp8_gemm::check_scaled_out_dtype(op, std::nullopt, dt, at::kBFloat16);
-      });
+  const at::ScalarType out_t =
+      grouped::swiglu_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, row_weights,
+                                    activation_clamp, quant_gran_k, use_ue8m0, out_dtype);
 
   const int64_t M = a.size(0), K = logical_k(a), I = b.size(1) / 2;
   const SwigluEpilogue epilogue = SwigluEpilogue::make(row_weights, activation_clamp, quant_gran_k, use_ue8m0,
                                                        at::kFloat, out_t, M, I, a.options());
-  const auto segments = layout_segments(op, layout, psum, alignment, M, b.size(0));
+  const auto segments = grouped::layout_segments(grouped::kSwigluFp8, layout, psum, alignment, M, b.size(0));
   if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
 
   const int64_t gran_n = recipe_b[0];

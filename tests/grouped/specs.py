@@ -13,7 +13,7 @@ import torch
 from tests.fp8_gemm.specs import _FORMATS, quantize
 from torch_ascend_moe import quant
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.meta.grouped import K_GROUPED, M_GROUPED, layout_segments
+from torch_ascend_moe.checks.grouped import K_GROUPED, M_GROUPED, layout_segments
 from torch_ascend_moe.quant.reference import dequantized
 from torch_ascend_moe.testing.harness import FP8_TENSOR_CORES, BadInput, OpSpec, SampleInput
 

@@ -14,7 +14,7 @@ from tests.grouped.specs import SPECS, _quantize_experts, _rows_of, ids_layout, 
 from torch_ascend_moe._registry import full_call
 from torch_ascend_moe.backends import chain
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.meta.grouped import M_GROUPED, layout_segments
+from torch_ascend_moe.checks.grouped import M_GROUPED, layout_segments
 from torch_ascend_moe.quant import reference
 
 ops = torch.ops.ascend_moe

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends import cpu_gemm
+from torch_ascend_moe.checks.grouped import k_grouped_signature, m_grouped_signature
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, late_rewrite, rewrite, val
-from torch_ascend_moe.meta.grouped import k_grouped_signature, m_grouped_signature
 
 DEVICES = {"npu", "privateuseone"}  # where ATen's _grouped_mm has no kernel of its own and ours is torch_npu's
 _ops = torch.ops.ascend_moe

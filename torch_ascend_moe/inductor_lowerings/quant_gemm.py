@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.checks.fp8_linear import fp8_quant_gemm_signature
+from torch_ascend_moe.checks.grouped import m_grouped_fp8_quant_signature
 from torch_ascend_moe.inductor_lowerings import swiglu_epilogue
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, only_used_by, output_of, rewrite, val
-from torch_ascend_moe.meta.grouped import m_grouped_fp8_quant_signature
 
 _ops = torch.ops.ascend_moe
 

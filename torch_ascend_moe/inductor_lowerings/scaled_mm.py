@@ -32,8 +32,8 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from torch_ascend_moe.checks.fp8_gemm import fp8_gemm_signature
+from torch_ascend_moe.checks.grouped import m_grouped_fp8_signature
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, rewrite, val
-from torch_ascend_moe.meta.grouped import m_grouped_fp8_signature
 
 # device type -> the recipes its ATen _scaled_mm runs itself (None: all of them); devices not listed get every recipe
 # rewritten. _scaled_grouped_mm is rewritten wherever _scaled_mm's recipes are not all native.

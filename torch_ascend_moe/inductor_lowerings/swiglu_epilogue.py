@@ -34,9 +34,9 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils.checkpoint import CheckpointPolicy
 
+from torch_ascend_moe.checks.grouped import swiglu_fp8_signature, swiglu_signature
 from torch_ascend_moe.inductor_lowerings import grouped_mm
 from torch_ascend_moe.inductor_lowerings._pass import Plan, accepts, call_args, joint_rewrite, rewrite, val
-from torch_ascend_moe.meta.grouped import swiglu_fp8_signature, swiglu_signature
 
 _ops = torch.ops.ascend_moe
 aten, prims = torch.ops.aten, torch.ops.prims

@@ -52,8 +52,7 @@ from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
 from torch_ascend_moe.backends.cuda.fp8_linear import cast_in_tile_refusal
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta.grouped import (
+from torch_ascend_moe.checks.grouped import (
     K_GROUPED,
     M_GROUPED,
     M_GROUPED_FP8,
@@ -61,6 +60,7 @@ from torch_ascend_moe.meta.grouped import (
     MASKED_FP8,
     QUANT_FP8,
     SWIGLU,
+    k_fp8_segments,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
@@ -68,9 +68,11 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
+    masked_rows,
     masked_signature,
     swiglu_signature,
 )
+from torch_ascend_moe.distributed.capture import host_readable
 
 _scaled_gemm = triton_module("_scaled_gemm")
 _k_grouped = triton_module("_k_grouped")
@@ -149,7 +151,7 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     m_max = a.shape[1]
     if host_readable(masked_m):
-        portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     y = torch._grouped_mm(_rows(a), _rows(b).transpose(1, 2))
     valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)
     return torch.where(valid.unsqueeze(2), y, 0)
@@ -221,7 +223,7 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     groups, m_max = a.shape[0], a.shape[1]
     if host_readable(masked_m):
-        portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
     ends = masked_m.long().clamp(0, m_max)  # unvalidated while capturing: never past the batch
     tiles = _scaled_gemm.segment_tiles(torch.zeros_like(ends), ends, groups * m_max)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
@@ -259,7 +261,7 @@ def k_grouped_fp8_gemm(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c,
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     rows = a.shape[0]
     if host_readable(layout):
-        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
+        k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
     begins, ends = (t.clamp(0, rows) for t in portable.psum_segments(layout, alignment))
     blocks = ((ends - begins).clamp(min=0) + gran_k - 1) // gran_k
     first_scale_row = torch.cumsum(blocks, 0) - blocks

@@ -78,8 +78,7 @@ from torch_ascend_moe.backends.chain import first_refusal, kernel, planned, stay
 from torch_ascend_moe.backends.npu import ge_graph, has_op
 from torch_ascend_moe.backends.npu.quant import ASCEND950, soc_version
 from torch_ascend_moe.backends.portable import grouped as portable
-from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta.grouped import (
+from torch_ascend_moe.checks.grouped import (
     K_GROUPED,
     M_GROUPED,
     M_GROUPED_FP8,
@@ -90,8 +89,10 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
+    masked_rows,
     masked_signature,
 )
+from torch_ascend_moe.distributed.capture import host_readable
 
 # torch_npu's group_type values.
 M_AXIS, K_AXIS = 0, 2
@@ -203,7 +204,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     groups, m_max, k = a.shape
     if host_readable(masked_m):
-        portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     if groups * m_max == 0 or k == 0 or b.shape[1] == 0:
         return torch.zeros(shape, dtype=dtype, device=a.device)
     cum = torch.arange(1, groups + 1, device=a.device) * m_max
@@ -389,7 +390,7 @@ def _masked_mx_plan(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     if why:
         return why
     if readable:
-        portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
     if groups * m_max == 0 or b.shape[1] == 0 or not _fits(groups, b.shape[1], k):
         return "empty operands, or sizes beyond npu_grouped_matmul's limits"
     valid = torch.arange(m_max, device=a.device).unsqueeze(0) < masked_m.unsqueeze(1)

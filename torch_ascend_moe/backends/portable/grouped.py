@@ -14,10 +14,8 @@ import torch.nn.functional as F
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.fp8_gemm import fp8_gemm
 from torch_ascend_moe.backends.portable.gemm import bf16_gemm
-from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta.grouped import (
+from torch_ascend_moe.checks.grouped import (
     K_GROUPED,
-    K_GROUPED_FP8,
     LINEAR_FP8,
     M_GROUPED,
     M_GROUPED_FP8,
@@ -26,6 +24,7 @@ from torch_ascend_moe.meta.grouped import (
     QUANT_FP8,
     SWIGLU,
     SWIGLU_FP8,
+    k_fp8_segments,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
@@ -34,10 +33,12 @@ from torch_ascend_moe.meta.grouped import (
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
+    masked_rows,
     masked_signature,
     swiglu_fp8_signature,
     swiglu_signature,
 )
+from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.quant import reference
 
 ops = torch.ops.ascend_moe
@@ -82,21 +83,11 @@ def m_grouped_bf16_gemm(a, b, layout, psum, alignment, out_dtype):
     return out
 
 
-def _masked_rows(op: str, masked_m: torch.Tensor, m_max: int) -> list[int]:
-    values = masked_m.tolist()
-    for g, m in enumerate(values):
-        if not 0 <= m <= m_max:
-            raise ValueError(
-                f"{op}: argument 'masked_m' values: expected in [0, M_max={m_max}], got masked_m[{g}] = {m}"
-            )
-    return values
-
-
 @portable_kernel
 def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
-    for g, m in enumerate(_masked_rows(MASKED, masked_m, a.shape[1])):
+    for g, m in enumerate(masked_rows(MASKED, masked_m, a.shape[1])):
         if m:
             out[g, :m] = bf16_gemm(a[g, :m], b[g], None, 1.0, dtype)
     return out
@@ -116,7 +107,7 @@ def m_grouped_fp8_gemm(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe
 def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype):
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     out = torch.zeros(shape, dtype=dtype, device=a.device)
-    for g, m in enumerate(_masked_rows(MASKED_FP8, masked_m, a.shape[1])):
+    for g, m in enumerate(masked_rows(MASKED_FP8, masked_m, a.shape[1])):
         if m:
             out[g, :m] = fp8_gemm(a[g, :m], sfa[g, :m], b[g], sfb[g], None, recipe_a, recipe_b, 1.0, dtype)
     return out
@@ -170,20 +161,6 @@ def m_grouped_fp8_quant_gemm(x, b, sfb, layout, psum, alignment, gran_k, recipe_
         layout_segments(QUANT_FP8, layout, psum, alignment, x.shape[0], b.shape[0])  # our op's value errors
     q, sf = ops.quantize_fp8(x, [1, gran_k], use_ue8m0, False)
     return ops.m_grouped_fp8_gemm(q, sf, b, sfb, layout, psum, alignment, [1, gran_k], recipe_b, dtype)
-
-
-def k_fp8_segments(a, sfa, sfb, layout, num_groups: int, alignment: int, gran_k: int) -> list:
-    """``k_grouped_fp8_gemm``'s groups ``(g, begin, end)`` after our op's value checks: the layout's, then that the
-    scale tensors hold one row per ``gran_k`` rows of each group (the layout's values decide how many: a host read)."""
-    segments = layout_segments(K_GROUPED_FP8, layout, True, alignment, a.shape[0], num_groups)
-    rows = sum(-(-(end - begin) // gran_k) for _, begin, end in segments)
-    for name, sf in (("sfa", sfa), ("sfb", sfb)):
-        if sf.shape[0] != rows:
-            raise ValueError(
-                f"{K_GROUPED_FP8}: argument '{name}' size(0): expected {rows} (sum over groups of ceil(k_g / gran_k)), "
-                f"got {sf.shape[0]}"
-            )
-    return segments
 
 
 @portable_kernel

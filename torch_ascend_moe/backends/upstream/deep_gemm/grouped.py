@@ -41,21 +41,23 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     tma_refusal,
 )
 from torch_ascend_moe.checks.fp8_gemm import logical_k
-from torch_ascend_moe.distributed.capture import host_readable
-from torch_ascend_moe.meta.grouped import (
+from torch_ascend_moe.checks.grouped import (
     K_GROUPED,
     M_GROUPED,
     M_GROUPED_FP8,
     MASKED,
     MASKED_FP8,
+    k_fp8_segments,
     k_grouped_fp8_signature,
     k_grouped_signature,
     layout_segments,
     m_grouped_fp8_signature,
     m_grouped_signature,
     masked_fp8_signature,
+    masked_rows,
     masked_signature,
 )
+from torch_ascend_moe.distributed.capture import host_readable
 
 _FP8 = torch.float8_e4m3fn
 
@@ -272,7 +274,7 @@ def m_grouped_fp8_gemm_masked(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_
     shape, dtype = masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype)
     m_max = a.shape[1]
     if host_readable(masked_m):
-        portable._masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED_FP8, masked_m, m_max)  # our op's value errors
     counts = _masked_rows(masked_m, m_max)
     d = torch.empty(shape, dtype=dtype, device=a.device)
     CUDA.module().m_grouped_fp8_fp4_gemm_nt_masked(
@@ -306,7 +308,7 @@ def m_grouped_bf16_gemm_masked(a, b, masked_m, out_dtype):
     shape, dtype = masked_signature(a, b, masked_m, out_dtype)
     m_max = a.shape[1]
     if host_readable(masked_m):
-        portable._masked_rows(MASKED, masked_m, m_max)  # our op's value errors
+        masked_rows(MASKED, masked_m, m_max)  # our op's value errors
     counts = _masked_rows(masked_m, m_max)
     d = torch.empty(shape, dtype=dtype, device=a.device)
     CUDA.module().m_grouped_bf16_gemm_nt_masked(a, b, d, counts, m_max)
@@ -388,7 +390,7 @@ def _k_grouped_fp8(library, cuda: bool, a, sfa, b, sfb, layout, num_groups, alig
     shape, dtype = k_grouped_fp8_signature(a, sfa, b, sfb, layout, num_groups, alignment, gran_k, c, out_dtype)
     rows = a.shape[0]
     if host_readable(layout):
-        portable.k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
+        k_fp8_segments(a, sfa, sfb, layout, num_groups, alignment, gran_k)  # our op's value errors
     d = _k_grouped_accumulator(shape, dtype, c, a.device)
     if cuda:
         sfa, sfb, recipe = scales_as_fp32(sfa), scales_as_fp32(sfb), (1, 1, gran_k)
