@@ -40,6 +40,6 @@ def group_size(op: str, group_name: str | None) -> int:
 def checked_size(op: str, signature, args) -> int:
     """The size R of ``args.group_name``'s group (resolved first, with its own error), once ``signature(args, R)``
     (the op's argument checks, ``checks/ep.py``) has passed."""
-    r = resolve_group(op, args.group_name).size()
+    r = group_size(op, args.group_name)
     signature(args, r)
     return r
