@@ -117,7 +117,7 @@ _ALLOWED = {
     "routing_math": set(),
     "_registry": {"_C"},
     "distributed": _BASE,
-    "meta": _BASE | {"distributed", "quant"},
+    "fakes": _BASE | {"distributed", "quant"},
     "flops": _BASE,
 }
 _COMPAT = {"deep_gemm", "deep_ep", "flash_mla", "deep_select", "tile_kernels"}
@@ -136,7 +136,7 @@ def test_lower_layers_import_only_below(part):
     assert wrong == set()
 
 
-@pytest.mark.parametrize("part", ["backends", "autograd", "meta", "flops", "ops", "inductor_lowerings", "quant"])
+@pytest.mark.parametrize("part", ["backends", "autograd", "fakes", "flops", "ops", "inductor_lowerings", "quant"])
 def test_kernels_and_ops_never_import_compat_or_models(part):
     wrong = {(m, t) for m, targets in GRAPH.items() if _top(m) == part for t in targets if _top(t) in _ABOVE_KERNELS}
     assert wrong == set()
@@ -191,4 +191,4 @@ def test_shared_math_imports_no_op_layer(module):
     """The plain-torch math kernels and references share (and the package ``__init__`` files it runs) reaches no op
     wrapper and no kernel module: every layer may import it."""
     reached = _reach(f"torch_ascend_moe.{module}")
-    assert not {m for m in reached if _top(m) in ("ops", "backends", "meta", "autograd")}
+    assert not {m for m in reached if _top(m) in ("ops", "backends", "fakes", "autograd")}

@@ -75,7 +75,7 @@ def test_missing_fakes_hint_names_the_family_module():
         "    print(e)\n"
     )
     result = _python("-c", script, torch_ascend_moe._C.__file__)
-    assert "torch_ascend_moe.meta.gemm" in result.stdout, result.stdout + result.stderr
+    assert "torch_ascend_moe.fakes.gemm" in result.stdout, result.stdout + result.stderr
 
 
 def test_backend_registration_hooks():
@@ -283,7 +283,7 @@ def test_no_schema_default_is_restated():
     argument from the dispatcher (``_registry.with_defaults``)."""
     root = Path(torch_ascend_moe.__file__).parent
     files = [
-        p for d in ("ops", "meta", "checks", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))
+        p for d in ("ops", "fakes", "checks", "flops", "backends/portable") for p in sorted((root / d).glob("*.py"))
     ]
     assert files
     assert [f for p in files for f in _restated_schema_defaults(p)] == []
@@ -302,7 +302,7 @@ def test_compile_caches_are_tagged_with_what_graphs_bake_in(monkeypatch):
         _registry.tag_compile_caches()
         assert torch.compiler.config.cache_key_tag == f"mine|{tag}"  # a stale tag of ours replaced, the user's kept
     assert tag in torch.compiler.config.cache_key_tag.split("|")
-    monkeypatch.setattr(_registry, "_GRAPH_SOURCES", ("meta",))
+    monkeypatch.setattr(_registry, "_GRAPH_SOURCES", ("fakes",))
     assert _registry.compile_cache_tag() != tag  # the formulas are part of it
 
 

@@ -12,8 +12,8 @@ from torch_ascend_moe import (  # noqa: F401  (fakes, backward and FLOP formulas
     _registry,
     autograd,
     backends,
+    fakes,
     flops,
-    meta,
 )
 from torch_ascend_moe import ops as _ops
 from torch_ascend_moe.backends import portable  # noqa: F401  (registers the device-generic kernels)

@@ -328,7 +328,7 @@ def _position(name: str, arg: str) -> int:
 # compiler passes. Inductor's and AOTAutograd's
 # caches treat every OpOverload as cacheable and key on the graph alone, so a new version of any of these would be
 # served a stale compiled graph from an earlier one (seen: an op whose outputs were reordered kept the old order).
-_GRAPH_SOURCES = ("meta", "checks", "autograd", "inductor_lowerings")
+_GRAPH_SOURCES = ("fakes", "checks", "autograd", "inductor_lowerings")
 
 
 def compile_cache_tag() -> str:

@@ -64,6 +64,12 @@ inline void check_recipe(const char* op, const char* arg, at::IntArrayRef recipe
                "[gran_mn, gran_k] with entries at most 2147483647", shape_str(recipe));
 }
 
+// FP32 or E8M0 scales (fp8_gemm's and mqa_logits' operands): packed int32/int16 UE8M0 words are unpacked first.
+inline void check_scale_dtype(const char* op, const char* sf_name, const at::Tensor& sf) {
+  AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
+               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)", dtype_name(sf.scalar_type()));
+}
+
 inline bool is_gemm_dtype(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble;
 }

@@ -349,7 +349,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> elastic_handle_fields
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- ep family: expert-parallel dispatch / combine over torch.distributed (specs/deepep_api.md §3-§5) ----
   // Kernels are device-generic Python (torch.distributed moves the data); `group_name` names the process group.
-  m.set_python_module("torch_ascend_moe.meta.ep");
+  m.set_python_module("torch_ascend_moe.fakes.ep");
   // (num_tokens_per_rank [R], num_tokens_per_node [max(1, R / ranks_per_node)], num_tokens_per_expert [E],
   //  is_token_in_rank [T, R]): DeepEP's get_dispatch_layout, purely local.
   m.def(

@@ -56,9 +56,7 @@ inline void check_fp8_operand(const char* op, const char* name, const char* sf_n
   check_recipe(op, (std::string("recipe_") + name).c_str(), recipe);
   const int64_t mn = x.size(lead), k = logical_k(x), gmn = recipe[0], gk = recipe[1];
   AM_CHECK_ARG(k % gk == 0, op, name, "K", "a multiple of gran_k=" + std::to_string(gk), k);
-  AM_CHECK_ARG(sf.scalar_type() == at::kFloat || sf.scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
-               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-               dtype_name(sf.scalar_type()));
+  check_scale_dtype(op, sf_name, sf);
   std::vector<int64_t> sf_shape{(mn + gmn - 1) / gmn, k / gk};
   if (batched) sf_shape.insert(sf_shape.begin(), x.size(0));
   check_scale_shape(op, sf_name, sf, sf_shape,

@@ -346,7 +346,7 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- fp8_gemm family: D = alpha * deq(A) @ deq(B)^T + C with block scales (FP8 E4M3 or packed FP4) ----
   // deq(X)[r, k] = X[r, k] * sf[r // gran_mn, k // gran_k]; recipes are [gran_mn, gran_k] per operand.
   // FP4 operands are uint8 [MN, K / 2], two E2M1 codes per byte (low nibble first), K-major.
-  m.set_python_module("torch_ascend_moe.meta.fp8_gemm");
+  m.set_python_module("torch_ascend_moe.fakes.fp8_gemm");
   m.def(
       "fp8_gemm(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor? c=None, int[2] recipe_a=[1, 128], "
       "int[2] recipe_b=[128, 128], float alpha=1., ScalarType? out_dtype=None) -> Tensor",

@@ -46,7 +46,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const s
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- fp8_linear family: high-precision inputs quantized to FP8 inside the op, then fp8_gemm ----
   // Differentiable w.r.t. the high-precision inputs (straight-through estimator for the casts).
-  m.set_python_module("torch_ascend_moe.meta.fp8_linear");
+  m.set_python_module("torch_ascend_moe.fakes.fp8_linear");
   // Inference: x [M, K] (BF16/FP32) cast per token in 1 x gran_k groups; b pre-quantized as in fp8_gemm.
   m.def(
       "fp8_quant_gemm(Tensor x, Tensor b, Tensor sfb, Tensor? c=None, int gran_k=128, "

@@ -468,7 +468,7 @@ at::Tensor bf16_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, 
 // namespace is opened in library.cpp). set_python_module names the module holding the fakes.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- gemm family: D = alpha * A @ B^T + C over logical A[M, K], B[N, K] (any majorness) ----
-  m.set_python_module("torch_ascend_moe.meta.gemm");
+  m.set_python_module("torch_ascend_moe.fakes.gemm");
   m.def(
       "bf16_gemm(Tensor a, Tensor b, Tensor? c=None, float alpha=1., ScalarType? out_dtype=None) -> Tensor",
       {at::Tag::pt2_compliant_tag});

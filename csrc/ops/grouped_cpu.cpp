@@ -521,7 +521,7 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // layout: psum=True -> int32 [G] cumulative group ends (torch._grouped_mm's offs), group g spans rows
   // [align(end_{g-1}, alignment), end_g); psum=False -> int32 [rows] group id per row, -1 = padding.
   // Rows outside every group are zeros in the output.
-  m.set_python_module("torch_ascend_moe.meta.grouped");
+  m.set_python_module("torch_ascend_moe.fakes.grouped");
   // D[i] = A[i] @ B[group(i)]^T: A [M, K], B [G, N, K] (any majorness) -> D [M, N].
   m.def(
       "m_grouped_bf16_gemm(Tensor a, Tensor b, Tensor layout, bool psum=True, int alignment=1, "

@@ -58,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> hc_prenorm_gemm_cpu(const at::Tensor& a, cons
 // namespace is opened in library.cpp). set_python_module names the module holding the fakes.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- hc_prenorm family: mHC pre-norm GEMM (d = a @ tf32(b)^T, sqr_sum = sum_k a^2; per-split partials) ----
-  m.set_python_module("torch_ascend_moe.meta.hc_prenorm");
+  m.set_python_module("torch_ascend_moe.fakes.hc_prenorm");
   m.def("hc_prenorm_gemm(Tensor a, Tensor b, int? num_splits=None) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
 }
 

@@ -8,7 +8,7 @@ TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- mega_moe family: DeepGEMM's fused MegaMoE (dispatch -> L1 -> clamped SwiGLU x weight -> requant -> L2 ->
   // combine, + DeepGEMM-Ascend's fused shared experts at the token's home rank), functional: (y BF16 [T, H],
   // pairs received per local expert int32 [E_local]). Python kernel.
-  m.set_python_module("torch_ascend_moe.meta.mega_moe");
+  m.set_python_module("torch_ascend_moe.fakes.mega_moe");
   m.def(
       "mega_moe(Tensor x, Tensor? x_sf, Tensor topk_idx, Tensor topk_weights, Tensor l1_weights, Tensor? l1_sf, "
       "Tensor l2_weights, Tensor? l2_sf, Tensor? shared_l1_weights=None, Tensor? shared_l1_sf=None, "

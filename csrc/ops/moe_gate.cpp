@@ -7,7 +7,7 @@ namespace ascend_moe {
 
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- moe_gate family: scores, group-limited top-k, weights, shared slots, redundant experts, EP/TP masks ----
-  m.set_python_module("torch_ascend_moe.meta.moe_gate");
+  m.set_python_module("torch_ascend_moe.fakes.moe_gate");
   // -> (topk_weights [T, k + S], topk_idx int64 [T, k + S], unmapped_topk_idx int64 [T, k], scores [T, E]):
   // u = sigmoid | sqrt(softplus) | softmax | identity of logits; rank u + bias (softmax: logits + bias; image_bias on
   // image_token_mask rows) within the best num_topk_groups groups by their top-2 sum; stable top-k (or the caller's

@@ -192,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> moe_gating_topk_cpu(const at::Tensor& logits,
 // namespace is opened in library.cpp). set_python_module names the module holding the fakes.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- moe_routing family: tokens into expert-contiguous order and back ----
-  m.set_python_module("torch_ascend_moe.meta.moe_routing");
+  m.set_python_module("torch_ascend_moe.fakes.moe_routing");
   // x [T, H], topk_idx [T, k] -> (permuted [T*k + (E-1)*(alignment-1), H], row_map int32 [T, k], offs int32 [E]).
   m.def(
       "moe_permute(Tensor x, Tensor topk_idx, int num_experts, int alignment=1) -> (Tensor, Tensor, Tensor)",

@@ -74,9 +74,7 @@ inline int64_t check_operand(const char* op, const char* name, const char* sf_na
     AM_CHECK_ARG(!is_fp4(x), op, sf_name, "value", "scales for a packed FP4 operand", "None");
     return D;
   }
-  AM_CHECK_ARG(sf->scalar_type() == at::kFloat || sf->scalar_type() == at::kFloat8_e8m0fnu, op, sf_name, "dtype",
-               "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-               dtype_name(sf->scalar_type()));
+  check_scale_dtype(op, sf_name, *sf);
   check_same_device_as(op, sf_name, *sf, ref);
   const auto lead = x.sizes().slice(0, x.dim() - 1);
   const bool lead_ok = sf->dim() == rank && std::equal(lead.begin(), lead.end(), sf->sizes().begin());
@@ -242,12 +240,12 @@ inline void check_tables(const char* op, const at::Tensor& context_lens, const a
   check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)");
 }
 
-// Checks a paged_mqa_logits call; returns (gq, cache format, logits dtype).
-inline std::tuple<int64_t, CacheFormat, at::ScalarType> paged_signature(
-    const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache, const at::Tensor& weights,
-    const at::Tensor& context_lens, const at::Tensor& block_table, int64_t max_context_len,
-    const std::optional<at::Tensor>& indices, bool ascend, std::optional<at::ScalarType> dtype) {
-  const char* op = kPaged;
+// What a paged call (dense or sparse) takes alike: q [B, next_n, H, D], the cache, weights and the tables; returns
+// (gq, cache format, logits dtype).
+inline std::tuple<int64_t, CacheFormat, at::ScalarType> check_paged_call(
+    const char* op, const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache,
+    const at::Tensor& weights, const at::Tensor& context_lens, const at::Tensor& block_table, bool ascend,
+    std::optional<at::ScalarType> dtype) {
   const int64_t gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)",
                                    q);
   const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
@@ -255,6 +253,17 @@ inline std::tuple<int64_t, CacheFormat, at::ScalarType> paged_signature(
   const CacheFormat fmt = check_cache(op, kv_cache, D, ascend, q);
   const at::ScalarType out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype);
   check_tables(op, context_lens, block_table, B, next_n);
+  return {gq, fmt, out};
+}
+
+// Checks a paged_mqa_logits call; returns (gq, cache format, logits dtype).
+inline std::tuple<int64_t, CacheFormat, at::ScalarType> paged_signature(
+    const at::Tensor& q, const std::optional<at::Tensor>& q_sf, const at::Tensor& kv_cache, const at::Tensor& weights,
+    const at::Tensor& context_lens, const at::Tensor& block_table, int64_t max_context_len,
+    const std::optional<at::Tensor>& indices, bool ascend, std::optional<at::ScalarType> dtype) {
+  const char* op = kPaged;
+  const auto [gq, fmt, out] = check_paged_call(op, q, q_sf, kv_cache, weights, context_lens, block_table, ascend, dtype);
+  const int64_t B = q.size(0), next_n = q.size(1);
   check_int_arg(op, "max_context_len", max_context_len, 0);
   if (indices.has_value()) {
     AM_CHECK_ARG(next_n == 1, op, "indices", "value", "None unless next_n == 1 (varlen: one query per row)",
@@ -439,13 +448,8 @@ inline std::tuple<int64_t, CacheFormat, at::ScalarType, int64_t> paged_sparse_si
     const at::Tensor& context_lens, const at::Tensor& block_table, const at::Tensor& block_indices,
     int64_t sparse_block_kv, bool ascend, std::optional<at::ScalarType> dtype) {
   const char* op = kPagedSparse;
-  const int64_t gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)",
-                                   q);
-  const int64_t B = q.size(0), next_n = q.size(1), H = q.size(2), D = logical_k(q);
-  AM_CHECK_ARG(next_n > 0 && H > 0 && D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", shape_str(q.sizes()));
-  const CacheFormat fmt = check_cache(op, kv_cache, D, ascend, q);
-  const at::ScalarType out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype);
-  check_tables(op, context_lens, block_table, B, next_n);
+  const auto [gq, fmt, out] = check_paged_call(op, q, q_sf, kv_cache, weights, context_lens, block_table, ascend, dtype);
+  const int64_t B = q.size(0), next_n = q.size(1);
   const int64_t nb = check_sparse_indices(op, block_indices, B * next_n, "B * next_n", "q.size(0) * q.size(1)",
                                           sparse_block_kv, q);
   AM_CHECK_ARG(fmt.block_kv % sparse_block_kv == 0, op, "sparse_block_kv", "value",

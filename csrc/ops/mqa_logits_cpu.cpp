@@ -660,7 +660,7 @@ at::Tensor paged_sparse_mqa_logits_cpu(const at::Tensor& q, const std::optional<
 // namespace is opened in library.cpp). set_python_module names the module holding the fakes.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- mqa_logits family: the DeepSeek sparse-attention indexer (specs/deepgemm_api.md §8) ----
-  m.set_python_module("torch_ascend_moe.meta.mqa_logits");
+  m.set_python_module("torch_ascend_moe.fakes.mqa_logits");
   // logits[i, j] = sum_h weights[i, h] * relu(deq(q)[i, h] . deq(k)[j]) for ks[i] <= j < ke[i], exactly -inf
   // elsewhere: [S, S_kv], or compressed [S, max_seqlen_k] (column t holds j = ks[i] + t) when max_seqlen_k > 0.
   m.def(

@@ -306,7 +306,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& out_g
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- norm family: s = x (+ residual, rounded to x's dtype); rstd = rsqrt(sum(s^2) / H + eps);
   // out = s * rstd * (weight * out_scale) rounded to x's dtype ----
-  m.set_python_module("torch_ascend_moe.meta.norm");
+  m.set_python_module("torch_ascend_moe.fakes.norm");
   // x [..., H] BF16/FP32 (FP64 for gradcheck), weight [H] of x's dtype or None (unit). Computed in FP32 (FP64 for FP64
   // x). -> (out [..., H], rstd FP32 [...], residual_out [..., H] = s (empty without a residual)).
   m.def(

@@ -290,7 +290,7 @@ at::Tensor dequantize_cpu(const at::Tensor& data, const at::Tensor& scale, at::I
 // rounded to 3 mantissa bits and flushed below 2^-9; FP4 codes are integers) and dequantize differentiates
 // only its FP32 scale; quant.fake_quantize is the straight-through path.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
-  m.set_python_module("torch_ascend_moe.meta.quant");
+  m.set_python_module("torch_ascend_moe.fakes.quant");
   // x [M, N] (BF16/FP16/FP32/FP64) in block = [rows, cols] blocks -> (E4M3 [M, N], scale): FP32
   // [ceil(M / rows), ceil(N / cols)], or with use_packed_ue8m0 (needs use_ue8m0) int32 [.., ceil(.. / 4)].
   // Per-token [1, g], per-channel [g, 1], per-block [g, g]; ragged blocks are zero-padded.

@@ -139,7 +139,7 @@ at::Tensor rotary_embedding_cpu(const at::Tensor& x_in, const at::Tensor& cache_
 
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- rope family: per pair (x1, x2): (x1 cos - x2 sin, x1 sin + x2 cos) ----
-  m.set_python_module("torch_ascend_moe.meta.rope");
+  m.set_python_module("torch_ascend_moe.fakes.rope");
   // x [T, heads, rot] or [B, S, heads, rot] (BF16/FP32, FP64 for gradcheck); cos_sin_cache [rows, rot] FP32 (FP64
   // with FP64 x): cos in [:, :rot/2], sin in [:, rot/2:]. Row of token t: positions[t] (or [b, s]) + seqlen_offset,
   // else seqlen_offset + t (the token's index in its sequence). Pairs: NeoX halves (x[i], x[i + rot/2]), or GPT-J

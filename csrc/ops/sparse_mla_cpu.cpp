@@ -132,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_prefill_cpu(
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- sparse_mla family: attention of each query over its own top-k KV rows (flash_mla_sparse_fwd):
   // (out [s_q, h_q, d_v], max_logits [s_q, h_q], lse [s_q, h_q], natural log) ----
-  m.set_python_module("torch_ascend_moe.meta.sparse_mla");
+  m.set_python_module("torch_ascend_moe.fakes.sparse_mla");
   m.def(
       "sparse_mla_prefill(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v=512, "
       "Tensor? attn_sink=None, Tensor? topk_length=None) -> (Tensor, Tensor, Tensor)",

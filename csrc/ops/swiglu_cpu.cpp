@@ -416,7 +416,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> swiglu_ba
 
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- swiglu family: clamp (counted) -> silu(a) * b -> x routing weight -> FP32 / BF16 / per-token E4M3 ----
-  m.set_python_module("torch_ascend_moe.meta.swiglu");
+  m.set_python_module("torch_ascend_moe.fakes.swiglu");
   // x [N, 2H] = [a | b]. a = min(a, c), b = clamp(b, -c, c) when clamp_value c is given; y = a / (1 + exp(-a)) * b
   // in FP32 (FP64 for FP64 x); y *= topk_weights[n] * routed_scaling_factor. Rows outside the psum layout
   // (expert e owns [align(psum[e-1], alignment), psum[e])) are 0. out_dtype None: the compute dtype (FP32, FP64

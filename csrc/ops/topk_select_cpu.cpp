@@ -313,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
 // namespace is opened in library.cpp). set_python_module names the module holding the fakes.
 TORCH_LIBRARY_FRAGMENT(ascend_moe, m) {
   // ---- topk_select family: DeepSelect's top-k (indexer and sampler) ----
-  m.set_python_module("torch_ascend_moe.meta.topk_select");
+  m.set_python_module("torch_ascend_moe.fakes.topk_select");
   // (values [b, topk] in input's dtype, indices [b, topk] int64 or int32): the topk largest of
   // input[i, :end[i]], in ascending column order (or by value descending when `sorted`), plus
   // output_idx_offset[i]; short rows are padded with the fill values (not offset); a row holding NaN raises

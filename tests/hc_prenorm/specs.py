@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.portable import hc_prenorm as portable
-from torch_ascend_moe.meta.hc_prenorm import split_ranges
+from torch_ascend_moe.checks.hc_prenorm import split_ranges
 from torch_ascend_moe.quant import round_to_tf32
 from torch_ascend_moe.testing.harness import BadInput, OpSpec, SampleInput
 

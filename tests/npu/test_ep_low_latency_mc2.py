@@ -21,7 +21,7 @@ from tests.ep.specs import init_single_rank_group
 from tests.npu import ep_mqa_hc_refs as refs
 from torch_ascend_moe.backends.npu import ep as npu_ep
 from torch_ascend_moe.backends.portable.ep.low_latency import ep_low_latency_combine, ep_low_latency_dispatch
-from torch_ascend_moe.meta import ep as meta
+from torch_ascend_moe.fakes import ep as fakes
 from torch_ascend_moe.testing import npu_wheel
 
 A3, A2, ASCEND950 = 250, 223, 260
@@ -311,7 +311,7 @@ def test_our_fake_leaves_the_state_size_to_the_device():
     assert lines[0] == "cpu torch.int32 0 (4, 16)"
     device, dtype, size, shape = lines[1].split(" ", 3)
     assert (device, dtype, shape) == ("privateuseone:0", "torch.int32", "(4, 16)") and size.startswith("u")
-    assert not meta.keeps_backend_state(torch.device("cpu"))
+    assert not fakes.keeps_backend_state(torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

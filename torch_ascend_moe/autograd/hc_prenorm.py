@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
-from torch_ascend_moe.meta.hc_prenorm import split_ranges
+from torch_ascend_moe.checks.hc_prenorm import split_ranges
 from torch_ascend_moe.quant import round_to_tf32
 
 

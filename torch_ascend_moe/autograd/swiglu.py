@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad, non_differentiable
-from torch_ascend_moe.meta import swiglu as meta
+from torch_ascend_moe.checks import swiglu as checks
 
 OP = "swiglu_forward"
 _backward_op = torch.ops.ascend_moe.swiglu_backward.default
@@ -16,7 +16,7 @@ _backward_op = torch.ops.ascend_moe.swiglu_backward.default
 def _setup(ctx, inputs, output):
     args = arguments(OP, inputs)
     out, sf, count = output
-    ctx.mark_non_differentiable(*((out, sf, count) if meta.forward_out_dtype(args) == meta.FP8 else (sf, count)))
+    ctx.mark_non_differentiable(*((out, sf, count) if checks.forward_out_dtype(args) == checks.FP8 else (sf, count)))
     ctx.options = (args.alignment, args.routed_scaling_factor, args.clamp_value)
     ctx.save_for_backward(args.x, args.topk_weights, args.psum_num_tokens_per_expert)
 

@@ -2,7 +2,7 @@
 
 ``checks/<family>.py`` holds a family's signature checks and ``csrc/ops/<family>_checks.h`` their C++ twin:
 the same functions, the same checks in the same order, the same words (tests/test_validation_twins.py
-compares them). Fakes (``meta/``), Python kernels and compat packages call the Python side.
+compares them). Fakes (``fakes/``), Python kernels and compat packages call the Python side.
 
 Messages read ``<op>: argument '<arg>' <what>: expected <expected>, got <actual>`` everywhere, so a bad
 call fails with the same words in eager (C++ kernel), under ``torch.compile`` (fake) and on CUDA/NPU.
@@ -80,6 +80,22 @@ def check_recipe(op: str, arg: str, recipe) -> None:
         "value",
         "[gran_mn, gran_k] with entries at most 2147483647",
         lambda: list(recipe),
+    )
+
+
+# Scales a GEMM-like kernel reads as they are (packed int32/int16 UE8M0 words are unpacked by the caller first).
+SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
+
+
+def check_scale_dtype(op: str, sf_name: str, sf: torch.Tensor) -> None:
+    """FP32 or E8M0 scales (fp8_gemm's and mqa_logits' operands)."""
+    check_arg(
+        sf.dtype in SCALE_DTYPES,
+        op,
+        sf_name,
+        "dtype",
+        "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
+        sf.dtype,
     )
 
 

@@ -22,6 +22,9 @@ LL_COMBINE = "ascend_moe::ep_low_latency_combine"
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int64, torch.int32)
 LL_BLOCK = 128  # the low-latency dispatch's FP8 cast granularity (channels per scale)
+# An absent optional output (no scales, no weights) comes back as an empty [N, 0] placeholder of this dtype: not a
+# floating output, so it never looks differentiable (kernels and fakes alike).
+ABSENT = torch.int32
 # Check functions of ops that no C++ kernel implements (function -> its ops): they have no C++ twin. The ep ops are
 # Python kernels over torch.distributed; only their CPU helper kernels (ascend_moe_kernels, below) are C++.
 PYTHON_ONLY = {
@@ -473,3 +476,11 @@ def handle_fields_signature(recv_counts, recv_topk_idx, topk_idx, num_scaleup_ra
         "a divisor of the ranks",
         recv_counts.numel(),
     )
+
+
+def ll_scale_shape(h: int, use_fp8: bool, use_ue8m0: bool) -> tuple[int, torch.dtype]:
+    """(columns, dtype) of a low-latency dispatch's received scales, for a hidden size ``h``: what the kernels
+    allocate and the fake returns."""
+    if not use_fp8:
+        return 0, ABSENT
+    return (h // (4 * LL_BLOCK), torch.int32) if use_ue8m0 else (h // LL_BLOCK, torch.float32)

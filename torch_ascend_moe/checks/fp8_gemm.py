@@ -15,7 +15,6 @@ OP = "ascend_moe::fp8_gemm"
 BMM = "ascend_moe::fp8_bmm"
 EINSUM = "ascend_moe::fp8_einsum"
 EQUATIONS = ("bhr,hdr->bhd", "bhd,hdr->bhr", "bhd,bhr->hdr")
-SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
 
 
 def is_fp4(t: torch.Tensor) -> bool:
@@ -63,14 +62,7 @@ def check_fp8_operand(op: str, name: str, sf_name: str, x, sf, recipe, ref, batc
     mn, k = x.shape[lead], logical_k(x)
     gmn, gk = recipe
     ck.check_arg(k % gk == 0, op, name, "K", f"a multiple of gran_k={gk}", lambda: k)
-    ck.check_arg(
-        sf.dtype in SCALE_DTYPES,
-        op,
-        sf_name,
-        "dtype",
-        "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-        sf.dtype,
-    )
+    ck.check_scale_dtype(op, sf_name, sf)
     sf_shape = [x.shape[0]] * lead + [(mn + gmn - 1) // gmn, k // gk]
     check_scale_shape(
         op,

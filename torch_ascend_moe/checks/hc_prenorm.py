@@ -11,6 +11,16 @@ OP = "ascend_moe::hc_prenorm_gemm"
 BLOCK_K = 64
 
 
+def split_ranges(k: int, num_splits: int) -> list[tuple[int, int]]:
+    """DeepGEMM's split rule: K in 64-wide blocks; split s takes floor(nb/S) blocks, one more if s < nb % S."""
+    nb = k // BLOCK_K
+    ranges = []
+    for s in range(num_splits):
+        first, blocks = s * (nb // num_splits) + min(s, nb % num_splits), nb // num_splits + (s < nb % num_splits)
+        ranges.append((first * BLOCK_K, (first + blocks) * BLOCK_K))
+    return ranges
+
+
 def hc_prenorm_signature(a, b, num_splits) -> torch.dtype:
     """Checks the arguments; returns the accumulation (and output) dtype."""
     ck.check_rank(OP, "a", a, 2, "[M, K]")

@@ -26,7 +26,6 @@ SPARSE = "ascend_moe::sparse_mqa_logits"
 PAGED_SPARSE = "ascend_moe::paged_sparse_mqa_logits"
 FLOAT_OPERANDS = (torch.bfloat16, torch.float32, torch.float64)
 QUANTIZED = (torch.float8_e4m3fn, torch.uint8)
-SCALE_DTYPES = (torch.float32, torch.float8_e8m0fnu)
 INDEX_DTYPES = (torch.int32, torch.int64)
 SCHEDULE_SPLIT = 256  # KV tokens per unit of the paged schedule
 # A paged cache's bytes per token, per layout.
@@ -65,14 +64,7 @@ def check_operand(op: str, name: str, sf_name: str, x, sf, rank: int, layout: st
     if sf is None:
         ck.check_arg(not is_fp4(x), op, sf_name, "value", "scales for a packed FP4 operand", "None")
         return d
-    ck.check_arg(
-        sf.dtype in SCALE_DTYPES,
-        op,
-        sf_name,
-        "dtype",
-        "torch.float32 or torch.float8_e8m0fnu (unpack int32/int16 UE8M0 first)",
-        sf.dtype,
-    )
+    ck.check_scale_dtype(op, sf_name, sf)
     check_same_device_as(op, sf_name, sf, ref)
     lead = list(x.shape[:-1])
     nb = sf.shape[-1] if sf.dim() == rank else 0
@@ -292,9 +284,9 @@ def check_tables(op: str, context_lens, block_table, B, next_n) -> None:
     ck.check_dim_size(op, "block_table", block_table, 0, "B", B, "q.size(0)")
 
 
-def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend, dtype):
-    """Checks a ``paged_mqa_logits`` call; returns ``(gq, cache format, logits dtype)``."""
-    op = PAGED
+def check_paged_call(op: str, q, q_sf, kv_cache, weights, context_lens, block_table, ascend, dtype):
+    """What a paged call (dense or sparse) takes alike: q ``[B, next_n, H, D]``, the cache, weights and the tables;
+    returns ``(gq, cache format, logits dtype)``."""
     gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q)
     B, next_n, H, D = q.shape[0], q.shape[1], q.shape[2], head_dim(q)
     ck.check_arg(
@@ -303,6 +295,14 @@ def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_c
     fmt = check_cache(op, kv_cache, D, ascend, q)
     out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype)
     check_tables(op, context_lens, block_table, B, next_n)
+    return gq, fmt, out
+
+
+def paged_signature(q, q_sf, kv_cache, weights, context_lens, block_table, max_context_len, indices, ascend, dtype):
+    """Checks a ``paged_mqa_logits`` call; returns ``(gq, cache format, logits dtype)``."""
+    op = PAGED
+    gq, fmt, out = check_paged_call(op, q, q_sf, kv_cache, weights, context_lens, block_table, ascend, dtype)
+    B, next_n = q.shape[0], q.shape[1]
     ck.check_int_arg(op, "max_context_len", max_context_len, 0)
     if indices is not None:
         ck.check_arg(
@@ -504,14 +504,8 @@ def paged_sparse_signature(
 ):
     """``paged_sparse_mqa_logits``' checks; returns ``(gq, cache format, logits dtype, num_blocks)``."""
     op = PAGED_SPARSE
-    gq = check_operand(op, "q", "q_sf", q, q_sf, 4, "[B, next_n, H, D] (or [B, next_n, H, D/2] packed FP4)", q)
-    B, next_n, H, D = q.shape[0], q.shape[1], q.shape[2], head_dim(q)
-    ck.check_arg(
-        next_n > 0 and H > 0 and D > 0, op, "q", "shape", "next_n > 0, H > 0, D > 0", lambda: ck.shape_str(q.shape)
-    )
-    fmt = check_cache(op, kv_cache, D, ascend, q)
-    out = check_weights(op, weights, q, B * next_n, H, "B * next_n", dtype)
-    check_tables(op, context_lens, block_table, B, next_n)
+    gq, fmt, out = check_paged_call(op, q, q_sf, kv_cache, weights, context_lens, block_table, ascend, dtype)
+    B, next_n = q.shape[0], q.shape[1]
     nb = check_sparse_indices(op, block_indices, B * next_n, "B * next_n", "q.size(0) * q.size(1)", sparse_block_kv, q)
     ck.check_arg(
         fmt.block_kv % sparse_block_kv == 0,

@@ -22,6 +22,7 @@ import torch
 from torch_ascend_moe import checks as ck
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+E4M3_AMAX_FLOOR = 1e-4  # TileKernels' default floor of a block's amax before an E4M3 cast (its sf_clamp_min)
 FP4_MAX = 6.0  # largest E2M1 magnitude
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)

@@ -1,7 +1,7 @@
 """The Triton kernel behind ``hc_prenorm_gemm`` on CUDA: ``d = float(a) @ tf32(b)^T`` and ``sqr_sum = sum_k
 float(a)^2`` in one pass over ``a`` (the portable kernel reads it twice and, with splits, launches two GEMMs and two
 reductions per split). A program per (M block, N block, split) walks its split's 64-wide K blocks (DeepGEMM's split
-rule, ``meta.hc_prenorm.split_ranges``): ``b`` rounded to TF32 in the tile (nearest, ties away from zero: the
+rule, ``checks.hc_prenorm.split_ranges``): ``b`` rounded to TF32 in the tile (nearest, ties away from zero: the
 reference's rounding), the products summed in FP32 by ``tl.dot`` (TF32 tensor cores for BF16 ``a``, whose values
 and the rounded ``b`` are TF32-exact, so the products are exact; IEEE FP32 for FP32 ``a``); the N-block-0 programs
 also sum the squares. Empty splits write zeros. Same values as the C++ kernel up to the FP32 summation order.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.cuda._triton import device_refusal, launch, tl, triton
-from torch_ascend_moe.meta.hc_prenorm import BLOCK_K
+from torch_ascend_moe.checks.hc_prenorm import BLOCK_K
 
 _BLOCK_M = 64
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.cuda import triton_available, triton_module
-from torch_ascend_moe.meta.hc_prenorm import hc_prenorm_signature
+from torch_ascend_moe.checks.hc_prenorm import hc_prenorm_signature
 
 _hc = triton_module("_hc")
 

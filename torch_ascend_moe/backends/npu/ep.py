@@ -83,7 +83,7 @@ from torch_ascend_moe.backends.portable.ep.low_latency import (
     ll_dispatch_checks,
     ll_transport,
 )
-from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
+from torch_ascend_moe.checks.ep import ABSENT
 from torch_ascend_moe.distributed import capture, payload
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.distributed.payload import place_rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
-from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
+from torch_ascend_moe.checks.gemm import bmm_signature, einsum_signature, gemm_signature
 from torch_ascend_moe.quant.encodings import row_major
 
 _REDUCED = (torch.bfloat16, torch.float16)

@@ -8,14 +8,15 @@ import torch
 
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.quant import tile_cast
-from torch_ascend_moe.meta import norm as meta
+from torch_ascend_moe.checks import norm as checks
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR
 
 
 def normalized(args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, rstd, residual_out)`` of checked arguments. The rows are made contiguous first: the row sums' order is
     then the one the C++ kernel (csrc/ops/norm_cpu.cpp) takes, whatever x's strides."""
     x, weight = args.x.contiguous(), args.weight
-    acc = meta.compute_dtype(x)
+    acc = checks.compute_dtype(x)
     s = x if args.residual is None else (x + args.residual.contiguous()).to(x.dtype)
     sf = s.to(acc)
     rstd = (sf.square().sum(dim=-1) / x.shape[-1] + args.eps).rsqrt()
@@ -27,26 +28,26 @@ def normalized(args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 @portable_kernel
 def rms_norm(args):
-    meta.forward_signature(args)
+    checks.forward_signature(args)
     return normalized(args)
 
 
 @portable_kernel
 def rms_norm_quant(args):
-    meta.quant_signature(args)
+    checks.quant_signature(args)
     out, rstd, residual_out = normalized(args)
     x, h = args.x, args.x.shape[-1]
     data, sf = tile_cast(
-        out.reshape(-1, h).float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, meta.E4M3_AMAX_FLOOR
+        out.reshape(-1, h).float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, E4M3_AMAX_FLOOR
     )
     return data.view(x.shape), sf.view(*x.shape[:-1], sf.shape[-1]), out, rstd, residual_out
 
 
 @portable_kernel
 def rms_norm_backward(args):
-    meta.backward_signature(args)
+    checks.backward_signature(args)
     x, weight, rstd = args.x.contiguous(), args.weight, args.rstd
-    acc = meta.compute_dtype(x)
+    acc = checks.compute_dtype(x)
     h = x.shape[-1]
     xhat = x.to(acc) * rstd[..., None]
     g = args.out_grad.contiguous().to(acc) * args.out_scale

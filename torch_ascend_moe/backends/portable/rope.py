@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.checks import rope as checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import rope as meta
 
 
 def cache_rows(args) -> torch.Tensor:
@@ -25,10 +25,10 @@ def cache_rows(args) -> torch.Tensor:
 
 @portable_kernel
 def rotary_embedding(args):
-    meta.rope_signature(args)
+    checks.rope_signature(args)
     x = args.x
     if capture.host_readable(x):
-        meta.check_rows(args)
+        checks.check_rows(args)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     rot = x.shape[-1]
     table = cache_rows(args)

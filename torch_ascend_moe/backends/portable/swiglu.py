@@ -11,8 +11,9 @@ import torch
 from torch_ascend_moe._arith import fma
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.quant import tile_cast
+from torch_ascend_moe.checks import swiglu as checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import swiglu as meta
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR
 from torch_ascend_moe.quant.reference import dequantized
 
 
@@ -59,12 +60,12 @@ def clamp_counts(a: torch.Tensor, b: torch.Tensor, c: float, rows: torch.Tensor 
 
 @portable_kernel
 def swiglu_forward(args):
-    meta.forward_signature(args)
+    checks.forward_signature(args)
     x = args.x
     n, h = x.shape[0], x.shape[1] // 2
     if capture.host_readable(x):
-        meta.check_layout_values(meta.FORWARD, args.psum_num_tokens_per_expert, args.alignment, n)
-    acc = meta.compute_dtype(x)
+        checks.check_layout_values(checks.FORWARD, args.psum_num_tokens_per_expert, args.alignment, n)
+    acc = checks.compute_dtype(x)
     rows = layout_rows(args.psum_num_tokens_per_expert, args.alignment, n, x.device)
     a, b, a_in, b_in = _halves(x.to(acc), h, args.clamp_value)
     count = torch.zeros(4, dtype=torch.int64, device=x.device)
@@ -76,10 +77,10 @@ def swiglu_forward(args):
         y = y * w[:, None]
     if rows is not None:
         y = torch.where(rows[:, None], y, 0)
-    out_dtype = meta.forward_out_dtype(args)
-    if out_dtype != meta.FP8:
+    out_dtype = checks.forward_out_dtype(args)
+    if out_dtype != checks.FP8:
         return y.to(out_dtype), x.new_empty([0], dtype=torch.float32), count
-    floor = meta.E4M3_AMAX_FLOOR if args.sf_clamp_min is None else args.sf_clamp_min
+    floor = E4M3_AMAX_FLOOR if args.sf_clamp_min is None else args.sf_clamp_min
     data, sf = tile_cast(y.float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, floor)
     return data, sf, count
 
@@ -87,18 +88,18 @@ def swiglu_forward(args):
 def dequantized_x(args, acc: torch.dtype) -> torch.Tensor:
     """x in the compute dtype; E4M3 codes times their block scale (one FP32 product each)."""
     x = args.x
-    if x.dtype != meta.FP8:
+    if x.dtype != checks.FP8:
         return x.to(acc)
-    return dequantized(x, args.x_sf, (1, meta.x_scale_block(args))).to(acc)
+    return dequantized(x, args.x_sf, (1, checks.x_scale_block(args))).to(acc)
 
 
 @portable_kernel
 def swiglu_backward(args):
-    n, h, out_dtype, sf_cols = meta.backward_signature(args)
+    n, h, out_dtype, sf_cols = checks.backward_signature(args)
     g_in = args.grad_out
     if capture.host_readable(g_in):
-        meta.check_layout_values(meta.BACKWARD, args.psum_num_tokens_per_expert, args.alignment, n)
-    acc = meta.compute_dtype(args.x, g_in)
+        checks.check_layout_values(checks.BACKWARD, args.psum_num_tokens_per_expert, args.alignment, n)
+    acc = checks.compute_dtype(args.x, g_in)
     rows = layout_rows(args.psum_num_tokens_per_expert, args.alignment, n, g_in.device)
     a, b, a_in, b_in = _halves(dequantized_x(args, acc), h, args.clamp_value)
     t = 1.0 + torch.exp(-a)
@@ -127,7 +128,7 @@ def swiglu_backward(args):
         if args.routed_scaling_factor is not None:
             weight_grad = weight_grad * args.routed_scaling_factor
     if sf_cols is None:
-        q, sf = g_in.new_empty([0], dtype=meta.FP8), g_in.new_empty([0], dtype=torch.float32)
+        q, sf = g_in.new_empty([0], dtype=checks.FP8), g_in.new_empty([0], dtype=torch.float32)
     else:
-        q, sf = tile_cast(x_grad.float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, meta.E4M3_AMAX_FLOOR)
+        q, sf = tile_cast(x_grad.float(), "e4m3", [1, args.num_per_channels], args.round_sf, None, E4M3_AMAX_FLOOR)
     return x_grad.to(out_dtype), q, sf, weight_grad, out.to(out_dtype)

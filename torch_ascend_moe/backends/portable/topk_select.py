@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe.checks import topk_select as checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import topk_select as meta
 from torch_ascend_moe.routing_math import stable_topk
 
 _SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 _COLUMN_BITS = 31  # columns below 2^31 (V is an int32 size)
+
+# DeepSelect's marker of a row that held NaN (abort_when_nan_found=False): every index of the row.
+NAN_MARKER = 0x3F3F3F3F
 
 
 def order_key(x: torch.Tensor) -> torch.Tensor:
@@ -48,7 +51,7 @@ def row_lengths(input: torch.Tensor, end: torch.Tensor | None) -> torch.Tensor:
     if end is None:
         return torch.full((b,), V, device=input.device)
     if capture.host_readable(end):
-        meta.check_end_values(end, V)
+        checks.check_end_values(end, V)
     return end.long()
 
 
@@ -59,7 +62,7 @@ def nan_rows(input: torch.Tensor, n: torch.Tensor, abort_when_nan_found: bool) -
     if abort_when_nan_found and capture.host_readable(input):
         hit = nan.nonzero()
         if hit.numel():
-            meta.nan_error(*hit[0].tolist())
+            checks.nan_error(*hit[0].tolist())
     return nan.any(1, keepdim=True)
 
 
@@ -76,11 +79,11 @@ def finish(args, cols, n, nan_row, idx_dtype):
     values = input.gather(1, cols)
     indices = cols if output_idx_offset is None else cols + output_idx_offset.long()[:, None]
     if idx_dtype == torch.int32 and output_idx_offset is not None and capture.host_readable(indices):
-        wraps = keep & ((indices < meta.INT32[0]) | (indices > meta.INT32[1]))
+        wraps = keep & ((indices < checks.INT32[0]) | (indices > checks.INT32[1]))
         hit = wraps.nonzero()
         if hit.numel():
             row, slot = hit[0].tolist()
-            meta.offset_error(int(cols[row, slot]), int(output_idx_offset[row]), row)
+            checks.offset_error(int(cols[row, slot]), int(output_idx_offset[row]), row)
     # The fill rounded to the input's dtype (a value beyond its range becomes ±inf, as a C++ cast does).
     fill = torch.tensor(
         float("-inf") if args.value_oob_fill_value is None else args.value_oob_fill_value,
@@ -93,13 +96,13 @@ def finish(args, cols, n, nan_row, idx_dtype):
         indices = torch.nn.functional.pad(indices, (0, topk - k))
         keep = torch.nn.functional.pad(keep, (0, topk - k), value=False)
     values = torch.where(nan_row, nan_value, torch.where(keep, values, fill))
-    indices = torch.where(nan_row, meta.NAN_MARKER, torch.where(keep, indices, args.idx_oob_fill_value)).to(idx_dtype)
+    indices = torch.where(nan_row, NAN_MARKER, torch.where(keep, indices, args.idx_oob_fill_value)).to(idx_dtype)
     return values.contiguous(), indices.contiguous()
 
 
 @portable_kernel
 def topk_select(args):
-    idx_dtype = meta.topk_select_signature(args)
+    idx_dtype = checks.topk_select_signature(args)
     x, topk = args.input, args.topk
     V = x.shape[1]
     n = row_lengths(x, args.end)

@@ -31,8 +31,8 @@ import torch
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.portable import topk_select as portable
 from torch_ascend_moe.backends.upstream import Library
+from torch_ascend_moe.checks import topk_select as checks
 from torch_ascend_moe.distributed.capture import has_data
-from torch_ascend_moe.meta import topk_select as meta
 
 MAX_TOPK = 4096
 CUDA_COLUMNS = 2**23 - 1  # api.cpp: vocab_size < MAX_VOCAB_SIZE (2^23) on CUDA
@@ -44,7 +44,7 @@ DEEP_SELECT_NPU = Library("deep_select.deep_select_npu")
 
 
 def _refusal(args, dtypes: tuple, max_columns: int) -> str | None:
-    meta.topk_select_signature(args)
+    checks.topk_select_signature(args)
     b, V = args.input.shape
     if not has_data(args.input):
         return "fake or meta tensors (the library runs on data; our fake serves tracing)"
@@ -82,7 +82,7 @@ def aligned_rows(x: torch.Tensor, alignment: int) -> torch.Tensor:
 
 def _select(library: Library, args):
     """The op through one build: its columns, then the portable kernel's own finishing steps."""
-    idx_dtype = meta.topk_select_signature(args)
+    idx_dtype = checks.topk_select_signature(args)
     x, topk, end = args.input, args.topk, args.end
     build = library.module()
     n = portable.row_lengths(x, end)

@@ -7,9 +7,9 @@ import torch
 
 from torch_ascend_moe._registry import portable_kernel
 from torch_ascend_moe.backends.portable.ep.header import Transport, combine_fields
-from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
 from torch_ascend_moe.backends.portable.ep.route import checked_route
 from torch_ascend_moe.checks import ep as ep_checks
+from torch_ascend_moe.checks.ep import ABSENT
 from torch_ascend_moe.distributed import capture, payload, transport
 
 

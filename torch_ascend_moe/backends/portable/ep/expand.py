@@ -7,8 +7,8 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
-from torch_ascend_moe.backends.portable.ep.outputs import ABSENT
 from torch_ascend_moe.checks import ep as ep_checks
+from torch_ascend_moe.checks.ep import ABSENT
 from torch_ascend_moe.distributed import capture, payload
 
 

@@ -10,13 +10,12 @@ import torch
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
 from torch_ascend_moe.backends.portable.ep.header import TRANSPORT_FIELD, Transport, checked_on_every_rank
-from torch_ascend_moe.backends.portable.ep.outputs import ABSENT, no_backend_state
+from torch_ascend_moe.backends.portable.ep.outputs import no_backend_state
 from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.distributed.payload import as_bytes, join, split
 from torch_ascend_moe.distributed.transport import all_to_all_rows
-from torch_ascend_moe.meta import ep as meta
 from torch_ascend_moe.quant.encodings import FP8_MAX
 
 
@@ -144,11 +143,11 @@ def ll_transport(args, group, r: int, idx: torch.Tensor):
     cols = split(packed.reshape(local * n, width), widths)
     if args.use_fp8:
         recv_x = cols[0].view(torch.float8_e4m3fn).view(local, n, h)
-        s_cols, s_dtype = meta.ll_scale_shape(h, True, args.use_ue8m0)
+        s_cols, s_dtype = ep_checks.ll_scale_shape(h, True, args.use_ue8m0)
         recv_scales = cols[1].view(s_dtype).view(local, n, s_cols)
     else:
         recv_x = cols[0].view(args.x.dtype).view(local, n, h)
-        recv_scales = args.x.new_empty(local, n, 0, dtype=ABSENT)
+        recv_scales = args.x.new_empty(local, n, 0, dtype=ep_checks.ABSENT)
     src_info = torch.where(ok_sorted, tags.gather(1, order) - 1, -1).to(torch.int32)
     per_source = ok.view(local, r, t_max).sum(-1).to(torch.int64)  # [L, R]
     begins = torch.cumsum(per_source, dim=1) - per_source

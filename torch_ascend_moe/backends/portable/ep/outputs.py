@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import torch
 
-# An absent optional (no scales, no weights) comes back as an empty int32 [N, 0] placeholder: not a
-# floating output, so it never looks differentiable.
-ABSENT = torch.int32
+from torch_ascend_moe.checks.ep import ABSENT
 
 
 def absent(like: torch.Tensor, n: int) -> torch.Tensor:

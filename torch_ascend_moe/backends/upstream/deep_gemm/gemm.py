@@ -19,7 +19,7 @@ from torch_ascend_moe.backends.upstream.deep_gemm import (
     tma_refusal,
 )
 from torch_ascend_moe.checks.fp8_gemm import einsum_plan
-from torch_ascend_moe.meta.gemm import bmm_signature, einsum_signature, gemm_signature
+from torch_ascend_moe.checks.gemm import bmm_signature, einsum_signature, gemm_signature
 
 
 def _refusal(a, b, c, dtype) -> str | None:

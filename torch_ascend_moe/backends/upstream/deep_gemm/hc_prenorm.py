@@ -12,7 +12,7 @@ import torch
 
 from torch_ascend_moe.backends.chain import first_refusal, kernel
 from torch_ascend_moe.backends.upstream.deep_gemm import CUDA, SM90, cuda_arch, cuda_refusal, real_refusal, tma_refusal
-from torch_ascend_moe.meta.hc_prenorm import BLOCK_K, hc_prenorm_signature
+from torch_ascend_moe.checks.hc_prenorm import BLOCK_K, hc_prenorm_signature
 
 
 def _takes(a, b, num_splits):

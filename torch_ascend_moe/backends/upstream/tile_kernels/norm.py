@@ -37,7 +37,7 @@ from torch_ascend_moe.backends.upstream.tile_kernels import (
     missing,
     real_refusal,
 )
-from torch_ascend_moe.meta import norm as meta
+from torch_ascend_moe.checks import norm as checks
 
 MAX_HIDDEN = 8192
 BF16_SUM_LIMIT = 3e38  # |x| + |residual| below BF16's largest finite value: the sum rounds to a finite one
@@ -68,7 +68,7 @@ def _refusal(args, path: str) -> str | None:
 
 
 def _takes_forward(args):
-    meta.forward_signature(args)
+    checks.forward_signature(args)
     return first_refusal(_refusal(args, "quant.norm_forward"))
 
 
@@ -103,7 +103,7 @@ def rms_norm(args):
 
 
 def _takes_quant(args):
-    meta.quant_signature(args)
+    checks.quant_signature(args)
     x, h, npc = args.x, args.x.shape[-1], args.num_per_channels
     why = _refusal(args, "quant.norm_forward_and_per_token_cast")
     if why is None and x.dtype != torch.bfloat16:

@@ -25,15 +25,15 @@ from torch_ascend_moe.backends.upstream.tile_kernels import (
     missing,
     real_refusal,
 )
+from torch_ascend_moe.checks import rope as checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import rope as meta
 
 ROTARY_DIMS = (32, 64, 128, 256)
 INT32_ROWS = 2**31
 
 
 def _takes(args):
-    meta.rope_signature(args)
+    checks.rope_signature(args)
     x, cache = args.x, args.cos_sin_cache
     why = real_refusal(x, cache, args.positions) or missing("transform.apply_rotary", FIRST_RELEASE)
     if why is None and x.dtype not in (torch.bfloat16, torch.float32):
@@ -57,7 +57,7 @@ def _takes(args):
 def rotary_embedding(args):
     x, cache, positions, offset = args.x, args.cos_sin_cache, args.positions, args.seqlen_offset
     if capture.host_readable(x):
-        meta.check_rows(args)
+        checks.check_rows(args)
     elif positions is not None:  # no host read while capturing: every row inside the cache
         positions, offset = (positions.long() + offset).clamp(0, cache.shape[0] - 1), 0
     out = x.clone(memory_format=torch.contiguous_format)

@@ -44,8 +44,9 @@ from torch_ascend_moe.backends.upstream.tile_kernels import (
     magnitude,
     real_refusal,
 )
+from torch_ascend_moe.checks import swiglu as checks
 from torch_ascend_moe.distributed import capture
-from torch_ascend_moe.meta import swiglu as meta
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR
 
 FORWARD = "quant.swiglu_forward_and_per_token_cast"
 BACKWARD = "quant.swiglu_backward_and_per_token_cast"
@@ -85,10 +86,10 @@ def _common_refusal(args, x) -> str | None:
 
 
 def _takes_forward(args):
-    meta.forward_signature(args)
+    checks.forward_signature(args)
     x, h, npc = args.x, args.x.shape[1] // 2, args.num_per_channels
     why = _common_refusal(args, x)
-    if why is None and meta.forward_out_dtype(args) != meta.FP8:
+    if why is None and checks.forward_out_dtype(args) != checks.FP8:
         why = "an unquantized output (the first release's fused kernel always casts to E4M3)"
     if why is None and x.dtype not in (torch.bfloat16, torch.float32):
         why = f"{x.dtype} x (the kernel reads BF16 or FP32)"
@@ -129,7 +130,7 @@ def _rows(op: str, args, n: int, device):
     """The psum layout's rows (None: every row), its values checked first as our kernels check them."""
     psum = args.psum_num_tokens_per_expert
     if psum is not None and capture.host_readable(psum):
-        meta.check_layout_values(op, psum, args.alignment, n)
+        checks.check_layout_values(op, psum, args.alignment, n)
     return layout_rows(psum, args.alignment, n, device)
 
 
@@ -143,7 +144,7 @@ def _rows(op: str, args, n: int, device):
 def swiglu_forward(args):
     x = args.x
     n, h, npc = x.shape[0], x.shape[1] // 2, args.num_per_channels
-    rows = _rows(meta.FORWARD, args, n, x.device)
+    rows = _rows(checks.FORWARD, args, n, x.device)
     positions = torch.arange(n, dtype=torch.int32, device=x.device)
     weights = _weights(args)
     count = None if args.clamp_value is None else torch.zeros(3, dtype=torch.int64, device=x.device)
@@ -153,8 +154,8 @@ def swiglu_forward(args):
         swiglu_clamp_value=args.clamp_value, clamped_count=count, sf_clamp_min=args.sf_clamp_min,
     )  # fmt: skip
     if rows is not None:  # the rows the kernel skipped: our op's zero rows
-        floor = meta.E4M3_AMAX_FLOOR if args.sf_clamp_min is None else args.sf_clamp_min
-        data = torch.where(rows[:, None], data.view(torch.uint8), 0).view(meta.FP8)
+        floor = E4M3_AMAX_FLOOR if args.sf_clamp_min is None else args.sf_clamp_min
+        data = torch.where(rows[:, None], data.view(torch.uint8), 0).view(checks.FP8)
         sf = torch.where(rows[:, None], sf, _zero_row_scale(npc, args.round_sf, floor, x.device))
     valid = torch.full((1,), n * h, dtype=torch.int64, device=x.device) if rows is None else (rows.sum() * h)[None]
     counts = torch.zeros(4, dtype=torch.int64, device=x.device) if count is None else torch.cat([count, valid])
@@ -162,12 +163,12 @@ def swiglu_forward(args):
 
 
 def _takes_backward(args):
-    n, h, out_dtype, _ = meta.backward_signature(args)
+    n, h, out_dtype, _ = checks.backward_signature(args)
     x, g, npc = args.x, args.grad_out, args.num_per_channels
     why = _common_refusal(args, x)
-    if why is None and x.dtype != meta.FP8:
+    if why is None and x.dtype != checks.FP8:
         why = f"a {x.dtype} x (the first release's backward takes an E4M3 x with its scales)"
-    block = meta.x_scale_block(args) if why is None else 0
+    block = checks.x_scale_block(args) if why is None else 0
     if why is None and (block not in (32, 128) or h % block):
         why = f"x's scales cover {block} columns: the kernel takes blocks of 32 or 128 within each half"
     if why is None and npc not in (0, block):
@@ -191,10 +192,10 @@ def _takes_backward(args):
     available=TILE_KERNELS.available,
 )
 def swiglu_backward(args):
-    n, h, out_dtype, _ = meta.backward_signature(args)
+    n, h, out_dtype, _ = checks.backward_signature(args)
     x, g, npc = args.x, args.grad_out, args.num_per_channels
-    block = meta.x_scale_block(args)
-    rows = _rows(meta.BACKWARD, args, n, g.device)
+    block = checks.x_scale_block(args)
+    rows = _rows(checks.BACKWARD, args, n, g.device)
     positions = torch.arange(n, dtype=torch.int32, device=g.device)
     if rows is not None:
         positions = torch.where(rows, positions, -1)
@@ -208,10 +209,10 @@ def swiglu_backward(args):
         x_grad = torch.where(rows[:, None], x_grad, 0)
         out = torch.where(rows[:, None], out, 0)
         if npc:
-            q = torch.where(rows[:, None], q.view(torch.uint8), 0).view(meta.FP8)
-            q_sf = torch.where(rows[:, None], q_sf, _zero_row_scale(npc, args.round_sf, meta.E4M3_AMAX_FLOOR, g.device))
+            q = torch.where(rows[:, None], q.view(torch.uint8), 0).view(checks.FP8)
+            q_sf = torch.where(rows[:, None], q_sf, _zero_row_scale(npc, args.round_sf, E4M3_AMAX_FLOOR, g.device))
     if not npc:
-        q, q_sf = g.new_empty([0], dtype=meta.FP8), g.new_empty([0], dtype=torch.float32)
+        q, q_sf = g.new_empty([0], dtype=checks.FP8), g.new_empty([0], dtype=torch.float32)
     if weights is None:
         w_grad = g.new_empty([0], dtype=torch.float32)
     else:

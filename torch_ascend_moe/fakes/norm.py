@@ -9,8 +9,6 @@ from torch_ascend_moe._registry import fake
 from torch_ascend_moe.checks.norm import backward_signature, compute_dtype, forward_signature, quant_signature
 
 FP8 = torch.float8_e4m3fn
-# TileKernels' amax floor of the E4M3 cast.
-E4M3_AMAX_FLOOR = 1e-4
 
 
 def _norm_outputs(args) -> tuple:

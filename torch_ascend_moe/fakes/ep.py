@@ -12,10 +12,10 @@ import torch
 
 from torch_ascend_moe._registry import device_kind, fake
 from torch_ascend_moe.checks.ep import (
+    ABSENT,
     CACHED,
     COMBINE,
     DISPATCH,
-    LL_BLOCK,
     LL_COMBINE,
     LL_DISPATCH,
     cached_signature,
@@ -25,10 +25,9 @@ from torch_ascend_moe.checks.ep import (
     layout_signature,
     ll_combine_signature,
     ll_dispatch_signature,
+    ll_scale_shape,
 )
 from torch_ascend_moe.distributed.groups import checked_size
-
-ABSENT = torch.int32  # dtype of the empty [N, 0] placeholder of an absent optional output (never differentiable)
 
 
 def _scale_cols(x_scales):
@@ -123,13 +122,6 @@ def ep_expand(args):
 
 
 # ---- low-latency mode ----
-
-
-def ll_scale_shape(h, use_fp8, use_ue8m0):
-    """(columns, dtype) of the received scales."""
-    if not use_fp8:
-        return 0, ABSENT
-    return (h // (4 * LL_BLOCK), torch.int32) if use_ue8m0 else (h // LL_BLOCK, torch.float32)
 
 
 def keeps_backend_state(device: torch.device) -> bool:

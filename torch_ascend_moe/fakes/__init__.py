@@ -1,4 +1,5 @@
-"""Fake (meta) implementations of every ascend_moe op, one module per family (``_registry.fake``).
+"""Fake implementations (shapes, dtypes, devices; no data) of every ascend_moe op, one module per family
+(``_registry.fake``); each calls its family's signature checks (``checks/<family>.py``) before it allocates.
 
 Each family's schemas name its module in ``set_python_module`` (``csrc/ops/<family>_cpu.cpp``), so tracing
 an op before its fakes are imported fails with a hint to import that module.

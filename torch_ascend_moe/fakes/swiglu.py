@@ -6,14 +6,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.checks.swiglu import BACKWARD as BACKWARD
-from torch_ascend_moe.checks.swiglu import FORWARD as FORWARD
 from torch_ascend_moe.checks.swiglu import FP8, backward_signature, compute_dtype, forward_out_dtype, forward_signature
-from torch_ascend_moe.checks.swiglu import check_layout_values as check_layout_values
-from torch_ascend_moe.checks.swiglu import x_scale_block as x_scale_block
-
-# TileKernels' default amax floor of an E4M3 cast (its sf_clamp_min).
-E4M3_AMAX_FLOOR = 1e-4
 
 
 @fake

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe._registry import fake
-from torch_ascend_moe.checks.rope import check_rows as check_rows
 from torch_ascend_moe.checks.rope import rope_signature
 
 
