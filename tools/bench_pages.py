@@ -52,20 +52,23 @@ def _tflops(x: float) -> str:
 
 def table(run: dict) -> str:
     """The run's rows as a markdown table: case, each side's time (ms) and TFLOPS, the speedup (baseline time /
-    ours), and each side's peak memory or bandwidth where the run measured them."""
+    ours), and each side's peak memory, bandwidth or page faults where the run measured them."""
     rows = run["results"]
     threads = _several_thread_counts(run)
     memory = any(r.get("ours_peak_mb") is not None for r in rows)
     bandwidth = any(r.get("ours_gbps") is not None for r in rows)
+    faults = any(r.get("ours_faults") is not None for r in rows)
     head = ["case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS", "speedup"]
     head += ["peak MB ours", "peak MB baseline"] if memory else []
     head += ["GB/s ours", "GB/s baseline"] if bandwidth else []
+    head += ["page faults ours", "page faults baseline"] if faults else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [_label(r, threads), _num(r["ours_ms"]), _tflops(r["ours_tflops"]), r["baseline"]]
         cells += [_num(r["baseline_ms"]), _tflops(r["baseline_tflops"]), f"{r['speedup']:.2f}×"]
         cells += [_num(r.get("ours_peak_mb")), _num(r.get("baseline_peak_mb"))] if memory else []
         cells += [_num(r.get("ours_gbps")), _num(r.get("baseline_gbps"))] if bandwidth else []
+        cells += [_num(r.get("ours_faults")), _num(r.get("baseline_faults"))] if faults else []
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

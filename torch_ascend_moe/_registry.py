@@ -116,7 +116,7 @@ def flop_formula(name: str | Callable | None = None):
     return _by_name(name, register)
 
 
-def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
+def autograd(name: str, backward: Callable, setup_context: Callable, eager: Callable | None = None) -> None:
     """Make ``ascend_moe::name`` differentiable with ``setup_context(ctx, inputs, output)`` and
     ``backward(ctx, *grads)`` (torch.library's contract).
 
@@ -124,6 +124,12 @@ def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
     redispatches below autograd without entering Python; otherwise it runs torch.library's autograd
     implementation of the two functions. Where that private builder is missing (another torch), this falls
     back to ``torch.library.register_autograd``: same semantics, Python on every call.
+
+    ``eager(*inputs)``, where given, serves an eager call that needs a gradient first (plain tensors, no
+    tracing, no dispatch mode): it returns the outputs with their own autograd history, or None to leave the call
+    to the two functions. A composite op uses it to record its steps once (each step's formula keeping what its
+    backward needs) where the op itself, a leaf whose kernel returns only its outputs, would recompute them in the
+    backward; traced graphs keep the op as one node and the two functions.
     """
     qualname = f"{NAMESPACE}::{name}"
     try:
@@ -134,7 +140,26 @@ def autograd(name: str, backward: Callable, setup_context: Callable) -> None:
     from torch_ascend_moe import _C
 
     op = getattr(torch.ops.ascend_moe, name).default
-    _C._register_autograd(name, make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context)))
+    impl = make_autograd_impl(op, Info(_backward_fn=backward, _setup_context_fn=setup_context))
+    if eager is not None:
+        impl = _eager_first(eager, impl)
+    _C._register_autograd(name, impl)
+
+
+def _plain_call(inputs) -> bool:
+    """Eager: no tracing (Dynamo, AOTAutograd, export), no dispatch mode (fake tensors, make_fx) and every tensor
+    a plain one (no subclass: FakeTensor, FunctionalTensor, DTensor)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in inputs if isinstance(t, torch.Tensor))
+
+
+def _eager_first(eager: Callable, impl: Callable) -> Callable:
+    def autograd_impl(keyset, *inputs, **kw):
+        out = eager(*inputs, **kw) if _plain_call(inputs) else None
+        return impl(keyset, *inputs, **kw) if out is None else out
+
+    return autograd_impl
 
 
 def _mark_outputs_non_differentiable(ctx, inputs, output):

@@ -239,11 +239,13 @@ def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
     memory = any(r.ours_peak_mb is not None for r in results)
     bandwidth = any(r.ours_gbps is not None for r in results)
     bounded = any(r.bound is not None for r in results)
+    faults = any(r.ours_faults is not None for r in results)
     columns = ("case", "ours ms", "TFLOPS", "baseline", "baseline ms", "TFLOPS ", "speedup")
     extra = (
         (("ours peak MB", "baseline peak MB") if memory else ())
         + (("ours GB/s", "baseline GB/s") if bandwidth else ())
         + (("baseline in GEMMs", "bound") if bounded else ())
+        + (("ours faults", "baseline faults") if faults else ())
     )
     for col in columns + extra:
         table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
@@ -258,6 +260,7 @@ def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
         cells += [f"{r.ours_gbps:.2f}", f"{r.baseline_gbps:.2f}"] if bandwidth else []
         if bounded:
             cells += ["-", "-"] if r.bound is None else [f"{r.baseline_gemm_share:.0%}", f"{r.bound:.2f}x"]
+        cells += [mb(r.ours_faults), mb(r.baseline_faults)] if faults else []
         table.add_row(*cells)
     console.print(table)
     return [{**r.__dict__, "speedup": r.speedup, "threads": threads} for r in results]

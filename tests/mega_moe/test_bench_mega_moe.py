@@ -15,3 +15,18 @@ def test_baseline_is_the_unfused_pipeline_and_cases_run():
     assert torch.equal(ours(), baseline())
     result = bench.run_case(case, 0.01)
     assert result.ours_ms > 0 and result.baseline_ms > 0
+
+
+def test_bench_moe_times_megamoe_against_moe_with_page_faults():
+    """``bench moe``'s nn.MegaMoE rows: the same weights as nn.MoE (outputs within MegaMoE's one extra rounding),
+    forward and forward+backward, each with page faults per step."""
+    from torch_ascend_moe.bench import moe as moe_bench
+    from torch_ascend_moe.testing import calc_diff
+
+    rows = [c for c in moe_bench.cases(quick=True) if c.name.startswith("MegaMoE")]
+    assert [c.grad for c in rows] == [False, True, False, True] and all(c.faults for c in rows)
+    assert sum("shared" in c.name for c in rows) == 2
+    ours, baseline = rows[2].setup()
+    assert calc_diff(ours(), baseline()) < 1e-4
+    result = bench.run_case(rows[3], 0.01)
+    assert result.ours_faults is not None and result.baseline_faults is not None

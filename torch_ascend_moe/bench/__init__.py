@@ -43,6 +43,7 @@ class Case:
     # also profile one baseline call: the share of its time in ATen's matrix multiplies, which bounds what any change
     # outside them (a fusion) can gain: ``Result.bound``
     bound: bool = False
+    faults: bool = False  # also count each side's minor page faults per call (fresh pages it touches): ``page_faults``
 
 
 def layer_call(module: Callable, x: torch.Tensor, grad: bool) -> Callable[[], torch.Tensor]:
@@ -73,6 +74,8 @@ class Result:
     ours_gbps: float | None = None
     baseline_gbps: float | None = None
     baseline_gemm_share: float | None = None
+    ours_faults: float | None = None
+    baseline_faults: float | None = None
 
     @property
     def speedup(self) -> float:
@@ -109,7 +112,9 @@ def machine() -> dict[str, object]:
 
 
 def _median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
+    # The Timer runs its statement at num_threads (default 1, whatever torch's setting): the threads asked for here.
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
 def peak_memory_mb(fn: Callable[[], object]) -> float | None:
@@ -152,6 +157,20 @@ _M_MMAP_THRESHOLD = -3
 _ATEN_GEMMS = frozenset(
     f"aten::{name}" for name in ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm", "mv", "addmv", "dot")
 )
+
+
+def page_faults(fn: Callable[[], object], calls: int = 5) -> float:
+    """Minor page faults per call of ``fn`` (median of ``calls`` after a warm-up): the fresh pages it touches, each
+    zeroed by the kernel. Large tensors are mmap-backed, so a step that allocates them anew pays this every time."""
+    import resource
+
+    fn()
+    counts = []
+    for _ in range(calls):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        fn()
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return statistics.median(counts)
 
 
 def gemm_share(fn: Callable[[], object], calls: int = 3) -> float:
@@ -207,6 +226,7 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
         t_base = min(t_base, timing(base))
         peaks = (peak_memory_mb(ours), peak_memory_mb(base)) if case.memory else (None, None)
         share = gemm_share(base) if case.bound else None
+        faults = (page_faults(ours), page_faults(base)) if case.faults else (None, None)
     moved = case.bytes() if callable(case.bytes) else case.bytes
     gbps = (moved / t_ours / 1e9, moved / t_base / 1e9) if moved else (None, None)
     return Result(
@@ -219,6 +239,7 @@ def run_case(case: Case, min_run_time: float = 0.3) -> Result:
         *peaks,
         *gbps,
         share,
+        *faults,
     )
 
 

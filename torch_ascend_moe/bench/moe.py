@@ -1,7 +1,10 @@
 """Benchmark cases of the MoE layer: ``python -m torch_ascend_moe bench moe`` (needs transformers: the ``hf``
 extra). ``nn.MoE`` (router, ``moe_permute``, grouped GEMMs, ``moe_unpermute``) against Hugging Face's
 ``MixtralSparseMoeBlock`` with its ``eager`` and ``grouped_mm`` experts implementations, on the same weights
-and tokens, forward and forward+backward, in the same run. Options: ``--tokens --hidden --topk --experts``.
+and tokens, forward and forward+backward, in the same run; and ``nn.MegaMoE`` (the routed and shared experts in one
+``mega_moe`` op) against ``nn.MoE`` with the same weights, BF16, with page faults per step (issue 51: the fused
+module at least as fast as the unfused one, touching no more fresh pages). Options: ``--tokens --hidden --topk
+--experts``.
 """
 
 from __future__ import annotations
@@ -174,6 +177,34 @@ def _shared_case(quick: bool, grad: bool, dtype=torch.bfloat16) -> Case:
     )
 
 
+def _mega_case(quick: bool, grad: bool, shared: int) -> Case:
+    from torch_ascend_moe.nn import MegaMoE, MoE
+
+    t, h, k, e = _shape(quick)
+    t = OPTIONS.get("tokens", 64 if quick else 512)
+    flops = t * (2 * h * e + (k + shared) * 6 * h * h) * (3 if grad else 1)
+
+    def setup():
+        torch.manual_seed(0)
+        moe = MoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, dtype=torch.bfloat16)
+        mega = MegaMoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, dtype=torch.bfloat16)
+        mega.load_state_dict(moe.state_dict())
+        x = torch.randn(1, t, h, dtype=torch.bfloat16)
+        return layer_call(mega, x, grad), layer_call(moe, x, grad)
+
+    mode = "fwd+bwd" if grad else "fwd"
+    extra = f" + {shared} shared" if shared else ""
+    return Case(
+        f"MegaMoE {mode} bf16 T{t} H{h} top-{k} of {e}{extra}",
+        flops,
+        setup,
+        "nn.MoE, the same weights",
+        grad=grad,
+        faults=True,
+    )
+
+
 def cases(quick: bool = False) -> list[Case]:
     routed = [_case(quick, impl, grad) for grad in (False, True) for impl in ("eager", "grouped_mm")]
-    return routed + [_shared_case(quick, grad) for grad in (False, True)]
+    mega = [_mega_case(quick, grad, shared) for shared in (0, 1) for grad in (False, True)]
+    return routed + [_shared_case(quick, grad) for grad in (False, True)] + mega

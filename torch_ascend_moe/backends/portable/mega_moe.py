@@ -74,6 +74,50 @@ def _activation(h, row_w, activation_clamp, fp8):
     return act.bfloat16(), None
 
 
+def _bf16_activation(h, row_w, activation_clamp):
+    """``_activation`` in BF16 mode, values bit for bit; where autograd records it, ``_KeptActivation`` keeps only
+    ``h`` and ``row_w`` instead of four FP32 ``[N, I]`` intermediates."""
+    if torch.is_grad_enabled() and (h.requires_grad or (row_w is not None and row_w.requires_grad)):
+        return _KeptActivation.apply(h, row_w, activation_clamp), None
+    return _activation(h, row_w, activation_clamp, False)
+
+
+class _KeptActivation(torch.autograd.Function):
+    """Steps 4-5 (BF16) for a recorded pipeline: the forward is ``_activation``'s, the backward recomputes the FP32
+    intermediates from ``h`` and applies, op for op, the formulas autograd would have recorded for ``_activation``
+    (ToCopy, Mul with the broadcast weight summed back, Mul, SiLU, ToCopy, Clamp, Split), so the gradients are the
+    same bits; what the tape keeps is ``h`` (BF16) rather than ``gate``, ``silu(gate)``, ``up`` and their product in
+    FP32."""
+
+    @staticmethod
+    def forward(ctx, h, row_w, activation_clamp):
+        ctx.save_for_backward(h, row_w)
+        ctx.clamp = activation_clamp
+        return _activation(h, row_w, activation_clamp, False)[0]
+
+    @staticmethod
+    def backward(ctx, grad_act):
+        h, row_w = ctx.saved_tensors
+        c = ctx.clamp
+        gate_h, up_h = h.chunk(2, dim=-1)
+        gate, up = (gate_h, up_h) if c is None else (gate_h.clamp(max=c), up_h.clamp(-c, c))
+        gate_f, up_f = gate.float(), up.float()
+        silu = F.silu(gate_f)
+        grad = grad_act.float()
+        grad_w = None
+        if row_w is not None:
+            if ctx.needs_input_grad[1]:
+                grad_w = (grad * (silu * up_f)).sum(1, keepdim=True).squeeze(1)
+            grad = grad * row_w.unsqueeze(1)
+        grad_gate = torch.ops.aten.silu_backward(grad * up_f, gate_f).to(h.dtype)
+        grad_up = (grad * silu).to(h.dtype)
+        if c is not None:
+            zero = torch.zeros((), dtype=h.dtype)
+            grad_gate = torch.where(gate_h <= c, grad_gate, zero)
+            grad_up = torch.where((up_h >= -c).logical_and_(up_h <= c), grad_up, zero)
+        return torch.cat([grad_gate, grad_up], dim=-1), grad_w, None
+
+
 def _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activation_clamp):
     """Steps 3-6 of the SM90 block-scaled mode (module docstring): ``y [P, H]`` BF16 rows in expert order."""
     block = (BLOCK, BLOCK)
@@ -92,10 +136,12 @@ def _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activat
     )
 
 
-def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp):
+def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp, keep_l1=False):
     """Steps 2-6 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
     ``weights [N, K]``. Returns ``(y [P, H] BF16 rows in expert order, row_map [N, K], per-expert pair counts
-    int32 [E_local])``."""
+    int32 [E_local])``. ``keep_l1`` (BF16 mode, recorded for a backward): the L1 GEMM and the SwiGLU as separate
+    steps, so the tape keeps the L1 output instead of the fused op's backward recomputing it (the same values:
+    the fused op's tiles accumulate as the whole GEMM does, tests/mega_moe)."""
     fp8 = x.dtype == torch.float8_e4m3fn
     block = kind_of(x, x_sf, l1) == "fp8_block"
     experts = l1.shape[0]
@@ -118,6 +164,9 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp)
             permuted, sf_rows, l1, l1_sf, offs, recipe_a=(1, GRAN), recipe_b=(1, GRAN), row_weights=row_w,
             activation_clamp=activation_clamp, quant_gran_k=GRAN, use_ue8m0=True,
         )  # fmt: skip
+    elif keep_l1:
+        h = m_grouped_bf16_gemm(permuted, l1, offs, out_dtype=torch.bfloat16)
+        act, act_sf = _bf16_activation(h, row_w, activation_clamp)
     else:
         act, act_sf = m_grouped_bf16_gemm_swiglu(
             permuted, l1, offs, row_weights=row_w, activation_clamp=activation_clamp, out_dtype=torch.bfloat16
@@ -139,7 +188,7 @@ def shared_experts(x, x_sf, l1, l1_sf, l2, l2_sf, activation_clamp):
         h = fp8_gemm(x, x_sf, l1, l1_sf, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16)
     else:
         h = bf16_gemm(x, l1, out_dtype=torch.bfloat16)
-    act, act_sf = _activation(h, None, activation_clamp, fp8)
+    act, act_sf = _activation(h, None, activation_clamp, True) if fp8 else _bf16_activation(h, None, activation_clamp)
     if fp8:
         return fp8_gemm(act, act_sf, l2, l2_sf, recipe_a=(1, GRAN), recipe_b=(1, GRAN), out_dtype=torch.bfloat16)
     return bf16_gemm(act, l2, out_dtype=torch.bfloat16)
@@ -156,14 +205,20 @@ def _combine_local(y_rows, row_map, shared):
 
 @portable_kernel
 def mega_moe(args):
-    num_experts, ranks = mega_moe_signature(args, group_size(OP, args.group_name))
-    if args.group_name is None and args.topk_idx.numel() and capture.host_readable(args.topk_idx):
-        check_topk_values(args.topk_idx, num_experts)
-    return pipeline(args)
+    return validated_pipeline(args)
 
 
-def pipeline(a):
-    """The unfused pipeline (no value checks: the backward reruns it under tracing)."""
+def validated_pipeline(a, keep_l1=False):
+    """The op's checks, then ``pipeline``: the kernel, and the eager training forward (autograd/mega_moe.py)."""
+    num_experts, _ = mega_moe_signature(a, group_size(OP, a.group_name))
+    if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx):
+        check_topk_values(a.topk_idx, num_experts)
+    return pipeline(a, keep_l1)
+
+
+def pipeline(a, keep_l1=False):
+    """The unfused pipeline (no value checks: the backward reruns it under tracing); ``keep_l1``: as
+    ``local_experts``' (a call recorded for a backward)."""
     shared = None
     if a.shared_l1_weights is not None:
         shared = shared_experts(
@@ -171,7 +226,16 @@ def pipeline(a):
         )
     if a.group_name is None:
         y_rows, row_map, counts = local_experts(
-            a.x, a.x_sf, a.topk_idx, a.topk_weights, a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp
+            a.x,
+            a.x_sf,
+            a.topk_idx,
+            a.topk_weights,
+            a.l1_weights,
+            a.l1_sf,
+            a.l2_weights,
+            a.l2_sf,
+            a.activation_clamp,
+            keep_l1,
         )
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
@@ -190,6 +254,7 @@ def pipeline(a):
         a.l2_weights,
         a.l2_sf,
         a.activation_clamp,
+        keep_l1,
     )
     # Each received token's local slots summed here in FP32 and the ranks' FP32 partials (after the shared experts'
     # row) summed at home: one rounding to BF16, as the kernel's combine; only the FP32 sum's order differs from
