@@ -147,6 +147,36 @@ def test_cli_bench_threads(tmp_path):
     assert bad.returncode != 0 and "--threads expects positive integers" in bad.stderr
 
 
+def test_cli_bench_busy(tmp_path):
+    """``--busy``: every case timed idle and again with another process spinning on one core, side by side; the busy
+    rows recorded with ``"busy": true``, and no spinner left behind."""
+    out = tmp_path / "bench.json"
+    bench = _python("-m", "torch_ascend_moe", "bench", "gemm", "--quick", "--min-run-time", "0.02", "--busy", "--json",
+                    str(out))  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    assert "idle and with one core busy" in bench.stdout and "kept" in bench.stdout
+    rows = json.loads(out.read_text())["results"]
+    idle, busy = [r for r in rows if not r.get("busy")], [r for r in rows if r.get("busy")]
+    assert [r["case"] for r in idle] == [r["case"] for r in busy] and idle
+
+
+def test_busy_core_runs_a_spinner_only_inside_the_block():
+    import time
+
+    from torch_ascend_moe import bench as bench_module
+
+    def cpu_ticks(pid: int) -> int:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    with bench_module.busy_core() as spinner:
+        assert spinner.poll() is None
+        start = cpu_ticks(spinner.pid)
+        time.sleep(0.5)
+        assert cpu_ticks(spinner.pid) - start >= 20  # busy: at least 0.2 s of CPU in 0.5 s (100 ticks per second)
+    assert spinner.poll() is not None
+
+
 def test_cli_rejects_unknown_family():
     result = _python("-m", "torch_ascend_moe", "bench", "nope")
     assert result.returncode != 0 and "invalid choice" in result.stderr

@@ -34,7 +34,8 @@ def image_path(name: str) -> str:
 
 
 def _label(row: dict, threads: bool) -> str:
-    return f"{row['case']} ({row['threads']} threads)" if threads else row["case"]
+    label = f"{row['case']} ({row['threads']} threads)" if threads else row["case"]
+    return label + (" [one core busy]" if row.get("busy") else "")
 
 
 def _several_thread_counts(run: dict) -> bool:

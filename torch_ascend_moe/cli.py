@@ -193,7 +193,7 @@ def cmd_bench(args, console: Console) -> int:
     try:
         for threads in _thread_counts(args.threads):
             torch.set_num_threads(threads)
-            records += _bench_at(args, cases, threads, console)
+            records += _bench_at(args, cases, threads, console, args.busy)
     finally:
         torch.set_num_threads(was)
     if args.json and not _secondary_rank():
@@ -224,17 +224,33 @@ def run_record(args, results: list[dict], load_before: float | None) -> dict[str
     }
 
 
-def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
-    """Times every case at ``threads`` CPU threads (ours and the baseline interleaved, as ``run_case`` does) and
-    prints one table; returns the results as JSON records."""
-    results = [
+def _run_cases(args, cases, threads: int, console: Console, what: str = "") -> list:
+    return [
         bench.run_case(c, args.min_run_time)
         for c in track(
-            cases, description=f"bench {args.family} ({threads} threads)", console=console, disable=_secondary_rank()
+            cases,
+            description=f"bench {args.family} ({threads} threads{what})",
+            console=console,
+            disable=_secondary_rank(),
         )
     ]
+
+
+def _bench_at(args, cases, threads: int, console: Console, busy: bool = False) -> list[dict]:
+    """Times every case at ``threads`` CPU threads (ours and the baseline interleaved, as ``run_case`` does) and
+    prints one table; returns the results as JSON records. ``busy``: each case is timed again while another process
+    keeps one core busy, and the table shows both (the busy rows are recorded with ``"busy": true``)."""
+    results = _run_cases(args, cases, threads, console)
+    loaded = []
+    if busy:
+        with bench.busy_core():
+            loaded = _run_cases(args, cases, threads, console, ", one core busy")
     if _secondary_rank():
         return []  # one report per run (every rank timed the same collectives)
+    records = [{**r.__dict__, "speedup": r.speedup, "threads": threads} for r in results]
+    if busy:
+        _print_busy(args, threads, results, loaded, console)
+        return records + [{**r.__dict__, "speedup": r.speedup, "threads": threads, "busy": True} for r in loaded]
     table = Table(title=f"bench {args.family}: {threads} CPU threads, speedup = baseline time / ours")
     memory = any(r.ours_peak_mb is not None for r in results)
     bandwidth = any(r.ours_gbps is not None for r in results)
@@ -263,7 +279,22 @@ def _bench_at(args, cases, threads: int, console: Console) -> list[dict]:
         cells += [mb(r.ours_faults), mb(r.baseline_faults)] if faults else []
         table.add_row(*cells)
     console.print(table)
-    return [{**r.__dict__, "speedup": r.speedup, "threads": threads} for r in results]
+    return records
+
+
+def _print_busy(args, threads: int, idle: list, busy: list, console: Console) -> None:
+    """The idle and the busy timing of each case side by side, and how much of its idle speedup a case keeps."""
+    table = Table(
+        title=f"bench {args.family}: {threads} CPU threads, idle and with one core busy; speedup = baseline time / ours"
+    )
+    for col in ("case", "baseline", "ours ms", "baseline ms", "speedup", "busy: ours ms", "baseline ms ", "speedup ",
+                "kept"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("case", "baseline") else "right")
+    for a, b in zip(idle, busy):
+        cells = [a.case, a.baseline, f"{a.ours_ms:.3f}", f"{a.baseline_ms:.3f}", f"{a.speedup:.2f}x"]
+        cells += [f"{b.ours_ms:.3f}", f"{b.baseline_ms:.3f}", f"{b.speedup:.2f}x", f"{b.speedup / a.speedup:.2f}"]
+        table.add_row(*cells)
+    console.print(table)
 
 
 def cmd_demo(args, console: Console) -> int:
@@ -307,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing (default 0.3)")
     b.add_argument("--json", metavar="PATH", help="also write the results to PATH, with the command and the machine")
     b.add_argument("--note", help="--json: a remark recorded with the run (how loaded the machine was, ...)")
+    b.add_argument(
+        "--busy",
+        action="store_true",
+        help="also time every case while another process keeps one core busy; the table shows both, and 'kept' is "
+        "the busy speedup over the idle one",
+    )
     b.add_argument(
         "--threads",
         metavar="N[,M...]",

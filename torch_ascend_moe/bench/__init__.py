@@ -6,6 +6,7 @@ run (machines here are noisy: only the ratio is meaningful) with ``torch.utils.b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import importlib
@@ -14,6 +15,8 @@ import os
 import pkgutil
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -186,6 +189,19 @@ def gemm_share(fn: Callable[[], object], calls: int = 3) -> float:
         wall = time.perf_counter() - start
     gemms = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in _ATEN_GEMMS) / 1e6
     return min(gemms / wall, 1.0)
+
+
+@contextlib.contextmanager
+def busy_core():
+    """Another process keeping one core busy while the block runs (``bench --busy``): a single-threaded spin loop,
+    what a data loader or a second job does to a training process on a shared machine. Yields the process."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # running before the first timing
+        yield spinner
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def _glibc():

@@ -1,7 +1,8 @@
 """Benchmark cases of the grouped and moe_routing families on MoE-like shapes with skewed expert loads.
 
 Baselines, measured in the same run: a per-expert Python loop of ``torch.mm`` (what a plain PyTorch MoE
-does) and ``torch._grouped_mm`` (PyTorch's grouped GEMM, with the same psum ``offs``), both in BF16; the
+does) and ``torch._grouped_mm`` (PyTorch's grouped GEMM, with the same psum ``offs``), both in BF16, and for 256
+experts one dense ``bf16_gemm`` of the same rows (what grouping them costs); the
 routing ops against the same permutation written with torch ops (sort + index copy).
 """
 
@@ -11,6 +12,7 @@ import torch
 
 from torch_ascend_moe.backends.portable import moe_routing as torch_routing
 from torch_ascend_moe.bench import Case
+from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.grouped import k_grouped_bf16_gemm, m_grouped_bf16_gemm
 from torch_ascend_moe.ops.moe_routing import moe_permute, moe_unpermute
 
@@ -42,11 +44,19 @@ def _m_case(experts, tokens, n, k, baseline: str) -> Case:
                 start = end
             return out
 
-        base = loop if baseline == "loop" else (lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs))
-        return (lambda: m_grouped_bf16_gemm(a, b, offs)), base
+        bases = {
+            "loop": loop,
+            "grouped_mm": lambda: torch._grouped_mm(a, b.transpose(1, 2), offs=offs),
+            # the grouping's cost: the same rows through one weight, our dense kernel (as fast as torch.mm where the
+            # CPU has BF16 dot products; BF16 torch.mm is emulated, far slower, where it has not)
+            "dense": lambda: bf16_gemm(a, b[0]),
+        }
+        return (lambda: m_grouped_bf16_gemm(a, b, offs)), bases[baseline]
 
-    name = "per-expert torch.mm loop" if baseline == "loop" else "torch._grouped_mm"
-    return Case(f"m_grouped E{experts} T{tokens} N{n} K{k}", 2 * tokens * n * k, setup, f"{name} bf16")
+    name = {"loop": "per-expert torch.mm loop bf16", "grouped_mm": "torch._grouped_mm bf16"}.get(
+        baseline, "one dense bf16_gemm of the same rows"
+    )
+    return Case(f"m_grouped E{experts} T{tokens} N{n} K{k}", 2 * tokens * n * k, setup, name)
 
 
 def _k_case(experts, tokens, m, n, fp32: bool = False) -> Case:
@@ -109,6 +119,9 @@ def cases(quick: bool = False) -> list[Case]:
         _m_case(16, 2048, 1408, 2048, "grouped_mm"),
         _m_case(64, 256, 1408, 2048, "loop"),
         _m_case(64, 256, 1408, 2048, "grouped_mm"),
+        # many small experts (DeepSeek-V3's 256): ~16 rows each, skewed (issue 51)
+        _m_case(256, 4096, 1024, 1024, "grouped_mm"),
+        _m_case(256, 4096, 1024, 1024, "dense"),
         _k_case(16, 2048, 1408, 2048),
         _k_case(16, 2048, 1408, 2048, fp32=True),
         _permute_case(4096, 2048, 8, 64),
