@@ -224,19 +224,9 @@ def pipeline(a, keep_l1=False):
         shared = shared_experts(
             a.x, a.x_sf, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf, a.activation_clamp
         )
+    expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1)
     if a.group_name is None:
-        y_rows, row_map, counts = local_experts(
-            a.x,
-            a.x_sf,
-            a.topk_idx,
-            a.topk_weights,
-            a.l1_weights,
-            a.l1_sf,
-            a.l2_weights,
-            a.l2_sf,
-            a.activation_clamp,
-            keep_l1,
-        )
+        y_rows, row_map, counts = local_experts(a.x, a.x_sf, a.topk_idx, a.topk_weights, *expert_args)
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
 
@@ -245,16 +235,7 @@ def pipeline(a, keep_l1=False):
         a.x, a.topk_idx, a.topk_weights, num_experts=experts, group=a.group_name, x_scales=a.x_sf, timeout_s=a.timeout_s
     )
     y_rows, row_map, counts = local_experts(
-        sent.recv_x,
-        sent.recv_x_scales,
-        sent.recv_topk_idx,
-        sent.recv_topk_weights,
-        a.l1_weights,
-        a.l1_sf,
-        a.l2_weights,
-        a.l2_sf,
-        a.activation_clamp,
-        keep_l1,
+        sent.recv_x, sent.recv_x_scales, sent.recv_topk_idx, sent.recv_topk_weights, *expert_args
     )
     # Each received token's local slots summed here in FP32 and the ranks' FP32 partials (after the shared experts'
     # row) summed at home: one rounding to BF16, as the kernel's combine; only the FP32 sum's order differs from
