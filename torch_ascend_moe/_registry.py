@@ -147,9 +147,11 @@ def autograd(name: str, backward: Callable, setup_context: Callable, eager: Call
 
 
 def _plain_call(inputs) -> bool:
-    """Eager: no tracing (Dynamo, AOTAutograd, export), no dispatch mode (fake tensors, make_fx) and every tensor
-    a plain one (no subclass: FakeTensor, FunctionalTensor, DTensor)."""
+    """Eager: no tracing (Dynamo, AOTAutograd, export), no dispatch mode (fake tensors, make_fx), no torch.func
+    transform and every tensor a plain one (no subclass: FakeTensor, FunctionalTensor, DTensor)."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    if torch._C._are_functorch_transforms_active():
         return False
     return all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in inputs if isinstance(t, torch.Tensor))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.bench import Case, layer_call
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR, FP8_MAX
 
 
 def _device() -> torch.device:
@@ -27,7 +28,7 @@ def _bf16(*shape, seed=0):
 def _fp8_1x128(x: torch.Tensor):
     """(E4M3 data, FP32 scales [rows, K/128]) per 1 x 128 block, DeepGEMM's activation cast."""
     blocks = x.float().unflatten(-1, (-1, 128))
-    scale = blocks.abs().amax(-1).clamp(min=1e-4) / 448.0
+    scale = blocks.abs().amax(-1).clamp(min=E4M3_AMAX_FLOOR) / FP8_MAX
     return (blocks / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).flatten(-2), scale
 
 
@@ -38,7 +39,7 @@ def _fp8_128x128(w: torch.Tensor):
     nb = -(-n // 128)
     padded = torch.nn.functional.pad(w.float(), (0, 0, 0, nb * 128 - n))
     blocks = padded.unflatten(-2, (nb, 128)).unflatten(-1, (k // 128, 128))  # [.., nb, 128, kb, 128]
-    scale = blocks.abs().amax((-3, -1)).clamp(min=1e-4) / 448.0
+    scale = blocks.abs().amax((-3, -1)).clamp(min=E4M3_AMAX_FLOOR) / FP8_MAX
     data = (blocks / scale.unsqueeze(-1).unsqueeze(-3)).to(torch.float8_e4m3fn)
     return data.flatten(-2).flatten(-3, -2)[..., :n, :], scale
 

@@ -16,7 +16,7 @@ from torch_ascend_moe.distributed import agreement, capture
 from torch_ascend_moe.distributed.groups import resolve_group
 from torch_ascend_moe.distributed.payload import as_bytes, join, split
 from torch_ascend_moe.distributed.transport import all_to_all_rows
-from torch_ascend_moe.quant.encodings import FP8_MAX
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR, FP8_MAX
 
 
 def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
@@ -25,7 +25,7 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     ``scale = 1 / scale_inv``; ``use_ue8m0`` stores its exponent byte, 4 per int32."""
     t, h = x.shape
     groups = x.float().reshape(t, h // ep_checks.LL_BLOCK, ep_checks.LL_BLOCK)  # any strides
-    amax = groups.abs().amax(-1).clamp(min=1e-4)
+    amax = groups.abs().amax(-1).clamp(min=E4M3_AMAX_FLOOR)
     # DeepEP's FP32 arithmetic exactly (csrc/kernels/legacy/utils.cuh, calculate_fp8_scales): scale_inv is amax
     # times the FP32 constant 1/448 (not amax / 448: an ulp apart), scale a true division (torch's ``448 / t`` is a
     # reciprocal times 448: a code apart on some values), round_scale's power of two from the bits
