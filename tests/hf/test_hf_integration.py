@@ -193,5 +193,7 @@ def test_bench_moe_quick(tmp_path):
     assert main(["bench", "moe", "--quick", "--min-run-time", "0.02", "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     baselines = [r["baseline"].split(", ")[1] for r in results]
-    assert baselines == ["eager experts", "grouped_mm experts"] * 2 + ["shared expert on nn.Linear"] * 2
+    expected = ["eager experts", "grouped_mm experts"] * 2 + ["shared expert on nn.Linear"] * 2
+    assert baselines == expected + ["the same weights"] * 4  # nn.MegaMoE against nn.MoE
     assert all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 for r in results)
+    assert all(r["ours_faults"] is not None for r in results if r["case"].startswith("MegaMoE"))
