@@ -112,7 +112,7 @@ class _KeptActivation(torch.autograd.Function):
         grad_gate = torch.ops.aten.silu_backward(grad * up_f, gate_f).to(h.dtype)
         grad_up = (grad * silu).to(h.dtype)
         if c is not None:
-            zero = torch.zeros((), dtype=h.dtype)
+            zero = torch.zeros((), dtype=h.dtype, device=h.device)
             grad_gate = torch.where(gate_h <= c, grad_gate, zero)
             grad_up = torch.where((up_h >= -c).logical_and_(up_h <= c), grad_up, zero)
         return torch.cat([grad_gate, grad_up], dim=-1), grad_w, None
