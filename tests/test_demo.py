@@ -3,6 +3,7 @@ says so; a failing check gives exit status 1; a bad option gives 2 with a messag
 torchrun (expert parallelism over gloo) passes too."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -29,6 +30,10 @@ def test_demo_runs_and_passes():
     for step in ("eager forward", "torch.compile fullgraph", "train 3 steps", "torch.export + reload"):
         assert step in proc.stdout
     assert "all checks passed" in proc.stdout
+    # Issue 51's bound on the demo's peak memory (the default settings peak about 5 MiB above these); a CPU run
+    # does not load Triton (demo._keep_triton_unloaded).
+    peak = re.search(r"peak memory \(RSS\) (\d+) MiB", proc.stdout)
+    assert peak is not None and int(peak.group(1)) <= 430, proc.stdout[-500:]
 
 
 def test_demo_exit_status_reflects_failures(monkeypatch):

@@ -99,6 +99,23 @@ def test_flop_counter_counts_gemm_flops():
     assert counter.get_total_flops() == 2 * 8 * 16 * 32 + 2 * 3 * 4 * 4 * 16 + 2 * 3 * 4 * 16 * 8
 
 
+def test_import_leaves_flop_counter_and_triton_unloaded_until_used():
+    """``torch.utils.flop_counter`` imports Triton at its top (75 MiB where Triton is installed): the package
+    registers its FLOP formulas when that module is first imported, by whoever imports it, not before."""
+    code = (
+        "import sys, torch, torch_ascend_moe\n"
+        "print('triton' in sys.modules, 'torch.utils.flop_counter' in sys.modules)\n"
+        "from torch.utils.flop_counter import FlopCounterMode\n"
+        "a, b = torch.randn(8, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)\n"
+        "with FlopCounterMode(display=False) as counter:\n"
+        "    torch_ascend_moe.bf16_gemm(a, b)\n"
+        "print(counter.get_total_flops())\n"
+    )
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False", str(2 * 8 * 16 * 32)]
+
+
 def test_cli_info_json():
     result = _python("-m", "torch_ascend_moe", "info", "--json")
     assert result.returncode == 0, result.stderr

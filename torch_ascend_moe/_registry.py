@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import pkgutil
 import sys
@@ -104,16 +106,85 @@ def fake(name: str | Callable | None = None):
     return _by_name(name, register)
 
 
+_FLOP_COUNTER = "torch.utils.flop_counter"
+_AFTER_FLOP_COUNTER: list[Callable[[], None]] = []
+
+
+class _ThenRegister(importlib.abc.Loader):
+    """The loader of ``torch.utils.flop_counter``, wrapped: it runs the module, then the registrations waiting
+    for it (``when_flop_counter``)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _FlopCounterFinder)]
+        while _AFTER_FLOP_COUNTER:
+            _AFTER_FLOP_COUNTER.pop(0)()
+
+    def __getattr__(self, name):  # get_source, get_filename, ... for inspect and linecache
+        return getattr(self._loader, name)
+
+
+class _FlopCounterFinder(importlib.abc.MetaPathFinder):
+    """Finds ``torch.utils.flop_counter`` with the other finders and hands back its spec with the loader wrapped;
+    every other import passes by."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _FLOP_COUNTER:
+            return None
+        sys.meta_path.remove(self)  # one import to watch; the other finders find the module
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+def when_flop_counter(register: Callable[[], None]) -> None:
+    """Run ``register`` once ``torch.utils.flop_counter`` is imported: now if it is, else right after whoever
+    imports it first (``FlopCounterMode``'s user). The module imports ``triton`` at its top where Triton is
+    installed, 75 MiB of a CPU process that never counts FLOPs, so importing this package must not import it."""
+    if _FLOP_COUNTER in sys.modules:
+        register()
+        return
+    _AFTER_FLOP_COUNTER.append(register)
+    if not any(isinstance(f, _FlopCounterFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FlopCounterFinder())
+
+
 def flop_formula(name: str | Callable | None = None):
-    """Register ``torch.utils.flop_counter``'s formula for ``ascend_moe::<name>``: it receives every schema
-    argument (tensors as shapes) and ``out_shape``."""
+    """Register ``torch.utils.flop_counter``'s formula for ``ascend_moe::<name>`` (when that module is imported:
+    ``when_flop_counter``): it receives every schema argument (tensors as shapes) and ``out_shape``."""
 
     def register(fn, op):
-        from torch.utils.flop_counter import register_flop_formula
+        def now():
+            from torch.utils.flop_counter import register_flop_formula
 
-        register_flop_formula(getattr(torch.ops.ascend_moe, op))(fn)
+            register_flop_formula(getattr(torch.ops.ascend_moe, op))(fn)
+
+        when_flop_counter(now)
 
     return _by_name(name, register)
+
+
+def flop_formula_for(ops: list, fn: Callable) -> Callable:
+    """``fn`` as the FLOP formula of every op packet in ``ops`` (when ``torch.utils.flop_counter`` is imported)."""
+
+    def now():
+        from torch.utils.flop_counter import register_flop_formula
+
+        register_flop_formula(ops)(fn)
+
+    when_flop_counter(now)
+    return fn
 
 
 def autograd(name: str, backward: Callable, setup_context: Callable, eager: Callable | None = None) -> None:

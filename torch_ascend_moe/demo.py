@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -445,6 +446,22 @@ def check_config(cfg: DemoConfig) -> None:
         raise ValueError(f"demo: argument '--experts': expected a multiple of --ep={cfg.ep}, got {cfg.experts}")
 
 
+def _keep_triton_unloaded() -> None:
+    """On a machine without a CUDA device, make ``import triton`` fail for this process: Dynamo imports Triton
+    wherever it is installed only to probe for it (torch/_dynamo/utils.py), and the CPU demo never runs a Triton
+    kernel; the import alone is 75 MiB of the demo's peak memory (issue 51). Inductor's CPU code generation does not
+    use it. Where something already imported it (a test process), nothing changes."""
+    if "triton" not in sys.modules and not torch.cuda.is_available():
+        sys.modules["triton"] = None  # the import system's "not importable" marker: ImportError on import
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main(args: argparse.Namespace, console) -> int:
     """The CLI entry: run the demo, print the report (rank 0), return the exit status."""
     import datetime
@@ -470,6 +487,7 @@ def main(args: argparse.Namespace, console) -> int:
         if not dist.is_initialized():
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     quiet = cfg.ep > 1 and dist.get_rank() != 0
+    _keep_triton_unloaded()
     total = 3 + cfg.steps + int(cfg.compile)
     columns = (TextColumn("[bold]demo[/bold] {task.description:<22}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=quiet, transient=False) as bar:
@@ -494,6 +512,7 @@ def main(args: argparse.Namespace, console) -> int:
                 r.detail,
             )
         console.print(table)
+        console.print(f"peak memory (RSS) {peak_rss_mib():.0f} MiB")
         console.print("[green]all checks passed[/green]" if report.ok else "[red]some checks failed[/red]")
     ok = report.ok
     if quiet and not ok:  # rank 0 prints the table; another rank's failures still need saying

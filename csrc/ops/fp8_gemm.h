@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "fp8_gemm_checks.h"
 
@@ -29,6 +30,18 @@ void dequantize_rows_into(at::Tensor& out, const at::Tensor& x, const at::Tensor
 // whole: B goes panel by panel (or streams, for a few rows of A).
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                          const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha);
+
+// One product for fp8_accumulate_many: acc += alpha * deq(a) @ deq(b)^T, as fp8_gemm_accumulate's arguments.
+struct Fp8Job {
+  at::Tensor acc;
+  at::Tensor a, sfa, b, sfb;
+  std::vector<int64_t> recipe_a, recipe_b;
+  double alpha = 1.0;
+};
+
+// fp8_gemm_accumulate for every job (their accumulators must not overlap), the column blocks of all of them taken
+// as tasks of one parallel region (tasks.h).
+void fp8_accumulate_many(const std::vector<Fp8Job>& jobs);
 
 // A fresh `out_t` tensor of `shape`: an FP32 accumulator starts as `init` (broadcast; zero if undefined),
 // `body` adds into it, and the result is rounded once to `out_t`.

@@ -25,6 +25,7 @@
 
 #include "vector_clones.h"
 #include "fp8_gemm.h"
+#include "tasks.h"
 
 namespace ascend_moe {
 
@@ -171,12 +172,12 @@ bool scaled_values_finite(const at::Tensor& sf) {
   return sf.numel() == 0 || at::isfinite(sf.to(at::kFloat).abs().max().mul(448.0)).item<bool>();
 }
 
-// acc[m * N + n] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
+// acc[m * ldacc + n - n0] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
 // Four rows of B at a time: four independent FMA chains, and each load of A serves four rows. `buf`
 // holds 4 * gk floats.
 AM_VECTOR_CLONES void stream_scaled_rows(const float* a, int64_t M, int64_t K, const uint8_t* b, int64_t ldb, bool fp4,
                                          const float* sfb, int64_t gmn, int64_t gk, int64_t n0, int64_t n1,
-                                         float* acc, int64_t N, float* buf) {
+                                         float* acc, int64_t ldacc, float* buf) {
   const int64_t nkb = K / gk;
   float* b0 = buf;
   float* b1 = buf + gk;
@@ -214,63 +215,98 @@ AM_VECTOR_CLONES void stream_scaled_rows(const float* a, int64_t M, int64_t K, c
       }
     }
     for (int64_t m = 0; m < M; ++m) {
-      for (int64_t r = 0; r < nr; ++r) acc[m * N + n + r] = sums[m][r];
+      for (int64_t r = 0; r < nr; ++r) acc[m * ldacc + (n - n0) + r] = sums[m][r];
     }
   }
 }
 
-// acc = deq(A) @ deq(B)^T for M <= kStreamingMaxRows and K-major B, parallel over N.
-void streaming_fp8_gemm(at::Tensor& acc, const at::Tensor& a_deq, const at::Tensor& b, const at::Tensor& sfb,
-                        at::IntArrayRef recipe_b) {
-  const int64_t M = a_deq.size(0), K = a_deq.size(1), N = b.size(0);
+// acc[:, n0:n0+w] += alpha * deq(A) @ deq(B[n0:n0+w])^T for M <= kStreamingMaxRows and K-major B, on the calling
+// thread (a_deq: A dequantized, row-major).
+void streaming_fp8_block(at::Tensor& acc, const at::Tensor& a_deq, const at::Tensor& b, const at::Tensor& sfb_f,
+                         at::IntArrayRef recipe_b, double alpha, int64_t n0, int64_t w) {
+  const int64_t M = a_deq.size(0), K = a_deq.size(1);
   const at::Tensor b_bytes = b.view(at::kByte);
-  const at::Tensor sfb_f = sfb.to(at::kFloat).contiguous();
-  const bool fp4 = is_fp4(b);
-  const int64_t gmn = recipe_b[0], gk = recipe_b[1];
-  const float* a_ptr = a_deq.const_data_ptr<float>();
-  const uint8_t* b_ptr = b_bytes.const_data_ptr<uint8_t>();
-  const float* s_ptr = sfb_f.const_data_ptr<float>();
-  float* acc_ptr = acc.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    std::vector<float> buf(4 * gk);
-    stream_scaled_rows(a_ptr, M, K, b_ptr, b_bytes.stride(0), fp4, s_ptr, gmn, gk, n0, n1, acc_ptr, N, buf.data());
-  });
+  at::Tensor partial = at::empty({M, w}, a_deq.options());
+  std::vector<float> buf(4 * recipe_b[1]);
+  stream_scaled_rows(a_deq.const_data_ptr<float>(), M, K, b_bytes.const_data_ptr<uint8_t>(), b_bytes.stride(0),
+                     is_fp4(b), sfb_f.const_data_ptr<float>(), recipe_b[0], recipe_b[1], n0, n0 + w,
+                     partial.data_ptr<float>(), w, buf.data());
+  acc.narrow(1, n0, w).add_(partial, alpha);
 }
 
 }  // namespace
 
+void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
+  // Per job: its path and what every block of it shares (A dequantized when small, B's FP32 scales), then one
+  // parallel region over the column blocks of every job (tasks.h).
+  struct Prepared {
+    bool streaming = false;
+    at::Tensor a_deq, sfb_f;  // a_deq undefined: A is too large to dequantize whole, each block does its panels
+    int64_t a_rows = 0;
+  };
+  struct Block {
+    size_t job;
+    int64_t n0, w;
+  };
+  std::vector<Prepared> prep(jobs.size());
+  std::vector<Block> blocks;
+  int64_t work = 0;
+  for (const Fp8Job& j : jobs) {
+    const int64_t M = j.a.size(0), N = j.b.size(0), K = logical_k(j.a);
+    if (M > 0 && N > 0) work += M * N * K;
+  }
+  const int64_t threads = std::min<int64_t>(threads_for(work), at::get_num_threads());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Fp8Job& j = jobs[i];
+    const int64_t M = j.a.size(0), N = j.b.size(0), K = logical_k(j.a);
+    if (M == 0 || N == 0 || K == 0) continue;
+    Prepared& p = prep[i];
+    // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
+    // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
+    // It scales B's block sums, not its values: the same numbers unless a value times its scale is not finite (a
+    // NaN/inf scale meeting a zero, an overflow past 448 * scale), where only dequantizing first puts NaN and inf
+    // where the contract (deq(A) @ deq(B)^T) has them.
+    p.streaming = M <= kStreamingMaxRows && j.b.stride(1) == 1 && j.recipe_b[1] % 2 == 0 && scaled_values_finite(j.sfb);
+    const bool whole_a = M * K <= kWholeAElements;
+    p.a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
+    if (whole_a) p.a_deq = dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], 0, M);
+    int64_t width;
+    if (p.streaming) {
+      p.sfb_f = j.sfb.to(at::kFloat).contiguous();
+      width = std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1));  // about 100 us of decoding
+    } else {
+      // B panels of at most kPanelElements FP32 values (they stay in L2/L3), narrow enough for about four per
+      // thread (a thread slowed by a busy core holds up a quarter of its share).
+      const int64_t balance = (N + 4 * threads - 1) / (4 * threads);
+      width = std::clamp<int64_t>((std::min(kPanelElements / K, balance) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += width) blocks.push_back({i, n0, std::min(width, N - n0)});
+  }
+  parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
+    const Block& blk = blocks[t];
+    const Fp8Job& j = jobs[blk.job];
+    const Prepared& p = prep[blk.job];
+    at::Tensor acc = j.acc;
+    if (p.streaming) {
+      streaming_fp8_block(acc, p.a_deq, j.b, p.sfb_f, j.recipe_b, j.alpha, blk.n0, blk.w);
+      return;
+    }
+    SequentialMkl sequential;
+    const at::Tensor b_panel = dequantize_rows(j.b, j.sfb, j.recipe_b[0], j.recipe_b[1], blk.n0, blk.w);
+    const int64_t M = j.a.size(0);
+    for (int64_t m0 = 0; m0 < M; m0 += p.a_rows) {
+      const int64_t mr = std::min(p.a_rows, M - m0);
+      const at::Tensor a_panel =
+          p.a_deq.defined() ? p.a_deq : dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], m0, mr);
+      at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, blk.n0, blk.w);
+      at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, j.alpha);
+    }
+  });
+}
+
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                          const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
-  const int64_t M = a.size(0), N = b.size(0), K = logical_k(a);
-  if (M == 0 || N == 0 || K == 0) return;
-  // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
-  // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
-  const bool k_major_b = b.stride(1) == 1;
-  // The streaming kernel scales B's block sums, not its values: the same numbers unless a value times its scale
-  // is not finite (a NaN/inf scale meeting a zero, an overflow past 448 * scale), where only dequantizing first
-  // puts NaN and inf where the contract (deq(A) @ deq(B)^T) has them.
-  if (M <= kStreamingMaxRows && k_major_b && recipe_b[1] % 2 == 0 && scaled_values_finite(sfb)) {
-    const at::Tensor a_deq = dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M);
-    at::Tensor partial = at::empty({M, N}, a.options().dtype(at::kFloat));
-    streaming_fp8_gemm(partial, a_deq, b, sfb, recipe_b);
-    acc.add_(partial, alpha);
-    return;
-  }
-  const bool whole_a = M * K <= kWholeAElements;
-  const int64_t a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
-  const at::Tensor a_whole = whole_a ? dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], 0, M) : at::Tensor();
-  const int64_t b_rows = std::clamp<int64_t>(kPanelElements / K / 16 * 16, 16, N);
-  for (int64_t n0 = 0; n0 < N; n0 += b_rows) {
-    const int64_t nr = std::min(b_rows, N - n0);
-    const at::Tensor b_panel = dequantize_rows(b, sfb, recipe_b[0], recipe_b[1], n0, nr);
-    for (int64_t m0 = 0; m0 < M; m0 += a_rows) {
-      const int64_t mr = std::min(a_rows, M - m0);
-      const at::Tensor a_panel = whole_a ? a_whole : dequantize_rows(a, sfa, recipe_a[0], recipe_a[1], m0, mr);
-      at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, n0, nr);
-      at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, alpha);
-    }
-  }
+  fp8_accumulate_many({Fp8Job{acc, a, sfa, b, sfb, recipe_a.vec(), recipe_b.vec(), alpha}});
 }
 
 at::Tensor with_fp32_accumulator(at::IntArrayRef shape, at::ScalarType out_t, const at::Tensor& init,
@@ -302,11 +338,12 @@ at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Te
 // acc[g] += alpha * deq(a[g]) @ deq(b[g])^T for every group (all operands already checked).
 void bmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
                     const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
+  std::vector<Fp8Job> jobs;
   for (int64_t g = 0; g < a.size(0); ++g) {
-    at::Tensor acc_g = acc.select(0, g);
-    fp8_gemm_accumulate(acc_g, a.select(0, g), sfa.select(0, g), b.select(0, g), sfb.select(0, g), recipe_a,
-                        recipe_b, alpha);
+    jobs.push_back({acc.select(0, g), a.select(0, g), sfa.select(0, g), b.select(0, g), sfb.select(0, g),
+                    recipe_a.vec(), recipe_b.vec(), alpha});
   }
+  fp8_accumulate_many(jobs);
 }
 
 at::Tensor fp8_bmm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 namespace ascend_moe {
 
@@ -33,6 +34,19 @@ bool dot_bf16_fp32_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& 
 // Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
 // in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);
+
+// One GEMM for matmul_many: out = alpha * a @ b^T (+ c), as matmul_into's arguments.
+struct MatmulJob {
+  at::Tensor out;
+  at::Tensor a, b;
+  std::optional<at::Tensor> c;
+  double alpha = 1.0;
+};
+
+// matmul_into for every job (their outputs must not overlap), with the column blocks of all of them taken as tasks
+// of one parallel region (tasks.h): a grouped GEMM's experts share the threads dynamically, and a busy core holds up
+// one block, not a share of every expert. Jobs whose path is one ATen/MKL call run first, one after another.
+void matmul_many(const std::vector<MatmulJob>& jobs);
 
 // out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c), FP32 accumulation (FP64 for FP64 operands) and one
 // rounding into out's dtype. `out` is row-major and may be a slice of a bigger output; b any majorness.

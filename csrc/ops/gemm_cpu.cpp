@@ -22,6 +22,7 @@
 #include "gemm_checks.h"
 #include "vector_clones.h"
 #include "gemm.h"
+#include "tasks.h"
 
 namespace ascend_moe {
 namespace {
@@ -48,6 +49,11 @@ inline float bf16_to_float(uint16_t bits) {
   float f;
   std::memcpy(&f, &wide, sizeof(f));
   return f;
+}
+
+AM_VECTOR_CLONES void widen_bf16_row(const uint16_t* src, int64_t n, float* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 
 // acc[m * ldacc + j] = sum_k a[m, k] * B[j, k] for K-major B (row j at b + j * ldb). Four rows of B go
@@ -112,40 +118,49 @@ bool streams(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kBFloat16 && a.size(0) <= kStreamingMaxRows && (b.stride(1) == 1 || b.stride(0) == 1);
 }
 
-// out = alpha * a @ b^T (+ c) for BF16 a[M<=8, K], b[N, K] with a unit stride, parallel over N.
-void streaming_matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                           const std::optional<at::Tensor>& c, double alpha) {
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
-  const at::Tensor a_f = a.to(at::kFloat).contiguous();
+// Columns of B per streaming task: enough B bytes to amortise taking a task, small enough to balance two to many
+// cores.
+int64_t streaming_block(int64_t K) { return std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1)); }
+
+// out[:, j0:j0+w] = alpha * a @ b[j0:j0+w]^T (+ c) for BF16 a[M<=8, K] (a_f: its FP32 copy), b[N, K] with a unit
+// stride, on the calling thread.
+void streaming_block_into(at::Tensor& out, const at::Tensor& a_f, const at::Tensor& b,
+                          const std::optional<at::Tensor>& c, double alpha, int64_t j0, int64_t w) {
+  const int64_t M = a_f.size(0), K = a_f.size(1);
   const bool k_major = b.stride(1) == 1;
   const int64_t ldb = k_major ? b.stride(0) : b.stride(1);
   const auto* b_ptr = reinterpret_cast<const uint16_t*>(b.const_data_ptr<at::BFloat16>());
-  at::Tensor acc = at::empty({M, N}, a.options().dtype(at::kFloat));
-  float* acc_ptr = acc.data_ptr<float>();
   const float* a_ptr = a_f.const_data_ptr<float>();
-  // Grain: enough B bytes per task to amortise scheduling, small enough to balance two to many cores.
-  const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(K, 1));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    if (k_major) {
-      stream_rows_k_major(a_ptr, M, K, b_ptr + n0 * ldb, ldb, n1 - n0, acc_ptr + n0, N);
-      return;
+  at::Tensor acc = at::empty({M, w}, a_f.options());
+  float* acc_ptr = acc.data_ptr<float>();
+  if (k_major) {
+    stream_rows_k_major(a_ptr, M, K, b_ptr + j0 * ldb, ldb, w, acc_ptr, w);
+  } else {
+    for (int64_t c0 = 0; c0 < w; c0 += kStreamColumns) {
+      stream_cols_mn_major(a_ptr, M, K, b_ptr + j0 + c0, ldb, std::min(kStreamColumns, w - c0), acc_ptr + c0, w);
     }
-    for (int64_t j0 = n0; j0 < n1; j0 += kStreamColumns) {
-      stream_cols_mn_major(a_ptr, M, K, b_ptr + j0, ldb, std::min(kStreamColumns, n1 - j0), acc_ptr + j0, N);
-    }
-  });
+  }
   if (alpha != 1.0) acc.mul_(alpha);
-  if (c.has_value()) acc.add_(*c);
-  out.copy_(acc);
+  if (c.has_value()) acc.add_(c->narrow(1, j0, w));
+  out.narrow(1, j0, w).copy_(acc);
 }
 
-// FP32 copy of a panel of B, keeping B's majorness so the copy streams through memory.
-at::Tensor panel_to_float(const at::Tensor& panel) {
-  const bool mn_major = panel.stride(0) == 1 && panel.size(1) > 1;
-  if (mn_major) {
-    return panel.t().to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous).t();
+// FP32 copy of a 2-D BF16/FP16 operand made on the calling thread, keeping its majorness so the copy streams
+// through memory. Inside a task it must not open a parallel region; for A it is O(M K) beside the GEMM's O(M N K),
+// and a region of its own would be a second barrier per call.
+at::Tensor float_copy_here(const at::Tensor& x) {
+  const bool mn_major = x.stride(1) != 1 && x.stride(0) == 1 && x.size(1) > 1;
+  const at::Tensor v = mn_major ? x.t() : x;
+  if (x.scalar_type() != at::kBFloat16 || (v.stride(1) != 1 && v.size(1) > 1) || at::in_parallel_region()) {
+    const at::Tensor f = v.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+    return mn_major ? f.t() : f;
   }
-  return panel.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+  at::Tensor f = at::empty(v.sizes(), v.options().dtype(at::kFloat));
+  const int64_t rows = v.size(0), cols = v.size(1), ld = v.stride(0);
+  const auto* src = reinterpret_cast<const uint16_t*>(v.const_data_ptr<at::BFloat16>());
+  float* dst = f.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) widen_bf16_row(src + r * ld, cols, dst + r * cols);
+  return mn_major ? f.t() : f;
 }
 
 }  // namespace
@@ -330,63 +345,135 @@ bool native_bf16_result(const at::Tensor& a, const at::Tensor& b, const at::Tens
 
 }  // namespace
 
-void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
-                 double alpha) {
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
-  if (M == 0 || N == 0) return;
-  if (K == 0) {
-    if (c.has_value()) {
-      out.copy_(*c);
-    } else {
-      out.zero_();
-    }
-    return;
-  }
-  const at::ScalarType in_t = a.scalar_type();
-  const double beta = c.has_value() ? 1.0 : 0.0;  // beta == 0 makes addmm ignore its input entirely
+namespace {
 
+// How a job is computed. kStreaming and kPanels split into column blocks, which matmul_many runs as tasks of one
+// parallel region; the others are one ATen/MKL call with their own threading.
+enum class Path { kNothing, kNativeBf16, kStreaming, kNativeFp32, kNarrowReduced, kWide, kPanels };
+
+Path choose_path(const MatmulJob& j) {
+  const at::Tensor &out = j.out, &a = j.a, &b = j.b;
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(0);
+  if (M == 0 || N == 0 || K == 0) return Path::kNothing;
+  const at::ScalarType in_t = a.scalar_type();
   // BF16 in and out (C absent or BF16), two rows or more, a CPU with BF16 dot products: ATen's BF16 GEMM
   // (oneDNN: BF16 products accumulated in FP32 with C, one rounding at the end, as ours; the FP32 sums in another
   // order: within an ulp of ours) is 2-4x faster than converting to FP32 panels for SGEMM, at 1 and 2 threads. One
   // row stays on the streaming kernel, which reads B once and wins there. (ATen has no BF16 -> FP32 GEMM on CPU:
   // FP32 results of BF16 operands keep the panel path.)
-  if (in_t == at::kBFloat16 && M >= kNativeBf16MinRows && native_bf16_result(a, b, out, c)) {
-    at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);  // C joins the FP32 sum: one rounding
-    return;
-  }
-  if (streams(a, b)) {
-    streaming_matmul_into(out, a, b, c, alpha);
-    return;
-  }
+  if (in_t == at::kBFloat16 && M >= kNativeBf16MinRows && native_bf16_result(a, b, out, j.c)) return Path::kNativeBf16;
+  if (streams(a, b)) return Path::kStreaming;
   // FP32 out of BF16 operands (the grouped weight gradient) where the CPU multiplies BF16 natively: our VDPBF16PS
   // kernel, else MKL's BF16 GEMM (forced native choices on other CPUs: MKL emulates) (FP32 accumulation with C, as
-  // the panel path below; another summation order).
-  if (native_fp32_result(a, b, out, c) &&
-      (dot_bf16_fp32_into(out, a, b, c, alpha) || (mkl_bf16_gemm_available() && mkl_bf16_into(out, a, b, c, alpha))))
-    return;
-  if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1) {
-    at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, alpha);
-    return;
-  }
+  // the panel path; another summation order).
+  if (native_fp32_result(a, b, out, j.c)) return Path::kNativeFp32;
+  if (is_reduced(in_t) && out.scalar_type() == in_t && M <= kNativeReducedMaxRows && b.stride(1) == 1)
+    return Path::kNarrowReduced;
+  return is_reduced(in_t) ? Path::kPanels : Path::kWide;
+}
 
-  const at::ScalarType acc_t = in_t == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor acc = out.scalar_type() == acc_t ? out : at::empty({M, N}, a.options().dtype(acc_t));
-  if (c.has_value()) acc.copy_(*c);
-
-  if (!is_reduced(in_t)) {
-    const at::Tensor a_acc = a.to(acc_t);
-    at::addmm_out(acc, acc, a_acc, b.to(acc_t).t(), beta, alpha);
-  } else {
-    // Convert A once and B panel by panel: the SGEMM on FP32 panels accumulates exactly in FP32.
-    const at::Tensor a_f = a.to(at::kFloat);
-    const int64_t panel_rows = std::clamp<int64_t>(kPanelElements / std::max<int64_t>(K, 1) / 16 * 16, 16, N);
-    for (int64_t n0 = 0; n0 < N; n0 += panel_rows) {
-      const int64_t rows = std::min(panel_rows, N - n0);
-      at::Tensor acc_panel = acc.narrow(1, n0, rows);
-      at::addmm_out(acc_panel, acc_panel, a_f, panel_to_float(b.narrow(0, n0, rows)).t(), beta, alpha);
+// Runs a job whose path is one call; false for the paths run as column blocks (and a native FP32 job that neither
+// native kernel took: it goes to the panels).
+bool run_whole(const MatmulJob& j, Path path) {
+  at::Tensor out = j.out;
+  const at::Tensor &a = j.a, &b = j.b;
+  const std::optional<at::Tensor>& c = j.c;
+  const double beta = c.has_value() ? 1.0 : 0.0;  // beta == 0 makes addmm ignore its input entirely
+  switch (path) {
+    case Path::kNothing:
+      if (a.size(0) > 0 && b.size(0) > 0) {  // K == 0: the empty sum
+        if (c.has_value()) {
+          out.copy_(*c);
+        } else {
+          out.zero_();
+        }
+      }
+      return true;
+    case Path::kNativeBf16:
+    case Path::kNarrowReduced:
+      at::addmm_out(out, c.has_value() ? *c : out, a, b.t(), beta, j.alpha);  // C joins the FP32 sum: one rounding
+      return true;
+    case Path::kNativeFp32:
+      return dot_bf16_fp32_into(out, a, b, c, j.alpha) ||
+             (mkl_bf16_gemm_available() && mkl_bf16_into(out, a, b, c, j.alpha));
+    case Path::kWide: {
+      const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      at::Tensor acc = out.scalar_type() == acc_t ? out : at::empty(out.sizes(), a.options().dtype(acc_t));
+      if (c.has_value()) acc.copy_(*c);
+      at::addmm_out(acc, acc, a.to(acc_t), b.to(acc_t).t(), beta, j.alpha);
+      if (!acc.is_same(out)) out.copy_(acc);
+      return true;
     }
+    default:
+      return false;
   }
-  if (!acc.is_same(out)) out.copy_(acc);
+}
+
+// out[:, j0:j0+w] = alpha * a @ b[j0:j0+w]^T (+ c) through MKL's SGEMM on FP32 copies (a_f: A's, made once per
+// job; B's block converted here): exact FP32 accumulation, one rounding into out's dtype.
+void panel_block_into(const MatmulJob& j, const at::Tensor& a_f, int64_t j0, int64_t w) {
+  SequentialMkl sequential;
+  at::Tensor out = j.out.narrow(1, j0, w);
+  const bool direct = out.scalar_type() == at::kFloat;
+  at::Tensor acc = direct ? out : at::empty(out.sizes(), a_f.options());
+  if (j.c.has_value()) acc.copy_(j.c->narrow(1, j0, w));
+  at::addmm_out(acc, acc, a_f, float_copy_here(j.b.narrow(0, j0, w)).t(), j.c.has_value() ? 1.0 : 0.0, j.alpha);
+  if (!direct) out.copy_(acc);
+}
+
+// Columns per panel task: at most kPanelElements FP32 values of B (the converted block stays in L2/L3), at least
+// 16, and narrow enough that every thread gets about four tasks (a thread slowed by another process then holds up
+// a quarter of its share, not all of it).
+int64_t panel_block(int64_t N, int64_t K, int64_t threads) {
+  const int64_t cache_cols = kPanelElements / std::max<int64_t>(K, 1);
+  const int64_t balance_cols = (N + 4 * threads - 1) / (4 * threads);
+  return std::clamp<int64_t>((std::min(cache_cols, balance_cols) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
+}
+
+}  // namespace
+
+void matmul_many(const std::vector<MatmulJob>& jobs) {
+  struct Block {
+    size_t job;
+    bool streaming;
+    int64_t j0, w;
+  };
+  std::vector<Block> blocks;
+  std::vector<at::Tensor> a_float(jobs.size());
+  int64_t work = 0;
+  // The blocked jobs' sizes decide the threads, then the panel widths.
+  std::vector<Path> paths(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    paths[i] = choose_path(jobs[i]);
+    if (run_whole(jobs[i], paths[i])) continue;
+    if (paths[i] == Path::kNativeFp32) paths[i] = Path::kPanels;
+    work += jobs[i].a.size(0) * jobs[i].a.size(1) * jobs[i].b.size(0);
+  }
+  const int64_t threads = std::min<int64_t>(threads_for(work), at::get_num_threads());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (paths[i] != Path::kStreaming && paths[i] != Path::kPanels) continue;
+    const bool streaming = paths[i] == Path::kStreaming;
+    // The streaming kernel reads A row-major.
+    a_float[i] = streaming ? float_copy_here(jobs[i].a).contiguous() : float_copy_here(jobs[i].a);
+    const int64_t N = jobs[i].b.size(0), K = jobs[i].a.size(1);
+    const int64_t width = streaming ? streaming_block(K) : panel_block(N, K, threads);
+    for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, streaming, j0, std::min(width, N - j0)});
+  }
+  parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
+    const Block& blk = blocks[t];
+    const MatmulJob& j = jobs[blk.job];
+    if (blk.streaming) {
+      at::Tensor out = j.out;
+      streaming_block_into(out, a_float[blk.job], j.b, j.c, j.alpha, blk.j0, blk.w);
+    } else {
+      panel_block_into(j, a_float[blk.job], blk.j0, blk.w);
+    }
+  });
+}
+
+void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
+                 double alpha) {
+  matmul_many({MatmulJob{out, a, b, c, alpha}});
 }
 
 namespace {
@@ -408,11 +495,12 @@ void bmm_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const s
     at::baddbmm_out(out, c.has_value() ? *c : out, a, b.transpose(1, 2), c.has_value() ? 1.0 : 0.0, alpha);
     return;
   }
+  std::vector<MatmulJob> jobs;
   for (int64_t i = 0; i < a.size(0); ++i) {
-    at::Tensor out_i = out.select(0, i);
-    matmul_into(out_i, a.select(0, i), b.select(0, i),
-                c.has_value() ? std::optional<at::Tensor>(c->select(0, i)) : std::nullopt, alpha);
+    jobs.push_back({out.select(0, i), a.select(0, i), b.select(0, i),
+                    c.has_value() ? std::optional<at::Tensor>(c->select(0, i)) : std::nullopt, alpha});
   }
+  matmul_many(jobs);
 }
 
 at::Tensor bf16_bmm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,

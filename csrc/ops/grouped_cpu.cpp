@@ -1,6 +1,7 @@
 // CPU kernels of the grouped family: MoE grouped GEMMs (m-grouped contiguous, m-grouped masked,
-// k-grouped), one C++ loop over expert segments calling the gemm family's worker (`matmul_into`), so no
-// per-expert Python sits on the hot path.
+// k-grouped): every expert segment's GEMM handed at once to the gemm family's worker (`matmul_many`,
+// `fp8_accumulate_many`), which runs their column blocks in one parallel region, so no per-expert Python sits on the
+// hot path and no expert is a barrier of its own.
 //
 // Layouts (specs/deepgemm_api.md §4, §6): psum = cumulative group ends [G] (torch._grouped_mm's `offs`),
 // group g spans rows [align(end_{g-1}, alignment), end_g); ids = one group id per row [M], -1 = padding.
@@ -28,6 +29,7 @@
 #include "fp8_gemm.h"
 #include "gemm.h"
 #include "grouped_checks.h"
+#include "tasks.h"
 #include "quant.h"
 
 namespace ascend_moe {
@@ -59,11 +61,13 @@ at::Tensor m_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   const std::vector<Segment> segments =
       grouped::layout_segments(grouped::kMGrouped, layout, psum, alignment, a.size(0), b.size(0));
   zero_unowned_rows(out, segments);
+  std::vector<MatmulJob> jobs;
   for (const Segment& s : segments) {
     if (s.end == s.begin) continue;
-    at::Tensor rows = out.narrow(0, s.begin, s.end - s.begin);
-    matmul_into(rows, a.narrow(0, s.begin, s.end - s.begin), b.select(0, s.group), std::nullopt, 1.0);
+    const int64_t len = s.end - s.begin;
+    jobs.push_back({out.narrow(0, s.begin, len), a.narrow(0, s.begin, len), b.select(0, s.group)});
   }
+  matmul_many(jobs);
   return out;
 }
 
@@ -73,12 +77,13 @@ at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor&
   const std::vector<int64_t> mv = grouped::masked_rows(grouped::kMasked, masked_m, a.size(1));
   // Rows at or beyond masked_m[g] are not computed; they are written as zeros (only they are zeroed).
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  std::vector<MatmulJob> jobs;
   for (int64_t g = 0; g < a.size(0); ++g) {
     if (mv[g] < a.size(1)) out.select(0, g).narrow(0, mv[g], a.size(1) - mv[g]).zero_();
     if (mv[g] == 0) continue;
-    at::Tensor rows = out.select(0, g).narrow(0, 0, mv[g]);
-    matmul_into(rows, a.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), std::nullopt, 1.0);
+    jobs.push_back({out.select(0, g).narrow(0, 0, mv[g]), a.select(0, g).narrow(0, 0, mv[g]), b.select(0, g)});
   }
+  matmul_many(jobs);
   return out;
 }
 
@@ -96,12 +101,13 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   for (const Segment& s : segments) runs[s.group] += s.end > s.begin;
   if (out_t != acc_t && !c.has_value() && std::all_of(runs.begin(), runs.end(), [](int64_t n) { return n <= 1; })) {
     at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+    std::vector<MatmulJob> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
-      at::Tensor out_g = out.select(0, s.group);
       const int64_t len = s.end - s.begin;
-      matmul_into(out_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), std::nullopt, 1.0);
+      jobs.push_back({out.select(0, s.group), a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t()});
     }
+    matmul_many(jobs);
     for (int64_t g = 0; g < num_groups; ++g) {
       if (!runs[g]) out.select(0, g).zero_();
     }
@@ -113,15 +119,22 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
                                  : at::empty(shape, a.options().dtype(acc_t));
   // Without c a group's first segment writes its accumulator (no zero-fill pass) and later ones add to it;
   // groups without rows are zeroed.
+  // A group's runs add to one accumulator in order: round r holds every group's r-th run, and each round is one
+  // matmul_many (one round unless a layout splits a group).
   std::vector<char> started(num_groups, c.has_value() ? 1 : 0);
+  std::vector<std::vector<MatmulJob>> rounds;
+  std::vector<int64_t> seen(num_groups, 0);
   for (const Segment& s : segments) {
     if (s.end == s.begin) continue;
     at::Tensor acc_g = acc.select(0, s.group);
     const int64_t len = s.end - s.begin;
     const std::optional<at::Tensor> prior = started[s.group] ? std::optional<at::Tensor>(acc_g) : std::nullopt;
-    matmul_into(acc_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), prior, 1.0);
+    const size_t round = static_cast<size_t>(seen[s.group]++);
+    if (rounds.size() <= round) rounds.resize(round + 1);
+    rounds[round].push_back({acc_g, a.narrow(0, s.begin, len).t(), b.narrow(0, s.begin, len).t(), prior});
     started[s.group] = 1;
   }
+  for (const std::vector<MatmulJob>& jobs : rounds) matmul_many(jobs);
   for (int64_t g = 0; g < num_groups; ++g) {
     if (!started[g]) acc.select(0, g).zero_();
   }
@@ -136,13 +149,14 @@ at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
       grouped::m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype);
   const auto segments = grouped::layout_segments(grouped::kMGroupedFp8, layout, psum, alignment, a.size(0), b.size(0));
   return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+    std::vector<Fp8Job> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
       const int64_t len = s.end - s.begin;
-      at::Tensor rows = acc.narrow(0, s.begin, len);
-      fp8_gemm_accumulate(rows, a.narrow(0, s.begin, len), sfa.narrow(0, s.begin, len), b.select(0, s.group),
-                          sfb.select(0, s.group), recipe_a, recipe_b, 1.0);
+      jobs.push_back({acc.narrow(0, s.begin, len), a.narrow(0, s.begin, len), sfa.narrow(0, s.begin, len),
+                      b.select(0, s.group), sfb.select(0, s.group), recipe_a.vec(), recipe_b.vec()});
     }
+    fp8_accumulate_many(jobs);
   });
 }
 
@@ -152,12 +166,14 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
   const auto [shape, out_t] = grouped::masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype);
   const std::vector<int64_t> mv = grouped::masked_rows(grouped::kMaskedFp8, masked_m, a.size(1));
   return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+    std::vector<Fp8Job> jobs;
     for (int64_t g = 0; g < a.size(0); ++g) {
       if (mv[g] == 0) continue;
-      at::Tensor rows = acc.select(0, g).narrow(0, 0, mv[g]);
-      fp8_gemm_accumulate(rows, a.select(0, g).narrow(0, 0, mv[g]), sfa.select(0, g).narrow(0, 0, mv[g]),
-                          b.select(0, g), sfb.select(0, g), recipe_a, recipe_b, 1.0);
+      jobs.push_back({acc.select(0, g).narrow(0, 0, mv[g]), a.select(0, g).narrow(0, 0, mv[g]),
+                      sfa.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), sfb.select(0, g), recipe_a.vec(),
+                      recipe_b.vec()});
     }
+    fp8_accumulate_many(jobs);
   });
 }
 
@@ -382,44 +398,43 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
   });
 
   const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const SwigluTask& task = tasks[t];
-      if (task.group < 0) {
-        swiglu_unowned(epilogue, task, h_t, a.options());
-        continue;
-      }
-      const at::Tensor bg = b.select(0, task.group);
-      if (task.end - task.begin <= kStreamingMaxRows) {
-        // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
-        const at::Tensor rows = a.narrow(0, task.begin, task.end - task.begin);
-        at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
-        at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);
-        matmul_into(gate, rows, bg.narrow(0, task.j0, task.w), std::nullopt, 1.0);
-        matmul_into(up, rows, bg.narrow(0, I + task.j0, task.w), std::nullopt, 1.0);
-        epilogue(h, task.begin, task.j0, task.w);
-        continue;
-      }
-      if (native_tiles) {
-        // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
-        // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile. It
-        // reads the gate and up rows of B in place (a transposed view, as F.linear): no copy of the tile, which at
-        // few rows per expert would cost more than the GEMM.
-        const at::Tensor b_gate = bg.narrow(0, task.j0, task.w).t(), b_up = bg.narrow(0, I + task.j0, task.w).t();
-        for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
-          const at::Tensor rows = a.narrow(0, r0, std::min(kSwigluRowBlock, task.end - r0));
-          epilogue(at::mm(rows, b_gate), at::mm(rows, b_up), r0, task.j0, task.w);
-        }
-        continue;
-      }
-      at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(compute_t));
-      bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
-      bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
+  // Tasks taken one at a time (tasks.h): a thread slowed by a busy core holds up one tile, not a static share.
+  parallel_tasks(static_cast<int64_t>(tasks.size()), at::get_num_threads(), [&](int64_t t) {
+    const SwigluTask& task = tasks[t];
+    if (task.group < 0) {
+      swiglu_unowned(epilogue, task, h_t, a.options());
+      return;
+    }
+    const at::Tensor bg = b.select(0, task.group);
+    if (task.end - task.begin <= kStreamingMaxRows) {
+      // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
+      const at::Tensor rows = a.narrow(0, task.begin, task.end - task.begin);
+      at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
+      at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);
+      matmul_into(gate, rows, bg.narrow(0, task.j0, task.w), std::nullopt, 1.0);
+      matmul_into(up, rows, bg.narrow(0, I + task.j0, task.w), std::nullopt, 1.0);
+      epilogue(h, task.begin, task.j0, task.w);
+      return;
+    }
+    if (native_tiles) {
+      // BF16 on a CPU with BF16 dot products: ATen's BF16 GEMM gives the rounded L1 output directly (FP32
+      // accumulation, one rounding: the definition), 2-4x faster than SGEMM on an FP32 copy of the tile. It
+      // reads the gate and up rows of B in place (a transposed view, as F.linear): no copy of the tile, which at
+      // few rows per expert would cost more than the GEMM.
+      const at::Tensor b_gate = bg.narrow(0, task.j0, task.w).t(), b_up = bg.narrow(0, I + task.j0, task.w).t();
       for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
-        const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
-        // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
-        epilogue(at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t), r0, task.j0, task.w);
+        const at::Tensor rows = a.narrow(0, r0, std::min(kSwigluRowBlock, task.end - r0));
+        epilogue(at::mm(rows, b_gate), at::mm(rows, b_up), r0, task.j0, task.w);
       }
+      return;
+    }
+    at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(compute_t));
+    bt.narrow(0, 0, task.w).copy_(bg.narrow(0, task.j0, task.w));
+    bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
+    for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+      const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+      // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
+      epilogue(at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t), r0, task.j0, task.w);
     }
   });
   return {epilogue.out, epilogue.sf};
@@ -464,49 +479,48 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_fp8_gemm_swiglu_cpu(
     return s.end - s.begin <= kStreamingMaxRows ? stream_width : tiles.tile;
   });
 
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const SwigluTask& task = tasks[t];
-      if (task.group < 0) {
-        swiglu_unowned(epilogue, task, at::kBFloat16, a.options());
-        continue;
-      }
-      const at::Tensor bg = b.select(0, task.group), sg = sfb.select(0, task.group);
-      const int64_t len = task.end - task.begin;
-      if (len <= kStreamingMaxRows) {
-        // m_grouped_fp8_gemm's own path for these rows (streaming, or dequantized panels where scales overflow).
-        const at::Tensor rows = a.narrow(0, task.begin, len), row_sf = sfa.narrow(0, task.begin, len);
-        at::Tensor acc = at::zeros({len, 2 * task.w}, a.options().dtype(at::kFloat));
-        if (task.w == I) {
-          fp8_gemm_accumulate(acc, rows, row_sf, bg, sg, recipe_a, recipe_b, 1.0);
-        } else {
-          const int64_t blocks = (task.w + gran_n - 1) / gran_n;
-          for (const int64_t half : {int64_t{0}, I}) {
-            at::Tensor part = acc.narrow(1, half == 0 ? 0 : task.w, task.w);
-            fp8_gemm_accumulate(part, rows, row_sf, bg.narrow(0, half + task.j0, task.w),
-                                sg.narrow(0, (half + task.j0) / gran_n, blocks), recipe_a, recipe_b, 1.0);
-          }
+  // Tasks taken one at a time (tasks.h): a thread slowed by a busy core holds up one tile, not a static share.
+  parallel_tasks(static_cast<int64_t>(tasks.size()), at::get_num_threads(), [&](int64_t t) {
+    const SwigluTask& task = tasks[t];
+    if (task.group < 0) {
+      swiglu_unowned(epilogue, task, at::kBFloat16, a.options());
+      return;
+    }
+    const at::Tensor bg = b.select(0, task.group), sg = sfb.select(0, task.group);
+    const int64_t len = task.end - task.begin;
+    if (len <= kStreamingMaxRows) {
+      // m_grouped_fp8_gemm's own path for these rows (streaming, or dequantized panels where scales overflow).
+      const at::Tensor rows = a.narrow(0, task.begin, len), row_sf = sfa.narrow(0, task.begin, len);
+      at::Tensor acc = at::zeros({len, 2 * task.w}, a.options().dtype(at::kFloat));
+      if (task.w == I) {
+        fp8_gemm_accumulate(acc, rows, row_sf, bg, sg, recipe_a, recipe_b, 1.0);
+      } else {
+        const int64_t blocks = (task.w + gran_n - 1) / gran_n;
+        for (const int64_t half : {int64_t{0}, I}) {
+          at::Tensor part = acc.narrow(1, half == 0 ? 0 : task.w, task.w);
+          fp8_gemm_accumulate(part, rows, row_sf, bg.narrow(0, half + task.j0, task.w),
+                              sg.narrow(0, (half + task.j0) / gran_n, blocks), recipe_a, recipe_b, 1.0);
         }
-        epilogue(acc.to(at::kBFloat16), task.begin, task.j0, task.w);
-        continue;
       }
-      // The tile's gate rows then its up rows of B, decoded to FP32 once (each half in place): one GEMM per row
-      // block, its A rows and FP32 product in buffers the task reuses.
-      at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(at::kFloat));
-      for (const int64_t half : {int64_t{0}, int64_t{1}}) {
-        at::Tensor rows_of_half = bt.narrow(0, half * task.w, task.w);
-        dequantize_rows_into(rows_of_half, bg, sg, gran_n, recipe_b[1], half * I + task.j0);
-      }
-      const int64_t block = std::min(kSwigluRowBlock, len);
-      const at::Tensor a_buf = at::empty({block, K}, a.options().dtype(at::kFloat));
-      const at::Tensor h_buf = at::empty({block, 2 * task.w}, a.options().dtype(at::kFloat));
-      for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
-        const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
-        at::Tensor a_deq = a_buf.narrow(0, 0, rows), h = h_buf.narrow(0, 0, rows);
-        dequantize_rows_into(a_deq, a, sfa, 1, recipe_a[1], r0);
-        // FP32 accumulation, then the one rounding of the L1 output to BF16.
-        epilogue(at::mm_out(h, a_deq, bt.t()).to(at::kBFloat16), r0, task.j0, task.w);
-      }
+      epilogue(acc.to(at::kBFloat16), task.begin, task.j0, task.w);
+      return;
+    }
+    // The tile's gate rows then its up rows of B, decoded to FP32 once (each half in place): one GEMM per row
+    // block, its A rows and FP32 product in buffers the task reuses.
+    at::Tensor bt = at::empty({2 * task.w, K}, a.options().dtype(at::kFloat));
+    for (const int64_t half : {int64_t{0}, int64_t{1}}) {
+      at::Tensor rows_of_half = bt.narrow(0, half * task.w, task.w);
+      dequantize_rows_into(rows_of_half, bg, sg, gran_n, recipe_b[1], half * I + task.j0);
+    }
+    const int64_t block = std::min(kSwigluRowBlock, len);
+    const at::Tensor a_buf = at::empty({block, K}, a.options().dtype(at::kFloat));
+    const at::Tensor h_buf = at::empty({block, 2 * task.w}, a.options().dtype(at::kFloat));
+    for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
+      const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+      at::Tensor a_deq = a_buf.narrow(0, 0, rows), h = h_buf.narrow(0, 0, rows);
+      dequantize_rows_into(a_deq, a, sfa, 1, recipe_a[1], r0);
+      // FP32 accumulation, then the one rounding of the L1 output to BF16.
+      epilogue(at::mm_out(h, a_deq, bt.t()).to(at::kBFloat16), r0, task.j0, task.w);
     }
   });
   return {epilogue.out, epilogue.sf};

@@ -1,0 +1,94 @@
+"""The CPU GEMM workers' one parallel region per call (csrc/ops/tasks.h, issue 51): every expert's column blocks
+are tasks that the intra-op threads take one at a time.
+
+What must hold whatever the thread count: the same bits (each block's SGEMM runs on one thread, so the blocking
+cannot change a sum's order), and the caller's dispatch state in the other threads (a kernel runs below autograd;
+a worker thread without that state would send the tasks' ATen ops on tensors that require grad through autograd).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.fp8_gemm.specs import quantize
+from tests.grouped.specs import psum_layout
+
+ops = torch.ops.ascend_moe
+BF16 = torch.bfloat16
+_FP8 = (("fp8-token", 1, 128, False), ("fp8-block", 128, 128, False))
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
+
+
+def _at_threads(threads, fn):
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(was)
+
+
+def _calls():
+    """(label, call) pairs large enough for two threads (2^21 multiply-adds or more: twice tasks.h's
+    kMinWorkPerThread), on the panel and the streaming paths, dense and grouped, BF16 and FP8."""
+    a, b = _randn(96, 512, seed=1), _randn(640, 512, seed=2)
+    c = _randn(96, 640, seed=3)
+    x = _randn(6, 1024, seed=4)
+    layout, rows = psum_layout([40, 0, 7, 90, 3], 1)
+    ga, gb = _randn(rows, 512, seed=5), _randn(5, 384, 512, seed=6)
+    kb = _randn(rows, 256, seed=7)
+    masked = torch.tensor([3, 64, 0, 17], dtype=torch.int32)
+    ma, mb = _randn(4, 64, 512, seed=8), _randn(4, 320, 512, seed=9)
+    qa, sfa, ra = quantize(torch.randn(80, 512, generator=torch.Generator().manual_seed(10)), _FP8[0])
+    qb, sfb, rb = quantize(torch.randn(5, 384, 512, generator=torch.Generator().manual_seed(11)).flatten(0, 1), _FP8[1])
+    qb, sfb = qb.view(5, 384, 512), sfb.view(5, 3, 4)
+    da, dsa, _ = quantize(torch.randn(3, 1024, generator=torch.Generator().manual_seed(13)), _FP8[0])
+    db, dsb, _ = quantize(torch.randn(2048, 1024, generator=torch.Generator().manual_seed(14)), _FP8[1])
+    fp8_layout, fp8_rows = psum_layout([20, 2, 0, 51, 7], 1)
+    assert fp8_rows == 80
+    return [
+        ("bf16_gemm panels +C", lambda: ops.bf16_gemm(a, b, c, 0.5)),
+        ("bf16_gemm panels fp32 out", lambda: ops.bf16_gemm(a, b.t().contiguous().t(), out_dtype=torch.float32)),
+        ("bf16_gemm streaming", lambda: ops.bf16_gemm(x, _randn(1024, 1024, seed=12), None, 2.0)),
+        ("bf16_gemm streaming MN-major", lambda: ops.bf16_gemm(x, _randn(1024, 1024, seed=12).t())),
+        ("m_grouped_bf16_gemm", lambda: ops.m_grouped_bf16_gemm(ga, gb, layout)),
+        ("m_grouped_bf16_gemm_masked", lambda: ops.m_grouped_bf16_gemm_masked(ma, mb, masked)),
+        ("k_grouped_bf16_gemm", lambda: ops.k_grouped_bf16_gemm(ga, kb, layout, 5)),
+        ("k_grouped_bf16_gemm +C", lambda: ops.k_grouped_bf16_gemm(ga, kb, layout, 5, c=torch.ones(5, 512, 256))),
+        ("fp8_gemm", lambda: ops.fp8_gemm(qa, sfa, qb[0], sfb[0], None, ra, rb)),
+        ("fp8_gemm decode", lambda: ops.fp8_gemm(da, dsa, db, dsb, None, ra, rb, 0.5)),
+        ("m_grouped_fp8_gemm", lambda: ops.m_grouped_fp8_gemm(qa, sfa, qb, sfb, fp8_layout, True, 1, ra, rb)),
+    ]
+
+
+@pytest.mark.parametrize("label,call", _calls(), ids=[label for label, _ in _calls()])
+def test_same_bits_at_one_and_two_threads(label, call):
+    one, two = _at_threads(1, call), _at_threads(2, call)
+    assert one.dtype == two.dtype and one.shape == two.shape
+    assert torch.equal(
+        one.view(torch.uint8) if one.dtype == BF16 else one, two.view(torch.uint8) if two.dtype == BF16 else two
+    ), label
+
+
+def test_tasks_keep_the_callers_dispatch_state():
+    """Operands that require grad reach the kernel below autograd; the tasks' ATen ops on other threads must stay
+    there too (they raised "functions with out=... arguments don't support automatic differentiation" before)."""
+    a = _randn(96, 512, seed=1).requires_grad_()
+    b = _randn(640, 512, seed=2).requires_grad_()
+    layout, rows = psum_layout([40, 0, 7, 90, 3], 1)
+    ga = _randn(rows, 512, seed=5).requires_grad_()
+    gb = _randn(5, 384, 512, seed=6).requires_grad_()
+
+    def run():
+        out = ops.bf16_gemm(a, b)
+        grouped = ops.m_grouped_bf16_gemm(ga, gb, layout)
+        (out.float().sum() + grouped.float().sum()).backward()
+        return out.detach(), a.grad, b.grad, ga.grad, gb.grad
+
+    out, ag, bg, gag, gbg = _at_threads(2, run)
+    assert out.requires_grad is False and ag is not None and bg is not None and gag is not None and gbg is not None
+    torch.testing.assert_close(ag.float(), b.detach().float().sum(0).expand(96, 512), rtol=1e-2, atol=1e-2)
