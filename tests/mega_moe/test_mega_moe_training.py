@@ -91,3 +91,30 @@ def test_the_tape_keeps_no_fp32_intermediates():
     assert wide_fp32 == [], [tuple(t.shape) for t in wide_fp32]
     assert any(t.dtype == torch.bfloat16 and tuple(t.shape) == (rows, 2 * inter) for t in saved)
     assert x.requires_grad
+
+
+@pytest.mark.parametrize("clamp", [None, 3.0], ids=["no clamp", "clamp 3"])
+def test_kept_activation_is_autograds_formula_bit_for_bit_on_hostile_values(clamp):
+    """``_KeptActivation`` (in-place products, halves rounded straight into the result, the clamp's mask) against
+    autograd recording ``_activation``: NaN, infinities, huge values and signed zeros in ``h`` give the same bits."""
+    from torch_ascend_moe.backends.portable.mega_moe import _activation, _KeptActivation
+
+    g = torch.Generator().manual_seed(5)
+    h = (torch.randn(37, 96, generator=g) * 4).bfloat16()
+    h[0, 0] = h[3, 60] = float("nan")
+    h[1, 50], h[2, 3], h[4, 5], h[6, 70] = float("inf"), float("-inf"), 1e30, -1e30
+    h[5] = -0.0
+    weights = torch.rand(37, generator=g)
+    grad = torch.randn(37, 48, generator=g).bfloat16()
+
+    def run(kept):
+        hh, ww = h.clone().requires_grad_(), weights.clone().requires_grad_()
+        out = _KeptActivation.apply(hh, ww, clamp) if kept else _activation(hh, ww, clamp, False)[0]
+        out.backward(grad)
+        return out, hh.grad, ww.grad
+
+    def bits(t):
+        return t.detach().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+    for kept, autograd in zip(run(True), run(False)):
+        assert torch.equal(bits(kept), bits(autograd))
