@@ -14,6 +14,12 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.backends.cuda._triton import device_refusal, div_rn, launch, round_to_bf16, tl, triton
+from torch_ascend_moe.quant.encodings import E4M3_AMAX_FLOOR, FP4_MAX, FP8_MAX
+
+# The encodings' constants as a @triton.jit body can read a module global: tl.constexpr (folded at compile time).
+_AMAX_FLOOR: tl.constexpr = tl.constexpr(E4M3_AMAX_FLOOR)
+_E4M3_MAX: tl.constexpr = tl.constexpr(FP8_MAX)
+_E2M1_MAX: tl.constexpr = tl.constexpr(FP4_MAX)
 
 MAX_BLOCK_ELEMENTS = 1 << 14  # elements one program holds (128 x 128)
 
@@ -101,7 +107,7 @@ def cast_rows_e4m3(v, UE8M0: tl.constexpr):
     Zeros in ``v`` stand for masked elements (they never raise the amax)."""
     amax = tl.max(tl.abs(v), axis=1)
     has_nan = tl.max(tl.where(v != v, 1, 0), axis=1) > 0
-    sf = tl.where(has_nan, float("nan"), div_rn(tl.maximum(amax, 1e-4), 448.0))
+    sf = tl.where(has_nan, float("nan"), div_rn(tl.maximum(amax, _AMAX_FLOOR), _E4M3_MAX))
     if UE8M0:
         sf = _ceil_pow2(sf)
     return _e4m3_codes(v * div_rn(1.0, sf)[:, None]), sf
@@ -157,8 +163,8 @@ def _quantize_kernel(
         v2 = v
         amax = tl.max(tl.max(tl.abs(v), axis=1), axis=0)
         has_nan = tl.max(tl.max(tl.where(v != v, 1, 0), axis=1), axis=0) > 0
-    fmt_max = 6.0 if FP4 else 448.0
-    sf = div_rn(tl.maximum(amax, 1e-4), fmt_max)
+    fmt_max = _E2M1_MAX if FP4 else _E4M3_MAX
+    sf = div_rn(tl.maximum(amax, _AMAX_FLOOR), fmt_max)
     sf = tl.where(has_nan, float("nan"), sf)
     if UE8M0:
         sf = _ceil_pow2(sf)

@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from torch_ascend_moe.quant.encodings import FP8_MAX
+
 
 def interpreting(kernel) -> bool:
     """Whether ``kernel`` is Triton's interpreter's (``TRITON_INTERPRET=1`` when ``triton`` was imported: the test
@@ -138,6 +140,10 @@ def load_scales(ptr, mask, UE8M0: tl.constexpr):
     return scales
 
 
+# FP8_MAX as a @triton.jit body can read a module global: tl.constexpr (folded at compile time).
+_E4M3_MAX: tl.constexpr = tl.constexpr(FP8_MAX)
+
+
 @triton.jit
 def _finite(x):
     return tl.abs(x) < float("inf")
@@ -149,7 +155,7 @@ def scale_product(a_s, b_s):
     unless a value times its scale (|x| <= 448) or the product is not finite, or the product underflows to 0 from
     nonzero scales. Where it does not, the caller dequantizes in the tile instead."""
     s = a_s[:, None] * b_s[None, :]
-    regular = _finite(a_s * 448.0)[:, None] & _finite(b_s * 448.0)[None, :] & _finite(s)
+    regular = _finite(a_s * _E4M3_MAX)[:, None] & _finite(b_s * _E4M3_MAX)[None, :] & _finite(s)
     return s, regular & ((s != 0) | (a_s[:, None] == 0) | (b_s[None, :] == 0))
 
 
