@@ -456,10 +456,17 @@ def _keep_triton_unloaded() -> None:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
-    import resource
+    """This process's peak resident memory so far: Linux's VmHWM, the high-water mark of this program's address
+    space. (``ru_maxrss`` survives ``exec``: a demo started by a large process, a test runner, would report its
+    parent's peak.) Elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
 
 
 def main(args: argparse.Namespace, console) -> int:
