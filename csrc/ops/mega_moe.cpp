@@ -1,5 +1,6 @@
 // The mega_moe family's schema. It has no C++ kernel: the portable one
-// (torch_ascend_moe/backends/portable/mega_moe.py, CompositeExplicitAutograd) serves every device, CPU included.
+// (torch_ascend_moe/backends/portable/mega_moe.py, CompositeExplicitAutograd) serves every device, CPU included;
+// mega_moe_cpu.cpp holds the C++ loops its eager CPU path calls for the SwiGLU step and that step's backward.
 #include <torch/library.h>
 
 // The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the

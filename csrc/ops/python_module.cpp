@@ -9,6 +9,8 @@
 PyObject* ascend_moe_register_autograd(PyObject* self, PyObject* args);  // autograd_bridge.cpp
 PyObject* ascend_moe_shm_publish(PyObject* self, PyObject* args);        // shared_flags.cpp
 PyObject* ascend_moe_shm_wait(PyObject* self, PyObject* args);
+PyObject* ascend_moe_kept_swiglu(PyObject* self, PyObject* args);  // mega_moe_cpu.cpp
+PyObject* ascend_moe_kept_swiglu_backward(PyObject* self, PyObject* args);
 
 namespace ascend_moe {
 int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
@@ -39,6 +41,12 @@ static PyMethodDef ascend_moe_methods[] = {
     {"_shm_wait", ascend_moe_shm_wait, METH_VARARGS,
      "_shm_wait(addresses, target, seconds): wait (without the GIL) until every int64 at addresses is >= target, "
      "at most about seconds; returns -1 when they are, else the index of the first one that is not"},
+    {"_kept_swiglu", ascend_moe_kept_swiglu, METH_VARARGS,
+     "_kept_swiglu(h, row_w, clamp, block_elements): mega_moe's BF16 SwiGLU step on CPU (backends/portable/"
+     "mega_moe.py's _activation, the same bits)"},
+    {"_kept_swiglu_backward", ascend_moe_kept_swiglu_backward, METH_VARARGS,
+     "_kept_swiglu_backward(h, row_w, clamp, grad_act, need_w, block_elements): its backward as autograd records "
+     "it: (grad_h, grad_w or None)"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

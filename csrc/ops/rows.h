@@ -35,8 +35,10 @@ inline float float_of(uint32_t u) {
 
 // BF16 bits -> FP32 (exact).
 void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst);
-// FP32 -> BF16 bits, c10's round to nearest even (NaN -> 0x7FC0).
-void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// FP32 -> BF16 bits, c10's round to nearest even; NaN -> 0x7FC0 (c10's scalar cast) or `nan` (kVectorCastNaN:
+// what ATen's AVX2/AVX512 casts write in their vector lanes).
+constexpr uint16_t kVectorCastNaN = 0xFFFF;
+void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst, uint16_t nan = 0x7FC0);
 
 // acc[h] += w[j] * rows[j][h] (acc[h] += rows[j][h] where w is null) for j = 0..k-1 in order, each product and sum
 // rounded (no FMA), for BF16 (bits) and FP32 rows: moe_unpermute's and the EP combine's slot-order sums.

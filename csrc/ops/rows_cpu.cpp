@@ -62,12 +62,12 @@ AM_VECTOR_CLONES void bf16_row_to_float(const uint16_t* src, int64_t n, float* d
   for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
 }
 
-// c10's round to nearest even (NaN -> 0x7FC0), branch-free so it vectorizes.
-AM_VECTOR_CLONES void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+// c10's round to nearest even (NaN -> `nan`), branch-free so it vectorizes.
+AM_VECTOR_CLONES void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst, uint16_t nan) {
   for (int64_t j = 0; j < n; ++j) {
     const uint32_t u = bits_of(src[j]);
     const uint16_t rounded = static_cast<uint16_t>((u + (((u >> 16) & 1u) + 0x7FFFu)) >> 16);
-    dst[j] = src[j] != src[j] ? uint16_t{0x7FC0} : rounded;
+    dst[j] = src[j] != src[j] ? nan : rounded;
   }
 }
 

@@ -93,19 +93,28 @@ def test_the_tape_keeps_no_fp32_intermediates():
     assert x.requires_grad
 
 
-@pytest.mark.parametrize("clamp", [None, 3.0], ids=["no clamp", "clamp 3"])
-def test_kept_activation_is_autograds_formula_bit_for_bit_on_hostile_values(clamp):
-    """``_KeptActivation`` (in-place products, halves rounded straight into the result, the clamp's mask) against
-    autograd recording ``_activation``: NaN, infinities, huge values and signed zeros in ``h`` give the same bits."""
+@pytest.mark.parametrize("native", [True, False], ids=["C++ loops", "ATen blocks"])
+@pytest.mark.parametrize("block", [None, 256], ids=["one block", "blocks of 256"])
+@pytest.mark.parametrize("clamp", [None, 3.0, 3.012], ids=["no clamp", "clamp 3", "clamp 3.012 (BF16 3.015625)"])
+def test_kept_activation_is_autograds_formula_bit_for_bit_on_hostile_values(clamp, block, native, monkeypatch):
+    """``_KeptActivation`` (in-place products, halves rounded straight into the result, the clamp's mask; on CPU the
+    C++ loops of csrc/ops/mega_moe_cpu.cpp, else ATen row blocks) against autograd recording ``_activation``: NaN,
+    infinities, huge values and signed zeros in ``h`` give the same bits, in one block or many; a clamp bound that
+    BF16 cannot hold is used as torch uses it (its BF16 value)."""
+    from torch_ascend_moe.backends.portable import mega_moe as portable
     from torch_ascend_moe.backends.portable.mega_moe import _activation, _KeptActivation
 
+    if block is not None:
+        monkeypatch.setattr(portable, "_ACT_BLOCK_ELEMENTS", block)
     g = torch.Generator().manual_seed(5)
     h = (torch.randn(37, 96, generator=g) * 4).bfloat16()
     h[0, 0] = h[3, 60] = float("nan")
     h[1, 50], h[2, 3], h[4, 5], h[6, 70] = float("inf"), float("-inf"), 1e30, -1e30
     h[5] = -0.0
+    h[7, :4] = torch.tensor([3.0, 3.015625, -3.015625, 3.03125])  # on and beside the clamp's bounds
     weights = torch.rand(37, generator=g)
     grad = torch.randn(37, 48, generator=g).bfloat16()
+    grad[8, 9] = float("nan")
 
     def run(kept):
         hh, ww = h.clone().requires_grad_(), weights.clone().requires_grad_()
@@ -116,5 +125,10 @@ def test_kept_activation_is_autograds_formula_bit_for_bit_on_hostile_values(clam
     def bits(t):
         return t.detach().view(torch.int16 if t.element_size() == 2 else torch.int32)
 
-    for kept, autograd in zip(run(True), run(False)):
+    reference = run(False)  # autograd's own formulas: the C++ loops never serve a recorded call
+    calls = []
+    real = portable._native
+    monkeypatch.setattr(portable, "_native", lambda *a: calls.append(real(*a)) or (native and calls[-1]))
+    for kept, autograd in zip(run(True), reference):
         assert torch.equal(bits(kept), bits(autograd))
+    assert calls and all(calls)  # the C++ loops could serve (plain CPU tensors); `native` says whether they did

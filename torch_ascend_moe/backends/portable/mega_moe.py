@@ -30,10 +30,13 @@ The second output counts the (token, slot) pairs each local expert received (Dee
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from torch_ascend_moe._registry import portable_kernel
+from torch_ascend_moe import _C
+from torch_ascend_moe._registry import _plain_call, portable_kernel
 from torch_ascend_moe.checks.mega_moe import BLOCK, BLOCK_ACT_GRAN, OP, check_topk_values, kind_of, mega_moe_signature
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.distributed.groups import group_size, resolve_group
@@ -60,25 +63,58 @@ def _permute_rows(x, idx, experts):
     return moe_permute(x, idx, experts)
 
 
-def _activation(h, row_w, activation_clamp, fp8):
-    """Steps 4-5 on L1's BF16 output ``h [N, 2I]``: ``(act_q, act_sf or None)`` ready for L2."""
-    gate, up = h.chunk(2, dim=-1)
+# FP32 elements per row block of the SwiGLU steps outside autograd: each block's few FP32 temporaries (256 KiB each)
+# stay in cache and come back from the allocator's free lists, where whole [N, I] ones are fresh pages every step.
+_ACT_BLOCK_ELEMENTS = 1 << 16
+
+
+def _row_blocks(rows: int, inter: int):
+    """``(begin, end)`` row ranges of about ``_ACT_BLOCK_ELEMENTS`` FP32 values of an ``[rows, inter]`` activation,
+    each starting at a multiple of 64 elements: ATen's vector loops then give every element the lane it has in one
+    whole-tensor call (their scalar tails round ``exp`` differently), so the blocks' values are the whole call's."""
+    step = 64 // math.gcd(max(inter, 1), 64)
+    block = max(step, _ACT_BLOCK_ELEMENTS // max(inter, 1) // step * step)
+    return [(r, min(r + block, rows)) for r in range(0, rows, block)]
+
+
+def _swiglu_block(gate, up, row_w, activation_clamp):
+    """``silu(gate) * up (* row_w)`` in FP32 for BF16 ``gate``, ``up`` (clamped first): the products in place on
+    one fresh buffer (BF16 -> FP32 is exact, and a product's bits do not depend on which operand holds it)."""
     if activation_clamp is not None:
         gate = gate.clamp(max=activation_clamp)
         up = up.clamp(-activation_clamp, activation_clamp)
+    act = F.silu(gate.float(), inplace=True).mul_(up)
+    return act if row_w is None else act.mul_(row_w.unsqueeze(1))
+
+
+def _activation(h, row_w, activation_clamp, fp8):
+    """Steps 4-5 on L1's BF16 output ``h [N, 2I]``: ``(act_q, act_sf or None)`` ready for L2."""
+    gate, up = h.chunk(2, dim=-1)
     if torch.is_grad_enabled() and (h.requires_grad or (row_w is not None and row_w.requires_grad)):
+        if activation_clamp is not None:
+            gate = gate.clamp(max=activation_clamp)
+            up = up.clamp(-activation_clamp, activation_clamp)
         act = F.silu(gate.float()) * up.float()
         if row_w is not None:
             act = act * row_w.unsqueeze(1)
-    else:
-        # The same products in place on one FP32 buffer (BF16 -> FP32 is exact, and a product's bits do not depend
-        # on which operand holds the result): one fresh [N, I] buffer instead of five.
-        act = F.silu(gate.float(), inplace=True).mul_(up)
-        if row_w is not None:
-            act.mul_(row_w.unsqueeze(1))
-    if fp8:
-        return per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=GRAN)
-    return act.bfloat16(), None
+        if fp8:
+            return per_token_cast_to_fp8(act, use_ue8m0=True, gran_k=GRAN)
+        return act.bfloat16(), None
+    if fp8:  # per-row scales: the whole FP32 activation at once (the FP8 mode's quantizer reads it whole)
+        return per_token_cast_to_fp8(_swiglu_block(gate, up, row_w, activation_clamp), use_ue8m0=True, gran_k=GRAN)
+    if _native(h, row_w):
+        return _C._kept_swiglu(h, row_w, activation_clamp, _ACT_BLOCK_ELEMENTS), None
+    out = torch.empty_like(gate)
+    for r0, r1 in _row_blocks(*gate.shape):
+        w = None if row_w is None else row_w[r0:r1]
+        out[r0:r1].copy_(_swiglu_block(gate[r0:r1], up[r0:r1], w, activation_clamp))
+    return out, None
+
+
+def _native(h, row_w) -> bool:
+    """Whether the C++ loops (csrc/ops/mega_moe_cpu.cpp: the same bits, one pass per row block) serve a BF16
+    SwiGLU step: plain eager CPU tensors (no tracing, mode, transform or subclass that must see the ATen ops)."""
+    return h.device.type == "cpu" and h.dtype == torch.bfloat16 and _plain_call([h, row_w])
 
 
 def _bf16_activation(h, row_w, activation_clamp):
@@ -105,29 +141,47 @@ class _KeptActivation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_act):
         h, row_w = ctx.saved_tensors
-        c = ctx.clamp
-        gate_h, up_h = h.chunk(2, dim=-1)
-        gate, up = (gate_h, up_h) if c is None else (gate_h.clamp(max=c), up_h.clamp(-c, c))
-        # Autograd's formulas, each product formed in place where its operand is not needed again (the same bits:
-        # BF16 -> FP32 is exact and FP32 products commute), and the two halves rounded straight into the result:
-        # four fresh FP32 [N, I] buffers instead of nine, and no concatenation.
-        gate_f, up_f = gate.float(), up.float()
-        silu = F.silu(gate_f)
-        grad = grad_act.float()
-        grad_w = None
-        if row_w is not None:
-            if ctx.needs_input_grad[1]:
-                grad_w = (silu * up_f).mul_(grad).sum(1, keepdim=True).squeeze(1)
-            grad.mul_(row_w.unsqueeze(1))
+        need_w = row_w is not None and ctx.needs_input_grad[1]
+        if _native(h, row_w) and _plain_call([grad_act]):
+            grad_h, grad_w = _C._kept_swiglu_backward(h, row_w, ctx.clamp, grad_act, need_w, _ACT_BLOCK_ELEMENTS)
+            return grad_h, grad_w, None
         out = torch.empty_like(h)
+        grad_w = torch.empty_like(row_w) if need_w else None
+        gate_h, up_h = h.chunk(2, dim=-1)
         grad_gate, grad_up = out.chunk(2, dim=-1)
-        grad_gate.copy_(torch.ops.aten.silu_backward(up_f.mul_(grad), gate_f))
-        grad_up.copy_(silu.mul_(grad))
-        if c is not None:
-            # Zero wherever autograd's clamp_backward does: outside the kept range, NaN included.
-            grad_gate.masked_fill_((gate_h <= c).logical_not_(), 0)
-            grad_up.masked_fill_((up_h >= -c).logical_and_(up_h <= c).logical_not_(), 0)
+        # Row blocks (``_row_blocks``: the whole tensors' values, a row's sum in the same order) with small
+        # temporaries, the two halves rounded straight into the result: no [N, I] FP32 buffer at all.
+        for r0, r1 in _row_blocks(*gate_h.shape):
+            w = None if row_w is None else row_w[r0:r1]
+            gw = _kept_backward_block(
+                gate_h[r0:r1], up_h[r0:r1], w, ctx.clamp, grad_act[r0:r1], grad_gate[r0:r1], grad_up[r0:r1], need_w
+            )
+            if need_w:
+                grad_w[r0:r1] = gw
         return out, grad_w, None
+
+
+def _kept_backward_block(gate_h, up_h, row_w, c, grad_act, grad_gate, grad_up, need_w):
+    """``_KeptActivation``'s backward on a row block: autograd's formulas for ``_activation`` (ToCopy, Mul with the
+    broadcast weight summed back, Mul, SiLU, ToCopy, Clamp, Split), each product formed in place where its operand
+    is not needed again (the same bits: BF16 -> FP32 is exact and FP32 products commute); writes the block's
+    ``grad_gate`` and ``grad_up``, returns its rows' routing-weight gradient when ``need_w``."""
+    gate, up = (gate_h, up_h) if c is None else (gate_h.clamp(max=c), up_h.clamp(-c, c))
+    gate_f, up_f = gate.float(), up.float()
+    silu = F.silu(gate_f)
+    grad = grad_act.float()
+    grad_w = None
+    if row_w is not None:
+        if need_w:
+            grad_w = (silu * up_f).mul_(grad).sum(1)
+        grad.mul_(row_w.unsqueeze(1))
+    grad_gate.copy_(torch.ops.aten.silu_backward(up_f.mul_(grad), gate_f))
+    grad_up.copy_(silu.mul_(grad))
+    if c is not None:
+        # Zero wherever autograd's clamp_backward does: outside the kept range, NaN included.
+        grad_gate.masked_fill_((gate_h <= c).logical_not_(), 0)
+        grad_up.masked_fill_((up_h >= -c).logical_and_(up_h <= c).logical_not_(), 0)
+    return grad_w
 
 
 def _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activation_clamp):
