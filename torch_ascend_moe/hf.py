@@ -275,16 +275,12 @@ def swap_moe_blocks(
     FP8; ``ep_group`` makes them expert-parallel (each rank keeps its slice of the experts);
     ``convert_linears_to_fp8`` also swaps the model's other ``nn.Linear`` layers (not the LM head) for
     ``FP8Linear``. ``mega=True`` swaps in ``MegaMoE`` instead (routed and shared experts in one fused ``mega_moe``
-    op, BF16; not with ``fp8``). Returns the swapped modules' names.
+    op; with ``fp8`` its FP8 mode, which serves inference). Returns the swapped modules' names.
 
     The swapped model keeps transformers' behaviour: ``output_router_logits`` records the new gates' logits (the
     same values as HF's routers), and ``init_weights()`` / ``from_pretrained``-style initialisation of missing
     weights covers the new modules (e.g. after building on the meta device and ``to_empty``).
     """
-    if mega and fp8:
-        raise ValueError(
-            "swap_moe_blocks: argument 'fp8': expected False with mega=True (MegaMoE computes in BF16), got True"
-        )
     swapped = []
     model_config = getattr(model, "config", None)
     for name, block in list(model.named_modules()):

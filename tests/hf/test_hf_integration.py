@@ -180,8 +180,28 @@ def test_swap_bad_weights():
         match=r"swap_moe_blocks: MixtralSparseMoeBlock: argument 'experts.gate_up_proj' shape: expected 8 experts",
     ):
         hf.swap_moe_blocks(model)
-    with pytest.raises(ValueError, match=r"swap_moe_blocks: argument 'fp8': expected False with mega=True"):
-        hf.swap_moe_blocks(_tiny("mixtral"), mega=True, fp8=True)
+    model = _tiny("mixtral", hidden_size=96)
+    with pytest.raises(ValueError, match=r"MegaMoE: argument 'hidden_size, intermediate_size': expected multiples"):
+        hf.swap_moe_blocks(model, mega=True, fp8=True)  # the FP8 mode's 128x128 weight blocks
+
+
+def test_swap_mega_fp8_serves_inference():
+    """``swap_moe_blocks(mega=True, fp8=True)``: MegaMoE's FP8 mode in the model, close to the BF16 model; a training
+    forward says it serves inference."""
+    from torch_ascend_moe.nn import MegaMoE
+    from torch_ascend_moe.testing import calc_diff
+
+    torch.manual_seed(0)
+    model = _tiny("mixtral").bfloat16().eval()
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        reference = model(ids).logits
+    names = hf.swap_moe_blocks(model, mega=True, fp8=True)
+    assert names and all(type(model.get_submodule(n)) is MegaMoE for n in names)
+    with torch.no_grad():
+        assert calc_diff(model(ids).logits, reference) < 5e-3
+    with pytest.raises(RuntimeError, match="MegaMoE: fp8=True serves inference"):
+        model(ids)
 
 
 def test_bench_moe_quick(tmp_path):
@@ -194,6 +214,7 @@ def test_bench_moe_quick(tmp_path):
     results = json.loads(out.read_text())["results"]
     baselines = [r["baseline"].split(", ")[1] for r in results]
     expected = ["eager experts", "grouped_mm experts"] * 2 + ["shared expert on nn.Linear"] * 2
-    assert baselines == expected + ["the same weights"] * 4  # nn.MegaMoE against nn.MoE
+    # nn.MegaMoE against nn.MoE: BF16 forward and forward+backward, FP8 forward
+    assert baselines == expected + ["the same weights"] * 4 + ["the same weights (fp8=True)"] * 2
     assert all(r["ours_ms"] > 0 and r["baseline_ms"] > 0 for r in results)
     assert all(r["ours_faults"] is not None for r in results if r["case"].startswith("MegaMoE"))

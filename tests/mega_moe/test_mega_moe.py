@@ -105,8 +105,65 @@ def test_nn_megamoe_matches_moe():
     assert (
         mega.shared_experts.gate_proj.weight.grad is not None and mega.shared_experts.down_proj.weight.grad is not None
     )
-    with pytest.raises(ValueError, match="MegaMoE: argument 'fp8'"):
-        MegaMoE(128, 128, 4, 2, fp8=True)
+
+
+def test_nn_megamoe_fp8_serves_the_ops_block_scaled_mode():
+    """``MegaMoE(fp8=True)``: the op's SM90 FP8 mode on the module's BF16 parameters quantized per 128x128 block
+    (once, remade when a parameter changes), tokens per 1x128; shared experts beside it; as accurate as
+    ``MoE(fp8=True)`` against the BF16 module; inference only, with clear errors."""
+    from torch_ascend_moe.nn import MegaMoE, MoE
+    from torch_ascend_moe.ops.mega_moe import mega_moe
+    from torch_ascend_moe.ops.quant import quantize_fp8
+    from torch_ascend_moe.testing import calc_diff
+
+    torch.manual_seed(2)
+    bf16 = MoE(256, 128, 4, 2, num_shared_experts=1, dtype=torch.bfloat16)
+    moe = MoE(256, 128, 4, 2, num_shared_experts=1, fp8=True, dtype=torch.bfloat16)
+    mega = MegaMoE(256, 128, 4, 2, num_shared_experts=1, fp8=True, dtype=torch.bfloat16)
+    for m in (moe, mega):
+        m.load_state_dict(bf16.state_dict())
+    assert set(mega.state_dict()) == set(bf16.state_dict())  # the FP8 copy is not state
+    x = torch.randn(3, 7, 256).bfloat16()
+    with torch.no_grad():
+        y, reference, y_moe = mega(x), bf16(x), moe(x)
+        tokens = x.reshape(-1, 256)
+        idx, weights, _ = mega.gate(tokens)
+        quantized = []
+        for w in (mega.experts.gate_up_proj, mega.experts.down_proj):
+            q, sf = quantize_fp8(w.reshape(-1, w.shape[-1]), (128, 128), use_ue8m0=False)
+            quantized += [q.view(w.shape), sf.view(w.shape[0], w.shape[1] // 128, w.shape[2] // 128)]
+        x_q, x_sf = quantize_fp8(tokens, (1, 128), use_ue8m0=False)
+        routed, _ = mega_moe(
+            x_q, idx, weights.float(), quantized[0], quantized[2], x_sf=x_sf, l1_sf=quantized[1], l2_sf=quantized[3]
+        )
+    expected = (routed + mega.shared_experts(tokens)).view(x.shape)
+    assert torch.equal(y, expected.detach())
+    assert calc_diff(y, reference) < 2e-3 and calc_diff(y_moe, reference) < 2e-3
+    cached = mega._fp8_weights
+    with torch.no_grad():
+        mega(x)
+        assert mega._fp8_weights is cached  # the same parameters: no new quantization
+        mega.experts.down_proj.mul_(2)  # an optimizer step, a load_state_dict: in place
+        y2 = mega(x)
+    assert mega._fp8_weights is not cached and not torch.equal(y2, y)
+    with pytest.raises(RuntimeError, match="MegaMoE: fp8=True serves inference"):
+        mega(x)  # parameters require grad
+    with pytest.raises(ValueError, match="MegaMoE: argument 'hidden_size, intermediate_size'"):
+        MegaMoE(192, 128, 4, 2, fp8=True)
+    with pytest.raises(ValueError, match="MegaMoE: argument 'block'"):
+        MegaMoE(256, 128, 4, 2, fp8=True, block=64)
+
+
+def test_nn_megamoe_fp8_compiles_to_the_same_values():
+    """Under torch.compile the FP8 copy is made in the graph (no cache): the same bits as eager (no shared experts:
+    Inductor fuses a BF16 MLP's elementwise steps without their roundings, for MoE too)."""
+    from torch_ascend_moe.nn import MegaMoE
+
+    torch.manual_seed(3)
+    mega = MegaMoE(256, 128, 4, 2, fp8=True, dtype=torch.bfloat16).eval()
+    x = torch.randn(6, 256).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(mega, fullgraph=True)(x), mega(x))
 
 
 def test_nn_megamoe_with_fp8_linear_shared_experts_runs_them_beside_the_op():

@@ -2,7 +2,8 @@
 extra). ``nn.MoE`` (router, ``moe_permute``, grouped GEMMs, ``moe_unpermute``) against Hugging Face's
 ``MixtralSparseMoeBlock`` with its ``eager`` and ``grouped_mm`` experts implementations, on the same weights
 and tokens, forward and forward+backward, in the same run; and ``nn.MegaMoE`` (the routed and shared experts in one
-``mega_moe`` op) against ``nn.MoE`` with the same weights, BF16, with page faults per step (issue 51: the fused
+``mega_moe`` op) against ``nn.MoE`` with the same weights, BF16 forward and forward+backward, FP8 forward (``fp8=True``
+on both: MegaMoE's FP8 mode serves inference), with page faults per step (issue 51: the fused
 module at least as fast as the unfused one, touching no more fresh pages). Options: ``--tokens --hidden --topk
 --experts``.
 """
@@ -177,7 +178,7 @@ def _shared_case(quick: bool, grad: bool, dtype=torch.bfloat16) -> Case:
     )
 
 
-def _mega_case(quick: bool, grad: bool, shared: int) -> Case:
+def _mega_case(quick: bool, grad: bool, shared: int, fp8: bool = False) -> Case:
     from torch_ascend_moe.nn import MegaMoE, MoE
 
     t, h, k, e = _shape(quick)
@@ -186,8 +187,8 @@ def _mega_case(quick: bool, grad: bool, shared: int) -> Case:
 
     def setup():
         torch.manual_seed(0)
-        moe = MoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, dtype=torch.bfloat16)
-        mega = MegaMoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, dtype=torch.bfloat16)
+        moe = MoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, fp8=fp8, dtype=torch.bfloat16)
+        mega = MegaMoE(h, h, num_experts=e, topk=k, num_shared_experts=shared, fp8=fp8, dtype=torch.bfloat16)
         mega.load_state_dict(moe.state_dict())
         x = torch.randn(1, t, h, dtype=torch.bfloat16)
         return layer_call(mega, x, grad), layer_call(moe, x, grad)
@@ -195,10 +196,10 @@ def _mega_case(quick: bool, grad: bool, shared: int) -> Case:
     mode = "fwd+bwd" if grad else "fwd"
     extra = f" + {shared} shared" if shared else ""
     return Case(
-        f"MegaMoE {mode} bf16 T{t} H{h} top-{k} of {e}{extra}",
+        f"MegaMoE {mode} {'fp8' if fp8 else 'bf16'} T{t} H{h} top-{k} of {e}{extra}",
         flops,
         setup,
-        "nn.MoE, the same weights",
+        "nn.MoE, the same weights" + (" (fp8=True)" if fp8 else ""),
         grad=grad,
         faults=True,
     )
@@ -207,4 +208,6 @@ def _mega_case(quick: bool, grad: bool, shared: int) -> Case:
 def cases(quick: bool = False) -> list[Case]:
     routed = [_case(quick, impl, grad) for grad in (False, True) for impl in ("eager", "grouped_mm")]
     mega = [_mega_case(quick, grad, shared) for shared in (0, 1) for grad in (False, True)]
+    # FP8: inference (MegaMoE's FP8 mode carries no gradient; MoE(fp8=True) trains with DeepSeek-V3's recipe).
+    mega += [_mega_case(quick, False, shared, fp8=True) for shared in (0, 1)]
     return routed + [_shared_case(quick, grad) for grad in (False, True)] + mega

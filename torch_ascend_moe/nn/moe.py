@@ -331,22 +331,59 @@ class MegaMoE(MoE):
     expert weights, the routing weight applied before the second GEMM, optional ``activation_clamp``; expert
     parallel over ``ep_group`` inside the op. The shared experts are fused into the op too (DeepGEMM-Ascend;
     computed at each token's home rank) while they are plain ``nn.Linear`` layers; after a conversion to
-    ``FP8Linear`` they run beside it. Same parameters and ``state_dict`` as ``MoE`` (checkpoints move both ways);
-    ``fp8`` is not available here (the FP8 x FP4 mode takes pre-quantized weights: use the op or
-    ``deep_gemm.fp8_fp4_mega_moe``).
+    ``FP8Linear`` they run beside it. Same parameters and ``state_dict`` as ``MoE`` (checkpoints move both ways).
+
+    ``fp8=True`` serves in FP8 with the op's block-scaled mode (DeepGEMM's SM90 FP8 MegaMoE, DeepSeek-V3's recipe as
+    ``MoE(fp8=True)``'s: tokens per 1x128, weights per 128x128 block, ``experts.use_ue8m0``'s scales; the L1 output
+    kept in FP32 and the activation requantized per 1x64). The BF16 parameters stay the module's state; their FP8 copy
+    (half their size) is made once and remade when a parameter changes. Inference only (the quantized mode carries
+    no gradient: train with ``fp8=False``, or with ``MoE(fp8=True)`` and load its state here); ``hidden_size`` and
+    ``intermediate_size`` multiples of ``block=128``; shared experts run beside the op (in BF16, as ``MoE``'s).
 
     >>> moe = MegaMoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
     >>> moe(torch.randn(2, 3, 64)).shape
     torch.Size([2, 3, 64])
     """
 
-    def __init__(self, *args, activation_clamp: float | None = None, **kwargs) -> None:
-        if kwargs.get("fp8"):
-            raise _error("MegaMoE", "fp8", "False (FP8 x FP4 weights are pre-quantized: use mega_moe directly)", True)
+    def __init__(self, *args, activation_clamp: float | None = None, fp8: bool = False, **kwargs) -> None:
+        from torch_ascend_moe.checks.mega_moe import BLOCK
+
         if kwargs.get("activation", "silu") not in ("silu", F.silu):
             raise _error("MegaMoE", "activation", "'silu' (the fused op's SwiGLU)", kwargs["activation"])
-        super().__init__(*args, **kwargs)
+        if fp8 and kwargs.get("block", BLOCK) != BLOCK:
+            raise _error("MegaMoE", "block", f"{BLOCK} with fp8=True (the op's 128x128 weight blocks)", kwargs["block"])
+        super().__init__(*args, fp8=fp8, **kwargs)
+        if fp8:
+            hidden, inter = self.hidden_size, self.experts.down_proj.shape[-1]
+            if hidden % BLOCK or inter % BLOCK:
+                raise _error(
+                    "MegaMoE", "hidden_size, intermediate_size", f"multiples of {BLOCK} with fp8=True", (hidden, inter)
+                )
         self.activation_clamp = activation_clamp
+        self._fp8_weights: tuple | None = None  # (key, l1, l1_sf, l2, l2_sf): the FP8 copy, remade on a change
+
+    def _quantized_experts(self) -> tuple[torch.Tensor, ...]:
+        """The routed experts' weights in the op's block-scaled FP8 mode: E4M3 with FP32 128x128-block scales,
+        ``(l1, l1_sf, l2, l2_sf)``; cached while the parameters are the same tensors at the same version (outside
+        tracing, which quantizes in the graph)."""
+        from torch_ascend_moe.checks.mega_moe import BLOCK
+        from torch_ascend_moe.ops.quant import quantize_fp8
+
+        weights = (self.experts.gate_up_proj, self.experts.down_proj)
+        tracing = torch.compiler.is_compiling()
+        if not tracing:
+            key = (self.experts.use_ue8m0, *((w.data_ptr(), w._version, w.dtype, w.device) for w in weights))
+            if self._fp8_weights is not None and self._fp8_weights[0] == key:
+                return self._fp8_weights[1:]
+        out = []
+        with torch.no_grad():
+            for w in weights:
+                e, n, k = w.shape  # n a multiple of 128: no block straddles two experts
+                q, sf = quantize_fp8(w.reshape(e * n, k), (BLOCK, BLOCK), use_ue8m0=self.experts.use_ue8m0)
+                out += [q.view(e, n, k), sf.view(e, n // BLOCK, k // BLOCK)]
+        if not tracing:
+            self._fp8_weights = (key, *out)
+        return tuple(out)
 
     def _fused_shared(self) -> dict:
         mlp = self.shared_experts
@@ -366,18 +403,50 @@ class MegaMoE(MoE):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         idx, weights, _ = self.gate(tokens)
-        shared = self._fused_shared()
-        out, _ = mega_moe(
-            tokens.bfloat16(),
-            idx,
-            weights.float(),
-            self.experts.gate_up_proj.bfloat16(),
-            self.experts.down_proj.bfloat16(),
-            group=self.ep_group_name,
-            activation_clamp=self.activation_clamp,
-            **shared,
-        )
+        if self.experts.fp8:
+            out = self._fp8_experts(tokens, idx, weights)
+            shared = {}
+        else:
+            shared = self._fused_shared()
+            out, _ = mega_moe(
+                tokens.bfloat16(),
+                idx,
+                weights.float(),
+                self.experts.gate_up_proj.bfloat16(),
+                self.experts.down_proj.bfloat16(),
+                group=self.ep_group_name,
+                activation_clamp=self.activation_clamp,
+                **shared,
+            )
         out = out.to(x.dtype)
         if self.shared_experts is not None and not shared:
             out = out + self.shared_experts(tokens)
         return out.view(shape)
+
+    def _fp8_experts(self, tokens, idx, weights) -> torch.Tensor:
+        from torch_ascend_moe.checks.mega_moe import BLOCK
+        from torch_ascend_moe.ops.mega_moe import mega_moe
+        from torch_ascend_moe.ops.quant import quantize_fp8
+
+        wanted = [tokens, self.experts.gate_up_proj, self.experts.down_proj]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in wanted):
+            raise RuntimeError(
+                "MegaMoE: fp8=True serves inference (the op's FP8 mode carries no gradient): call it under "
+                "torch.no_grad() or torch.inference_mode(), or train with fp8=False (or with MoE(fp8=True) and load "
+                "its state_dict here)"
+            )
+        l1, l1_sf, l2, l2_sf = self._quantized_experts()
+        x_q, x_sf = quantize_fp8(tokens, (1, BLOCK), use_ue8m0=self.experts.use_ue8m0)
+        out, _ = mega_moe(
+            x_q,
+            idx,
+            weights.float(),
+            l1,
+            l2,
+            x_sf=x_sf,
+            l1_sf=l1_sf,
+            l2_sf=l2_sf,
+            group=self.ep_group_name,
+            activation_clamp=self.activation_clamp,
+        )
+        return out
