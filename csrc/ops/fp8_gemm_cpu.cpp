@@ -31,7 +31,6 @@ namespace ascend_moe {
 
 namespace {
 
-constexpr int64_t kPanelElements = int64_t{1} << 20;    // FP32 elements of a dequantized panel
 constexpr int64_t kWholeAElements = int64_t{1} << 22;   // dequantize A at once below this size
 
 // ---- streaming kernel for few rows of A (decode): reads the quantized B once, decodes in registers ----
@@ -273,12 +272,9 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
     int64_t width;
     if (p.streaming) {
       p.sfb_f = j.sfb.to(at::kFloat).contiguous();
-      width = std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1));  // about 100 us of decoding
+      width = streaming_columns(K);
     } else {
-      // B panels of at most kPanelElements FP32 values (they stay in L2/L3), narrow enough for about four per
-      // thread (a thread slowed by a busy core holds up a quarter of its share).
-      const int64_t balance = (N + 4 * threads - 1) / (4 * threads);
-      width = std::clamp<int64_t>((std::min(kPanelElements / K, balance) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
+      width = panel_columns(N, K, threads);
     }
     for (int64_t n0 = 0; n0 < N; n0 += width) blocks.push_back({i, n0, std::min(width, N - n0)});
   }

@@ -31,9 +31,6 @@ namespace {
 constexpr int64_t kNativeReducedMaxRows = 4;
 // BF16 -> BF16 without C from this many rows on: ATen's (oneDNN's) BF16 GEMM (matmul_into).
 constexpr int64_t kNativeBf16MinRows = 2;
-// FP32 elements of B converted per panel: big enough for SGEMM efficiency, small enough to stay in L2/L3
-// and to avoid a full FP32 copy of large weights.
-constexpr int64_t kPanelElements = int64_t{1} << 20;
 
 bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
@@ -117,10 +114,6 @@ AM_VECTOR_CLONES void stream_cols_mn_major(const float* a, int64_t M, int64_t K,
 bool streams(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kBFloat16 && a.size(0) <= kStreamingMaxRows && (b.stride(1) == 1 || b.stride(0) == 1);
 }
-
-// Columns of B per streaming task: enough B bytes to amortise taking a task, small enough to balance two to many
-// cores.
-int64_t streaming_block(int64_t K) { return std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1)); }
 
 // out[:, j0:j0+w] = alpha * a @ b[j0:j0+w]^T (+ c) for BF16 a[M<=8, K] (a_f: its FP32 copy), b[N, K] with a unit
 // stride, on the calling thread.
@@ -421,15 +414,6 @@ void panel_block_into(const MatmulJob& j, const at::Tensor& a_f, int64_t j0, int
   if (!direct) out.copy_(acc);
 }
 
-// Columns per panel task: at most kPanelElements FP32 values of B (the converted block stays in L2/L3), at least
-// 16, and narrow enough that every thread gets about four tasks (a thread slowed by another process then holds up
-// a quarter of its share, not all of it).
-int64_t panel_block(int64_t N, int64_t K, int64_t threads) {
-  const int64_t cache_cols = kPanelElements / std::max<int64_t>(K, 1);
-  const int64_t balance_cols = (N + 4 * threads - 1) / (4 * threads);
-  return std::clamp<int64_t>((std::min(cache_cols, balance_cols) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
-}
-
 }  // namespace
 
 void matmul_many(const std::vector<MatmulJob>& jobs) {
@@ -456,7 +440,7 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     // The streaming kernel reads A row-major.
     a_float[i] = streaming ? float_copy_here(jobs[i].a).contiguous() : float_copy_here(jobs[i].a);
     const int64_t N = jobs[i].b.size(0), K = jobs[i].a.size(1);
-    const int64_t width = streaming ? streaming_block(K) : panel_block(N, K, threads);
+    const int64_t width = streaming ? streaming_columns(K) : panel_columns(N, K, threads);
     for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, streaming, j0, std::min(width, N - j0)});
   }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {

@@ -27,6 +27,24 @@ inline int64_t threads_for(int64_t work, int64_t per_thread = kMinWorkPerThread)
   return std::max<int64_t>(1, work / per_thread);
 }
 
+// FP32 values of B a panel task converts (or decodes) and multiplies: the block stays in L2/L3 across its SGEMM.
+constexpr int64_t kPanelElements = int64_t{1} << 20;
+
+// Columns per panel task of an N x K B: at most kPanelElements FP32 values, at least 16 (a multiple of 16), and
+// narrow enough that every thread gets about four tasks (a thread slowed by another process then holds up a quarter
+// of its share, not all of it). The gemm and fp8_gemm workers' rule.
+inline int64_t panel_columns(int64_t N, int64_t K, int64_t threads) {
+  const int64_t cache_cols = kPanelElements / std::max<int64_t>(K, 1);
+  const int64_t balance_cols = (N + 4 * threads - 1) / (4 * threads);
+  return std::clamp<int64_t>((std::min(cache_cols, balance_cols) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
+}
+
+// Columns of B per streaming (few-row) task: about 2^17 values of B, enough to amortise taking a task (~100 us of
+// decoding), small enough to balance two to many cores.
+inline int64_t streaming_columns(int64_t K) {
+  return std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1));
+}
+
 // Runs task(i) for every i in [0, n) over at most `max_threads` intra-op threads (one thread: inline, no parallel
 // region). Inside another parallel region the tasks run inline on the calling thread: never a nested region.
 template <typename F>
