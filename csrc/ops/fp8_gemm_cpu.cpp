@@ -274,7 +274,7 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
       p.sfb_f = j.sfb.to(at::kFloat).contiguous();
       width = streaming_columns(K);
     } else {
-      width = panel_columns(N, K, threads);
+      width = panel_columns(N, K, M, static_cast<double>(M * N * K) / static_cast<double>(work), threads);
     }
     for (int64_t n0 = 0; n0 < N; n0 += width) blocks.push_back({i, n0, std::min(width, N - n0)});
   }

@@ -439,8 +439,9 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     const bool streaming = paths[i] == Path::kStreaming;
     // The streaming kernel reads A row-major.
     a_float[i] = streaming ? float_copy_here(jobs[i].a).contiguous() : float_copy_here(jobs[i].a);
-    const int64_t N = jobs[i].b.size(0), K = jobs[i].a.size(1);
-    const int64_t width = streaming ? streaming_columns(K) : panel_columns(N, K, threads);
+    const int64_t M = jobs[i].a.size(0), N = jobs[i].b.size(0), K = jobs[i].a.size(1);
+    const double share = static_cast<double>(M * K * N) / static_cast<double>(std::max<int64_t>(work, 1));
+    const int64_t width = streaming ? streaming_columns(K) : panel_columns(N, K, M, share, threads);
     for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, streaming, j0, std::min(width, N - j0)});
   }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 
 namespace ascend_moe {
@@ -30,13 +31,23 @@ inline int64_t threads_for(int64_t work, int64_t per_thread = kMinWorkPerThread)
 // FP32 values of B a panel task converts (or decodes) and multiplies: the block stays in L2/L3 across its SGEMM.
 constexpr int64_t kPanelElements = int64_t{1} << 20;
 
-// Columns per panel task of an N x K B: at most kPanelElements FP32 values, at least 16 (a multiple of 16), and
-// narrow enough that every thread gets about four tasks (a thread slowed by another process then holds up a quarter
-// of its share, not all of it). The gemm and fp8_gemm workers' rule.
-inline int64_t panel_columns(int64_t N, int64_t K, int64_t threads) {
+// Multiply-adds of a panel task at least: its fixed costs (taking the task, narrowing, converting B's block, the
+// SGEMM call: ~10 us) stay a small share. Without it a call of four 32x128x128 experts ran 32 tasks of 16 columns
+// (450 us, against 110 us in 4 tasks).
+constexpr int64_t kMinTaskWork = int64_t{1} << 18;
+
+// Columns per panel task for an M x K A and an N x K B whose GEMM is `share` of the call's blocked work: at most
+// kPanelElements FP32 values of B, at least 16 (a multiple of 16), narrow enough that the call as a whole gives
+// every thread about four tasks, each job in proportion to its work (a thread slowed by another process then holds
+// up a quarter of its share, not all of it; an expert with many rows is split more), and wide enough for
+// kMinTaskWork. The gemm and fp8_gemm workers' rule.
+inline int64_t panel_columns(int64_t N, int64_t K, int64_t M, double share, int64_t threads) {
   const int64_t cache_cols = kPanelElements / std::max<int64_t>(K, 1);
-  const int64_t balance_cols = (N + 4 * threads - 1) / (4 * threads);
-  return std::clamp<int64_t>((std::min(cache_cols, balance_cols) + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
+  const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(4.0 * threads * share)));
+  const int64_t balance_cols = (N + blocks - 1) / blocks;
+  const int64_t work_cols = (kMinTaskWork + std::max<int64_t>(M * K, 1) - 1) / std::max<int64_t>(M * K, 1);
+  const int64_t cols = std::min(cache_cols, std::max(balance_cols, work_cols));
+  return std::clamp<int64_t>((cols + 15) / 16 * 16, 16, std::max<int64_t>(N, 16));
 }
 
 // Columns of B per streaming (few-row) task: about 2^17 values of B, enough to amortise taking a task (~100 us of

@@ -92,3 +92,34 @@ def test_tasks_keep_the_callers_dispatch_state():
     out, ag, bg, gag, gbg = _at_threads(2, run)
     assert out.requires_grad is False and ag is not None and bg is not None and gag is not None and gbg is not None
     torch.testing.assert_close(ag.float(), b.detach().float().sum(0).expand(96, 512), rtol=1e-2, atol=1e-2)
+
+
+def _sgemm_calls(fn) -> int:
+    with torch.profiler.profile() as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::addmm")
+
+
+def test_tasks_are_sized_by_the_whole_calls_work():
+    """Column blocks for about four tasks per thread over the call's jobs, in proportion to each job's work, none
+    under tasks.h's kMinTaskWork: four 32x128x128 experts run as 8 SGEMMs (they were 32 of 16 columns, 4x the
+    time), a 16-expert call with one expert holding half the rows splits that expert most."""
+    w = _randn(4, 128, 128, seed=7)
+    x = _randn(128, 128, seed=8)
+    offs = torch.tensor([32, 64, 96, 128], dtype=torch.int32)
+    small = _at_threads(2, lambda: _sgemm_calls(lambda: ops.m_grouped_bf16_gemm(x, w, offs, out_dtype=BF16)))
+    assert small <= 8
+    rows = [512] + [32] * 15  # expert 0 has half the rows
+    offs = torch.tensor(rows, dtype=torch.int32).cumsum(0).int()
+    x, w = _randn(sum(rows), 512, seed=9), _randn(16, 1024, 512, seed=10)
+    blocks = []
+
+    def run():
+        with torch.profiler.profile(record_shapes=True) as prof:
+            ops.m_grouped_bf16_gemm(x, w, offs, out_dtype=BF16)
+        blocks.extend(e for e in prof.events() if e.name == "aten::addmm")
+
+    _at_threads(2, run)
+    shapes = [tuple(e.input_shapes[1]) for e in blocks]  # A's rows and K per SGEMM
+    hot = sum(s[0] == 512 for s in shapes)
+    assert hot >= 4 and len(shapes) - hot <= 2 * 15, shapes  # the hot expert split, the others mostly whole
