@@ -77,12 +77,17 @@ def _row_blocks(rows: int, inter: int):
     return [(r, min(r + block, rows)) for r in range(0, rows, block)]
 
 
+def _clamped(gate, up, activation_clamp):
+    """Step 4's clamp on the BF16 halves: ``gate <= c``, ``-c <= up <= c`` (unchanged without a clamp)."""
+    if activation_clamp is None:
+        return gate, up
+    return gate.clamp(max=activation_clamp), up.clamp(-activation_clamp, activation_clamp)
+
+
 def _swiglu_block(gate, up, row_w, activation_clamp):
     """``silu(gate) * up (* row_w)`` in FP32 for BF16 ``gate``, ``up`` (clamped first): the products in place on
     one fresh buffer (BF16 -> FP32 is exact, and a product's bits do not depend on which operand holds it)."""
-    if activation_clamp is not None:
-        gate = gate.clamp(max=activation_clamp)
-        up = up.clamp(-activation_clamp, activation_clamp)
+    gate, up = _clamped(gate, up, activation_clamp)
     act = F.silu(gate.float(), inplace=True).mul_(up)
     return act if row_w is None else act.mul_(row_w.unsqueeze(1))
 
@@ -91,9 +96,7 @@ def _activation(h, row_w, activation_clamp, fp8):
     """Steps 4-5 on L1's BF16 output ``h [N, 2I]``: ``(act_q, act_sf or None)`` ready for L2."""
     gate, up = h.chunk(2, dim=-1)
     if torch.is_grad_enabled() and (h.requires_grad or (row_w is not None and row_w.requires_grad)):
-        if activation_clamp is not None:
-            gate = gate.clamp(max=activation_clamp)
-            up = up.clamp(-activation_clamp, activation_clamp)
+        gate, up = _clamped(gate, up, activation_clamp)
         act = F.silu(gate.float()) * up.float()
         if row_w is not None:
             act = act * row_w.unsqueeze(1)
@@ -111,10 +114,11 @@ def _activation(h, row_w, activation_clamp, fp8):
     return out, None
 
 
-def _native(h, row_w) -> bool:
+def _native(h, *others) -> bool:
     """Whether the C++ loops (csrc/ops/mega_moe_cpu.cpp: the same bits, one pass per row block) serve a BF16
-    SwiGLU step: plain eager CPU tensors (no tracing, mode, transform or subclass that must see the ATen ops)."""
-    return h.device.type == "cpu" and h.dtype == torch.bfloat16 and _plain_call([h, row_w])
+    SwiGLU step (or its backward) on ``h`` and ``others``: plain eager CPU tensors (no tracing, mode, transform or
+    subclass that must see the ATen ops)."""
+    return h.device.type == "cpu" and h.dtype == torch.bfloat16 and _plain_call([h, *others])
 
 
 def _bf16_activation(h, row_w, activation_clamp):
@@ -142,7 +146,7 @@ class _KeptActivation(torch.autograd.Function):
     def backward(ctx, grad_act):
         h, row_w = ctx.saved_tensors
         need_w = row_w is not None and ctx.needs_input_grad[1]
-        if _native(h, row_w) and _plain_call([grad_act]):
+        if _native(h, row_w, grad_act):
             grad_h, grad_w = _C._kept_swiglu_backward(h, row_w, ctx.clamp, grad_act, need_w, _ACT_BLOCK_ELEMENTS)
             return grad_h, grad_w, None
         out = torch.empty_like(h)
@@ -166,7 +170,7 @@ def _kept_backward_block(gate_h, up_h, row_w, c, grad_act, grad_gate, grad_up, n
     broadcast weight summed back, Mul, SiLU, ToCopy, Clamp, Split), each product formed in place where its operand
     is not needed again (the same bits: BF16 -> FP32 is exact and FP32 products commute); writes the block's
     ``grad_gate`` and ``grad_up``, returns its rows' routing-weight gradient when ``need_w``."""
-    gate, up = (gate_h, up_h) if c is None else (gate_h.clamp(max=c), up_h.clamp(-c, c))
+    gate, up = _clamped(gate_h, up_h, c)
     gate_f, up_f = gate.float(), up.float()
     silu = F.silu(gate_f)
     grad = grad_act.float()
