@@ -100,7 +100,17 @@ def _sgemm_calls(fn) -> int:
     return sum(e.count for e in prof.key_averages() if e.key == "aten::addmm")
 
 
-def test_tasks_are_sized_by_the_whole_calls_work():
+@pytest.fixture
+def panel_path():
+    """The panel path on every CPU: one with BF16 dot products hands these BF16 jobs to ATen's BF16 GEMM whole."""
+    from torch_ascend_moe import _C
+
+    previous = _C._set_native_bf16_dot(0)
+    yield
+    _C._set_native_bf16_dot(previous)
+
+
+def test_tasks_are_sized_by_the_whole_calls_work(panel_path):
     """Column blocks for about four tasks per thread over the call's jobs, in proportion to each job's work, none
     under tasks.h's kMinTaskWork: four 32x128x128 experts run as 8 SGEMMs (they were 32 of 16 columns, 4x the
     time), a 16-expert call with one expert holding half the rows splits that expert most."""

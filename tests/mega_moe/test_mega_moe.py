@@ -107,6 +107,52 @@ def test_nn_megamoe_matches_moe():
     )
 
 
+def test_nn_megamoe_keeps_the_shared_gate_and_up_in_one_buffer():
+    """The shared experts' gate and up weights are views of one [2I, H] buffer (the op's shared_l1_weights): a
+    forward without autograd passes that buffer (no per-call concatenation), with the same bits as the concatenated
+    weights a recorded forward passes; the buffer survives load_state_dict and dtype conversions; parameters that
+    no longer share it (assigned ones) are concatenated."""
+    from torch_ascend_moe.nn import MegaMoE
+    from torch_ascend_moe.nn.moe import _following_rows
+
+    torch.manual_seed(4)
+    mega = MegaMoE(64, 32, 4, 2, num_shared_experts=1)  # FP32 parameters, converted below
+    gate, up = mega.shared_experts.gate_proj.weight, mega.shared_experts.up_proj.weight
+    assert _following_rows(gate, up) is not None and len(list(mega.parameters())) == 6
+    mega.load_state_dict({k: torch.randn_like(v) for k, v in mega.state_dict().items()})
+    mega = mega.to(torch.bfloat16)
+    gate, up = mega.shared_experts.gate_proj.weight, mega.shared_experts.up_proj.weight
+    assert gate.dtype == torch.bfloat16 and _following_rows(gate, up) is not None
+    with torch.no_grad():
+        joined = mega._fused_shared()["shared_l1_weights"]
+        assert joined.data_ptr() == gate.data_ptr() and torch.equal(joined, torch.cat([gate, up]))
+    x = torch.randn(5, 64).bfloat16()
+    with torch.no_grad():
+        y = mega(x)
+    recorded = mega(x)  # parameters require grad: torch.cat, recorded by autograd
+    assert recorded.grad_fn is not None and torch.equal(y, recorded)
+    mega.load_state_dict(mega.state_dict() | {"shared_experts.up_proj.weight": up.detach() * 2}, assign=True)
+    assert _following_rows(mega.shared_experts.gate_proj.weight, mega.shared_experts.up_proj.weight) is None
+    with torch.no_grad():
+        assert not torch.equal(mega(x), y)  # the new up weights, concatenated
+
+
+def test_shared_row_is_the_first_term_after_zero():
+    """The local combine adds the shared experts' row to zero first, as ep_combine's bias: a -0.0 shared value with
+    nothing routed (or only -0.0 rows) gives +0.0, as the concatenated [y_rows; shared] sum does."""
+    from torch_ascend_moe.backends.portable.mega_moe import _combine_local
+    from torch_ascend_moe.ops.moe_routing import moe_unpermute
+
+    y_rows = torch.tensor([[-0.0, 1.0, -0.0], [2.0, -0.0, float("nan")]]).bfloat16()
+    row_map = torch.tensor([[-1, -1], [0, -1], [1, 0]], dtype=torch.int32)
+    shared = torch.tensor([[-0.0, -0.0, 3.0], [-0.0, 5.0, -0.0], [float("nan"), -0.0, 1.0]]).bfloat16()
+    rows = torch.arange(3, dtype=torch.int32).unsqueeze(1) + 2
+    expected = moe_unpermute(torch.cat([y_rows, shared]), torch.cat([rows, row_map], dim=1))
+    got = _combine_local(y_rows, row_map, shared.clone())
+    assert torch.equal(got.view(torch.int16), expected.view(torch.int16))
+    assert got[0, 0].item() == 0 and not got[0, 0].signbit()
+
+
 def test_nn_megamoe_fp8_serves_the_ops_block_scaled_mode():
     """``MegaMoE(fp8=True)``: the op's SM90 FP8 mode on the module's BF16 parameters quantized per 128x128 block
     (once, remade when a parameter changes), tokens per 1x128; shared experts beside it; as accurate as

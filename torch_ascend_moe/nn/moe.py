@@ -26,6 +26,21 @@ def _error(module: str, arg: str, expected: str, actual) -> ValueError:
     return ValueError(f"{module}: argument '{arg}': expected {expected}, got {actual}")
 
 
+def _following_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """``torch.cat([a, b])`` without a copy where ``b``'s rows follow ``a``'s in one storage (both contiguous, plain
+    tensors or parameters, same dtype and row shape): a detached view of both; otherwise None."""
+    plain = (torch.Tensor, nn.Parameter)
+    if type(a) not in plain or type(b) not in plain or a.dtype != b.dtype or a.shape[1:] != b.shape[1:]:
+        return None
+    if a.dim() == 0 or not (a.is_contiguous() and b.is_contiguous()) or a.device != b.device:
+        return None
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return None
+    if b.data_ptr() != a.data_ptr() + a.numel() * a.element_size():
+        return None
+    return a.detach().as_strided((a.shape[0] + b.shape[0], *a.shape[1:]), a.stride())
+
+
 class MoEGate(nn.Module):
     """The router: ``logits = x @ weight^T`` (in ``router_dtype``, FP32 by default, as DeepSeek-V3), then
     ``moe_gating_topk``. ``use_expert_bias`` adds DeepSeek-V3's ``e_score_correction_bias`` buffer (steers the
@@ -361,6 +376,35 @@ class MegaMoE(MoE):
                 )
         self.activation_clamp = activation_clamp
         self._fp8_weights: tuple | None = None  # (key, l1, l1_sf, l2, l2_sf): the FP8 copy, remade on a change
+        self._join_shared_l1()
+
+    def _apply(self, fn, recurse=True):
+        # A dtype or device conversion gives each parameter storage of its own: join the shared halves again.
+        super()._apply(fn, recurse)
+        self._join_shared_l1()
+        return self
+
+    def _shared_l1_halves(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The shared experts' gate and up weights where the op takes them (plain ``nn.Linear`` layers), else None."""
+        mlp = self.shared_experts
+        if mlp is None or any(type(layer) is not nn.Linear for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            return None
+        return mlp.gate_proj.weight, mlp.up_proj.weight
+
+    @torch.no_grad()
+    def _join_shared_l1(self) -> None:
+        """Keep the shared experts' gate and up weights in one ``[2I, H]`` buffer, the op's ``shared_l1_weights``
+        layout, each ``nn.Linear``'s weight (the same ``Parameter``) a view of its half: a ``state_dict`` loads into
+        them in place, and a forward without autograd passes the whole buffer instead of concatenating the two
+        (a fresh ``[2I, H]`` copy per call, its pages faulted in again whenever the allocator has trimmed them)."""
+        halves = self._shared_l1_halves()
+        if halves is None or _following_rows(*halves) is not None:
+            return
+        gate, up = halves
+        if type(gate) is not nn.Parameter or type(up) is not nn.Parameter or gate.dtype != up.dtype:
+            return  # a tensor subclass (DTensor, a quantized weight) keeps its own storage
+        joined = torch.cat([gate, up])
+        gate.data, up.data = joined[: gate.shape[0]], joined[gate.shape[0] :]
 
     def _quantized_experts(self) -> tuple[torch.Tensor, ...]:
         """The routed experts' weights in the op's block-scaled FP8 mode: E4M3 with FP32 128x128-block scales,
@@ -386,12 +430,15 @@ class MegaMoE(MoE):
         return tuple(out)
 
     def _fused_shared(self) -> dict:
-        mlp = self.shared_experts
-        if mlp is None or any(type(layer) is not nn.Linear for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+        halves = self._shared_l1_halves()
+        if halves is None:
             return {}
+        joined = None
+        if not (torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(w.requires_grad for w in halves))):
+            joined = _following_rows(*halves)  # no autograd to record: the joined buffer itself (_join_shared_l1)
         return dict(
-            shared_l1_weights=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).bfloat16(),
-            shared_l2_weights=mlp.down_proj.weight.bfloat16(),
+            shared_l1_weights=(torch.cat(halves) if joined is None else joined).bfloat16(),
+            shared_l2_weights=self.shared_experts.down_proj.weight.bfloat16(),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

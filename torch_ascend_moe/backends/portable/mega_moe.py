@@ -265,12 +265,14 @@ def shared_experts(x, x_sf, l1, l1_sf, l2, l2_sf, activation_clamp):
 
 
 def _combine_local(y_rows, row_map, shared):
-    """Step 7 in one process: each token's rows summed in FP32, one rounding; the shared experts' row, when
-    present, is the first term (as the bias of ``ep_combine`` is when expert-parallel)."""
+    """Step 7 in one process: each token's rows summed in FP32 from zero, one rounding; the shared experts' row,
+    when present, is the first term (as the bias of ``ep_combine`` is when expert-parallel). ``moe_unpermute``
+    starts its sum from its bias instead of adding it to zero, so the bias is ``shared + 0`` (exact: only a -0.0
+    becomes +0.0, as the sum's first step makes it; a NaN's payload differs, but the rounding writes every NaN as
+    one code), not a copy of the rows with one more slot."""
     if shared is None:
         return moe_unpermute(y_rows, row_map)
-    tokens = torch.arange(shared.shape[0], dtype=row_map.dtype, device=row_map.device) + y_rows.shape[0]
-    return moe_unpermute(torch.cat([y_rows, shared]), torch.cat([tokens.unsqueeze(1), row_map], dim=1))
+    return moe_unpermute(y_rows, row_map, bias=shared + 0.0 if shared.requires_grad else shared.add_(0.0))
 
 
 @portable_kernel
