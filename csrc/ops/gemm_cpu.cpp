@@ -84,7 +84,7 @@ AM_VECTOR_CLONES void stream_rows_k_major(const float* a, int64_t M, int64_t K, 
 
 // acc[m * ldacc + j] = sum_k a[m, k] * B[k][j] for MN-major B (row k of the stored [K, N] at b + k * ldb).
 // Four rows of B per pass: one load/store of the accumulator serves four FMAs.
-AM_VECTOR_CLONES void stream_cols_mn_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
+AM_VECTOR_CLONES_WIDE void stream_cols_mn_major(const float* a, int64_t M, int64_t K, const uint16_t* b, int64_t ldb,
                                            int64_t cols, float* acc, int64_t ldacc) {
   for (int64_t m = 0; m < M; ++m) std::fill(acc + m * ldacc, acc + m * ldacc + cols, 0.f);
   int64_t k = 0;
