@@ -137,6 +137,24 @@ def test_swapped_bf16_model_per_block(family, mega):
             assert calc_diff(y, ref) < 1e-5, name
 
 
+def test_swapped_mega_model_saves_and_reloads(tmp_path):
+    """``save_pretrained`` after ``swap_moe_blocks(mega=True)``: MegaMoE's shared gate and up weights are views of one
+    buffer (disjoint halves of a storage, which safetensors and transformers accept), saved under HF's names; the
+    reloaded HF model is the original, bit for bit."""
+    model = _tiny("deepseek_v3")
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids).logits
+    hf.swap_moe_blocks(model, mega=True)
+    mega = next(m for m in model.modules() if isinstance(m, MegaMoE))
+    gate, up = mega.shared_experts.gate_proj.weight, mega.shared_experts.up_proj.weight
+    assert gate.untyped_storage().data_ptr() == up.untyped_storage().data_ptr()  # the joined buffer
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, expected)
+
+
 def test_swap_fp8_documented_tolerance():
     model = _tiny("deepseek_v3")
     name, block = next((n, m) for n, m in model.named_modules() if type(m).__name__ in hf.BLOCKS)
