@@ -206,6 +206,19 @@ def _block_experts(permuted, sf_rows, offs, row_w, l1, l1_sf, l2, l2_sf, activat
     )
 
 
+def _row_weights(weights, idx, row_map, n_rows, experts):
+    """Each permuted row's routing weight, FP32 ``[n_rows]`` (rows of unrouted pairs and padding get 0). Without
+    autograd: ``moe_permute`` of the ``[N*K, 1]`` weights by the ``[N*K, 1]`` ids, which visits the pairs in the
+    order the rows were permuted, so each weight lands on its pair's row (one C++ call; after the GEMMs of a
+    decode-sized call the small ATen ops that scatter it cost ~10 us each). A recorded call scatters through
+    ``row_map`` (``index_copy``, whose backward gathers: the gradient bits of every earlier release)."""
+    if not (torch.is_grad_enabled() and weights.requires_grad):
+        return moe_permute(weights.reshape(-1, 1), idx.reshape(-1, 1), experts)[0].view(-1)
+    spare = torch.where(row_map >= 0, row_map.long(), n_rows).view(-1)
+    row_w = torch.zeros(n_rows + 1, dtype=torch.float32, device=weights.device)
+    return row_w.index_copy(0, spare, weights.reshape(-1))[:n_rows]
+
+
 def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp, keep_l1=False):
     """Steps 2-6 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
     ``weights [N, K]``. Returns ``(y [P, H] BF16 rows in expert order, row_map [N, K], per-expert pair counts
@@ -219,10 +232,7 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp,
         l1, l2 = l1.view(torch.uint8), l2.view(torch.uint8)
     permuted, row_map, offs = _permute_rows(x, idx, experts)
     n_rows = permuted.shape[0]
-    # Each permuted row's routing weight (rows of unrouted pairs and padding get 0).
-    spare = torch.where(row_map >= 0, row_map.long(), n_rows).view(-1)
-    row_w = torch.zeros(n_rows + 1, dtype=torch.float32, device=x.device)
-    row_w = row_w.index_copy(0, spare, weights.float().reshape(-1))[:n_rows]
+    row_w = _row_weights(weights.float(), idx, row_map, n_rows, experts)
     counts = torch.diff(offs, prepend=offs.new_zeros(1)).int()
     if block:
         sf_rows, _, _ = moe_permute(x_sf, idx, experts)
