@@ -31,7 +31,7 @@
 #include "grouped_checks.h"
 #include "tasks.h"
 #include "quant.h"
-#include "vector_clones.h"
+#include "rows.h"
 
 namespace ascend_moe {
 namespace {
@@ -267,19 +267,6 @@ constexpr int64_t kSwigluRowBlock = 256;
 // FP32 elements of B per task (gate + up rows of one column tile): about 1 MiB, L2-resident across row blocks.
 constexpr int64_t kSwigluTileElements = int64_t{1} << 18;
 
-// act[r, j] = (act[r, j] * up[r, j]) * w[r * w_stride]: the SwiGLU product and its row's routing weight in one
-// pass, each FP32 product rounded in that order (the bits of ATen's act.mul_(up).mul_(w), which read and write the
-// block twice).
-AM_VECTOR_CLONES void mul_weighted_rows(float* act, const float* up, const float* w, int64_t w_stride, int64_t rows,
-                                        int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float wr = w[r * w_stride];
-    float* a = act + r * cols;
-    const float* u = up + r * cols;
-    for (int64_t j = 0; j < cols; ++j) a[j] = (a[j] * u[j]) * wr;
-  }
-}
-
 struct SwigluEpilogue {
   const std::optional<at::Tensor>& row_weights;
   std::optional<double> clamp;
@@ -304,10 +291,12 @@ struct SwigluEpilogue {
     at::Tensor act = at::silu(gate);
     const bool fused = row_weights.has_value() && act.scalar_type() == at::kFloat && up.scalar_type() == at::kFloat &&
                        row_weights->scalar_type() == at::kFloat && act.is_contiguous() && up.is_contiguous();
-    if (fused) {
-      mul_weighted_rows(act.data_ptr<float>(), up.const_data_ptr<float>(),
-                        row_weights->const_data_ptr<float>() + r0 * row_weights->stride(0), row_weights->stride(0),
-                        rows, act.size(1));
+    if (fused) {  // the product and the row's weight in one pass (rows.h times_up: the same two roundings)
+      const int64_t cols = act.size(1), w_stride = row_weights->stride(0);
+      const float* wp = row_weights->const_data_ptr<float>() + r0 * w_stride;
+      float* a = act.data_ptr<float>();
+      const float* u = up.const_data_ptr<float>();
+      for (int64_t r = 0; r < rows; ++r) times_up(a + r * cols, u + r * cols, cols, true, wp[r * w_stride]);
     } else {
       act.mul_(up);
       if (row_weights.has_value()) act.mul_(row_weights->narrow(0, r0, rows).unsqueeze(1));

@@ -51,13 +51,6 @@ AM_VECTOR_CLONES void clamp_halves(float* gate, float* up, int64_t n, float c) {
   }
 }
 
-// y = y * b, then y * w when weighted (silu(gate) * up * w, each product rounded).
-AM_VECTOR_CLONES void times_up(float* y, const float* b, int64_t n, bool weighted, float w) {
-  for (int64_t j = 0; j < n; ++j) y[j] = y[j] * b[j];
-  if (weighted)
-    for (int64_t j = 0; j < n; ++j) y[j] = y[j] * w;
-}
-
 AM_VECTOR_CLONES void product(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = a[j] * b[j];
 }

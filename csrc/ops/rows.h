@@ -40,6 +40,11 @@ void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst);
 constexpr uint16_t kVectorCastNaN = 0xFFFF;
 void float_row_to_bf16(const float* src, int64_t n, uint16_t* dst, uint16_t nan = 0x7FC0);
 
+// y[j] = y[j] * b[j] (* w when weighted) for j < n, one pass, each FP32 product rounded in that order: the SwiGLU
+// product and its routing weight (ATen's y.mul_(b).mul_(w) bits), shared by the grouped SwiGLU epilogue and
+// mega_moe's CPU loops.
+void times_up(float* y, const float* b, int64_t n, bool weighted, float w);
+
 // acc[h] += w[j] * rows[j][h] (acc[h] += rows[j][h] where w is null) for j = 0..k-1 in order, each product and sum
 // rounded (no FMA), for BF16 (bits) and FP32 rows: moe_unpermute's and the EP combine's slot-order sums.
 void add_rows_bf16(float* acc, const uint16_t* const* rows, const float* w, int64_t k, int64_t n);

@@ -58,6 +58,14 @@ void add_rows_f32(float* acc, const float* const* rows, const float* w, int64_t 
   w ? add_weighted_f32(acc, rows, w, k, n) : add_plain_f32(acc, rows, w, k, n);
 }
 
+AM_VECTOR_CLONES void times_up(float* y, const float* b, int64_t n, bool weighted, float w) {
+  if (!weighted) {
+    for (int64_t j = 0; j < n; ++j) y[j] = y[j] * b[j];
+    return;
+  }
+  for (int64_t j = 0; j < n; ++j) y[j] = (y[j] * b[j]) * w;
+}
+
 AM_VECTOR_CLONES void bf16_row_to_float(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t j = 0; j < n; ++j) dst[j] = float_of(static_cast<uint32_t>(src[j]) << 16);
 }
