@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -28,6 +29,7 @@
 
 #include "fp8_gemm.h"
 #include "gemm.h"
+#include "grouped.h"
 #include "grouped_checks.h"
 #include "tasks.h"
 #include "quant.h"
@@ -381,35 +383,42 @@ void swiglu_unowned(const SwigluEpilogue& epilogue, const SwigluTask& task, at::
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
-    const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
-    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
-    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
-  // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
-  // detached operands keep them from recording (or refusing, for out= ops) autograd history.
-  const at::Tensor a = a_in.detach(), b = b_in.detach();
-  const std::optional<at::Tensor> row_weights =
-      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
-  const at::ScalarType out_t = grouped::swiglu_signature(a, b, layout, psum, alignment, row_weights, activation_clamp,
-                                                         quant_gran_k, use_ue8m0, out_dtype);
-  const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}  // namespace
 
-  const int64_t M = a.size(0), K = a.size(1), I = b.size(1) / 2;
+// m_grouped_bf16_gemm_swiglu's work on checked arguments (grouped.h).
+std::tuple<at::Tensor, at::Tensor> bf16_swiglu_segments(const at::Tensor& a, const int64_t* source, int64_t M,
+                                                        const at::Tensor& scanned, const at::Tensor& b,
+                                                        const std::vector<Segment>& segments,
+                                                        const std::optional<at::Tensor>& row_weights,
+                                                        std::optional<double> activation_clamp, int64_t quant_gran_k,
+                                                        bool use_ue8m0, at::ScalarType out_t) {
+  const at::ScalarType compute_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t K = a.size(1), I = b.size(1) / 2;
   const SwigluEpilogue epilogue = SwigluEpilogue::make(row_weights, activation_clamp, quant_gran_k, use_ue8m0,
                                                        compute_t, out_t, M, I, a.options());
-  const auto segments = grouped::layout_segments(grouped::kSwiglu, layout, psum, alignment, M, b.size(0));
   if (M == 0 || I == 0) return {epilogue.out, epilogue.sf};
 
   const SwigluTiles tiles = swiglu_tiles(I, K, quant_gran_k > 0 ? quant_gran_k : 16, segments.size());
   const at::ScalarType h_t = a.scalar_type();
   // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
-  const bool native_tiles = h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(a, b);
+  const bool native_tiles = h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(scanned, b);
   // Few-row segments stream B once, and ATen's BF16 GEMM reads B in place (no tile to keep in cache).
   const auto tasks = swiglu_tasks(segments, M, I, [&](const Segment& s) {
     return native_tiles || s.end - s.begin <= kStreamingMaxRows ? tiles.stream : tiles.tile;
   });
 
-  const at::Tensor a_acc = native_tiles ? a : a.to(compute_t);
+  // Rows [r0, r0 + n) of the L1 input: a view of a, or the gathered copy of a's rows source[r0..] (contiguous, the
+  // same values and shape, so the same GEMM calls and bits as on a permuted copy).
+  const auto rows_of = [&](int64_t r0, int64_t n) {
+    if (source == nullptr) return a.narrow(0, r0, n);
+    at::Tensor rows = at::empty({n, K}, a.options());
+    const int64_t bytes = K * static_cast<int64_t>(a.element_size()), ld = a.stride(0) * a.element_size();
+    const char* src = static_cast<const char*>(a.const_data_ptr());
+    char* dst = static_cast<char*>(rows.data_ptr());
+    for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * bytes, src + source[r0 + r] * ld, bytes);
+    return rows;
+  };
+  const at::Tensor a_acc = native_tiles || source != nullptr ? a : a.to(compute_t);
   // Tasks taken one at a time (tasks.h): a thread slowed by a busy core holds up one tile, not a static share.
   parallel_tasks(static_cast<int64_t>(tasks.size()), at::get_num_threads(), [&](int64_t t) {
     const SwigluTask& task = tasks[t];
@@ -420,7 +429,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
     const at::Tensor bg = b.select(0, task.group);
     if (task.end - task.begin <= kStreamingMaxRows) {
       // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
-      const at::Tensor rows = a.narrow(0, task.begin, task.end - task.begin);
+      const at::Tensor rows = rows_of(task.begin, task.end - task.begin);
       at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
       at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);
       matmul_into(gate, rows, bg.narrow(0, task.j0, task.w), std::nullopt, 1.0);
@@ -435,7 +444,7 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
       // few rows per expert would cost more than the GEMM.
       const at::Tensor b_gate = bg.narrow(0, task.j0, task.w).t(), b_up = bg.narrow(0, I + task.j0, task.w).t();
       for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
-        const at::Tensor rows = a.narrow(0, r0, std::min(kSwigluRowBlock, task.end - r0));
+        const at::Tensor rows = rows_of(r0, std::min(kSwigluRowBlock, task.end - r0));
         epilogue(at::mm(rows, b_gate), at::mm(rows, b_up), r0, task.j0, task.w);
       }
       return;
@@ -445,11 +454,30 @@ std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
     bt.narrow(0, task.w, task.w).copy_(bg.narrow(0, I + task.j0, task.w));
     for (int64_t r0 = task.begin; r0 < task.end; r0 += kSwigluRowBlock) {
       const int64_t rows = std::min(kSwigluRowBlock, task.end - r0);
+      const at::Tensor a_rows = source == nullptr ? a_acc.narrow(0, r0, rows) : rows_of(r0, rows).to(compute_t);
       // FP32 accumulation (FP64 for FP64), then the one rounding of the L1 output.
-      epilogue(at::mm(a_acc.narrow(0, r0, rows), bt.t()).to(h_t), r0, task.j0, task.w);
+      epilogue(at::mm(a_rows, bt.t()).to(h_t), r0, task.j0, task.w);
     }
   });
   return {epilogue.out, epilogue.sf};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> m_grouped_bf16_gemm_swiglu_cpu(
+    const at::Tensor& a_in, const at::Tensor& b_in, const at::Tensor& layout, bool psum, int64_t alignment,
+    const std::optional<at::Tensor>& weights_in, std::optional<double> activation_clamp, int64_t quant_gran_k,
+    bool use_ue8m0, std::optional<at::ScalarType> out_dtype) {
+  // The tasks run ATen ops on worker threads, which do not inherit the caller's "below autograd" dispatch state:
+  // detached operands keep them from recording (or refusing, for out= ops) autograd history.
+  const at::Tensor a = a_in.detach(), b = b_in.detach();
+  const std::optional<at::Tensor> row_weights =
+      weights_in.has_value() ? std::optional<at::Tensor>(weights_in->detach()) : std::nullopt;
+  const at::ScalarType out_t = grouped::swiglu_signature(a, b, layout, psum, alignment, row_weights, activation_clamp,
+                                                         quant_gran_k, use_ue8m0, out_dtype);
+  const auto segments = grouped::layout_segments(grouped::kSwiglu, layout, psum, alignment, a.size(0), b.size(0));
+  return bf16_swiglu_segments(a, nullptr, a.size(0), a, b, segments, row_weights, activation_clamp, quant_gran_k,
+                              use_ue8m0, out_t);
 }
 
 // ---- m_grouped_fp8_gemm_swiglu: the same with FP8 (or packed FP4) L1 operands ----

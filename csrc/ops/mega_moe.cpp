@@ -1,6 +1,7 @@
 // The mega_moe family's schema. It has no C++ kernel: the portable one
 // (torch_ascend_moe/backends/portable/mega_moe.py, CompositeExplicitAutograd) serves every device, CPU included;
-// mega_moe_cpu.cpp holds the C++ loops its eager CPU path calls for the SwiGLU step and that step's backward.
+// mega_moe_cpu.cpp holds the C++ its eager CPU path calls: steps 2-7 of a single-process BF16 call without
+// autograd in one call, and, for a recorded call, the SwiGLU step and that step's backward.
 #include <torch/library.h>
 
 // The family's schemas (TORCH_LIBRARY_FRAGMENT: each family defines its own ops in its own file; the

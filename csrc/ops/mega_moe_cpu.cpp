@@ -13,14 +13,19 @@
 // c10's scalar 0x7FC0). The clamp's bound is the BF16 value of c, as torch's
 // clamp and comparisons of a BF16 tensor with a Python float use it.
 //
+// Also here: steps 2-7 of a single-process BF16 call that records no autograd as one call (mega_moe_bf16_local),
+// the pipeline's own kernels one after another without Python between them (issue 51).
+//
 // Private to that module (the eager, plain-tensor path: _registry._plain_call), not operators: Python calls them
-// as torch_ascend_moe._C._kept_swiglu / _kept_swiglu_backward.
+// as torch_ascend_moe._C._kept_swiglu / _kept_swiglu_backward / _mega_moe_bf16_local.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/sum.h>
+#include <ATen/ops/tensor.h>
 #include <c10/util/BFloat16.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -32,6 +37,9 @@
 #include <optional>
 #include <vector>
 
+#include "gemm.h"
+#include "grouped.h"
+#include "moe_routing.h"
 #include "rows.h"
 #include "tasks.h"
 #include "vector_clones.h"
@@ -203,6 +211,72 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> kept_swiglu_backward(const at:
   return {grad_h, grad_w};
 }
 
+// Steps 2-7 of a single-process BF16 call (the eager path without autograd): the pipeline's ops as C++ calls, with
+// nothing between them. Each step is the op's own code (moe_permute's order, m_grouped_bf16_gemm_swiglu's tasks,
+// m_grouped_bf16_gemm's jobs, moe_unpermute), so the bits are the pipeline's. The difference: the L1 tasks gather
+// their row blocks from x (bf16_swiglu_segments' `source`), so the [T*K, H] expert-ordered copy of x is never
+// written and read back. nullopt when an id is outside [-1, E): Python raises the op's error.
+std::optional<std::tuple<at::Tensor, at::Tensor>> mega_moe_bf16_local(const at::Tensor& x_in,
+                                                                      const at::Tensor& topk_idx,
+                                                                      const at::Tensor& topk_weights,
+                                                                      const at::Tensor& l1_in, const at::Tensor& l2_in,
+                                                                      std::optional<double> clamp,
+                                                                      const std::optional<at::Tensor>& bias) {
+  // Detached: the tasks run ATen ops on worker threads (see m_grouped_bf16_gemm_swiglu_cpu).
+  const at::Tensor x = x_in.detach().contiguous(), idx = topk_idx.to(at::kLong).contiguous();
+  const at::Tensor l1 = l1_in.detach(), l2 = l2_in.detach();
+  const int64_t T = x.size(0), K = idx.size(1), E = l1.size(0), H = x.size(1);
+  const int64_t* ids = idx.const_data_ptr<int64_t>();
+  std::vector<char> routed(T, 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    if (ids[i] < -1 || ids[i] >= E) return std::nullopt;
+    if (ids[i] >= 0) routed[i / K] = 1;
+  }
+  const PermutePlan plan = permute_plan(ids, T, K, E, 1, topk_idx.options());
+  const int32_t* offs = plan.offs.const_data_ptr<int32_t>();
+  const int64_t P = E ? offs[E - 1] : 0;
+  // Each row's token and routing weight (the pipeline's permuted x and moe_permute of the [T*K, 1] weights).
+  std::vector<int64_t> source(P);
+  at::Tensor row_w = at::empty({P}, topk_weights.options().dtype(at::kFloat));
+  const at::Tensor w = topk_weights.detach().contiguous();
+  const float* wp = w.const_data_ptr<float>();
+  float* rw = row_w.data_ptr<float>();
+  const int32_t* rm = plan.row_map.const_data_ptr<int32_t>();
+  for (int64_t i = 0; i < T * K; ++i) {
+    if (rm[i] < 0) continue;
+    source[rm[i]] = i / K;
+    rw[rm[i]] = wp[i];
+  }
+  std::vector<grouped::Segment> segments;
+  at::Tensor counts = at::empty({E}, plan.offs.options());
+  int32_t* c = counts.data_ptr<int32_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    segments.push_back({e, plan.starts[e], offs[e]});
+    c[e] = static_cast<int32_t>(offs[e] - plan.starts[e]);
+  }
+  // The subnormal check reads the rows that reach an expert (x's rows unless some token is routed nowhere).
+  const bool all_routed = std::all_of(routed.begin(), routed.end(), [](char r) { return r != 0; });
+  at::Tensor scanned = x;
+  if (!all_routed) {
+    std::vector<int64_t> kept;
+    for (int64_t t = 0; t < T; ++t) {
+      if (routed[t]) kept.push_back(t);
+    }
+    scanned = x.index_select(0, at::tensor(kept, idx.options()));
+  }
+  const at::Tensor act = std::get<0>(bf16_swiglu_segments(x, source.data(), P, scanned, l1, segments, row_w, clamp, 0,
+                                                          false, at::kBFloat16));
+  at::Tensor y_rows = at::empty({P, H}, x.options());
+  std::vector<MatmulJob> jobs;
+  for (const grouped::Segment& seg : segments) {
+    if (seg.end == seg.begin) continue;
+    const int64_t len = seg.end - seg.begin;
+    jobs.push_back({y_rows.narrow(0, seg.begin, len), act.narrow(0, seg.begin, len), l2.select(0, seg.group)});
+  }
+  matmul_many(jobs);
+  return std::make_tuple(moe_unpermute_cpu(y_rows, plan.row_map, std::nullopt, bias), counts);
+}
+
 std::optional<at::Tensor> optional_tensor(PyObject* o) {
   if (o == Py_None) return std::nullopt;
   TORCH_CHECK(THPVariable_Check(o), "ascend_moe::mega_moe: expected a tensor or None");
@@ -257,5 +331,26 @@ PyObject* ascend_moe_kept_swiglu_backward(PyObject*, PyObject* args) {
   const auto& [grad_h, grad_w] = result;
   PyObject* gw = grad_w.has_value() ? THPVariable_Wrap(*grad_w) : (Py_INCREF(Py_None), Py_None);
   return Py_BuildValue("(NN)", THPVariable_Wrap(grad_h), gw);
+  END_HANDLE_TH_ERRORS
+}
+
+// _mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp or None, bias or None) -> (y, counts) or None
+PyObject* ascend_moe_mega_moe_bf16_local(PyObject*, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *x, *idx, *w, *l1, *l2, *c, *bias;
+  if (!PyArg_ParseTuple(args, "OOOOOOO", &x, &idx, &w, &l1, &l2, &c, &bias)) return nullptr;
+  using namespace ascend_moe;
+  std::optional<std::tuple<at::Tensor, at::Tensor>> result;
+  {
+    const at::Tensor xt = *optional_tensor(x), it = *optional_tensor(idx), wt = *optional_tensor(w);
+    const at::Tensor l1t = *optional_tensor(l1), l2t = *optional_tensor(l2);
+    const auto bt = optional_tensor(bias);
+    const auto ct = optional_float(c);
+    pybind11::gil_scoped_release no_gil;
+    result = mega_moe_bf16_local(xt, it, wt, l1t, l2t, ct, bt);
+  }
+  if (!result.has_value()) Py_RETURN_NONE;
+  const auto& [y, counts] = *result;
+  return Py_BuildValue("(NN)", THPVariable_Wrap(y), THPVariable_Wrap(counts));
   END_HANDLE_TH_ERRORS
 }

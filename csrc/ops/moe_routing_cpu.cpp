@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "moe_routing.h"
 #include "moe_routing_checks.h"
 #include "rows.h"
 
@@ -68,32 +69,48 @@ void gather_weighted(const T* y, int64_t y_stride, const Acc* w, const int32_t* 
   }
 }
 
+}  // namespace
+
+PermutePlan permute_plan(const int64_t* ids, int64_t T, int64_t k, int64_t E, int64_t alignment,
+                         const at::TensorOptions& int_options) {
+  std::vector<int64_t> counts(E, 0);
+  for (int64_t i = 0; i < T * k; ++i) {
+    if (ids[i] >= 0) ++counts[ids[i]];
+  }
+  PermutePlan plan{std::vector<int64_t>(E), at::empty({E}, int_options.dtype(at::kInt)),
+                   at::empty({T, k}, int_options.dtype(at::kInt))};
+  std::vector<int64_t> next(E);
+  int32_t* offs = plan.offs.data_ptr<int32_t>();
+  int64_t end = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    plan.starts[e] = next[e] = (end + alignment - 1) / alignment * alignment;
+    end = next[e] + counts[e];
+    offs[e] = static_cast<int32_t>(end);
+  }
+  int32_t* rm = plan.row_map.data_ptr<int32_t>();
+  for (int64_t i = 0; i < T * k; ++i) rm[i] = ids[i] >= 0 ? static_cast<int32_t>(next[ids[i]]++) : -1;
+  return plan;
+}
+
+namespace {
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor& x, const at::Tensor& topk_idx,
                                                                 int64_t num_experts, int64_t alignment) {
   const int64_t capacity = moe_routing::permute_signature(x, topk_idx, num_experts, alignment);
   const at::Tensor idx = topk_idx.to(at::kLong).contiguous();
   moe_routing::check_range(moe_routing::kPermute, "topk_idx", idx, num_experts, "expert ids");
   const int64_t T = x.size(0), k = topk_idx.size(1), H = x.size(1), E = num_experts;
-  const int64_t* ids = idx.const_data_ptr<int64_t>();
-  std::vector<int64_t> counts(E, 0);
-  for (int64_t i = 0; i < T * k; ++i) {
-    if (ids[i] >= 0) ++counts[ids[i]];
-  }
-  at::Tensor offs = at::empty({E}, topk_idx.options().dtype(at::kInt));
-  std::vector<int64_t> next(E);
+  const PermutePlan plan = permute_plan(idx.const_data_ptr<int64_t>(), T, k, E, alignment, topk_idx.options());
   // Only the alignment padding and the rows past the last expert are zeroed: every other row gets a token.
   at::Tensor out = at::empty({capacity, H}, x.options());
-  int64_t end = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    next[e] = (end + alignment - 1) / alignment * alignment;
-    if (next[e] > end) out.narrow(0, end, next[e] - end).zero_();
-    end = next[e] + counts[e];
-    offs.data_ptr<int32_t>()[e] = static_cast<int32_t>(end);
+  const int32_t* offs = plan.offs.const_data_ptr<int32_t>();
+  for (int64_t e = 0, end = 0; e < E; end = offs[e++]) {
+    if (plan.starts[e] > end) out.narrow(0, end, plan.starts[e] - end).zero_();
   }
+  const int64_t end = E ? offs[E - 1] : 0;
   if (capacity > end) out.narrow(0, end, capacity - end).zero_();
-  at::Tensor row_map = at::empty({T, k}, topk_idx.options().dtype(at::kInt));
-  int32_t* rm = row_map.data_ptr<int32_t>();
-  for (int64_t i = 0; i < T * k; ++i) rm[i] = ids[i] >= 0 ? static_cast<int32_t>(next[ids[i]]++) : -1;
+  const at::Tensor& row_map = plan.row_map;
+  const int32_t* rm = row_map.const_data_ptr<int32_t>();
   const at::Tensor xc = x.contiguous();
   const int64_t row_bytes = H * static_cast<int64_t>(x.element_size());
   const char* src = static_cast<const char*>(xc.const_data_ptr());
@@ -106,8 +123,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_permute_cpu(const at::Tensor&
       }
     }
   });
-  return {out, row_map, offs};
+  return {out, row_map, plan.offs};
 }
+
+}  // namespace
 
 // out[t] = bias[t] + sum_j w[t, j] * y[row_map[t, j]] over routed pairs, accumulated in FP32 (FP64 for FP64 y)
 // from the bias (a residual or shared-expert output: one rounding for the whole sum).
@@ -145,6 +164,7 @@ at::Tensor moe_unpermute_cpu(const at::Tensor& y, const at::Tensor& row_map,
   return out;
 }
 
+namespace {
 
 // moe_gating_topk: DeepSeek-V3 / Mixtral / Qwen-MoE gating (see torch_ascend_moe/checks/moe_routing.py for the
 // definition). Selection uses stable descending sorts, so ties go to the lower expert (group) index on every

@@ -11,6 +11,7 @@ PyObject* ascend_moe_shm_publish(PyObject* self, PyObject* args);        // shar
 PyObject* ascend_moe_shm_wait(PyObject* self, PyObject* args);
 PyObject* ascend_moe_kept_swiglu(PyObject* self, PyObject* args);  // mega_moe_cpu.cpp
 PyObject* ascend_moe_kept_swiglu_backward(PyObject* self, PyObject* args);
+PyObject* ascend_moe_mega_moe_bf16_local(PyObject* self, PyObject* args);
 
 namespace ascend_moe {
 int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
@@ -47,6 +48,10 @@ static PyMethodDef ascend_moe_methods[] = {
     {"_kept_swiglu_backward", ascend_moe_kept_swiglu_backward, METH_VARARGS,
      "_kept_swiglu_backward(h, row_w, clamp, grad_act, need_w, block_elements): its backward as autograd records "
      "it: (grad_h, grad_w or None)"},
+    {"_mega_moe_bf16_local", ascend_moe_mega_moe_bf16_local, METH_VARARGS,
+     "_mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp, bias): mega_moe's single-process BF16 steps "
+     "2-7 on CPU in one call (backends/portable/mega_moe.py's pipeline, the same bits): (y, counts), or None when "
+     "an expert id is out of range"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

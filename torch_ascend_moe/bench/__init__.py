@@ -1,7 +1,7 @@
 """Benchmarks: ``python -m torch_ascend_moe bench <family>``.
 
 Each family module exposes ``cases(quick) -> list[Case]``. A case times our op and a baseline in the same
-run (machines here are noisy: only the ratio is meaningful) with ``torch.utils.benchmark``.
+run (machines here are noisy: only the ratio is meaningful), the two in alternating blocks (``_paired_seconds``).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import gc
 import importlib
 import importlib.util
 import os
@@ -21,7 +22,6 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils import benchmark
 
 from torch_ascend_moe import checks as ck
 
@@ -114,10 +114,57 @@ def machine() -> dict[str, object]:
     }
 
 
-def _median_seconds(fn: Callable[[], object], min_run_time: float) -> float:
-    # The Timer runs its statement at num_threads (default 1, whatever torch's setting): the threads asked for here.
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median
+def _clock() -> Callable[[], float]:
+    """A clock that first waits for the accelerator's queued work where there is one (as benchmark.Timer's)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return time.perf_counter
+
+    def synchronized() -> float:
+        accelerator.synchronize()
+        return time.perf_counter()
+
+    return synchronized
+
+
+# Seconds per block of calls in ``_paired_seconds``: fast ops run many calls per reading of the clock.
+_BLOCK_SECONDS = 1e-3
+_MIN_BLOCKS = 5
+
+
+def _paired_seconds(ours: Callable[[], object], base: Callable[[], object], min_run_time: float) -> tuple[float, float]:
+    """Median seconds per call of ``ours`` and ``base``, timed in alternating blocks (one call, or as many as fill
+    about a millisecond) until each side has run ``2 * min_run_time`` and at least ``_MIN_BLOCKS`` blocks.
+
+    Alternating block by block, any drift of the machine (clock frequency, a neighbour's load) falls on both sides
+    alike. Timing each side in phases of ``min_run_time`` moved the ratio of one build by 0.93-1.10 between runs
+    of ``bench moe``'s MegaMoE rows (issue 51). Each side runs after the other, as a layer runs after other
+    layers in a model, not in caches warmed by its own previous call."""
+    clock = _clock()
+    sides = (ours, base)
+    calls = []
+    for fn in sides:
+        fn()  # warm-up
+        start = clock()
+        fn()
+        calls.append(max(1, int(_BLOCK_SECONDS / max(clock() - start, 1e-9))))
+    times: tuple[list[float], list[float]] = ([], [])
+    spent = [0.0, 0.0]
+    collecting = gc.isenabled()
+    gc.disable()  # as timeit: a collection lands on whichever side happens to allocate then
+    try:
+        while min(spent) < 2 * min_run_time or len(times[1]) < _MIN_BLOCKS:
+            for side, fn in enumerate(sides):
+                start = clock()
+                for _ in range(calls[side]):
+                    fn()
+                elapsed = clock() - start
+                spent[side] += elapsed
+                times[side].append(elapsed / calls[side])
+    finally:
+        if collecting:
+            gc.enable()
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def peak_memory_mb(fn: Callable[[], object]) -> float | None:
@@ -225,21 +272,15 @@ def _fixed_seconds(fn: Callable[[], object], iterations: int) -> float:
 
 def run_case(case: Case, min_run_time: float = 0.3) -> Result:
     ours, base = case.setup()
-    if case.iterations:
-
-        def timing(fn):
-            return _fixed_seconds(fn, case.iterations)
-    else:
-
-        def timing(fn):
-            return _median_seconds(fn, min_run_time)
-
     with torch.set_grad_enabled(case.grad):
-        # Interleave so that drift in machine load hits both sides alike.
-        t_ours = timing(ours)
-        t_base = timing(base)
-        t_ours = min(t_ours, timing(ours))
-        t_base = min(t_base, timing(base))
+        if case.iterations:
+            # Interleave so that drift in machine load hits both sides alike.
+            t_ours = _fixed_seconds(ours, case.iterations)
+            t_base = _fixed_seconds(base, case.iterations)
+            t_ours = min(t_ours, _fixed_seconds(ours, case.iterations))
+            t_base = min(t_base, _fixed_seconds(base, case.iterations))
+        else:
+            t_ours, t_base = _paired_seconds(ours, base, min_run_time)
         peaks = (peak_memory_mb(ours), peak_memory_mb(base)) if case.memory else (None, None)
         share = gemm_share(base) if case.bound else None
         faults = (page_faults(ours), page_faults(base)) if case.faults else (None, None)

@@ -15,6 +15,10 @@ that pipeline (how upstream tests its kernel); steps 3-5 are one ``m_grouped_bf1
    expert-parallel, ``ep_combine`` of each rank's FP32 partial sum (one rounding at the end; the FP32 sum is
    grouped by rank, so EP and one process agree to the last bit except where that order moves a rounding).
 
+On CPU a single-process BF16 call that records no autograd runs steps 2-7 as one C++ call (``_one_call``: the
+same kernels and bits, no Python between them, and the L1 tasks gather x's rows themselves, so the expert-ordered
+copy of x is never written).
+
 SM90's block-scaled FP8 mode (DeepGEMM nv_dev's ``fp8_mega_moe``: ``x_sf [T, H/128]``, 128x128-block weight
 scales; specs/upstream_2609.md §5.2) differs in steps 3-6: L1 ``h = x̂ @ Ŵ1_e^T`` kept in FP32, the same epilogue,
 the activation requantized per 1x64 with FP32 scales ``max(amax, 1e-4) / 448`` (not powers of two), and L2 over
@@ -290,12 +294,59 @@ def mega_moe(args):
     return validated_pipeline(args)
 
 
+# mega_moe_signature's verdicts by the call's dtypes, shapes and other arguments (all it reads): bounded, as a
+# process sees few distinct calls of a layer.
+_CHECKED: dict[tuple, tuple[int, int]] = {}
+_CHECKED_MAX = 256
+_TENSOR_ARGS = (
+    "x", "x_sf", "topk_idx", "topk_weights", "l1_weights", "l1_sf", "l2_weights", "l2_sf",
+    "shared_l1_weights", "shared_l1_sf", "shared_l2_weights", "shared_l2_sf",
+)  # fmt: skip
+
+
+def _checked_signature(a, ranks: int) -> tuple[int, int]:
+    """``mega_moe_signature``, remembered: its checks read only each tensor's dtype and shape, the clamp, the
+    timeout and the group's size, and a model calls a layer with the same ones step after step. Run after the
+    previous call's GEMMs have emptied the caches, the checks' Python took ~50 us of a ~5 ms decode call."""
+    shapes = tuple(None if t is None else (t.dtype, t.shape) for t in (getattr(a, n) for n in _TENSOR_ARGS))
+    key = (ranks, a.activation_clamp, a.timeout_s, shapes)
+    verdict = _CHECKED.get(key)
+    if verdict is None:
+        verdict = mega_moe_signature(a, ranks)  # raises on a bad call: nothing is remembered for it
+        if len(_CHECKED) < _CHECKED_MAX:
+            _CHECKED[key] = verdict
+    return verdict
+
+
 def validated_pipeline(a, keep_l1=False):
     """The op's checks, then ``pipeline``: the kernel, and the eager training forward (autograd/mega_moe.py)."""
-    num_experts, _ = mega_moe_signature(a, group_size(OP, a.group_name))
-    if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx):
+    num_experts, _ = _checked_signature(a, group_size(OP, a.group_name))
+    # (A call taken by _C._mega_moe_bf16_local checks the ids in its own first pass.)
+    if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx) and not _one_call(a, keep_l1):
         check_topk_values(a.topk_idx, num_experts)
     return pipeline(a, keep_l1)
+
+
+def _one_call(a, keep_l1) -> bool:
+    """Whether steps 2-7 run as one C++ call (csrc/ops/mega_moe_cpu.cpp's ``mega_moe_bf16_local``: the pipeline's
+    own kernels, the same bits, without the Python between them and without the expert-ordered copy of x): a
+    single-process BF16 call on plain eager CPU tensors that records no autograd."""
+    if keep_l1 or a.group_name is not None or a.x.dtype != torch.bfloat16 or a.x.device.type != "cpu":
+        return False
+    tensors = [a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return capture.host_readable(a.topk_idx) and _plain_call(tensors)
+
+
+def _local_in_one_call(a, shared):
+    """``local_experts`` and ``_combine_local`` as one C++ call (``_one_call``); an expert id out of range raises
+    the op's error."""
+    bias = None if shared is None else shared.add_(0.0)  # as _combine_local's bias
+    out = _C._mega_moe_bf16_local(a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights, a.activation_clamp, bias)
+    if out is None:
+        check_topk_values(a.topk_idx, a.l1_weights.shape[0])
+    return out
 
 
 def pipeline(a, keep_l1=False):
@@ -308,6 +359,8 @@ def pipeline(a, keep_l1=False):
         )
     expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1)
     if a.group_name is None:
+        if _one_call(a, keep_l1):
+            return _local_in_one_call(a, shared)
         y_rows, row_map, counts = local_experts(a.x, a.x_sf, a.topk_idx, a.topk_weights, *expert_args)
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
