@@ -45,7 +45,8 @@ struct MatmulJob {
 
 // matmul_into for every job (their outputs must not overlap), with the column blocks of all of them taken as tasks
 // of one parallel region (tasks.h): a grouped GEMM's experts share the threads dynamically, and a busy core holds up
-// one block, not a share of every expert. Jobs whose path is one ATen/MKL call run first, one after another.
+// one block, not a share of every expert. Jobs whose path is one ATen/MKL call run first: several native BF16 ones
+// as tasks of one region (each call on one thread), the others one after another.
 void matmul_many(const std::vector<MatmulJob>& jobs);
 
 // out[M, N] = alpha * a[M, K] @ b[N, K]^T (+ c), FP32 accumulation (FP64 for FP64 operands) and one

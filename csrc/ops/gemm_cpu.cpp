@@ -416,6 +416,35 @@ void panel_block_into(const MatmulJob& j, const at::Tensor& a_f, int64_t j0, int
 
 }  // namespace
 
+namespace {
+
+// The native BF16 jobs of a call (one oneDNN GEMM each: the experts of a grouped GEMM). Several of them run as tasks
+// of one parallel region, largest first, each GEMM on its worker's thread (oneDNN opens no region inside one), instead
+// of one after another with oneDNN's own threads: one fork and join per call instead of one per expert. With one core
+// busy, every join waited for the thread sharing that core, up to a scheduler slice per expert (issue 51: 256
+// experts of 16 rows ran 1.6x slower than idle against torch._grouped_mm's 1.0x). A job above a thread's share of
+// the call's work keeps oneDNN's threads (run first, whole); so do all where the work is too small for two threads.
+// oneDNN's BF16 GEMM gives the same bits on one thread as on several (tests/grouped/test_one_parallel_region.py).
+void run_native_jobs(const std::vector<MatmulJob>& jobs, const std::vector<size_t>& native) {
+  const auto work = [&](size_t i) { return jobs[i].a.size(0) * jobs[i].a.size(1) * jobs[i].b.size(0); };
+  int64_t total = 0;
+  for (const size_t i : native) total += work(i);
+  const int64_t threads = std::min<int64_t>(threads_for(total), at::get_num_threads());
+  std::vector<size_t> tasks;
+  for (const size_t i : native) {
+    if (threads <= 1 || native.size() < 2 || work(i) * threads > total) {
+      run_whole(jobs[i], Path::kNativeBf16);
+    } else {
+      tasks.push_back(i);
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [&](size_t x, size_t y) { return work(x) > work(y); });
+  parallel_tasks(static_cast<int64_t>(tasks.size()), threads,
+                 [&](int64_t t) { run_whole(jobs[tasks[t]], Path::kNativeBf16); });
+}
+
+}  // namespace
+
 void matmul_many(const std::vector<MatmulJob>& jobs) {
   struct Block {
     size_t job;
@@ -427,12 +456,18 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
   int64_t work = 0;
   // The blocked jobs' sizes decide the threads, then the panel widths.
   std::vector<Path> paths(jobs.size());
+  std::vector<size_t> native;
   for (size_t i = 0; i < jobs.size(); ++i) {
     paths[i] = choose_path(jobs[i]);
+    if (paths[i] == Path::kNativeBf16) {
+      native.push_back(i);
+      continue;
+    }
     if (run_whole(jobs[i], paths[i])) continue;
     if (paths[i] == Path::kNativeFp32) paths[i] = Path::kPanels;
     work += jobs[i].a.size(0) * jobs[i].a.size(1) * jobs[i].b.size(0);
   }
+  run_native_jobs(jobs, native);
   const int64_t threads = std::min<int64_t>(threads_for(work), at::get_num_threads());
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (paths[i] != Path::kStreaming && paths[i] != Path::kPanels) continue;

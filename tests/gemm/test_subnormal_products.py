@@ -163,3 +163,21 @@ def test_mkl_bf16_gemm_is_linked_on_x86():
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("MKL is linked into PyTorch's x86 wheels only")
     assert _C._mkl_bf16_gemm()
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN", "TT"])
+def test_native_results_are_atens_own_bits(layout, paths):
+    """Forced native (normal products), a BF16 result is ATen's BF16 GEMM's, bit for bit, whatever the layouts, with
+    and without C and alpha."""
+    if paths != "forced native":
+        pytest.skip("the native path only")
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(48, 320, generator=g).bfloat16(), torch.randn(80, 320, generator=g).bfloat16()
+    if layout in ("NN", "TT"):
+        b = b.t().contiguous().t()  # B stored [K, N]
+    if layout == "TT":
+        a = a.t().contiguous().t()
+    c = torch.randn(48, 80, generator=g).bfloat16()
+    assert torch.equal(bf16_gemm(a, b).view(torch.int16), torch.mm(a, b.t()).view(torch.int16))
+    want = torch.addmm(c, a, b.t(), alpha=0.5)
+    assert torch.equal(bf16_gemm(a, b, c, alpha=0.5).view(torch.int16), want.view(torch.int16))

@@ -8,6 +8,8 @@ a worker thread without that state would send the tasks' ATen ops on tensors tha
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -133,3 +135,30 @@ def test_tasks_are_sized_by_the_whole_calls_work(panel_path):
     shapes = [tuple(e.input_shapes[1]) for e in blocks]  # A's rows and K per SGEMM
     hot = sum(s[0] == 512 for s in shapes)
     assert hot >= 4 and len(shapes) - hot <= 2 * 15, shapes  # the hot expert split, the others mostly whole
+
+
+def test_native_experts_run_as_tasks_with_the_same_bits():
+    """On the native BF16 path (forced here: ATen's BF16 GEMM, emulated on CPUs without BF16 dot products) the experts
+    of one call run as tasks of one region, each ATen GEMM on one thread; an expert above a thread's share of the
+    call keeps ATen's threads. Each expert's rows are bit for bit ATen's GEMM run that way."""
+    from torch_ascend_moe import _C
+
+    def per_expert(a, w, bounds, threads):
+        pairs = list(zip(bounds, bounds[1:]))
+        return _at_threads(threads, lambda: [a[s:e] @ w[g].t() for g, (s, e) in enumerate(pairs)])
+
+    previous = _C._set_native_bf16_dot(1)
+    try:
+        for rows in ([32] * 6, [200, 16, 24, 8, 40, 2]):  # equal experts; expert 0 above half of the work
+            layout, total = psum_layout(rows, 1)
+            a, w = _randn(total, 256, seed=20), _randn(len(rows), 384, 256, seed=21)
+            bounds = [0, *layout.tolist()]
+            alone, threaded = per_expert(a, w, bounds, 1), per_expert(a, w, bounds, 2)
+            for threads in (1, 2):
+                got = _at_threads(threads, functools.partial(ops.m_grouped_bf16_gemm, a, w, layout))
+                for g, (s, e) in enumerate(zip(bounds, bounds[1:])):
+                    whole = threads == 2 and rows[g] * 2 > total
+                    want = threaded[g] if whole else alone[g]
+                    assert torch.equal(got[s:e].view(torch.int16), want.view(torch.int16)), (rows, threads, g)
+    finally:
+        _C._set_native_bf16_dot(previous)
