@@ -111,6 +111,16 @@ AM_VECTOR_CLONES_WIDE void stream_cols_mn_major(const float* a, int64_t M, int64
   }
 }
 
+// Columns per streaming task over an MN-major B (row k of the stored [K, N] holds the task's columns side by side):
+// each task reads `width` values from every one of the K rows, so a narrow task reads a few cache lines per 4 KiB
+// page of B and misses the TLB on nearly every row. As wide as four tasks per thread allow, up to a pass of the
+// kernel (kStreamColumns); never narrower than the K-major tasks. Each column's sum runs over k in the same order
+// whatever the width: the same bits.
+int64_t mn_major_streaming_columns(int64_t N, int64_t K, int64_t threads) {
+  const int64_t balanced = (N / std::max<int64_t>(4 * threads, 1)) / 16 * 16;
+  return std::max(streaming_columns(K), std::min(kStreamColumns, balanced));
+}
+
 bool streams(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kBFloat16 && a.size(0) <= kStreamingMaxRows && (b.stride(1) == 1 || b.stride(0) == 1);
 }
@@ -476,7 +486,9 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     a_float[i] = streaming ? float_copy_here(jobs[i].a).contiguous() : float_copy_here(jobs[i].a);
     const int64_t M = jobs[i].a.size(0), N = jobs[i].b.size(0), K = jobs[i].a.size(1);
     const double share = static_cast<double>(M * K * N) / static_cast<double>(std::max<int64_t>(work, 1));
-    const int64_t width = streaming ? streaming_columns(K) : panel_columns(N, K, M, share, threads);
+    const int64_t width = !streaming                      ? panel_columns(N, K, M, share, threads)
+                          : jobs[i].b.stride(1) == 1 ? streaming_columns(K)
+                                                     : mn_major_streaming_columns(N, K, threads);
     for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, streaming, j0, std::min(width, N - j0)});
   }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
