@@ -284,9 +284,14 @@ def _combine_local(y_rows, row_map, shared):
     starts its sum from its bias instead of adding it to zero, so the bias is ``shared + 0`` (exact: only a -0.0
     becomes +0.0, as the sum's first step makes it; a NaN's payload differs, but the rounding writes every NaN as
     one code), not a copy of the rows with one more slot."""
+    return moe_unpermute(y_rows, row_map, bias=_combine_bias(shared))
+
+
+def _combine_bias(shared):
+    """The shared experts' row as the combine's bias, ``shared + 0`` (``_combine_local``), or None."""
     if shared is None:
-        return moe_unpermute(y_rows, row_map)
-    return moe_unpermute(y_rows, row_map, bias=shared + 0.0 if shared.requires_grad else shared.add_(0.0))
+        return None
+    return shared + 0.0 if shared.requires_grad else shared.add_(0.0)
 
 
 @portable_kernel
@@ -321,10 +326,11 @@ def _checked_signature(a, ranks: int) -> tuple[int, int]:
 def validated_pipeline(a, keep_l1=False):
     """The op's checks, then ``pipeline``: the kernel, and the eager training forward (autograd/mega_moe.py)."""
     num_experts, _ = _checked_signature(a, group_size(OP, a.group_name))
+    one_call = _one_call(a, keep_l1)
     # (A call taken by _C._mega_moe_bf16_local checks the ids in its own first pass.)
-    if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx) and not _one_call(a, keep_l1):
+    if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx) and not one_call:
         check_topk_values(a.topk_idx, num_experts)
-    return pipeline(a, keep_l1)
+    return pipeline(a, keep_l1, one_call)
 
 
 def _one_call(a, keep_l1) -> bool:
@@ -334,6 +340,7 @@ def _one_call(a, keep_l1) -> bool:
     if keep_l1 or a.group_name is not None or a.x.dtype != torch.bfloat16 or a.x.device.type != "cpu":
         return False
     tensors = [a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights]
+    tensors += [t for t in (a.shared_l1_weights, a.shared_l2_weights) if t is not None]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return capture.host_readable(a.topk_idx) and _plain_call(tensors)
@@ -342,16 +349,17 @@ def _one_call(a, keep_l1) -> bool:
 def _local_in_one_call(a, shared):
     """``local_experts`` and ``_combine_local`` as one C++ call (``_one_call``); an expert id out of range raises
     the op's error."""
-    bias = None if shared is None else shared.add_(0.0)  # as _combine_local's bias
+    bias = _combine_bias(shared)
     out = _C._mega_moe_bf16_local(a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights, a.activation_clamp, bias)
     if out is None:
         check_topk_values(a.topk_idx, a.l1_weights.shape[0])
     return out
 
 
-def pipeline(a, keep_l1=False):
+def pipeline(a, keep_l1=False, one_call=None):
     """The unfused pipeline (no value checks: the backward reruns it under tracing); ``keep_l1``: as
-    ``local_experts``' (a call recorded for a backward)."""
+    ``local_experts``' (a call recorded for a backward); ``one_call``: ``_one_call``'s answer where the caller has
+    it."""
     shared = None
     if a.shared_l1_weights is not None:
         shared = shared_experts(
@@ -359,7 +367,7 @@ def pipeline(a, keep_l1=False):
         )
     expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1)
     if a.group_name is None:
-        if _one_call(a, keep_l1):
+        if _one_call(a, keep_l1) if one_call is None else one_call:
             return _local_in_one_call(a, shared)
         y_rows, row_map, counts = local_experts(a.x, a.x_sf, a.topk_idx, a.topk_weights, *expert_args)
         return _combine_local(y_rows, row_map, shared), counts
