@@ -31,6 +31,17 @@ bool cpu_has_avx512_bf16();
 bool dot_bf16_fp32_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,
                         double alpha);
 
+// Whether dot_bf16_rows_block_into takes the operands: the CPU executes AVX512-BF16, a and b are BF16 with a unit
+// stride along K, out (and c, if any) BF16 or FP32 of one dtype.
+bool dot_bf16_rows_takes(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out,
+                         const std::optional<at::Tensor>& c);
+
+// out[:, j0:j0+w] = alpha * a[M, K] @ b[j0:j0+w, K]^T (+ c) on the calling thread, one VDPBF16PS dot product per
+// element read straight from a and b (gemm_dot_bf16.cpp): for few rows of A, where packing B costs more than the
+// products. FP32 sums, one rounding into out's dtype; every element's bits depend only on its row of a and row of b.
+void dot_bf16_rows_block_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                              const std::optional<at::Tensor>& c, double alpha, int64_t j0, int64_t w);
+
 // Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
 // in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);

@@ -352,7 +352,11 @@ namespace {
 
 // How a job is computed. kStreaming and kPanels split into column blocks, which matmul_many runs as tasks of one
 // parallel region; the others are one ATen/MKL call with their own threading.
-enum class Path { kNothing, kNativeBf16, kStreaming, kNativeFp32, kNarrowReduced, kWide, kPanels };
+enum class Path { kNothing, kDotRows, kNativeBf16, kStreaming, kNativeFp32, kNarrowReduced, kWide, kPanels };
+
+// Up to this many rows, BF16 operands with a K-major B take dot_bf16_rows_block_into where the CPU executes
+// AVX512-BF16 (set_native_bf16_dot(0) turns it off with the other native paths).
+constexpr int64_t kDotRowsMaxRows = 16;
 
 Path choose_path(const MatmulJob& j) {
   const at::Tensor &out = j.out, &a = j.a, &b = j.b;
@@ -364,6 +368,9 @@ Path choose_path(const MatmulJob& j) {
   // order: within an ulp of ours) is 2-4x faster than converting to FP32 panels for SGEMM, at 1 and 2 threads. One
   // row stays on the streaming kernel, which reads B once and wins there. (ATen has no BF16 -> FP32 GEMM on CPU:
   // FP32 results of BF16 operands keep the panel path.)
+  if (in_t == at::kBFloat16 && M <= kDotRowsMaxRows && native_bf16_dot() &&
+      dot_bf16_rows_takes(a, b, out, j.c) && bf16_products_normal(a, b))
+    return Path::kDotRows;
   if (in_t == at::kBFloat16 && M >= kNativeBf16MinRows && native_bf16_result(a, b, out, j.c)) return Path::kNativeBf16;
   if (streams(a, b)) return Path::kStreaming;
   // FP32 out of BF16 operands (the grouped weight gradient) where the CPU multiplies BF16 natively: our VDPBF16PS
@@ -458,7 +465,7 @@ void run_native_jobs(const std::vector<MatmulJob>& jobs, const std::vector<size_
 void matmul_many(const std::vector<MatmulJob>& jobs) {
   struct Block {
     size_t job;
-    bool streaming;
+    Path path;
     int64_t j0, w;
   };
   std::vector<Block> blocks;
@@ -480,6 +487,11 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
   run_native_jobs(jobs, native);
   const int64_t threads = std::min<int64_t>(threads_for(work), at::get_num_threads());
   for (size_t i = 0; i < jobs.size(); ++i) {
+    if (paths[i] == Path::kDotRows) {
+      const int64_t width = streaming_columns(jobs[i].a.size(1)), N = jobs[i].b.size(0);
+      for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, Path::kDotRows, j0, std::min(width, N - j0)});
+      continue;
+    }
     if (paths[i] != Path::kStreaming && paths[i] != Path::kPanels) continue;
     const bool streaming = paths[i] == Path::kStreaming;
     // The streaming kernel reads A row-major.
@@ -489,13 +501,15 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     const int64_t width = !streaming                      ? panel_columns(N, K, M, share, threads)
                           : jobs[i].b.stride(1) == 1 ? streaming_columns(K)
                                                      : mn_major_streaming_columns(N, K, threads);
-    for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, streaming, j0, std::min(width, N - j0)});
+    for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, paths[i], j0, std::min(width, N - j0)});
   }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const MatmulJob& j = jobs[blk.job];
-    if (blk.streaming) {
-      at::Tensor out = j.out;
+    at::Tensor out = j.out;
+    if (blk.path == Path::kDotRows) {
+      dot_bf16_rows_block_into(out, j.a, j.b, j.c, j.alpha, blk.j0, blk.w);
+    } else if (blk.path == Path::kStreaming) {
       streaming_block_into(out, a_float[blk.job], j.b, j.c, j.alpha, blk.j0, blk.w);
     } else {
       panel_block_into(j, a_float[blk.job], blk.j0, blk.w);
