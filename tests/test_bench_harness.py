@@ -46,3 +46,29 @@ def test_cases_run_at_the_threads_asked_for(threads, iterations):
     finally:
         torch.set_num_threads(was)
     assert seen == {threads}
+
+
+def test_paired_seconds_gives_both_sides_a_scheduler_rhythm(monkeypatch):
+    """A machine where every other call is slow whatever runs (another process on a core, in step with the calls):
+    the same function timed against itself reads the same on both sides (a fixed order gave one side every slow
+    call: 5.4 against 2.9 ms), and a side twice as slow reads twice the time."""
+    now = [0.0]
+    calls = [0]
+    monkeypatch.setattr(bench, "_clock", lambda: lambda: now[0])
+
+    def call(cost):
+        def run():
+            calls[0] += 1
+            now[0] += cost * (2.5 if calls[0] % 2 else 1.0)  # odd calls slow
+
+        return run
+
+    ours, base = bench._paired_seconds(call(1e-3), call(1e-3), 0.05)
+    assert ours == pytest.approx(base, rel=0.05)
+    ours, base = bench._paired_seconds(call(2e-3), call(1e-3), 0.05)
+    assert ours / base == pytest.approx(2.0, rel=0.05)
+
+
+def test_trimmed_mean():
+    assert bench._trimmed_mean([5.0]) == 5.0
+    assert bench._trimmed_mean([1.0, 2.0, 3.0, 4.0, 100.0, 0.0, 2.5, 2.5, 2.5, 2.5]) == pytest.approx(2.5)

@@ -42,6 +42,11 @@ bool dot_bf16_rows_takes(const at::Tensor& a, const at::Tensor& b, const at::Ten
 void dot_bf16_rows_block_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                               const std::optional<at::Tensor>& c, double alpha, int64_t j0, int64_t w);
 
+// Rows up to which a BF16 job is memory-bound on B and matmul_into reads B once (the row kernel where the CPU
+// executes AVX512-BF16 and native choices are on: 16 rows; else the streaming kernel: kStreamingMaxRows). Callers
+// that tile B themselves hand segments this short to matmul_into whole.
+int64_t few_rows_max();
+
 // Whether every product of a nonzero value of a [(B,) M, K] and one of b [(G,) N, K] (BF16, any strides) is normal
 // in FP32: then BF16 dot-product instructions, which flush subnormals, compute exactly what FP32 panels would.
 bool bf16_products_normal(const at::Tensor& a, const at::Tensor& b);

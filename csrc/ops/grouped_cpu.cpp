@@ -403,8 +403,9 @@ std::tuple<at::Tensor, at::Tensor> bf16_swiglu_segments(const at::Tensor& a, con
   // BF16 on a CPU with BF16 dot products, every product normal: ATen's BF16 GEMM per tile (see below).
   const bool native_tiles = h_t == at::kBFloat16 && native_bf16_dot() && bf16_products_normal(scanned, b);
   // Few-row segments stream B once, and ATen's BF16 GEMM reads B in place (no tile to keep in cache).
+  const int64_t few_rows = few_rows_max();
   const auto tasks = swiglu_tasks(segments, M, I, [&](const Segment& s) {
-    return native_tiles || s.end - s.begin <= kStreamingMaxRows ? tiles.stream : tiles.tile;
+    return native_tiles || s.end - s.begin <= few_rows ? tiles.stream : tiles.tile;
   });
 
   // Rows [r0, r0 + n) of the L1 input: a view of a, or the gathered copy of a's rows source[r0..] (contiguous, the
@@ -427,8 +428,9 @@ std::tuple<at::Tensor, at::Tensor> bf16_swiglu_segments(const at::Tensor& a, con
       return;
     }
     const at::Tensor bg = b.select(0, task.group);
-    if (task.end - task.begin <= kStreamingMaxRows) {
-      // Few rows: memory-bound on B, which the streaming kernel reads once in BF16 (no FP32 copy of the tile).
+    if (task.end - task.begin <= few_rows) {
+      // Few rows: memory-bound on B, which matmul_into's row or streaming kernel reads once in BF16 (no FP32 copy
+      // of the tile; on the row kernel the same bits as m_grouped_bf16_gemm's rows).
       const at::Tensor rows = rows_of(task.begin, task.end - task.begin);
       at::Tensor h = at::empty({rows.size(0), 2 * task.w}, a.options().dtype(h_t));
       at::Tensor gate = h.narrow(1, 0, task.w), up = h.narrow(1, task.w, task.w);

@@ -133,13 +133,18 @@ _MIN_BLOCKS = 5
 
 
 def _paired_seconds(ours: Callable[[], object], base: Callable[[], object], min_run_time: float) -> tuple[float, float]:
-    """Median seconds per call of ``ours`` and ``base``, timed in alternating blocks (one call, or as many as fill
-    about a millisecond) until each side has run ``2 * min_run_time`` and at least ``_MIN_BLOCKS`` blocks.
+    """Seconds per call of ``ours`` and ``base`` (the mean of the middle 80 % of their blocks), timed in alternating
+    blocks (one call, or as many as fill about a millisecond) until each side has run ``2 * min_run_time`` and at
+    least ``_MIN_BLOCKS`` blocks.
 
     Alternating block by block, any drift of the machine (clock frequency, a neighbour's load) falls on both sides
     alike. Timing each side in phases of ``min_run_time`` moved the ratio of one build by 0.93-1.10 between runs
     of ``bench moe``'s MegaMoE rows (issue 51). Each side runs after the other, as a layer runs after other
-    layers in a model, not in caches warmed by its own previous call."""
+    layers in a model, not in caches warmed by its own previous call. The order flips every round (ours, base,
+    base, ours, ...): with another process on one core, calls of a few milliseconds fell into a rhythm with the
+    scheduler, every other call slow, and a fixed order gave one side all the slow calls (the same GEMM timed
+    against itself read 5.4 and 2.9 ms). For the same reason the statistic is a trimmed mean, not the median: the
+    median of calls that are half slow and half fast is whichever half has one call more."""
     clock = _clock()
     sides = (ours, base)
     calls = []
@@ -154,7 +159,9 @@ def _paired_seconds(ours: Callable[[], object], base: Callable[[], object], min_
     gc.disable()  # as timeit: a collection lands on whichever side happens to allocate then
     try:
         while min(spent) < 2 * min_run_time or len(times[1]) < _MIN_BLOCKS:
-            for side, fn in enumerate(sides):
+            order = (0, 1) if len(times[0]) % 2 == 0 else (1, 0)
+            for side in order:
+                fn = sides[side]
                 start = clock()
                 for _ in range(calls[side]):
                     fn()
@@ -164,7 +171,15 @@ def _paired_seconds(ours: Callable[[], object], base: Callable[[], object], min_
     finally:
         if collecting:
             gc.enable()
-    return statistics.median(times[0]), statistics.median(times[1])
+    return _trimmed_mean(times[0]), _trimmed_mean(times[1])
+
+
+def _trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    """The mean of ``values`` without the lowest and the highest ``cut`` of them (at least one value kept)."""
+    ordered = sorted(values)
+    drop = min(int(len(ordered) * cut), (len(ordered) - 1) // 2)
+    kept = ordered[drop : len(ordered) - drop]
+    return sum(kept) / len(kept)
 
 
 def peak_memory_mb(fn: Callable[[], object]) -> float | None:
