@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from torch_ascend_moe import _C
 from torch_ascend_moe.ops.gemm import bf16_gemm
 from torch_ascend_moe.ops.grouped import m_grouped_bf16_gemm
+from torch_ascend_moe.testing import at_threads
 
 pytestmark = pytest.mark.skipif(
     not torch.cpu._is_avx512_bf16_supported(), reason="the row kernel runs only where the CPU has AVX512-BF16"
@@ -23,15 +24,6 @@ pytestmark = pytest.mark.skipif(
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
-def _at_threads(threads, fn):
-    was = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(was)
 
 
 def _operand(rows, k, pad, scale, g):
@@ -71,7 +63,7 @@ def test_sums_match_fp64_and_each_row_is_its_own(m, n, k, pads, out_fp32, with_c
     for r in range(m):
         alone = bf16_gemm(a[r : r + 1], b, c[r : r + 1] if with_c else None, alpha=alpha, out_dtype=out_dtype)
         assert torch.equal(_bits(alone), _bits(got[r : r + 1])), r
-    two = _at_threads(2, lambda: bf16_gemm(a, b, c, alpha=alpha, out_dtype=out_dtype))
+    two = at_threads(2, lambda: bf16_gemm(a, b, c, alpha=alpha, out_dtype=out_dtype))
     assert torch.equal(_bits(two), _bits(got))
     j = n // 3
     shifted = bf16_gemm(a, b[j:], c[:, j:] if with_c else None, alpha=alpha, out_dtype=out_dtype)
@@ -85,7 +77,7 @@ def test_grouped_experts_of_few_rows_are_the_dense_rows():
     offs = torch.tensor(rows).cumsum(0).int()
     x, w = _operand(sum(rows), 200, 0, 1.0, g), _operand(len(rows) * 96, 200, 0, 1.0, g).view(len(rows), 96, 200)
     for threads in (1, 2):
-        got = _at_threads(threads, lambda: m_grouped_bf16_gemm(x, w, offs))
+        got = at_threads(threads, lambda: m_grouped_bf16_gemm(x, w, offs))
         start = 0
         for e, count in enumerate(rows):
             want = bf16_gemm(x[start : start + count], w[e])

@@ -15,6 +15,7 @@ import torch
 
 from tests.fp8_gemm.specs import quantize
 from tests.grouped.specs import psum_layout
+from torch_ascend_moe.testing import at_threads
 
 ops = torch.ops.ascend_moe
 BF16 = torch.bfloat16
@@ -23,15 +24,6 @@ _FP8 = (("fp8-token", 1, 128, False), ("fp8-block", 128, 128, False))
 
 def _randn(*shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF16)
-
-
-def _at_threads(threads, fn):
-    was = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(was)
 
 
 def _calls():
@@ -69,7 +61,7 @@ def _calls():
 
 @pytest.mark.parametrize("label,call", _calls(), ids=[label for label, _ in _calls()])
 def test_same_bits_at_one_and_two_threads(label, call):
-    one, two = _at_threads(1, call), _at_threads(2, call)
+    one, two = at_threads(1, call), at_threads(2, call)
     assert one.dtype == two.dtype and one.shape == two.shape
     assert torch.equal(
         one.view(torch.uint8) if one.dtype == BF16 else one, two.view(torch.uint8) if two.dtype == BF16 else two
@@ -91,7 +83,7 @@ def test_tasks_keep_the_callers_dispatch_state():
         (out.float().sum() + grouped.float().sum()).backward()
         return out.detach(), a.grad, b.grad, ga.grad, gb.grad
 
-    out, ag, bg, gag, gbg = _at_threads(2, run)
+    out, ag, bg, gag, gbg = at_threads(2, run)
     assert out.requires_grad is False and ag is not None and bg is not None and gag is not None and gbg is not None
     torch.testing.assert_close(ag.float(), b.detach().float().sum(0).expand(96, 512), rtol=1e-2, atol=1e-2)
 
@@ -119,7 +111,7 @@ def test_tasks_are_sized_by_the_whole_calls_work(panel_path):
     w = _randn(4, 128, 128, seed=7)
     x = _randn(128, 128, seed=8)
     offs = torch.tensor([32, 64, 96, 128], dtype=torch.int32)
-    small = _at_threads(2, lambda: _sgemm_calls(lambda: ops.m_grouped_bf16_gemm(x, w, offs, out_dtype=BF16)))
+    small = at_threads(2, lambda: _sgemm_calls(lambda: ops.m_grouped_bf16_gemm(x, w, offs, out_dtype=BF16)))
     assert small <= 8
     rows = [512] + [32] * 15  # expert 0 has half the rows
     offs = torch.tensor(rows, dtype=torch.int32).cumsum(0).int()
@@ -131,7 +123,7 @@ def test_tasks_are_sized_by_the_whole_calls_work(panel_path):
             ops.m_grouped_bf16_gemm(x, w, offs, out_dtype=BF16)
         blocks.extend(e for e in prof.events() if e.name == "aten::addmm")
 
-    _at_threads(2, run)
+    at_threads(2, run)
     shapes = [tuple(e.input_shapes[1]) for e in blocks]  # A's rows and K per SGEMM
     hot = sum(s[0] == 512 for s in shapes)
     assert hot >= 4 and len(shapes) - hot <= 2 * 15, shapes  # the hot expert split, the others mostly whole
@@ -145,7 +137,7 @@ def test_native_experts_run_as_tasks_with_the_same_bits():
 
     def per_expert(a, w, bounds, threads):
         pairs = list(zip(bounds, bounds[1:]))
-        return _at_threads(threads, lambda: [a[s:e] @ w[g].t() for g, (s, e) in enumerate(pairs)])
+        return at_threads(threads, lambda: [a[s:e] @ w[g].t() for g, (s, e) in enumerate(pairs)])
 
     previous = _C._set_native_bf16_dot(1)
     try:
@@ -157,7 +149,7 @@ def test_native_experts_run_as_tasks_with_the_same_bits():
             bounds = [0, *layout.tolist()]
             alone, threaded = per_expert(a, w, bounds, 1), per_expert(a, w, bounds, 2)
             for threads in (1, 2):
-                got = _at_threads(threads, functools.partial(ops.m_grouped_bf16_gemm, a, w, layout))
+                got = at_threads(threads, functools.partial(ops.m_grouped_bf16_gemm, a, w, layout))
                 for g, (s, e) in enumerate(zip(bounds, bounds[1:])):
                     whole = threads == 2 and rows[g] * 2 > total
                     want = threaded[g] if whole else alone[g]

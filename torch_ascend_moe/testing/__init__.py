@@ -36,4 +36,15 @@ def count_bytes(*tensors) -> int:
     return total
 
 
-__all__ = ["calc_diff", "count_bytes"]
+def at_threads(threads: int, fn):
+    """``fn()`` with ``torch.set_num_threads(threads)``, the previous count restored after: CPU kernels promise the same
+    bits at every thread count, and tests run them at one and at two."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(was)
+
+
+__all__ = ["at_threads", "calc_diff", "count_bytes"]
