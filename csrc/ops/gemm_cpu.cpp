@@ -90,6 +90,12 @@ AM_VECTOR_CLONES_WIDE void stream_cols_mn_major(const float* a, int64_t M, int64
   int64_t k = 0;
   for (; k + 4 <= K; k += 4) {
     const uint16_t *b0 = b + k * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+    // The pass's columns of the four rows after next, requested into L2: four rows of a few KiB read side by side
+    // are too short a stream for the hardware prefetcher (the row kernel's finding, gemm_dot_bf16.cpp).
+    for (int64_t r = k + 8; r < std::min(k + 12, K); ++r) {
+      const char* row = reinterpret_cast<const char*>(b + r * ldb);
+      for (int64_t off = 0; off < cols * 2; off += 64) __builtin_prefetch(row + off, 0, 2);
+    }
     for (int64_t m = 0; m < M; ++m) {
       const float w0 = a[m * K + k], w1 = a[m * K + k + 1], w2 = a[m * K + k + 2], w3 = a[m * K + k + 3];
       float* arow = acc + m * ldacc;
