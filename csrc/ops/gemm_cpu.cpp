@@ -200,6 +200,20 @@ int set_native_bf16_dot(int forced) { return native_override.exchange(forced < 0
 
 namespace {
 
+// Per value: its magnitude bits minus one, in 15 bits (a zero wraps to 0x7FFF, above every nonzero value), so one
+// unsigned 16-bit min finds the smallest nonzero magnitude of a row. A min is the same in any lane order: an
+// AVX-512 clone too (the baseline build's SSE2 loop scanned 11 GB/s, a 512x1024 activation in 95 us, ~1% of the
+// GEMM after it; AVX-512 82 GB/s in cache).
+AM_VECTOR_CLONES_WIDE uint16_t smallest_magnitude_less_one(const uint16_t* row, int64_t n) {
+  uint16_t lo = 0x7FFF;
+#pragma omp simd reduction(min : lo)
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t v = static_cast<uint16_t>((row[j] - 1u) & 0x7FFFu);
+    lo = v < lo ? v : lo;
+  }
+  return lo;
+}
+
 // Smallest biased exponent among the nonzero values of a 2-D BF16 tensor (0: a subnormal value; 255 when every
 // value is zero, inf or NaN). Memory-bound, one pass, parallel over rows.
 int64_t min_bf16_exponent(const at::Tensor& t) {
@@ -211,26 +225,15 @@ int64_t min_bf16_exponent(const at::Tensor& t) {
   const at::Tensor m = t.stride(1) == 1 || t.size(1) <= 1 ? t : (t.stride(0) == 1 ? t.t() : t.contiguous());
   const int64_t rows = m.size(0), cols = m.size(1), ld = m.stride(0);
   const auto* base = reinterpret_cast<const uint16_t*>(m.const_data_ptr<at::BFloat16>());
-  // Per value: its magnitude bits minus one, in 15 bits (a zero wraps to 0x7FFF, above every nonzero value), so
-  // one unsigned 16-bit min (vectorized) finds the smallest nonzero magnitude; its exponent is the answer.
-  // Below 2^22 values (8 MiB, ~0.4 ms on one thread) on the calling thread: a parallel region of its own before the
+  // The smallest nonzero magnitude's exponent is the answer. Below 2^22 values (8 MiB, ~0.4 ms on one thread) on the calling thread: a parallel region of its own before the
   // GEMM's waits, with another process on a core, for the thread sharing that core (bench gemm --busy: a 256-row
   // GEMM on oneDNN's path read 0.69x torch.mm, its only extra being this region).
-  const int64_t grain = rows * cols < (int64_t{1} << 22) ? rows
-                                                          : std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  const int64_t rows_per_task =
+      rows * cols < (int64_t{1} << 22) ? rows : (int64_t{1} << 16) / std::max<int64_t>(cols, 1);
   const int64_t smallest = at::parallel_reduce(
-      0, rows, std::max<int64_t>(grain, 1), int64_t{0x7FFF},
+      0, rows, std::max<int64_t>(rows_per_task, 1), int64_t{0x7FFF},
       [&](int64_t r0, int64_t r1, int64_t acc) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const uint16_t* row = base + r * ld;
-          uint16_t lo = 0x7FFF;
-#pragma omp simd reduction(min : lo)
-          for (int64_t j = 0; j < cols; ++j) {
-            const uint16_t v = static_cast<uint16_t>((row[j] - 1u) & 0x7FFFu);
-            lo = v < lo ? v : lo;
-          }
-          acc = std::min<int64_t>(acc, lo);
-        }
+        for (int64_t r = r0; r < r1; ++r) acc = std::min<int64_t>(acc, smallest_magnitude_less_one(base + r * ld, cols));
         return acc;
       },
       [](int64_t x, int64_t y) { return std::min(x, y); });
@@ -369,9 +372,12 @@ enum class Path { kNothing, kDotRows, kNativeBf16, kStreaming, kNativeFp32, kNar
 // AVX512-BF16 (set_native_bf16_dot(0) turns it off with the other native paths); choose_path says why 16.
 constexpr int64_t kDotRowsMaxRows = 16;
 
+// Whether the row kernel is on: the CPU executes AVX512-BF16 and the native paths are not forced off.
+bool row_kernel_on() { return native_bf16_dot() && cpu_has_avx512_bf16(); }
+
 }  // namespace
 
-int64_t few_rows_max() { return native_bf16_dot() && cpu_has_avx512_bf16() ? kDotRowsMaxRows : kStreamingMaxRows; }
+int64_t few_rows_max() { return row_kernel_on() ? kDotRowsMaxRows : kStreamingMaxRows; }
 
 namespace {
 
@@ -389,8 +395,8 @@ Path choose_path(const MatmulJob& j) {
   // ulp of ours) is 2-4x faster than converting to FP32 panels for SGEMM, at 1 and 2 threads. Without the row kernel
   // (AMX-only CPUs, forced native choices) one row stays on the streaming kernel, which reads B once and wins there.
   // (ATen has no BF16 -> FP32 GEMM on CPU: FP32 results of BF16 operands keep the panel path.)
-  if (in_t == at::kBFloat16 && M <= kDotRowsMaxRows && native_bf16_dot() &&
-      dot_bf16_rows_takes(a, b, out, j.c) && bf16_products_normal(a, b))
+  if (in_t == at::kBFloat16 && M <= kDotRowsMaxRows && row_kernel_on() && dot_bf16_rows_takes(a, b, out, j.c) &&
+      bf16_products_normal(a, b))
     return Path::kDotRows;
   if (in_t == at::kBFloat16 && M >= kNativeBf16MinRows && native_bf16_result(a, b, out, j.c)) return Path::kNativeBf16;
   if (streams(a, b)) return Path::kStreaming;

@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <utility>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "gemm.h"
