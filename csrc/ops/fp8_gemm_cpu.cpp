@@ -278,6 +278,10 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
     }
     for (int64_t n0 = 0; n0 < N; n0 += width) blocks.push_back({i, n0, std::min(width, N - n0)});
   }
+  // Streaming blocks open no region of their own (the panels' SGEMM and dequantizing may): those calls may run
+  // alone while other threads keep arriving late (tasks.h).
+  const bool streaming_only =
+      std::all_of(blocks.begin(), blocks.end(), [&](const Block& blk) { return prep[blk.job].streaming; });
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const Fp8Job& j = jobs[blk.job];
@@ -297,7 +301,7 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
       at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, blk.n0, blk.w);
       at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, j.alpha);
     }
-  });
+  }, streaming_only ? Alone::kWhenLate : Alone::kNever);
 }
 
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,

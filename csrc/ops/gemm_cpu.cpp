@@ -311,6 +311,15 @@ extern "C" __attribute__((weak)) void cblas_gemm_bf16bf16f32(int layout, int tra
 
 bool mkl_bf16_gemm_available() { return cblas_gemm_bf16bf16f32 != nullptr; }
 
+void late_threads_state(bool reset, const long long region[3], long long state[3]) {
+  LateThreads& late = LateThreads::get();
+  if (reset) late.reset();
+  if (region[0] >= 0) late.region_took(region[0], region[1], region[2]);
+  state[0] = late.late_in_a_row.load();
+  state[1] = late.alone_calls.load();
+  state[2] = late.alone_limit_ns.load();
+}
+
 namespace {
 
 constexpr int kCblasRowMajor = 101, kCblasNoTrans = 111, kCblasTrans = 112;
@@ -533,6 +542,11 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
                                                      : mn_major_streaming_columns(N, K, threads);
     for (int64_t j0 = 0; j0 < N; j0 += width) blocks.push_back({i, paths[i], j0, std::min(width, N - j0)});
   }
+  // The row and streaming kernels' blocks open no region of their own (the panels' SGEMM and copies may): those
+  // calls may run alone while other threads keep arriving late (tasks.h).
+  const bool own_kernels = std::all_of(blocks.begin(), blocks.end(), [](const Block& blk) {
+    return blk.path == Path::kDotRows || blk.path == Path::kStreaming;
+  });
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const MatmulJob& j = jobs[blk.job];
@@ -544,7 +558,7 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     } else {
       panel_block_into(j, a_float[blk.job], blk.j0, blk.w);
     }
-  });
+  }, own_kernels ? Alone::kWhenLate : Alone::kNever);
 }
 
 void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,

@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 
 namespace ascend_moe {
 
@@ -56,26 +58,102 @@ inline int64_t streaming_columns(int64_t K) {
   return std::max<int64_t>(16, (int64_t{1} << 17) / std::max<int64_t>(K, 1));
 }
 
+// Whether a call's tasks may run on the calling thread alone when the other threads keep arriving late
+// (LateThreads). Only for tasks that open no parallel region of their own (our kernels' column blocks): outside a
+// region, an ATen or oneDNN op inside a task would open one per task.
+enum class Alone { kNever, kWhenLate };
+
+// Tasks taken one at a time still end at the region's closing barrier, which waits for every thread to arrive, even
+// one that took no task. With another process on a core, the thread sharing that core starts the region up to a
+// scheduler slice late: a 0.35 ms GEMV waited milliseconds for a thread that then found nothing left (bench gemm
+// --busy, 1x4096x2048 NN: 2.9x torch.mm idle, 2.1x busy; on the calling thread alone 4.1x busy). A region where the
+// other threads took no task and the calling thread waited past its own work is late; after two in a row the next
+// kAloneCalls calls run alone, unless one of them takes longer than twice the late region (work that large pays for
+// the wait), then a call with all threads checks again. On an idle machine the other threads take tasks, so nothing
+// changes. Process-wide, like the busy core it detects. Every Alone::kWhenLate caller's results are the same bits on
+// any thread count, so the choice changes no value.
+struct LateThreads {
+  static constexpr int64_t kLateInARow = 2;
+  static constexpr int64_t kAloneCalls = 64;
+  std::atomic<int64_t> late_in_a_row{0};
+  std::atomic<int64_t> alone_calls{0};
+  std::atomic<int64_t> alone_limit_ns{0};
+
+  static LateThreads& get() {
+    static LateThreads state;
+    return state;
+  }
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  // Whether this call runs alone (taking one of the calls left).
+  bool take_alone_call() {
+    int64_t left = alone_calls.load(std::memory_order_relaxed);
+    while (left > 0 && !alone_calls.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+    }
+    return left > 0;
+  }
+  void alone_call_took(int64_t ns) {
+    if (ns > 2 * alone_limit_ns.load(std::memory_order_relaxed)) alone_calls.store(0, std::memory_order_relaxed);
+  }
+  void region_took(int64_t wall_ns, int64_t caller_task_ns, int64_t others_tasks) {
+    const bool late = others_tasks == 0 && wall_ns > caller_task_ns + caller_task_ns / 4;
+    if (!late) {
+      late_in_a_row.store(0, std::memory_order_relaxed);
+      return;
+    }
+    if (late_in_a_row.fetch_add(1, std::memory_order_relaxed) + 1 < kLateInARow) return;
+    // One late region after the run of alone calls ends starts the next run.
+    late_in_a_row.store(kLateInARow - 1, std::memory_order_relaxed);
+    alone_limit_ns.store(wall_ns, std::memory_order_relaxed);
+    alone_calls.store(kAloneCalls, std::memory_order_relaxed);
+  }
+  void reset() {
+    late_in_a_row.store(0);
+    alone_calls.store(0);
+    alone_limit_ns.store(0);
+  }
+};
+
 // Runs task(i) for every i in [0, n) over at most `max_threads` intra-op threads (one thread: inline, no parallel
 // region). Inside another parallel region the tasks run inline on the calling thread: never a nested region.
 template <typename F>
-void parallel_tasks(int64_t n, int64_t max_threads, const F& task) {
+void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever) {
   if (n <= 0) return;
   const int64_t workers = at::in_parallel_region() ? 1 : std::min<int64_t>({n, max_threads, at::get_num_threads()});
+  LateThreads& late = LateThreads::get();
+  if (workers > 1 && alone == Alone::kWhenLate && late.take_alone_call()) {
+    const int64_t start = LateThreads::now_ns();
+    for (int64_t i = 0; i < n; ++i) task(i);
+    late.alone_call_took(LateThreads::now_ns() - start);
+    return;
+  }
   if (workers <= 1) {
     for (int64_t i = 0; i < n; ++i) task(i);
     return;
   }
-  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> next{0}, others_tasks{0};
+  int64_t caller_task_ns = 0;  // written by the calling thread only
+  const std::thread::id caller = std::this_thread::get_id();
+  const int64_t start = LateThreads::now_ns();
   // Tasks call ATen ops: the other threads take the caller's dispatch state (below autograd inside a kernel, grad
   // mode, inference mode), or an op on a tensor that requires grad would go through autograd there.
   const at::ThreadLocalState state;
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     at::ThreadLocalStateGuard guard(state);
+    const bool is_caller = std::this_thread::get_id() == caller;
+    int64_t taken = 0;
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
-         i = next.fetch_add(1, std::memory_order_relaxed))
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t t0 = is_caller ? LateThreads::now_ns() : 0;
       task(i);
+      if (is_caller) caller_task_ns += LateThreads::now_ns() - t0;
+      ++taken;
+    }
+    if (!is_caller) others_tasks.fetch_add(taken, std::memory_order_relaxed);
   });
+  if (alone == Alone::kWhenLate) late.region_took(LateThreads::now_ns() - start, caller_task_ns, others_tasks.load());
 }
 
 // MKL's per-thread thread count (weak: the extension loads without MKL; libtorch_cpu exports it where PyTorch

@@ -1,0 +1,129 @@
+"""Few-row GEMMs when the other intra-op threads arrive late (csrc/ops/tasks.h, LateThreads; issue 51).
+
+A parallel region ends at a barrier that waits for every thread, even one that took no task. When another process
+keeps a core busy, the thread sharing it starts the region late, and a GEMV of a third of a millisecond waited
+milliseconds for it. After two regions in a row whose other threads took no task while the calling thread waited
+past its own work, the row and streaming kernels' calls run on the calling thread alone for a while; one much longer
+than the late region ends that, and the next region checks again. The values are the same bits either way.
+
+Which regions come late is the scheduler's doing, so the regions are recorded here by hand (``_C._late_threads``'s
+``region``: what a region records); `bench gemm --busy` shows the real thing.
+"""
+
+import pytest
+import torch
+
+from torch_ascend_moe import _C
+from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
+from torch_ascend_moe.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+MS = 1_000_000  # ns
+
+LATE = (8 * MS, MS // 3, 0)  # waited 8 ms for a thread that then took no task, after a third of a ms of its own work
+ON_TIME = (MS // 5, MS // 3, 4)  # the other thread took four tasks
+NO_TASK_NO_WAIT = (MS // 3, MS // 3, 0)  # nothing for the other thread, but nothing waited for either
+
+
+@pytest.fixture
+def late_threads():
+    _C._late_threads(True)
+    yield
+    _C._late_threads(True)
+
+
+@pytest.fixture
+def two_threads():
+    was = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(was)
+
+
+def _record(*regions):
+    state = None
+    for region in regions:
+        state = _C._late_threads(False, region)
+    return state
+
+
+def test_two_late_regions_in_a_row_start_calls_alone(late_threads):
+    assert _record(LATE) == (1, 0, 0)
+    assert _record(LATE) == (1, 64, LATE[0])  # one late region after the run ends starts the next
+
+
+@pytest.mark.parametrize("between", [ON_TIME, NO_TASK_NO_WAIT], ids=["other thread took tasks", "nothing waited"])
+def test_a_region_that_is_not_late_breaks_the_row(late_threads, between):
+    assert _record(LATE, between, LATE) == (1, 0, 0)
+    assert _record(between, between) == (0, 0, 0)
+
+
+def _gemv_operands():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(1, 2048, generator=g).bfloat16()
+    b_nt = torch.randn(4096, 2048, generator=g).bfloat16()  # K-major: the row kernel (AVX512-BF16) or streaming
+    b_nn = torch.randn(2048, 4096, generator=g).bfloat16().t()  # N-major: the streaming kernel
+    return a, b_nt, b_nn
+
+
+@pytest.mark.parametrize("layout", ["NT", "NN"])
+def test_few_row_gemms_run_alone_then_all_threads_for_large_work_with_the_same_bits(late_threads, two_threads, layout):
+    a, b_nt, b_nn = _gemv_operands()
+    b = b_nt if layout == "NT" else b_nn
+    gemm = torch.ops.ascend_moe.bf16_gemm
+    threads = gemm(a, b)  # a region with both threads (none recorded late yet)
+    assert _C._late_threads(False)[1] == 0
+    _record(LATE, LATE)
+    alone = [gemm(a, b) for _ in range(3)]
+    assert _C._late_threads(False)[1] == 61  # each call took one of the 64
+    for out in alone:
+        assert torch.equal(out.view(torch.int16), threads.view(torch.int16))
+    # A call far longer than twice the late region (the wait it avoids) ends the run: such work pays for the wait.
+    g = torch.Generator().manual_seed(1)
+    big_a = torch.randn(8, 8192, generator=g).bfloat16()
+    big_b = torch.randn(32768, 8192, generator=g).bfloat16()  # 2^31 multiply-adds: ~50+ ms on one thread
+    _C._late_threads(True)
+    _record((MS // 10, MS // 20, 0), (MS // 10, MS // 20, 0))  # late regions of 0.1 ms
+    big = gemm(big_a, big_b)
+    assert _C._late_threads(False)[1] == 0
+    torch.set_num_threads(1)
+    assert torch.equal(big.view(torch.int16), gemm(big_a, big_b).view(torch.int16))
+
+
+def test_fp8_decode_runs_alone_too(late_threads, two_threads):
+    g = torch.Generator().manual_seed(2)
+    a, sfa = per_token_cast_to_fp8(torch.randn(1, 2048, generator=g), use_ue8m0=False)
+    b, sfb = per_block_cast_to_fp8(torch.randn(4096, 2048, generator=g), use_ue8m0=False)
+    threads = fp8_gemm(a, sfa, b, sfb)
+    _record(LATE, LATE)
+    alone = fp8_gemm(a, sfa, b, sfb)
+    assert _C._late_threads(False)[1] == 63
+    assert torch.equal(alone, threads)
+
+
+def test_panel_and_onednn_calls_never_run_alone(late_threads, two_threads):
+    """Their tasks open regions of their own (SGEMM, copies, oneDNN): taken alone outside a region, each task would
+    open one; they keep every region."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(64, 1024, generator=g).bfloat16(), torch.randn(1024, 1024, generator=g).bfloat16()
+    a8, sfa = per_token_cast_to_fp8(torch.randn(64, 1024, generator=g), use_ue8m0=False)
+    b8, sfb = per_block_cast_to_fp8(torch.randn(1024, 1024, generator=g), use_ue8m0=False)
+    _record(LATE, LATE)
+    was = _C._set_native_bf16_dot(0)  # 64 rows: FP32 panels, not oneDNN's GEMM
+    try:
+        torch.ops.ascend_moe.bf16_gemm(a, b)
+    finally:
+        _C._set_native_bf16_dot(was)
+    fp8_gemm(a8, sfa, b8, sfb)  # 64 rows: dequantized panels
+    assert _C._late_threads(False)[1] == 64
+
+
+def test_one_thread_records_nothing(late_threads):
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b, _ = _gemv_operands()
+        for _ in range(4):
+            torch.ops.ascend_moe.bf16_gemm(a, b)
+        assert _C._late_threads(False) == (0, 0, 0)
+    finally:
+        torch.set_num_threads(was)
