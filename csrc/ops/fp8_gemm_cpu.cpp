@@ -282,6 +282,8 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
   // alone while other threads keep arriving late (tasks.h).
   const bool streaming_only =
       std::all_of(blocks.begin(), blocks.end(), [&](const Block& blk) { return prep[blk.job].streaming; });
+  int64_t blocks_work = 0;
+  for (const Block& blk : blocks) blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const Fp8Job& j = jobs[blk.job];
@@ -301,7 +303,7 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
       at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, blk.n0, blk.w);
       at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, j.alpha);
     }
-  }, streaming_only ? Alone::kWhenLate : Alone::kNever);
+  }, streaming_only ? Alone::kWhenLate : Alone::kNever, blocks_work);
 }
 
 void fp8_gemm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,

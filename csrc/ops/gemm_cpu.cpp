@@ -311,13 +311,14 @@ extern "C" __attribute__((weak)) void cblas_gemm_bf16bf16f32(int layout, int tra
 
 bool mkl_bf16_gemm_available() { return cblas_gemm_bf16bf16f32 != nullptr; }
 
-void late_threads_state(bool reset, const long long region[3], long long state[3]) {
+void late_threads_state(bool reset, const long long region[4], long long state[4]) {
   LateThreads& late = LateThreads::get();
   if (reset) late.reset();
-  if (region[0] >= 0) late.region_took(region[0], region[1], region[2]);
+  if (region[0] >= 0) late.region_took(region[0], region[1], region[2], region[3]);
   state[0] = late.late_in_a_row.load();
   state[1] = late.alone_calls.load();
-  state[2] = late.alone_limit_ns.load();
+  state[2] = late.late_wall_ns.load();
+  state[3] = late.ps_per_work.load();
 }
 
 namespace {
@@ -547,6 +548,8 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
   const bool own_kernels = std::all_of(blocks.begin(), blocks.end(), [](const Block& blk) {
     return blk.path == Path::kDotRows || blk.path == Path::kStreaming;
   });
+  int64_t blocks_work = 0;
+  for (const Block& blk : blocks) blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const MatmulJob& j = jobs[blk.job];
@@ -558,7 +561,7 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
     } else {
       panel_block_into(j, a_float[blk.job], blk.j0, blk.w);
     }
-  }, own_kernels ? Alone::kWhenLate : Alone::kNever);
+  }, own_kernels ? Alone::kWhenLate : Alone::kNever, blocks_work);
 }
 
 void matmul_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& c,

@@ -16,7 +16,7 @@ PyObject* ascend_moe_mega_moe_bf16_local(PyObject* self, PyObject* args);
 namespace ascend_moe {
 int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
 bool mkl_bf16_gemm_available();
-void late_threads_state(bool reset, const long long region[3], long long state[3]);  // gemm_cpu.cpp
+void late_threads_state(bool reset, const long long region[4], long long state[4]);  // gemm_cpu.cpp
 }  // namespace ascend_moe
 
 static PyObject* ascend_moe_set_native_bf16_dot(PyObject*, PyObject* args) {
@@ -31,11 +31,11 @@ static PyObject* ascend_moe_mkl_bf16_gemm(PyObject*, PyObject*) {
 
 static PyObject* ascend_moe_late_threads(PyObject*, PyObject* args) {
   int reset = 0;
-  long long region[3] = {-1, 0, 0};
-  if (!PyArg_ParseTuple(args, "p|(LLL)", &reset, &region[0], &region[1], &region[2])) return nullptr;
-  long long state[3];
+  long long region[4] = {-1, 0, 0, 0};
+  if (!PyArg_ParseTuple(args, "p|(LLLL)", &reset, &region[0], &region[1], &region[2], &region[3])) return nullptr;
+  long long state[4];
   ascend_moe::late_threads_state(reset != 0, region, state);
-  return Py_BuildValue("(LLL)", state[0], state[1], state[2]);
+  return Py_BuildValue("(LLLL)", state[0], state[1], state[2], state[3]);
 }
 
 static PyMethodDef ascend_moe_methods[] = {
@@ -47,8 +47,9 @@ static PyMethodDef ascend_moe_methods[] = {
      "them (0), or as the CPU says (-1); returns the previous setting (tests)"},
     {"_late_threads", ascend_moe_late_threads, METH_VARARGS,
      "_late_threads(reset, region=None): csrc/ops/tasks.h's LateThreads as (late regions in a row, calls left to run "
-     "alone, the last late region's wall ns), after clearing it when reset and then recording region = (wall ns, "
-     "the calling thread's task ns, tasks the other threads took) as a region would (tests)"},
+     "alone, the late region's wall ns, the calling thread's ps per unit of work), after clearing it when reset and "
+     "then recording region = (wall ns, the calling thread's task ns, tasks the other threads took, work) as a "
+     "region would (tests)"},
     {"_mkl_bf16_gemm", ascend_moe_mkl_bf16_gemm, METH_NOARGS,
      "_mkl_bf16_gemm(): whether MKL's BF16 x BF16 -> FP32 GEMM is linked"},
     {"_shm_publish", ascend_moe_shm_publish, METH_VARARGS,

@@ -65,19 +65,23 @@ enum class Alone { kNever, kWhenLate };
 
 // Tasks taken one at a time still end at the region's closing barrier, which waits for every thread to arrive, even
 // one that took no task. With another process on a core, the thread sharing that core starts the region up to a
-// scheduler slice late: a 0.35 ms GEMV waited milliseconds for a thread that then found nothing left (bench gemm
-// --busy, 1x4096x2048 NN: 2.9x torch.mm idle, 2.1x busy; on the calling thread alone 4.1x busy). A region where the
-// other threads took no task and the calling thread waited past its own work is late; after two in a row the next
-// kAloneCalls calls run alone, unless one of them takes longer than twice the late region (work that large pays for
-// the wait), then a call with all threads checks again. On an idle machine the other threads take tasks, so nothing
-// changes. Process-wide, like the busy core it detects. Every Alone::kWhenLate caller's results are the same bits on
-// any thread count, so the choice changes no value.
+// scheduler slice late: a 0.35 ms GEMV waited up to 8 ms for a thread that then found nothing left (bench gemm
+// --busy, 1x4096x2048 NN: 2.9x torch.mm idle, 2.1x busy). A region where the other threads took no task and the
+// calling thread waited past its own work is late. After two in a row, the next kAloneCalls calls run on the calling
+// thread alone where that should take less than the late region did: the late region's own work gives the calling
+// thread's time per unit of work (the caller's `work`: any measure its time is about proportional to). A call
+// alone that takes half as long again as expected (plus 20 us) ends the run: the calling thread is slowed itself, it
+// shares the busy core, and there the other threads take tasks. Then regions with all threads check again. On an
+// idle machine the other threads take tasks, so nothing changes. Process-wide, like the busy core it detects. Every
+// Alone::kWhenLate caller gives the same bits on any thread count, so the choice changes no value.
 struct LateThreads {
   static constexpr int64_t kLateInARow = 2;
   static constexpr int64_t kAloneCalls = 64;
+  static constexpr int64_t kSlackNs = 20000;
   std::atomic<int64_t> late_in_a_row{0};
   std::atomic<int64_t> alone_calls{0};
-  std::atomic<int64_t> alone_limit_ns{0};
+  std::atomic<int64_t> late_wall_ns{0};
+  std::atomic<int64_t> ps_per_work{0};  // the calling thread's picoseconds per unit of work, from the late region
 
   static LateThreads& get() {
     static LateThreads state;
@@ -87,17 +91,26 @@ struct LateThreads {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
-  // Whether this call runs alone (taking one of the calls left).
-  bool take_alone_call() {
+  // The calling thread's expected time for `work` alone.
+  int64_t expected_ns(int64_t work) const {
+    return static_cast<int64_t>(static_cast<double>(work) * static_cast<double>(ps_per_work.load()) * 1e-3);
+  }
+  // Whether this call runs alone (taking one of the calls left): calls are left and alone it should take less than
+  // the late region did (larger work pays for the wait).
+  bool take_alone_call(int64_t work) {
     int64_t left = alone_calls.load(std::memory_order_relaxed);
+    if (left <= 0 || expected_ns(work) > late_wall_ns.load(std::memory_order_relaxed)) return false;
     while (left > 0 && !alone_calls.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
     }
     return left > 0;
   }
-  void alone_call_took(int64_t ns) {
-    if (ns > 2 * alone_limit_ns.load(std::memory_order_relaxed)) alone_calls.store(0, std::memory_order_relaxed);
+  void alone_call_took(int64_t ns, int64_t work) {
+    const int64_t expected = expected_ns(work);
+    if (ns <= expected + expected / 2 + kSlackNs) return;
+    alone_calls.store(0, std::memory_order_relaxed);
+    late_in_a_row.store(0, std::memory_order_relaxed);
   }
-  void region_took(int64_t wall_ns, int64_t caller_task_ns, int64_t others_tasks) {
+  void region_took(int64_t wall_ns, int64_t caller_task_ns, int64_t others_tasks, int64_t work) {
     const bool late = others_tasks == 0 && wall_ns > caller_task_ns + caller_task_ns / 4;
     if (!late) {
       late_in_a_row.store(0, std::memory_order_relaxed);
@@ -106,27 +119,34 @@ struct LateThreads {
     if (late_in_a_row.fetch_add(1, std::memory_order_relaxed) + 1 < kLateInARow) return;
     // One late region after the run of alone calls ends starts the next run.
     late_in_a_row.store(kLateInARow - 1, std::memory_order_relaxed);
-    alone_limit_ns.store(wall_ns, std::memory_order_relaxed);
+    late_wall_ns.store(wall_ns, std::memory_order_relaxed);
+    ps_per_work.store(caller_task_ns * 1000 / std::max<int64_t>(work, 1), std::memory_order_relaxed);
     alone_calls.store(kAloneCalls, std::memory_order_relaxed);
   }
   void reset() {
     late_in_a_row.store(0);
     alone_calls.store(0);
-    alone_limit_ns.store(0);
+    late_wall_ns.store(0);
+    ps_per_work.store(0);
   }
 };
 
 // Runs task(i) for every i in [0, n) over at most `max_threads` intra-op threads (one thread: inline, no parallel
 // region). Inside another parallel region the tasks run inline on the calling thread: never a nested region.
+// The work of a few-row kernel's column block (M rows of A, K, w columns of B) for LateThreads: reading B dominates
+// and each row of A adds about a quarter of that (this VM, 2 threads: 1x2112x7168 0.6 ms, 16 rows 2.0 ms).
+inline int64_t few_rows_work(int64_t M, int64_t K, int64_t w) { return w * K * (M + 4); }
+
+// `alone` and `work` (the call's work, in the caller's own units): see LateThreads.
 template <typename F>
-void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever) {
+void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever, int64_t work = 0) {
   if (n <= 0) return;
   const int64_t workers = at::in_parallel_region() ? 1 : std::min<int64_t>({n, max_threads, at::get_num_threads()});
   LateThreads& late = LateThreads::get();
-  if (workers > 1 && alone == Alone::kWhenLate && late.take_alone_call()) {
+  if (workers > 1 && alone == Alone::kWhenLate && late.take_alone_call(work)) {
     const int64_t start = LateThreads::now_ns();
     for (int64_t i = 0; i < n; ++i) task(i);
-    late.alone_call_took(LateThreads::now_ns() - start);
+    late.alone_call_took(LateThreads::now_ns() - start, work);
     return;
   }
   if (workers <= 1) {
@@ -153,7 +173,9 @@ void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone =
     }
     if (!is_caller) others_tasks.fetch_add(taken, std::memory_order_relaxed);
   });
-  if (alone == Alone::kWhenLate) late.region_took(LateThreads::now_ns() - start, caller_task_ns, others_tasks.load());
+  if (alone == Alone::kWhenLate) {
+    late.region_took(LateThreads::now_ns() - start, caller_task_ns, others_tasks.load(), work);
+  }
 }
 
 // MKL's per-thread thread count (weak: the extension loads without MKL; libtorch_cpu exports it where PyTorch
