@@ -18,6 +18,7 @@ import torch
 from torch_ascend_moe import _C
 from torch_ascend_moe.ops.fp8_gemm import fp8_gemm
 from torch_ascend_moe.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+from torch_ascend_moe.testing import at_threads
 
 MS = 1_000_000  # ns
 S = 1000 * MS
@@ -39,17 +40,13 @@ LATE_FOR_CALLS = (10 * S, S, 0, GEMV)
 
 @pytest.fixture
 def late_threads():
-    _C._late_threads(True)
-    yield
-    _C._late_threads(True)
-
-
-@pytest.fixture
-def two_threads():
+    """LateThreads cleared and two intra-op threads (a region needs a second one); both restored after."""
     was = torch.get_num_threads()
+    _C._late_threads(True)
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(was)
+    _C._late_threads(True)
 
 
 def _record(*regions):
@@ -80,7 +77,7 @@ def _gemv_operands():
 
 
 @pytest.mark.parametrize("layout", ["NT", "NN"])
-def test_few_row_gemms_run_alone_with_the_same_bits(late_threads, two_threads, layout):
+def test_few_row_gemms_run_alone_with_the_same_bits(late_threads, layout):
     a, b_nt, b_nn = _gemv_operands()
     b = b_nt if layout == "NT" else b_nn
     gemm = torch.ops.ascend_moe.bf16_gemm
@@ -93,18 +90,18 @@ def test_few_row_gemms_run_alone_with_the_same_bits(late_threads, two_threads, l
         assert torch.equal(out.view(torch.int16), threads.view(torch.int16))
 
 
-def test_work_expected_to_outlast_the_wait_keeps_all_threads(late_threads, two_threads):
+def test_work_expected_to_outlast_the_wait_keeps_all_threads(late_threads):
     g = torch.Generator().manual_seed(1)
     big_a = torch.randn(8, 8192, generator=g).bfloat16()
     big_b = torch.randn(32768, 8192, generator=g).bfloat16()  # 77x a GEMV's work: 77 s expected, 10 s waited
     _record(LATE_FOR_CALLS, LATE_FOR_CALLS)
     big = torch.ops.ascend_moe.bf16_gemm(big_a, big_b)
     assert _C._late_threads(False)[1] == 64  # not taken
-    torch.set_num_threads(1)
-    assert torch.equal(big.view(torch.int16), torch.ops.ascend_moe.bf16_gemm(big_a, big_b).view(torch.int16))
+    one = at_threads(1, lambda: torch.ops.ascend_moe.bf16_gemm(big_a, big_b))
+    assert torch.equal(big.view(torch.int16), one.view(torch.int16))
 
 
-def test_a_call_alone_far_slower_than_expected_ends_the_run(late_threads, two_threads):
+def test_a_call_alone_far_slower_than_expected_ends_the_run(late_threads):
     """The calling thread was slowed itself (it shares the busy core, where the other threads take tasks)."""
     a, b, _ = _gemv_operands()
     _record((10 * S, 1, 0, GEMV), (10 * S, 1, 0, GEMV))  # expected: 0 ns; any real GEMV takes longer than 20 us
@@ -112,7 +109,7 @@ def test_a_call_alone_far_slower_than_expected_ends_the_run(late_threads, two_th
     assert _C._late_threads(False)[:2] == (0, 0)
 
 
-def test_fp8_decode_runs_alone_too(late_threads, two_threads):
+def test_fp8_decode_runs_alone_too(late_threads):
     g = torch.Generator().manual_seed(2)
     a, sfa = per_token_cast_to_fp8(torch.randn(1, 2048, generator=g), use_ue8m0=False)
     b, sfb = per_block_cast_to_fp8(torch.randn(4096, 2048, generator=g), use_ue8m0=False)
@@ -123,7 +120,7 @@ def test_fp8_decode_runs_alone_too(late_threads, two_threads):
     assert torch.equal(alone, threads)
 
 
-def test_panel_and_onednn_calls_never_run_alone(late_threads, two_threads):
+def test_panel_and_onednn_calls_never_run_alone(late_threads):
     """Their tasks open regions of their own (SGEMM, copies, oneDNN): taken alone outside a region, each task would
     open one; they keep every region."""
     g = torch.Generator().manual_seed(3)
@@ -141,12 +138,6 @@ def test_panel_and_onednn_calls_never_run_alone(late_threads, two_threads):
 
 
 def test_one_thread_records_nothing(late_threads):
-    was = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b, _ = _gemv_operands()
-        for _ in range(4):
-            torch.ops.ascend_moe.bf16_gemm(a, b)
-        assert _C._late_threads(False) == (0, 0, 0, 0)
-    finally:
-        torch.set_num_threads(was)
+    a, b, _ = _gemv_operands()
+    at_threads(1, lambda: [torch.ops.ascend_moe.bf16_gemm(a, b) for _ in range(4)])
+    assert _C._late_threads(False) == (0, 0, 0, 0)
