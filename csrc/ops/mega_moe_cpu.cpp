@@ -215,13 +215,14 @@ std::tuple<at::Tensor, std::optional<at::Tensor>> kept_swiglu_backward(const at:
 // nothing between them. Each step is the op's own code (moe_permute's order, m_grouped_bf16_gemm_swiglu's tasks,
 // m_grouped_bf16_gemm's jobs, moe_unpermute), so the bits are the pipeline's. The difference: the L1 tasks gather
 // their row blocks from x (bf16_swiglu_segments' `source`), so the [T*K, H] expert-ordered copy of x is never
-// written and read back. nullopt when an id is outside [-1, E): Python raises the op's error.
-std::optional<std::tuple<at::Tensor, at::Tensor>> mega_moe_bf16_local(const at::Tensor& x_in,
-                                                                      const at::Tensor& topk_idx,
-                                                                      const at::Tensor& topk_weights,
-                                                                      const at::Tensor& l1_in, const at::Tensor& l2_in,
-                                                                      std::optional<double> clamp,
-                                                                      const std::optional<at::Tensor>& bias) {
+// written and read back. The fused shared experts, where given, are the pipeline's shared_experts with its ops' own
+// code: the L1 GEMM on x as passed (bf16_gemm's worker), the SwiGLU step (kept_swiglu, `block_elements` as the
+// Python caller's), the L2 GEMM as one more job of the routed L2's call; their row plus zero is the combine's bias
+// (_combine_bias). nullopt when an id is outside [-1, E): Python raises the op's error.
+std::optional<std::tuple<at::Tensor, at::Tensor>> mega_moe_bf16_local(
+    const at::Tensor& x_in, const at::Tensor& topk_idx, const at::Tensor& topk_weights, const at::Tensor& l1_in,
+    const at::Tensor& l2_in, std::optional<double> clamp, const std::optional<at::Tensor>& shared_l1,
+    const std::optional<at::Tensor>& shared_l2, int64_t block_elements) {
   // Detached: the tasks run ATen ops on worker threads (see m_grouped_bf16_gemm_swiglu_cpu).
   const at::Tensor x = x_in.detach().contiguous(), idx = topk_idx.to(at::kLong).contiguous();
   const at::Tensor l1 = l1_in.detach(), l2 = l2_in.detach();
@@ -264,6 +265,15 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> mega_moe_bf16_local(const at::
     }
     scanned = x.index_select(0, at::tensor(kept, idx.options()));
   }
+  std::optional<at::Tensor> shared_row;
+  at::Tensor shared_act;
+  if (shared_l1.has_value()) {
+    const at::Tensor s1 = shared_l1->detach();
+    at::Tensor h = at::empty({T, s1.size(0)}, x.options());
+    if (T > 0) matmul_into(h, x_in.detach(), s1, std::nullopt, 1.0);
+    shared_act = kept_swiglu(h, std::nullopt, clamp, block_elements);
+    shared_row = at::empty({T, H}, x.options());
+  }
   const at::Tensor act = std::get<0>(bf16_swiglu_segments(x, source.data(), P, scanned, l1, segments, row_w, clamp, 0,
                                                           false, at::kBFloat16));
   at::Tensor y_rows = at::empty({P, H}, x.options());
@@ -273,8 +283,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> mega_moe_bf16_local(const at::
     const int64_t len = seg.end - seg.begin;
     jobs.push_back({y_rows.narrow(0, seg.begin, len), act.narrow(0, seg.begin, len), l2.select(0, seg.group)});
   }
+  if (shared_row.has_value() && T > 0) jobs.push_back({*shared_row, shared_act, shared_l2->detach()});
   matmul_many(jobs);
-  return std::make_tuple(moe_unpermute_cpu(y_rows, plan.row_map, std::nullopt, bias), counts);
+  if (shared_row.has_value()) shared_row->add_(0.0);
+  return std::make_tuple(moe_unpermute_cpu(y_rows, plan.row_map, std::nullopt, shared_row), counts);
 }
 
 std::optional<at::Tensor> optional_tensor(PyObject* o) {
@@ -334,20 +346,22 @@ PyObject* ascend_moe_kept_swiglu_backward(PyObject*, PyObject* args) {
   END_HANDLE_TH_ERRORS
 }
 
-// _mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp or None, bias or None) -> (y, counts) or None
+// _mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp or None, shared_l1 or None, shared_l2 or None,
+// block_elements) -> (y, counts) or None
 PyObject* ascend_moe_mega_moe_bf16_local(PyObject*, PyObject* args) {
   HANDLE_TH_ERRORS
-  PyObject *x, *idx, *w, *l1, *l2, *c, *bias;
-  if (!PyArg_ParseTuple(args, "OOOOOOO", &x, &idx, &w, &l1, &l2, &c, &bias)) return nullptr;
+  PyObject *x, *idx, *w, *l1, *l2, *c, *s1, *s2;
+  long long block_elements = 0;
+  if (!PyArg_ParseTuple(args, "OOOOOOOOL", &x, &idx, &w, &l1, &l2, &c, &s1, &s2, &block_elements)) return nullptr;
   using namespace ascend_moe;
   std::optional<std::tuple<at::Tensor, at::Tensor>> result;
   {
     const at::Tensor xt = *optional_tensor(x), it = *optional_tensor(idx), wt = *optional_tensor(w);
     const at::Tensor l1t = *optional_tensor(l1), l2t = *optional_tensor(l2);
-    const auto bt = optional_tensor(bias);
+    const auto s1t = optional_tensor(s1), s2t = optional_tensor(s2);
     const auto ct = optional_float(c);
     pybind11::gil_scoped_release no_gil;
-    result = mega_moe_bf16_local(xt, it, wt, l1t, l2t, ct, bt);
+    result = mega_moe_bf16_local(xt, it, wt, l1t, l2t, ct, s1t, s2t, block_elements);
   }
   if (!result.has_value()) Py_RETURN_NONE;
   const auto& [y, counts] = *result;

@@ -64,9 +64,10 @@ static PyMethodDef ascend_moe_methods[] = {
      "_kept_swiglu_backward(h, row_w, clamp, grad_act, need_w, block_elements): its backward as autograd records "
      "it: (grad_h, grad_w or None)"},
     {"_mega_moe_bf16_local", ascend_moe_mega_moe_bf16_local, METH_VARARGS,
-     "_mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp, bias): mega_moe's single-process BF16 steps "
-     "2-7 on CPU in one call (backends/portable/mega_moe.py's pipeline, the same bits): (y, counts), or None when "
-     "an expert id is out of range"},
+     "_mega_moe_bf16_local(x, topk_idx, topk_weights, l1, l2, clamp, shared_l1, shared_l2, block_elements): "
+     "mega_moe's single-process BF16 steps 2-7 with the fused shared experts on CPU in one call "
+     "(backends/portable/mega_moe.py's pipeline, the same bits): (y, counts), or None when an expert id is out of "
+     "range"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

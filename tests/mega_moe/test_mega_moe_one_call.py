@@ -1,8 +1,8 @@
-"""mega_moe's fixed cost on CPU. A single-process BF16 call without autograd runs as one C++ call
-(``_C._mega_moe_bf16_local``, csrc/ops/mega_moe_cpu.cpp): the same bits as the pipeline of our ops it replaces, on
-both CPU paths (ATen's BF16 GEMM where the CPU has BF16 dot products, FP32 panels elsewhere), with hostile routing
-and values; taken only where nothing records or traces the call; an out-of-range id raises the op's own error. The
-checks' verdict is remembered per dtypes and shapes."""
+"""mega_moe's fixed cost on CPU. A single-process BF16 call without autograd runs as one C++ call, the fused shared
+experts included (``_C._mega_moe_bf16_local``, csrc/ops/mega_moe_cpu.cpp): the same bits as the pipeline of our ops
+it replaces, on both CPU paths (ATen's BF16 GEMM where the CPU has BF16 dot products, FP32 panels elsewhere), with
+hostile routing and values; taken only where nothing records or traces the call; an out-of-range id raises the op's
+own error. The checks' verdict is remembered per dtypes and shapes."""
 
 import pytest
 import torch
@@ -77,14 +77,15 @@ def test_one_call_is_the_pipeline_bit_for_bit(
             shared_l1_weights=(torch.randn(2 * inter, h, generator=g) * h**-0.5).bfloat16(),
             shared_l2_weights=(torch.randn(h, inter, generator=g) * inter**-0.5).bfloat16(),
         )
-    calls = []
-    real = _C._mega_moe_bf16_local
+    calls, shared_calls = [], []
+    real, real_shared = _C._mega_moe_bf16_local, portable.shared_experts
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_C, "_mega_moe_bf16_local", lambda *a: calls.append(1) or real(*a))
+        m.setattr(portable, "shared_experts", lambda *a: shared_calls.append(1) or real_shared(*a))
         y, counts = mega_moe(x, idx, w, l1, l2, activation_clamp=clamp, **extra)
-        assert calls == [1]
+        assert calls == [1] and shared_calls == []  # the shared experts too inside the one call
         y_ref, counts_ref = _pipeline(m, x, idx, w, l1, l2, activation_clamp=clamp, **extra)
-        assert calls == [1]
+        assert calls == [1] and shared_calls == ([1] if shared else [])
     assert torch.equal(_bits(y), _bits(y_ref))
     assert torch.equal(counts, counts_ref)
     assert counts.tolist() == [int((idx == g).sum()) for g in range(e)]

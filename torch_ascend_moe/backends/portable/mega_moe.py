@@ -346,11 +346,13 @@ def _one_call(a, keep_l1) -> bool:
     return capture.host_readable(a.topk_idx) and _plain_call(tensors)
 
 
-def _local_in_one_call(a, shared):
-    """``local_experts`` and ``_combine_local`` as one C++ call (``_one_call``); an expert id out of range raises
-    the op's error."""
-    bias = _combine_bias(shared)
-    out = _C._mega_moe_bf16_local(a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights, a.activation_clamp, bias)
+def _local_in_one_call(a):
+    """``shared_experts``, ``local_experts`` and ``_combine_local`` as one C++ call (``_one_call``); an expert id out
+    of range raises the op's error."""
+    out = _C._mega_moe_bf16_local(
+        a.x, a.topk_idx, a.topk_weights, a.l1_weights, a.l2_weights, a.activation_clamp,
+        a.shared_l1_weights, a.shared_l2_weights, _ACT_BLOCK_ELEMENTS,
+    )  # fmt: skip
     if out is None:
         check_topk_values(a.topk_idx, a.l1_weights.shape[0])
     return out
@@ -360,6 +362,8 @@ def pipeline(a, keep_l1=False, one_call=None):
     """The unfused pipeline (no value checks: the backward reruns it under tracing); ``keep_l1``: as
     ``local_experts``' (a call recorded for a backward); ``one_call``: ``_one_call``'s answer where the caller has
     it."""
+    if a.group_name is None and (_one_call(a, keep_l1) if one_call is None else one_call):
+        return _local_in_one_call(a)
     shared = None
     if a.shared_l1_weights is not None:
         shared = shared_experts(
@@ -367,8 +371,6 @@ def pipeline(a, keep_l1=False, one_call=None):
         )
     expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1)
     if a.group_name is None:
-        if _one_call(a, keep_l1) if one_call is None else one_call:
-            return _local_in_one_call(a, shared)
         y_rows, row_map, counts = local_experts(a.x, a.x_sf, a.topk_idx, a.topk_weights, *expert_args)
         return _combine_local(y_rows, row_map, shared), counts
     from torch_ascend_moe.ops.ep import ep_combine, ep_dispatch
