@@ -282,8 +282,12 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
   // alone while other threads keep arriving late (tasks.h).
   const bool streaming_only =
       std::all_of(blocks.begin(), blocks.end(), [&](const Block& blk) { return prep[blk.job].streaming; });
-  int64_t blocks_work = 0;
-  for (const Block& blk : blocks) blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
+  int64_t blocks_work = 0;  // only read where the call may run alone
+  if (streaming_only) {
+    for (const Block& blk : blocks) {
+      blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
+    }
+  }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const Fp8Job& j = jobs[blk.job];

@@ -225,15 +225,18 @@ int64_t min_bf16_exponent(const at::Tensor& t) {
   const at::Tensor m = t.stride(1) == 1 || t.size(1) <= 1 ? t : (t.stride(0) == 1 ? t.t() : t.contiguous());
   const int64_t rows = m.size(0), cols = m.size(1), ld = m.stride(0);
   const auto* base = reinterpret_cast<const uint16_t*>(m.const_data_ptr<at::BFloat16>());
-  // The smallest nonzero magnitude's exponent is the answer. Below 2^22 values (8 MiB, ~0.4 ms on one thread) on the calling thread: a parallel region of its own before the
-  // GEMM's waits, with another process on a core, for the thread sharing that core (bench gemm --busy: a 256-row
-  // GEMM on oneDNN's path read 0.69x torch.mm, its only extra being this region).
+  // The smallest nonzero magnitude's exponent is the answer. Below 2^22 values (8 MiB, ~0.4 ms on one thread) on
+  // the calling thread: a parallel region of its own before the GEMM's waits, with another process on a core, for
+  // the thread sharing that core (bench gemm --busy: a 256-row GEMM on oneDNN's path read 0.69x torch.mm, its only
+  // extra being this region).
   const int64_t rows_per_task =
       rows * cols < (int64_t{1} << 22) ? rows : (int64_t{1} << 16) / std::max<int64_t>(cols, 1);
   const int64_t smallest = at::parallel_reduce(
       0, rows, std::max<int64_t>(rows_per_task, 1), int64_t{0x7FFF},
       [&](int64_t r0, int64_t r1, int64_t acc) {
-        for (int64_t r = r0; r < r1; ++r) acc = std::min<int64_t>(acc, smallest_magnitude_less_one(base + r * ld, cols));
+        for (int64_t r = r0; r < r1; ++r) {
+          acc = std::min<int64_t>(acc, smallest_magnitude_less_one(base + r * ld, cols));
+        }
         return acc;
       },
       [](int64_t x, int64_t y) { return std::min(x, y); });
@@ -548,8 +551,12 @@ void matmul_many(const std::vector<MatmulJob>& jobs) {
   const bool own_kernels = std::all_of(blocks.begin(), blocks.end(), [](const Block& blk) {
     return blk.path == Path::kDotRows || blk.path == Path::kStreaming;
   });
-  int64_t blocks_work = 0;
-  for (const Block& blk : blocks) blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
+  int64_t blocks_work = 0;  // only read where the call may run alone
+  if (own_kernels) {
+    for (const Block& blk : blocks) {
+      blocks_work += few_rows_work(jobs[blk.job].a.size(0), jobs[blk.job].a.size(1), blk.w);
+    }
+  }
   parallel_tasks(static_cast<int64_t>(blocks.size()), threads, [&](int64_t t) {
     const Block& blk = blocks[t];
     const MatmulJob& j = jobs[blk.job];

@@ -142,40 +142,37 @@ template <typename F>
 void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever, int64_t work = 0) {
   if (n <= 0) return;
   const int64_t workers = at::in_parallel_region() ? 1 : std::min<int64_t>({n, max_threads, at::get_num_threads()});
+  // Only the callers that may run alone are timed: the others pay no clock reads.
+  const bool observe = workers > 1 && alone == Alone::kWhenLate;
   LateThreads& late = LateThreads::get();
-  if (workers > 1 && alone == Alone::kWhenLate && late.take_alone_call(work)) {
-    const int64_t start = LateThreads::now_ns();
+  const bool taken_alone = observe && late.take_alone_call(work);
+  if (workers <= 1 || taken_alone) {
+    const int64_t start = taken_alone ? LateThreads::now_ns() : 0;
     for (int64_t i = 0; i < n; ++i) task(i);
-    late.alone_call_took(LateThreads::now_ns() - start, work);
-    return;
-  }
-  if (workers <= 1) {
-    for (int64_t i = 0; i < n; ++i) task(i);
+    if (taken_alone) late.alone_call_took(LateThreads::now_ns() - start, work);
     return;
   }
   std::atomic<int64_t> next{0}, others_tasks{0};
   int64_t caller_task_ns = 0;  // written by the calling thread only
   const std::thread::id caller = std::this_thread::get_id();
-  const int64_t start = LateThreads::now_ns();
+  const int64_t start = observe ? LateThreads::now_ns() : 0;
   // Tasks call ATen ops: the other threads take the caller's dispatch state (below autograd inside a kernel, grad
   // mode, inference mode), or an op on a tensor that requires grad would go through autograd there.
   const at::ThreadLocalState state;
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     at::ThreadLocalStateGuard guard(state);
-    const bool is_caller = std::this_thread::get_id() == caller;
+    const bool is_caller = std::this_thread::get_id() == caller, timed = observe && is_caller;
     int64_t taken = 0;
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t t0 = is_caller ? LateThreads::now_ns() : 0;
+      const int64_t t0 = timed ? LateThreads::now_ns() : 0;
       task(i);
-      if (is_caller) caller_task_ns += LateThreads::now_ns() - t0;
+      if (timed) caller_task_ns += LateThreads::now_ns() - t0;
       ++taken;
     }
     if (!is_caller) others_tasks.fetch_add(taken, std::memory_order_relaxed);
   });
-  if (alone == Alone::kWhenLate) {
-    late.region_took(LateThreads::now_ns() - start, caller_task_ns, others_tasks.load(), work);
-  }
+  if (observe) late.region_took(LateThreads::now_ns() - start, caller_task_ns, others_tasks.load(), work);
 }
 
 // MKL's per-thread thread count (weak: the extension loads without MKL; libtorch_cpu exports it where PyTorch
