@@ -24,4 +24,12 @@ std::tuple<at::Tensor, at::Tensor> bf16_swiglu_segments(const at::Tensor& a, con
                                                         std::optional<double> activation_clamp, int64_t quant_gran_k,
                                                         bool use_ue8m0, at::ScalarType out_t);
 
+// k_grouped_bf16_gemm's work; `into` (contiguous, the result's shape and dtype) receives the result instead of a
+// fresh tensor (mega_moe's eager backward writes each expert weight's gradient into the previous step's buffer once
+// nothing else holds it: autograd/mega_moe.py).
+at::Tensor k_grouped_bf16_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
+                                    int64_t num_groups, bool psum, int64_t alignment,
+                                    const std::optional<at::Tensor>& c, std::optional<at::ScalarType> out_dtype,
+                                    const std::optional<at::Tensor>& into);
+
 }  // namespace ascend_moe

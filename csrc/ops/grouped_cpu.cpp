@@ -90,10 +90,17 @@ at::Tensor m_grouped_bf16_gemm_masked_cpu(const at::Tensor& a, const at::Tensor&
   return out;
 }
 
-at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
-                                   int64_t num_groups, bool psum, int64_t alignment, const std::optional<at::Tensor>& c,
-                                   std::optional<at::ScalarType> out_dtype) {
+}  // namespace
+
+at::Tensor k_grouped_bf16_gemm_into(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
+                                    int64_t num_groups, bool psum, int64_t alignment,
+                                    const std::optional<at::Tensor>& c, std::optional<at::ScalarType> out_dtype,
+                                    const std::optional<at::Tensor>& into) {
   const auto [shape, out_t] = grouped::k_grouped_signature(a, b, layout, num_groups, psum, alignment, c, out_dtype);
+  TORCH_CHECK(!into.has_value() || (into->sizes().equals(shape) && into->scalar_type() == out_t &&
+                                    into->is_contiguous() && into->device() == a.device()),
+              grouped::kKGrouped, ": internal error: the output buffer is not the result's contiguous shape and dtype");
+  const auto fresh = [&](at::ScalarType t) { return into.has_value() ? *into : at::empty(shape, a.options().dtype(t)); };
   const std::vector<Segment> segments =
       grouped::layout_segments(grouped::kKGrouped, layout, psum, alignment, a.size(0), num_groups);
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -103,7 +110,7 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   std::vector<int64_t> runs(num_groups, 0);
   for (const Segment& s : segments) runs[s.group] += s.end > s.begin;
   if (out_t != acc_t && !c.has_value() && std::all_of(runs.begin(), runs.end(), [](int64_t n) { return n <= 1; })) {
-    at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+    at::Tensor out = fresh(out_t);
     std::vector<MatmulJob> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
@@ -141,7 +148,16 @@ at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, con
   for (int64_t g = 0; g < num_groups; ++g) {
     if (!started[g]) acc.select(0, g).zero_();
   }
+  if (into.has_value()) return into->copy_(acc);
   return acc.scalar_type() == out_t ? acc : acc.to(out_t);
+}
+
+namespace {
+
+at::Tensor k_grouped_bf16_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& layout,
+                                   int64_t num_groups, bool psum, int64_t alignment, const std::optional<at::Tensor>& c,
+                                   std::optional<at::ScalarType> out_dtype) {
+  return k_grouped_bf16_gemm_into(a, b, layout, num_groups, psum, alignment, c, out_dtype, std::nullopt);
 }
 
 at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,

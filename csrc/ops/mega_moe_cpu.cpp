@@ -17,7 +17,7 @@
 // the pipeline's own kernels one after another without Python between them (issue 51).
 //
 // Private to that module (the eager, plain-tensor path: _registry._plain_call), not operators: Python calls them
-// as torch_ascend_moe._C._kept_swiglu / _kept_swiglu_backward / _mega_moe_bf16_local.
+// as torch_ascend_moe._C._kept_swiglu / _kept_swiglu_backward / _mega_moe_bf16_local / _k_grouped_bf16_gemm_into.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -366,5 +366,24 @@ PyObject* ascend_moe_mega_moe_bf16_local(PyObject*, PyObject* args) {
   if (!result.has_value()) Py_RETURN_NONE;
   const auto& [y, counts] = *result;
   return Py_BuildValue("(NN)", THPVariable_Wrap(y), THPVariable_Wrap(counts));
+  END_HANDLE_TH_ERRORS
+}
+
+// _k_grouped_bf16_gemm_into(out, a, b, layout, num_groups) -> out: k_grouped_bf16_gemm(a, b, layout, num_groups,
+// out_dtype=out.dtype) written into out (mega_moe's eager backward: its experts' weight gradients into reused buffers)
+PyObject* ascend_moe_k_grouped_bf16_gemm_into(PyObject*, PyObject* args) {
+  HANDLE_TH_ERRORS
+  PyObject *out, *a, *b, *layout;
+  long long num_groups = 0;
+  if (!PyArg_ParseTuple(args, "OOOOL", &out, &a, &b, &layout, &num_groups)) return nullptr;
+  using namespace ascend_moe;
+  {
+    const at::Tensor ot = *optional_tensor(out), at_ = *optional_tensor(a), bt = *optional_tensor(b);
+    const at::Tensor lt = *optional_tensor(layout);
+    pybind11::gil_scoped_release no_gil;
+    k_grouped_bf16_gemm_into(at_, bt, lt, num_groups, true, 1, std::nullopt, ot.scalar_type(), ot);
+  }
+  Py_INCREF(out);
+  return out;
   END_HANDLE_TH_ERRORS
 }

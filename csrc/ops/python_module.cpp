@@ -12,6 +12,7 @@ PyObject* ascend_moe_shm_wait(PyObject* self, PyObject* args);
 PyObject* ascend_moe_kept_swiglu(PyObject* self, PyObject* args);  // mega_moe_cpu.cpp
 PyObject* ascend_moe_kept_swiglu_backward(PyObject* self, PyObject* args);
 PyObject* ascend_moe_mega_moe_bf16_local(PyObject* self, PyObject* args);
+PyObject* ascend_moe_k_grouped_bf16_gemm_into(PyObject* self, PyObject* args);
 
 namespace ascend_moe {
 int set_native_bf16_dot(int forced);  // gemm_cpu.cpp
@@ -68,6 +69,9 @@ static PyMethodDef ascend_moe_methods[] = {
      "mega_moe's single-process BF16 steps 2-7 with the fused shared experts on CPU in one call "
      "(backends/portable/mega_moe.py's pipeline, the same bits): (y, counts), or None when an expert id is out of "
      "range"},
+    {"_k_grouped_bf16_gemm_into", ascend_moe_k_grouped_bf16_gemm_into, METH_VARARGS,
+     "_k_grouped_bf16_gemm_into(out, a, b, layout, num_groups): k_grouped_bf16_gemm(a, b, layout, num_groups, "
+     "out_dtype=out.dtype) (psum layout) written into out, which it returns (mega_moe's eager backward)"},
     {nullptr, nullptr, 0, nullptr}};
 
 static struct PyModuleDef ascend_moe_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, ascend_moe_methods};

@@ -6,7 +6,9 @@ Two ways to the same gradients:
 
 * eager (``_Taped``): the forward runs the pipeline once with autograd on, keeping the L1 output
   (``pipeline(keep_l1=True)``: the same values as the fused L1 + SwiGLU op), and the backward replays that tape, as
-  ``nn.MoE``'s separate ops do: nothing is recomputed;
+  ``nn.MoE``'s separate ops do: nothing is recomputed. On CPU the routed experts' weight gradients are formed here
+  (``ExpertTape``), each into the buffer of the previous step's once nothing else holds it, rather than by the
+  GEMMs' backward into fresh memory (the same kernel and bits; see ``_BUFFERS``);
 * traced (``torch.compile``, ``torch.export``, fake tensors): the op is one node whose kernel returns only its
   outputs (DeepGEMM's fused kernel where installed), so ``_backward`` recomputes the pipeline from the saved inputs
   with autograd on and differentiates it.
@@ -17,8 +19,11 @@ from __future__ import annotations
 import types
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-from torch_ascend_moe._registry import arguments, autograd, gradients, needs_grad
+from torch_ascend_moe import _C
+from torch_ascend_moe._registry import _plain_call, arguments, autograd, gradients, needs_grad
+from torch_ascend_moe.backends.portable.mega_moe import ExpertTape
 
 OP = "mega_moe"
 _DIFFERENTIABLE = ("x", "topk_weights", "l1_weights", "l2_weights", "shared_l1_weights", "shared_l2_weights")
@@ -39,16 +44,77 @@ def _leaves(tensors, needs) -> dict:
     }
 
 
-def _grads(y, leaves: dict, needs, grad_y, retain_graph: bool = False) -> tuple:
-    """Every input's gradient (``gradients``' tuple) from a recorded pipeline output ``y``."""
-    wanted = [name for name, n in zip(_DIFFERENTIABLE, needs) if n]
-    grads = torch.autograd.grad(y, [leaves[n] for n in wanted], grad_y, allow_unused=True, retain_graph=retain_graph)
-    return gradients(
-        OP,
-        **{
-            name: torch.zeros_like(leaves[name]) if g is None else g.to(leaves[name].dtype)
-            for name, g in zip(wanted, grads)
-        },
+# The routed experts' GEMMs an ``ExpertTape`` may take the weight gradient of: (weight, the tape's flag for it, the
+# GEMM's output and input on the tape). dW[e] = the sum over expert e's rows of d(output)^T input: the k-grouped
+# GEMM the GEMMs' own backward (autograd/grouped.py) calls, the same kernel and bits, written into a reused buffer.
+_TAPED_GEMMS = (("l1_weights", "l1", "h", "permuted"), ("l2_weights", "l2", "y", "act"))
+
+
+def _grads(y, leaves: dict, needs, grad_y, retain_graph: bool = False, tape=None, weights=None) -> tuple:
+    """Every input's gradient (``gradients``' tuple) from a recorded pipeline output ``y``; the weight gradients a
+    ``tape`` (``ExpertTape``) took are formed from the gradients reaching its GEMM outputs, into
+    ``_gradient_buffer``s of ``weights`` (by name, as passed to the op)."""
+    taken = [gemm for gemm in _TAPED_GEMMS if tape is not None and getattr(tape, gemm[1])]
+    names = {name for name, *_ in taken}
+    wanted = [name for name, n in zip(_DIFFERENTIABLE, needs) if n and name not in names]
+    inputs = [leaves[n] for n in wanted] + [getattr(tape, output) for _, _, output, _ in taken]
+    grads = torch.autograd.grad(y, inputs, grad_y, allow_unused=True, retain_graph=retain_graph)
+    result = {
+        name: torch.zeros_like(leaves[name]) if g is None else g.to(leaves[name].dtype)
+        for name, g in zip(wanted, grads)
+    }
+    for (name, _, _, operand), grad in zip(taken, grads[len(wanted) :]):
+        weight = weights[name]
+        out = _gradient_buffer(weight)
+        if grad is None:
+            result[name] = out.zero_()
+        else:
+            result[name] = _C._k_grouped_bf16_gemm_into(out, grad, getattr(tape, operand), tape.offs, weight.shape[0])
+    return gradients(OP, **result)
+
+
+# The routed experts' weight gradients of eager CPU training, by weight (as passed to the op): the storage of the
+# last one formed. The next backward writes into it when nothing else holds it any more (the step's gradient was
+# released, ``zero_grad(set_to_none=True)``, or added into an existing ``.grad`` and dropped): a fresh [E, 2I, H]
+# tensor is fresh pages, above glibc's mmap threshold (32 MiB) every step (8192 page faults, 13-15 ms on the bench
+# VM, a fifth of an nn.MegaMoE training step). Held while the weight lives (one gradient's memory per weight, as a
+# kept ``.grad`` is); ``release_gradient_buffers()`` drops them.
+_BUFFERS = WeakIdKeyDictionary()
+
+
+def _gradient_buffer(weight: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of ``weight``'s shape and dtype to write its gradient into: the last one's storage when
+    this module holds the only reference to it, else a fresh one (then remembered). The returned tensor is a new
+    one on that storage (not a view, not the remembered object), so autograd's AccumulateGrad takes it as ``.grad``
+    without a copy."""
+    storage = _BUFFERS.get(weight)
+    if storage is not None and _use_count(storage) == 1 and storage.nbytes() == weight.nbytes:
+        return torch.empty(0, dtype=weight.dtype).set_(storage, 0, weight.shape)
+    out = torch.empty(weight.shape, dtype=weight.dtype)
+    _BUFFERS[weight] = out.untyped_storage()
+    return out
+
+
+def _use_count(storage) -> int:
+    """References to ``storage``'s C++ storage (this module's own included); 0 (never reused) without the API."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return 0 if count is None else count(storage._cdata)
+
+
+def release_gradient_buffers() -> None:
+    """Drops the buffers ``mega_moe``'s eager CPU backward keeps for its experts' weight gradients (a gradient
+    still held elsewhere stays valid; the next backward allocates afresh)."""
+    _BUFFERS.clear()
+
+
+def _takes_weight_grads(args) -> bool:
+    """Whether the eager backward forms the routed experts' weight gradients itself (into reused buffers): BF16
+    weights of plain CPU tensors, where the k-grouped kernel is this package's C++ one."""
+    tensors = [args.x, args.l1_weights, args.l2_weights]
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.bfloat16 for t in tensors)
+        and (args.l1_weights.requires_grad or args.l2_weights.requires_grad)
+        and _plain_call(tensors)
     )
 
 
@@ -83,10 +149,16 @@ class _Taped(torch.autograd.Function):
 
         args = arguments(OP, inputs)
         ctx.needs = [getattr(args, name) is not None and getattr(args, name).requires_grad for name in _DIFFERENTIABLE]
-        leaves = _leaves([getattr(args, name) for name in _DIFFERENTIABLE], ctx.needs)
+        tape = None
+        if _takes_weight_grads(args):
+            tape = ExpertTape(l1=args.l1_weights.requires_grad, l2=args.l2_weights.requires_grad)
+        # The weights whose gradients the tape takes are recorded without requires_grad: autograd forms neither.
+        taken = () if tape is None else [name for name, *_ in _TAPED_GEMMS]
+        recorded = [n and name not in taken for name, n in zip(_DIFFERENTIABLE, ctx.needs)]
+        leaves = _leaves([getattr(args, name) for name in _DIFFERENTIABLE], recorded)
         with torch.enable_grad():
-            y, counts = validated_pipeline(types.SimpleNamespace(**{**vars(args), **leaves}), keep_l1=True)
-        ctx.tape = (y, leaves)
+            y, counts = validated_pipeline(types.SimpleNamespace(**{**vars(args), **leaves}), keep_l1=True, tape=tape)
+        ctx.tape = (y, leaves, tape, {"l1_weights": args.l1_weights, "l2_weights": args.l2_weights})
         ctx.mark_non_differentiable(counts)
         return y.detach(), counts
 
@@ -97,11 +169,11 @@ class _Taped(torch.autograd.Function):
                 "ascend_moe::mega_moe: trying to backward through the graph a second time (its recorded steps were "
                 "freed by the first backward); pass retain_graph=True the first time"
             )
-        y, leaves = ctx.tape
+        y, leaves, tape, weights = ctx.tape
         keep = _keep_graph()
         if not keep:
             ctx.tape = None  # the tape's buffers go with this backward, as a graph's saved tensors do
-        return _grads(y, leaves, ctx.needs, grad_y, retain_graph=keep)
+        return _grads(y, leaves, ctx.needs, grad_y, retain_graph=keep, tape=tape, weights=weights)
 
 
 def _eager(*inputs):

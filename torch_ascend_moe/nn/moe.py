@@ -355,6 +355,11 @@ class MegaMoE(MoE):
     no gradient: train with ``fp8=False``, or with ``MoE(fp8=True)`` and load its state here); ``hidden_size`` and
     ``intermediate_size`` multiples of ``block=128``; shared experts run beside the op (in BF16, as ``MoE``'s).
 
+    Training on CPU: each routed expert weight's gradient is written into the previous step's gradient buffer once
+    nothing else holds it (after ``zero_grad()``, or once it was added into a kept ``.grad``), so a step allocates
+    no fresh gradient memory; that buffer stays while the module lives (at most one gradient's size per weight,
+    as a kept ``.grad``): ``MegaMoE.release_gradient_buffers()`` frees every such buffer.
+
     >>> moe = MegaMoE(64, 32, num_experts=4, topk=2, num_shared_experts=1)
     >>> moe(torch.randn(2, 3, 64)).shape
     torch.Size([2, 3, 64])
@@ -377,6 +382,14 @@ class MegaMoE(MoE):
         self.activation_clamp = activation_clamp
         self._fp8_weights: tuple | None = None  # (key, l1, l1_sf, l2, l2_sf): the FP8 copy, remade on a change
         self._join_shared_l1()
+
+    @staticmethod
+    def release_gradient_buffers() -> None:
+        """Frees the buffers kept for the routed experts' weight gradients of every ``mega_moe`` trained on CPU (a
+        gradient still held elsewhere stays valid; the next backward allocates afresh)."""
+        from torch_ascend_moe.autograd.mega_moe import release_gradient_buffers
+
+        release_gradient_buffers()
 
     def _apply(self, fn, recurse=True):
         # A dtype or device conversion gives each parameter storage of its own: join the shared halves again.

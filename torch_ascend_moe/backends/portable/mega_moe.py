@@ -34,6 +34,7 @@ The second output counts the (token, slot) pairs each local expert received (Dee
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -223,12 +224,36 @@ def _row_weights(weights, idx, row_map, n_rows, experts):
     return row_w.index_copy(0, spare, weights.reshape(-1))[:n_rows]
 
 
-def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp, keep_l1=False):
+@dataclasses.dataclass
+class ExpertTape:
+    """What a recorded BF16 call keeps for a backward that forms the routed experts' weight gradients itself
+    (autograd/mega_moe.py: into buffers reused step after step). ``l1``/``l2``: whose gradient is wanted (those
+    weights come without ``requires_grad``, so autograd forms neither); ``local_experts`` fills in the expert layout
+    ``offs``, L1's input ``permuted`` and output ``h``, L2's input ``act`` and output ``y``, with ``h`` (``y``) in the
+    graph whenever L1's (L2's) gradient is wanted, so the backward can ask for the gradient that reaches it."""
+
+    l1: bool
+    l2: bool
+    offs: torch.Tensor | None = None
+    permuted: torch.Tensor | None = None
+    h: torch.Tensor | None = None
+    act: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+
+
+def _in_graph(t: torch.Tensor, wanted: bool) -> torch.Tensor:
+    """``t`` made a leaf that requires grad when ``wanted`` and nothing it came from does (e.g. a frozen x's L1
+    output), so a gradient reaching it is still formed (no other gradient is computed for it)."""
+    return t.requires_grad_() if wanted and not t.requires_grad else t
+
+
+def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp, keep_l1=False, tape=None):
     """Steps 2-6 for the experts held here: ``x [N, H]`` rows, ``idx [N, K]`` local expert ids (-1 skipped),
     ``weights [N, K]``. Returns ``(y [P, H] BF16 rows in expert order, row_map [N, K], per-expert pair counts
     int32 [E_local])``. ``keep_l1`` (BF16 mode, recorded for a backward): the L1 GEMM and the SwiGLU as separate
     steps, so the tape keeps the L1 output instead of the fused op's backward recomputing it (the same values:
-    the fused op's tiles accumulate as the whole GEMM does, tests/mega_moe)."""
+    the fused op's tiles accumulate as the whole GEMM does, tests/mega_moe); ``tape``: an ``ExpertTape`` to fill
+    (with ``keep_l1``)."""
     fp8 = x.dtype == torch.float8_e4m3fn
     block = kind_of(x, x_sf, l1) == "fp8_block"
     experts = l1.shape[0]
@@ -250,6 +275,8 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp,
         )  # fmt: skip
     elif keep_l1:
         h = m_grouped_bf16_gemm(permuted, l1, offs, out_dtype=torch.bfloat16)
+        if tape is not None:
+            h = _in_graph(h, tape.l1)
         act, act_sf = _bf16_activation(h, row_w, activation_clamp)
     else:
         act, act_sf = m_grouped_bf16_gemm_swiglu(
@@ -261,6 +288,9 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp,
         )
     else:
         y = m_grouped_bf16_gemm(act, l2, offs, out_dtype=torch.bfloat16)
+    if tape is not None and keep_l1 and not fp8:
+        y = _in_graph(y, tape.l2)
+        tape.offs, tape.permuted, tape.h, tape.act, tape.y = offs, permuted, h, act, y
     return y, row_map, counts
 
 
@@ -323,14 +353,14 @@ def _checked_signature(a, ranks: int) -> tuple[int, int]:
     return verdict
 
 
-def validated_pipeline(a, keep_l1=False):
+def validated_pipeline(a, keep_l1=False, tape=None):
     """The op's checks, then ``pipeline``: the kernel, and the eager training forward (autograd/mega_moe.py)."""
     num_experts, _ = _checked_signature(a, group_size(OP, a.group_name))
     one_call = _one_call(a, keep_l1)
     # (A call taken by _C._mega_moe_bf16_local checks the ids in its own first pass.)
     if a.group_name is None and a.topk_idx.numel() and capture.host_readable(a.topk_idx) and not one_call:
         check_topk_values(a.topk_idx, num_experts)
-    return pipeline(a, keep_l1, one_call)
+    return pipeline(a, keep_l1, one_call, tape)
 
 
 def _one_call(a, keep_l1) -> bool:
@@ -358,8 +388,8 @@ def _local_in_one_call(a):
     return out
 
 
-def pipeline(a, keep_l1=False, one_call=None):
-    """The unfused pipeline (no value checks: the backward reruns it under tracing); ``keep_l1``: as
+def pipeline(a, keep_l1=False, one_call=None, tape=None):
+    """The unfused pipeline (no value checks: the backward reruns it under tracing); ``keep_l1``, ``tape``: as
     ``local_experts``' (a call recorded for a backward); ``one_call``: ``_one_call``'s answer where the caller has
     it."""
     if a.group_name is None and (_one_call(a, keep_l1) if one_call is None else one_call):
@@ -369,7 +399,7 @@ def pipeline(a, keep_l1=False, one_call=None):
         shared = shared_experts(
             a.x, a.x_sf, a.shared_l1_weights, a.shared_l1_sf, a.shared_l2_weights, a.shared_l2_sf, a.activation_clamp
         )
-    expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1)
+    expert_args = (a.l1_weights, a.l1_sf, a.l2_weights, a.l2_sf, a.activation_clamp, keep_l1, tape)
     if a.group_name is None:
         y_rows, row_map, counts = local_experts(a.x, a.x_sf, a.topk_idx, a.topk_weights, *expert_args)
         return _combine_local(y_rows, row_map, shared), counts
