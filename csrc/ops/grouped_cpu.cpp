@@ -100,7 +100,6 @@ at::Tensor k_grouped_bf16_gemm_into(const at::Tensor& a, const at::Tensor& b, co
   TORCH_CHECK(!into.has_value() || (into->sizes().equals(shape) && into->scalar_type() == out_t &&
                                     into->is_contiguous() && into->device() == a.device()),
               grouped::kKGrouped, ": internal error: the output buffer is not the result's contiguous shape and dtype");
-  const auto fresh = [&](at::ScalarType t) { return into.has_value() ? *into : at::empty(shape, a.options().dtype(t)); };
   const std::vector<Segment> segments =
       grouped::layout_segments(grouped::kKGrouped, layout, psum, alignment, a.size(0), num_groups);
   const at::ScalarType acc_t = a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -110,7 +109,7 @@ at::Tensor k_grouped_bf16_gemm_into(const at::Tensor& a, const at::Tensor& b, co
   std::vector<int64_t> runs(num_groups, 0);
   for (const Segment& s : segments) runs[s.group] += s.end > s.begin;
   if (out_t != acc_t && !c.has_value() && std::all_of(runs.begin(), runs.end(), [](int64_t n) { return n <= 1; })) {
-    at::Tensor out = fresh(out_t);
+    at::Tensor out = into.has_value() ? *into : at::empty(shape, a.options().dtype(out_t));
     std::vector<MatmulJob> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;

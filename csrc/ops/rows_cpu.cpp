@@ -12,28 +12,31 @@
 
 namespace ascend_moe {
 
-// Eight columns' sums (one AVX2 register) stay put while every row is added, so each element of acc is stored once,
-// not once per row. Measured on moe_unpermute (T4096 k8 H2048 BF16, 2 threads, 2026-12-04): 17-19 ms row by row over
-// the acc buffer, 7.5 ms so (Inductor's code for the same sums: 7.1 ms); wider blocks spill (32 columns: 21 ms).
-constexpr int64_t kRowBlock = 8;
+// Sixteen columns' sums (one AVX-512 register, two AVX2 ones) stay put while every row is added, so each element of
+// acc is stored once, not once per row. Measured on moe_unpermute (T4096 k8 H2048 BF16, 2 threads): 17-19 ms row by
+// row over the acc buffer, 7.5 ms with eight columns (AVX2 EPYC, 2026-12-04; Inductor's code for the same sums: 7.1
+// ms; 32 columns spilled: 21 ms). Each sum is its own chain of adds, so the lane count cannot change a bit: an
+// AVX-512 clone too, with sixteen (AVX512-BF16 EPYC, 2026-12-07: 0.87-0.93x -> 1.03-1.11x Inductor's AVX-512 code
+// at 1 and 2 threads; the AVX2 clone reads the same with 8 or 16 columns there).
+constexpr int64_t kRowBlock = 16;
 
 // The loop written out per row type and per form (with and without weights): with the form chosen inside, or the
-// body shared through a template, GCC left the eight columns scalar (4x slower).
-#define AM_ADD_ROWS(NAME, T, LOAD, TERM)                                                                 \
-  AM_VECTOR_CLONES void NAME(float* acc, const T* const* rows, const float* w, int64_t k, int64_t n) {  \
-    int64_t h0 = 0;                                                                                      \
-    for (; h0 + kRowBlock <= n; h0 += kRowBlock) {                                                       \
-      float a[kRowBlock];                                                                                \
-      for (int64_t h = 0; h < kRowBlock; ++h) a[h] = acc[h0 + h];                                        \
-      for (int64_t j = 0; j < k; ++j) {                                                                  \
-        const T* row = rows[j] + h0;                                                                     \
-        for (int64_t h = 0; h < kRowBlock; ++h) a[h] += TERM(LOAD(row[h]));                              \
-      }                                                                                                  \
-      for (int64_t h = 0; h < kRowBlock; ++h) acc[h0 + h] = a[h];                                        \
-    }                                                                                                    \
-    for (int64_t j = 0; j < k; ++j) {                                                                    \
-      for (int64_t h = h0; h < n; ++h) acc[h] += TERM(LOAD(rows[j][h]));                                 \
-    }                                                                                                    \
+// body shared through a template, GCC left the block's columns scalar (4x slower).
+#define AM_ADD_ROWS(NAME, T, LOAD, TERM)                                                                     \
+  AM_VECTOR_CLONES_WIDE void NAME(float* acc, const T* const* rows, const float* w, int64_t k, int64_t n) {  \
+    int64_t h0 = 0;                                                                                          \
+    for (; h0 + kRowBlock <= n; h0 += kRowBlock) {                                                           \
+      float a[kRowBlock];                                                                                    \
+      for (int64_t h = 0; h < kRowBlock; ++h) a[h] = acc[h0 + h];                                            \
+      for (int64_t j = 0; j < k; ++j) {                                                                      \
+        const T* row = rows[j] + h0;                                                                         \
+        for (int64_t h = 0; h < kRowBlock; ++h) a[h] += TERM(LOAD(row[h]));                                  \
+      }                                                                                                      \
+      for (int64_t h = 0; h < kRowBlock; ++h) acc[h0 + h] = a[h];                                            \
+    }                                                                                                        \
+    for (int64_t j = 0; j < k; ++j) {                                                                        \
+      for (int64_t h = h0; h < n; ++h) acc[h] += TERM(LOAD(rows[j][h]));                                     \
+    }                                                                                                        \
   }
 #define AM_BF16(b) float_of(static_cast<uint32_t>(b) << 16)
 #define AM_F32(v) (v)

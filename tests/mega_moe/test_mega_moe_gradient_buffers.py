@@ -6,6 +6,8 @@ an expert that received no row gets zeros in a reused buffer; ``release_gradient
 the buffers."""
 
 import gc
+import threading
+import time
 
 import pytest
 import torch
@@ -162,3 +164,54 @@ def test_the_module_trains_without_fresh_gradient_memory():
         opt.step()
         opt.zero_grad()
     assert pointers[0] == pointers[1] == pointers[2]
+
+
+def test_a_weight_no_longer_trained_keeps_no_buffer():
+    l1, l2 = _weights()
+    x, idx, w, grad_y = _tokens(0)
+    mega_moe(x, idx, w, l1, l2)[0].backward(grad_y)
+    assert len(taped._BUFFERS) == 2
+    l2.requires_grad_(False)  # L2 frozen: only L1's buffer stays
+    mega_moe(x, idx, w, l1, l2)[0].backward(grad_y)
+    assert l2 not in taped._BUFFERS and l1 in taped._BUFFERS
+    l1.requires_grad_(False)
+    mega_moe(x, idx, w, l1, l2)[0].backward(grad_y)
+    assert len(taped._BUFFERS) == 0
+
+
+def test_backwards_in_two_threads_never_share_a_buffer(monkeypatch):
+    # Two threads run the backward of their own graph through the same weights at once, while the buffers are free.
+    # The reference count check is slowed down so that both threads are inside it together unless the lock keeps
+    # the second one out: each must still get its own buffer and autograd's gradients.
+    l1, l2 = _weights()
+    calls = [_tokens(step) for step in range(2)]
+    with monkeypatch.context() as m:
+        m.setattr(taped, "_takes_weight_grads", lambda args: False)
+        expected = [torch.autograd.grad(mega_moe(x, i, w, l1, l2)[0], (l1, l2), g) for x, i, w, g in calls]
+    x, i, w, g = calls[0]
+    torch.autograd.grad(mega_moe(x, i, w, l1, l2)[0], (l1, l2), g)  # the buffers exist, and are free again
+    count = taped._use_count
+
+    def slow_count(storage):
+        n = count(storage)
+        time.sleep(0.05)
+        return n
+
+    monkeypatch.setattr(taped, "_use_count", slow_count)
+    graphs = [mega_moe(x, i, w, l1, l2)[0] for x, i, w, _ in calls]
+    start = threading.Barrier(2)
+    results = [None, None]
+
+    def backward(k):
+        start.wait()
+        results[k] = torch.autograd.grad(graphs[k], (l1, l2), calls[k][3])
+
+    threads = [threading.Thread(target=backward, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0][0].data_ptr() != results[1][0].data_ptr()
+    for got, want in zip(results, expected):
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a), _bits(b))

@@ -1,6 +1,7 @@
-"""moe_unpermute's C++ kernel (slots summed in registers eight columns at a time, AVX2 and baseline builds) is bit for
-bit the portable kernel, the slot-order sum the CUDA kernel also computes: random shapes (column tails past the
-eight-column blocks), dtypes, -1 slots, NaN/inf in rows and weights, biases of both dtypes, strided rows."""
+"""moe_unpermute's C++ kernel (slots summed in registers sixteen columns at a time; AVX-512, AVX2 and baseline
+clones, the CPU picks one) is bit for bit the portable kernel, the slot-order sum the CUDA kernel also computes: random
+shapes (column tails past the sixteen-column blocks), dtypes, -1 slots, NaN/inf in rows and weights, biases of both
+dtypes, strided rows."""
 
 from __future__ import annotations
 

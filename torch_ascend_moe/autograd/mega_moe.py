@@ -16,6 +16,7 @@ Two ways to the same gradients:
 
 from __future__ import annotations
 
+import threading
 import types
 
 import torch
@@ -80,6 +81,7 @@ def _grads(y, leaves: dict, needs, grad_y, retain_graph: bool = False, tape=None
 # VM, a fifth of an nn.MegaMoE training step). Held while the weight lives (one gradient's memory per weight, as a
 # kept ``.grad`` is); ``release_gradient_buffers()`` drops them.
 _BUFFERS = WeakIdKeyDictionary()
+_BUFFERS_LOCK = threading.Lock()
 
 
 def _gradient_buffer(weight: torch.Tensor) -> torch.Tensor:
@@ -87,12 +89,15 @@ def _gradient_buffer(weight: torch.Tensor) -> torch.Tensor:
     this module holds the only reference to it, else a fresh one (then remembered). The returned tensor is a new
     one on that storage (not a view, not the remembered object), so autograd's AccumulateGrad takes it as ``.grad``
     without a copy."""
-    storage = _BUFFERS.get(weight)
-    if storage is not None and _use_count(storage) == 1 and storage.nbytes() == weight.nbytes:
-        return torch.empty(0, dtype=weight.dtype).set_(storage, 0, weight.shape)
-    out = torch.empty(weight.shape, dtype=weight.dtype)
-    _BUFFERS[weight] = out.untyped_storage()
-    return out
+    # Under the lock, the check and the new reference are one step: two backwards running at once in two threads
+    # (sharing a weight) never both find the same buffer free.
+    with _BUFFERS_LOCK:
+        storage = _BUFFERS.get(weight)
+        if storage is not None and _use_count(storage) == 1 and storage.nbytes() == weight.nbytes:
+            return torch.empty(0, dtype=weight.dtype).set_(storage, 0, weight.shape)
+        out = torch.empty(weight.shape, dtype=weight.dtype)
+        _BUFFERS[weight] = out.untyped_storage()
+        return out
 
 
 def _use_count(storage) -> int:
@@ -104,7 +109,8 @@ def _use_count(storage) -> int:
 def release_gradient_buffers() -> None:
     """Drops the buffers ``mega_moe``'s eager CPU backward keeps for its experts' weight gradients (a gradient
     still held elsewhere stays valid; the next backward allocates afresh)."""
-    _BUFFERS.clear()
+    with _BUFFERS_LOCK:
+        _BUFFERS.clear()
 
 
 def _takes_weight_grads(args) -> bool:
@@ -152,6 +158,10 @@ class _Taped(torch.autograd.Function):
         tape = None
         if _takes_weight_grads(args):
             tape = ExpertTape(l1=args.l1_weights.requires_grad, l2=args.l2_weights.requires_grad)
+        with _BUFFERS_LOCK:  # a weight no longer trained here (frozen, moved to another device) keeps no buffer
+            for name, flag, *_ in _TAPED_GEMMS:
+                if tape is None or not getattr(tape, flag):
+                    _BUFFERS.pop(getattr(args, name), None)
         # The weights whose gradients the tape takes are recorded without requires_grad: autograd forms neither.
         taken = () if tape is None else [name for name, *_ in _TAPED_GEMMS]
         recorded = [n and name not in taken for name, n in zip(_DIFFERENTIABLE, ctx.needs)]
