@@ -60,13 +60,16 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
             else:
                 xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
                 sg, se = sl1.clone().requires_grad_(), sl1.clone().requires_grad_()
-                full = mega_moe(xg, idx, w, l1, l2, activation_clamp=1.0, shared_l1_weights=sg, shared_l2_weights=sl2)
+                # The routed experts' weights trained too: the EP rank's local experts get every rank's rows.
+                l1g, l2g = l1.clone().requires_grad_(), l2.clone().requires_grad_()
+                l1e, l2e = l1[mine].clone().requires_grad_(), l2[mine].clone().requires_grad_()
+                full = mega_moe(xg, idx, w, l1g, l2g, activation_clamp=1.0, shared_l1_weights=sg, shared_l2_weights=sl2)
                 ep = mega_moe(
                     xe,
                     idx,
                     w,
-                    l1[mine],
-                    l2[mine],
+                    l1e,
+                    l2e,
                     activation_clamp=1.0,
                     group=dist.group.WORLD,
                     shared_l1_weights=se,
@@ -85,6 +88,12 @@ def ep_worker(rank: int, world_size: int, store_path: str) -> None:
                 (ep[0].float() * c).sum().backward()
                 assert calc_diff(xe.grad, xg.grad) < 1e-4, "EP input gradient differs"
                 assert calc_diff(se.grad, sg.grad) < 1e-4, "EP shared-expert gradient differs"
+                # A local expert's gradient sums the rows of every rank's tokens: the one-process gradients (each
+                # rank's own tokens) summed over the ranks.
+                for local, whole, name in ((l1e, l1g, "L1"), (l2e, l2g, "L2")):
+                    summed = whole.grad.float()
+                    dist.all_reduce(summed)
+                    assert calc_diff(local.grad, summed[mine]) < 1e-4, f"EP {name} weight gradient differs"
         # SM90's block-scaled FP8 mode: x per 1x128 (FP32 scales travel with the rows), 128x128-block weights.
         hb, ib = 256, 128
         g = torch.Generator().manual_seed(1)
