@@ -83,9 +83,12 @@ struct LateThreads {
   std::atomic<int64_t> late_wall_ns{0};
   std::atomic<int64_t> ps_per_work{0};  // the calling thread's picoseconds per unit of work, from the late region
 
-  static LateThreads& get() {
-    static LateThreads state;
-    return state;
+  // One state per kind of caller, each with its own unit of work: a GEMM's time per unit says nothing about a
+  // gate's, and one kind's slow call alone must not end another's run. The busy core each detects is the same.
+  enum class Units { kFewRowGemm, kGateRows, kCount };
+  static LateThreads& get(Units units = Units::kFewRowGemm) {
+    static LateThreads states[static_cast<int>(Units::kCount)];
+    return states[static_cast<int>(units)];
   }
   static int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -137,14 +140,16 @@ struct LateThreads {
 // and each row of A adds about a quarter of that (this VM, 2 threads: 1x2112x7168 0.6 ms, 16 rows 2.0 ms).
 inline int64_t few_rows_work(int64_t M, int64_t K, int64_t w) { return w * K * (M + 4); }
 
-// `alone` and `work` (the call's work, in the caller's own units): see LateThreads.
+// `alone`, `work` (the call's work, in the caller's own units) and `units` (which LateThreads keeps them): see
+// LateThreads.
 template <typename F>
-void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever, int64_t work = 0) {
+void parallel_tasks(int64_t n, int64_t max_threads, const F& task, Alone alone = Alone::kNever, int64_t work = 0,
+                    LateThreads::Units units = LateThreads::Units::kFewRowGemm) {
   if (n <= 0) return;
   const int64_t workers = at::in_parallel_region() ? 1 : std::min<int64_t>({n, max_threads, at::get_num_threads()});
   // Only the callers that may run alone are timed: the others pay no clock reads.
   const bool observe = workers > 1 && alone == Alone::kWhenLate;
-  LateThreads& late = LateThreads::get();
+  LateThreads& late = LateThreads::get(units);
   const bool taken_alone = observe && late.take_alone_call(work);
   if (workers <= 1 || taken_alone) {
     const int64_t start = taken_alone ? LateThreads::now_ns() : 0;

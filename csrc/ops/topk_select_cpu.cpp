@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tasks.h"
 #include "topk_select_checks.h"
 
 namespace ascend_moe {
@@ -248,14 +249,41 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
   // Per row: the selected columns, then its NaN column (-1 if none) and count.
   auto cols = at::empty({b, topk}, input.options().dtype(at::kLong));
   std::vector<RowResult> results(static_cast<size_t>(b));
+  // One region per call, rows taken a few at a time (tasks.h): a thread slowed by another process on its core
+  // holds up the rows it has taken, not half of the call (bench topk_select --busy). Each task selects its rows
+  // and writes their values and indices while the rows are still in cache; the errors are raised after the
+  // region, in row order, as before (a call that raises returns nothing, so what its rows wrote is never seen).
+  const int64_t rows_per_task = std::max<int64_t>(1, kWorkPerTask / std::max<int64_t>(1, V));
+  const int64_t tasks = (b + rows_per_task - 1) / rows_per_task;
+  std::vector<Scratch> scratch(static_cast<size_t>(std::max(1, at::get_num_threads())));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "topk_select", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     int64_t* cp = cols.data_ptr<int64_t>();
-    const int64_t grain = std::max<int64_t>(1, kWorkPerTask / std::max<int64_t>(1, V));
-    at::parallel_for(0, b, grain, [&](int64_t r0, int64_t r1) {
-      Scratch scratch;
-      for (int64_t i = r0; i < r1; ++i)
-        results[i] = select_row(xp + i * V, ends[i], topk, sorted, scratch, cp + i * topk);
+    scalar_t* vp = values.data_ptr<scalar_t>();
+    const scalar_t fill = static_cast<scalar_t>(value_oob_fill_value.value_or(-std::numeric_limits<double>::infinity()));
+    const scalar_t nan = std::numeric_limits<scalar_t>::quiet_NaN();
+    AT_DISPATCH_INDEX_TYPES(idx_t, "topk_select_indices", [&] {
+      index_t* ip = indices.data_ptr<index_t>();
+      parallel_tasks(tasks, tasks, [&](int64_t t) {
+        Scratch& s = scratch[static_cast<size_t>(at::get_thread_num())];
+        for (int64_t i = t * rows_per_task; i < std::min(b, (t + 1) * rows_per_task); ++i) {
+          const RowResult r = results[i] = select_row(xp + i * V, ends[i], topk, sorted, s, cp + i * topk);
+          index_t* irow = ip + i * topk;
+          scalar_t* vrow = vp + i * topk;
+          if (r.nan_col >= 0) {
+            std::fill(irow, irow + topk, static_cast<index_t>(kNanMarker));
+            std::fill(vrow, vrow + topk, nan);
+            continue;
+          }
+          for (int64_t j = 0; j < r.count; ++j) {
+            const int64_t c = cp[i * topk + j];
+            irow[j] = static_cast<index_t>(c + offsets[i]);
+            vrow[j] = xp[i * V + c];
+          }
+          std::fill(irow + r.count, irow + topk, static_cast<index_t>(idx_oob_fill_value));
+          std::fill(vrow + r.count, vrow + topk, fill);
+        }
+      });
     });
   });
 
@@ -274,36 +302,6 @@ std::tuple<at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& input, int6
       }
     }
   }
-
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "topk_select_write", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const int64_t* cp = cols.data_ptr<int64_t>();
-    scalar_t* vp = values.data_ptr<scalar_t>();
-    const scalar_t fill = static_cast<scalar_t>(value_oob_fill_value.value_or(-std::numeric_limits<double>::infinity()));
-    const scalar_t nan = std::numeric_limits<scalar_t>::quiet_NaN();
-    AT_DISPATCH_INDEX_TYPES(idx_t, "topk_select_indices", [&] {
-      index_t* ip = indices.data_ptr<index_t>();
-      at::parallel_for(0, b, std::max<int64_t>(1, kWorkPerTask / topk), [&](int64_t r0, int64_t r1) {
-        for (int64_t i = r0; i < r1; ++i) {
-          const RowResult& r = results[i];
-          index_t* irow = ip + i * topk;
-          scalar_t* vrow = vp + i * topk;
-          if (r.nan_col >= 0) {
-            std::fill(irow, irow + topk, static_cast<index_t>(kNanMarker));
-            std::fill(vrow, vrow + topk, nan);
-            continue;
-          }
-          for (int64_t s = 0; s < r.count; ++s) {
-            const int64_t c = cp[i * topk + s];
-            irow[s] = static_cast<index_t>(c + offsets[i]);
-            vrow[s] = xp[i * V + c];
-          }
-          std::fill(irow + r.count, irow + topk, static_cast<index_t>(idx_oob_fill_value));
-          std::fill(vrow + r.count, vrow + topk, fill);
-        }
-      });
-    });
-  });
   return {values, indices};
 }
 
