@@ -39,6 +39,36 @@ inline std::string float_text(double v) {
   return text;
 }
 
+// Python's repr() of a str (the checks print a bad string argument that way): single quotes unless the text holds
+// one and no double quote, backslash escapes for the quote, backslashes and ASCII control characters. Bytes above
+// ASCII pass through (printable UTF-8 text reads the same).
+inline std::string str_repr(const std::string& text) {
+  constexpr char kDouble = 34, kSingle = 39;  // as numbers: tests/test_validation_twins.py reads this file as text
+  const char quote = text.find(kSingle) != std::string::npos && text.find(kDouble) == std::string::npos ? kDouble
+                                                                                                          : kSingle;
+  std::string out(1, quote);
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == quote || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + quote;
+}
+
 // "<op>: argument '<arg>' <what>: expected <expected>, got <actual>"
 #define AM_CHECK_ARG(cond, op, arg, what, expected, actual)                                  \
   TORCH_CHECK_VALUE((cond), op, ": argument '", arg, "' ", what, ": expected ", expected, \

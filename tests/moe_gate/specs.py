@@ -201,6 +201,5 @@ SPECS = [
         bad_inputs,
         portable.moe_topk_gate,
         dtypes=(torch.float32,),
-        aoti="a Python kernel (device-generic torch ops): no C++ kernel for an AOTInductor package to call",
     )
 ]

@@ -1,8 +1,8 @@
 """Benchmark cases of TileKernels' ops (the swiglu, norm, rope and moe_gate families) against the unfused torch
 compositions a model would write for the same results: SwiGLU then the per-token cast (``quantize_fp8``'s C++ kernel),
 the SwiGLU backward by autograd, RMSNorm with a residual (``torch.nn.functional.rms_norm``), RoPE with gathered
-cos/sin, the sqrt-softplus gate by sort and gather. Our kernels are device-generic torch-op compositions too (no CPU
-kernel of their own yet), so these ratios measure how lean the compositions are, not a fused kernel."""
+cos/sin, the sqrt-softplus gate by sort and gather. On CPU each of ours is a C++ kernel (one pass per chunk of rows;
+the gate: a top-k list per row instead of a sort) with the portable kernel's bits."""
 
 from __future__ import annotations
 

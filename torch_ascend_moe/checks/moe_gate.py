@@ -1,6 +1,5 @@
-"""The moe_gate family's argument and value checks (``moe_topk_gate``). Python only: the family has no C++ kernel
-(its portable kernel serves every device), so there is no C++ twin (``PYTHON_ONLY``; tests/test_validation_twins.py
-verifies that no C++ kernel implements its op)."""
+"""The moe_gate family's argument and value checks (``moe_topk_gate``). Twin: ``csrc/ops/moe_gate_checks.h`` (the same
+checks in the same order, the same words; tests/test_validation_twins.py compares them)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import torch
 from torch_ascend_moe import checks as ck
 
 OP = "ascend_moe::moe_topk_gate"
-# The family has no C++ kernel (its portable kernel serves every device): every check function is Python's alone.
-PYTHON_ONLY = {name: (OP,) for name in ("_vector", "_both_or_neither", "moe_topk_gate_signature", "check_values")}
 SCORING = ("sigmoid", "sqrtsoftplus", "softmax", "identity")  # identity: DeepGEMM 2.8's Mega Gate
 GROUP_SUM_TOPK = 2  # a group's score: the sum of its two best ranking scores (DeepSeek-V3's rule)
 DUPLICATE_HASH = 23333  # the redundant-expert choice: (ep_rank + token * 23333) % logical_count[expert]
