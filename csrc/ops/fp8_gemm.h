@@ -37,6 +37,10 @@ struct Fp8Job {
   at::Tensor a, sfa, b, sfb;
   std::vector<int64_t> recipe_a, recipe_b;
   double alpha = 1.0;
+  // Set by fp8_products_into: acc holds no values yet (each block's task zeroes its part first), and `out` (acc's
+  // shape, any dtype), when defined, receives each finished block rounded to its dtype.
+  bool zero_acc = false;
+  at::Tensor out;
 };
 
 // fp8_gemm_accumulate for every job (their accumulators must not overlap), the column blocks of all of them taken
@@ -47,5 +51,14 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs);
 // `body` adds into it, and the result is rounded once to `out_t`.
 at::Tensor with_fp32_accumulator(at::IntArrayRef shape, at::ScalarType out_t, const at::Tensor& init,
                                  const at::TensorOptions& options, const std::function<void(at::Tensor&)>& body);
+
+// out (a fresh result or a view of one, any dtype) = init (broadcast; zero if undefined) + the products of
+// jobs_of(acc), rounded once to out's dtype, where acc is out itself when FP32 and contiguous, else an FP32
+// accumulator of its shape (jobs_of is called again on out for the jobs' `out` views, so it must build the same
+// jobs on any tensor of that shape). Elements no job covers are the caller's to write, in out (init or not). Unlike
+// with_fp32_accumulator, the zeroing and the rounding happen in each block's task: the call's one parallel region
+// is the products' own.
+void fp8_products_into(const at::Tensor& out, const at::Tensor& init,
+                       const std::function<std::vector<Fp8Job>(const at::Tensor&)>& jobs_of);
 
 }  // namespace ascend_moe

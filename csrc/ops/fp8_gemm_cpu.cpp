@@ -258,7 +258,12 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Fp8Job& j = jobs[i];
     const int64_t M = j.a.size(0), N = j.b.size(0), K = logical_k(j.a);
-    if (M == 0 || N == 0 || K == 0) continue;
+    if (M == 0 || N == 0) continue;
+    if (K == 0) {  // no block: its accumulator is final here
+      if (j.zero_acc) j.acc.zero_();
+      if (j.out.defined()) j.out.copy_(j.acc);
+      continue;
+    }
     Prepared& p = prep[i];
     // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
     // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
@@ -268,13 +273,18 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
     p.streaming = M <= kStreamingMaxRows && j.b.stride(1) == 1 && j.recipe_b[1] % 2 == 0 && scaled_values_finite(j.sfb);
     const bool whole_a = M * K <= kWholeAElements;
     p.a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
-    if (whole_a) p.a_deq = dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], 0, M);
     int64_t width;
     if (p.streaming) {
       p.sfb_f = j.sfb.to(at::kFloat).contiguous();
       width = streaming_columns(K);
     } else {
       width = panel_columns(N, K, M, static_cast<double>(M * N * K) / static_cast<double>(work), threads);
+    }
+    // A is dequantized here only when several blocks share it: a job of one block (a batched call's groups,
+    // each one panel wide) dequantizes its A inside its task, in the one parallel region, not serially here
+    // (the same values: dequantize_rows is elementwise).
+    if (whole_a && (p.streaming || width < N)) {
+      p.a_deq = dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], 0, M);
     }
     for (int64_t n0 = 0; n0 < N; n0 += width) blocks.push_back({i, n0, std::min(width, N - n0)});
   }
@@ -294,19 +304,22 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
     const Prepared& p = prep[blk.job];
     at::Tensor acc = j.acc;
     if (p.streaming) {
+      if (j.zero_acc) acc.narrow(1, blk.n0, blk.w).zero_();
       streaming_fp8_block(acc, p.a_deq, j.b, p.sfb_f, j.recipe_b, j.alpha, blk.n0, blk.w);
-      return;
+    } else {
+      SequentialMkl sequential;
+      const at::Tensor b_panel = dequantize_rows(j.b, j.sfb, j.recipe_b[0], j.recipe_b[1], blk.n0, blk.w);
+      const int64_t M = j.a.size(0);
+      for (int64_t m0 = 0; m0 < M; m0 += p.a_rows) {
+        const int64_t mr = std::min(p.a_rows, M - m0);
+        const at::Tensor a_panel =
+            p.a_deq.defined() ? p.a_deq : dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], m0, mr);
+        at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, blk.n0, blk.w);
+        if (j.zero_acc) acc_block.zero_();
+        at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, j.alpha);
+      }
     }
-    SequentialMkl sequential;
-    const at::Tensor b_panel = dequantize_rows(j.b, j.sfb, j.recipe_b[0], j.recipe_b[1], blk.n0, blk.w);
-    const int64_t M = j.a.size(0);
-    for (int64_t m0 = 0; m0 < M; m0 += p.a_rows) {
-      const int64_t mr = std::min(p.a_rows, M - m0);
-      const at::Tensor a_panel =
-          p.a_deq.defined() ? p.a_deq : dequantize_rows(j.a, j.sfa, j.recipe_a[0], j.recipe_a[1], m0, mr);
-      at::Tensor acc_block = acc.narrow(0, m0, mr).narrow(1, blk.n0, blk.w);
-      at::addmm_out(acc_block, acc_block, a_panel, b_panel.t(), 1.0, j.alpha);
-    }
+    if (j.out.defined()) j.out.narrow(1, blk.n0, blk.w).copy_(acc.narrow(1, blk.n0, blk.w));
   }, streaming_only ? Alone::kWhenLate : Alone::kNever, blocks_work);
 }
 
@@ -330,35 +343,56 @@ at::Tensor with_fp32_accumulator(at::IntArrayRef shape, at::ScalarType out_t, co
   return out;
 }
 
+void fp8_products_into(const at::Tensor& out, const at::Tensor& init,
+                       const std::function<std::vector<Fp8Job>(const at::Tensor&)>& jobs_of) {
+  if (out.numel() == 0) return;
+  const bool direct = out.scalar_type() == at::kFloat && out.is_contiguous();
+  const at::Tensor acc = direct ? out : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  if (init.defined()) acc.copy_(init);
+  std::vector<Fp8Job> jobs = jobs_of(acc);
+  const std::vector<Fp8Job> out_jobs = direct ? std::vector<Fp8Job>() : jobs_of(out);
+  TORCH_INTERNAL_ASSERT(direct || out_jobs.size() == jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    jobs[i].zero_acc = !init.defined();
+    if (!direct) jobs[i].out = out_jobs[i].acc;
+  }
+  fp8_accumulate_many(jobs);
+}
+
 namespace {
 
 at::Tensor fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
                         const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                         double alpha, std::optional<at::ScalarType> out_dtype) {
   const auto [shape, out_t] = fp8_gemm::fp8_gemm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype);
-  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
-    fp8_gemm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  fp8_products_into(out, c.value_or(at::Tensor()), [&](const at::Tensor& acc) {
+    return std::vector<Fp8Job>{{acc, a, sfa, b, sfb, recipe_a.vec(), recipe_b.vec(), alpha}};
   });
+  return out;
 }
 
-// acc[g] += alpha * deq(a[g]) @ deq(b[g])^T for every group (all operands already checked).
-void bmm_accumulate(at::Tensor& acc, const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
-                    const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b, double alpha) {
-  std::vector<Fp8Job> jobs;
-  for (int64_t g = 0; g < a.size(0); ++g) {
-    jobs.push_back({acc.select(0, g), a.select(0, g), sfa.select(0, g), b.select(0, g), sfb.select(0, g),
-                    recipe_a.vec(), recipe_b.vec(), alpha});
-  }
-  fp8_accumulate_many(jobs);
+// out[g] = c[g] + alpha * deq(a[g]) @ deq(b[g])^T for every group (all operands already checked).
+void bmm_into(const at::Tensor& out, const at::Tensor& c, const at::Tensor& a, const at::Tensor& sfa,
+              const at::Tensor& b, const at::Tensor& sfb, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
+              double alpha) {
+  fp8_products_into(out, c, [&](const at::Tensor& acc) {
+    std::vector<Fp8Job> jobs;
+    for (int64_t g = 0; g < a.size(0); ++g) {
+      jobs.push_back({acc.select(0, g), a.select(0, g), sfa.select(0, g), b.select(0, g), sfb.select(0, g),
+                      recipe_a.vec(), recipe_b.vec(), alpha});
+    }
+    return jobs;
+  });
 }
 
 at::Tensor fp8_bmm_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b, const at::Tensor& sfb,
                        const std::optional<at::Tensor>& c, at::IntArrayRef recipe_a, at::IntArrayRef recipe_b,
                        double alpha, std::optional<at::ScalarType> out_dtype) {
   const auto [shape, out_t] = fp8_gemm::fp8_bmm_signature(a, sfa, b, sfb, c, recipe_a, recipe_b, out_dtype);
-  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), a.options(), [&](at::Tensor& acc) {
-    bmm_accumulate(acc, a, sfa, b, sfb, recipe_a, recipe_b, alpha);
-  });
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  bmm_into(out, c.value_or(at::Tensor()), a, sfa, b, sfb, recipe_a, recipe_b, alpha);
+  return out;
 }
 
 at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, const at::Tensor& sfa,
@@ -371,13 +405,10 @@ at::Tensor fp8_einsum_cpu(c10::string_view equation_view, const at::Tensor& a, c
   const fp8_gemm::EinsumPlan plan = fp8_gemm::einsum_plan(equation);
   const at::Tensor a_h = a.permute(plan.perm_a), sfa_h = sfa.permute(plan.perm_a);
   const at::Tensor b_h = b.permute(plan.perm_b), sfb_h = sfb.permute(plan.perm_b);
-  const std::array<int64_t, 3> bmm_shape{a_h.size(0), a_h.size(1), b_h.size(1)};
-  // Accumulate in the batched layout, then write through a permuted view of the einsum-layout output.
-  const at::Tensor acc = with_fp32_accumulator(
-      bmm_shape, at::kFloat, c.has_value() ? c->permute(plan.perm_out) : at::Tensor(), a.options(),
-      [&](at::Tensor& acc) { bmm_accumulate(acc, a_h, sfa_h, b_h, sfb_h, recipe_a, recipe_b, alpha); });
+  // A batched GEMM over h, written through a permuted view of the einsum-layout output.
   at::Tensor out = at::empty(shape, a.options().dtype(out_t));
-  out.permute(plan.perm_out).copy_(acc);
+  bmm_into(out.permute(plan.perm_out), c.has_value() ? c->permute(plan.perm_out) : at::Tensor(), a_h, sfa_h, b_h,
+           sfb_h, recipe_a, recipe_b, alpha);
   return out;
 }
 

@@ -2,9 +2,9 @@
 // casts (quant.h, bit for bit deep_gemm.utils'), then run the fp8_gemm family's scaled GEMM on them. The
 // quantized copies are transient; the caller keeps its BF16/FP32 tensors (the training master weights).
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <array>
 #include <vector>
 
 #include "fp8_gemm.h"
@@ -19,24 +19,27 @@ at::Tensor fp8_quant_gemm_cpu(const at::Tensor& x, const at::Tensor& b, const at
                               const std::optional<at::Tensor>& c, int64_t gran_k, at::IntArrayRef recipe_b,
                               bool use_ue8m0, double alpha, std::optional<at::ScalarType> out_dtype) {
   const auto [shape, out_t] = fp8_linear::fp8_quant_gemm_signature(x, b, sfb, c, gran_k, recipe_b, out_dtype);
-  return with_fp32_accumulator(shape, out_t, c.value_or(at::Tensor()), x.options(), [&](at::Tensor& acc) {
-    const auto [q, sf] = quantize_blocks(x, 1, gran_k, use_ue8m0);
-    const std::array<int64_t, 2> recipe_a{1, gran_k};
-    fp8_gemm_accumulate(acc, q, sf, b, sfb, recipe_a, recipe_b, alpha);
+  at::Tensor out = at::empty(shape, x.options().dtype(out_t));
+  if (out.numel() == 0) return out;
+  const auto [q, sf] = quantize_blocks(x, 1, gran_k, use_ue8m0);
+  fp8_products_into(out, c.value_or(at::Tensor()), [&](const at::Tensor& acc) {
+    return std::vector<Fp8Job>{{acc, q, sf, b, sfb, {1, gran_k}, recipe_b.vec(), alpha}};
   });
+  return out;
 }
 
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           int64_t block, bool use_ue8m0, bool fp8_backward) {
   const std::vector<int64_t> shape = fp8_linear::fp8_linear_signature(x, weight, bias, block);
-  return with_fp32_accumulator(shape, x.scalar_type(), bias.value_or(at::Tensor()), x.options(),
-                               [&](at::Tensor& acc) {
-                                 // DeepSeek-V3's recipe: activations 1 x block per token, weights block x block.
-                                 const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
-                                 const auto [wq, ws] = quantize_blocks(weight, block, block, use_ue8m0);
-                                 const std::array<int64_t, 2> recipe_x{1, block}, recipe_w{block, block};
-                                 fp8_gemm_accumulate(acc, xq, xs, wq, ws, recipe_x, recipe_w, 1.0);
-                               });
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() == 0) return out;
+  // DeepSeek-V3's recipe: activations 1 x block per token, weights block x block.
+  const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
+  const auto [wq, ws] = quantize_blocks(weight, block, block, use_ue8m0);
+  fp8_products_into(out, bias.value_or(at::Tensor()), [&](const at::Tensor& acc) {
+    return std::vector<Fp8Job>{{acc, xq, xs, wq, ws, {1, block}, {block, block}}};
+  });
+  return out;
 }
 
 }  // namespace

@@ -166,7 +166,10 @@ at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
   const auto [shape, out_t] =
       grouped::m_grouped_fp8_signature(a, sfa, b, sfb, layout, psum, alignment, recipe_a, recipe_b, out_dtype);
   const auto segments = grouped::layout_segments(grouped::kMGroupedFp8, layout, psum, alignment, a.size(0), b.size(0));
-  return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  // The segments' rows are zeroed, accumulated and rounded by their own tasks, in the call's one parallel region.
+  zero_unowned_rows(out, segments);
+  fp8_products_into(out, at::Tensor(), [&](const at::Tensor& acc) {
     std::vector<Fp8Job> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
@@ -174,8 +177,9 @@ at::Tensor m_grouped_fp8_gemm_cpu(const at::Tensor& a, const at::Tensor& sfa, co
       jobs.push_back({acc.narrow(0, s.begin, len), a.narrow(0, s.begin, len), sfa.narrow(0, s.begin, len),
                       b.select(0, s.group), sfb.select(0, s.group), recipe_a.vec(), recipe_b.vec()});
     }
-    fp8_accumulate_many(jobs);
+    return jobs;
   });
+  return out;
 }
 
 at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& sfa, const at::Tensor& b,
@@ -183,7 +187,13 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
                                          at::IntArrayRef recipe_b, std::optional<at::ScalarType> out_dtype) {
   const auto [shape, out_t] = grouped::masked_fp8_signature(a, sfa, b, sfb, masked_m, recipe_a, recipe_b, out_dtype);
   const std::vector<int64_t> mv = grouped::masked_rows(grouped::kMaskedFp8, masked_m, a.size(1));
-  return with_fp32_accumulator(shape, out_t, at::Tensor(), a.options(), [&](at::Tensor& acc) {
+  // Rows at or beyond masked_m[g] are written as zeros; the others are zeroed, accumulated and rounded by their
+  // own tasks, in the call's one parallel region.
+  at::Tensor out = at::empty(shape, a.options().dtype(out_t));
+  for (int64_t g = 0; g < a.size(0); ++g) {
+    if (mv[g] < a.size(1)) out.select(0, g).narrow(0, mv[g], a.size(1) - mv[g]).zero_();
+  }
+  fp8_products_into(out, at::Tensor(), [&](const at::Tensor& acc) {
     std::vector<Fp8Job> jobs;
     for (int64_t g = 0; g < a.size(0); ++g) {
       if (mv[g] == 0) continue;
@@ -191,8 +201,9 @@ at::Tensor m_grouped_fp8_gemm_masked_cpu(const at::Tensor& a, const at::Tensor& 
                       sfa.select(0, g).narrow(0, 0, mv[g]), b.select(0, g), sfb.select(0, g), recipe_a.vec(),
                       recipe_b.vec()});
     }
-    fp8_accumulate_many(jobs);
+    return jobs;
   });
+  return out;
 }
 
 // Training path of FP8 experts: x cast per token (1 x block), each expert's weight in block x block blocks
@@ -203,20 +214,28 @@ at::Tensor m_grouped_fp8_linear_cpu(const at::Tensor& x, const at::Tensor& weigh
       grouped::m_grouped_fp8_linear_signature(x, weight, layout, psum, alignment, block);
   const auto segments =
       grouped::layout_segments(grouped::kLinearFp8, layout, psum, alignment, x.size(0), weight.size(0));
-  return with_fp32_accumulator(shape, x.scalar_type(), at::Tensor(), x.options(), [&](at::Tensor& acc) {
-    const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
-    const std::array<int64_t, 2> recipe_x{1, block}, recipe_w{block, block};
-    std::vector<std::pair<at::Tensor, at::Tensor>> experts(weight.size(0));
+  at::Tensor out = at::empty(shape, x.options());
+  if (out.numel() == 0) return out;
+  const auto [xq, xs] = quantize_blocks(x, 1, block, use_ue8m0);
+  std::vector<std::pair<at::Tensor, at::Tensor>> experts(weight.size(0));
+  for (const Segment& s : segments) {
+    auto& w = experts[s.group];
+    if (s.end > s.begin && !w.first.defined()) w = quantize_blocks(weight.select(0, s.group), block, block, use_ue8m0);
+  }
+  // Every segment's GEMM in the call's one parallel region, each zeroing and rounding its own rows.
+  zero_unowned_rows(out, segments);
+  fp8_products_into(out, at::Tensor(), [&](const at::Tensor& acc) {
+    std::vector<Fp8Job> jobs;
     for (const Segment& s : segments) {
       if (s.end == s.begin) continue;
-      auto& w = experts[s.group];
-      if (!w.first.defined()) w = quantize_blocks(weight.select(0, s.group), block, block, use_ue8m0);
       const int64_t len = s.end - s.begin;
-      at::Tensor rows = acc.narrow(0, s.begin, len);
-      fp8_gemm_accumulate(rows, xq.narrow(0, s.begin, len), xs.narrow(0, s.begin, len), w.first, w.second, recipe_x,
-                          recipe_w, 1.0);
+      const auto& w = experts[s.group];
+      jobs.push_back({acc.narrow(0, s.begin, len), xq.narrow(0, s.begin, len), xs.narrow(0, s.begin, len), w.first,
+                      w.second, {1, block}, {block, block}});
     }
+    return jobs;
   });
+  return out;
 }
 
 // The per-token cast inside the grouped GEMM: each expert segment's rows cast 1 x gran_k (quantize_blocks, bit for
