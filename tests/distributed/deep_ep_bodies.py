@@ -345,6 +345,44 @@ def check_repacked_handle_is_refused(rank: int, world_size: int) -> None:
             raise AssertionError(f"deep_ep.Buffer.{api} accepted a tuple without .ep")
 
 
+def check_ranks_with_nothing_to_send(rank: int, world_size: int) -> None:
+    """A rank with no tokens, and tokens that all stay home or go nowhere (every id -1): DeepEP puts no limit on
+    either (specs/deepep_api.md §3, §5.2). Normal dispatch/combine of ``Buffer`` and ``ElasticBuffer`` (a peer
+    that never sent a row has no shared region: its block is empty) and the low-latency FP8 dispatch with UE8M0
+    scales at T = 0."""
+    import torch_ascend_moe.deep_ep as deep_ep
+
+    experts, k, hidden = 4 * world_size, 2, 256
+    buffer = deep_ep.Buffer(dist.group.WORLD, int(1e8), 0)
+    elastic = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=8, hidden=hidden, num_topk=k)
+    for case in ("home", "dropped"):
+        t = (4 if rank == 0 else 0) if case == "home" else 3
+        idx = torch.tensor([[0, 1]] * t, dtype=torch.int64).view(t, k) if case == "home" else torch.full((t, k), -1)
+        g = torch.Generator().manual_seed(rank)
+        x, w = torch.randn(t, hidden, generator=g).bfloat16(), torch.rand(t, k, generator=g)
+        copies = (idx >= 0).any(1, keepdim=True).float()  # one copy per token on rank 0's two experts
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, experts)
+        recv, _, recv_w, _, handle, _ = buffer.dispatch(x, None, per_rank, None, in_rank, per_expert, idx, w)
+        combined, _, _ = buffer.combine(recv, handle, recv_w)
+        assert torch.equal(combined.float(), x.float() * copies), f"Buffer, {case}"
+        recv, _, recv_w, handle, _ = elastic.dispatch(x, idx, w, num_experts=experts, num_max_tokens_per_rank=8)
+        combined, _, _ = elastic.combine(recv, handle, recv_w)
+        assert combined.shape == (t, hidden), f"ElasticBuffer, {case}"
+        assert torch.equal(combined.float(), x.float() * copies), f"ElasticBuffer, {case}"
+    t_max, hidden = 8, 2048
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(t_max, hidden, world_size, experts)
+    low = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=experts // world_size)
+    t = 4 if rank == 0 else 0
+    x, idx = torch.randn(t, hidden).bfloat16(), torch.arange(k).repeat(t, 1)
+    for ue8m0 in (False, True):
+        (data, scales), count, _, _, _ = low.low_latency_dispatch(
+            x, idx, t_max, experts, use_fp8=True, round_scale=True, use_ue8m0=ue8m0
+        )
+        local = experts // world_size  # rank 0's four tokens each go to its experts 0 and 1
+        assert count.tolist() == ([4, 4] + [0] * (local - 2) if rank == 0 else [0] * local)
+        assert scales.dtype == (torch.int32 if ue8m0 else torch.float32), scales.dtype
+
+
 def _low_latency_setup(rank: int, world_size: int):
     import torch_ascend_moe.deep_ep as deep_ep
 

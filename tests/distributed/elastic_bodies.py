@@ -435,6 +435,10 @@ def check_experimental(rank: int, world_size: int) -> None:
                 assert torch.equal(fetched_sf, sf[indices.view(-1)].view(5, -1))
                 col = buffer.engram_fetch(indices, use_tma_aligned_col_major_sf=True)()[1]
                 assert torch.equal(col, fetched_sf) and col.stride(0) == 1
+        else:  # no tokens: empty rows of the usual widths (a view with -1 could not infer them)
+            data, fetched_sf = buffer.engram_fetch(torch.empty(0, 3, dtype=torch.int))()
+            assert data.shape == (0, 3 * 32) and data.dtype == local.dtype
+            assert fetched_sf is None if not fp8 else fetched_sf.shape == (0, 3 * sf.shape[1])
         buffer.barrier()
     buffer.pp_set_config(4 * 64 * 2, 3)
     peer = (rank + 1) % r

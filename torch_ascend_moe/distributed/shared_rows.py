@@ -245,8 +245,14 @@ class _Regions:
                 gather_rows(rows, index, mine[rank], mine[rank + 1], padded, own)
         self.barrier(op, group, timeout_s, "the all-to-all")
         if views:
+            # A peer that sends this rank nothing may never have shared a region (maps[s] None): its block is empty.
             return [
-                [as_bytes(rows)[mine[rank] : mine[rank + 1]] if s == rank else block(s, j, rank) for s in range(r)]
+                [
+                    as_bytes(rows)[mine[rank] : mine[rank + 1]]
+                    if s == rank
+                    else (block(s, j, rank) if table[s][rank] else as_bytes(rows)[:0])
+                    for s in range(r)
+                ]
                 for j, (_, rows) in enumerate(pairs)
             ]
         for j, (out, _) in enumerate(pairs):

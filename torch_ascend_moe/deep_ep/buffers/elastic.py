@@ -766,12 +766,13 @@ class ElasticBuffer:
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= storage.shape[0]):
             expected = f"entry ids in [0, {storage.shape[0]})"
             raise ValueError(ck.message(api, "indices", "values", expected, [int(indices.min()), int(indices.max())]))
-        t = indices.shape[0]
+        t, n = indices.shape
         flat = indices.reshape(-1).long()
-        data = payload.take_rows(storage, flat, False).view(t, -1)
+        # Widths spelled out: a view with -1 cannot infer them when there are no tokens.
+        data = payload.take_rows(storage, flat, False).view(t, n * storage.shape[1])
         scales = None
         if sf is not None:
-            scales = _sf_layout(sf[flat].view(t, -1), use_tma_aligned_col_major_sf)
+            scales = _sf_layout(sf[flat].view(t, n * sf.shape[1]), use_tma_aligned_col_major_sf)
         return lambda: (data, scales)
 
     def pp_set_config(self, num_max_tensor_bytes: int, num_max_inflight_tensors: int) -> None:

@@ -41,7 +41,8 @@ def _ll_cast(x: torch.Tensor, round_scale: bool, use_ue8m0: bool):
     data = (groups * scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(t, h)
     if use_ue8m0:
         codes = ((scale_inv.view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
-        return data, codes.view(t, -1, 4).contiguous().view(torch.int32).view(t, -1)
+        # Four codes per int32 along each row (a row-major byte view; no -1 sizes: none can be inferred at T = 0).
+        return data, codes.contiguous().view(torch.int32)
     return data, scale_inv
 
 
