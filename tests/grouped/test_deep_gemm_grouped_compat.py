@@ -69,6 +69,34 @@ def test_psum_gaps_untouched_without_ensure_zero_padding():
     assert (d[~owned] == 7).all()
 
 
+@pytest.mark.parametrize("fp8", [False, True])
+def test_psum_rows_past_the_last_group_untouched_with_ensure_zero_padding(fp8):
+    """A (DeepEP-style) buffer with more rows than were received: with ``ensure_zero_padding`` the gaps up to the
+    last group's aligned end are zeros, and rows after it keep their contents (upstream's psum scheduler stops
+    after the last group)."""
+    x, w = _inputs(3)
+    layout, aligned_end = psum_layout(COUNTS, ALIGN)
+    x = torch.cat([x, torch.randn(2 * ALIGN + 5, x.shape[1])])  # rows no group reaches
+    d = torch.full((x.shape[0], w.shape[1]), 7.0, dtype=torch.bfloat16)
+    if fp8:
+        parts = [quant.per_block_cast_to_fp8(w[g], False) for g in range(w.shape[0])]
+        b = torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+        a = quant.per_token_cast_to_fp8(x, use_ue8m0=False)
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=True, ensure_zero_padding=True)
+    else:
+        a, b = x.bfloat16(), w.bfloat16()
+        deep_gemm.m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, use_psum_layout=True, ensure_zero_padding=True)
+    owned = torch.zeros(x.shape[0], dtype=torch.bool)
+    for g, s, e in _segments():
+        owned[s:e] = True
+        if e > s:
+            assert calc_diff(d[s:e], x[s:e].double() @ w[g].double().T) < (1e-3 if fp8 else 1e-5)
+    gaps = ~owned
+    gaps[aligned_end:] = False
+    assert (d[gaps] == 0).all() and int(gaps.sum()) > 0
+    assert (d[aligned_end:] == 7).all()
+
+
 @pytest.mark.parametrize("fp4", [False, True])
 def test_fp8_and_fp4_contiguous(fp4):
     x, w = _inputs(2, k=256)

@@ -117,11 +117,15 @@ def test_compat_names_are_the_reference_quantizers():
         "cast_back_from_fp4",
         "ceil_to_ue8m0",
         "pack_ue8m0_to_int",
-        "unpack_ue8m0_from_int",
         "transpose_packed_fp4",
     ):
         assert getattr(deep_gemm, name) is getattr(quant, name)
         assert getattr(deep_gemm.utils, name) is getattr(quant, name)
+    # upstream's unpacking is a bit shift (code 0 -> 0.0, 255 -> inf), not E8M0's decoding
+    # (tests/gemm/test_deep_gemm_hostile_calls.py); the two agree on every other code
+    codes = torch.arange(1, 253, dtype=torch.uint8).view(torch.int32)
+    assert torch.equal(deep_gemm.unpack_ue8m0_from_int(codes), quant.unpack_ue8m0_from_int(codes))
+    assert deep_gemm.utils.unpack_ue8m0_from_int is deep_gemm.unpack_ue8m0_from_int
 
 
 @pytest.mark.parametrize("shape", [(0, 128), (3, 0), (0, 0)])

@@ -131,6 +131,11 @@ def _scaled_gemm(api, a, b, d, c, recipe, recipe_a, recipe_b, alpha, epilogue, a
     a_data, sfa = _pair(api, "a", a)
     b_data, sfb = _pair(api, "b", b)
     _check_packings(api, sfa, sfb)
+    # Ranks before the layout letter's transpose (``.mT`` of a 1-D tensor names no argument).
+    for name, data, sf, transposed in (("a", a_data, sfa, a_t), ("b", b_data, sfb, b_t)):
+        ck.check_rank(api, name, data, 2, "matrix")
+        if transposed:
+            ck.check_rank(api, f"sf{name}", sf, 2, "scale-factor matrix")
     ra, rb = _resolve_recipes(api, recipe, recipe_a, recipe_b, sfb)
     a_data, sfa = _logical(a_data, sfa, a_t, ra[1])
     b_data, sfb = _logical(b_data, sfb, b_t, rb[1])

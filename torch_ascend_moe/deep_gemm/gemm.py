@@ -65,6 +65,12 @@ def _check_out(api: str, d: torch.Tensor, c: torch.Tensor | None, shape: list) -
         )
 
 
+def _t(api: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t.mT`` of a transposed-layout operand, its rank checked first (``.mT`` of a 1-D tensor names no argument)."""
+    ck.check_rank(api, name, t, 2, "matrix")
+    return t.mT
+
+
 def _dense_gemm(api, a, b, d, c, alpha, epilogue, *, operand_dtypes=(torch.bfloat16,)):
     """``d := alpha * a @ b^T + c`` over logical ``a[M,K]``, ``b[N,K]`` (views already transposed)."""
     text = " or ".join(str(t) for t in operand_dtypes)
@@ -87,17 +93,20 @@ def bf16_gemm_nt(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None)
 
 def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None) -> None:
     """``d = alpha * a @ b (+ c)`` with ``a[M, K]``, ``b[K, N]``."""
-    _dense_gemm("deep_gemm.bf16_gemm_nn", a, b.mT, d, c, alpha, epilogue)
+    api = "deep_gemm.bf16_gemm_nn"
+    _dense_gemm(api, a, _t(api, "b", b), d, c, alpha, epilogue)
 
 
 def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None) -> None:
     """``d = alpha * a^T @ b (+ c)`` with ``a[K, M]``, ``b[K, N]`` (the weight-gradient layout)."""
-    _dense_gemm("deep_gemm.bf16_gemm_tn", a.mT, b.mT, d, c, alpha, epilogue)
+    api = "deep_gemm.bf16_gemm_tn"
+    _dense_gemm(api, _t(api, "a", a), _t(api, "b", b), d, c, alpha, epilogue)
 
 
 def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None) -> None:
     """``d = alpha * a^T @ b^T (+ c)`` with ``a[K, M]``, ``b[N, K]``."""
-    _dense_gemm("deep_gemm.bf16_gemm_tt", a.mT, b, d, c, alpha, epilogue)
+    api = "deep_gemm.bf16_gemm_tt"
+    _dense_gemm(api, _t(api, "a", a), b, d, c, alpha, epilogue)
 
 
 # cuBLASLt (CUDA) and ACLNN (Ascend) reference GEMMs: same conventions, dtype taken from the tensors.
@@ -136,15 +145,18 @@ def cublaslt_gemm_nt(a, b, d, c=None) -> None:
 
 
 def cublaslt_gemm_nn(a, b, d, c=None) -> None:
-    _blas_gemm("deep_gemm.cublaslt_gemm_nn", a, b.mT, d, c)
+    api = "deep_gemm.cublaslt_gemm_nn"
+    _blas_gemm(api, a, _t(api, "b", b), d, c)
 
 
 def cublaslt_gemm_tn(a, b, d, c=None) -> None:
-    _blas_gemm("deep_gemm.cublaslt_gemm_tn", a.mT, b.mT, d, c)
+    api = "deep_gemm.cublaslt_gemm_tn"
+    _blas_gemm(api, _t(api, "a", a), _t(api, "b", b), d, c)
 
 
 def cublaslt_gemm_tt(a, b, d, c=None) -> None:
-    _blas_gemm("deep_gemm.cublaslt_gemm_tt", a.mT, b, d, c)
+    api = "deep_gemm.cublaslt_gemm_tt"
+    _blas_gemm(api, _t(api, "a", a), b, d, c)
 
 
 # DeepGEMM-Ascend's names for the ACLNN-backed reference GEMMs.

@@ -62,12 +62,24 @@ def _layout_args(api, grouped_layout, use_psum_layout, expected_m_for_psum_layou
     return get_mk_alignment_for_contiguous_layout()
 
 
+def _psum_stored_rows(layout: torch.Tensor, alignment: int, rows: int) -> torch.Tensor:
+    """[rows] bool: rows before the last group's aligned end (its groups' rows and the zeroed gaps after each);
+    upstream's psum scheduler stops after the last group, so rows past it are never stored."""
+    r = torch.arange(rows, device=layout.device)
+    if layout.numel() == 0:
+        return r < 0
+    return r < (layout[-1:].long() + alignment - 1) // alignment * alignment
+
+
 def _kept_rows(grouped_layout, use_psum_layout, ensure_zero_padding, alignment, rows) -> torch.Tensor | None:
     """Rows of ``d`` to write (None: all). An id layout writes every row, its ``-1`` rows as zeros, whatever
     ``ensure_zero_padding`` says (upstream's kernels store whole tiles; its tests compare all of ``d``); a
-    psum layout leaves the gap rows untouched unless ``ensure_zero_padding``."""
-    if not use_psum_layout or ensure_zero_padding:
+    psum layout writes its groups' rows, plus the gap rows (zeros) up to the last group's aligned end with
+    ``ensure_zero_padding``; rows after that keep their contents either way."""
+    if not use_psum_layout:
         return None
+    if ensure_zero_padding:
+        return _psum_stored_rows(grouped_layout, alignment, rows)
     return _psum_owned_rows(grouped_layout, alignment, rows)
 
 
@@ -277,6 +289,9 @@ def k_grouped_bf16_gemm_tn_contiguous(
     """
     api = "deep_gemm.k_grouped_bf16_gemm_tn_contiguous"
     _check_dtype(api, "a", a, (torch.bfloat16,), "torch.bfloat16")
+    ck.check_rank(api, "a", a, 2, "[sum_k, M] matrix")
+    ck.check_rank(api, "b", b, 2, "[sum_k, N] matrix")
+    ck.check_rank(api, "grouped_layout", grouped_layout, 1, "[G] tensor")
     groups = grouped_layout.shape[0]
     _check_out(api, d, c, [groups, a.shape[1], b.shape[1]])
     ends, alignment = _k_grouped_ends(
@@ -352,6 +367,9 @@ def k_grouped_fp8_gemm_tn_contiguous(
     ck.check_arg(
         len(recipe) == 3 and recipe[0] == 1 and recipe[1] == 1, api, "recipe", "value", "(1, 1, gran_k)", tuple(recipe)
     )
+    ck.check_rank(api, "a", a_data, 2, "[sum_k, M] matrix")
+    ck.check_rank(api, "b", b_data, 2, "[sum_k, N] matrix")
+    ck.check_rank(api, "grouped_layout", grouped_layout, 1, "[G] tensor")
     groups = grouped_layout.shape[0]
     _check_out(api, d, c, [groups, a_data.shape[1], b_data.shape[1]])
     ends, alignment = _k_grouped_ends(

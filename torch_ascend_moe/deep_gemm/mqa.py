@@ -61,6 +61,14 @@ def _split_q(api: str, q) -> tuple[torch.Tensor, torch.Tensor | None]:
     return q, None
 
 
+def _split_kv(api: str, kv) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(kv, kv_sf)`` pair every MQA-logits entry takes (a bare tensor names no argument when unpacked)."""
+    ok = isinstance(kv, (tuple, list)) and len(kv) == 2
+    got = lambda: f"a tensor of shape {list(kv.shape)}" if isinstance(kv, torch.Tensor) else type(kv).__name__  # noqa: E731
+    ck.check_arg(ok, api, "kv", "value", "a (kv, kv_sf) pair", got)
+    return kv[0], kv[1]
+
+
 def _int32_scales(sf) -> bool:
     return sf is not None and sf.dtype == torch.int32
 
@@ -95,7 +103,7 @@ def fp8_fp4_mqa_logits(
         max_seqlen_k = int(clean_logits)
         clean_logits = max_seqlen_k == 0
     q_data, q_sf = _split_q(api, q)
-    k_data, kv_sf = kv
+    k_data, kv_sf = _split_kv(api, kv)
     ascend = _ascend_call(q_sf, kv_sf)
     if ascend:
         clean_logits = False
@@ -260,10 +268,10 @@ def _mx_fp8_pages(kv_cache: torch.Tensor, d: int) -> tuple[torch.Tensor, bool]:
     data = flat[:, : block_kv * d]
     codes = flat[:, block_kv * d :].reshape(blocks, block_kv, 4)[..., : d // 32]
     if d % 64 == 0:
-        pages = torch.cat([data, codes.reshape(blocks, -1)], dim=1)
+        pages = torch.cat([data, codes.reshape(blocks, block_kv * (d // 32))], dim=1)  # sizes given: blocks may be 0
         return pages.view(blocks, block_kv, 1, d + d // 32), True
     scale = torch.where(codes == 255, torch.nan, torch.pow(2.0, codes.float() - 127)).reshape(blocks, block_kv)
-    pages = torch.cat([data, scale.contiguous().view(torch.uint8).reshape(blocks, -1)], dim=1)
+    pages = torch.cat([data, scale.contiguous().view(torch.uint8).reshape(blocks, block_kv * 4)], dim=1)
     return pages.view(blocks, block_kv, 1, d + 4), False
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe import checks as ck
-from torch_ascend_moe.deep_gemm.mqa import _FP4_DTYPES, _data, _scales, _split_q
+from torch_ascend_moe.deep_gemm.mqa import _FP4_DTYPES, _data, _scales, _split_kv, _split_q
 from torch_ascend_moe.distributed import capture
 from torch_ascend_moe.ops.mqa_logits import paged_sparse_mqa_logits, sparse_mqa_logits
 
@@ -214,7 +214,7 @@ def fp8_fp4_sparse_mqa_logits(
     api = "deep_gemm.fp8_fp4_sparse_mqa_logits"
     q_data, q_sf, fp4 = _mx_operand(api, q, (_HEADS,))
     s = q_data.shape[0]
-    k_data, kv_sf = kv
+    k_data, kv_sf = _split_kv(api, kv)
     ck.check_arg(
         (k_data.dtype in _FP4_DTYPES) == fp4 and k_data.dim() == 2 and k_data.shape[-1] == q_data.shape[-1],
         api,

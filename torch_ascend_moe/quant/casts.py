@@ -26,6 +26,11 @@ def _check_2d(api: str, x: torch.Tensor) -> None:
     ck.check_rank(api, "x", x, 2, "[m, n]")
 
 
+def _check_gran(api: str, name: str, gran: int) -> None:
+    # Checked before any arithmetic with it: a zero would surface as a ZeroDivisionError naming nothing.
+    ck.check_arg(isinstance(gran, int) and gran > 0, api, name, "value", "a positive int", gran)
+
+
 def block_cast_to_fp8(x: torch.Tensor, block: Sequence[int], use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``block = (rows, cols)`` blocks: ``x[m, n]`` -> (E4M3 ``[m, n]``, ``sf[ceil(m/rows), ceil(n/cols)]``).
 
@@ -58,6 +63,7 @@ def per_token_cast_to_fp8(
     """
     api = "per_token_cast_to_fp8"
     _check_2d(api, x)
+    _check_gran(api, "gran_k", gran_k)
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
     count = -(-x.shape[1] // gran_k)
     if use_packed_ue8m0 and count % 4:
@@ -70,6 +76,7 @@ def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128)
     """Per-column groups of ``gran_k`` rows: ``x[m, n]`` (``m % gran_k == 0``) -> (E4M3, ``sf[m/gran_k, n]``)."""
     api = "per_channel_cast_to_fp8"
     _check_2d(api, x)
+    _check_gran(api, "gran_k", gran_k)
     ck.check_arg(x.shape[0] % gran_k == 0, api, "x", "size(0)", f"a multiple of gran_k={gran_k}", x.shape[0])
     return quantize_fp8(x, (gran_k, 1), use_ue8m0=use_ue8m0)
 
@@ -83,7 +90,8 @@ def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128) -
 def per_custom_dims_cast_to_fp8(
     x: torch.Tensor, dims: Sequence[int], use_ue8m0: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One scale per index of ``dims`` (amax over every other dim); the scale has the shape of ``dims``.
+    """One scale per index of ``dims`` (amax over every other dim); the scale has the shape of ``dims``, size-1
+    dims squeezed out as upstream's ``sf.squeeze()`` does.
 
     ``dims=(0,)`` on ``[S, D]`` KV rows gives the per-token KV scales of the MQA indexer.
     """
@@ -98,11 +106,14 @@ def per_custom_dims_cast_to_fp8(
     inverse = [0] * x.dim()
     for i, d in enumerate([*kept, *reduced]):
         inverse[d] = i
-    return q.view(rows.shape).permute(*inverse).contiguous(), sf.view([x.shape[d] for d in kept])
+    # Upstream returns its keepdim scales squeezed: size-1 kept dims go too (one token's scale is 0-D).
+    return q.view(rows.shape).permute(*inverse).contiguous(), sf.view([x.shape[d] for d in kept]).squeeze()
 
 
 def dequantize_fp8(q: torch.Tensor, sf: torch.Tensor, gran_mn: int, gran_k: int) -> torch.Tensor:
     """FP32 ``q[mn, k] * sf[mn // gran_mn, k // gran_k]``: the dequantization contract of every scaled GEMM."""
+    _check_gran("dequantize_fp8", "gran_mn", gran_mn)
+    _check_gran("dequantize_fp8", "gran_k", gran_k)
     mn, k = q.shape
     # Scales past the data (a larger, e.g. unpacked, scale tensor) are ignored, as upstream's slicing does.
     sf = sf[: -(-mn // gran_mn), : -(-k // gran_k)]
@@ -131,6 +142,7 @@ def cast_back_from_fp4(
 ) -> torch.Tensor:
     """Dequantize ``per_token_cast_to_fp4``'s output (int8, uint8 or ``float4_e2m1fn_x2`` ``[..., n/2]``) to FP32
     ``[..., n]``; ``sf`` is FP32 ``[..., ceil(n/gran_k)]`` or, with ``use_packed_ue8m0``, packed int32."""
+    _check_gran("cast_back_from_fp4", "gran_k", gran_k)
     if use_packed_ue8m0:
         ck.check_arg(sf.dtype == torch.int32, "cast_back_from_fp4", "sf", "dtype", torch.int32, sf.dtype)
     n = 2 * packed.shape[-1]
