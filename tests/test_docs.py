@@ -134,3 +134,22 @@ def test_op_tables_are_compact_and_complete():
     assert not long_rows, f"op table rows over 200 characters (move the detail to the op's note): {long_rows}"
     notes = re.findall(r"^#### `([a-z0-9_]+)`$", page, flags=re.M)
     assert sorted(notes) == sorted(cli.op_names())
+
+
+_DOCSTRING_MODULES = sorted(
+    ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    for p in (ROOT / "torch_ascend_moe").rglob("*.py")
+    if ">>> " in p.read_text()
+)
+
+
+@pytest.mark.parametrize("module", _DOCSTRING_MODULES)
+def test_docstring_examples_run(module):
+    """Every ``>>>`` example in the package's docstrings runs and prints what it shows (one needing a GPU or a
+    model says ``# doctest: +SKIP``): a stale example is a wrong answer to the first reader who tries it."""
+    import doctest
+    import importlib
+
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    result = doctest.testmod(importlib.import_module(module), optionflags=flags, verbose=False, report=False)
+    assert result.failed == 0, f"{module}: {result.failed} of {result.attempted} docstring examples failed"

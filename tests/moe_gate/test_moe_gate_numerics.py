@@ -137,6 +137,21 @@ def test_backward_is_the_weights_formula(scoring, clamp):
     torch.testing.assert_close(logits.grad, x.grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("bad", [16, 99, -2])
+def test_tile_kernels_counts_name_an_id_out_of_range(bad):
+    """Upstream's aux_fi / group_count kernels device-assert ``-1 <= id < n``: ours name the function and the
+    argument (not a scatter's index error), and -1 entries stay ignored."""
+    idx = torch.tensor([[0, 3, -1], [2, bad, 1]])
+    for api, call, arg in (
+        ("aux_fi", lambda: tile_kernels.moe.aux_fi(idx, 16, 3), "topk_idx"),
+        ("group_count", lambda: tile_kernels.moe.group_count(idx, 16), "group_idx"),
+    ):
+        with pytest.raises(ValueError, match=rf"tile_kernels\.moe\.{api}: argument '{arg}' values: expected ids in"):
+            call()
+    kept = idx.clamp(-1, 15)
+    assert tile_kernels.moe.group_count(kept, 16).tolist() == [int((kept == e).sum()) for e in range(16)]
+
+
 def test_helpers_against_the_spec():
     g = torch.Generator().manual_seed(1)
     w = torch.rand(50, 7, generator=g)

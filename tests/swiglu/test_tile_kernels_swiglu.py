@@ -63,6 +63,20 @@ def test_get_fused_mapping(alignment, experts, topk, ranks):
     assert moe.get_fused_mapping(idx, experts, bound + 5, alignment)[0].shape[0] == bound + 5
 
 
+def test_get_fused_mapping_no_sync_path_compiles():
+    """With the rows given (upstream's no-sync path) nothing reads a count on the host: it compiles with
+    ``fullgraph=True`` and gives eager's mapping."""
+    idx = _topk_idx(33, 16, 6, 16, seed=5)
+    rows = 33 * 6 + 16 * 64
+
+    def mapping(t):
+        return moe.get_fused_mapping(t, 16, rows, 64, force_no_sync=True)[:7]
+
+    torch._dynamo.reset()
+    for eager, compiled in zip(mapping(idx), torch.compile(mapping, fullgraph=True)(idx)):
+        assert torch.equal(eager, compiled)
+
+
 def test_expand_and_reduce():
     idx = _topk_idx(30, 8, 4, 8, seed=3)
     p2e, p2t, p2tt, ttp, *_ = moe.get_fused_mapping(idx, 8, 0, 16)

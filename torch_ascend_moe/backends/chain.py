@@ -153,7 +153,7 @@ def kernel(
     for a call (None: every call); ``available`` for the library. Both receive what the kernel receives: every
     schema argument. The kernel body validates what ``takes`` does not (our op's errors come first on every path).
 
-    >>> @kernel(device="cuda", library="triton", calls="_scaled_gemm", takes=takes_scaled)
+    >>> @kernel(device="cuda", library="triton", calls="_scaled_gemm", takes=takes_scaled)  # doctest: +SKIP
     ... def fp8_gemm(a, sfa, b, sfb, c, recipe_a, recipe_b, alpha, out_dtype): ...
     """
     if device not in DEVICE_KEYS or device == "cpu":
@@ -345,7 +345,7 @@ class Step(NamedTuple):
 def explain(op: str, device: str, *args, **kwargs) -> list[Step]:
     """Why ``op(*args)`` on ``device`` runs the kernel it runs: every entry of the chain with its answer.
 
-    >>> for step in explain("fp8_gemm", "cuda", a, sfa, b, sfb):
+    >>> for step in explain("fp8_gemm", "cuda", a, sfa, b, sfb):  # doctest: +SKIP
     ...     print(step.kernel.label, step.status, step.reason)
     """
     full = _registry.full_call(op, *args, **kwargs)
@@ -393,8 +393,8 @@ def warmup(fn: Callable, *args, **kwargs) -> list[Kernel]:
     kernels compile on first launch too, and DeepEP builds its buffers (a collective) on the first call that needs
     them. Gradients are not tracked; the device is synchronized afterwards.
 
-    >>> kernels = torch_ascend_moe.warmup(model, tokens)
-    >>> graph = torch.cuda.CUDAGraph()  # then capture model(tokens) as usual
+    >>> kernels = torch_ascend_moe.warmup(model, tokens)  # doctest: +SKIP
+    >>> graph = torch.cuda.CUDAGraph()  # doctest: +SKIP
     """
     with recording() as choices, torch.no_grad():
         fn(*args, **kwargs)

@@ -134,7 +134,12 @@ def topk(
     """DeepSelect's ``topk``: ``(values [b, topk] or None, indices [b, topk])`` of ``input [b, vocab_size]``
     (BF16 or FP32); see the module docstring for the semantics.
 
-    >>> values, indices = topk(torch.tensor([[0.5, 2.0, -1.0, 3.0]]), 2, sorted=True)
+    As upstream, the input's storage must hold its last row rounded up to 128 bytes (allocate padded rows, then
+    slice):
+
+    >>> rows = torch.zeros(1, 32)  # 128-byte FP32 rows
+    >>> rows[:, :4] = torch.tensor([0.5, 2.0, -1.0, 3.0])
+    >>> values, indices = topk(rows[:, :4], 2, sorted=True)
     >>> values.tolist(), indices.tolist()
     ([[3.0, 2.0]], [[3, 1]])
     """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops import moe_gate as ops
 from torch_ascend_moe.tile_kernels.moe.ascend import (
     check_gate_buffers,
@@ -135,13 +136,23 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return ops.normalize_weight(topk_weights)
 
 
+def _check_ids(api: str, name: str, idx: torch.Tensor, n: int) -> None:
+    """Upstream's kernels device-assert ``-1 <= idx < n``; on the CPU the host read is free (skipped while
+    compiling, where it would be a data-dependent guard), and an id out of range is named, not a scatter error."""
+    if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
+        low, high = int(idx.min()), int(idx.max())
+        ck.check_arg(low >= -1 and high < n, api, name, "values", f"ids in [-1, {n})", f"ids in [{low}, {high}]")
+
+
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
     assert topk_idx.dim() == 2 and topk_idx.dtype == torch.int64
+    _check_ids("tile_kernels.moe.aux_fi", "topk_idx", topk_idx, num_experts)
     return ops.aux_fi(topk_idx, num_experts, num_aux_topk)
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     assert group_idx.dim() == 2 and group_idx.is_contiguous()
+    _check_ids("tile_kernels.moe.group_count", "group_idx", group_idx, num_groups)
     return ops.group_count(group_idx, num_groups)
 
 
