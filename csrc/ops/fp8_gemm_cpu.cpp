@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <functional>
 #include <tuple>
 #include <array>
@@ -171,6 +172,15 @@ bool scaled_values_finite(const at::Tensor& sf) {
   return sf.numel() == 0 || at::isfinite(sf.to(at::kFloat).abs().max().mul(448.0)).item<bool>();
 }
 
+// Whether the streaming kernel's unscaled block sums (gk products of deq(A), at most 448 * |sfa|, and a code of B,
+// at most 448) stay below FP32's maximum. Past it (a huge deq(A) against a small B scale) a sum overflows before
+// B's scale brings it back, where the contract's deq(A) @ deq(B)^T is finite; NaN scales fail it too.
+bool block_sums_fit(const at::Tensor& sfa, int64_t gk) {
+  if (sfa.numel() == 0) return true;
+  const double amax = sfa.to(at::kFloat).abs().max().item<double>();
+  return amax * 448.0 * 448.0 * static_cast<double>(gk) < static_cast<double>(std::numeric_limits<float>::max());
+}
+
 // acc[m * ldacc + n - n0] = sum_kb sfb[n / gmn, kb] * sum_{k in kb} a[m, k] * deq(B[n, k]) for rows n0..n1 of B.
 // Four rows of B at a time: four independent FMA chains, and each load of A serves four rows. `buf`
 // holds 4 * gk floats.
@@ -268,9 +278,11 @@ void fp8_accumulate_many(const std::vector<Fp8Job>& jobs) {
     // The streaming kernel reads each row of B as K contiguous bytes, so it needs a unit K stride whatever
     // N is (a one-row B sliced along K is not K-major); any row pitch works, 0 (an expanded B) included.
     // It scales B's block sums, not its values: the same numbers unless a value times its scale is not finite (a
-    // NaN/inf scale meeting a zero, an overflow past 448 * scale), where only dequantizing first puts NaN and inf
-    // where the contract (deq(A) @ deq(B)^T) has them.
-    p.streaming = M <= kStreamingMaxRows && j.b.stride(1) == 1 && j.recipe_b[1] % 2 == 0 && scaled_values_finite(j.sfb);
+    // NaN/inf scale meeting a zero, an overflow past 448 * scale), or an unscaled block sum could overflow (a huge
+    // deq(A) against a small B scale), where only dequantizing first puts NaN and inf where the contract
+    // (deq(A) @ deq(B)^T) has them, and nowhere else.
+    p.streaming = M <= kStreamingMaxRows && j.b.stride(1) == 1 && j.recipe_b[1] % 2 == 0 &&
+                  scaled_values_finite(j.sfb) && block_sums_fit(j.sfa, j.recipe_b[1]);
     const bool whole_a = M * K <= kWholeAElements;
     p.a_rows = whole_a ? M : std::max<int64_t>(64, kPanelElements / K);
     int64_t width;
