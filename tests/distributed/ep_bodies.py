@@ -231,7 +231,7 @@ def _check_capturable(world: _World, t_max: int) -> None:
 
 def _check_rejections(world: _World) -> None:
     """Bad arguments on one rank and different ops on different ranks: every rank raises at once."""
-    from torch_ascend_moe.ops.ep import ep_dispatch, ep_low_latency_dispatch
+    from torch_ascend_moe.ops.ep import ep_dispatch, ep_dispatch_cached, ep_low_latency_combine, ep_low_latency_dispatch
 
     last = world.world - 1
     start = time.monotonic()
@@ -253,6 +253,28 @@ def _check_rejections(world: _World) -> None:
     else:
         call = lambda: ep_low_latency_dispatch(world.x, world.idx, 8, world.experts, use_fp8=False)  # noqa: E731
     _expect_raises(call, ValueError, "the ranks called different ops")
+    # A cached dispatch whose x lacks rows the handle sends, on one rank: every rank is told in the header (the
+    # short rank failed alone after it, and a peer could return wrong rows once the short rank went on).
+    out = ep_dispatch(world.x, world.idx, num_experts=world.experts)
+    x = world.x[:1] if world.rank == last else world.x
+    _expect_raises(
+        lambda: ep_dispatch_cached(x, out.handle), ValueError, "argument 'x' size(0): expected the tokens of the"
+    )
+    _expect_raises(lambda: ep_dispatch_cached(x, out.handle), ValueError, f"fewer rows on rank(s) [{last}]")
+    assert torch.equal(ep_dispatch_cached(world.x, out.handle)[0], out.recv_x)  # the group goes on
+    # A low-latency combine with an id past the experts (or below -1) on one rank: every rank raises, as the
+    # dispatch does, instead of an IndexError on that rank alone.
+    recv, _, handle = ep_low_latency_dispatch(world.x, world.idx, 8, world.experts, use_fp8=False)
+    for bad in (world.experts, -2):
+        idx = world.idx.clone()
+        if world.rank == last:
+            idx[0, 0] = bad
+        _expect_raises(
+            lambda idx=idx: ep_low_latency_combine(recv, idx, world.w.float(), handle),
+            ValueError,
+            f"argument 'topk_idx' values: expected expert ids in [-1, {world.experts}) on every rank, got ids out "
+            f"of range on rank(s) [{last}]",
+        )
 
 
 def _check_combine(world: _World, num_biases: int) -> None:

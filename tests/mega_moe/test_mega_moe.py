@@ -225,3 +225,36 @@ def test_nn_megamoe_with_fp8_linear_shared_experts_runs_them_beside_the_op():
     assert mega._fused_shared() == {}
     x = torch.randn(6, 128).bfloat16()
     assert calc_diff(mega(x), moe(x)) < 1e-5
+
+
+@pytest.mark.parametrize("weights", ["fp4", "fp8"])
+def test_fp8_modes_take_any_layout_of_x_and_the_weights(weights):
+    """FP8 tokens column-major or sliced at an odd column, and weights stored MN-major (packed FP4 included): the
+    same bits as the row-major call (FP8 rows are permuted as byte pairs, which needs a row-major copy there; the
+    grouped GEMMs read packed FP4 K-major)."""
+    from torch_ascend_moe.ops.mega_moe import mega_moe
+
+    g = torch.Generator().manual_seed(3)
+    t, h, inter, e = 5, 64, 32, 2
+    idx = torch.tensor([[0, 1], [1, -1], [0, 1], [1, 0], [-1, 0]])
+    w = torch.rand(t, 2, generator=g)
+    x_sf = torch.rand(t, h // 32, generator=g) + 0.5
+    if weights == "fp4":
+        l1 = torch.randint(0, 256, (e, 2 * inter, h // 2), dtype=torch.uint8, generator=g)
+        l2 = torch.randint(0, 256, (e, h, inter // 2), dtype=torch.uint8, generator=g)
+    else:
+        l1 = torch.randn(e, 2 * inter, h, generator=g).to(torch.float8_e4m3fn)
+        l2 = torch.randn(e, h, inter, generator=g).to(torch.float8_e4m3fn)
+    l1_sf = torch.rand(e, 2 * inter, h // 32, generator=g) + 0.5
+    l2_sf = torch.rand(e, h, inter // 32, generator=g) + 0.5
+    wide = torch.randn(t, 2 * h + 1, generator=g).to(torch.float8_e4m3fn)
+    x = wide[:, 1 : h + 1].contiguous()
+    ref, _ = mega_moe(x, idx, w, l1, l2, x_sf=x_sf, l1_sf=l1_sf, l2_sf=l2_sf)
+
+    def mn_major(t_):
+        return t_.transpose(1, 2).contiguous().transpose(1, 2)
+
+    for xs in (wide[:, 1 : h + 1], x.t().contiguous().t()):
+        for w1, w2 in ((l1, l2), (mn_major(l1), mn_major(l2))):
+            out, _ = mega_moe(xs, idx, w, w1, w2, x_sf=x_sf, l1_sf=l1_sf, l2_sf=l2_sf)
+            assert torch.equal(out, ref), (xs.stride(), w1.stride())

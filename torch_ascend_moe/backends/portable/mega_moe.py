@@ -63,7 +63,12 @@ GRAN = 32  # the FP8 x FP4 recipe's K granularity (1 x 32 UE8M0 scales for x, W1
 def _permute_rows(x, idx, experts):
     """moe_permute of any 1- or 2-byte dtype: FP8 rows go through as pairs of bytes (bit copies)."""
     if x.dtype == torch.float8_e4m3fn:
-        permuted, row_map, offs = moe_permute(x.view(torch.int8).view(torch.float16), idx, experts)
+        b = x.view(torch.int8)
+        # Pairs of bytes need a unit last stride and even offsets: other layouts (column-major, a column slice) are
+        # copied row-major first.
+        if b.stride(-1) != 1 or b.storage_offset() % 2 or any(s % 2 for s in b.stride()[:-1]):
+            b = b.clone(memory_format=torch.contiguous_format)
+        permuted, row_map, offs = moe_permute(b.view(torch.float16), idx, experts)
         return permuted.view(torch.float8_e4m3fn), row_map, offs
     return moe_permute(x, idx, experts)
 
@@ -258,7 +263,8 @@ def local_experts(x, x_sf, idx, weights, l1, l1_sf, l2, l2_sf, activation_clamp,
     block = kind_of(x, x_sf, l1) == "fp8_block"
     experts = l1.shape[0]
     if fp8 and l1.dtype != torch.float8_e4m3fn:  # upstream passes packed FP4 as int8; the grouped GEMM reads uint8
-        l1, l2 = l1.view(torch.uint8), l2.view(torch.uint8)
+        # The grouped GEMMs read packed FP4 K-major: other layouts of the same bytes are copied so first.
+        l1, l2 = (w.view(torch.uint8) if w.stride(-1) == 1 else w.view(torch.uint8).contiguous() for w in (l1, l2))
     permuted, row_map, offs = _permute_rows(x, idx, experts)
     n_rows = permuted.shape[0]
     row_w = _row_weights(weights.float(), idx, row_map, n_rows, experts)

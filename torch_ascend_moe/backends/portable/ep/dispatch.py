@@ -19,7 +19,7 @@ from torch_ascend_moe.backends.portable.ep.header import (
 )
 from torch_ascend_moe.backends.portable.ep.layout import layout_of, per_local_expert
 from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
-from torch_ascend_moe.backends.portable.ep.route import checked_route
+from torch_ascend_moe.backends.portable.ep.route import cached_row_errors, checked_route
 from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture, payload, transport
 from torch_ascend_moe.distributed.groups import resolve_group
@@ -222,7 +222,14 @@ def _unpack_portable(meta, scale_bytes, k, weight_size, first_expert, local_expe
 @portable_kernel
 def ep_dispatch_cached(args):
     op = ep_checks.CACHED
-    _, group, route = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.OURS)
+    _, group, route = checked_route(
+        op,
+        ep_checks.cached_signature,
+        cached_fields,
+        args,
+        Transport.OURS,
+        lambda: cached_row_errors(op, args.x, args.send_src),
+    )
     n = args.recv_gather.shape[0]
     pairs = [(args.x, args.x.new_empty(route.rows_out, args.x.shape[1]))]
     if args.x_scales is not None:

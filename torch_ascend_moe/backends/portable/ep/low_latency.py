@@ -207,9 +207,18 @@ def ll_combine_checks(
         "num_max_dispatch_tokens_per_rank": args.num_max_dispatch_tokens_per_rank,
         "local experts": local,
     }
+    # The ids the combine weighs its slots by, checked as the dispatch checks them (an id past the experts would
+    # index past the returned rows on its rank alone; -2 would pass for -1).
+    experts = local * r
+    out_of_range = ((args.topk_idx < -1) | (args.topk_idx >= experts)).any()
+    expected = f"expert ids in [-1, {experts}) on every rank"
+    bad_ids_message = ck.message(op, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
     gathered = None
     if not capture.capturing(args.x.device):
-        gathered = agreement.exchange_header(op, group, args.x.device, fields, extra, errors or {}, args.timeout_s)
+        errors = {"topk_idx": (bool(out_of_range), bad_ids_message), **(errors or {})}
+        gathered = agreement.exchange_header(op, group, args.x.device, fields, extra, errors, args.timeout_s)
+    else:
+        torch._assert_async(~out_of_range, bad_ids_message.format(ranks=[group.rank()]))
     return group, r, gathered
 
 

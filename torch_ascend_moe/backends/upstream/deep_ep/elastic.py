@@ -47,7 +47,7 @@ from torch_ascend_moe import checks as ck
 from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.outputs import absent
-from torch_ascend_moe.backends.portable.ep.route import checked_route
+from torch_ascend_moe.backends.portable.ep.route import cached_row_errors, checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.checks import ep as ep_checks
@@ -319,7 +319,14 @@ def _pad(rows: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 def _cached(args):
     op = ep_checks.CACHED
-    r, group, _ = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.DEEP_EP_V2)
+    r, group, _ = checked_route(
+        op,
+        ep_checks.cached_signature,
+        cached_fields,
+        args,
+        Transport.DEEP_EP_V2,
+        lambda: cached_row_errors(op, args.x, args.send_src),
+    )
     handle, n = unpack(op, args.backend_state, r, args.x.shape[0])
     fp8 = args.x_scales is not None
     buffer, _ = _buffer(

@@ -49,7 +49,7 @@ from torch_ascend_moe.backends.chain import first_refusal, kernel, refuse
 from torch_ascend_moe.backends.portable.ep.header import Transport, cached_fields, combine_fields
 from torch_ascend_moe.backends.portable.ep.low_latency import ll_combine_checks, ll_dispatch_checks
 from torch_ascend_moe.backends.portable.ep.outputs import absent, no_backend_state
-from torch_ascend_moe.backends.portable.ep.route import checked_route
+from torch_ascend_moe.backends.portable.ep.route import cached_row_errors, checked_route
 from torch_ascend_moe.backends.upstream import Library
 from torch_ascend_moe.backends.upstream import deep_ep as shared
 from torch_ascend_moe.checks import ep as ep_checks
@@ -233,7 +233,14 @@ def ep_dispatch(args):
 )
 def ep_dispatch_cached(args):
     op = ep_checks.CACHED
-    r, group, _ = checked_route(op, ep_checks.cached_signature, cached_fields, args, Transport.DEEP_EP)
+    r, group, _ = checked_route(
+        op,
+        ep_checks.cached_signature,
+        cached_fields,
+        args,
+        Transport.DEEP_EP,
+        lambda: cached_row_errors(op, args.x, args.send_src),
+    )
     n = args.recv_gather.shape[0]
     handle = unpack(op, args.backend_state, r, args.x.shape[0], n)
     buffer = normal_buffer(args.group_name, group, _hidden_bytes(args.x))
