@@ -146,10 +146,16 @@ _DOCSTRING_MODULES = sorted(
 @pytest.mark.parametrize("module", _DOCSTRING_MODULES)
 def test_docstring_examples_run(module):
     """Every ``>>>`` example in the package's docstrings runs and prints what it shows (one needing a GPU or a
-    model says ``# doctest: +SKIP``): a stale example is a wrong answer to the first reader who tries it."""
+    model, or declaring a kernel, says ``# doctest: +SKIP``): a stale example is a wrong answer to the first reader
+    who tries it."""
     import doctest
     import importlib
 
+    from torch_ascend_moe import _registry
+
+    kernels = dict(_registry.PORTABLE)
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     result = doctest.testmod(importlib.import_module(module), optionflags=flags, verbose=False, report=False)
     assert result.failed == 0, f"{module}: {result.failed} of {result.attempted} docstring examples failed"
+    # An example that declares a kernel would replace the real one for every later test in this process.
+    assert dict(_registry.PORTABLE) == kernels, f"{module}: an example registered a kernel (mark it +SKIP)"

@@ -272,7 +272,7 @@ def schema_defaults(name: str | Callable | None = None):
     every parameter whose default is ``FROM_SCHEMA`` gets the value of the schema argument of the same name
     (lists as tuples), so ``help()`` shows it and no wrapper restates it.
 
-    >>> @schema_defaults
+    >>> @schema_defaults  # doctest: +SKIP
     ... def bf16_gemm(a, b, c=None, *, alpha=FROM_SCHEMA, out_dtype=None): ...
     """
 
@@ -306,7 +306,7 @@ def portable_kernel(name: str | Callable | None = None):
 
     It receives every schema argument (``with_defaults``).
 
-    >>> @portable_kernel
+    >>> @portable_kernel  # doctest: +SKIP
     ... def bf16_gemm(a, b, c, alpha, out_dtype): ...
     """
 
@@ -331,7 +331,7 @@ def npu_ge_converter(name: str, *, ir: str):
     Ascend IR op it builds around (for ``info``). ``backends.npu.register_ge_converters`` hands them to
     TorchAir's ``register_fx_node_ge_converter`` once TorchAir imports.
 
-    >>> @npu_ge_converter("m_grouped_bf16_gemm", ir="GroupedMatmul")
+    >>> @npu_ge_converter("m_grouped_bf16_gemm", ir="GroupedMatmul")  # doctest: +SKIP
     ... def m_grouped_bf16_gemm_ge(a, b, layout, psum, alignment, out_dtype, meta_outputs=None): ...
     """
 
