@@ -93,7 +93,7 @@ def test_mqa_kv_must_be_a_pair(api):
     ],
 )
 def test_zero_block_size_is_an_argument_error(call):
-    with pytest.raises(ValueError, match=r"argument 'gran_k' value: expected a positive int, got 0"):
+    with pytest.raises(ValueError, match=r"argument 'gran_k' value: expected a positive integer, got 0"):
         call()
 
 

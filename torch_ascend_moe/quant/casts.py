@@ -26,11 +26,6 @@ def _check_2d(api: str, x: torch.Tensor) -> None:
     ck.check_rank(api, "x", x, 2, "[m, n]")
 
 
-def _check_gran(api: str, name: str, gran: int) -> None:
-    # Checked before any arithmetic with it: a zero would surface as a ZeroDivisionError naming nothing.
-    ck.check_arg(isinstance(gran, int) and gran > 0, api, name, "value", "a positive int", gran)
-
-
 def block_cast_to_fp8(x: torch.Tensor, block: Sequence[int], use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``block = (rows, cols)`` blocks: ``x[m, n]`` -> (E4M3 ``[m, n]``, ``sf[ceil(m/rows), ceil(n/cols)]``).
 
@@ -63,7 +58,7 @@ def per_token_cast_to_fp8(
     """
     api = "per_token_cast_to_fp8"
     _check_2d(api, x)
-    _check_gran(api, "gran_k", gran_k)
+    ck.check_int_arg(api, "gran_k", gran_k, 1)  # before any arithmetic: 0 would divide by zero
     ck.check_arg(not use_packed_ue8m0 or use_ue8m0, api, "use_packed_ue8m0", "value", "False unless use_ue8m0", True)
     count = -(-x.shape[1] // gran_k)
     if use_packed_ue8m0 and count % 4:
@@ -76,7 +71,7 @@ def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool, gran_k: int = 128)
     """Per-column groups of ``gran_k`` rows: ``x[m, n]`` (``m % gran_k == 0``) -> (E4M3, ``sf[m/gran_k, n]``)."""
     api = "per_channel_cast_to_fp8"
     _check_2d(api, x)
-    _check_gran(api, "gran_k", gran_k)
+    ck.check_int_arg(api, "gran_k", gran_k, 1)
     ck.check_arg(x.shape[0] % gran_k == 0, api, "x", "size(0)", f"a multiple of gran_k={gran_k}", x.shape[0])
     return quantize_fp8(x, (gran_k, 1), use_ue8m0=use_ue8m0)
 
@@ -112,8 +107,8 @@ def per_custom_dims_cast_to_fp8(
 
 def dequantize_fp8(q: torch.Tensor, sf: torch.Tensor, gran_mn: int, gran_k: int) -> torch.Tensor:
     """FP32 ``q[mn, k] * sf[mn // gran_mn, k // gran_k]``: the dequantization contract of every scaled GEMM."""
-    _check_gran("dequantize_fp8", "gran_mn", gran_mn)
-    _check_gran("dequantize_fp8", "gran_k", gran_k)
+    ck.check_int_arg("dequantize_fp8", "gran_mn", gran_mn, 1)
+    ck.check_int_arg("dequantize_fp8", "gran_k", gran_k, 1)
     mn, k = q.shape
     # Scales past the data (a larger, e.g. unpacked, scale tensor) are ignored, as upstream's slicing does.
     sf = sf[: -(-mn // gran_mn), : -(-k // gran_k)]
@@ -142,7 +137,7 @@ def cast_back_from_fp4(
 ) -> torch.Tensor:
     """Dequantize ``per_token_cast_to_fp4``'s output (int8, uint8 or ``float4_e2m1fn_x2`` ``[..., n/2]``) to FP32
     ``[..., n]``; ``sf`` is FP32 ``[..., ceil(n/gran_k)]`` or, with ``use_packed_ue8m0``, packed int32."""
-    _check_gran("cast_back_from_fp4", "gran_k", gran_k)
+    ck.check_int_arg("cast_back_from_fp4", "gran_k", gran_k, 1)
     if use_packed_ue8m0:
         ck.check_arg(sf.dtype == torch.int32, "cast_back_from_fp4", "sf", "dtype", torch.int32, sf.dtype)
     n = 2 * packed.shape[-1]

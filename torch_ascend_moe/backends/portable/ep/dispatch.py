@@ -40,7 +40,7 @@ def ep_dispatch(args):
     bad, counts, send_src, meta_rows = _send_plan(
         args.topk_idx, args.num_experts, r, static, args.x_scales, args.topk_weights
     )
-    bad_ids_message = bad_ids(args)
+    bad_ids_message = bad_ids(args.num_experts)
     fields = dispatch_fields(args, Transport.OURS)
     if capturing and not static:
         raise ValueError(

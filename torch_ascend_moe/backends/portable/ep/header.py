@@ -65,10 +65,10 @@ def combine_fields(args, transport: Transport) -> dict:
     }
 
 
-def bad_ids(args) -> str:
-    """The error for expert ids out of range on some ranks (``{ranks}``: which)."""
-    expected = f"expert ids in [-1, {args.num_experts}) on every rank"
-    return ck.message(ep_checks.DISPATCH, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
+def bad_ids(num_experts: int, op: str = ep_checks.DISPATCH) -> str:
+    """The error for expert ids out of range on some ranks (``{ranks}``: which), for every op taking ``topk_idx``."""
+    expected = f"expert ids in [-1, {num_experts}) on every rank"
+    return ck.message(op, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
 
 
 def static_overflow(op: str, num_worst_tokens: int, rank: int, received) -> str:

@@ -9,7 +9,7 @@ import torch
 
 from torch_ascend_moe import checks as ck
 from torch_ascend_moe._registry import portable_kernel, result_type
-from torch_ascend_moe.backends.portable.ep.header import TRANSPORT_FIELD, Transport, checked_on_every_rank
+from torch_ascend_moe.backends.portable.ep.header import TRANSPORT_FIELD, Transport, bad_ids, checked_on_every_rank
 from torch_ascend_moe.backends.portable.ep.outputs import no_backend_state
 from torch_ascend_moe.checks import ep as ep_checks
 from torch_ascend_moe.distributed import agreement, capture
@@ -63,8 +63,7 @@ def ll_dispatch_checks(args, extra: torch.Tensor | None = None, transport: Trans
     sorted_ids = torch.sort(torch.where(idx >= 0, idx, -1 - torch.arange(k, device=device)), dim=1).values
     duplicates = (sorted_ids[:, 1:] == sorted_ids[:, :-1]).any() if k > 1 else torch.zeros((), dtype=torch.bool)
     # Templates: ``{ranks}`` is filled with the ranks that flagged the error.
-    expected = f"expert ids in [-1, {args.num_experts}) on every rank"
-    bad_ids_message = ck.message(op, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
+    bad_ids_message = bad_ids(args.num_experts, op)
     duplicates_message = ck.message(
         op,
         "topk_idx",
@@ -211,8 +210,7 @@ def ll_combine_checks(
     # index past the returned rows on its rank alone; -2 would pass for -1).
     experts = local * r
     out_of_range = ((args.topk_idx < -1) | (args.topk_idx >= experts)).any()
-    expected = f"expert ids in [-1, {experts}) on every rank"
-    bad_ids_message = ck.message(op, "topk_idx", "values", expected, "ids out of range on rank(s) {ranks}")
+    bad_ids_message = bad_ids(experts, op)
     gathered = None
     if not capture.capturing(args.x.device):
         errors = {"topk_idx": (bool(out_of_range), bad_ids_message), **(errors or {})}

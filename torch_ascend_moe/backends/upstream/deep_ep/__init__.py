@@ -165,7 +165,7 @@ def dispatch_header(args, transport: int) -> Header:
     per_rank, per_node, per_expert, in_rank = layout_of(ids, args.num_experts, r)
     # Every rank's send counts and T: receive counts, a too-small num_worst_tokens, and the static handle's T's.
     extra = torch.cat([per_rank.long().cpu(), torch.full((r,), t, dtype=torch.int64)])
-    errors = {"topk_idx": (bool(bad.any()), bad_ids(args))}
+    errors = {"topk_idx": (bool(bad.any()), bad_ids(args.num_experts))}
     table = agreement.exchange_header(
         op, group, args.x.device, dispatch_fields(args, transport), extra, errors, args.timeout_s
     )

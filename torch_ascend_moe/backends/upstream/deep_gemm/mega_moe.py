@@ -40,7 +40,6 @@ a GPU or an NPU (the lent H200 is SM90, where Mega MoE does not exist).
 from __future__ import annotations
 
 import importlib
-import types
 import weakref
 
 import torch
@@ -330,7 +329,7 @@ def _header(args, num_experts: int):
         "l1_weights' shape (E_local, 2I)": args.l1_weights.shape[0] * 1_000_000 + args.l1_weights.shape[1],
     }
     # The words ep_dispatch raises in the portable pipeline for the same ids.
-    words = bad_ids(types.SimpleNamespace(num_experts=num_experts))
+    words = bad_ids(num_experts)
     table = agreement.exchange_header(
         OP,
         group,
