@@ -262,6 +262,29 @@ def _check_rejections(world: _World) -> None:
     )
     _expect_raises(lambda: ep_dispatch_cached(x, out.handle), ValueError, f"fewer rows on rank(s) [{last}]")
     assert torch.equal(ep_dispatch_cached(world.x, out.handle)[0], out.recv_x)  # the group goes on
+    # A rank that raises after the header, before the rows' barrier (here a failure injected while it writes its
+    # rows): its next op's header meets its peers at the rows' barrier, and every rank raises at once instead of
+    # the peers reading rows never written. Then the group goes on. (Shared memory's barriers; gloo's sockets
+    # match a send to its receive by tag instead.)
+    from torch_ascend_moe.distributed import shared_rows, transport
+
+    shared = transport.control_of("test", dist.group.WORLD, 30.0) is not None
+    dispatch = lambda: ep_dispatch(world.x, world.idx, num_experts=world.experts, timeout_s=5.0)  # noqa: E731
+    if shared:
+        if world.rank == last:
+
+            def broken(*args, **kwargs):
+                raise RuntimeError("injected failure")
+
+            real, shared_rows.gather_rows = shared_rows.gather_rows, broken
+            try:
+                _expect_raises(dispatch, RuntimeError, "injected failure")
+            finally:
+                shared_rows.gather_rows = real
+            _expect_raises(dispatch, RuntimeError, "the header exchange: rank 0 arrived at the all-to-all")
+        else:
+            _expect_raises(dispatch, RuntimeError, f"the all-to-all: rank {last} arrived at the header exchange")
+        assert torch.equal(dispatch().recv_x, out.recv_x)
     # A low-latency combine with an id past the experts (or below -1) on one rank: every rank raises, as the
     # dispatch does, instead of an IndexError on that rank alone.
     recv, _, handle = ep_low_latency_dispatch(world.x, world.idx, 8, world.experts, use_fp8=False)

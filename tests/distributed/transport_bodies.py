@@ -154,6 +154,23 @@ def control_checks(rank: int, world: int, store_path: str) -> None:
             assert torch.equal(t, ref), (i, t, ref)
         assert regions.barriers == 80, regions.barriers
         dist.barrier()
+        # Out of step (a rank that raised between two steps of an op meets its peers' next barrier with another
+        # step): both ranks raise at once naming the other's step, and the counts stay in step for what follows.
+        steps = ("the test's header", "the test's rows")
+        for step in steps:  # every rank takes both steps once: the error names them
+            regions.barrier(OP, group, 30.0, step)
+        mine, other = steps if rank == 1 else steps[::-1]
+        start = time.monotonic()
+        try:
+            regions.barrier(OP, group, 30.0, mine)
+            raise AssertionError("a barrier met at different steps passed")
+        except RuntimeError as e:
+            want = f"{OP}: rank {rank} of {world}: {mine}: rank {1 - rank} arrived at {other}: the ranks are out"
+            assert str(e).startswith(want), str(e)
+        assert time.monotonic() - start < 5
+        regions.barrier(OP, group, 30.0, "the test's barrier")
+        assert regions.barriers == 84, regions.barriers
+        dist.barrier()
         if rank == 1:
             time.sleep(2.5)  # misses rank 0's 1 s barrier, then exits without a word
             os._exit(0)

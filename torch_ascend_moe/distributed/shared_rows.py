@@ -13,6 +13,12 @@ Protocol (every rank runs the same steps, decided from values every rank holds):
   passes the barrier, then reads every rank's slot. A rank reaches barrier ``n + 2`` (which rewrites slot
   ``n % 2``) only after every peer reached ``n + 1``, i.e. after every peer read the slots of barrier ``n``.
   A wait is bounded by the op's timeout and notices a peer process that has exited (its ``/proc`` entry).
+- A barrier also carries its step (a code of ``what``: the header exchange, the all-to-all, ...), written beside
+  the count before the count is published. A count alone would let a rank that raised between two steps of an
+  op (after the header, before the rows' barrier) meet its peers' rows barrier with its next op's header: the
+  peers would read rows never written. Every rank compares its peers' step with its own and raises at once when
+  they differ; the counts stay in step, so the group goes on with the next op. (Headers pair whatever the op,
+  so that different ops on different ranks get the header's own error.)
 - Callers exchange their header before the rows (``agreement.exchange_header``), so every rank knows every
   rank's send counts: every rank computes the size each region needs, and grows them identically. A region
   grows (to a power of two) in one step: its owner creates and maps a new file, a sync, every peer maps it, a
@@ -33,17 +39,23 @@ import secrets
 import socket
 import time
 import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
 
 from torch_ascend_moe.distributed.payload import as_bytes, gather_rows, offsets, row_bytes
-from torch_ascend_moe.distributed.waits import failed_error, timeout_error, wait
+from torch_ascend_moe.distributed.waits import failed_error, out_of_step_error, timeout_error, wait
 
 ENV = "TORCH_ASCEND_MOE_EP_SHM"
 DIRECTORY = "/dev/shm"
 _MIN_BYTES = 1 << 20
-_FLAG_WORDS = 8  # the barrier count alone on its 64-byte line; the header slots follow
+_FLAG_WORDS = 8  # the barrier count and its steps on one 64-byte line; the header slots follow
+# Words 4..7 of the line: the step of each of this rank's last 4 barriers, by count. While a rank waits at barrier n
+# a healthy peer is at n or n + 1 (it passes n + 1 only after this rank reaches it), so the peer's step of n is
+# still there when this rank reads it.
+_STEP_AT, _STEPS = 4, 4
+_step_names: dict[int, str] = {}  # the steps this process has taken, for the error naming a peer's
 _WAIT_SLICE_S = 0.05  # how often a waiting rank looks at the clock and its peers' processes
 # By group, weakly: a destroyed group's regions go with it (holding a group past its destruction aborts at exit).
 _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -97,6 +109,12 @@ def _stat_state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def _step_code(what: str) -> int:
+    code = zlib.crc32(what.encode())
+    _step_names.setdefault(code, what)
+    return code
 
 
 def _gone(pid: int) -> bool:
@@ -177,6 +195,8 @@ class _Regions:
 
         self.barriers += 1
         rank, target = group.rank(), self.barriers
+        step = _step_code(what)
+        self.control[rank][_STEP_AT + target % _STEPS] = step  # before the count: the release store publishes both
         _C._shm_publish(self.control[rank].data_ptr(), target)
         peers = [s for s in range(group.size()) if s != rank]
         addresses = [self.control[s].data_ptr() for s in peers]
@@ -185,6 +205,7 @@ class _Regions:
             elapsed = time.monotonic() - start
             late = _C._shm_wait(addresses, target, min(_WAIT_SLICE_S, max(timeout_s - elapsed, 0.0)))
             if late < 0:
+                self._check_steps(op, group, what, target, step, peers)
                 return
             peer, elapsed = peers[late], time.monotonic() - start
             if self.watched[peer] and _gone(self.pids[peer]):
@@ -192,6 +213,17 @@ class _Regions:
                 raise failed_error(op, group, what, elapsed, timeout_s, detail)
             if elapsed >= timeout_s:
                 raise timeout_error(op, group, what, timeout_s, f"rank {peer} has not arrived")
+
+    def _check_steps(self, op: str, group, what: str, target: int, step: int, peers: list[int]) -> None:
+        """Raise when a peer reached barrier ``target`` at another step than this rank (see the module's doc)."""
+        for peer in peers:
+            count = int(self.control[peer][0])
+            theirs = int(self.control[peer][_STEP_AT + target % _STEPS])
+            if count - target >= _STEPS:
+                raise out_of_step_error(op, group, what, peer, f"{count - target} barriers ahead")
+            if theirs != step:
+                name = _step_names.get(theirs, f"a step this rank has not taken (code {theirs})")
+                raise out_of_step_error(op, group, what, peer, f"at {name}")
 
     def all_gather(self, op: str, group, row: torch.Tensor, timeout_s: float, what: str) -> torch.Tensor:
         """Every rank's int64 ``row`` (at most ``slot_words`` long) as an ``[R, len(row)]`` table."""

@@ -39,3 +39,11 @@ def timeout_error(op: str, group, what: str, timeout_s: float, detail) -> Runtim
         f"{op}: rank {group.rank()} of {group.size()}: {what} did not complete within {timeout_s:g} s "
         f"(a rank never arrived, or the ranks called different ops): {detail}"
     )
+
+
+def out_of_step_error(op: str, group, what: str, peer: int, where: str) -> RuntimeError:
+    return RuntimeError(
+        f"{op}: rank {group.rank()} of {group.size()}: {what}: rank {peer} arrived {where}: the ranks are out of "
+        "step (a rank raised between two steps of an op, or the ranks called different sequences of collectives); "
+        "nothing was received in this step"
+    )
