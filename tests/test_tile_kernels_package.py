@@ -8,6 +8,7 @@ import pkgutil
 import sys
 
 import pytest
+import torch
 
 import torch_ascend_moe.tile_kernels as tk
 
@@ -77,6 +78,62 @@ def test_importable_under_upstreams_name(as_upstream):
         importlib.import_module(info.name.replace("tile_kernels.", tk.__name__ + ".", 1))
     from tile_kernels.modeling.mhc.ops.post import mhc_post  # noqa: F401  (a submodule path upstream's tests use)
     from tile_kernels.torch.mhc import mhc_post_ref  # noqa: F401
+
+
+# Every module of TileKernels @ 36d9e45 (tile_kernels/**/*.py): callers import kernels by module path (SGLang:
+# ``tile_kernels.moe.top2_sum_gate_kernel``; upstream's benchmark plugin, loaded by its tests' conftest:
+# ``tile_kernels.testing.bench.make_param_key``).
+UPSTREAM_MODULES = """
+config engram engram.engram_fused_weight_kernel engram.engram_gate_kernel engram.engram_grad_w_reduce_kernel
+engram.engram_hash_kernel mhc mhc.expand_kernel mhc.head_compute_mix_kernel mhc.multilayer_recompute_kernel
+mhc.norm_fn_kernel mhc.post_kernel mhc.pre_apply_mix_kernel mhc.pre_big_fuse_kernel mhc.pre_split_mixes_kernel
+mhc.sinkhorn_kernel modeling modeling.engram modeling.engram.engram_gate modeling.mhc modeling.mhc.functional
+modeling.mhc.ops modeling.mhc.ops.expand modeling.mhc.ops.head_compute_mix modeling.mhc.ops.multilayer_recompute
+modeling.mhc.ops.norm_fn modeling.mhc.ops.post modeling.mhc.ops.pre_apply_mix modeling.mhc.ops.pre_big_fuse
+modeling.mhc.ops.pre_split_mixes modeling.mhc.ops.sinkhorn moe moe.aux_fi_kernel moe.common moe.expand_to_fused_kernel
+moe.get_fused_mapping_kernel moe.group_count_kernel moe.inplace_unique_group_indices_kernel
+moe.mask_indices_by_tp_kernel moe.normalize_weight_kernel moe.reduce_fused_kernel moe.scoring moe.top2_sum_gate_kernel
+moe.topk_gate_kernel moe.topk_sum_and_topk_group_idx_kernel quant quant.cast_back_e5m6_kernel quant.cast_back_kernel
+quant.common quant.per_block_cast_kernel quant.per_block_cast_lossless_kernel
+quant.per_channel_cast_and_transpose_kernel quant.per_channel_cast_fused_kernel quant.per_channel_cast_kernel
+quant.per_token_cast_kernel quant.per_token_cast_to_e5m6_kernel quant.swiglu_backward_and_per_token_cast_kernel
+quant.swiglu_forward_and_per_channel_cast_and_transpose_kernel quant.swiglu_forward_and_per_token_cast_kernel
+quant.types testing testing.bench testing.generator testing.numeric testing.quant torch torch.cast torch.cast_e5m6
+torch.engram torch.expand_to_fused torch.mhc torch.moe torch.per_channel_cast_fused torch.reduce_fused torch.swiglu
+torch.topk transpose transpose.batched_transpose_kernel utils
+""".split()
+
+
+def test_every_upstream_module_path_imports(as_upstream):
+    """Each of upstream's module paths imports under its name; a kernel module holds its functions (the same
+    objects as the package's); a reference submodule named as its function (``torch.cast``, ``torch.reduce_fused``)
+    leaves the function, not the module, on ``tile_kernels.torch``, as upstream's package does."""
+    for name in UPSTREAM_MODULES:
+        importlib.import_module(f"tile_kernels.{name}")
+    import tile_kernels
+    from tile_kernels.moe.top2_sum_gate_kernel import top2_sum_gate
+    from tile_kernels.quant.per_token_cast_kernel import per_token_cast
+
+    ours = {m: sys.modules[f"{tk.__name__}.{m}"] for m in ("moe", "quant")}  # not the copies made under the alias
+    assert top2_sum_gate is ours["moe"].top2_sum_gate and per_token_cast is ours["quant"].per_token_cast
+    for name in "cast cast_back cast_to_e5m6 expand_to_fused reduce_fused swiglu_forward stable_topk aux_fi".split():
+        assert callable(getattr(tile_kernels.torch, name)), name
+    for name in NAMES["torch.mhc"].split():  # upstream's torch/__init__ binds the mHC references too
+        assert callable(getattr(tile_kernels.torch, name)), name
+    from tile_kernels.testing.bench import make_param_key
+
+    params = {"num_tokens": 64, "hidden": 7168, "use_packed_ue8m0": True, "sf": None, "fmt": "e4m3"}
+    assert make_param_key(params) == "num_tokens=   64,hidden=7168,ue8m0=1,fmt=e4m3"
+
+
+def test_reference_names_take_upstreams_keywords():
+    from torch_ascend_moe.tile_kernels.mhc.norm_fn_kernel import round_to_tf32
+
+    scores = torch.rand(5, 4, 8, generator=torch.Generator().manual_seed(0))
+    got = tk.torch.topk_sum_and_topk_group_idx(scores, num_group_sum_topk=2, num_topk_groups=3)
+    assert torch.equal(got, tk.moe.topk_sum_and_topk_group_idx(scores, num_topk_sum=2, num_topk_groups=3))
+    x = torch.tensor([1.0, 1.0 + 2.0**-11, -3.0])
+    assert round_to_tf32(x).view(torch.int32).tolist() == (x.view(torch.int32) + 0x1000).tolist()
 
 
 def test_settings_are_shared_by_every_copy_of_config(as_upstream):

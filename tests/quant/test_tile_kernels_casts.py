@@ -141,6 +141,48 @@ def test_per_token_cast_e5m6(layout, dtype):
         assert_equal(back, tile_kernels.torch.cast_back_from_e5m6((data, sf), "fp32", (1, hidden)))
 
 
+def test_e5m6_kernel_modules():
+    """``quant.per_token_cast_to_e5m6_kernel`` / ``cast_back_e5m6_kernel`` (upstream's kernel-module names, reached
+    only by their module paths): the per-token cast's bits and its inverse; upstream's asserts."""
+    from torch_ascend_moe.tile_kernels.quant.cast_back_e5m6_kernel import cast_back_e5m6
+    from torch_ascend_moe.tile_kernels.quant.per_token_cast_to_e5m6_kernel import per_token_cast_to_e5m6
+
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(13))
+    data, sf = per_token_cast_to_e5m6(x, 64, True, True, True)
+    ref = quant.per_token_cast(x, "e5m6", 64, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    assert torch.equal(data, ref[0]) and torch.equal(sf, ref[1])
+    assert_equal(
+        cast_back_e5m6((data, sf), "bf16", (1, 64)), quant.cast_back(ref, "bf16", (1, 64), x_special_fmt="e5m6")
+    )
+    with pytest.raises(AssertionError):
+        per_token_cast_to_e5m6(x, 32)  # one scale per token: num_per_channels must be the hidden size
+    with pytest.raises(AssertionError):
+        cast_back_e5m6((data, sf), "fp16", (1, 64))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e5m6"])
+def test_zero_rows_with_packed_scales(fmt):
+    """0 tokens (upstream's full test level adds them): every cast and cast-back of an empty tensor gives empty
+    outputs in every scale layout (packed UE8M0 scales of 0 rows failed to reshape)."""
+    x = torch.randn(0, 256)
+    block = 256 if fmt == "e5m6" else 128
+    for col_major, round_sf, packed in _LAYOUTS:
+        q = quant.per_token_cast(x, fmt, block, use_tma_aligned_col_major_sf=col_major, round_sf=round_sf,
+                                 use_packed_ue8m0=packed)  # fmt: skip
+        assert q[0].shape[0] == 0 and q[1].shape[0] == 0
+        special = "e5m6" if fmt == "e5m6" else None
+        assert quant.cast_back(q, "fp32", (1, block), x_special_fmt=special).shape == (0, 256)
+        if fmt != "e5m6":
+            assert quant.per_token_cast_back(q, "bf16", block).shape == (0, 256)
+            again = quant.per_token_cast(q, "e4m3", 128, x_block_size=(1, block))
+            assert again[0].shape == (0, 256)
+    fp4 = quant.per_token_cast(x, "e2m1", 32, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    assert quant.per_block_cast_lossless(fp4, "e4m3", x_block_size=(1, 32), out_block_size=(1, 128))[0].shape == (
+        0,
+        256,
+    )
+
+
 def test_e5m6_codes():
     from torch_ascend_moe.quant.encodings import decode_e5m6, encode_e5m6
 

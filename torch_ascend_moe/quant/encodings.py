@@ -112,7 +112,7 @@ def pack_e5m6(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_e5m6(data: torch.Tensor) -> torch.Tensor:
     """Inverse of ``pack_e5m6``: uint8 ``[..., 3n / 2]`` -> int32 codes ``[..., n]``."""
-    b = data.to(torch.int64).reshape(*data.shape[:-1], -1, 3, 4)
+    b = data.to(torch.int64).reshape(*data.shape[:-1], data.shape[-1] // 12, 3, 4)  # not -1: 0 rows have no size
     w0, w1, w2 = (b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)).unbind(-1)
     c = [w0 >> 20, (w0 >> 8) & 0xFFF, ((w0 & 0xFF) << 4) | (w1 >> 28), (w1 >> 16) & 0xFFF, (w1 >> 4) & 0xFFF,
          ((w1 & 0xF) << 8) | (w2 >> 24), (w2 >> 12) & 0xFFF, w2 & 0xFFF]  # fmt: skip

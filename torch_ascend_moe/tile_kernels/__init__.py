@@ -26,8 +26,9 @@
 - ``set_num_sms`` / ``get_num_sms`` / ``get_device_num_sms``: validated and kept; results never depend on them;
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
-Every upstream module path exists (``tile_kernels.mhc``, ``quant.types``, ``torch.mhc``, ``modeling.mhc.ops.post``,
-...), and the settings live in one module (``_state``), so importing the package under upstream's name (a second
+Every module path of upstream @ 36d9e45 exists (``moe.top2_sum_gate_kernel``, ``quant.per_token_cast_kernel``,
+``torch.cast``, ``modeling.mhc.ops.post``, ...) with the functions it defines; its TileLang kernel builders
+(``get_*_kernel``, the mHC kernels' private ones) are not here: they build CUDA kernels. The settings live in one module (``_state``), so importing the package under upstream's name (a second
 copy of ``config``) still shares them. Upstream's argument asserts are kept (``AssertionError``, its conditions).
 Outputs are allocated on the inputs' device (upstream: always CUDA).
 """

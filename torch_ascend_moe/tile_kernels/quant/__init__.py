@@ -57,7 +57,8 @@ def _sf_as_float(sf: torch.Tensor) -> torch.Tensor:
     if sf.dtype == torch.float32:
         return sf
     assert sf.dtype in (torch.int32, torch.int16), f"sf must be float32 or packed UE8M0 int32/int16, got {sf.dtype}"
-    codes = sf.contiguous().view(torch.uint8).view(sf.shape[0], -1).to(torch.int32)
+    per_row = sf.shape[1] * sf.element_size() if sf.dim() == 2 else -1  # -1 cannot be inferred at 0 rows
+    codes = sf.contiguous().view(torch.uint8).view(sf.shape[0], per_row).to(torch.int32)
     return (codes << 23).view(torch.float32)
 
 

@@ -1,0 +1,2 @@
+"""Upstream's ``tile_kernels/mhc/pre_split_mixes_kernel.py`` holds only TileLang kernel builders private to
+``modeling.mhc.ops``: the path imports, and the step is ``tile_kernels.modeling.mhc.ops.mhc_pre_split_mixes`` here."""

@@ -1,0 +1,6 @@
+"""Upstream's ``tile_kernels/moe/expand_to_fused_kernel.py``, for code importing it: the functions are
+``tile_kernels.moe``'s."""
+
+from torch_ascend_moe.tile_kernels.moe import expand_to_fused, expand_to_fused_with_sf
+
+__all__ = ["expand_to_fused", "expand_to_fused_with_sf"]

@@ -1,0 +1,21 @@
+"""``tile_kernels.torch.topk``: upstream's reference top-k names, with its argument names."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ascend_moe.ops import moe_gate as ops
+from torch_ascend_moe.tile_kernels.moe import top2_sum_gate
+
+__all__ = ["stable_topk", "top2_sum_gate", "topk_sum_and_topk_group_idx"]
+
+
+def stable_topk(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """The ``num_topk`` best columns of each row, descending, ties to the lower index."""
+    return ops.topk_gate(scores, num_topk)
+
+
+def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_group_sum_topk: int, num_topk_groups: int) -> torch.Tensor:
+    """The ``num_topk_groups`` best groups of ``scores [T, G, E/G]`` by the sum of each group's
+    ``num_group_sum_topk`` largest scores."""
+    return ops.topk_sum_and_topk_group_idx(scores, num_group_sum_topk, num_topk_groups)
