@@ -221,9 +221,42 @@ def test_decode_upstream_thresholds_and_compat(size):
             q[:1], k_cache, None, None, 512, meta, is_fp8_kvcache=True, indices=indices[:1]
         )
     with pytest.raises(AssertionError, match="is_fp8_kvcache must be True"):
-        flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0], indices=indices)
+        flash_mla.flash_mla_with_kvcache(
+            q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0], is_fp8_kvcache=False, indices=indices
+        )
     with pytest.raises(AssertionError, match="block_table and cache_seqlens must be provided"):
         flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0])
+
+
+def test_decode_g3_call_form_and_edge_cases():
+    """G3's call (``is_fp8_kvcache`` left out: True with indices; ``enable_batch_invariant``) equals G2's; a batch of
+    0 and a cache of 0 blocks give empty / masked results; a call failing upstream's asserts records no schedule
+    (a corrected retry on the same object runs); a q of the wrong rank is an argument error."""
+    q, k_cache, indices = _decode_case(size=528)
+    g2 = flash_mla.flash_mla_with_kvcache(
+        q, k_cache, None, None, 512, flash_mla.get_mla_metadata()[0], is_fp8_kvcache=True, indices=indices
+    )
+    meta = flash_mla.get_mla_metadata()[0]
+    g3 = flash_mla.flash_mla_with_kvcache(
+        q, k_cache, None, None, 512, meta, indices=indices, enable_batch_invariant=True
+    )
+    assert torch.equal(g2[0], g3[0]) and torch.equal(g2[1], g3[1])
+    assert meta.config.is_fp8_kvcache and meta.config.enable_batch_invariant
+    out, lse = flash_mla.flash_mla_with_kvcache(q[:0], k_cache, None, None, 512, flash_mla.get_mla_metadata()[0],
+                                                indices=indices[:0])  # fmt: skip
+    assert out.shape == (0, 2, 64, 512) and lse.shape == (0, 64, 2)
+    out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache[:0], None, None, 512, flash_mla.get_mla_metadata()[0],
+                                                indices=torch.full_like(indices, -1))  # fmt: skip
+    assert torch.equal(out, torch.zeros_like(out)) and lse.isposinf().all()
+    meta = flash_mla.get_mla_metadata()[0]
+    with pytest.raises(AssertionError, match="causal must be False"):
+        flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, causal=True, indices=indices)
+    assert not meta.have_initialized
+    assert torch.equal(flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, indices=indices)[0], g2[0])
+    with pytest.raises(ValueError, match="flash_mla.flash_mla_with_kvcache: argument 'q' rank: expected 4, got 3"):
+        flash_mla.flash_mla_with_kvcache(
+            q[0], k_cache, None, None, 512, flash_mla.get_mla_metadata()[0], indices=indices
+        )
 
 
 @pytest.mark.parametrize(("size", "extra_size"), [(584, 584), (528, 288), (528, 528)])

@@ -53,6 +53,7 @@ class FlashMLASchedMeta:
         topk: int | None
         extra_page_block_size: int | None
         extra_topk: int | None
+        enable_batch_invariant: bool = False  # G3's
 
     have_initialized: bool = False
     config: Config | None = None
@@ -92,38 +93,48 @@ def flash_mla_with_kvcache(
     num_splits: None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    is_fp8_kvcache: bool = False,
+    is_fp8_kvcache: bool | None = None,
     indices: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     extra_k_cache: torch.Tensor | None = None,
     extra_indices_in_kvcache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
+    enable_batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashMLA's decode (G2 signature), ``(out [b, s_q, h_q, head_dim_v], lse [b, h_q, s_q])``:
+    """FlashMLA's decode (G2's signature and G3's), ``(out [b, s_q, h_q, head_dim_v], lse [b, h_q, s_q])``:
 
     - with ``indices``, the sparse mode over paged FP8/FP4 caches (656 / 584 / 528 / 288-byte records, an
       ``extra_k_cache`` sharing the softmax): ``ops.sparse_mla.sparse_mla_decode``;
     - without, the dense mode over a BF16/FP16 paged cache through ``block_table`` and ``cache_seqlens``
-      (``flash_mla.dense.dense_decode``).
+      (``flash_mla.dense.dense_decode``; G3 dropped it).
 
-    ``tile_scheduler_metadata`` is ``get_mla_metadata()``'s object: our kernels need no schedule, but as upstream
-    the first call records the call's configuration in it and a later call with another one fails its assert."""
+    ``is_fp8_kvcache`` unset is True with ``indices`` (G3's default; its decode is sparse only) and False without
+    (G2's). ``enable_batch_invariant`` (G3: no split-KV, so a request's result does not depend on the batch) changes
+    nothing here: our kernels never split a request. ``tile_scheduler_metadata`` is ``get_mla_metadata()``'s object:
+    our kernels need no schedule, but as upstream the first valid call records the call's configuration in it and a
+    later call with another one fails its assert."""
     assert isinstance(tile_scheduler_metadata, FlashMLASchedMeta), (
         f"{_API}: tile_scheduler_metadata must be of type FlashMLASchedMeta (get_mla_metadata()'s first element)"
     )
     assert num_splits is None, f"{_API}: num_splits must be None (the current API)"
+    if is_fp8_kvcache is None:
+        is_fp8_kvcache = indices is not None
+    for arg, t in (("q", q), ("k_cache", k_cache)):  # before their sizes are read into the schedule's config
+        ck.check_arg(isinstance(t, torch.Tensor) and t.dim() == 4, _API, arg, "rank", 4, getattr(t, "ndim", t))
+    if indices is not None:
+        assert not causal, f"{_API}: causal must be False when sparse attention is enabled (indices given)"
+        assert is_fp8_kvcache, f"{_API}: is_fp8_kvcache must be True when sparse attention is enabled (indices given)"
     topk = indices.shape[-1] if indices is not None else None
     config = FlashMLASchedMeta.Config(
         *q.shape[:3], k_cache.shape[1], k_cache.shape[2], causal, is_fp8_kvcache, topk,
         extra_k_cache.shape[1] if extra_k_cache is not None else None,
         extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None,
+        bool(enable_batch_invariant),
     )  # fmt: skip
-    _schedule(tile_scheduler_metadata, config)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     if indices is not None:
-        assert not causal, f"{_API}: causal must be False when sparse attention is enabled (indices given)"
-        assert is_fp8_kvcache, f"{_API}: is_fp8_kvcache must be True when sparse attention is enabled (indices given)"
+        _schedule(tile_scheduler_metadata, config)  # after upstream's asserts, as upstream: a failed call records none
         return sparse_mla_decode(
             q, k_cache, indices, scale, head_dim_v, attn_sink, topk_length, extra_k_cache, extra_indices_in_kvcache,
             extra_topk_length,
@@ -136,6 +147,7 @@ def flash_mla_with_kvcache(
     assert block_table is not None and cache_seqlens is not None, (
         f"{_API}: block_table and cache_seqlens must be provided when dense attention is used (indices=None)"
     )
+    _schedule(tile_scheduler_metadata, config)
     return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, causal)
 
 

@@ -39,8 +39,9 @@ def flash_attn_varlen_func(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [total_q, h_q, d_v], lse [total_q, h_q])`` for ``q [total_q, h_q, d_qk]``, ``k [total_k, h_kv, d_qk]``,
     ``v [total_k, h_kv, d_v]`` and int32 prefix sums ``cu_seqlens_qo`` / ``cu_seqlens_kv`` ``[b + 1]``."""
-    _check(dropout_p == 0.0, "dropout_p", "0.0 (no dropout, as upstream)", dropout_p)
-    _check(not deterministic, "deterministic", "False (as upstream)", deterministic)
+    # Upstream asserts these two (its other checks are the kernel's).
+    assert dropout_p == 0.0, f"{_API}: argument 'dropout_p': expected 0.0 (no dropout, as upstream), got {dropout_p}"
+    assert not deterministic, f"{_API}: argument 'deterministic': expected False (as upstream), got {deterministic}"
     _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q", "3-D [total, heads, dim] q, k and v", q.dim())
     _check(k.shape[:2] == v.shape[:2], "v", f"[total_k, h_kv] = {list(k.shape[:2])}", list(v.shape[:2]))
     _check(q.shape[2] == k.shape[2], "k", f"head dim {q.shape[2]} (q's)", k.shape[2])

@@ -168,6 +168,9 @@ def _scope(q, cache, indices, topk_length):
     valid = (idx >= 0) & (idx < cache.shape[0] * cache.shape[1])
     if topk_length is not None:
         valid &= torch.arange(idx.shape[2], device=idx.device) < topk_length.long()[:, None, None]
+    records = cache.shape[0] * cache.shape[1]
+    if isinstance(records, int) and records == 0:  # an empty cache: nothing valid, no record 0 to stand in
+        return valid, q.new_zeros(idx.numel(), q.shape[-1])  # (sizes 0 and 1 are static under compile)
     return valid, RECORDS[cache.shape[3]](cache, torch.where(valid, idx, 0).reshape(-1)).to(q.dtype)
 
 
@@ -181,7 +184,8 @@ def _decode_requests(q, scopes, sm_scale, d_v, attn_sink):
         rows.append(records)
         own.append(torch.where(valid, slots, -1))
         base += records.shape[0]
-    own = torch.cat(own, dim=2).to(torch.int32).reshape(b * s_q, 1, -1)
+    own = torch.cat(own, dim=2).to(torch.int32)
+    own = own.reshape(b * s_q, 1, own.shape[2])  # not -1: an empty batch has no size to infer
     out, _, lse = torch.ops.ascend_moe.sparse_mla_prefill(
         q.reshape(b * s_q, h_q, d_qk), torch.cat(rows)[:, None, :], own, sm_scale, d_v, attn_sink, None
     )
