@@ -76,3 +76,30 @@ def test_intranode_handle_fields_pure():
         fields = _DeepEPHandle.intranode(rank, 4, in_rank[rank], sent, torch.tensor(tokens), want[3])
         for k, (got, exp) in enumerate(zip(fields, want)):
             assert got.dtype == exp.dtype and torch.equal(got, exp), f"rank {rank}, field {k}"
+
+
+def test_configs_and_size_hints_equal_upstreams():
+    """``Buffer.get_dispatch_config`` / ``get_combine_config`` at every rank count DeepEP tunes, and their buffer size
+    hints (what Megatron's and SGLang's buffers are sized from), equal the stand-in's, which is written from
+    upstream's tables and ``config.hpp``; so do ``Config``'s checks (an odd ``num_sms`` only fails the hints)."""
+    import torch_ascend_moe.deep_ep as ours
+    from tests.upstream.standin import installed
+
+    with installed("deep_ep") as upstream:
+        for name in ("get_dispatch_config", "get_combine_config"):
+            for ranks in (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160):
+                mine, theirs = getattr(ours.Buffer, name)(ranks), getattr(upstream.Buffer, name)(ranks)
+                for hidden_bytes in (7168 * 2, 4096):
+                    got = (mine.get_nvl_buffer_size_hint(hidden_bytes, ranks),
+                           mine.get_rdma_buffer_size_hint(hidden_bytes, ranks))  # fmt: skip
+                    want = (theirs.get_nvl_buffer_size_hint(hidden_bytes, ranks),
+                            theirs.get_rdma_buffer_size_hint(hidden_bytes, ranks))  # fmt: skip
+                    assert got == want, (name, ranks, hidden_bytes, got, want)
+        odd = ours.Config(21, 6, 256, 6, 128)  # upstream's constructor takes it; its hints assert an even count
+        with pytest.raises(ValueError, match="argument 'num_sms' value: expected an even number"):
+            odd.get_nvl_buffer_size_hint(4096, 8)
+        for args in ((20, 8, 8), (20, 6, 256, 8, 5), (20, 6, 256, 0, 128), (-2,)):
+            with pytest.raises(RuntimeError):
+                upstream.Config(*args)
+            with pytest.raises(ValueError, match="deep_ep.Config"):
+                ours.Config(*args)

@@ -33,11 +33,26 @@ from torch_ascend_moe.ops.ep import (
     ep_low_latency_dispatch,
 )
 
-_CONFIG_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+# DeepEP's tuned (nvl send, nvl recv, rdma send, rdma recv) chunk sizes per rank count (deep_ep/buffers/legacy.py):
+# Megatron and SGLang size their buffers from these configs' hints.
+_DISPATCH_CONFIGS = {
+    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128), 24: (32, 288, 8, 128),
+    32: (32, 288, 8, 128), 48: (32, 288, 8, 128), 64: (32, 288, 8, 128), 96: (20, 480, 12, 128),
+    128: (20, 560, 12, 128), 144: (32, 720, 12, 128), 160: (28, 720, 12, 128),
+}  # fmt: skip
+_COMBINE_CONFIGS = {
+    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128), 24: (1, 288, 8, 128),
+    32: (1, 288, 8, 128), 48: (1, 288, 8, 128), 64: (1, 288, 8, 128), 96: (1, 480, 8, 128), 128: (1, 560, 8, 128),
+    144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
+}  # fmt: skip
+_NVL_PEERS = 8
+_MAX_TOPK = _MAX_SCALES = 128  # the hints' assumed bounds (config.hpp)
+_SOURCE_META_BYTES = 8
 
 
 class Config:
-    """DeepEP's kernel configuration (SM count and ring-buffer chunk sizes); kept for API compatibility."""
+    """DeepEP's kernel configuration (SM count and ring-buffer chunk sizes; csrc/legacy/config.hpp): its checks and
+    its buffer-size hints, which callers size their ``Buffer`` with; our kernels take no configuration."""
 
     def __init__(
         self,
@@ -47,37 +62,51 @@ class Config:
         num_max_rdma_chunked_send_tokens: int = 6,
         num_max_rdma_chunked_recv_tokens: int = 256,
     ):
-        ck.check_arg(not num_sms % 2, "deep_ep.Config", "num_sms", "value", "an even number", num_sms)
-        ck.check_arg(
-            not num_max_nvl_chunked_send_tokens >= num_max_nvl_chunked_recv_tokens,
-            "deep_ep.Config",
-            "num_max_nvl_chunked_send_tokens",
-            "value",
-            lambda: f"less than num_max_nvl_chunked_recv_tokens={num_max_nvl_chunked_recv_tokens}",
-            num_max_nvl_chunked_send_tokens,
-        )
+        api = "deep_ep.Config"
+        nvl_send, nvl_recv = num_max_nvl_chunked_send_tokens, num_max_nvl_chunked_recv_tokens
+        rdma_send, rdma_recv = num_max_rdma_chunked_send_tokens, num_max_rdma_chunked_recv_tokens
+        ck.check_arg(num_sms >= 0, api, "num_sms", "value", ">= 0", num_sms)
+        for arg, value in (("num_max_nvl_chunked_send_tokens", nvl_send), ("num_max_nvl_chunked_recv_tokens", nvl_recv),
+                           ("num_max_rdma_chunked_send_tokens", rdma_send),
+                           ("num_max_rdma_chunked_recv_tokens", rdma_recv)):  # fmt: skip
+            ck.check_arg(value > 0, api, arg, "value", "> 0", value)
+        ck.check_arg(nvl_send < nvl_recv, api, "num_max_nvl_chunked_send_tokens", "value",
+                     lambda: f"less than num_max_nvl_chunked_recv_tokens={nvl_recv}", nvl_send)  # fmt: skip
+        rdma_recv = -(-rdma_recv // rdma_send) * rdma_send  # rounded up to whole sends, as upstream
+        ck.check_arg(rdma_send <= rdma_recv // 2, api, "num_max_rdma_chunked_send_tokens", "value",
+                     lambda: f"at most half of num_max_rdma_chunked_recv_tokens (rounded up to a multiple of it: "
+                     f"{rdma_recv})", rdma_send)  # fmt: skip
         self.num_sms = num_sms
-        self.num_max_nvl_chunked_send_tokens = num_max_nvl_chunked_send_tokens
-        self.num_max_nvl_chunked_recv_tokens = num_max_nvl_chunked_recv_tokens
-        self.num_max_rdma_chunked_send_tokens = num_max_rdma_chunked_send_tokens
-        rdma_recv = -(-num_max_rdma_chunked_recv_tokens // num_max_rdma_chunked_send_tokens) * (
-            num_max_rdma_chunked_send_tokens
-        )
+        self.num_max_nvl_chunked_send_tokens = nvl_send
+        self.num_max_nvl_chunked_recv_tokens = nvl_recv
+        self.num_max_rdma_chunked_send_tokens = rdma_send
         self.num_max_rdma_chunked_recv_tokens = rdma_recv
 
+    def _check_hint(self, api: str, num_ranks: int) -> None:
+        ck.check_arg(num_ranks < _NVL_PEERS or num_ranks % _NVL_PEERS == 0, api, "num_ranks", "value",
+                     f"below {_NVL_PEERS} or a multiple of it", num_ranks)  # fmt: skip
+        ck.check_arg(self.num_sms % 2 == 0, api, "num_sms", "value", "an even number (two blocks per channel)",
+                     self.num_sms)  # fmt: skip
+
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """DeepEP's NVLink buffer size formula (specs §2.2)."""
-        channels, rn, rr = self.num_sms // 2, min(num_ranks, 8), max(num_ranks // 8, 1)
+        """DeepEP's NVLink buffer size (per rank): per channel and NVLink peer, the ring's counters and
+        ``nvl_recv`` slots of a row, its source metadata, top-k ids and weights and scales."""
+        self._check_hint("deep_ep.Config.get_nvl_buffer_size_hint", num_ranks)
+        channels, rn, rr = self.num_sms // 2, min(num_ranks, _NVL_PEERS), max(num_ranks // _NVL_PEERS, 1)
         size = channels * rn * (2 * rr + 3) * 4
-        size += channels * rn * self.num_max_nvl_chunked_recv_tokens * (hidden_bytes + 8 + 128 * 8 + 128 * 4 + 128 * 4)
+        slot = hidden_bytes + _SOURCE_META_BYTES + _MAX_TOPK * 8 + _MAX_TOPK * 4 + _MAX_SCALES * 4
+        size += channels * rn * self.num_max_nvl_chunked_recv_tokens * slot
         return -(-size // 128) * 128
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        """0 within a node (R <= 8); across nodes a double-buffered ring per node (the formula is an estimate)."""
-        if num_ranks <= 8:
+        """0 within a node (R <= 8); across nodes DeepEP's double-buffered RDMA ring per channel and node."""
+        if num_ranks <= _NVL_PEERS:
             return 0
-        channels, rr = self.num_sms // 2, num_ranks // 8
-        size = channels * rr * 2 * self.num_max_rdma_chunked_recv_tokens * (hidden_bytes + 8 + 128 * 8 + 128 * 4)
+        self._check_hint("deep_ep.Config.get_rdma_buffer_size_hint", num_ranks)
+        channels, rr = self.num_sms // 2, num_ranks // _NVL_PEERS
+        size = channels * rr * (_NVL_PEERS * 2 + 2) * 2 * 4
+        slot = hidden_bytes + _SOURCE_META_BYTES + _MAX_TOPK * 8 + _MAX_TOPK * 4 + _MAX_SCALES * 4 + 16
+        size += channels * rr * self.num_max_rdma_chunked_recv_tokens * slot * 2
         return -(-size // 128) * 128
 
 
@@ -328,19 +357,17 @@ class Buffer:
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
         Buffer._check_config_ranks(num_ranks)
-        if num_ranks == 16:
-            return Config(Buffer.num_sms, 36, 288, 20, 128)
-        return Config(Buffer.num_sms, 6, 256, 6, 128)
+        return Config(Buffer.num_sms, *_DISPATCH_CONFIGS[num_ranks])
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
         Buffer._check_config_ranks(num_ranks)
-        return Config(Buffer.num_sms, 4, 256, 6, 128)
+        return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
 
     @staticmethod
     def _check_config_ranks(num_ranks: int) -> None:
-        if num_ranks not in _CONFIG_RANKS:
-            expected = f"one of {list(_CONFIG_RANKS)} (DeepEP's tuned configurations)"
+        if num_ranks not in _DISPATCH_CONFIGS:
+            expected = f"one of {list(_DISPATCH_CONFIGS)} (DeepEP's tuned configurations)"
             raise ValueError(ck.message("deep_ep.Buffer", "num_ranks", "value", expected, num_ranks))
 
     @staticmethod
