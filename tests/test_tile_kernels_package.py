@@ -126,6 +126,65 @@ def test_every_upstream_module_path_imports(as_upstream):
     assert make_param_key(params) == "num_tokens=   64,hidden=7168,ue8m0=1,fmt=e4m3"
 
 
+# The Ascend-era fork's (Butterfingrz/TileKernels @ 828cc15) kernel modules and the test helpers its tests import.
+ASCEND_ERA = {
+    "moe.moe_topk_gate_forward_kernel": "moe_topk_gate moe_topk_gate_forward",
+    "moe.moe_topk_gate_backward_kernel": "moe_topk_gate_backward",
+    "quant.norm_forward_kernel": "norm_forward norm_forward_and_per_token_cast",
+    "quant.norm_backward_kernel": "norm_backward",
+    "quant.swiglu_forward_kernel": "swiglu_forward swiglu_forward_and_per_token_cast",
+    "quant.swiglu_backward_kernel": "swiglu_backward swiglu_backward_and_per_token_cast",
+    "transform.rope_kernel": "apply_rotary",
+    "torch.norm": "norm_forward_ref norm_backward_ref",
+    "torch.rope": "rotary_embedding_ref",
+    "torch.topk": "sqrt_softplus_ref moe_topk_gate_forward moe_topk_gate_backward",
+    "torch.swiglu": "get_mapping_from_psum",
+    "rand": "randn randn_like set_seed",
+    "rand.seed": "reserve_seed set_seed",
+    "testing.moe": "construct_logits",
+    "testing.generator": "get_test_level is_precompile generate_samples generate_cast_config generate_psum_layout",
+    "config": "get_device set_pdl get_pdl use_deterministic_algorithms get_deterministic_algorithms get_num_vec_cores "
+    "get_num_ai_cores get_num_cube_cores reset_runtime_config",
+    "utils": "str_to_dtype dtype_to_str next_power_of_two",
+}
+
+
+def test_ascend_era_paths_and_test_helpers(as_upstream, monkeypatch):
+    """The fork's module paths import under upstream's name with its names; its tests' helpers run on a CPU-only
+    machine (``get_device()`` is the CPU there, ``generate_num_sms(level)`` stays >= 1) and take both generations'
+    call forms."""
+    for module, names in ASCEND_ERA.items():
+        mod = importlib.import_module(f"tile_kernels.{module}")
+        missing = [n for n in names.split() if not hasattr(mod, n)]
+        assert not missing, f"tile_kernels.{module} lacks {missing}"
+    import tile_kernels
+    from tile_kernels.testing import generator as gen
+
+    assert tile_kernels.config.get_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert tile_kernels.rand.randn(2, 3).shape == (2, 3) and tile_kernels.rand.randn((4,)).shape == (4,)
+    assert callable(tile_kernels.set_token_alignment) and tile_kernels.utils.str_to_dtype("e2m1") == torch.int8
+    monkeypatch.delenv("TK_FULL_TEST", raising=False)
+    monkeypatch.delenv("TK_TEST_LEVEL", raising=False)
+    assert gen.get_test_level() == 1
+    assert gen.generate_num_tokens() == [4001, 8001] and gen.generate_num_tokens(128, is_benchmark=True) == [4096, 8064]
+    assert gen.generate_num_tokens(0, backward_only=True) == [8001] and gen.generate_num_tokens(2) == [0, 1, 512, 8001]
+    assert all(n >= 1 for n in gen.generate_num_sms(2)) and gen.generate_num_sms(0) == [gen.get_device_num_sms()]
+    assert len(list(gen.generate_moe_params(0))) == 2 and len(list(gen.generate_moe_params(True))) == 12
+    assert list(gen.generate_samples(1, a=[1, 2, 3], b=[0])) == [{"a": 1, "b": 0}, {"a": 2, "b": 0}, {"a": 3, "b": 0}]
+    mask, psum = gen.generate_psum_layout(
+        {"num_send_tokens": 50, "num_experts": 4, "num_topk": 3, "num_ep_ranks": 2, "alignment": 16}
+    )
+    start, valid = 0, 0
+    for end in psum.tolist():  # each expert's block: its rows from start, then padding to a multiple of 16
+        assert bool(mask[start:end].all()) and not bool(mask[end : start + -(-(end - start) // 16) * 16].any())
+        valid, start = valid + end - start, start + -(-(end - start) // 16) * 16
+    assert start == mask.shape[0] and valid == int(mask.sum()) > 0
+    params = {"num_tokens": 7, "num_padded_tokens": 2, "num_seqs": 2, "num_routed_experts": 16, "num_topk": 4}
+    logits = tile_kernels.testing.moe.construct_logits(params, {"bias": None, "image_token_mask": None})
+    best = torch.topk(tile_kernels.torch.topk.sqrt_softplus_ref(logits), 5).values
+    assert logits.shape == (18, 16) and bool((best[:, 3] - best[:, 4] > 1e-6).all())
+
+
 def test_reference_names_take_upstreams_keywords():
     from torch_ascend_moe.tile_kernels.mhc.norm_fn_kernel import round_to_tf32
 

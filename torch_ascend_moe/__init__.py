@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 NAMESPACE = _registry.NAMESPACE
 
 backends.register_available()
+_registry.run_without_autocast()
 _registry.tag_compile_caches()
 
 from torch_ascend_moe import _hf_hook  # noqa: E402

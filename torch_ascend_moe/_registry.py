@@ -187,6 +187,26 @@ def flop_formula_for(ops: list, fn: Callable) -> Callable:
     return fn
 
 
+# Autocast's keys of the devices our kernels run on (the NPU is PrivateUse1).
+_AUTOCAST_KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastPrivateUse1")
+
+
+def _autocast_off() -> torch._C._ExcludeDispatchKeyGuard:
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    for key in _AUTOCAST_KEYS[1:]:
+        keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    return torch._C._ExcludeDispatchKeyGuard(keys)
+
+
+def _without_autocast(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _autocast_off():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def autograd(name: str, backward: Callable, setup_context: Callable, eager: Callable | None = None) -> None:
     """Make ``ascend_moe::name`` differentiable with ``setup_context(ctx, inputs, output)`` and
     ``backward(ctx, *grads)`` (torch.library's contract).
@@ -203,6 +223,9 @@ def autograd(name: str, backward: Callable, setup_context: Callable, eager: Call
     backward; traced graphs keep the op as one node and the two functions.
     """
     qualname = f"{NAMESPACE}::{name}"
+    # A formula's torch calls compute in the op's dtypes, as its kernels (run_without_autocast): the backward runs
+    # under the autocast state of the code calling it.
+    backward, eager = _without_autocast(backward), eager and _without_autocast(eager)
     try:
         from torch._library.autograd import Info, make_autograd_impl
     except ImportError:
@@ -453,3 +476,30 @@ def tag_compile_caches() -> None:
     current = torch.compiler.config.cache_key_tag
     kept = [t for t in current.split("|") if t and not t.startswith(f"{NAMESPACE}-")]
     torch.compiler.config.cache_key_tag = "|".join([*kept, tag])
+
+
+def run_without_autocast() -> None:
+    """Every op runs with autocast off, on its inputs as given: each op's contract fixes the dtypes it computes in
+    (the FP32 accumulation of a GEMM, the FP8 codes of a quantized operand), and a kernel's inner torch calls
+    would otherwise be recast under ``torch.autocast`` (a composed kernel then mixes BF16 and FP32 operands and
+    fails, or silently computes in BF16). The modules cast what they feed the ops (``nn``'s docs)."""
+    for name in op_names():
+        packet = getattr(torch.ops.ascend_moe, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            for key in _AUTOCAST_KEYS:
+                _exclude_autocast(op, name if overload == "default" else f"{name}.{overload}", key)
+
+
+def _exclude_autocast(op: torch._ops.OpOverload, name: str, key: str) -> None:
+    dispatch_key = getattr(torch._C.DispatchKey, key)
+
+    def run(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(dispatch_key)):
+            return op(*args, **kwargs)
+
+    # The Python dispatcher's entry (tracing: Dynamo, AOTAutograd, export) and the C++ dispatcher's, as
+    # torch.library.register_autocast registers both.
+    if not op.has_kernel_for_dispatch_key(dispatch_key):
+        op.py_impl(dispatch_key)(run)
+    _PORTABLE.impl(name, lambda _keys, *args, **kwargs: run(*args, **kwargs), key, with_keyset=True)

@@ -1,6 +1,7 @@
 """nn.HyperConnection: DeepSeek's mHC step (the ``ops.mhc`` pipeline) around a layer, its parameters and options,
 training, compile."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -44,3 +45,24 @@ def test_trains_and_compiles():
     compiled = torch.compile(lambda s: hc(s, layer), fullgraph=True)
     streams = hc.expand(x).bfloat16().float()
     torch.testing.assert_close(compiled(streams), hc(streams, layer), rtol=1e-4, atol=1e-5)
+
+
+def test_parameters_in_any_dtype_and_bad_arguments():
+    """After ``model.to(dtype)`` the mixes are still computed in FP32 (FP64 for FP64 streams): a BF16 or FP64 copy
+    gives the FP32 module's result up to its parameters' rounding; misuse names the module's argument."""
+    torch.manual_seed(0)
+    hc = HyperConnection(32, 2)
+    streams = torch.randn(5, 2, 32)
+    want = hc(streams, torch.tanh)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        copy = HyperConnection(32, 2).to(dtype)
+        copy.load_state_dict(hc.state_dict())
+        for s_dtype in (torch.float32, torch.bfloat16, torch.float64):
+            got = copy(streams.to(s_dtype), torch.tanh)
+            assert got.dtype == s_dtype and (got.double() - want.double()).abs().max() < 0.05
+    with pytest.raises(ValueError, match=r"HyperConnection: argument 'n_hc' value: expected a positive integer"):
+        HyperConnection(32, 0)
+    with pytest.raises(ValueError, match=r"HyperConnection: argument 'streams' shape: expected \[\.\.\., 2, 32\]"):
+        hc(torch.randn(5, 2, 16), torch.tanh)
+    with pytest.raises(ValueError, match=r"HyperConnection: argument 'layer' output shape: expected its input's"):
+        hc(streams, lambda z: z[..., :16])

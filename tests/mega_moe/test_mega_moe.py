@@ -258,3 +258,25 @@ def test_fp8_modes_take_any_layout_of_x_and_the_weights(weights):
         for w1, w2 in ((l1, l2), (mn_major(l1), mn_major(l2))):
             out, _ = mega_moe(xs, idx, w, w1, w2, x_sf=x_sf, l1_sf=l1_sf, l2_sf=l2_sf)
             assert torch.equal(out, ref), (xs.stride(), w1.stride())
+
+
+def test_nn_megamoe_shared_experts_hooks_and_clamp():
+    """A forward hook on a shared layer is honoured (the layer then runs beside the op), and ``activation_clamp``
+    applies to the shared experts on both paths (fused into the op or beside it), as to the routed ones."""
+    from torch_ascend_moe.nn import MegaMoE
+
+    torch.manual_seed(0)
+    m = MegaMoE(64, 32, 4, 2, num_shared_experts=1, activation_clamp=0.25, dtype=torch.bfloat16)
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        fused = m(x).float()
+        handle = m.shared_experts.gate_proj.register_forward_hook(lambda mod, inp, out: out)  # an identity hook
+        beside = m(x).float()
+        handle.remove()
+        assert (fused - beside).abs().max() <= 0.02 * fused.abs().max()  # BF16 rounding of the two paths
+        calls = []
+        handle = m.shared_experts.down_proj.register_forward_hook(lambda mod, inp, out: calls.append(1) or out * 0)
+        routed_only = m(x).float()
+        handle.remove()
+        m.shared_experts = None
+        assert calls == [1] and torch.equal(routed_only, m(x).float())

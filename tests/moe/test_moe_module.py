@@ -120,16 +120,26 @@ def test_module_cast_to_bf16_keeps_routing_in_fp32():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected in \[1, num_experts=4\], got 5"):
+    with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected an integer in \[1, num_experts=4\], got 5"):
         MoE(64, 32, 4, 5)
+    with pytest.raises(ValueError, match=r"MoE: argument 'topk': expected an integer in \[1, num_experts=4\], got 2.5"):
+        MoE(64, 32, 4, 2.5)
+    with pytest.raises(ValueError, match=r"MoE: argument 'num_shared_experts': expected a non-negative integer"):
+        MoE(64, 32, 4, 2, num_shared_experts=-1)
+    with pytest.raises(ValueError, match=r"MoEGate: argument 'score_func': expected 'softmax' or 'sigmoid' or"):
+        MoE(64, 32, 4, 2, score_func="bogus")
+    with pytest.raises(ValueError, match=r"MoEGate: argument 'topk_groups': expected an integer in \[1, num_groups=2"):
+        MoE(64, 32, 4, 2, num_groups=2, topk_groups=3)
+    with pytest.raises(ValueError, match=r"MoE: argument 'x': expected \[\.\.\., hidden_size=64\], got \[\]"):
+        MoE(64, 32, 4, 2)(torch.tensor(1.0))
     with pytest.raises(ValueError, match=r"MoE: argument 'activation': expected a callable or one of"):
         MoE(64, 32, 4, 2, activation="nope")
     with pytest.raises(ValueError, match=r"MegaMoE: argument 'activation': expected 'silu'"):
         MegaMoE(64, 32, 4, 2, activation="gelu")
     with pytest.raises(ValueError, match=r"MoE: argument 'x': expected \[\.\.\., hidden_size=64\], got \[3, 32\]"):
         MoE(64, 32, 4, 2)(torch.randn(3, 32))
-    with pytest.raises(ValueError, match=r"moe_gating_topk: argument 'num_groups' value: expected a positive divisor"):
-        MoE(64, 32, 6, 2, num_groups=4)(torch.randn(3, 64))
+    with pytest.raises(ValueError, match=r"MoEGate: argument 'num_groups': expected a positive divisor of num_exp"):
+        MoE(64, 32, 6, 2, num_groups=4)
 
 
 def test_expert_parallel_matches_single_process(tmp_path):
@@ -156,6 +166,11 @@ def test_sqrtsoftplus_gate_is_deepseek_v4s_router():
     assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="renormalize"):
         MoEGate(32, 16, 4, score_func="sqrtsoftplus", renormalize=False)
+    # The bias buffer (FP32) follows the router's dtype: an FP64 router, or a module cast to FP64.
+    for gate64 in (MoEGate(32, 16, 4, score_func="sqrtsoftplus", use_expert_bias=True, router_dtype=torch.float64),
+                   MoEGate(32, 16, 4, score_func="sqrtsoftplus", use_expert_bias=True).double()):  # fmt: skip
+        gate64.load_state_dict(gate.state_dict())
+        assert torch.equal(gate64(x.double())[0], idx)
 
 
 @pytest.mark.parametrize("native", [False, True])

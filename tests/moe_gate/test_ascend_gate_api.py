@@ -57,18 +57,33 @@ def test_forward_matches_the_spec(ep_rank):
 
 
 def test_force_random_rows():
+    """The Ascend-era kernel's random routing: every slot (shared ones too) a distinct physical id uniform over the
+    physical experts, weights in (0, 1], scores 0, unmapped ids -1; other rows as without it."""
     logits, bias, *_ = _case(3, shared=0)
     force = torch.zeros(29, dtype=torch.bool)
     force[::3] = True
     buffer = torch.zeros(29, 6, dtype=torch.int64)
+    scores = torch.empty_like(logits)
     idx, weights = moe.moe_topk_gate_forward(logits, 6, False, 0, 2.0, 0, bias=bias, force_random=force,
-                                             unmapped_topk_idx=buffer)  # fmt: skip
+                                             unmapped_topk_idx=buffer, scores=scores)  # fmt: skip
     plain_idx, plain_w = moe.moe_topk_gate_forward(logits, 6, False, 0, 2.0, 0, bias=bias)
     assert torch.equal(idx[~force], plain_idx[~force]) and torch.equal(weights[~force], plain_w[~force])
     assert bool((buffer[force] == -1).all()) and torch.equal(buffer[~force], plain_idx[~force])
+    assert bool((scores[force] == 0).all()) and bool((scores[~force] > 0).all())
     for row in idx[force]:
         assert len(set(row.tolist())) == 6 and bool(((row >= 0) & (row < 32)).all())
-    torch.testing.assert_close(weights[force].sum(1), torch.full((10,), 2.0))
+    assert bool(((weights[force] > 0) & (weights[force] <= 1)).all())
+    # Uniform over the physical experts of a map (S' shared slots drawn as well): a chi-squared bound (the fork's).
+    count = torch.randint(1, 4, (34,), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    starts = (count.cumsum(0) - count).to(torch.int32)
+    physical = torch.where(torch.arange(3) < count[:, None], starts[:, None] + torch.arange(3), -1).to(torch.int32)
+    many = torch.randn(3000, 32, generator=torch.Generator().manual_seed(2))
+    idx, _ = moe.moe_topk_gate_forward(many, 6, True, 2, 1.5, 0, force_random=torch.ones(3000, dtype=torch.bool),
+                                       to_physical_map=physical.contiguous(), logical_count=count)  # fmt: skip
+    total = int(count.sum())
+    hits = torch.bincount(idx.reshape(-1), minlength=total).double()
+    expected = idx.numel() / total
+    assert idx.max() < total and ((hits - expected) ** 2 / expected).sum() < 4 * (total - 1)
 
 
 @pytest.mark.parametrize("aux", [False, True])

@@ -247,3 +247,16 @@ def test_packed_scales_are_int16_on_ascend(monkeypatch):
     # The same exponent bytes per row (12 blocks: no padding either way), in words of two instead of four.
     assert torch.equal(sf16.contiguous().view(torch.uint8), sf32.contiguous().view(torch.uint8))
     assert_equal(quant.cast_back((data16, sf16), "fp32", (1, 32)), quant.cast_back((data32, sf32), "fp32", (1, 32)))
+
+
+def test_norm_cast_into_given_data_allocates_column_major_scales():
+    """``norm_forward_and_per_token_cast(out=(data, None))`` with column-major scales: the data lands in the buffer,
+    the scales are allocated (the Ascend era's test passes exactly this)."""
+    x = torch.randn(8, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
+    kwargs = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    (data, sf), *_ = quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, **kwargs)
+    buffer = torch.empty_like(data)
+    (got, got_sf), *_ = quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, out=(buffer, None), **kwargs)
+    assert got is buffer and torch.equal(got.view(torch.uint8), data.view(torch.uint8)) and torch.equal(got_sf, sf)
+    with pytest.raises(AssertionError, match="row-major"):
+        quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, out=(buffer, sf.clone()), **kwargs)

@@ -140,3 +140,26 @@ def test_paged_cache_refuses_what_it_cannot_hold():
                     indexer_quant=None)  # fmt: skip
     with pytest.raises(ValueError, match="indexer must quantize its keys"):
         m.new_cache(1, 8)
+
+
+def test_zero_tokens_and_bad_inputs():
+    """0 tokens (a prefill of none, a decode step of none or for no request) give empty outputs; misuse names the
+    module's argument instead of failing inside a reshape or a GEMM."""
+    m = DSAttention(16, 2, kv_lora_rank=16, rope_dim=8, v_head_dim=8, topk=3, indexer_heads=2, indexer_head_dim=32)
+    with torch.no_grad():
+        assert m(torch.empty(0, 16)).shape == (0, 16)
+        assert m.indexer(torch.empty(0, 16), *(torch.zeros(0, dtype=torch.int32),) * 2)[0].shape[0] == 0
+        assert m.decode(torch.empty(2, 0, 16), m.new_cache(2, 8, 4)).shape == (2, 0, 16)
+        assert m.decode(torch.empty(0, 1, 16), m.new_cache(0, 8, 4)).shape == (0, 1, 16)
+        for call, text in (
+            (lambda: m(torch.randn(1, 4, 16)), r"DSAttention: argument 'x' shape: expected \[T, hidden_size=16\]"),
+            (lambda: m(torch.randn(4, 15)), r"DSAttention: argument 'x' shape"),
+            (lambda: m(torch.randn(4, 16), positions=torch.arange(3)), r"argument 'positions' shape: expected \[T=4\]"),
+            (lambda: m.indexer(torch.randn(1, 4, 16), None, None), r"LightningIndexer: argument 'x' shape"),
+            (lambda: m.new_cache(1, 8, page=0), r"PagedDSACache: argument 'page' value: expected a positive integer"),
+            (lambda: m.decode(torch.randn(1, 9, 16), m.new_cache(1, 8, 4)), r"size\(1\): expected at most 8 tokens"),
+            (lambda: m.decode(torch.randn(2, 1, 16), m.new_cache(1, 8, 4)), r"size\(0\): expected the cache's batch"),
+            (lambda: m.decode(torch.randn(2, 16), m.new_cache(2, 8, 4)), r"DSAttention.decode: argument 'x' rank"),
+        ):
+            with pytest.raises(ValueError, match=text):
+                call()

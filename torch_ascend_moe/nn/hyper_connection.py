@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops import mhc
 
 
@@ -51,6 +52,9 @@ class HyperConnection(nn.Module):
         norm_weight: bool = False,
     ) -> None:
         super().__init__()
+        for arg, value in (("hidden_size", hidden_size), ("n_hc", n_hc)):
+            ck.check_int_arg("HyperConnection", arg, value, 1)
+        ck.check_int_arg("HyperConnection", "sinkhorn_iterations", sinkhorn_iterations, 0)
         self.hidden_size, self.n_hc = hidden_size, n_hc
         self.sinkhorn_iterations, self.eps, self.pre_eps = sinkhorn_iterations, eps, pre_eps
         self.sinkhorn_eps, self.post_mult_value = sinkhorn_eps, post_mult_value
@@ -69,15 +73,27 @@ class HyperConnection(nn.Module):
 
     def pre(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(layer_input [..., C], post [..., n, 1], comb [..., n, n])`` of streams ``[..., n, C]``."""
+        # The mixes are computed in FP32 (FP64 for FP64 streams) whatever dtype a model.to(...) left the
+        # parameters in: the ops take them in that dtype.
+        want = [self.n_hc, self.hidden_size]
+        ok = streams.dim() >= 2 and list(streams.shape[-2:]) == want
+        expected = f"[..., {want[0]}, {want[1]}] (n_hc streams of hidden_size)"
+        ck.check_arg(ok, "HyperConnection", "streams", "shape", expected, list(streams.shape))
+        acc = torch.float64 if streams.dtype == torch.float64 else torch.float32
+        fn, scale, base = (p.to(acc) for p in (self.fn, self.scale, self.base))
+        norm_weight = None if self.norm_weight is None else self.norm_weight.to(acc)
         return mhc.mhc_pre(
-            streams, self.fn, self.scale, self.base, norm_weight=self.norm_weight, norm_eps=self.eps,
+            streams, fn, scale, base, norm_weight=norm_weight, norm_eps=self.eps,
             post_mult_value=self.post_mult_value, pre_eps=self.pre_eps, sinkhorn_eps=self.sinkhorn_eps,
             sinkhorn_repeat=self.sinkhorn_iterations,
         )  # fmt: skip
 
     def forward(self, streams: torch.Tensor, layer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         layer_input, post, comb = self.pre(streams)
-        return mhc.mhc_post(layer(layer_input).to(streams.dtype), streams, post, comb)
+        out = layer(layer_input)
+        ck.check_arg(out.shape == layer_input.shape, "HyperConnection", "layer", "output shape",
+                     lambda: f"its input's {list(layer_input.shape)}", list(out.shape))  # fmt: skip
+        return mhc.mhc_post(out.to(streams.dtype), streams, post, comb)
 
     def extra_repr(self) -> str:
         return (

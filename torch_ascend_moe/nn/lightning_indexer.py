@@ -65,6 +65,9 @@ class LightningIndexer(nn.Module):
 
     def _inputs(self, x: torch.Tensor, q_input: torch.Tensor | None):
         """(q, k, weights, q_sf, k_sf) for the mqa ops."""
+        hidden = self.wk.in_features
+        ck.check_arg(x.dim() == 2 and x.shape[1] == hidden, "LightningIndexer", "x", "shape",
+                     f"[T, hidden_size={hidden}]", list(x.shape))  # fmt: skip
         t = x.shape[0]
         q = self.wq(x if q_input is None else q_input).float().view(t, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x)).float()

@@ -26,6 +26,13 @@ def _error(module: str, arg: str, expected: str, actual) -> ValueError:
     return ValueError(f"{module}: argument '{arg}': expected {expected}, got {actual}")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")  # moe_gating_topk's two, moe_topk_gate's DeepSeek-V4 one
+
+
 def _following_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     """``torch.cat([a, b])`` without a copy where ``b``'s rows follow ``a``'s in one storage (both contiguous, plain
     tensors or parameters, same dtype and row shape): a detached view of both; otherwise None."""
@@ -68,8 +75,14 @@ class MoEGate(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if not 0 < topk <= num_experts:
-            raise _error("MoEGate", "topk", f"in [1, num_experts={num_experts}]", topk)
+        if not _is_int(topk) or not 0 < topk <= num_experts:
+            raise _error("MoEGate", "topk", f"an integer in [1, num_experts={num_experts}]", topk)
+        if score_func not in _SCORE_FUNCS:
+            raise _error("MoEGate", "score_func", " or ".join(map(repr, _SCORE_FUNCS)), repr(score_func))
+        if not _is_int(num_groups) or num_groups < 1 or num_experts % num_groups:
+            raise _error("MoEGate", "num_groups", f"a positive divisor of num_experts={num_experts}", num_groups)
+        if not _is_int(topk_groups) or not 0 < topk_groups <= num_groups:
+            raise _error("MoEGate", "topk_groups", f"an integer in [1, num_groups={num_groups}]", topk_groups)
         if score_func == "sqrtsoftplus" and not renormalize:
             raise _error(
                 "MoEGate",
@@ -97,9 +110,10 @@ class MoEGate(nn.Module):
             bias = bias.float()  # module.bfloat16() casts buffers too; the choice is made in FP32 (as HF's router)
         if self.score_func == "sqrtsoftplus":
             grouped = self.num_groups != self.topk_groups
+            scores = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
             weights, idx, _, _ = moe_topk_gate(
-                logits if logits.dtype in (torch.float32, torch.float64) else logits.float(),
-                bias,
+                scores,
+                None if bias is None else bias.to(scores.dtype),  # the op takes the logits' dtype (FP64 routers)
                 self.topk,
                 num_groups=self.num_groups if grouped else 0,
                 num_topk_groups=self.topk_groups if grouped else 0,
@@ -128,15 +142,17 @@ class MoEGate(nn.Module):
         )
 
 
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)``; a plain bias-free ``nn.Linear`` of a BF16/FP16 2-D CPU input runs as our GEMM (``bf16_gemm``:
     FP32 accumulation, one rounding) where PyTorch's CPU GEMM of that dtype has no dot-product instructions (there
     ours is several times faster; elsewhere both are the same library call, and ``nn.Linear``'s C++ autograd costs
     less per call). Any other module (an ``FP8Linear`` after a conversion, a hooked or biased linear) is called."""
     w = getattr(module, "weight", None)
-    plain = (
-        type(module) is nn.Linear and module.bias is None and not (module._forward_hooks or module._forward_pre_hooks)
-    )
+    plain = type(module) is nn.Linear and module.bias is None and not _hooked(module)
     if plain and x.dim() == 2 and x.device.type == "cpu" and x.dtype == w.dtype and cpu_gemm.emulated(x.dtype):
         return bf16_gemm(x, w)
     return module(x)
@@ -223,8 +239,10 @@ class MoE(nn.Module):
                 "positive integers",
                 (hidden_size, intermediate_size, num_experts),
             )
-        if not 0 < topk <= num_experts:
-            raise _error("MoE", "topk", f"in [1, num_experts={num_experts}]", topk)
+        if not _is_int(topk) or not 0 < topk <= num_experts:
+            raise _error("MoE", "topk", f"an integer in [1, num_experts={num_experts}]", topk)
+        if not _is_int(num_shared_experts) or num_shared_experts < 0:
+            raise _error("MoE", "num_shared_experts", "a non-negative integer", num_shared_experts)
         activation = resolve_activation(activation, "MoE")
         self.hidden_size, self.num_experts, self.topk = hidden_size, num_experts, topk
         self.ep_group_name, self.ep_rank, self.ep_size = None, 0, 1
@@ -270,7 +288,7 @@ class MoE(nn.Module):
             self.shared_experts = SwiGLUMLP(hidden_size, size, activation=activation, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.hidden_size:
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise _error("MoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
         x = self._jitter(x)
         shape = x.shape
@@ -400,8 +418,11 @@ class MegaMoE(MoE):
     def _shared_l1_halves(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The shared experts' gate and up weights where the op takes them (plain ``nn.Linear`` layers), else None."""
         mlp = self.shared_experts
-        if mlp is None or any(type(layer) is not nn.Linear for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+        if mlp is None or type(mlp) is not SwiGLUMLP or _hooked(mlp):
             return None
+        layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(layer) is not nn.Linear or layer.bias is not None or _hooked(layer) for layer in layers):
+            return None  # the op would skip what the layer adds (an FP8Linear's casts, a bias, a hook)
         return mlp.gate_proj.weight, mlp.up_proj.weight
 
     @torch.no_grad()
@@ -457,7 +478,7 @@ class MegaMoE(MoE):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch_ascend_moe.ops.mega_moe import mega_moe
 
-        if x.shape[-1] != self.hidden_size:
+        if x.dim() == 0 or x.shape[-1] != self.hidden_size:
             raise _error("MegaMoE", "x", f"[..., hidden_size={self.hidden_size}]", list(x.shape))
         x = self._jitter(x)
         shape = x.shape
@@ -480,8 +501,18 @@ class MegaMoE(MoE):
             )
         out = out.to(x.dtype)
         if self.shared_experts is not None and not shared:
-            out = out + self.shared_experts(tokens)
+            out = out + self._shared_beside(tokens)
         return out.view(shape)
+
+    def _shared_beside(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The shared experts where the op does not take them (converted or hooked layers, ``fp8=True``), with the
+        op's ``activation_clamp`` (``gate <= c``, ``|up| <= c``) as the fused path applies it."""
+        mlp, c = self.shared_experts, self.activation_clamp
+        if c is None:
+            return mlp(tokens)
+        gate = _linear(mlp.gate_proj, tokens).clamp(max=c)
+        up = _linear(mlp.up_proj, tokens).clamp(-c, c)
+        return _linear(mlp.down_proj, mlp.act_fn(gate) * up)
 
     def _fp8_experts(self, tokens, idx, weights) -> torch.Tensor:
         from torch_ascend_moe.checks.mega_moe import BLOCK

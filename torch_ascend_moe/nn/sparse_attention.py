@@ -10,6 +10,8 @@ and to the hidden size by ``wo``. RoPE: rotate-half on the last ``rope_dim`` col
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -30,6 +32,11 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> 
     cos, sin = angles.cos().view(shape), angles.sin().view(shape)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def _per_head(t: torch.Tensor, b: int, n: int, heads: int) -> torch.Tensor:
+    """``t [b * n, heads, ...]`` (or ``[b * n, heads * m]``) as ``[b, n, heads, m]``, with every size known."""
+    return t.view(b, n, heads, math.prod(t.shape[1:]) // heads)
 
 
 class DSAttention(nn.Module):
@@ -79,9 +86,13 @@ class DSAttention(nn.Module):
 
     def latents(self, x: torch.Tensor, positions: torch.Tensor | None = None):
         """``(q [T, H, d_qk], kv [T, 1, d_qk])``: the operands of ``sparse_mla_prefill``."""
+        hidden = self.wkv.in_features
+        ck.check_arg(x.dim() == 2 and x.shape[1] == hidden, "DSAttention", "x", "shape", f"[T, hidden_size={hidden}]",
+                     list(x.shape))  # fmt: skip
         t = x.shape[0]
         positions = torch.arange(t, device=x.device) if positions is None else positions
-        q = self.wq(x).view(t, self.num_heads, -1)
+        ck.check_arg(positions.shape == (t,), "DSAttention", "positions", "shape", f"[T={t}]", list(positions.shape))
+        q = self.wq(x).unflatten(-1, (self.num_heads, -1))  # unflatten: sizes known at 0 tokens too
         kv = self.wkv(x)
         r = self.kv_lora_rank
         q = torch.cat([q[..., :r], rotary(q[..., r:], positions)], dim=-1)
@@ -102,7 +113,7 @@ class DSAttention(nn.Module):
 
     def _output(self, latent: torch.Tensor) -> torch.Tensor:
         values = torch.einsum("thr,hrv->thv", latent, self.w_uv.to(latent.dtype))
-        return self.wo(values.reshape(latent.shape[0], -1))
+        return self.wo(values.flatten(1))
 
     def new_cache(self, batch: int, max_tokens: int, page: int = 64, kv_format: str = "bf16") -> PagedDSACache:
         """An empty paged cache for ``decode`` (see ``PagedDSACache``)."""
@@ -117,13 +128,21 @@ class DSAttention(nn.Module):
         over its FP8 records (``"fp8"``). The same function of the tokens as ``forward`` over the whole sequence
         (up to the FP8 rounding of the latent rows with ``"fp8"``). Inference: the selection is not
         differentiable, and the cache holds values, not a graph."""
+        api = "DSAttention.decode"
+        ck.check_arg(x.dim() == 3, api, "x", "rank", "3 ([batch, n, hidden])", x.dim())
         b, n, _ = x.shape
+        ck.check_arg(b == cache.lengths.shape[0], api, "x", "size(0)", f"the cache's batch {cache.lengths.shape[0]}", b)
+        if not torch.compiler.is_compiling():  # a host read: skipped in a graph
+            room = cache.block_table.shape[1] * cache.page - int(cache.lengths.max()) if b else n
+            ck.check_arg(n <= room, api, "x", "size(1)", f"at most {room} tokens (the cache's room left)", n)
+        if b * n == 0:  # no token: nothing appended, nothing attended (the indexer's ops need a token)
+            return x.new_empty(b, n, x.shape[2])
         positions = cache.lengths.long()[:, None] + torch.arange(n, device=x.device)  # [b, n]
-        flat = x.reshape(b * n, -1)
+        flat = x.flatten(0, 1)  # no -1 sizes in this method: none can be inferred at 0 tokens
         q, kv = self.latents(flat, positions.reshape(-1))
         with torch.no_grad():  # the indexer's inference path: really quantized operands
             iq, k_data, weights, q_sf, k_sf = self.indexer._inputs(flat.detach(), None)
-        cache.write(kv.detach().view(b, n, -1), k_data, k_sf)
+        cache.write(kv.detach().view(b, n, kv.shape[-1]), k_data, k_sf)
         context = (positions + 1).to(torch.int32)  # token t sees its request's tokens up to itself
         # Columns of the logits: the longest context, or (no host read while compiling) the cache's capacity.
         capacity = cache.block_table.shape[1] * cache.page
@@ -131,21 +150,22 @@ class DSAttention(nn.Module):
         heads = self.indexer.num_heads
         with torch.no_grad():
             logits = paged_mqa_logits(
-                iq.view(b, n, heads, -1), cache.index_k, weights, context, cache.block_table, columns,
-                q_sf=None if q_sf is None else q_sf.view(b, n, heads, -1), logits_dtype=torch.float32,
+                _per_head(iq, b, n, heads), cache.index_k, weights, context, cache.block_table, columns,
+                q_sf=None if q_sf is None else _per_head(q_sf, b, n, heads), logits_dtype=torch.float32,
             )  # fmt: skip
             zeros = torch.zeros(b * n, dtype=torch.int32, device=x.device)
             _, picked = mqa_topk(logits, zeros, context.view(-1), self.indexer.topk)  # positions, -1 padded
-        records = cache.records(picked.view(b, -1)).to(torch.int32)  # [b, n * topk]
+        topk = picked.shape[-1]
+        records = cache.records(picked.reshape(b, n * topk)).to(torch.int32)  # [b, n * topk]
         if cache.kv_format == "fp8":
             latent, _ = sparse_mla_decode(
-                q.view(b, n, self.num_heads, -1), cache.kv, records.view(b, n, -1), self.scale, self.kv_lora_rank
+                q.unflatten(0, (b, n)), cache.kv, records.view(b, n, topk), self.scale, self.kv_lora_rank
             )
-            latent = latent.reshape(b * n, self.num_heads, -1)
+            latent = latent.flatten(0, 1)
         else:
             rows = cache.kv.view(-1, 1, cache.kv.shape[-1])
-            latent, _, _ = sparse_mla_prefill(q, rows, records.view(b * n, 1, -1), self.scale, self.kv_lora_rank)
-        return self._output(latent).view(b, n, -1)
+            latent, _, _ = sparse_mla_prefill(q, rows, records.view(b * n, 1, topk), self.scale, self.kv_lora_rank)
+        return self._output(latent).unflatten(0, (b, n))
 
 
 class PagedDSACache:
@@ -165,6 +185,8 @@ class PagedDSACache:
                 "PagedDSACache: argument 'kv_format' value: 'fp8' (DeepSeek-V3.2's 656-byte records) needs "
                 f"kv_lora_rank 512 and rope_dim 64, got {layer.kv_lora_rank} and {layer.rope_dim}"
             )
+        for arg, value, low in (("batch", batch, 0), ("max_tokens", max_tokens, 0), ("page", page, 1)):
+            ck.check_int_arg("PagedDSACache", arg, value, low)
         quant, dim = layer.indexer.quant, layer.indexer.head_dim
         if quant is None:
             raise ValueError("PagedDSACache: the layer's indexer must quantize its keys ('fp8' or 'fp4') to be paged")
@@ -192,9 +214,11 @@ class PagedDSACache:
         """Append ``kv_rows [batch, n, d_qk]`` and the indexer's quantized keys (``data [batch * n, ...]``, FP32
         scales ``sf [batch * n, blocks]``: the bytes its prefill path computes) after each request's tokens."""
         batch, n = kv_rows.shape[:2]
+        if batch * n == 0:  # nothing to append (and no rows to index the pages with)
+            return
         positions = self.lengths.long()[:, None] + torch.arange(n, device=kv_rows.device)
         records = self.records(positions).reshape(-1)
-        rows = kv_rows.reshape(batch * n, -1)
+        rows = kv_rows.flatten(0, 1)
         if self.kv_format == "fp8":
             self.kv.view(-1, V32_BYTES)[records] = encode_v32(rows)
         else:

@@ -27,9 +27,9 @@ def quantize_rows(x: torch.Tensor, fmt: str, gran: int) -> tuple[torch.Tensor, t
     lead = list(x.shape[:-1])
     if fmt == "fp8":
         data, sf = block_cast_to_fp8(rows, (1, gran), use_ue8m0=False)
-        return data.view(x.shape), sf.view(*lead, -1)
+        return data.view(x.shape), sf.view(*lead, sf.shape[-1])  # not -1: 0 rows have no size to infer
     data, sf = per_token_cast_to_fp4(rows, True, gran_k=gran)
-    return data.view(torch.uint8).view(*lead, -1), sf.view(*lead, -1)
+    return data.view(torch.uint8).view(*lead, data.shape[-1]), sf.view(*lead, sf.shape[-1])
 
 
 def dequantize_rows(data: torch.Tensor, sf: torch.Tensor, gran: int) -> torch.Tensor:

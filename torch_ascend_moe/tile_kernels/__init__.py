@@ -27,10 +27,12 @@
   ``config.set_token_alignment`` / ``get_token_alignment`` (the Ascend era's psum layout alignment, default 128).
 
 Every module path of upstream @ 36d9e45 exists (``moe.top2_sum_gate_kernel``, ``quant.per_token_cast_kernel``,
-``torch.cast``, ``modeling.mhc.ops.post``, ...) with the functions it defines; its TileLang kernel builders
-(``get_*_kernel``, the mHC kernels' private ones) are not here: they build CUDA kernels. The settings live in one module (``_state``), so importing the package under upstream's name (a second
-copy of ``config``) still shares them. Upstream's argument asserts are kept (``AssertionError``, its conditions).
-Outputs are allocated on the inputs' device (upstream: always CUDA).
+``torch.cast``, ``modeling.mhc.ops.post``, ...) with the functions it defines, and the Ascend-era fork's kernel
+modules and test helpers (``moe.moe_topk_gate_forward_kernel``, ``quant.norm_forward_kernel``, ``rand``,
+``testing.moe``); their TileLang kernel builders (``get_*_kernel``, the mHC kernels' private ones) are not here:
+they build device kernels. The settings live in one module (``_state``), so importing the package under upstream's
+name (a second copy of ``config``) still shares them. Upstream's argument asserts are kept (``AssertionError``, its
+conditions). Outputs are allocated on the inputs' device (upstream: always CUDA).
 """
 
 from __future__ import annotations
@@ -42,13 +44,28 @@ from torch_ascend_moe.tile_kernels import (
     modeling,
     moe,
     quant,
+    rand,
     testing,
     torch,  # noqa: A001  (upstream's module name)
     transform,
     transpose,
     utils,
 )
-from torch_ascend_moe.tile_kernels.config import get_device_num_sms, get_num_sms, set_num_sms
+from torch_ascend_moe.tile_kernels.config import (
+    get_deterministic_algorithms,
+    get_device_num_sms,
+    get_max_smem_per_sm,
+    get_num_ai_cores,
+    get_num_cube_cores,
+    get_num_sms,
+    get_num_vec_cores,
+    get_pdl,
+    get_token_alignment,
+    set_num_sms,
+    set_pdl,
+    set_token_alignment,
+    use_deterministic_algorithms,
+)
 
 __all__ = [
     "config",
@@ -57,12 +74,23 @@ __all__ = [
     "modeling",
     "moe",
     "quant",
+    "rand",
     "testing",
     "torch",
     "transform",
     "transpose",
     "utils",
+    "get_deterministic_algorithms",
     "get_device_num_sms",
+    "get_max_smem_per_sm",
+    "get_num_ai_cores",
+    "get_num_cube_cores",
     "get_num_sms",
+    "get_num_vec_cores",
+    "get_pdl",
+    "get_token_alignment",
     "set_num_sms",
+    "set_pdl",
+    "set_token_alignment",
+    "use_deterministic_algorithms",
 ]

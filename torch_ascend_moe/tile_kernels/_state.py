@@ -5,3 +5,7 @@ gets a second copy of ``config``, and both copies must read and write the same s
 NUM_SMS: list[int] = []
 # The Ascend-era API's token alignment: the psum layout's expert blocks start at multiples of it.
 TOKEN_ALIGNMENT: list[int] = [128]
+# The Ascend era's runtime switches (programmatic dependent launch, deterministic reductions): kept; our results are
+# deterministic and never depend on them.
+PDL: list[bool] = [False]
+DETERMINISTIC: list[bool] = [False]

@@ -45,7 +45,49 @@ def is_ascend() -> bool:
 
 
 def get_device() -> str:
-    return "npu" if is_ascend() else "cuda"
+    """Where upstream's tests allocate: the NPU on Ascend, else CUDA, else (here, not upstream) the CPU."""
+    import torch
+
+    if is_ascend():
+        return "npu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# The Ascend era's settings (Butterfingrz/TileKernels config.py): kept and validated; no result depends on them.
+def set_pdl(enabled: bool) -> None:
+    _state.PDL[:] = [bool(enabled)]
+
+
+def get_pdl() -> bool:
+    return _state.PDL[0]
+
+
+def use_deterministic_algorithms(enabled: bool = True) -> None:
+    _state.DETERMINISTIC[:] = [bool(enabled)]
+
+
+def get_deterministic_algorithms() -> bool:
+    return _state.DETERMINISTIC[0]
+
+
+def get_num_ai_cores() -> int:
+    return get_num_sms()
+
+
+def get_num_cube_cores() -> int:
+    return get_num_sms()
+
+
+def get_num_vec_cores() -> int:
+    return 2 * get_num_sms()  # two vector cores per AI core on Ascend
+
+
+def reset_runtime_config() -> None:
+    """Every setting back to its default (the SM count, token alignment, PDL, determinism)."""
+    _state.NUM_SMS.clear()
+    _state.TOKEN_ALIGNMENT[:] = [128]
+    _state.PDL[:] = [False]
+    _state.DETERMINISTIC[:] = [False]
 
 
 def get_max_smem_per_sm() -> int:

@@ -3,9 +3,10 @@
 EP/TP masking) and ``moe_topk_gate_backward``, its analytic gradient with the sequence-level aux-loss term, with
 upstream's signatures, asserts and out-parameters.
 
-``force_random`` rows get experts drawn uniformly without replacement (torch's generator) and the usual weights of
-those experts, their unmapped indices -1 (upstream's docstring: "random topk idx, weights and all -1 unmapped topk
-idx"; its distribution is not documented).
+``force_random`` rows (a load test's random routing; upstream's docstring: "random topk idx, weights and all -1
+unmapped topk idx") get, as the Ascend-era kernel: all ``k + S'`` slots distinct physical ids drawn uniformly from
+``[0, sum(logical_count))`` (``[0, E + S')`` without a map; no map applied after), weights uniform in ``(0, 1]``,
+scores 0 and unmapped indices -1 (torch's generator draws them).
 """
 
 from __future__ import annotations
@@ -75,21 +76,23 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
         to_physical_map, logical_count, unmapped_topk_idx, fix_routing_mask, scores,
     )  # fmt: skip
     num_tokens, experts = logits.shape
-    fixed, given = fix_routing_mask, unmapped_topk_idx
     if force_random is not None:
         assert force_random.dim() == 1 and force_random.size(0) == num_tokens and force_random.dtype == torch.bool
-        drawn = torch.rand(num_tokens, experts, device=logits.device).argsort(dim=1)[:, :num_topk]
-        base = given if given is not None else torch.full_like(drawn, -1)
-        given = torch.where(force_random[:, None], drawn, base)
-        fixed = force_random if fixed is None else (fixed | force_random)
     weights, idx, unmapped, u = ops.moe_topk_gate(
         logits, bias, num_topk, scoring_func="sqrtsoftplus", routed_scaling_factor=routed_scaling_factor,
-        num_shared_experts=shared, mask=mask, fix_routing_mask=fixed, unmapped_topk_idx=given,
+        num_shared_experts=shared, mask=mask, fix_routing_mask=fix_routing_mask, unmapped_topk_idx=unmapped_topk_idx,
         to_physical_map=to_physical_map, logical_count=logical_count, ep_rank=ep_rank, num_ep_ranks=ep_rank + 1,
         image_bias=image_bias, image_token_mask=image_token_mask, clamp_denominator=False,
     )  # fmt: skip
     if force_random is not None:
-        unmapped = torch.where(force_random[:, None], -1, unmapped)
+        rows = (force_random if mask is None else force_random & mask)[:, None]
+        slots = idx.shape[1]
+        physical = int(logical_count.sum()) if logical_count is not None else experts + slots - num_topk
+        assert slots <= physical, f"force_random needs {slots} distinct physical experts, only {physical} exist"
+        drawn = torch.rand(num_tokens, physical, device=logits.device).argsort(dim=1)[:, :slots]
+        idx = torch.where(rows, drawn, idx)
+        weights = torch.where(rows, 1.0 - torch.rand(num_tokens, slots, device=logits.device), weights)
+        unmapped, u = torch.where(rows, -1, unmapped), torch.where(rows, 0.0, u)
     if unmapped_topk_idx is not None:
         unmapped_topk_idx.copy_(unmapped)
     if scores is not None:

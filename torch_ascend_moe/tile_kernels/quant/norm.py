@@ -67,8 +67,8 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: st
     else:
         sf = torch.stack([_layout(part, use_tma_aligned_col_major_sf, use_packed_ue8m0) for part in sf])
     if out is not None:
-        out_data, out_sf = out
-        assert not use_tma_aligned_col_major_sf, "External buffers only support row-major SF"
+        out_data, out_sf = out  # an out_sf of None: the scales are allocated (any layout)
+        assert out_sf is None or not use_tma_aligned_col_major_sf, "External buffers only support row-major SF"
         data, sf = _store(out_data, data), _store(out_sf, sf)
     norm_input = x if residual is None else _store(residual_out, s)
     bf16 = _store(out_bf16, y.bfloat16()) if with_out_bf16 else None

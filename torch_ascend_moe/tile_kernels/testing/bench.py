@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import torch
 
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3", torch.int8: "e2m1"}
-
-
-def dtype_to_str(dtype: torch.dtype) -> str:
-    if dtype not in _NAMES:
-        raise ValueError(f"Unsupported dtype: {dtype}. Only fp32, bf16, e4m3, and int8(e2m1) are supported")
-    return _NAMES[dtype]
+from torch_ascend_moe.tile_kernels.utils import dtype_to_str
 
 
 def _format(value) -> str:

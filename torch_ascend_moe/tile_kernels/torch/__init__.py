@@ -5,14 +5,6 @@ upstream's submodules (``torch.cast``, ``torch.topk``, ``torch.swiglu``, ...); t
 
 from __future__ import annotations
 
-import torch
-
-from torch_ascend_moe.backends.portable.swiglu import layout_rows
-from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward
-from torch_ascend_moe.ops.rope import rotary_embedding
-from torch_ascend_moe.tile_kernels.config import get_token_alignment
-from torch_ascend_moe.tile_kernels.moe import moe_topk_gate_backward, moe_topk_gate_forward
-
 # Upstream's layout: one submodule per reference, its names bound here. Relative, and after each submodule's import,
 # as upstream's: a copy of this package imported under upstream's name (``sys.modules["tile_kernels"] = ...``) then
 # loads its own submodules at init and binds ``cast`` / ``reduce_fused`` / ... to the functions; imported later, a
@@ -31,10 +23,19 @@ from .mhc import (
     sinkhorn_normalize_ref,
 )
 from .moe import aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight
+from .norm import norm_backward_ref, norm_forward_ref
 from .per_channel_cast_fused import per_channel_cast_fused
 from .reduce_fused import reduce_fused
-from .swiglu import swiglu_backward, swiglu_forward
-from .topk import stable_topk, top2_sum_gate, topk_sum_and_topk_group_idx
+from .rope import rotary_embedding_ref
+from .swiglu import get_mapping_from_psum, swiglu_backward, swiglu_forward
+from .topk import (
+    moe_topk_gate_backward,
+    moe_topk_gate_forward,
+    sqrt_softplus_ref,
+    stable_topk,
+    top2_sum_gate,
+    topk_sum_and_topk_group_idx,
+)
 
 __all__ = [
     "aux_fi",
@@ -63,41 +64,10 @@ __all__ = [
     "per_channel_cast_fused",
     "reduce_fused",
     "rotary_embedding_ref",
+    "sqrt_softplus_ref",
     "stable_topk",
     "swiglu_backward",
     "swiglu_forward",
     "top2_sum_gate",
     "topk_sum_and_topk_group_idx",
 ]
-
-
-def get_mapping_from_psum(x: torch.Tensor, psum_num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    """Bool ``[N]``: the rows of ``x`` some expert owns in the psum layout (the token alignment of ``config``)."""
-    return layout_rows(psum_num_tokens_per_expert, get_token_alignment(), x.shape[0], x.device)
-
-
-def norm_forward_ref(x, weight, eps: float, residual=None, out_scale: float = 1.0):
-    """``(out, rstd, residual_out)``: RMSNorm of ``x (+ residual)``; ``residual_out`` is x itself without one."""
-    out, rstd, s = rms_norm(x, weight, eps, residual=residual, out_scale=out_scale)
-    return out, rstd, x if residual is None else s
-
-
-def norm_backward_ref(out_grad, x, weight, rstd, residual_out_grad=None, out_scale: float = 1.0):
-    """``(x_grad, weight_grad)``: ``weight_grad`` in FP32 (None without a weight)."""
-    x_grad, w_grad = rms_norm_backward(out_grad, x, weight, rstd, residual_out_grad=residual_out_grad,
-                                       out_scale=out_scale)  # fmt: skip
-    return x_grad, (w_grad if weight is not None else None)
-
-
-def rotary_embedding_ref(x, cos, sin, positions=None, seqlen_offsets: int = 0, interleaved: bool = False,
-                         conjugate: bool = False):  # fmt: skip
-    """``x [..., tokens, heads, D]`` with its first ``2 · cos.size(-1)`` channels rotated by ``cos`` / ``sin``
-    ``[rows, rot/2]`` (the rest copied), out of place."""
-    rot = 2 * cos.shape[-1]
-    out = x.clone()
-    cache = torch.cat([cos, sin], dim=-1).float()
-    out[..., :rot] = rotary_embedding(
-        x[..., :rot].contiguous(), cache, positions, seqlen_offset=seqlen_offsets, interleaved=interleaved,
-        conjugate=conjugate,
-    )  # fmt: skip
-    return out

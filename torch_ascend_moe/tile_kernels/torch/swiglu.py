@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import torch
 
+from torch_ascend_moe.backends.portable.swiglu import layout_rows
 from torch_ascend_moe.ops.swiglu import swiglu_backward as _backward
 from torch_ascend_moe.ops.swiglu import swiglu_forward as _forward
 from torch_ascend_moe.tile_kernels.config import get_token_alignment
 from torch_ascend_moe.tile_kernels.quant.swiglu import ascend_era, bind, scatter_weight_grad, weights_per_row
 
-__all__ = ["elementwise_fma", "swiglu_backward", "swiglu_forward"]
+__all__ = ["elementwise_fma", "get_mapping_from_psum", "swiglu_backward", "swiglu_forward"]
 
 
 def elementwise_fma(a: torch.Tensor, b, c):
@@ -77,3 +78,8 @@ def swiglu_backward(x, grad_out: torch.Tensor, *args, **kwargs):
         clamp_value=a.get("clamp_value"), out_dtype=torch.float32,
     )  # fmt: skip
     return (x_grad, w_grad, out) if weights is not None else (x_grad, out)
+
+
+def get_mapping_from_psum(x: torch.Tensor, psum_num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+    """Bool ``[N]``: the rows of ``x`` some expert owns in the psum layout (the token alignment of ``config``)."""
+    return layout_rows(psum_num_tokens_per_expert, get_token_alignment(), x.shape[0], x.device)

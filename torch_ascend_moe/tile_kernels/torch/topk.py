@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from torch_ascend_moe.ops import moe_gate as ops
-from torch_ascend_moe.tile_kernels.moe import top2_sum_gate
+from torch_ascend_moe.tile_kernels.moe import moe_topk_gate_backward, moe_topk_gate_forward, top2_sum_gate
 
-__all__ = ["stable_topk", "top2_sum_gate", "topk_sum_and_topk_group_idx"]
+__all__ = [
+    "moe_topk_gate_backward",
+    "moe_topk_gate_forward",
+    "sqrt_softplus_ref",
+    "stable_topk",
+    "top2_sum_gate",
+    "topk_sum_and_topk_group_idx",
+]
+
+
+def sqrt_softplus_ref(x: torch.Tensor) -> torch.Tensor:
+    """The Ascend era's gate score ``sqrt(softplus(x))``."""
+    return F.softplus(x).sqrt()
 
 
 def stable_topk(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
