@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from torch_ascend_moe import checks as ck
 from torch_ascend_moe.ops.sparse_mla import sparse_mla_prefill
 
 _API = "flash_mla.flash_attn_varlen_func"
@@ -40,8 +41,8 @@ def flash_attn_varlen_func(
     """``(out [total_q, h_q, d_v], lse [total_q, h_q])`` for ``q [total_q, h_q, d_qk]``, ``k [total_k, h_kv, d_qk]``,
     ``v [total_k, h_kv, d_v]`` and int32 prefix sums ``cu_seqlens_qo`` / ``cu_seqlens_kv`` ``[b + 1]``."""
     # Upstream asserts these two (its other checks are the kernel's).
-    assert dropout_p == 0.0, f"{_API}: argument 'dropout_p': expected 0.0 (no dropout, as upstream), got {dropout_p}"
-    assert not deterministic, f"{_API}: argument 'deterministic': expected False (as upstream), got {deterministic}"
+    assert dropout_p == 0.0, ck.message(_API, "dropout_p", "value", "0.0 (no dropout, as upstream)", dropout_p)
+    assert not deterministic, ck.message(_API, "deterministic", "value", "False (as upstream)", deterministic)
     _check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, "q", "3-D [total, heads, dim] q, k and v", q.dim())
     _check(k.shape[:2] == v.shape[:2], "v", f"[total_k, h_kv] = {list(k.shape[:2])}", list(v.shape[:2]))
     _check(q.shape[2] == k.shape[2], "k", f"head dim {q.shape[2]} (q's)", k.shape[2])

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ascend_moe.ops import moe_gate as ops
+from torch_ascend_moe.ops.moe_gate import topk_gate as stable_topk  # the best columns, ties to the lower index
 from torch_ascend_moe.tile_kernels.moe import moe_topk_gate_backward, moe_topk_gate_forward, top2_sum_gate
 
 __all__ = [
@@ -21,11 +22,6 @@ __all__ = [
 def sqrt_softplus_ref(x: torch.Tensor) -> torch.Tensor:
     """The Ascend era's gate score ``sqrt(softplus(x))``."""
     return F.softplus(x).sqrt()
-
-
-def stable_topk(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
-    """The ``num_topk`` best columns of each row, descending, ties to the lower index."""
-    return ops.topk_gate(scores, num_topk)
 
 
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_group_sum_topk: int, num_topk_groups: int) -> torch.Tensor:
