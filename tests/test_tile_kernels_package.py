@@ -146,6 +146,7 @@ ASCEND_ERA = {
     "config": "get_device set_pdl get_pdl use_deterministic_algorithms get_deterministic_algorithms get_num_vec_cores "
     "get_num_ai_cores get_num_cube_cores reset_runtime_config",
     "utils": "str_to_dtype dtype_to_str next_power_of_two",
+    "testing.bench": "get_cast_params",
 }
 
 
@@ -183,6 +184,8 @@ def test_ascend_era_paths_and_test_helpers(as_upstream, monkeypatch):
     logits = tile_kernels.testing.moe.construct_logits(params, {"bias": None, "image_token_mask": None})
     best = torch.topk(tile_kernels.torch.topk.sqrt_softplus_ref(logits), 5).values
     assert logits.shape == (18, 16) and bool((best[:, 3] - best[:, 4] > 1e-6).all())
+    empty = torch.zeros(0, 2, dtype=torch.int32)  # 0 tokens (level 2): packed scales of no row
+    assert tile_kernels.testing.clear_unused_sf(empty, 256, 32).shape == (0, 8)
 
 
 def test_reference_names_take_upstreams_keywords():

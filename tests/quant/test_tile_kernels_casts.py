@@ -260,3 +260,29 @@ def test_norm_cast_into_given_data_allocates_column_major_scales():
     assert got is buffer and torch.equal(got.view(torch.uint8), data.view(torch.uint8)) and torch.equal(got_sf, sf)
     with pytest.raises(AssertionError, match="row-major"):
         quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, out=(buffer, sf.clone()), **kwargs)
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "dtype", "layout"), [
+    (0, 512, torch.bfloat16, (False, False, False)), (17, 512, torch.bfloat16, (False, True, False)),
+    (17, 640, torch.float32, (True, True, True)), (3, 640, torch.float32, (True, False, False)),
+])  # fmt: skip
+def test_add_rmsnorm_and_cast_in_blocks_of_128(num_tokens, hidden, dtype, layout):
+    """The Ascend era's ``add_rmsnorm_forward_and_per_token_cast`` (its test's cases) and the norm cast in blocks of
+    128: the residual becomes the sum in place, the cast equals ``torch.cast`` of the reference norm; overlapping
+    operands and a whole-row block are refused."""
+    col_major, round_sf, packed = layout
+    g = torch.Generator().manual_seed(1)
+    x, residual = (torch.randn(num_tokens, hidden, generator=g).to(dtype) for _ in range(2))
+    weight = torch.randn(hidden, generator=g).to(dtype)
+    before = (x.clone(), residual.clone())
+    normalized, _, summed = tile_kernels.torch.norm_forward_ref(x, weight, 1e-6, before[1])
+    kwargs = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
+    want = tile_kernels.torch.cast(normalized, "e4m3", (1, 128), **kwargs)
+    data, sf = quant.add_rmsnorm_forward_and_per_token_cast(x, residual, weight, 1e-6, "e4m3", 128, **kwargs)
+    assert torch.equal(x, before[0]) and torch.equal(residual, summed)
+    assert torch.equal(data.view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(sf, want[1])
+    storage = torch.randn(3, 512).bfloat16()
+    with pytest.raises(AssertionError):
+        quant.add_rmsnorm_forward_and_per_token_cast(storage[:2], storage[1:], storage[0], 1e-6, "e4m3", 128)
+    with pytest.raises(AssertionError):
+        quant.add_rmsnorm_forward_and_per_token_cast(x, residual, weight, 1e-6, "e4m3", hidden)

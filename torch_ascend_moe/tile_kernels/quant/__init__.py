@@ -25,6 +25,7 @@ __all__ = [
     "per_channel_cast_and_transpose",
     "per_channel_cast_fused",
     "swiglu_forward_and_per_channel_cast_and_transpose",
+    "add_rmsnorm_forward_and_per_token_cast",
     "norm_backward",
     "norm_forward",
     "norm_forward_and_per_token_cast",
@@ -280,6 +281,7 @@ def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: torch.dtype = torch.float3
 
 # After the cast helpers: the fused SwiGLU and norm kernels lay their scales out with ``_layout``.
 from torch_ascend_moe.tile_kernels.quant.norm import (  # noqa: E402
+    add_rmsnorm_forward_and_per_token_cast,
     norm_backward,
     norm_forward,
     norm_forward_and_per_token_cast,

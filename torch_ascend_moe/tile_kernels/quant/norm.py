@@ -13,7 +13,13 @@ import torch
 from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward, rms_norm_quant
 from torch_ascend_moe.tile_kernels.quant import _layout
 
-__all__ = ["norm_backward", "norm_forward", "norm_forward_and_per_token_cast", "rmsnorm_forward_and_per_token_cast"]
+__all__ = [
+    "add_rmsnorm_forward_and_per_token_cast",
+    "norm_backward",
+    "norm_forward",
+    "norm_forward_and_per_token_cast",
+    "rmsnorm_forward_and_per_token_cast",
+]
 
 
 def _check_forward(x, weight, residual, hidden_multiple: int = 16) -> None:
@@ -49,11 +55,11 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: st
                                     round_sf: bool = False, use_packed_ue8m0: bool = False, with_out_bf16: bool = False,
                                     out=None, out_bf16=None, residual_out=None, mega_moe_sf=None,
                                     mega_moe_block_m: int = 0):  # fmt: skip
-    """``((out_fp8, out_sf), out_bf16, rstd, norm_input)``: the per-token E4M3 cast (blocks of 32) of the RMSNorm
+    """``((out_fp8, out_sf), out_bf16, rstd, norm_input)``: the per-token E4M3 cast (blocks of 32 or 128) of the RMSNorm
     output rounded to x's dtype, i.e. ``per_token_cast(norm_forward(...)[0])``; ``out_bf16`` the normalized output in
     BF16 when ``with_out_bf16`` (else None)."""
     _check_forward(x, weight, residual)
-    assert (fmt, num_per_channels) == ("e4m3", 32), "fmt must be 'e4m3' with num_per_channels 32"
+    assert fmt == "e4m3" and num_per_channels in (32, 128), "fmt must be 'e4m3' with num_per_channels 32 or 128"
     assert x.shape[-1] % num_per_channels == 0
     assert (mega_moe_sf is None) == (mega_moe_block_m == 0)
     if mega_moe_sf is not None:
@@ -73,6 +79,36 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: st
     norm_input = x if residual is None else _store(residual_out, s)
     bf16 = _store(out_bf16, y.bfloat16()) if with_out_bf16 else None
     return (data, sf), bf16, rstd, norm_input
+
+
+def _overlap(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two tensors' memory spans intersect (same storage, overlapping byte ranges)."""
+    if a is None or b is None or a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        extent = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())) + 1
+        return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def add_rmsnorm_forward_and_per_token_cast(x: torch.Tensor, residual: torch.Tensor, weight, eps: float, fmt: str,
+                                           num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
+                                           round_sf: bool = False, use_packed_ue8m0: bool = False):  # fmt: skip
+    """The Ascend era's fused add + RMSNorm + cast: ``residual`` becomes ``x + residual`` (in place, rounded to its
+    dtype) and ``(data, sf)``, the per-token cast of the sum's RMSNorm, is returned; ``x``, ``residual`` and
+    ``weight`` must not share memory."""
+    assert not _overlap(x, residual) and not _overlap(weight, residual) and not _overlap(weight, x), (
+        "x, residual and weight must not overlap"
+    )
+    return norm_forward_and_per_token_cast(
+        x, weight, eps, fmt, num_per_channels, residual=residual, residual_out=residual,
+        use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, round_sf=round_sf, use_packed_ue8m0=use_packed_ue8m0,
+    )[0]  # fmt: skip
 
 
 def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight, rstd: torch.Tensor, residual_out_grad=None,

@@ -36,3 +36,9 @@ def make_param_key(params: dict) -> str:
         for k, v in params.items()
         if v is not None
     )
+
+
+def get_cast_params(params: dict) -> dict:
+    """The Ascend era's: a test case's scale-layout options (``round_sf``, ``use_packed_ue8m0``,
+    ``use_tma_aligned_col_major_sf``), as keywords for a cast."""
+    return {k: params[k] for k in ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf") if k in params}

@@ -11,6 +11,7 @@ def clear_unused_sf(sf: torch.Tensor, hidden: int, num_per_channels: int) -> tor
     """The packed scales' bytes as ``uint8 [rows, align(blocks, 4)]`` with the bytes past the last block zeroed
     (upstream leaves them unspecified)."""
     blocks = ceil_div(hidden, num_per_channels)
-    flat = sf.contiguous().flatten().view(torch.uint8).view(-1, align(blocks, 4)).clone()
+    raw = sf.contiguous().flatten().view(torch.uint8)
+    flat = raw.view(raw.numel() // align(blocks, 4), align(blocks, 4)).clone()  # not -1: 0 rows have no size
     flat[:, blocks:] = 0
     return flat

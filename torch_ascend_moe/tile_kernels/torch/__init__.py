@@ -13,15 +13,7 @@ from . import engram, mhc  # noqa: F401
 from .cast import cast, cast_back
 from .cast_e5m6 import cast_back_from_e5m6, cast_to_e5m6
 from .expand_to_fused import expand_to_fused, expand_to_fused_with_sf
-from .mhc import (
-    expand_to_mhc_ref,
-    mhc_head_compute_mix_ref,
-    mhc_post_ref,
-    mhc_pre_apply_mix_ref,
-    mhc_pre_norm_fn_ref,
-    mhc_pre_split_mixes_ref,
-    sinkhorn_normalize_ref,
-)
+from .mhc import *  # noqa: F403  (upstream binds its seven mHC references here)
 from .moe import aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight
 from .norm import norm_backward_ref, norm_forward_ref
 from .per_channel_cast_fused import per_channel_cast_fused
@@ -38,14 +30,8 @@ from .topk import (
 )
 
 __all__ = [
+    *mhc.__all__,
     "aux_fi",
-    "expand_to_mhc_ref",
-    "mhc_head_compute_mix_ref",
-    "mhc_post_ref",
-    "mhc_pre_apply_mix_ref",
-    "mhc_pre_norm_fn_ref",
-    "mhc_pre_split_mixes_ref",
-    "sinkhorn_normalize_ref",
     "cast",
     "cast_back",
     "cast_back_from_e5m6",
