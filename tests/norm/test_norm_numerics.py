@@ -119,10 +119,33 @@ def test_compat_norm_forward_and_per_token_cast(layout, batched):
     assert torch.equal(sf, torch.stack(expected) if batched else expected[0])
     assert_equal(bf16, _spec_order(x, w, 1e-6, r, 1.0)[0]) and torch.equal(rstd, _spec_order(x, w, 1e-6, r, 1.0)[1])
     assert_equal(norm_input, s.bfloat16())
-    with pytest.raises(NotImplementedError, match="mega_moe_sf"):
-        quant.norm_forward_and_per_token_cast(
-            x, w, 1e-6, "e4m3", 32, mega_moe_sf=torch.zeros(1, dtype=torch.int32), mega_moe_block_m=64
-        )
+
+
+@pytest.mark.parametrize("tokens", [0, 5, 300, 512])
+def test_mega_moe_sf_rows(tokens):
+    """``mega_moe_sf`` as the Ascend-era fork's test checks it: a column-major int32 buffer of ``ceil(T / m) *
+    align(m, 128)`` rows (-1 filled), passed as its first T rows; token t's packed UE8M0 codes land at
+    ``t // m * align(m, 128) + i // 128 * 128 + i % 32 * 4 + i % 128 // 32`` (``i = t % m``, m = 192), every other
+    row stays -1; the usual outputs are unchanged."""
+    hidden, m = 256, 192
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(4)).bfloat16()
+    rows = -(-tokens // m) * 256
+    buffer = torch.full((hidden // 128, rows), -1, dtype=torch.int32).mT
+    kwargs = dict(round_sf=True, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    got = quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, mega_moe_sf=buffer[:tokens],
+                                                mega_moe_block_m=m, **kwargs)  # fmt: skip
+    plain = quant.norm_forward_and_per_token_cast(x, None, 1e-6, "e4m3", 32, **kwargs)
+    assert torch.equal(got[0][0].view(torch.uint8), plain[0][0].view(torch.uint8)) and torch.equal(
+        got[0][1], plain[0][1]
+    )
+    normalized = quant.norm_forward(x, None, 1e-6)[0]
+    sf = quant.per_token_cast(normalized, "e4m3", 32, round_sf=True)[1]  # FP32 powers of two [T, H / 32]
+    codes = ((sf.view(torch.int32) >> 23) & 0xFF).to(torch.uint8).view(torch.int32)  # 4 codes a word
+    want = torch.full_like(buffer, -1)
+    for t in range(tokens):
+        i = t % m
+        want[t // m * 256 + i // 128 * 128 + i % 32 * 4 + i % 128 // 32] = codes[t]
+    assert torch.equal(buffer, want)
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """TileKernels' (Ascend era) RMSNorm kernels over the ``rms_norm`` / ``rms_norm_backward`` ops, with upstream's
 signatures, asserts (its CUDA limits: hidden a multiple of 16, at most 8192; the backward's of 32) and out-parameters.
 
-Not here: ``mega_moe_sf`` (the Mega MoE activation-scale buffer's transposed row layout is not specified well
-enough to reproduce; it raises). With 3-D ``x`` the column-major scale layouts are laid out per batch (the values
-upstream's are; its single shared allocation's strides differ).
+``mega_moe_sf`` (the Mega MoE kernel's activation scales, written as the norm casts) takes each token's UE8M0 codes
+of its 1x32 blocks, four per int32, at the row the fork's test pins (``get_mega_moe_sf_row``: blocks of ``block_m``
+tokens, each ``align(block_m, 128)`` rows, the token's row interleaved within 128). With 3-D ``x`` the
+column-major scale layouts are laid out per batch (the values upstream's are; its single shared allocation's
+strides differ).
 """
 
 from __future__ import annotations
@@ -63,11 +65,13 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: st
     assert x.shape[-1] % num_per_channels == 0
     assert (mega_moe_sf is None) == (mega_moe_block_m == 0)
     if mega_moe_sf is not None:
-        raise NotImplementedError("norm_forward_and_per_token_cast: mega_moe_sf is not supported by torch_ascend_moe")
+        assert x.ndim == 2 and num_per_channels == 32 and round_sf and x.shape[-1] % 128 == 0
+        assert mega_moe_sf.dtype == torch.int32 and mega_moe_sf.shape[-1] == x.shape[-1] // 128
     assert out_bf16 is None or with_out_bf16
     data, sf, y, rstd, s = rms_norm_quant(
         x, weight, eps, residual=residual, out_scale=out_scale, num_per_channels=num_per_channels, round_sf=round_sf
     )
+    raw_sf = sf
     if x.ndim == 2:
         sf = _layout(sf, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     else:
@@ -76,9 +80,28 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight, eps: float, fmt: st
         out_data, out_sf = out  # an out_sf of None: the scales are allocated (any layout)
         assert out_sf is None or not use_tma_aligned_col_major_sf, "External buffers only support row-major SF"
         data, sf = _store(out_data, data), _store(out_sf, sf)
+    if mega_moe_sf is not None:
+        _write_mega_moe_sf(mega_moe_sf, raw_sf, mega_moe_block_m)
     norm_input = x if residual is None else _store(residual_out, s)
     bf16 = _store(out_bf16, y.bfloat16()) if with_out_bf16 else None
     return (data, sf), bf16, rstd, norm_input
+
+
+def _write_mega_moe_sf(buffer: torch.Tensor, sf: torch.Tensor, block_m: int) -> None:
+    """Token ``t``'s UE8M0 codes (4 per int32, little-endian) into row ``t // m * align(m, 128) + i // 128 * 128 +
+    i % 32 * 4 + i % 128 // 32`` (``i = t % m``) of ``buffer``: rows past its own size, in its storage, as the kernel
+    writes through its pointer and strides."""
+    t = sf.shape[0]
+    if t == 0:
+        return
+    token = torch.arange(t, device=sf.device)
+    i = token % block_m
+    row = token // block_m * (-(-block_m // 128) * 128) + i // 128 * 128 + i % 32 * 4 + i % 128 // 32
+    codes = ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # power-of-two scales: exponents
+    words = codes.view(torch.int32)  # [T, H / 128]: 4 codes a word, code j in byte j
+    span = int(row.max()) + 1
+    target = buffer.as_strided((span, buffer.shape[1]), buffer.stride(), buffer.storage_offset())
+    target[row] = words
 
 
 def _overlap(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
