@@ -171,6 +171,10 @@ def test_ascend_era_paths_and_test_helpers(as_upstream, monkeypatch):
     assert gen.generate_num_tokens(0, backward_only=True) == [8001] and gen.generate_num_tokens(2) == [0, 1, 512, 8001]
     assert all(n >= 1 for n in gen.generate_num_sms(2)) and gen.generate_num_sms(0) == [gen.get_device_num_sms()]
     assert len(list(gen.generate_moe_params(0))) == 2 and len(list(gen.generate_moe_params(True))) == 12
+    assert list(gen.generate_moe_params(is_benchmark=False)) == list(gen.generate_moe_params())  # v1's keyword
+    monkeypatch.setenv("TK_FULL_TEST", "1")
+    assert len(list(gen.generate_moe_params(is_benchmark=False))) == len(list(gen.generate_moe_params(True))) + 1
+    monkeypatch.delenv("TK_FULL_TEST")
     assert list(gen.generate_samples(1, a=[1, 2, 3], b=[0])) == [{"a": 1, "b": 0}, {"a": 2, "b": 0}, {"a": 3, "b": 0}]
     mask, psum = gen.generate_psum_layout(
         {"num_send_tokens": 50, "num_experts": 4, "num_topk": 3, "num_ep_ranks": 2, "alignment": 16}

@@ -82,10 +82,12 @@ def generate_num_sms(level: int | None = None) -> list[int]:
     return list(dict.fromkeys(sms))
 
 
-def generate_moe_params(level: int | bool = False) -> Iterable[dict]:
-    """v1's ``(is_benchmark=False)`` or the Ascend era's ``(level)`` (an int that is not a bool)."""
-    if isinstance(level, bool):
-        yield from _moe_params(full=_full(), with_empty=_full() and not level)
+def generate_moe_params(level: int | bool = False, is_benchmark: bool | None = None) -> Iterable[dict]:
+    """v1's ``(is_benchmark=False)`` (positional or by keyword) or the Ascend era's ``(level)`` (an int that is not
+    a bool)."""
+    if is_benchmark is not None or isinstance(level, bool):
+        benchmark = level if is_benchmark is None else is_benchmark
+        yield from _moe_params(full=_full(), with_empty=_full() and not benchmark)
         return
     if level == 0:
         yield {"num_send_tokens": 4001, "num_topk": 6, "num_experts": 32, "num_ep_ranks": 8}
