@@ -169,6 +169,7 @@ def test_ascend_era_paths_and_test_helpers(as_upstream, monkeypatch):
     assert gen.get_test_level() == 1
     assert gen.generate_num_tokens() == [4001, 8001] and gen.generate_num_tokens(128, is_benchmark=True) == [4096, 8064]
     assert gen.generate_num_tokens(0, backward_only=True) == [8001] and gen.generate_num_tokens(2) == [0, 1, 512, 8001]
+    assert gen.generate_num_tokens(1, alignment=64) == [512, 8064] == gen.generate_num_tokens(level=1, alignment=64)
     assert all(n >= 1 for n in gen.generate_num_sms(2)) and gen.generate_num_sms(0) == [gen.get_device_num_sms()]
     assert len(list(gen.generate_moe_params(0))) == 2 and len(list(gen.generate_moe_params(True))) == 12
     assert list(gen.generate_moe_params(is_benchmark=False)) == list(gen.generate_moe_params())  # v1's keyword

@@ -37,8 +37,9 @@ def is_precompile() -> bool:
 
 def _ascend_era(args: tuple, kwargs: dict, keywords: tuple[str, ...]) -> bool:
     """Whether a generator call is the Ascend era's (a test level first) rather than v1's: it names one of the
-    Ascend era's keywords, passes two positional arguments, or one level (0, 1 or 2) alone."""
-    if any(k in kwargs for k in keywords) or len(args) == 2:
+    Ascend era's keywords, passes two positional arguments, one beside ``alignment=`` (v1's first positional is the
+    alignment), or one level (0, 1 or 2) alone."""
+    if any(k in kwargs for k in keywords) or len(args) == 2 or (len(args) == 1 and "alignment" in kwargs):
         return True
     return len(args) == 1 and not kwargs and not isinstance(args[0], bool) and args[0] in (0, 1, 2)
 
