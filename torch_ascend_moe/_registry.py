@@ -187,21 +187,17 @@ def flop_formula_for(ops: list, fn: Callable) -> Callable:
     return fn
 
 
-# Autocast's keys of the devices our kernels run on (the NPU is PrivateUse1).
+# Autocast's keys of the devices our kernels run on (the NPU is PrivateUse1), and all of them as one set.
 _AUTOCAST_KEYS = ("AutocastCPU", "AutocastCUDA", "AutocastPrivateUse1")
-
-
-def _autocast_off() -> torch._C._ExcludeDispatchKeyGuard:
-    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-    for key in _AUTOCAST_KEYS[1:]:
-        keys = keys | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
-    return torch._C._ExcludeDispatchKeyGuard(keys)
+_AUTOCAST_KEYSET = functools.reduce(
+    lambda a, b: a | b, (torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, k)) for k in _AUTOCAST_KEYS)
+)
 
 
 def _without_autocast(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _autocast_off():
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYSET):
             return fn(*args, **kwargs)
 
     return run

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from torch_ascend_moe.ops.norm import rms_norm, rms_norm_backward, rms_norm_quant
+from torch_ascend_moe.quant.encodings import pack_ue8m0_to_int
 from torch_ascend_moe.tile_kernels.quant import _layout
 
 __all__ = [
@@ -97,8 +98,7 @@ def _write_mega_moe_sf(buffer: torch.Tensor, sf: torch.Tensor, block_m: int) -> 
     token = torch.arange(t, device=sf.device)
     i = token % block_m
     row = token // block_m * (-(-block_m // 128) * 128) + i // 128 * 128 + i % 32 * 4 + i % 128 // 32
-    codes = ((sf.contiguous().view(torch.int32) >> 23) & 0xFF).to(torch.uint8)  # power-of-two scales: exponents
-    words = codes.view(torch.int32)  # [T, H / 128]: 4 codes a word, code j in byte j
+    words = pack_ue8m0_to_int(sf)  # [T, H / 128]: 4 codes a word, code j in byte j
     span = int(row.max()) + 1
     target = buffer.as_strided((span, buffer.shape[1]), buffer.stride(), buffer.storage_offset())
     target[row] = words

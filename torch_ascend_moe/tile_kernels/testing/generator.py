@@ -1,5 +1,5 @@
 """``tile_kernels.testing.generator``: upstream's test-input generators (``TK_FULL_TEST=1`` adds its extra cases)
-and the Ascend era's (by test level, ``TK_TEST_LEVEL``), on CUDA when there is one, else on the CPU."""
+and the Ascend era's (by test level, ``TK_TEST_LEVEL``), where upstream's tests allocate (``config.get_device``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from collections.abc import Iterable
 
 import torch
 
-from torch_ascend_moe.tile_kernels.config import get_device_num_sms
+from torch_ascend_moe.tile_kernels.config import get_device, get_device_num_sms
 from torch_ascend_moe.tile_kernels.utils import align
-
-
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _full() -> bool:
@@ -137,7 +133,7 @@ def generate_psum_layout(params: dict) -> tuple[torch.Tensor, torch.Tensor]:
     ``alignment``; ``psum`` holds each expert's start plus its count (its block's first padding row)."""
     tokens, experts = params["num_send_tokens"], params["num_experts"]
     topk, ranks, alignment = params["num_topk"], params["num_ep_ranks"], params["alignment"]
-    dev = device()
+    dev = get_device()
     if is_precompile():
         mask = torch.zeros(alignment, dtype=torch.bool, device=dev)
         mask[0] = True
@@ -162,8 +158,8 @@ def generate_topk_idx(params: dict) -> torch.Tensor:
     """Top-k of random scores over every rank's experts, other ranks' experts set to -1, all -1 rows dropped."""
     tokens, experts, topk, ranks = (params[k] for k in ("num_send_tokens", "num_experts", "num_topk", "num_ep_ranks"))
     if tokens == 0:
-        return torch.empty((0, topk), dtype=torch.int64, device=device())
-    scores = torch.rand((tokens * ranks, experts * ranks), dtype=torch.bfloat16, device=device())
+        return torch.empty((0, topk), dtype=torch.int64, device=get_device())
+    scores = torch.rand((tokens * ranks, experts * ranks), dtype=torch.bfloat16, device=get_device())
     idx = torch.topk(scores, k=topk, dim=-1, sorted=False).indices
     idx = torch.where(idx >= experts, -1, idx)
     return idx[~(idx < 0).all(dim=1)].contiguous()
@@ -173,10 +169,10 @@ def generate_rand_float(shape: tuple[int, ...]) -> torch.Tensor:
     """FP32 normal values scaled by one random power of two in ``[2^-110, 2^126]`` (non-finite draws redrawn), clamped
     to an eighth of FP32's largest value."""
     scale = float(2 ** random.randint(-110, 126))
-    x = torch.randn(shape, dtype=torch.float32, device=device()) * scale
+    x = torch.randn(shape, dtype=torch.float32, device=get_device()) * scale
     bad = ~torch.isfinite(x)
     if bad.any():
-        x[bad] = torch.randn(int(bad.sum()), dtype=torch.float32, device=device())
+        x[bad] = torch.randn(int(bad.sum()), dtype=torch.float32, device=get_device())
     limit = torch.finfo(torch.float32).max / 8
     return torch.clamp(x, -limit, limit)
 
@@ -187,8 +183,8 @@ _E5M6_SPECIAL_VALUES = (2.0**-20, 2.0**-14 * 63 / 64, 2.0**-14)
 
 def generate_e5m6_inputs(num_tokens: int, hidden: int, dtype: torch.dtype) -> Iterable[tuple[torch.Tensor, bool]]:
     """``(x, is_special)``: one random tensor, then one per E5M6 special value (its last column 65024, the max)."""
-    yield torch.randn((num_tokens, hidden), dtype=dtype, device=device()), False
+    yield torch.randn((num_tokens, hidden), dtype=dtype, device=get_device()), False
     for value in _E5M6_SPECIAL_VALUES:
-        x = torch.full((num_tokens, hidden), value, dtype=dtype, device=device())
+        x = torch.full((num_tokens, hidden), value, dtype=dtype, device=get_device())
         x[:, -1] = 65024.0
         yield x, True
